@@ -1,0 +1,5 @@
+import sys
+
+from ._selfcheck import main
+
+sys.exit(main())

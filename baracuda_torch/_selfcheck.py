@@ -1,0 +1,157 @@
+"""``python -m baracuda_torch``: a self-check of every registered op on the best device
+present. For each op it prints the kernel the plan picks, the relative error of the
+forward output and of the gradients against a float64 run of reference.py, and the
+forward/backward time next to eager PyTorch (reference.py in the same dtype).
+Exits non-zero if any error is above its tolerance."""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+from typing import Callable, Iterator, List, Sequence
+
+import torch
+
+import baracuda_torch as bt
+from baracuda_torch import reference as ref
+
+# Relative-error tolerance (‖out − ref‖ / ‖ref‖) per dtype.
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    kernel: str
+    fwd_err: float
+    bwd_err: float
+    fwd_us: float
+    fwd_torch_us: float
+    bwd_us: float
+    bwd_torch_us: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.fwd_err <= self.tolerance and self.bwd_err <= self.tolerance
+
+
+def rel_err(out: torch.Tensor, expected: torch.Tensor) -> float:
+    out, expected = out.detach().double(), expected.detach().double()
+    denom = expected.norm().item()
+    diff = (out - expected).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def median_us(fn: Callable[[], object], device: str) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(15 if device == "cuda" else 5):
+        if device == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def as_tuple(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def run_case(name: str, ours: Callable, reference: Callable, inputs: Sequence[torch.Tensor],
+             explain: tuple, grad_inputs: Sequence[int] | None = None) -> Result:
+    """Compare ``ours(*inputs)`` with ``reference`` in float64 and time both in the inputs' dtype.
+    ``grad_inputs`` are the positions of the floating inputs that receive gradients."""
+    device = inputs[0].device.type
+    dtype = inputs[0].dtype
+    if grad_inputs is None:
+        grad_inputs = [i for i, t in enumerate(inputs) if t.is_floating_point()]
+
+    def prepared(cast=None):
+        out = []
+        for i, t in enumerate(inputs):
+            t = t.detach()
+            if cast is not None and t.is_floating_point():
+                t = t.to(cast)
+            out.append(t.clone().requires_grad_(i in grad_inputs))
+        return out
+
+    mine, theirs64, theirs = prepared(), prepared(torch.float64), prepared()
+    y = as_tuple(ours(*mine))
+    y64 = as_tuple(reference(*theirs64))
+    fwd_err = max(rel_err(a, b) for a, b in zip(y, y64))
+    dys = [torch.randn_like(t) for t in y]
+    diff = [mine[i] for i in grad_inputs]
+    g = torch.autograd.grad(y, diff, dys, allow_unused=True)
+    g64 = torch.autograd.grad(y64, [theirs64[i] for i in grad_inputs], [d.double() for d in dys],
+                              allow_unused=True)
+    bwd_err = max(rel_err(a, b) for a, b in zip(g, g64) if b is not None)
+
+    def fwd(fn, args):
+        with torch.no_grad():
+            return fn(*args)
+
+    def bwd(fn, args):
+        out = as_tuple(fn(*args))
+        d = [args[i] for i in grad_inputs]
+        return lambda: torch.autograd.grad(out, d, dys, retain_graph=True, allow_unused=True)
+
+    return Result(
+        name=name, kernel=bt.explain(explain[0], *explain[1]).name, fwd_err=fwd_err, bwd_err=bwd_err,
+        fwd_us=median_us(lambda: fwd(ours, mine), device),
+        fwd_torch_us=median_us(lambda: fwd(reference, theirs), device),
+        bwd_us=median_us(bwd(ours, mine), device),
+        bwd_torch_us=median_us(bwd(reference, theirs), device),
+        tolerance=TOLERANCE[dtype])
+
+
+# ---- per-family checks: each yields Results for (device, dtype) ----------------------
+
+
+def check_gated_activation(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    shape = (4096, 8192) if big else (256, 512)
+    for kind in ("glu", "reglu", "swiglu", "geglu", "geglu_tanh"):
+        x = torch.randn(shape, device=device, dtype=dtype) * 2
+        yield run_case(f"gated_activation[{kind}]", lambda t, k=kind: bt.gated_activation(t, k),
+                       lambda t, k=kind: ref.gated_activation(t, k), [x],
+                       ("gated_activation", (x, kind)))
+
+
+CHECKS: List[Callable[[str, torch.dtype, bool], Iterator[Result]]] = [check_gated_activation]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    device = "cuda" if torch.cuda.is_available() and bt.with_cuda else "cpu"
+    where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    print(f"baracuda_torch {bt.__version__} | torch {torch.__version__} | device: {where} ({device})")
+    if device == "cpu":
+        print("(no CUDA device" + ("" if bt.with_cuda else "; built without CUDA") +
+              ": checking the CPU kernels, small shapes)")
+    dtypes = (torch.bfloat16, torch.float32) if device == "cuda" else (torch.float32,)
+    header = f"{'op':32} {'dtype':9} {'kernel':58} {'fwd err':>8} {'bwd err':>8} {'fwd µs (torch)':>17} {'bwd µs (torch)':>17}  ok"
+    print(header)
+    print("-" * len(header))
+    failed = 0
+    for dtype in dtypes:
+        for check in CHECKS:
+            for r in check(device, dtype, device == "cuda"):
+                failed += not r.ok
+                print(f"{r.name:32} {str(dtype).replace('torch.', ''):9} {r.kernel:58} "
+                      f"{r.fwd_err:8.1e} {r.bwd_err:8.1e} {r.fwd_us:8.1f} ({r.fwd_torch_us:6.1f}) "
+                      f"{r.bwd_us:8.1f} ({r.bwd_torch_us:6.1f})  {'ok' if r.ok else 'FAIL (tol %.0e)' % r.tolerance}",
+                      flush=True)
+    print("all ops within tolerance" if not failed else f"{failed} check(s) FAILED")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Benchmark harness shared by every family's script.
+
+Providers: ``baracuda`` | ``torch`` (eager reference.py) | ``compile`` (torch.compile of
+the same reference). Modes: ``forward`` | ``backward`` (the backward pass alone, through
+autograd with a retained graph) | ``full`` (both). Each row carries the median and
+p20/p80 time (``triton.testing.do_bench``, which flushes L2 between runs; CUDA events
+otherwise), GB/s from the fewest bytes the op must move or TFLOP/s from its FLOPs, the
+ratio to a same-run device-to-device copy of the same bytes, and peak memory.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+from typing import Callable, Iterable, List, Optional
+
+import torch
+
+try:
+    import triton.testing as _tt
+except Exception:  # pragma: no cover - triton is optional
+    _tt = None
+
+WARMUP_MS = 25
+REP_MS = 200
+
+
+@dataclasses.dataclass
+class Row:
+    family: str
+    case: str
+    dtype: str
+    provider: str
+    mode: str
+    median_us: float
+    p20_us: float
+    p80_us: float
+    gbps: Optional[float] = None
+    tflops: Optional[float] = None
+    copy_us: Optional[float] = None
+    ratio_to_copy: Optional[float] = None
+    peak_mem_mb: Optional[float] = None
+    note: str = ""
+
+
+def time_us(fn: Callable[[], object]) -> tuple[float, float, float]:
+    """(median, p20, p80) in microseconds."""
+    if _tt is not None:
+        med, p20, p80 = _tt.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, quantiles=[0.5, 0.2, 0.8])
+        return med * 1e3, p20 * 1e3, p80 * 1e3
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(50):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3)
+    t = torch.tensor(times)
+    return t.quantile(0.5).item(), t.quantile(0.2).item(), t.quantile(0.8).item()
+
+
+_copy_cache: dict = {}
+
+
+def copy_us(nbytes: int) -> float:
+    """Median time of a device-to-device copy moving ``nbytes`` in total (half read, half written)."""
+    if nbytes not in _copy_cache:
+        n = nbytes // 2
+        src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+        dst = torch.empty_like(src)
+        _copy_cache[nbytes] = time_us(lambda: dst.copy_(src))[0]
+        del src, dst
+    return _copy_cache[nbytes]
+
+
+def peak_memory_mb(fn: Callable[[], object]) -> float:
+    """Peak CUDA memory allocated while fn runs, above what was allocated before."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def measure(family: str, case: str, dtype: torch.dtype, provider: str, mode: str,
+            fn: Callable[[], object], nbytes: Optional[int] = None, flops: Optional[float] = None,
+            with_memory: bool = False, note: str = "") -> Row:
+    med, p20, p80 = time_us(fn)
+    row = Row(family, case, str(dtype).replace("torch.", ""), provider, mode, med, p20, p80, note=note)
+    if nbytes:
+        row.gbps = nbytes / (med * 1e-6) / 1e9
+        row.copy_us = copy_us(nbytes)
+        row.ratio_to_copy = row.copy_us / med
+    if flops:
+        row.tflops = flops / (med * 1e-6) / 1e12
+    if with_memory:
+        row.peak_mem_mb = peak_memory_mb(fn)
+    return row
+
+
+def backward_fn(make_output: Callable[[], torch.Tensor], inputs: List[torch.Tensor],
+                grad: torch.Tensor) -> Callable[[], object]:
+    """The backward pass alone: one forward with the graph kept, then repeated backward."""
+    out = make_output()
+
+    def run():
+        return torch.autograd.grad(out, inputs, grad, retain_graph=True)
+
+    return run
+
+
+def full_fn(make_output: Callable[[], torch.Tensor], inputs: List[torch.Tensor],
+            grad: torch.Tensor) -> Callable[[], object]:
+    def run():
+        return torch.autograd.grad(make_output(), inputs, grad)
+
+    return run
+
+
+def write_csv(rows: Iterable[Row], path: str) -> None:
+    rows = list(rows)
+    if not rows:
+        return
+    exists = os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[fl.name for fl in dataclasses.fields(Row)])
+        if not exists:
+            w.writeheader()
+        for r in rows:
+            w.writerow(dataclasses.asdict(r))
+
+
+def _fmt(v, spec):
+    return "" if v is None else format(v, spec)
+
+
+def format_table(rows: Iterable[Row]) -> str:
+    lines = ["| family | case | dtype | provider | mode | median µs | p20–p80 µs | GB/s | TFLOP/s | × copy | peak MiB |",
+             "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r.family} | {r.case} | {r.dtype} | {r.provider} | {r.mode} | {r.median_us:.1f} | "
+            f"{r.p20_us:.1f}–{r.p80_us:.1f} | {_fmt(r.gbps, '.0f')} | {_fmt(r.tflops, '.1f')} | "
+            f"{_fmt(r.ratio_to_copy, '.3f')} | {_fmt(r.peak_mem_mb, '.0f')} |")
+    return "\n".join(lines)

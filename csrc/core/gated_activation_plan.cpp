@@ -1,0 +1,189 @@
+#include "core/gated_activation_plan.h"
+
+#include <algorithm>
+
+#include "kernels/gated_activation.h"
+
+namespace baracuda {
+
+namespace {
+constexpr const char* kFamily = "gated_activation";
+constexpr const char* kKinds[] = {"glu", "reglu", "swiglu", "geglu", "geglu_tanh"};
+
+// Validation shared by the forward and backward plans; returns the normalized dim.
+int validate_forward_problem(const GatedActivationDescriptor& desc, const std::string& op) {
+  return check_gated_problem(op, desc.x.dtype, desc.x.rank, desc.x.sizes.data(), desc.dim);
+}
+
+TensorLayout dense_layout(const TensorLayout& like, int64_t split_dim, bool halve) {
+  TensorLayout out = like;
+  if (halve) out.sizes[split_dim] /= 2;
+  out.strides = contiguous_strides(out.sizes, out.rank);
+  out.alignment = 16;  // the torch layer allocates outputs through the caching allocator
+  return out;
+}
+
+// Picks the layout variant and fills the launch description. `dy` is null in the
+// forward. `out` is y (forward) or dx (backward), both dense.
+GatedActivationLaunch plan_launch(const GatedActivationDescriptor& desc, int dim,
+                                  const TensorLayout& out, const TensorLayout* dy) {
+  const TensorLayout& x = desc.x;
+  const bool backward = dy != nullptr;
+  const int64_t half = x.sizes[dim] / 2;
+
+  GatedActivationLaunch l;
+  l.kind = desc.kind;
+  l.element = x.dtype;
+  l.backward = backward;
+
+  // Offsets of the two halves: the gate half b and the value half a.
+  const int64_t x_second = half * x.strides[dim];
+  const int64_t out_second = backward ? half * out.strides[dim] : 0;
+  l.x_a_offset = desc.gate_first ? x_second : 0;
+  l.x_b_offset = desc.gate_first ? 0 : x_second;
+  l.out_a_offset = desc.gate_first ? out_second : 0;
+  l.out_b_offset = desc.gate_first ? 0 : out_second;
+
+  // The index space is the half-size output shape.
+  std::array<int64_t, kMaxRank> space = x.sizes;
+  space[dim] = half;
+  std::array<int64_t, kMaxRank> y_strides = contiguous_strides(space, x.rank);
+  const std::array<int64_t, kMaxRank>* operands[3] = {
+      &x.strides, backward ? &out.strides : &y_strides, backward ? &dy->strides : nullptr};
+  l.dims = coalesce_dims(x.rank, space, operands, backward ? 3 : 2);
+
+  const int last = l.dims.rank - 1;
+  bool rows = l.dims.rank <= 2;
+  for (int k = 0; k < (backward ? 3 : 2); ++k) rows = rows && l.dims.strides[k][last] == 1;
+  l.layout = rows ? GatedLayout::Rows : GatedLayout::Strided;
+
+  int64_t extent = std::max<int64_t>(x.max_offset(), out.numel()) + 1;
+  if (backward) extent = std::max(extent, dy->max_offset() + 1);
+  l.index64 = !fits_int32(extent);
+
+  // 16-byte vectors on the GPU; the CPU loop is vectorized by the compiler, if at all.
+  if (rows && desc.device.backend == Backend::Cuda) {
+    const int vec = 16 / element_size(x.dtype);
+    bool ok = l.dims.sizes[last] % vec == 0 && x.alignment >= 16 &&
+              (!backward || dy->alignment >= 16);
+    if (l.dims.rank == 2)
+      for (int k = 0; k < (backward ? 3 : 2); ++k) ok = ok && l.dims.strides[k][0] % vec == 0;
+    for (int64_t off : {l.x_a_offset, l.x_b_offset, l.out_a_offset, l.out_b_offset})
+      ok = ok && off % vec == 0;
+    l.vec = ok ? vec : 1;
+  }
+  return l;
+}
+
+std::string variant_name(const GatedActivationLaunch& l) {
+  std::string v = l.layout == GatedLayout::Strided ? "strided"
+                  : l.vec > 1                      ? "rows_vec16"
+                                                   : "rows";
+  return l.index64 ? v + "_i64" : v;
+}
+
+KernelSku make_sku(const GatedActivationDescriptor& desc, const GatedActivationLaunch& l,
+                   bool backward) {
+  KernelSku sku;
+  sku.family = kFamily;
+  sku.op = std::string(gated_kind_name(desc.kind)) + (backward ? "_backward" : "");
+  sku.element = desc.x.dtype;
+  sku.variant = variant_name(l);
+  sku.backend = desc.device.backend;
+  sku.arch = desc.device.arch;
+  const bool f64 = desc.x.dtype == ElementKind::F64;
+  // Elementwise: no reduction, so every kernel is deterministic and bit-stable.
+  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
+                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
+  return sku;
+}
+
+void launch(const Backend backend, const GatedActivationLaunch& l, void* stream,
+            const std::string& op) {
+  if (backend == Backend::Cpu) {
+    kernels::gated_activation_cpu(l);
+    return;
+  }
+#ifdef BARACUDA_WITH_CUDA
+  kernels::gated_activation_cuda(l, stream);
+#else
+  (void)stream;
+  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
+#endif
+}
+}  // namespace
+
+const char* gated_kind_name(GatedKind k) { return kKinds[static_cast<int>(k)]; }
+
+GatedKind parse_gated_kind(const std::string& kind, const std::string& op) {
+  for (int i = 0; i < 5; ++i)
+    if (kind == kKinds[i]) return static_cast<GatedKind>(i);
+  fail(PlanErrorKind::InvalidProblem, op,
+       "kind must be one of 'glu', 'reglu', 'swiglu', 'geglu', 'geglu_tanh', got '" + kind +
+           "'");
+}
+
+GatedActivationPlan GatedActivationPlan::select(const GatedActivationDescriptor& desc,
+                                                PlanPreference) {
+  const std::string op = kFamily;
+  const int dim = validate_forward_problem(desc, op);
+  GatedActivationPlan p;
+  p.desc_ = desc;
+  p.out_ = dense_layout(desc.x, dim, /*halve=*/true);
+  p.launch_ = plan_launch(desc, dim, p.out_, nullptr);
+  p.sku_ = make_sku(desc, p.launch_, false);
+  return p;
+}
+
+void GatedActivationPlan::can_implement(const GatedActivationArgs& args) const {
+  const std::string op = kFamily;
+  check_same_layout(op, "x", desc_.x, args.x.layout);
+  check_output(op, "y", out_, args.y);
+}
+
+void GatedActivationPlan::run(void* stream, Workspace workspace,
+                              const GatedActivationArgs& args) const {
+  can_implement(args);
+  check_workspace(kFamily, workspace_size(), workspace);
+  if (out_.numel() == 0) return;
+  GatedActivationLaunch l = launch_;
+  l.x = args.x.data;
+  l.out = args.y.data;
+  launch(desc_.device.backend, l, stream, kFamily);
+}
+
+GatedActivationBackwardPlan GatedActivationBackwardPlan::select(
+    const GatedActivationBackwardDescriptor& desc, PlanPreference) {
+  const std::string op = std::string(kFamily) + "_backward";
+  const int dim = validate_forward_problem(desc.forward, op);
+  const TensorLayout& x = desc.forward.x;
+  check_gated_dy(op, x.rank, x.sizes.data(), dim, x.dtype, desc.dy.rank, desc.dy.sizes.data(),
+                 desc.dy.dtype);
+  GatedActivationBackwardPlan p;
+  p.desc_ = desc;
+  p.out_ = dense_layout(desc.forward.x, dim, /*halve=*/false);
+  p.launch_ = plan_launch(desc.forward, dim, p.out_, &desc.dy);
+  p.sku_ = make_sku(desc.forward, p.launch_, true);
+  return p;
+}
+
+void GatedActivationBackwardPlan::can_implement(const GatedActivationBackwardArgs& args) const {
+  const std::string op = std::string(kFamily) + "_backward";
+  check_same_layout(op, "dy", desc_.dy, args.dy.layout);
+  check_same_layout(op, "x", desc_.forward.x, args.x.layout);
+  check_output(op, "dx", out_, args.dx);
+}
+
+void GatedActivationBackwardPlan::run(void* stream, Workspace workspace,
+                                      const GatedActivationBackwardArgs& args) const {
+  can_implement(args);
+  check_workspace(std::string(kFamily) + "_backward", workspace_size(), workspace);
+  if (out_.numel() == 0) return;
+  GatedActivationLaunch l = launch_;
+  l.x = args.x.data;
+  l.dy = args.dy.data;
+  l.out = args.dx.data;
+  launch(desc_.forward.device.backend, l, stream, std::string(kFamily) + "_backward");
+}
+
+}  // namespace baracuda

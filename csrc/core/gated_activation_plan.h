@@ -1,0 +1,152 @@
+// Gated activations: y = a * gate(b), where x splits along `dim` into halves (a, b)
+// (or (b, a) with gate_first), and their backward dx = (da, db).
+//
+//   kind        gate(b)        da                db
+//   glu         σ(b)           dy·σ(b)           dy·a·σ(b)(1−σ(b))
+//   reglu       max(b, 0)      dy·max(b, 0)      (b>0) ? dy·a : 0
+//   swiglu      b·σ(b)         dy·b·σ(b)         dy·a·σ(b)(1 + b(1−σ(b)))
+//   geglu       b·Φ(b)         dy·b·Φ(b)         dy·a·(Φ(b) + b·φ(b))
+//   geglu_tanh  gelu_tanh(b)   dy·gelu_tanh(b)   dy·a·gelu_tanh'(b)
+#pragma once
+
+#include <string>
+
+#include "core/plan.h"
+
+namespace baracuda {
+
+enum class GatedKind : uint8_t { Glu, Reglu, Swiglu, Geglu, GegluTanh };
+
+const char* gated_kind_name(GatedKind k);
+// ValueError (InvalidProblem) naming the op and the accepted kinds for anything else.
+GatedKind parse_gated_kind(const std::string& kind, const std::string& op);
+
+// How a gated kernel walks its index space. Every variant writes a dense output.
+//  Rows:    [rows, cols] with unit inner stride for every operand; vec > 1 means
+//           16-byte vector accesses (cols, row strides and offsets multiples of vec).
+//  Strided: any strides over up to 8 (coalesced) dims.
+enum class GatedLayout : uint8_t { Rows, Strided };
+
+// Everything a kernel needs; filled by the plan, consumed by the CPU and CUDA launchers.
+// The index space is the output's (the half-size shape), coalesced. Operand 0 is x,
+// operand 1 the dense output (y, or dx in the backward), operand 2 dy (backward only).
+struct GatedActivationLaunch {
+  GatedKind kind = GatedKind::Swiglu;
+  ElementKind element = ElementKind::F32;
+  bool backward = false;
+  GatedLayout layout = GatedLayout::Strided;
+  int vec = 1;           // elements per vector access
+  bool index64 = false;  // offsets need 64 bits
+  CoalescedDims dims;    // index space and strides of x, out, dy
+  int64_t x_a_offset = 0, x_b_offset = 0;      // element offsets of the halves in x
+  int64_t out_a_offset = 0, out_b_offset = 0;  // ... and in dx (backward); y: 0, 0
+  const void* x = nullptr;
+  const void* dy = nullptr;
+  void* out = nullptr;
+};
+
+// Problem checks shared by the plans and the shape-only (meta) kernels, so that a
+// compiled graph rejects what eager execution rejects. Int is int64_t, or a symbolic
+// integer in a meta kernel. Returns the normalized split dim.
+template <class Int>
+int check_gated_problem(const std::string& op, ElementKind dtype, int rank, const Int* sizes,
+                        int64_t dim) {
+  if (!is_floating(dtype))
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("x must be float32, float16, bfloat16 or float64, got ") +
+             element_name(dtype));
+  if (rank == 0)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "x must have at least one dimension to split, got a 0-dim tensor");
+  check_rank(op, "x", rank);
+  const int d = normalize_dim(op, "dim", dim, rank);
+  if (sizes[d] % 2 != 0)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "x.size(" + std::to_string(dim) + ") must be even, got " + size_str(sizes[d]));
+  return d;
+}
+
+// dy must have y's sizes (x's with size(dim) halved) and x's dtype.
+template <class Int>
+void check_gated_dy(const std::string& op, int rank, const Int* x_sizes, int dim,
+                    ElementKind x_dtype, int dy_rank, const Int* dy_sizes, ElementKind dy_dtype) {
+  bool same = dy_rank == rank;
+  for (int d = 0; same && d < rank; ++d)
+    same = d == dim ? dy_sizes[d] * 2 == x_sizes[d] : dy_sizes[d] == x_sizes[d];
+  if (!same) {
+    std::string want = "[";
+    for (int d = 0; d < rank; ++d)
+      want += (d ? ", " : "") + (d == dim ? size_str(x_sizes[d] / 2) : size_str(x_sizes[d]));
+    fail(PlanErrorKind::InvalidProblem, op,
+         "dy must have x's sizes with size(dim) halved, " + want + "], got " +
+             sizes_str(dy_sizes, dy_rank));
+  }
+  if (dy_dtype != x_dtype)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("dy must have x's dtype ") + element_name(x_dtype) + ", got " +
+             element_name(dy_dtype));
+}
+
+struct GatedActivationDescriptor {
+  GatedKind kind = GatedKind::Swiglu;
+  int64_t dim = -1;  // as the caller gave it; negative counts from the end
+  bool gate_first = false;
+  TensorLayout x;
+  DeviceInfo device;
+};
+
+struct GatedActivationBackwardDescriptor {
+  GatedActivationDescriptor forward;
+  TensorLayout dy;
+};
+
+struct GatedActivationArgs {
+  TensorRef x;
+  MutTensorRef y;
+};
+
+struct GatedActivationBackwardArgs {
+  TensorRef dy;
+  TensorRef x;
+  MutTensorRef dx;
+};
+
+class GatedActivationPlan {
+ public:
+  static GatedActivationPlan select(const GatedActivationDescriptor& desc,
+                                    PlanPreference pref);
+  // y's layout: x's sizes with size(dim) halved, contiguous.
+  const TensorLayout& output_layout() const { return out_; }
+  void can_implement(const GatedActivationArgs& args) const;
+  size_t workspace_size() const { return 0; }
+  const KernelSku& sku() const { return sku_; }
+  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  void run(void* stream, Workspace workspace, const GatedActivationArgs& args) const;
+
+ private:
+  GatedActivationDescriptor desc_;
+  TensorLayout out_;
+  GatedActivationLaunch launch_;
+  KernelSku sku_;
+};
+
+class GatedActivationBackwardPlan {
+ public:
+  static GatedActivationBackwardPlan select(const GatedActivationBackwardDescriptor& desc,
+                                            PlanPreference pref);
+  // dx's layout: x's sizes, contiguous.
+  const TensorLayout& output_layout() const { return out_; }
+  void can_implement(const GatedActivationBackwardArgs& args) const;
+  size_t workspace_size() const { return 0; }
+  const KernelSku& sku() const { return sku_; }
+  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  void run(void* stream, Workspace workspace, const GatedActivationBackwardArgs& args) const;
+
+ private:
+  GatedActivationBackwardDescriptor desc_;
+  TensorLayout out_;
+  GatedActivationLaunch launch_;
+  KernelSku sku_;
+};
+
+}  // namespace baracuda

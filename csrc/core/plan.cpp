@@ -1,0 +1,184 @@
+#include "core/plan.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace baracuda {
+
+const char* element_name(ElementKind e) {
+  switch (e) {
+    case ElementKind::F32: return "float32";
+    case ElementKind::F16: return "float16";
+    case ElementKind::BF16: return "bfloat16";
+    case ElementKind::F64: return "float64";
+    case ElementKind::I32: return "int32";
+    case ElementKind::I64: return "int64";
+  }
+  return "?";
+}
+
+int element_size(ElementKind e) {
+  switch (e) {
+    case ElementKind::F16:
+    case ElementKind::BF16: return 2;
+    case ElementKind::F32:
+    case ElementKind::I32: return 4;
+    case ElementKind::F64:
+    case ElementKind::I64: return 8;
+  }
+  return 0;
+}
+
+const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu"; }
+
+const char* preference_name(PlanPreference p) {
+  return p == PlanPreference::Deterministic ? "deterministic" : "fastest";
+}
+
+std::string KernelSku::name() const {
+  std::ostringstream s;
+  s << family << "." << op << "/" << element_name(element);
+  if (index_element) s << "+" << element_name(*index_element);
+  s << "/" << variant << "/" << backend_name(backend);
+  if (backend == Backend::Cuda) s << "_sm" << arch;
+  return s.str();
+}
+
+void fail(PlanErrorKind kind, const std::string& op, const std::string& rule) {
+  throw PlanError(kind, "baracuda::" + op + ": " + rule);
+}
+
+int64_t TensorLayout::numel() const {
+  int64_t n = 1;
+  for (int d = 0; d < rank; ++d) n *= sizes[d];
+  return n;
+}
+
+bool TensorLayout::is_contiguous() const {
+  if (numel() == 0) return true;
+  int64_t expected = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    if (sizes[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return true;
+}
+
+int64_t TensorLayout::max_offset() const {
+  int64_t off = 0;
+  for (int d = 0; d < rank; ++d) {
+    if (sizes[d] == 0) return 0;
+    off += (sizes[d] - 1) * strides[d];
+  }
+  return off;
+}
+
+namespace {
+std::string layout_sizes(const TensorLayout& t) { return sizes_str(t.sizes.data(), t.rank); }
+}  // namespace
+
+void check_rank(const std::string& op, const char* what, int rank) {
+  if (rank > kMaxRank)
+    fail(PlanErrorKind::Unsupported, op,
+         std::string(what) + " has " + std::to_string(rank) + " dims, at most " +
+             std::to_string(kMaxRank) + " are supported");
+}
+
+int normalize_dim(const std::string& op, const char* what, int64_t dim, int rank) {
+  if (dim < -rank || dim >= rank)
+    fail(PlanErrorKind::IndexOutOfRange, op,
+         std::string(what) + " must be in [" + std::to_string(-rank) + ", " +
+             std::to_string(rank - 1) + "] for a " + std::to_string(rank) + "-d tensor, got " +
+             std::to_string(dim));
+  return static_cast<int>(dim < 0 ? dim + rank : dim);
+}
+
+void check_same_layout(const std::string& op, const char* what, const TensorLayout& expected,
+                       const TensorLayout& got) {
+  bool same = expected.dtype == got.dtype && expected.rank == got.rank;
+  for (int d = 0; same && d < expected.rank; ++d)
+    same = expected.sizes[d] == got.sizes[d] && expected.strides[d] == got.strides[d];
+  if (!same)
+    fail(PlanErrorKind::Internal, op,
+         std::string(what) + " does not match the layout the plan was selected for (got sizes " +
+             layout_sizes(got) + ", expected " + layout_sizes(expected) + ")");
+  if (got.alignment < expected.alignment)
+    fail(PlanErrorKind::Internal, op,
+         std::string(what) + " is less aligned than the plan was selected for");
+}
+
+void check_output(const std::string& op, const char* what, const TensorLayout& expected,
+                  const MutTensorRef& out) {
+  TensorLayout want = expected;
+  want.strides = contiguous_strides(want.sizes, want.rank);
+  bool same = want.dtype == out.layout.dtype && want.rank == out.layout.rank;
+  for (int d = 0; same && d < want.rank; ++d) same = want.sizes[d] == out.layout.sizes[d];
+  if (!same)
+    fail(PlanErrorKind::Internal, op,
+         std::string(what) + " has sizes " + layout_sizes(out.layout) + ", expected " +
+             layout_sizes(want));
+  if (!out.layout.is_contiguous())
+    fail(PlanErrorKind::Internal, op, std::string(what) + " must be contiguous");
+  if (out.layout.alignment < 16 && out.layout.numel() > 0)
+    fail(PlanErrorKind::Internal, op, std::string(what) + " must be 16-byte aligned");
+  if (out.data == nullptr && out.layout.numel() > 0)
+    fail(PlanErrorKind::Internal, op, std::string(what) + " has no data");
+}
+
+void check_workspace(const std::string& op, size_t needed, const Workspace& ws) {
+  if (ws.bytes < needed || (needed > 0 && ws.data == nullptr))
+    fail(PlanErrorKind::Internal, op,
+         "workspace too small: need " + std::to_string(needed) + " bytes, got " +
+             std::to_string(ws.bytes));
+}
+
+std::array<int64_t, kMaxRank> contiguous_strides(const std::array<int64_t, kMaxRank>& sizes,
+                                                 int rank) {
+  std::array<int64_t, kMaxRank> st{};
+  int64_t s = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    st[d] = s;
+    s *= std::max<int64_t>(sizes[d], 1);
+  }
+  return st;
+}
+
+CoalescedDims coalesce_dims(int rank, const std::array<int64_t, kMaxRank>& sizes,
+                            const std::array<int64_t, kMaxRank>* const* operand_strides,
+                            int num_operands) {
+  CoalescedDims out;
+  // Walk from the innermost dim outwards, keeping the current (outermost kept) dim open
+  // for merging with the next one out.
+  std::array<int64_t, kMaxRank> rsizes{};
+  std::array<std::array<int64_t, kMaxRank>, kMaxOperands> rstrides{};
+  int n = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    if (sizes[d] == 1) continue;
+    if (n > 0) {
+      bool linear = true;
+      for (int k = 0; k < num_operands && linear; ++k)
+        linear = (*operand_strides[k])[d] == rstrides[k][n - 1] * rsizes[n - 1];
+      if (linear) {
+        rsizes[n - 1] *= sizes[d];
+        continue;
+      }
+    }
+    rsizes[n] = sizes[d];
+    for (int k = 0; k < num_operands; ++k) rstrides[k][n] = (*operand_strides[k])[d];
+    ++n;
+  }
+  if (n == 0) {  // every dim had size 1
+    rsizes[0] = 1;
+    for (int k = 0; k < num_operands; ++k) rstrides[k][0] = 1;
+    n = 1;
+  }
+  out.rank = n;
+  for (int i = 0; i < n; ++i) {
+    out.sizes[i] = rsizes[n - 1 - i];
+    for (int k = 0; k < num_operands; ++k) out.strides[k][i] = rstrides[k][n - 1 - i];
+  }
+  return out;
+}
+
+}  // namespace baracuda

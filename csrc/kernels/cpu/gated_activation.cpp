@@ -1,0 +1,78 @@
+// CPU gated-activation kernels: one strided loop for every layout (the plan's coalesced
+// index space makes contiguous inputs a unit-stride inner loop).
+#include "kernels/gated_activation.h"
+#include "kernels/gated_activation_math.h"
+#include "kernels/cpu/loops.h"
+
+namespace baracuda::kernels {
+
+namespace {
+using cpu::acc_t;
+
+template <typename T, GatedKind K>
+void forward(const GatedActivationLaunch& l) {
+  using Acc = acc_t<T>;
+  const T* x = static_cast<const T*>(l.x);
+  T* y = static_cast<T*>(l.out);
+  const int last = l.dims.rank - 1;
+  const int64_t sx = l.dims.strides[0][last], sy = l.dims.strides[1][last];
+  cpu::parallel_for_each_run<2>(l.dims, [&](const int64_t* off, int64_t n) {
+    const T* a = x + off[0] + l.x_a_offset;
+    const T* b = x + off[0] + l.x_b_offset;
+    T* out = y + off[1];
+    for (int64_t i = 0; i < n; ++i)
+      out[i * sy] = T(gated_forward<K>(static_cast<Acc>(a[i * sx]), static_cast<Acc>(b[i * sx])));
+  });
+}
+
+template <typename T, GatedKind K>
+void backward(const GatedActivationLaunch& l) {
+  using Acc = acc_t<T>;
+  const T* x = static_cast<const T*>(l.x);
+  const T* dy = static_cast<const T*>(l.dy);
+  T* dx = static_cast<T*>(l.out);
+  const int last = l.dims.rank - 1;
+  const int64_t sx = l.dims.strides[0][last], sdx = l.dims.strides[1][last],
+                sdy = l.dims.strides[2][last];
+  cpu::parallel_for_each_run<3>(l.dims, [&](const int64_t* off, int64_t n) {
+    const T* a = x + off[0] + l.x_a_offset;
+    const T* b = x + off[0] + l.x_b_offset;
+    T* da = dx + off[1] + l.out_a_offset;
+    T* db = dx + off[1] + l.out_b_offset;
+    const T* g = dy + off[2];
+    for (int64_t i = 0; i < n; ++i) {
+      Acc ga, gb;
+      gated_backward<K>(static_cast<Acc>(g[i * sdy]), static_cast<Acc>(a[i * sx]),
+                        static_cast<Acc>(b[i * sx]), ga, gb);
+      da[i * sdx] = T(ga);
+      db[i * sdx] = T(gb);
+    }
+  });
+}
+
+template <typename T>
+void dispatch_kind(const GatedActivationLaunch& l) {
+  auto go = [&](auto kind_tag) {
+    constexpr GatedKind K = decltype(kind_tag)::value;
+    if (l.backward)
+      backward<T, K>(l);
+    else
+      forward<T, K>(l);
+  };
+  switch (l.kind) {
+    case GatedKind::Glu: go(std::integral_constant<GatedKind, GatedKind::Glu>{}); break;
+    case GatedKind::Reglu: go(std::integral_constant<GatedKind, GatedKind::Reglu>{}); break;
+    case GatedKind::Swiglu: go(std::integral_constant<GatedKind, GatedKind::Swiglu>{}); break;
+    case GatedKind::Geglu: go(std::integral_constant<GatedKind, GatedKind::Geglu>{}); break;
+    case GatedKind::GegluTanh:
+      go(std::integral_constant<GatedKind, GatedKind::GegluTanh>{});
+      break;
+  }
+}
+}  // namespace
+
+void gated_activation_cpu(const GatedActivationLaunch& l) {
+  cpu::dispatch_floating(l.element, [&](auto tag) { dispatch_kind<decltype(tag)>(l); });
+}
+
+}  // namespace baracuda::kernels

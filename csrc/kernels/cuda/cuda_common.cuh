@@ -1,0 +1,110 @@
+// Device helpers shared by the CUDA kernels: element types and conversions, 16-byte
+// vector access, fast 32-bit division, launch checking.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "core/plan.h"
+
+namespace baracuda::kernels::cuda {
+
+// float for float32/float16/bfloat16, double for float64.
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_acc(acc_t<T> v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return v;
+}
+
+// Calls f(tag) with the device type of a floating ElementKind.
+template <typename F>
+void dispatch_floating(ElementKind e, F&& f) {
+  switch (e) {
+    case ElementKind::F32: f(float{}); return;
+    case ElementKind::F64: f(double{}); return;
+    case ElementKind::F16: f(__half{}); return;
+    case ElementKind::BF16: f(__nv_bfloat16{}); return;
+    default: fail(PlanErrorKind::Internal, "cuda", "non-floating element reached a kernel");
+  }
+}
+
+// V consecutive elements; 16 bytes on the vector path.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// Read-only load of V elements; one 16-byte transaction when sizeof(T) * V == 16.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  Pack<T, V> out;
+  if constexpr (sizeof(T) * V == 16) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    memcpy(&out, &raw, 16);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.v[i] = p[i];
+  }
+  return out;
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
+  if constexpr (sizeof(T) * V == 16) {
+    uint4 raw;
+    memcpy(&raw, &v, 16);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = v.v[i];
+  }
+}
+
+// n / d and n % d for 0 <= n < 2^31 with a multiply-shift instead of a divide
+// (Granlund–Montgomery; d fixed per launch).
+struct FastDivmod {
+  uint32_t d = 1, mul = 0, shift = 0;
+  FastDivmod() = default;
+  explicit FastDivmod(uint32_t divisor) : d(divisor) {
+    if (d == 1) return;
+    uint32_t l = 0;
+    while ((1ull << l) < d) ++l;  // ceil(log2(d))
+    const uint64_t p = 31 + l;
+    mul = static_cast<uint32_t>(((1ull << p) + d - 1) / d);
+    shift = static_cast<uint32_t>(p - 32);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return d == 1 ? n : (__umulhi(n, mul) >> shift);
+  }
+};
+
+// Throws PlanError(Internal) naming the op if the last launch failed.
+inline void check_launch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    fail(PlanErrorKind::Internal, op, std::string("CUDA launch failed: ") + cudaGetErrorString(err));
+}
+
+inline unsigned int blocks_for(int64_t work, int64_t per_block) {
+  return static_cast<unsigned int>((work + per_block - 1) / per_block);
+}
+
+}  // namespace baracuda::kernels::cuda

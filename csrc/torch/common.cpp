@@ -1,0 +1,139 @@
+#include "torch/common.h"
+
+#include <ATen/Context.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+
+#ifdef BARACUDA_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace baracuda::torch_ops {
+
+ElementKind element_of(const at::Tensor& t, const std::string& op, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return ElementKind::F32;
+    case at::kHalf: return ElementKind::F16;
+    case at::kBFloat16: return ElementKind::BF16;
+    case at::kDouble: return ElementKind::F64;
+    case at::kInt: return ElementKind::I32;
+    case at::kLong: return ElementKind::I64;
+    default:
+      fail(PlanErrorKind::UnsupportedDtype, op,
+           std::string(what) + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+               ", which baracuda does not support");
+  }
+}
+
+TensorLayout layout_of(const at::Tensor& t, const std::string& op, const char* what) {
+  TensorLayout l;
+  l.dtype = element_of(t, op, what);
+  check_rank(op, what, static_cast<int>(t.dim()));
+  l.rank = static_cast<int>(t.dim());
+  for (int d = 0; d < l.rank; ++d) {
+    l.sizes[d] = t.size(d);
+    l.strides[d] = t.stride(d);
+  }
+  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
+  l.alignment = 16;
+  while (l.alignment > 1 && addr % l.alignment != 0) l.alignment /= 2;
+  return l;
+}
+
+TensorRef ref_of(const at::Tensor& t, const std::string& op, const char* what) {
+  return TensorRef{layout_of(t, op, what), t.data_ptr()};
+}
+
+MutTensorRef mut_ref_of(at::Tensor& t, const std::string& op, const char* what) {
+  return MutTensorRef{layout_of(t, op, what), t.data_ptr()};
+}
+
+DeviceInfo device_info(const at::Tensor& t) {
+  DeviceInfo info;
+  if (t.is_cuda()) {
+    info.backend = Backend::Cuda;
+    info.index = t.get_device();
+#ifdef BARACUDA_WITH_CUDA
+    const cudaDeviceProp* prop = at::cuda::getDeviceProperties(info.index);
+    info.arch = prop->major * 10 + prop->minor;
+    info.sm_count = prop->multiProcessorCount;
+#endif
+  } else if (!t.is_cpu() && !t.is_meta()) {
+    fail(PlanErrorKind::Unsupported, "device",
+         "tensors on " + t.device().str() + " are not supported (only cpu and cuda)");
+  }
+  return info;
+}
+
+void* current_stream(const at::Tensor& t) {
+#ifdef BARACUDA_WITH_CUDA
+  if (t.is_cuda()) return at::cuda::getCurrentCUDAStream(t.get_device()).stream();
+#endif
+  (void)t;
+  return nullptr;
+}
+
+void check_same_device(const std::string& op,
+                       std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors) {
+  const std::pair<const char*, const at::Tensor*>* first = nullptr;
+  for (const auto& entry : tensors) {
+    if (!entry.second->defined()) continue;
+    if (!first) {
+      first = &entry;
+      continue;
+    }
+    if (entry.second->device() != first->second->device())
+      fail(PlanErrorKind::DeviceMismatch, op,
+           "expected all tensors on one device, but " + std::string(first->first) + " is on " +
+               first->second->device().str() + " and " + entry.first + " is on " +
+               entry.second->device().str());
+  }
+}
+
+at::Tensor allocate(const TensorLayout& layout, const at::Tensor& like) {
+  return at::empty(c10::IntArrayRef(layout.sizes.data(), layout.rank), like.options());
+}
+
+at::Tensor allocate_workspace(size_t bytes, const at::Tensor& like) {
+  if (bytes == 0) return at::Tensor();
+  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+namespace {
+std::atomic<PlanPreference> g_preference{PlanPreference::Fastest};
+}
+
+PlanPreference library_preference() { return g_preference.load(); }
+void set_library_preference(PlanPreference p) { g_preference.store(p); }
+
+PlanPreference current_preference() {
+  if (g_preference.load() == PlanPreference::Deterministic ||
+      at::globalContext().deterministicAlgorithms())
+    return PlanPreference::Deterministic;
+  return PlanPreference::Fastest;
+}
+
+PlanPreference parse_preference(const std::string& s) {
+  if (s == "fastest") return PlanPreference::Fastest;
+  if (s == "deterministic") return PlanPreference::Deterministic;
+  fail(PlanErrorKind::InvalidProblem, "preference",
+       "preference must be 'fastest' or 'deterministic', got '" + s + "'");
+}
+
+void rethrow(const PlanError& e) {
+  switch (e.kind()) {
+    case PlanErrorKind::InvalidProblem: C10_THROW_ERROR(ValueError, e.what());
+    case PlanErrorKind::IndexOutOfRange: C10_THROW_ERROR(IndexError, e.what());
+    case PlanErrorKind::UnsupportedDtype: C10_THROW_ERROR(TypeError, e.what());
+    case PlanErrorKind::Unsupported: C10_THROW_ERROR(NotImplementedError, e.what());
+    case PlanErrorKind::DeviceMismatch:
+    case PlanErrorKind::Internal: C10_THROW_ERROR(Error, e.what());
+  }
+  C10_THROW_ERROR(Error, e.what());
+}
+
+}  // namespace baracuda::torch_ops

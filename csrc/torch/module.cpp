@@ -1,0 +1,79 @@
+// baracuda_torch._C: importing it registers the ops (TORCH_LIBRARY blocks in this
+// library); the Python-facing objects that are not ops live here: the plan preference
+// and plan introspection (PlanInfo, explain_*).
+#include <torch/extension.h>
+
+#include "torch/common.h"
+#include "torch/ops.h"
+
+namespace py = pybind11;
+using namespace baracuda;
+using namespace baracuda::torch_ops;
+
+namespace {
+const char* math_name(MathPrecision m) { return m == MathPrecision::F64 ? "float64" : "float32"; }
+
+std::string plan_repr(const PlanInfo& p) {
+  const auto& g = p.sku.precision;
+  return "PlanInfo(" + p.sku.name() + ", math=" + math_name(g.math) +
+         ", accumulator=" + element_name(g.accumulator) +
+         ", deterministic=" + (g.deterministic ? "True" : "False") +
+         ", bit_stable=" + (g.bit_stable_on_same_hardware ? "True" : "False") +
+         ", workspace_bytes=" + std::to_string(p.workspace_bytes) +
+         ", preference=" + preference_name(p.preference) + ")";
+}
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "baracuda_torch native extension: ops are under torch.ops.baracuda";
+#ifdef BARACUDA_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+
+  py::class_<PlanInfo>(m, "PlanInfo",
+                       "The kernel a call would run and what it guarantees (see "
+                       "baracuda_torch.explain).")
+      .def_property_readonly("name", [](const PlanInfo& p) { return p.sku.name(); },
+                             "Full SKU name: family.op/dtype/variant/backend")
+      .def_property_readonly("family", [](const PlanInfo& p) { return p.sku.family; })
+      .def_property_readonly("op", [](const PlanInfo& p) { return p.sku.op; })
+      .def_property_readonly("dtype",
+                             [](const PlanInfo& p) { return element_name(p.sku.element); })
+      .def_property_readonly("index_dtype",
+                             [](const PlanInfo& p) -> py::object {
+                               if (!p.sku.index_element) return py::none();
+                               return py::str(element_name(*p.sku.index_element));
+                             })
+      .def_property_readonly("variant", [](const PlanInfo& p) { return p.sku.variant; })
+      .def_property_readonly("backend",
+                             [](const PlanInfo& p) { return backend_name(p.sku.backend); })
+      .def_property_readonly("arch", [](const PlanInfo& p) { return p.sku.arch; },
+                             "SM version the CUDA kernel was chosen for (0 on the CPU)")
+      .def_property_readonly("math_precision",
+                             [](const PlanInfo& p) { return math_name(p.sku.precision.math); })
+      .def_property_readonly(
+          "accumulator", [](const PlanInfo& p) { return element_name(p.sku.precision.accumulator); })
+      .def_property_readonly("deterministic",
+                             [](const PlanInfo& p) { return p.sku.precision.deterministic; })
+      .def_property_readonly(
+          "bit_stable", [](const PlanInfo& p) { return p.sku.precision.bit_stable_on_same_hardware; })
+      .def_property_readonly("workspace_bytes", [](const PlanInfo& p) { return p.workspace_bytes; })
+      .def_property_readonly("preference",
+                             [](const PlanInfo& p) { return preference_name(p.preference); })
+      .def("__repr__", &plan_repr);
+
+  m.def("get_preference", [] { return std::string(preference_name(library_preference())); });
+  m.def("set_preference", [](const std::string& p) {
+    translate_errors([&] { set_library_preference(parse_preference(p)); });
+  });
+  m.def("effective_preference",
+        [] { return std::string(preference_name(current_preference())); });
+
+  const auto pref = py::arg("preference") = py::none();
+  m.def("explain_gated_activation", &explain_gated_activation, py::arg("x"), py::arg("kind"),
+        py::arg("dim") = -1, py::arg("gate_first") = false, pref);
+  m.def("explain_gated_activation_backward", &explain_gated_activation_backward, py::arg("dy"),
+        py::arg("x"), py::arg("kind"), py::arg("dim") = -1, py::arg("gate_first") = false, pref);
+}

@@ -1,0 +1,15 @@
+// Every public schema of the baracuda namespace, in one place (SPEC.md). The kernels for
+// each key live in <family>_ops.cpp.
+#include <ATen/core/enum_tag.h>
+#include <torch/library.h>
+
+// Every op passes torch.library.opcheck (tests/test_opcheck.py), so it is tagged as
+// working with torch.compile.
+#define BARACUDA_DEF(schema) m.def(schema, {at::Tag::pt2_compliant_tag})
+
+TORCH_LIBRARY(baracuda, m) {
+  BARACUDA_DEF("gated_activation(Tensor x, str kind, int dim=-1, bool gate_first=False) -> Tensor");
+  BARACUDA_DEF(
+      "gated_activation_backward(Tensor dy, Tensor x, str kind, int dim=-1, "
+      "bool gate_first=False) -> Tensor");
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine: build for sm_90 with every core, run the whole
+# test suite on CUDA, run the benchmarks; full logs and CSV under $OUT, a short summary
+# printed last.
+#   STAGES=build,test,bench (default)   PYTEST_ARGS="-k gated"   FAMILIES=gated_activation
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-build,test,bench}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+note "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null)"
+note "== torch $($PY -c 'import torch; print(torch.__version__, torch.version.cuda)') | nvcc $(nvcc --version | tail -1)"
+
+status=0
+if [[ ",$STAGES," == *",build,"* ]]; then
+  t0=$(date +%s)
+  if $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+    note "build: ok in $(( $(date +%s) - t0 )) s (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST, MAX_JOBS=$MAX_JOBS)"
+  else
+    note "build: FAILED (see build.log)"; grep -E "error" "$OUT/build.log" | head -20 | tee -a "$summary"; exit 1
+  fi
+fi
+
+if [[ ",$STAGES," == *",test,"* ]]; then
+  t0=$(date +%s)
+  $PY -m pytest tests -q -rfEs ${PYTEST_ARGS:-} > "$OUT/test.log" 2>&1 || status=1
+  note "tests ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/test.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/test.log" | head -30 | tee -a "$summary"
+fi
+
+if [[ ",$STAGES," == *",bench,"* ]]; then
+  t0=$(date +%s)
+  $PY benchmarks/run_all.py --out "$OUT" ${FAMILIES:+--families $FAMILIES} > "$OUT/bench.log" 2>&1 || status=1
+  note "bench: $(( $(date +%s) - t0 )) s"
+  tail -5 "$OUT/bench.log" | grep -iE "error|Traceback" | tee -a "$summary"
+fi
+
+echo
+[ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
+echo
+cat "$summary"
+exit $status
