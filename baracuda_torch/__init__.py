@@ -15,7 +15,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
 from . import functional, nn, reference
 from ._plan import PlanInfo, explain, get_preference, preference, set_preference
-from .functional import gated_activation, geglu, glu, reglu, swiglu
+from .functional import *  # noqa: F401,F403  (every wrapper in functional.__all__)
 
 __version__ = "0.1.0"
 
@@ -25,5 +25,4 @@ with_cuda: bool = _C.with_cuda
 __all__ = [
     "PlanInfo", "explain", "get_preference", "set_preference", "preference", "with_cuda",
     "functional", "nn", "reference",
-    "gated_activation", "glu", "reglu", "swiglu", "geglu",
-]
+] + functional.__all__

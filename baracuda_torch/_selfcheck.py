@@ -116,7 +116,16 @@ def run_case(name: str, ours: Callable, reference: Callable, inputs: Sequence[to
 
 # ---- per-family checks: each yields Results for (device, dtype) ----------------------
 
+CHECKS: List[Callable[[str, torch.dtype, bool], Iterator[Result]]] = []
 
+
+def check(fn):
+    """Register a family's self-check: fn(device, dtype, big) yields Results."""
+    CHECKS.append(fn)
+    return fn
+
+
+@check
 def check_gated_activation(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
     shape = (4096, 8192) if big else (256, 512)
     for kind in ("glu", "reglu", "swiglu", "geglu", "geglu_tanh"):
@@ -126,7 +135,17 @@ def check_gated_activation(device: str, dtype: torch.dtype, big: bool) -> Iterat
                        ("gated_activation", (x, kind)))
 
 
-CHECKS: List[Callable[[str, torch.dtype, bool], Iterator[Result]]] = [check_gated_activation]
+# ---- rope
+
+
+# ---- lerp
+
+
+# ---- gather
+
+
+# ---- ssd_chunk_scan
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,9 +11,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["gated_activation", "glu", "reglu", "swiglu", "geglu"]
+__all__: list = []
 
 # ---- gated activations ----------------------------------------------------------
+
+__all__ += ["gated_activation", "glu", "reglu", "swiglu", "geglu"]
 
 GatedKind = Literal["glu", "reglu", "swiglu", "geglu", "geglu_tanh"]
 
@@ -68,3 +70,15 @@ def geglu(x: Tensor, dim: int = -1, approximate: Literal["none", "tanh"] = "none
     if approximate == "tanh":
         return gated_activation(x, "geglu_tanh", dim, gate_first)
     raise ValueError(f"baracuda_torch.geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+# ---- rope -------------------------------------------------------------------------
+
+
+# ---- lerp -------------------------------------------------------------------------
+
+
+# ---- gather -----------------------------------------------------------------------
+
+
+# ---- ssd_chunk_scan ---------------------------------------------------------------

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from . import functional as bf
 from .functional import GatedKind
 
-__all__ = ["GatedActivation", "GatedMLP"]
+__all__ = ["GatedActivation", "GatedMLP"]  # each family adds its modules below
 
 
 class GatedActivation(nn.Module):
@@ -47,3 +47,9 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.act(self.up_gate(x)))
+
+
+# ---- rope -------------------------------------------------------------------------
+
+
+# ---- ssd_chunk_scan ---------------------------------------------------------------

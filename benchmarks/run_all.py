@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
 import os
 import sys
@@ -15,7 +16,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import format_table, write_csv  # noqa: E402
 
-FAMILIES = ["gated_activation"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAMILIES = sorted(os.path.basename(p)[len("bench_"):-3] for p in glob.glob(os.path.join(HERE, "bench_*.py")))
 
 
 def main() -> None:

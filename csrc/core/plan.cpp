@@ -110,18 +110,7 @@ void check_same_layout(const std::string& op, const char* what, const TensorLayo
 
 void check_output(const std::string& op, const char* what, const TensorLayout& expected,
                   const MutTensorRef& out) {
-  TensorLayout want = expected;
-  want.strides = contiguous_strides(want.sizes, want.rank);
-  bool same = want.dtype == out.layout.dtype && want.rank == out.layout.rank;
-  for (int d = 0; same && d < want.rank; ++d) same = want.sizes[d] == out.layout.sizes[d];
-  if (!same)
-    fail(PlanErrorKind::Internal, op,
-         std::string(what) + " has sizes " + layout_sizes(out.layout) + ", expected " +
-             layout_sizes(want));
-  if (!out.layout.is_contiguous())
-    fail(PlanErrorKind::Internal, op, std::string(what) + " must be contiguous");
-  if (out.layout.alignment < 16 && out.layout.numel() > 0)
-    fail(PlanErrorKind::Internal, op, std::string(what) + " must be 16-byte aligned");
+  check_same_layout(op, what, expected, out.layout);
   if (out.data == nullptr && out.layout.numel() > 0)
     fail(PlanErrorKind::Internal, op, std::string(what) + " has no data");
 }

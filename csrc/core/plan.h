@@ -126,7 +126,8 @@ struct Workspace {
 // Checks shared by every family's `can_implement`.
 void check_same_layout(const std::string& op, const char* what, const TensorLayout& expected,
                        const TensorLayout& got);
-void check_output(const std::string& op, const char* what, const TensorLayout& expected_sizes,
+// `out` must have exactly the planned layout (dtype, sizes, strides, alignment).
+void check_output(const std::string& op, const char* what, const TensorLayout& expected,
                   const MutTensorRef& out);
 void check_workspace(const std::string& op, size_t needed, const Workspace& ws);
 

@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -94,8 +95,22 @@ void check_same_device(const std::string& op,
   }
 }
 
+at::ScalarType scalar_type_of(ElementKind e) {
+  switch (e) {
+    case ElementKind::F32: return at::kFloat;
+    case ElementKind::F16: return at::kHalf;
+    case ElementKind::BF16: return at::kBFloat16;
+    case ElementKind::F64: return at::kDouble;
+    case ElementKind::I32: return at::kInt;
+    case ElementKind::I64: return at::kLong;
+  }
+  return at::kFloat;
+}
+
 at::Tensor allocate(const TensorLayout& layout, const at::Tensor& like) {
-  return at::empty(c10::IntArrayRef(layout.sizes.data(), layout.rank), like.options());
+  return at::empty_strided(c10::IntArrayRef(layout.sizes.data(), layout.rank),
+                           c10::IntArrayRef(layout.strides.data(), layout.rank),
+                           like.options().dtype(scalar_type_of(layout.dtype)));
 }
 
 at::Tensor allocate_workspace(size_t bytes, const at::Tensor& like) {

@@ -33,7 +33,10 @@ void* current_stream(const at::Tensor& t);
 void check_same_device(const std::string& op,
                        std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors);
 
-// A dense tensor of `layout`'s sizes on `like`'s device (its dtype unless given).
+at::ScalarType scalar_type_of(ElementKind e);
+
+// A tensor with `layout`'s dtype, sizes and strides (as a plan's output_layout() says)
+// on `like`'s device, from PyTorch's allocator.
 at::Tensor allocate(const TensorLayout& layout, const at::Tensor& like);
 // Scratch bytes from PyTorch's caching allocator; keep the tensor alive across run().
 at::Tensor allocate_workspace(size_t bytes, const at::Tensor& like);

@@ -76,4 +76,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("dim") = -1, py::arg("gate_first") = false, pref);
   m.def("explain_gated_activation_backward", &explain_gated_activation_backward, py::arg("dy"),
         py::arg("x"), py::arg("kind"), py::arg("dim") = -1, py::arg("gate_first") = false, pref);
+
+  // ---- rope
+
+  // ---- lerp
+
+  // ---- gather
+
+  // ---- ssd_chunk_scan
 }

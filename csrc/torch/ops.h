@@ -19,4 +19,12 @@ PlanInfo explain_gated_activation_backward(const at::Tensor& dy, const at::Tenso
                                            const std::string& kind, int64_t dim, bool gate_first,
                                            const std::optional<std::string>& preference);
 
+// ---- rope
+
+// ---- lerp
+
+// ---- gather
+
+// ---- ssd_chunk_scan
+
 }  // namespace baracuda::torch_ops

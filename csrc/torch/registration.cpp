@@ -12,4 +12,12 @@ TORCH_LIBRARY(baracuda, m) {
   BARACUDA_DEF(
       "gated_activation_backward(Tensor dy, Tensor x, str kind, int dim=-1, "
       "bool gate_first=False) -> Tensor");
+
+  // ---- rope (rope_ops.cpp)
+
+  // ---- lerp (lerp_ops.cpp)
+
+  // ---- gather (gather_ops.cpp)
+
+  // ---- ssd_chunk_scan (ssd_chunk_scan_ops.cpp)
 }
