@@ -1,7 +1,6 @@
 #include "core/plan.h"
 
 #include <algorithm>
-#include <sstream>
 
 namespace baracuda {
 
@@ -36,12 +35,11 @@ const char* preference_name(PlanPreference p) {
 }
 
 std::string KernelSku::name() const {
-  std::ostringstream s;
-  s << family << "." << op << "/" << element_name(element);
-  if (index_element) s << "+" << element_name(*index_element);
-  s << "/" << variant << "/" << backend_name(backend);
-  if (backend == Backend::Cuda) s << "_sm" << arch;
-  return s.str();
+  std::string s = family + "." + op + "/" + element_name(element);
+  if (index_element) s += std::string("+") + element_name(*index_element);
+  s += "/" + variant + "/" + backend_name(backend);
+  if (backend == Backend::Cuda) s += "_sm" + std::to_string(arch);
+  return s;
 }
 
 void fail(PlanErrorKind kind, const std::string& op, const std::string& rule) {

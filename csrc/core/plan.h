@@ -13,9 +13,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
+
+namespace c10 {
+class SymInt;
+}
 
 namespace baracuda {
 
@@ -135,13 +138,11 @@ void check_workspace(const std::string& op, size_t needed, const Workspace& ws);
 std::array<int64_t, kMaxRank> contiguous_strides(const std::array<int64_t, kMaxRank>& sizes,
                                                  int rank);
 
-// Text of a size: int64_t, or a symbolic integer in a meta kernel.
-template <class Int>
-std::string size_str(const Int& v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
+// Text of a size: int64_t, or a symbolic integer in a meta kernel (defined by the torch
+// layer). No iostreams anywhere in the library: some toolchains link a static libstdc++
+// into extensions, whose stream locale state then crashes next to torch's shared one.
+inline std::string size_str(int64_t v) { return std::to_string(v); }
+std::string size_str(const c10::SymInt& v);
 template <class Int>
 std::string sizes_str(const Int* sizes, int rank) {
   std::string s = "[";

@@ -13,6 +13,13 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+namespace baracuda {
+std::string size_str(const c10::SymInt& v) {
+  if (auto concrete = v.maybe_as_int()) return std::to_string(*concrete);
+  return v.toSymNodeImplUnowned()->str();
+}
+}  // namespace baracuda
+
 namespace baracuda::torch_ops {
 
 ElementKind element_of(const at::Tensor& t, const std::string& op, const char* what) {
