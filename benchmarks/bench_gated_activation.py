@@ -30,6 +30,7 @@ def run(kinds=("swiglu", "geglu", "geglu_tanh"), dtypes=(torch.bfloat16, torch.f
                 "torch": lambda k=kind: ref.gated_activation(x, k),
             }
             if "compile" in providers:
+                torch._dynamo.reset()  # a fresh cache: no recompile limit across cases
                 compiled = torch.compile(lambda t, k=kind: ref.gated_activation(t, k))
                 fwd["compile"] = lambda c=compiled: c(x)
             for provider in providers:

@@ -21,7 +21,7 @@ void forward(const GatedActivationLaunch& l) {
     const T* b = x + off[0] + l.x_b_offset;
     T* out = y + off[1];
     for (int64_t i = 0; i < n; ++i)
-      out[i * sy] = T(gated_forward<K>(static_cast<Acc>(a[i * sx]), static_cast<Acc>(b[i * sx])));
+      out[i * sy] = T(gated_forward<K, false>(static_cast<Acc>(a[i * sx]), static_cast<Acc>(b[i * sx])));
   });
 }
 
@@ -42,7 +42,7 @@ void backward(const GatedActivationLaunch& l) {
     const T* g = dy + off[2];
     for (int64_t i = 0; i < n; ++i) {
       Acc ga, gb;
-      gated_backward<K>(static_cast<Acc>(g[i * sdy]), static_cast<Acc>(a[i * sx]),
+      gated_backward<K, false>(static_cast<Acc>(g[i * sdy]), static_cast<Acc>(a[i * sx]),
                         static_cast<Acc>(b[i * sx]), ga, gb);
       da[i * sdx] = T(ga);
       db[i * sdx] = T(gb);

@@ -13,6 +13,10 @@
 
 namespace baracuda::kernels::cuda {
 
+// Hardware exp/reciprocal approximations for the half types (see gated_activation_math.h).
+template <typename T>
+constexpr bool kFast = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
 constexpr int kGatedThreads = 256;
 constexpr int kGatedUnroll = 4;
 
@@ -28,7 +32,7 @@ struct GatedRowsParams {
   void* out;
 };
 
-template <typename T, GatedKind K, bool BW, int V, typename Idx>
+template <typename T, GatedKind K, bool BW, int V, typename Idx, int kUnroll = kGatedUnroll>
 __global__ void __launch_bounds__(kGatedThreads)
     gated_activation_rows_kernel(const GatedRowsParams<Idx> p) {
   using Acc = acc_t<T>;
@@ -36,11 +40,11 @@ __global__ void __launch_bounds__(kGatedThreads)
   const T* dy = static_cast<const T*>(p.dy);
   T* out = static_cast<T*>(p.out);
 
-  const Idx base = static_cast<Idx>(blockIdx.x) * (kGatedThreads * kGatedUnroll) + threadIdx.x;
-  Pack<T, V> a[kGatedUnroll], b[kGatedUnroll], g[kGatedUnroll];
-  Idx x_off[kGatedUnroll], out_off[kGatedUnroll];
+  const Idx base = static_cast<Idx>(blockIdx.x) * (kGatedThreads * kUnroll) + threadIdx.x;
+  Pack<T, V> a[kUnroll], b[kUnroll], g[kUnroll];
+  Idx x_off[kUnroll], out_off[kUnroll];
 #pragma unroll
-  for (int u = 0; u < kGatedUnroll; ++u) {
+  for (int u = 0; u < kUnroll; ++u) {
     const Idx v = base + u * kGatedThreads;
     if (v < p.total_vecs) {
       Idx row;
@@ -57,14 +61,14 @@ __global__ void __launch_bounds__(kGatedThreads)
     }
   }
 #pragma unroll
-  for (int u = 0; u < kGatedUnroll; ++u) {
+  for (int u = 0; u < kUnroll; ++u) {
     if (base + u * kGatedThreads < p.total_vecs) {
       if constexpr (BW) {
         Pack<T, V> da, db;
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           Acc ga, gb;
-          gated_backward<K>(to_acc(g[u].v[i]), to_acc(a[u].v[i]), to_acc(b[u].v[i]), ga, gb);
+          gated_backward<K, kFast<T>>(to_acc(g[u].v[i]), to_acc(a[u].v[i]), to_acc(b[u].v[i]), ga, gb);
           da.v[i] = from_acc<T>(ga);
           db.v[i] = from_acc<T>(gb);
         }
@@ -74,7 +78,7 @@ __global__ void __launch_bounds__(kGatedThreads)
         Pack<T, V> y;
 #pragma unroll
         for (int i = 0; i < V; ++i)
-          y.v[i] = from_acc<T>(gated_forward<K>(to_acc(a[u].v[i]), to_acc(b[u].v[i])));
+          y.v[i] = from_acc<T>(gated_forward<K, kFast<T>>(to_acc(a[u].v[i]), to_acc(b[u].v[i])));
         store_pack<T, V>(out + out_off[u], y);
       }
     }
@@ -117,11 +121,11 @@ __global__ void __launch_bounds__(kGatedThreads)
   if constexpr (BW) {
     const Acc g = to_acc(static_cast<const T*>(p.dy)[od]);
     Acc ga, gb;
-    gated_backward<K>(g, a, b, ga, gb);
+    gated_backward<K, kFast<T>>(g, a, b, ga, gb);
     out[oo + p.out_a] = from_acc<T>(ga);
     out[oo + p.out_b] = from_acc<T>(gb);
   } else {
-    out[oo] = from_acc<T>(gated_forward<K>(a, b));
+    out[oo] = from_acc<T>(gated_forward<K, kFast<T>>(a, b));
   }
 }
 
