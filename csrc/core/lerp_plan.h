@@ -28,6 +28,11 @@ constexpr int lerp_num_inputs(LerpOp op) {
 constexpr int lerp_num_outputs(LerpOp op) {
   return op == LerpOp::Forward || op == LerpOp::ForwardTensor ? 1 : op == LerpOp::Backward ? 2 : 3;
 }
+// The same as constants, usable in device code.
+template <LerpOp Op>
+constexpr int kLerpInputs = lerp_num_inputs(Op);
+template <LerpOp Op>
+constexpr int kLerpOutputs = lerp_num_outputs(Op);
 
 // How a lerp kernel walks its index space (the output shape, coalesced). Outputs are
 // always dense over it, so an output's offset is the linear index.

@@ -13,8 +13,8 @@ using cpu::acc_t;
 template <typename T, LerpOp Op>
 void run(const LerpLaunch& l) {
   using Acc = acc_t<T>;
-  constexpr int NI = lerp_num_inputs(Op);
-  constexpr int NO = lerp_num_outputs(Op);
+  constexpr int NI = kLerpInputs<Op>;
+  constexpr int NO = kLerpOutputs<Op>;
   const T* in[NI];
   int64_t step[NI];  // inner stride of each input (0 or 1 on the common paths)
   const int last = l.dims.rank - 1;
