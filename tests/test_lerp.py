@@ -27,11 +27,12 @@ TENSOR_CASES = [((3, 5, 7), (3, 5, 7), (3, 5, 7)), ((4, 6), (4, 6), (6,)), ((4, 
 
 
 def random_weight(shape, dtype, device):
-    """Weights over [-0.75, 1.75], with the exact points 0, 1, ±0.5 where they fit."""
+    """Weights over [-0.75, 1.75], with the exact points 0, 1, ±0.5 where there is room."""
     w = torch.rand(shape, dtype=torch.float64) * 2.5 - 0.75
     flat = w.view(-1)
-    for i, v in enumerate([0.0, 1.0, 0.5, -0.5][:flat.numel()]):
-        flat[i * 3 % flat.numel()] = v
+    if flat.numel() >= 12:
+        for i, v in enumerate([0.0, 1.0, 0.5, -0.5]):
+            flat[i * 3] = v
     return w.to(device=device, dtype=dtype)
 
 
