@@ -140,6 +140,20 @@ def check_gated_activation(device: str, dtype: torch.dtype, big: bool) -> Iterat
 
 # ---- lerp
 
+@check
+def check_lerp(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    shape = (4096, 8192) if big else (256, 512)
+    a = torch.randn(shape, device=device, dtype=dtype)
+    b = torch.randn(shape, device=device, dtype=dtype)
+    for w in (0.3, 0.7):
+        yield run_case(f"lerp[w={w}]", lambda x, y, w=w: bt.lerp(x, y, w),
+                       lambda x, y, w=w: ref.lerp(x, y, w), [a, b], ("lerp", (a, b, w)))
+    row = b[:1]  # broadcast along the rows
+    yield run_case("lerp[broadcast b]", lambda x, y: bt.lerp(x, y, 0.6), lambda x, y: ref.lerp(x, y, 0.6),
+                   [a, row], ("lerp", (a, row, 0.6)))
+    w = torch.rand(shape, device=device, dtype=dtype) * 2 - 0.5
+    yield run_case("lerp.Tensor", bt.lerp, ref.lerp, [a, b, w], ("lerp.Tensor", (a, b, w)))
+
 
 # ---- gather
 

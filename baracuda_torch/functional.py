@@ -77,6 +77,42 @@ def geglu(x: Tensor, dim: int = -1, approximate: Literal["none", "tanh"] = "none
 
 # ---- lerp -------------------------------------------------------------------------
 
+__all__ += ["lerp"]
+
+
+def lerp(a: Tensor, b: Tensor, weight: float | Tensor) -> Tensor:
+    """Linear interpolation ``a + weight * (b - a)``, as ``torch.lerp(a, b, weight)``.
+
+    Evaluated with PyTorch's two-branch form, exact at both ends and free of the
+    cancellation of ``a + w·(b − a)`` near ``w = 1``::
+
+        |w| < 0.5 ?  a + w·(b − a)  :  b − (b − a)·(1 − w)
+
+    in float32 (float64 for float64 data). Weights outside ``[0, 1]`` extrapolate.
+
+    Args:
+        a: start values.
+        b: end values; ``a`` and ``b`` broadcast against each other (NumPy rules).
+        weight: a Python number (no gradient flows to it), or a tensor that broadcasts
+            with ``a`` and ``b`` and receives the gradient ``dy·(b − a)``, summed down
+            to its own shape.
+
+    Gradients: ``da = (1 − w)·dy`` and ``db = w·dy`` (and ``dw``), computed by one
+    kernel in one pass and summed down to each input's shape where it was broadcast.
+    With a scalar weight the second derivative is supported too.
+
+    Returns:
+        A new contiguous tensor of the broadcast shape and the inputs' dtype.
+
+    Raises:
+        ValueError: shapes that do not broadcast.
+        TypeError: a non-floating dtype, or inputs of different dtypes.
+        RuntimeError: inputs on different devices.
+    """
+    if isinstance(weight, Tensor):
+        return torch.ops.baracuda.lerp.Tensor(a, b, weight)
+    return torch.ops.baracuda.lerp.default(a, b, float(weight))
+
 
 # ---- gather -----------------------------------------------------------------------
 

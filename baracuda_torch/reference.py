@@ -38,6 +38,12 @@ def gated_activation(x: Tensor, kind: str, dim: int = -1, gate_first: bool = Fal
 # ---- lerp -------------------------------------------------------------------------
 
 
+def lerp(a: Tensor, b: Tensor, weight) -> Tensor:
+    """``a + weight * (b - a)`` with broadcasting; ``weight`` a number or a tensor.
+    PyTorch's own ``torch.lerp`` (its gradients come from PyTorch's autograd)."""
+    return torch.lerp(a, b, weight)
+
+
 # ---- gather -----------------------------------------------------------------------
 
 

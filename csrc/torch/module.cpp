@@ -80,6 +80,14 @@ PYBIND11_MODULE(_C, m) {
   // ---- rope
 
   // ---- lerp
+  // explain("lerp.Tensor", ...) and explain("lerp_backward.Tensor", ...) land on the
+  // *_tensor functions.
+  m.def("explain_lerp", &explain_lerp, py::arg("a"), py::arg("b"), py::arg("weight"), pref);
+  m.def("explain_lerp_backward", &explain_lerp_backward, py::arg("dy"), py::arg("weight"), pref);
+  m.def("explain_lerp_tensor", &explain_lerp_tensor, py::arg("a"), py::arg("b"),
+        py::arg("weight"), pref);
+  m.def("explain_lerp_backward_tensor", &explain_lerp_backward_tensor, py::arg("dy"),
+        py::arg("a"), py::arg("b"), py::arg("weight"), pref);
 
   // ---- gather
 

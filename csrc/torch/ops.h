@@ -22,6 +22,15 @@ PlanInfo explain_gated_activation_backward(const at::Tensor& dy, const at::Tenso
 // ---- rope
 
 // ---- lerp
+PlanInfo explain_lerp(const at::Tensor& a, const at::Tensor& b, double weight,
+                      const std::optional<std::string>& preference);
+PlanInfo explain_lerp_backward(const at::Tensor& dy, double weight,
+                               const std::optional<std::string>& preference);
+PlanInfo explain_lerp_tensor(const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight,
+                             const std::optional<std::string>& preference);
+PlanInfo explain_lerp_backward_tensor(const at::Tensor& dy, const at::Tensor& a,
+                                      const at::Tensor& b, const at::Tensor& weight,
+                                      const std::optional<std::string>& preference);
 
 // ---- gather
 

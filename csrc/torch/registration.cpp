@@ -16,6 +16,13 @@ TORCH_LIBRARY(baracuda, m) {
   // ---- rope (rope_ops.cpp)
 
   // ---- lerp (lerp_ops.cpp)
+  BARACUDA_DEF("lerp(Tensor a, Tensor b, float weight) -> Tensor");
+  BARACUDA_DEF("lerp_backward(Tensor dy, float weight) -> (Tensor, Tensor)");
+  BARACUDA_DEF("lerp.Tensor(Tensor a, Tensor b, Tensor weight) -> Tensor");
+  // Added overload: the tensor-weight backward, (da, db, dw) at dy's shape in one pass.
+  BARACUDA_DEF(
+      "lerp_backward.Tensor(Tensor dy, Tensor a, Tensor b, Tensor weight) -> "
+      "(Tensor, Tensor, Tensor)");
 
   // ---- gather (gather_ops.cpp)
 
