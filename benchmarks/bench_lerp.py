@@ -44,6 +44,7 @@ def run(n=2**28, dtypes=(torch.bfloat16, torch.float32), tensor_weight_dtypes=(t
             "torch": lambda: ref.lerp(a, b, WEIGHT),
         }
         if "compile" in providers:
+            torch._dynamo.reset()  # a fresh cache: no recompile limit across cases
             compiled = torch.compile(lambda x, y: ref.lerp(x, y, WEIGHT))
             fwd["compile"] = lambda: compiled(a, b)
         case = f"scalar w={WEIGHT} [2^{n.bit_length() - 1}]"
@@ -57,6 +58,7 @@ def run(n=2**28, dtypes=(torch.bfloat16, torch.float32), tensor_weight_dtypes=(t
                 "torch": lambda: ref.lerp(a, b, w),
             }
             if "compile" in providers:
+                torch._dynamo.reset()
                 compiled_t = torch.compile(lambda x, y, z: ref.lerp(x, y, z))
                 fwd["compile"] = lambda: compiled_t(a, b, w)
             case = f"tensor w [2^{n.bit_length() - 1}]"

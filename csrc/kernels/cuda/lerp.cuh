@@ -5,7 +5,7 @@
 // output's offset is the linear index. Rows layout: [rows, cols] where each input has
 // inner stride 1 (read as vectors of V elements, 16 bytes when the plan allows) or 0
 // (one value per row, splat across the vector, e.g. a weight of shape [M, 1]); each
-// thread handles kLerpUnroll<Op> vectors and issues all loads before any math so that enough
+// thread handles kLerpUnroll<T, Op> vectors and issues all loads before any math so that enough
 // bytes are in flight to saturate HBM. Strided layout: one element per thread, input
 // offsets from the coalesced coordinates (broadcast dims have stride 0).
 #pragma once
@@ -17,11 +17,11 @@
 namespace baracuda::kernels::cuda {
 
 constexpr int kLerpThreads = 256;
-// Vectors per thread in the rows kernel: 4, or 2 with four inputs (lerp_backward.Tensor),
-// which keeps the loads in flight per thread at 64-192 bytes and the kernel within 128
-// registers (two blocks per SM) without spills.
-template <LerpOp Op>
-constexpr int kLerpUnroll = kLerpInputs<Op> >= 4 ? 2 : 4;
+// Vectors per thread in the rows kernel, as measured for the gated kernels on an H200
+// (benchmarks/tune): more bytes in flight per thread stop paying once registers cut
+// occupancy; 2 for 2-byte types with up to two inputs, else 1.
+template <typename T, LerpOp Op>
+constexpr int kLerpUnroll = sizeof(T) == 2 && kLerpInputs<Op> <= 2 ? 2 : 1;
 
 template <typename Idx>
 struct LerpRowsParams {
@@ -37,11 +37,11 @@ struct LerpRowsParams {
 };
 
 template <typename T, LerpOp Op, int V, typename Idx>
-__global__ void __launch_bounds__(kLerpThreads, 2) lerp_rows_kernel(const LerpRowsParams<Idx> p) {
+__global__ void __launch_bounds__(kLerpThreads) lerp_rows_kernel(const LerpRowsParams<Idx> p) {
   using Acc = acc_t<T>;
   constexpr int NI = kLerpInputs<Op>;
   constexpr int NO = kLerpOutputs<Op>;
-  constexpr int U = kLerpUnroll<Op>;
+  constexpr int U = kLerpUnroll<T, Op>;
   const LerpScalars<Acc> s{static_cast<Acc>(p.w), static_cast<Acc>(p.one_minus_w)};
 
   const Idx base = static_cast<Idx>(blockIdx.x) * (kLerpThreads * U) + threadIdx.x;
@@ -157,7 +157,7 @@ void launch_rows(const LerpLaunch& l, cudaStream_t stream) {
   p.w = l.weight;
   p.one_minus_w = l.one_minus_w;
   for (int j = 0; j < 3; ++j) p.out[j] = l.out[j];
-  const unsigned int blocks = blocks_for(rows * vecs_per_row, kLerpThreads * kLerpUnroll<Op>);
+  const unsigned int blocks = blocks_for(rows * vecs_per_row, kLerpThreads * kLerpUnroll<T, Op>);
   constexpr int kVec = 16 / sizeof(T);
   if (l.vec == kVec)
     lerp_rows_kernel<T, Op, kVec, Idx><<<blocks, kLerpThreads, 0, stream>>>(p);
