@@ -44,6 +44,38 @@ def main() -> None:
         print(format_table(rows), flush=True)
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(header + "\n\n" + format_table(all_rows) + "\n")
+    plot(all_rows, os.path.join(args.out, "bench.png"), header)
+
+
+def plot(rows, path, title) -> None:
+    """Bar chart of each memory-bound row's fraction of the same-run copy bandwidth,
+    grouped by case and mode, one bar per provider (SSD's TFLOP/s rows are table-only)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # matplotlib is optional
+        return
+    rows = [r for r in rows if r.mode != "full" and r.ratio_to_copy]
+    groups = sorted({(r.family, r.case, r.dtype, r.mode) for r in rows},
+                    key=lambda g: [x for x in g])
+    providers = sorted({r.provider for r in rows})
+    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(groups)), 5))
+    width = 0.8 / max(len(providers), 1)
+    for i, prov in enumerate(providers):
+        vals = []
+        for g in groups:
+            match = [r for r in rows if (r.family, r.case, r.dtype, r.mode) == g and r.provider == prov]
+            vals.append(match[0].ratio_to_copy or 0.0 if match else 0.0)
+        ax.bar([j + i * width for j in range(len(groups))], vals, width, label=prov)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_ylabel("fraction of same-run copy bandwidth")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
+    ax.set_xticklabels([f"{c} {d} {m}" for _, c, d, m in groups], rotation=75, ha="right", fontsize=7)
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

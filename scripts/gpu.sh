@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: build for sm_90 with every core, run the whole
 # test suite on CUDA, run the benchmarks; full logs and CSV under $OUT, a short summary
-# printed last.
+# printed last. Files under $OUT: summary.txt, build.log, test.log, bench.log, bench.csv,
+# bench.md, bench.png (at most 8 come back from the device machine).
 #   STAGES=build,test,bench (default)   PYTEST_ARGS="-k gated"   FAMILIES=gated_activation
 set -uo pipefail
 cd "$(dirname "$0")/.."
