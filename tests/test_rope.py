@@ -666,7 +666,7 @@ def test_cuda_task_decomposition(interleaved):
         ((16, 64, 3, 64), "bs", None, torch.float32),      # per-batch with many heads
         ((1, 2, 5, 4096), "s", None, torch.float32),       # column chunks (f32 interleaved: 2)
         ((1, 2, 3, 8192), None, 4096, torch.bfloat16),     # column chunks + long pass-through
-        ((2, 2, 7, 6000), "s", 5998, torch.float32),       # scalar path (D % 4 != 0), column chunks
+        ((2, 2, 7, 6000), "s", 5998, torch.float32),       # scalar path (R % 4 != 0), column chunks
         ((1, 3, 19, 2048), "bs", None, torch.float64),     # f64 vectors, column chunks
         ((2, 4, 1000, 16), None, 8, torch.bfloat16),       # small D, many positions
     ]
