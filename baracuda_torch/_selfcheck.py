@@ -137,6 +137,25 @@ def check_gated_activation(device: str, dtype: torch.dtype, big: bool) -> Iterat
 
 # ---- rope
 
+@check
+def check_rope(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    B, H, S, D = (4, 32, 2048, 128) if big else (2, 4, 64, 32)
+    pos = torch.randint(0, 1_000_000, (B, S), device=device)
+    for name, interleaved, rd, positions, transposed in (
+            ("rope[interleaved]", True, None, None, False),
+            ("rope[half_split]", False, None, None, False),
+            ("rope[half_split,pos,R=D/2]", False, D // 2, pos, False),
+            ("rope[interleaved,bshd view]", True, None, pos[0], True)):
+        if transposed:
+            x = torch.randn(B, S, H, D, device=device, dtype=dtype).transpose(1, 2)
+        else:
+            x = torch.randn(B, H, S, D, device=device, dtype=dtype)
+        yield run_case(name,
+                       lambda t, p=positions, i=interleaved, r=rd: bt.rope(t, p, 10000.0, i, r),
+                       lambda t, p=positions, i=interleaved, r=rd: ref.rope(t, p, 10000.0, i, r), [x],
+                       ("rope", (x, positions, 10000.0, interleaved, -1 if rd is None else rd)))
+
+
 
 # ---- lerp
 

@@ -74,6 +74,82 @@ def geglu(x: Tensor, dim: int = -1, approximate: Literal["none", "tanh"] = "none
 
 # ---- rope -------------------------------------------------------------------------
 
+__all__ += ["rope", "rope_qk"]
+
+
+def rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0, interleaved: bool = True,
+         rotary_dim: int | None = None) -> Tensor:
+    """Rotary position embedding (RoPE) of ``x`` ``[B, H, S, D]``.
+
+    For ``R = rotary_dim`` (``D`` when None) and ``p_s = positions[s]`` (``positions[b, s]``
+    for per-sequence positions; ``s`` when ``positions`` is None), each pair ``(u, v)`` of
+    features is rotated by ``θ(s, i) = p_s · base^(−2i/R)``, ``i < R/2``::
+
+        y_u = u·cos θ − v·sin θ        y_v = u·sin θ + v·cos θ
+
+    The pairs are ``(2i, 2i+1)`` with ``interleaved=True`` (GPT-J, the original RoFormer)
+    and ``(i, i + R/2)`` with ``interleaved=False`` (the ``rotate_half`` convention of
+    LLaMA / GPT-NeoX / Hugging Face models). Features ``R..D-1`` pass through unchanged
+    (partial rotary).
+
+    ``x`` may have any strides: a ``[B, S, H, D]`` tensor passed as ``x.transpose(1, 2)``
+    is read in place (no copy), and the result keeps ``x``'s memory layout whenever ``x``
+    is non-overlapping and dense (so it is laid out ``[B, S, H, D]`` too); otherwise the
+    result is contiguous. Differentiable to any order (the backward is the rotation by
+    −θ; nothing is saved but ``positions``).
+
+    Angles are computed in float64 and reduced before a float32 sin/cos (float64 for
+    float64 data), so positions in the millions keep full float32 accuracy; the rotation
+    is evaluated in float32 (float64 for float64).
+
+    Args:
+        x: ``[B, H, S, D]``, float32, float16, bfloat16 or float64.
+        positions: optional int64 ``[S]`` or ``[B, S]`` (any strides, on ``x``'s
+            device); negative values are allowed.
+        base: the frequency base, finite and > 0.
+        interleaved: pair layout, see above.
+        rotary_dim: number of rotated features ``R`` (even, ``0 < R <= D``); None for all
+            (then ``D`` must be even).
+
+    Returns:
+        A new tensor of ``x``'s shape and dtype.
+
+    Raises:
+        ValueError: ``x`` not 4-D, bad ``rotary_dim``, odd ``D`` with ``rotary_dim=None``,
+            ``base`` not finite and positive, ``positions`` of the wrong shape.
+        TypeError: non-floating ``x``, ``positions`` not int64.
+        RuntimeError: ``positions`` on another device.
+
+    Example::
+
+        >>> q = torch.randn(2, 8, 128, 64, device="cuda", dtype=torch.bfloat16)
+        >>> q_rot = baracuda_torch.rope(q, interleaved=False)   # LLaMA-style
+    """
+    return torch.ops.baracuda.rope(x, positions, float(base), interleaved,
+                                   -1 if rotary_dim is None else rotary_dim)
+
+
+def rope_qk(q: Tensor, k: Tensor, positions: Tensor | None = None, base: float = 10000.0,
+            interleaved: bool = True, rotary_dim: int | None = None) -> tuple[Tensor, Tensor]:
+    """RoPE of queries and keys with the same angles, the usual model-side call:
+    ``(rope(q, ...), rope(k, ...))``.
+
+    ``q`` is ``[B, Hq, S, D]`` and ``k`` ``[B, Hk, S, D]``: head counts may differ
+    (grouped-query attention), batch, sequence length and head dim may not. Everything
+    else is as in :func:`rope`.
+
+    Raises:
+        ValueError: ``q`` and ``k`` (both 4-D) differ in ``B``, ``S`` or ``D``; and
+            everything :func:`rope` raises.
+    """
+    if q.dim() == 4 and k.dim() == 4 and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]
+                                          or q.shape[3] != k.shape[3]):
+        raise ValueError("baracuda_torch.rope_qk: q [B, Hq, S, D] and k [B, Hk, S, D] must agree "
+                         f"in B, S and D, got {list(q.shape)} and {list(k.shape)}")
+    return (rope(q, positions, base, interleaved, rotary_dim),
+            rope(k, positions, base, interleaved, rotary_dim))
+
+
 
 # ---- lerp -------------------------------------------------------------------------
 

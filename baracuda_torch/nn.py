@@ -50,6 +50,51 @@ class GatedMLP(nn.Module):
 
 
 # ---- rope -------------------------------------------------------------------------
+import math  # noqa: E402
+
+__all__ += ["RotaryEmbedding"]
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding of queries and keys; see :func:`baracuda_torch.rope`.
+
+    ``forward(q, k, positions=None)`` takes ``q`` ``[B, Hq, S, head_dim]`` and ``k``
+    ``[B, Hk, S, head_dim]`` (any strides: ``[B, S, H, D]`` projections may be passed as
+    ``.transpose(1, 2)`` without a copy) and returns the rotated ``(q, k)``. There are no
+    parameters or buffers: the angles are computed in the kernel.
+
+    Args:
+        head_dim: ``D``.
+        base: frequency base (finite, > 0).
+        interleaved: pairs ``(2i, 2i+1)`` (True) or ``(i, i + R/2)`` (False, the
+            ``rotate_half`` convention of LLaMA-style checkpoints).
+        rotary_dim: number of rotated features ``R`` (even, ``<= head_dim``); None for all.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = True,
+                 rotary_dim: Optional[int] = None) -> None:
+        super().__init__()
+        R = head_dim if rotary_dim is None else rotary_dim
+        if head_dim <= 0 or R <= 0 or R % 2 != 0 or R > head_dim:
+            raise ValueError("baracuda_torch.nn.RotaryEmbedding: need 0 < rotary_dim <= head_dim "
+                             f"with rotary_dim even, got head_dim={head_dim}, rotary_dim={rotary_dim}")
+        if not (math.isfinite(base) and base > 0):
+            raise ValueError(f"baracuda_torch.nn.RotaryEmbedding: base must be finite and > 0, got {base}")
+        self.head_dim = head_dim
+        self.base = float(base)
+        self.interleaved = interleaved
+        self.rotary_dim = rotary_dim
+
+    def forward(self, q: Tensor, k: Tensor, positions: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(f"baracuda_torch.nn.RotaryEmbedding: expected head_dim {self.head_dim}, "
+                             f"got q of shape {list(q.shape)}")
+        return bf.rope_qk(q, k, positions, self.base, self.interleaved, self.rotary_dim)
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, base={self.base}, interleaved={self.interleaved}, "
+                f"rotary_dim={self.rotary_dim}")
+
 
 
 # ---- ssd_chunk_scan ---------------------------------------------------------------

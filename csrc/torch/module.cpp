@@ -78,6 +78,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("x"), py::arg("kind"), py::arg("dim") = -1, py::arg("gate_first") = false, pref);
 
   // ---- rope
+  m.def("explain_rope", &explain_rope, py::arg("x"), py::arg("positions") = py::none(),
+        py::arg("base") = 10000.0, py::arg("interleaved") = true, py::arg("rotary_dim") = -1, pref);
+  m.def("explain_rope_backward", &explain_rope_backward, py::arg("dy"),
+        py::arg("positions") = py::none(), py::arg("base") = 10000.0,
+        py::arg("interleaved") = true, py::arg("rotary_dim") = -1, pref);
 
   // ---- lerp
   // explain("lerp.Tensor", ...) and explain("lerp_backward.Tensor", ...) land on the

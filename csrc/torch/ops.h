@@ -20,6 +20,12 @@ PlanInfo explain_gated_activation_backward(const at::Tensor& dy, const at::Tenso
                                            const std::optional<std::string>& preference);
 
 // ---- rope
+PlanInfo explain_rope(const at::Tensor& x, const std::optional<at::Tensor>& positions,
+                      double base, bool interleaved, int64_t rotary_dim,
+                      const std::optional<std::string>& preference);
+PlanInfo explain_rope_backward(const at::Tensor& dy, const std::optional<at::Tensor>& positions,
+                               double base, bool interleaved, int64_t rotary_dim,
+                               const std::optional<std::string>& preference);
 
 // ---- lerp
 PlanInfo explain_lerp(const at::Tensor& a, const at::Tensor& b, double weight,

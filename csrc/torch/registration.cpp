@@ -14,6 +14,12 @@ TORCH_LIBRARY(baracuda, m) {
       "bool gate_first=False) -> Tensor");
 
   // ---- rope (rope_ops.cpp)
+  BARACUDA_DEF(
+      "rope(Tensor x, Tensor? positions=None, float base=10000.0, bool interleaved=True, "
+      "int rotary_dim=-1) -> Tensor");
+  BARACUDA_DEF(
+      "rope_backward(Tensor dy, Tensor? positions=None, float base=10000.0, "
+      "bool interleaved=True, int rotary_dim=-1) -> Tensor");
 
   // ---- lerp (lerp_ops.cpp)
   BARACUDA_DEF("lerp(Tensor a, Tensor b, float weight) -> Tensor");

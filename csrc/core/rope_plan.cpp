@@ -1,0 +1,217 @@
+#include "core/rope_plan.h"
+
+#include <algorithm>
+
+#include "kernels/rope.h"
+
+namespace baracuda {
+
+namespace {
+constexpr const char* kFamily = "rope";
+
+// Task sizing for the CUDA kernel (256 threads a block):
+//  - a task's cos/sin table holds at most kMaxTablePairs entries (s_tile × pairs);
+//  - when consecutive positions s are adjacent rows in memory (the [B, H, S, D]
+//    layout), a task covers s_tile of them so that each (b, h) reads one run of about
+//    kTileBytes instead of a single D-row;
+//  - a task has about kTaskItems row items (16 per thread), fewer when that would leave
+//    fewer than kTasksPerSm tasks per SM.
+constexpr int64_t kMaxTablePairs = 1024;
+constexpr int64_t kTileBytes = 1024;
+constexpr int64_t kMaxSTile = 16;
+constexpr int64_t kTaskItems = 4096;
+constexpr int64_t kTasksPerSm = 4;
+
+std::string op_name(const RopeDescriptor& desc) { return desc.backward ? "rope_backward" : "rope"; }
+
+void validate(const RopeDescriptor& desc, const std::string& op) {
+  const TensorLayout& p = desc.positions;
+  check_rope_problem(op, desc.backward ? "dy" : "x", desc.x.dtype, desc.x.rank,
+                     desc.x.sizes.data(), desc.base, desc.rotary_dim,
+                     desc.has_positions ? p.rank : -1, p.dtype, p.sizes.data());
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Picks the access variant and the work decomposition, and fills the launch
+// description (without data pointers).
+RopeLaunch plan_launch(const RopeDescriptor& desc, const TensorLayout& out) {
+  const TensorLayout& x = desc.x;
+  RopeLaunch l;
+  l.element = x.dtype;
+  l.backward = desc.backward;
+  l.interleaved = desc.interleaved;
+  l.B = x.sizes[0];
+  l.H = x.sizes[1];
+  l.S = x.sizes[2];
+  l.D = x.sizes[3];
+  l.R = desc.rotary_dim == -1 ? l.D : desc.rotary_dim;
+  for (int d = 0; d < 4; ++d) {
+    l.x_strides[d] = x.strides[d];
+    l.y_strides[d] = out.strides[d];
+  }
+  l.base = desc.base;
+
+  l.has_positions = desc.has_positions;
+  if (desc.has_positions) {
+    const TensorLayout& p = desc.positions;
+    l.pos_stride_s = p.strides[p.rank - 1];
+    l.pos_stride_b = p.rank == 2 ? p.strides[0] : 0;
+    // [B, S] positions that do not differ between batches (B == 1, or expanded from
+    // [S]) are [S] positions: a task then covers every batch.
+    l.per_batch = p.rank == 2 && l.B > 1 && l.pos_stride_b != 0;
+    if (!l.per_batch) l.pos_stride_b = 0;
+  }
+
+  // Access variant. D >= 2 always (R >= 2), so the feature stride is meaningful.
+  const bool unit = x.strides[3] == 1 && out.strides[3] == 1;
+  l.access = unit ? RopeAccess::Rows : RopeAccess::Strided;
+  l.vec = 1;
+  if (unit && desc.device.backend == Backend::Cuda) {
+    const int v = 16 / element_size(x.dtype);
+    const int64_t rot_unit = desc.interleaved ? l.R : l.R / 2;  // features per half
+    bool ok = l.D % v == 0 && rot_unit % v == 0 && l.R % v == 0 && x.alignment >= 16 &&
+              out.alignment >= 16;
+    for (int d = 0; d < 3; ++d)
+      if (x.sizes[d] > 1) ok = ok && x.strides[d] % v == 0 && out.strides[d] % v == 0;
+    if (ok) {
+      l.access = RopeAccess::Vec16;
+      l.vec = v;
+    }
+  }
+
+  const int64_t extent = std::max({x.max_offset(), out.max_offset(), x.numel()}) + 1;
+  l.index64 = !fits_int32(extent);
+
+  // Row items.
+  l.pairs_per_item = desc.interleaved ? std::max(l.vec / 2, 1) : l.vec;
+  l.n_rot = (l.R / 2) / l.pairs_per_item;
+  l.n_pass = (l.D - l.R) / l.vec;
+  if (x.numel() == 0) return l;
+
+  // Work decomposition (CUDA).
+  const int64_t n_items = l.n_rot + l.n_pass;
+  l.cols_per_task = std::min(n_items, std::max<int64_t>(1, kMaxTablePairs / l.pairs_per_item));
+  const int64_t table_pairs = l.cols_per_task * l.pairs_per_item;
+  l.s_tile = 1;
+  const bool s_rows_adjacent = unit && x.strides[2] == l.D && out.strides[2] == l.D;
+  if (s_rows_adjacent && l.S > 1)
+    l.s_tile = std::clamp<int64_t>(kTileBytes / (l.D * element_size(x.dtype)), 1,
+                                   std::min({kMaxSTile, l.S, kMaxTablePairs / table_pairs}));
+  const int64_t nrows = l.per_batch ? l.H : l.B * l.H;
+  const int64_t n_groups = (l.per_batch ? l.B : 1) * ceil_div(l.S, l.s_tile);
+  const int64_t n_col_chunks = ceil_div(n_items, l.cols_per_task);
+  int64_t rows = std::clamp<int64_t>(kTaskItems / (l.s_tile * l.cols_per_task), 1, nrows);
+  if (desc.device.backend == Backend::Cuda) {
+    const int64_t target = kTasksPerSm * std::max(desc.device.sm_count, 1);
+    const int64_t tasks = n_groups * n_col_chunks * ceil_div(nrows, rows);
+    if (tasks < target)
+      rows = std::max<int64_t>(1, std::min(rows, nrows * n_groups * n_col_chunks / target));
+  }
+  l.rows_per_task = rows;
+  return l;
+}
+
+std::string variant_name(const RopeLaunch& l) {
+  const char* v = l.access == RopeAccess::Vec16 ? "vec16"
+                  : l.access == RopeAccess::Rows ? "rows"
+                                                 : "strided";
+  return l.index64 ? std::string(v) + "_i64" : std::string(v);
+}
+
+KernelSku make_sku(const RopeDescriptor& desc, const RopeLaunch& l) {
+  KernelSku sku;
+  sku.family = kFamily;
+  sku.op = std::string(desc.interleaved ? "interleaved" : "half_split") +
+           (desc.backward ? "_backward" : "");
+  sku.element = desc.x.dtype;
+  if (desc.has_positions) sku.index_element = ElementKind::I64;
+  sku.variant = variant_name(l);
+  sku.backend = desc.device.backend;
+  sku.arch = desc.device.arch;
+  const bool f64 = desc.x.dtype == ElementKind::F64;
+  // Elementwise rotation, no reduction: deterministic and bit-stable.
+  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
+                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
+  return sku;
+}
+
+void launch(Backend backend, const RopeLaunch& l, void* stream, const std::string& op) {
+  if (backend == Backend::Cpu) {
+    kernels::rope_cpu(l);
+    return;
+  }
+#ifdef BARACUDA_WITH_CUDA
+  kernels::rope_cuda(l, stream);
+#else
+  (void)stream;
+  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
+#endif
+}
+}  // namespace
+
+bool is_non_overlapping_and_dense(const TensorLayout& t) {
+  if (t.is_contiguous()) return true;  // includes every empty tensor, as in torch
+  if (t.rank == 1) return t.sizes[0] < 2 || t.strides[0] == 1;
+  // Dims by increasing stride, size-0 and size-1 dims last (insertion sort: rank <= 8).
+  const auto before = [&](int a, int b) {
+    if (t.sizes[a] < 2) return false;
+    if (t.sizes[b] < 2) return true;
+    return t.strides[a] < t.strides[b];
+  };
+  int perm[kMaxRank];
+  for (int i = 0; i < t.rank; ++i) {
+    int j = i;
+    for (; j > 0 && before(i, perm[j - 1]); --j) perm[j] = perm[j - 1];
+    perm[j] = i;
+  }
+  int64_t required = 1;
+  for (int i = 0; i < t.rank; ++i) {
+    const int d = perm[i];
+    if (t.sizes[d] < 2) return true;
+    if (t.strides[d] != required) return false;
+    required *= t.sizes[d];
+  }
+  return true;
+}
+
+RopePlan RopePlan::select(const RopeDescriptor& desc, PlanPreference) {
+  validate(desc, op_name(desc));
+  RopePlan p;
+  p.desc_ = desc;
+  p.out_ = desc.x;
+  if (!is_non_overlapping_and_dense(desc.x))
+    p.out_.strides = contiguous_strides(desc.x.sizes, desc.x.rank);
+  p.out_.alignment = 16;  // the torch layer allocates outputs through the caching allocator
+  p.launch_ = plan_launch(desc, p.out_);
+  p.sku_ = make_sku(desc, p.launch_);
+  return p;
+}
+
+void RopePlan::can_implement(const RopeArgs& args) const {
+  const std::string op = op_name(desc_);
+  check_same_layout(op, desc_.backward ? "dy" : "x", desc_.x, args.x.layout);
+  if (!desc_.has_positions && args.positions.data != nullptr)
+    fail(PlanErrorKind::Internal, op, "positions were not planned for");
+  if (desc_.has_positions) {
+    check_same_layout(op, "positions", desc_.positions, args.positions.layout);
+    // (An empty problem may come with empty positions, which have no data.)
+    if (out_.numel() > 0 && args.positions.data == nullptr)
+      fail(PlanErrorKind::Internal, op, "positions have no data");
+  }
+  check_output(op, desc_.backward ? "dx" : "y", out_, args.y);
+}
+
+void RopePlan::run(void* stream, Workspace workspace, const RopeArgs& args) const {
+  const std::string op = op_name(desc_);
+  can_implement(args);
+  check_workspace(op, workspace_size(), workspace);
+  if (out_.numel() == 0) return;
+  RopeLaunch l = launch_;
+  l.x = args.x.data;
+  l.positions = static_cast<const int64_t*>(args.positions.data);
+  l.y = args.y.data;
+  launch(desc_.device.backend, l, stream, op);
+}
+
+}  // namespace baracuda

@@ -1,0 +1,164 @@
+// Rotary position embedding (RoPE) and its backward.
+//
+// x is [B, H, S, D] with any strides; R = rotary_dim (D when -1); p_s = positions[s]
+// (positions [S]), positions[b, s] (positions [B, S]), or s (no positions). For i < R/2
+//
+//   θ(s, i) = p_s · base^(−2i/R)
+//   (u, v) = (x[2i], x[2i+1])   interleaved      (u, v) = (x[i], x[i+R/2])   half-split
+//   y_u = u·cos θ − v·sin θ,    y_v = u·sin θ + v·cos θ
+//
+// and features R..D−1 pass through. The rotation is orthogonal, so the backward is the
+// same map with −θ (dx from dy, nothing saved but positions); it is linear in dy, and its
+// own derivative is the forward again.
+//
+// Numerics: θ = p·inv_freq and its reduction modulo π/2 are computed in float64 (so
+// positions in the millions keep float32 accuracy), then sin/cos of the reduced angle in
+// float32 for float32/float16/bfloat16 data (float64 sin/cos of θ itself for float64
+// data); the rotation is evaluated in float32 (float64 for float64).
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "core/plan.h"
+
+namespace baracuda {
+
+// How a RoPE kernel accesses a row of D features.
+//  Vec16:   unit feature stride, 16-byte vector loads and stores (sizes, strides and
+//           addresses allow it).
+//  Rows:    unit feature stride, one element at a time.
+//  Strided: any feature stride, one element at a time.
+enum class RopeAccess : uint8_t { Vec16, Rows, Strided };
+
+// Everything a kernel needs; filled by the plan, consumed by the CPU and CUDA launchers.
+//
+// Work decomposition (CUDA; the CPU kernel walks rows): a *group* is one tile of
+// `s_tile` consecutive positions s (and one batch b when positions are per-batch
+// [B, S]); its rows are the (b, h) pairs (H of them when per-batch, B·H otherwise). A
+// *task* is one group × a chunk of `rows_per_task` rows × a chunk of `cols_per_task`
+// row items; a block computes the task's cos/sin table once (s_tile × the chunk's
+// pairs), then rotates every row of the task with it.
+//
+// Row items: `n_rot` rotation items of `pairs_per_item` pairs each (interleaved: the
+// 2·pairs_per_item adjacent features; half-split: pairs_per_item features in each half),
+// then `n_pass` pass-through items of `vec` features each.
+struct RopeLaunch {
+  ElementKind element = ElementKind::F32;
+  bool backward = false;
+  bool interleaved = true;
+  RopeAccess access = RopeAccess::Strided;
+  int vec = 1;           // features per vector access (16 bytes on Vec16, else 1)
+  bool index64 = false;  // offsets of x or y need 64 bits
+
+  int64_t B = 0, H = 0, S = 0, D = 0, R = 0;
+  std::array<int64_t, 4> x_strides{};  // elements, [B, H, S, D] order
+  std::array<int64_t, 4> y_strides{};
+
+  bool has_positions = false;
+  bool per_batch = false;  // positions differ between batches ([B, S], B > 1, stride_b != 0)
+  int64_t pos_stride_b = 0, pos_stride_s = 0;
+  double base = 10000.0;
+
+  int pairs_per_item = 1;
+  int64_t n_rot = 0, n_pass = 0;
+  int64_t s_tile = 1, rows_per_task = 1, cols_per_task = 1;
+
+  const void* x = nullptr;
+  const int64_t* positions = nullptr;
+  void* y = nullptr;
+};
+
+// Text of a double for error messages ("nan", "-1", "0.5").
+inline std::string double_str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);  // not iostreams: see size_str in plan.h
+  return buf;
+}
+
+// Problem checks shared by the plan and the shape-only (meta) kernels, so that a
+// compiled graph rejects what eager execution rejects. Int is int64_t, or a symbolic
+// integer in a meta kernel. `what` names the rotated operand ("x", or "dy" in the
+// backward); pos_rank < 0 means no positions.
+template <class Int>
+void check_rope_problem(const std::string& op, const char* what, ElementKind dtype, int rank,
+                        const Int* sizes, double base, int64_t rotary_dim, int pos_rank,
+                        ElementKind pos_dtype, const Int* pos_sizes) {
+  const std::string w(what);
+  if (!is_floating(dtype))
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         w + " must be float32, float16, bfloat16 or float64, got " + element_name(dtype));
+  if (rank != 4)
+    fail(PlanErrorKind::InvalidProblem, op,
+         w + " must be 4-D [B, H, S, D], got a " + std::to_string(rank) + "-d tensor of sizes " +
+             sizes_str(sizes, rank));
+  const Int& D = sizes[3];
+  if (rotary_dim == -1) {
+    if (D % 2 != 0)
+      fail(PlanErrorKind::InvalidProblem, op,
+           w + ".size(-1) must be even when rotary_dim is -1 (all features rotate), got " +
+               size_str(D));
+  } else if (rotary_dim <= 0 || rotary_dim % 2 != 0 || D < rotary_dim) {
+    fail(PlanErrorKind::InvalidProblem, op,
+         "rotary_dim must be -1 or even with 0 < rotary_dim <= " + w + ".size(-1) = " +
+             size_str(D) + ", got " + std::to_string(rotary_dim));
+  }
+  if (!std::isfinite(base) || !(base > 0))
+    fail(PlanErrorKind::InvalidProblem, op, "base must be finite and > 0, got " + double_str(base));
+  if (pos_rank < 0) return;
+  if (pos_dtype != ElementKind::I64)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("positions must be int64, got ") + element_name(pos_dtype));
+  const bool ok = (pos_rank == 1 && pos_sizes[0] == sizes[2]) ||
+                  (pos_rank == 2 && pos_sizes[0] == sizes[0] && pos_sizes[1] == sizes[2]);
+  if (!ok)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "positions must have shape [S] = [" + size_str(sizes[2]) + "] or [B, S] = [" +
+             size_str(sizes[0]) + ", " + size_str(sizes[2]) + "], got " +
+             sizes_str(pos_sizes, pos_rank));
+}
+
+// torch's rule for "non-overlapping and dense" (c10/core/Contiguity.h), which decides
+// whether an output may keep its input's strides (as empty_like(preserve_format) does).
+bool is_non_overlapping_and_dense(const TensorLayout& t);
+
+struct RopeDescriptor {
+  bool backward = false;  // rope_backward: x is dy, the rotation is by −θ
+  TensorLayout x;         // [B, H, S, D]
+  bool has_positions = false;
+  TensorLayout positions;  // int64 [S] or [B, S]
+  double base = 10000.0;
+  bool interleaved = true;
+  int64_t rotary_dim = -1;
+  DeviceInfo device;
+};
+
+struct RopeArgs {
+  TensorRef x;          // dy in the backward
+  TensorRef positions;  // data == nullptr when absent
+  MutTensorRef y;       // dx in the backward
+};
+
+// One plan for both directions: the backward is the forward's kernel with −θ.
+class RopePlan {
+ public:
+  static RopePlan select(const RopeDescriptor& desc, PlanPreference pref);
+  // y's layout: x's sizes, and x's strides when x is non-overlapping and dense (so y of
+  // a [B, S, H, D] tensor's transpose(1, 2) is laid out [B, S, H, D] too), else
+  // contiguous.
+  const TensorLayout& output_layout() const { return out_; }
+  void can_implement(const RopeArgs& args) const;
+  size_t workspace_size() const { return 0; }
+  const KernelSku& sku() const { return sku_; }
+  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  void run(void* stream, Workspace workspace, const RopeArgs& args) const;
+
+ private:
+  RopeDescriptor desc_;
+  TensorLayout out_;
+  RopeLaunch launch_;
+  KernelSku sku_;
+};
+
+}  // namespace baracuda

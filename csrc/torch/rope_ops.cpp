@@ -1,0 +1,217 @@
+// baracuda::rope and baracuda::rope_backward: CPU/CUDA kernels (tensor -> plan -> run),
+// meta kernels (shapes and output strides only), and the autograd Functions. Both ops
+// are rotations, so each one's derivative is the other: rope's backward runs
+// rope_backward, rope_backward's backward runs rope, and any order of derivatives works.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "core/rope_plan.h"
+#include "torch/common.h"
+#include "torch/ops.h"
+
+namespace baracuda::torch_ops {
+
+namespace {
+constexpr const char* kOp = "rope";
+constexpr const char* kBackwardOp = "rope_backward";
+
+using OptTensor = std::optional<at::Tensor>;
+
+const at::Tensor* positions_ptr(const OptTensor& positions) {
+  return positions && positions->defined() ? &*positions : nullptr;
+}
+
+// The checks every kernel (real and meta) starts with: devices, then the problem on
+// (possibly symbolic) sizes. `Int` is int64_t or c10::SymInt.
+template <class Int>
+void check_problem(const at::Tensor& x, const at::Tensor* positions, double base,
+                   int64_t rotary_dim, bool backward, c10::ArrayRef<Int> sizes,
+                   c10::ArrayRef<Int> pos_sizes) {
+  const char* op = backward ? kBackwardOp : kOp;
+  const char* what = backward ? "dy" : "x";
+  if (positions) check_same_device(op, {{what, &x}, {"positions", positions}});
+  check_rope_problem(op, what, element_of(x, op, what), static_cast<int>(sizes.size()),
+                     sizes.data(), base, rotary_dim,
+                     positions ? static_cast<int>(pos_sizes.size()) : -1,
+                     positions ? element_of(*positions, op, "positions") : ElementKind::I64,
+                     pos_sizes.data());
+}
+
+RopePlan make_plan(const at::Tensor& x, const OptTensor& positions_opt, double base,
+                   bool interleaved, int64_t rotary_dim, bool backward, PlanPreference pref) {
+  const at::Tensor* positions = positions_ptr(positions_opt);
+  // Problem checks first: a 9-d x is a ValueError here, not layout_of's rank error.
+  check_problem<int64_t>(x, positions, base, rotary_dim, backward, x.sizes(),
+                         positions ? positions->sizes() : c10::IntArrayRef());
+  const char* op = backward ? kBackwardOp : kOp;
+  RopeDescriptor desc;
+  desc.backward = backward;
+  desc.x = layout_of(x, op, backward ? "dy" : "x");
+  desc.has_positions = positions != nullptr;
+  if (positions) desc.positions = layout_of(*positions, op, "positions");
+  desc.base = base;
+  desc.interleaved = interleaved;
+  desc.rotary_dim = rotary_dim;
+  desc.device = device_info(x);
+  return RopePlan::select(desc, pref);
+}
+
+at::Tensor run_rope(const at::Tensor& x, const OptTensor& positions_opt, double base,
+                    bool interleaved, int64_t rotary_dim, bool backward) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const char* op = backward ? kBackwardOp : kOp;
+    const auto plan =
+        make_plan(x, positions_opt, base, interleaved, rotary_dim, backward, current_preference());
+    at::Tensor y = allocate(plan.output_layout(), x);
+    at::Tensor ws = allocate_workspace(plan.workspace_size(), x);
+    const at::Tensor* positions = positions_ptr(positions_opt);
+    RopeArgs args;
+    args.x = ref_of(x, op, backward ? "dy" : "x");
+    if (positions) args.positions = ref_of(*positions, op, "positions");
+    args.y = mut_ref_of(y, op, backward ? "dx" : "y");
+    plan.run(current_stream(x), workspace_of(ws), args);
+    return y;
+  });
+}
+
+at::Tensor rope_kernel(const at::Tensor& x, const OptTensor& positions, double base,
+                       bool interleaved, int64_t rotary_dim) {
+  return run_rope(x, positions, base, interleaved, rotary_dim, /*backward=*/false);
+}
+
+at::Tensor rope_backward_kernel(const at::Tensor& dy, const OptTensor& positions, double base,
+                                bool interleaved, int64_t rotary_dim) {
+  return run_rope(dy, positions, base, interleaved, rotary_dim, /*backward=*/true);
+}
+
+// Meta (fake) kernels: the plan's problem checks on symbolic sizes, then the output the
+// plan would allocate: x's strides when x is non-overlapping and dense, else contiguous.
+at::Tensor rope_meta_impl(const at::Tensor& x, const OptTensor& positions_opt, double base,
+                          int64_t rotary_dim, bool backward) {
+  return translate_errors([&] {
+    const at::Tensor* positions = positions_ptr(positions_opt);
+    check_problem<c10::SymInt>(x, positions, base, rotary_dim, backward, x.sym_sizes(),
+                               positions ? positions->sym_sizes() : c10::SymIntArrayRef());
+    if (x.is_non_overlapping_and_dense())
+      return at::empty_strided_symint(x.sym_sizes(), x.sym_strides(), x.options());
+    return at::empty_symint(x.sym_sizes(), x.options());
+  });
+}
+
+at::Tensor rope_meta(const at::Tensor& x, const OptTensor& positions, double base, bool,
+                     int64_t rotary_dim) {
+  return rope_meta_impl(x, positions, base, rotary_dim, false);
+}
+
+at::Tensor rope_backward_meta(const at::Tensor& dy, const OptTensor& positions, double base,
+                              bool, int64_t rotary_dim) {
+  return rope_meta_impl(dy, positions, base, rotary_dim, true);
+}
+
+// ---- autograd --------------------------------------------------------------------
+
+using RopeSignature = at::Tensor(const at::Tensor&, const OptTensor&, double, bool, int64_t);
+
+// Calls rope (backward = false) or rope_backward through the dispatcher.
+at::Tensor call_op(bool backward, const at::Tensor& x, const OptTensor& positions, double base,
+                   bool interleaved, int64_t rotary_dim) {
+  static auto forward_op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("baracuda::rope", "")
+                               .typed<RopeSignature>();
+  static auto backward_op = c10::Dispatcher::singleton()
+                                .findSchemaOrThrow("baracuda::rope_backward", "")
+                                .typed<RopeSignature>();
+  return (backward ? backward_op : forward_op).call(x, positions, base, interleaved, rotary_dim);
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// y = rotate(x, ±θ), so dL/dx = rotate(dL/dy, ∓θ): the Function for rope (Backward =
+// false) runs rope_backward in its backward, the one for rope_backward runs rope.
+template <bool Backward>
+class RopeFunction : public torch::autograd::Function<RopeFunction<Backward>> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const OptTensor& positions,
+                            double base, bool interleaved, int64_t rotary_dim) {
+    ctx->saved_data["base"] = base;
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["rotary_dim"] = rotary_dim;
+    ctx->saved_data["has_positions"] = positions_ptr(positions) != nullptr;
+    ctx->save_for_backward({positions_ptr(positions) ? *positions : at::Tensor()});
+    at::AutoDispatchBelowADInplaceOrView below;
+    return call_op(Backward, x, positions, base, interleaved, rotary_dim);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor dx;
+    if (grads[0].defined()) {
+      OptTensor positions;
+      if (ctx->saved_data["has_positions"].toBool()) positions = ctx->get_saved_variables()[0];
+      dx = call_op(!Backward, grads[0], positions,
+                   ctx->saved_data["base"].toDouble(), ctx->saved_data["interleaved"].toBool(),
+                   ctx->saved_data["rotary_dim"].toInt());
+    }
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor rope_autograd(const at::Tensor& x, const OptTensor& positions, double base,
+                         bool interleaved, int64_t rotary_dim) {
+  return RopeFunction<false>::apply(x, positions, base, interleaved, rotary_dim);
+}
+
+at::Tensor rope_backward_autograd(const at::Tensor& dy, const OptTensor& positions, double base,
+                                  bool interleaved, int64_t rotary_dim) {
+  return RopeFunction<true>::apply(dy, positions, base, interleaved, rotary_dim);
+}
+
+PlanInfo explain(const at::Tensor& x, const OptTensor& positions, double base, bool interleaved,
+                 int64_t rotary_dim, bool backward, const std::optional<std::string>& preference) {
+  return translate_errors([&] {
+    const PlanPreference pref = preference_or_current(preference);
+    return plan_info(make_plan(x, positions, base, interleaved, rotary_dim, backward, pref), pref);
+  });
+}
+}  // namespace
+
+PlanInfo explain_rope(const at::Tensor& x, const std::optional<at::Tensor>& positions,
+                      double base, bool interleaved, int64_t rotary_dim,
+                      const std::optional<std::string>& preference) {
+  return explain(x, positions, base, interleaved, rotary_dim, false, preference);
+}
+
+PlanInfo explain_rope_backward(const at::Tensor& dy, const std::optional<at::Tensor>& positions,
+                               double base, bool interleaved, int64_t rotary_dim,
+                               const std::optional<std::string>& preference) {
+  return explain(dy, positions, base, interleaved, rotary_dim, true, preference);
+}
+
+TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
+  m.impl("rope", &rope_kernel);
+  m.impl("rope_backward", &rope_backward_kernel);
+}
+
+#ifdef BARACUDA_WITH_CUDA
+TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
+  m.impl("rope", &rope_kernel);
+  m.impl("rope_backward", &rope_backward_kernel);
+}
+#endif
+
+TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
+  m.impl("rope", &rope_meta);
+  m.impl("rope_backward", &rope_backward_meta);
+}
+
+TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
+  m.impl("rope", &rope_autograd);
+  m.impl("rope_backward", &rope_backward_autograd);
+}
+
+}  // namespace baracuda::torch_ops
