@@ -41,4 +41,8 @@ def gated_activation(x: Tensor, kind: str, dim: int = -1, gate_first: bool = Fal
 # ---- gather -----------------------------------------------------------------------
 
 
+def gather(src: Tensor, dim: int, index: Tensor) -> Tensor:
+    return torch.gather(src, dim, index)
+
+
 # ---- ssd_chunk_scan ---------------------------------------------------------------
