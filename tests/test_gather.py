@@ -343,22 +343,26 @@ def test_cuda_out_of_range_forward(dtype, index_dtype, bad):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("preference", ["fastest", "deterministic"])
+@pytest.mark.parametrize("dim", [0, 1])
 @pytest.mark.parametrize("bad", [8, -1])
-def test_cuda_out_of_range_backward(dtype, preference, bad):
-    """The bad element is skipped; every other contribution lands."""
-    index = rand_index((6, 12), 8, device="cuda")
+def test_cuda_out_of_range_backward(dtype, preference, dim, bad):
+    """The bad element is skipped; every other contribution lands (atomic_lines for dim=1
+    under "fastest", atomic_rows_vec16 for dim=0, sorted under "deterministic")."""
+    shape = (12, 8) if dim == 1 else (8, 12)
+    sizes = [12, 8] if dim == 1 else [8, 12]
+    index = rand_index(shape, 8, device="cuda")
     index[4, 5] = bad
-    dout = randn((6, 12), dtype, "cuda")
+    dout = randn(shape, dtype, "cuda")
     with bt.preference(preference):
-        d = ops.gather_backward(dout, 1, index, [6, 8])
-        with pytest.raises(IndexError, match="baracuda::gather_backward: " + OOB_MSG.format(v=bad, d=1, s=8)):
+        d = ops.gather_backward(dout, dim, index, sizes)
+        with pytest.raises(IndexError, match="baracuda::gather_backward: " + OOB_MSG.format(v=bad, d=dim, s=8)):
             bt.check_errors()
     keep = dout.clone()
     keep[4, 5] = 0
-    expected = torch.zeros(6, 8, dtype=torch.float64, device="cuda").scatter_add_(
-        1, index.clamp(0, 7), keep.double())
-    baseline = torch.zeros(6, 8, dtype=dtype, device="cuda").scatter_add_(1, index.clamp(0, 7), keep)
-    assert_close_to_reference(d, expected, baseline, f"dsrc with a bad index ({preference})")
+    expected = torch.zeros(sizes, dtype=torch.float64, device="cuda").scatter_add_(
+        dim, index.clamp(0, 7), keep.double())
+    baseline = torch.zeros(sizes, dtype=dtype, device="cuda").scatter_add_(dim, index.clamp(0, 7), keep)
+    assert_close_to_reference(d, expected, baseline, f"dsrc with a bad index ({preference}, dim {dim})")
     cuda_usable_after_error()
 
 
@@ -454,44 +458,82 @@ def test_explain_gather(device):
 @requires_cuda
 def test_explain_cuda_variants():
     src = randn((16, 32), torch.float32, "cuda")
-    idx = rand_index((16, 16), 32, device="cuda")
-    expect = {
-        "rows_vec16": idx,
-        "rows": rand_index((16, 15), 32, device="cuda"),
-        "strided": rand_index((16, 16), 32, device="cuda").t(),
+    expect = {  # index for dim=0 (values < 16), by the variant it must take
+        "rows_vec16": rand_index((12, 32), 16, device="cuda"),
+        "rows": rand_index((12, 31), 16, device="cuda"),
+        "strided": rand_index((32, 12), 16, device="cuda").t(),
     }
     for variant, index in expect.items():
-        assert bt.explain("gather", src, 1, index).variant == variant
+        assert bt.explain("gather", src, 0, index).variant == variant
         dout = randn(index.shape, torch.float32, "cuda")
-        assert bt.explain("gather_backward", dout, 1, index, [16, 32]).variant == "atomic_" + variant
+        assert bt.explain("gather_backward", dout, 0, index, [16, 32]).variant == "atomic_" + variant
     # int32 rows with a 16-byte-misaligned start (offset 1 element) cannot use vectors
     assert bt.explain("gather", src, 1, rand_index((16, 17), 32, torch.int32, "cuda")[:, 1:]).variant == "rows"
-    assert bt.explain("gather", src, 0, rand_index((4, 32), 16, device="cuda")).variant == "rows_vec16"
+    assert bt.explain("gather", src, 1, rand_index((16, 8), 32, device="cuda")).variant == "rows_vec16"
+    # dim = dsrc's innermost dim and a line that fits in shared memory: one block per line
+    for index in (rand_index((16, 8), 32, device="cuda"), rand_index((8, 16), 32, device="cuda").t()):
+        dout = randn(index.shape, torch.float32, "cuda")
+        assert bt.explain("gather_backward", dout, 1, index, [16, 32]).variant == "atomic_lines"
+        assert bt.explain("gather_backward", dout, -1, index, [16, 32]).workspace_bytes == 0
+    assert bt.explain("gather_backward", randn((4, 5, 1), torch.float32, "cuda"), 1,
+                      rand_index((4, 5, 1), 7, device="cuda"), [4, 7, 1]).variant == "atomic_lines"
+    # a line too long for shared memory (44 KiB of float32 accumulators) falls back
+    idx = rand_index((2, 8), 20000, device="cuda")
+    assert bt.explain("gather_backward", randn((2, 8), torch.float32, "cuda"), 1, idx,
+                      [2, 11264]).variant == "atomic_lines"
+    assert bt.explain("gather_backward", randn((2, 8), torch.float32, "cuda"), 1, idx,
+                      [2, 11265]).variant == "atomic_rows_vec16"
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_explain_backward_algorithm_follows_preference(dtype):
-    dout = randn((64, 16), dtype, "cuda")
-    index = rand_index((64, 16), 40, device="cuda")
-    args = (dout, 1, index, [64, 40])
-    fast = bt.explain("gather_backward", *args)
-    assert fast.variant.startswith("atomic_") and not fast.deterministic and not fast.bit_stable
-    assert fast.accumulator == ("float64" if dtype == torch.float64 else "float32")
     half = dtype in (torch.float16, torch.bfloat16)
-    assert fast.workspace_bytes == (64 * 40 * 4 if half else 0)
-    torch.use_deterministic_algorithms(True)
-    det = bt.explain("gather_backward", *args)
-    assert det.variant == "sorted" and det.deterministic and det.bit_stable
-    assert det.preference == "deterministic" and det.workspace_bytes >= 4 * 64 * 16 * 4
-    torch.use_deterministic_algorithms(False)
-    with bt.preference("deterministic"):
-        assert bt.explain("gather_backward", *args).variant == "sorted"
-    assert bt.explain("gather_backward", *args).variant.startswith("atomic_")
-    assert bt.explain("gather_backward", *args, preference="deterministic").variant == "sorted"
+    index = rand_index((64, 16), 40, device="cuda")
+    cases = [  # (args, fastest variant, its workspace bytes)
+        ((randn((64, 16), dtype, "cuda"), 1, index, [64, 40]), "atomic_lines", 0),
+        ((randn((64, 16), dtype, "cuda"), 0, index, [40, 16]), "atomic_rows_vec16",
+         40 * 16 * 4 if half else 0),
+    ]
+    for args, variant, ws in cases:
+        fast = bt.explain("gather_backward", *args)
+        assert fast.variant == variant and not fast.deterministic and not fast.bit_stable
+        assert fast.accumulator == ("float64" if dtype == torch.float64 else "float32")
+        assert fast.workspace_bytes == ws and fast.preference == "fastest"
+        torch.use_deterministic_algorithms(True)
+        det = bt.explain("gather_backward", *args)
+        assert det.variant == "sorted" and det.deterministic and det.bit_stable
+        assert det.preference == "deterministic" and det.workspace_bytes >= 4 * 64 * 16 * 4
+        torch.use_deterministic_algorithms(False)
+        with bt.preference("deterministic"):
+            assert bt.explain("gather_backward", *args).variant == "sorted"
+        assert bt.explain("gather_backward", *args).variant == variant
+        assert bt.explain("gather_backward", *args, preference="deterministic").variant == "sorted"
     # the forward is a copy: one kernel whatever the preference
     with bt.preference("deterministic"):
         assert bt.explain("gather", randn((64, 40), dtype, "cuda"), 1, index).deterministic
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_cuda_atomic_lines(dtype):
+    """The one-block-per-line backward: vector and scalar loads, lines no index reaches,
+    line lengths not a multiple of 4, heavy duplicates, a line at the shared-memory limit."""
+    cases = [  # (src shape, index, dim)
+        ((12, 40), rand_index((12, 24), 40, device="cuda"), 1),            # vector loads
+        ((12, 40), rand_index((24, 12), 40, device="cuda").t(), 1),        # strided along dim
+        ((12, 41), rand_index((12, 30), 41, device="cuda")[:, 1:], 1),     # misaligned, odd line
+        ((12, 40), rand_index((5, 8), 40, device="cuda"), -1),              # lines left for the memset
+        ((3, 4, 9, 1), rand_index((3, 2, 50, 1), 9, device="cuda"), 2),     # dim before a size-1 dim
+        ((6, 16), torch.full((6, 500), 7, device="cuda"), 1),               # one hot slot per line
+        ((2, 5632 if dtype == torch.float64 else 11264), rand_index((2, 3000), 11264, device="cuda") %
+         (5632 if dtype == torch.float64 else 11264), 1),                   # 44 KiB accumulator
+    ]
+    for src_shape, index, dim in cases:
+        src = randn(src_shape, dtype, "cuda")
+        dout = randn(index.shape, dtype, "cuda")
+        assert bt.explain("gather_backward", dout, dim, index, list(src_shape)).variant == "atomic_lines"
+        run_and_check(src, dim, index, dout)
 
 
 @requires_cuda

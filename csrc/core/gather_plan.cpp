@@ -82,6 +82,8 @@ std::string variant_name(const GatherLaunch& l) {
     v = "lines";
   else if (l.algo == GatherBackwardAlgo::Sorted)
     v = "sorted";
+  else if (l.algo == GatherBackwardAlgo::AtomicLines)
+    v = "atomic_lines";
   else
     v = "atomic_" + layout_name(l);
   return l.index64 ? v + "_i64" : v;
@@ -97,8 +99,9 @@ KernelSku make_sku(const GatherLaunch& l, const DeviceInfo& device) {
   sku.backend = device.backend;
   sku.arch = device.arch;
   const bool f64 = l.element == ElementKind::F64;
-  // The forward is a copy; every backward except the atomic one sums in a fixed order.
-  const bool fixed_order = !l.backward || l.algo != GatherBackwardAlgo::Atomic;
+  // The forward is a copy; every backward except the atomic ones sums in a fixed order.
+  const bool fixed_order = !l.backward || l.algo == GatherBackwardAlgo::CpuLines ||
+                           l.algo == GatherBackwardAlgo::Sorted;
   sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
                    f64 ? ElementKind::F64 : ElementKind::F32, fixed_order, fixed_order};
   return sku;
@@ -185,20 +188,23 @@ GatherBackwardPlan GatherBackwardPlan::select(const GatherBackwardDescriptor& de
   plan_walk(l, index, dout, dsrc, dim, desc.device);
   l.out_numel = dsrc.numel();
 
+  // Lines: the index space with dim dropped. The CPU kernel reduces each on one thread;
+  // the CUDA atomic_lines kernel gives each to one block.
+  std::array<int64_t, kMaxRank> line_space = index.sizes;
+  line_space[dim] = 1;
+  const std::array<int64_t, kMaxRank>* operands[3] = {&index.strides, &dout.strides,
+                                                      &dsrc.strides};
+  l.lines = coalesce_dims(index.rank, line_space, operands, 3);
+  l.line_len = index.sizes[dim];
+  l.index_line_stride = index.strides[dim];
+  l.dout_line_stride = dout.strides[dim];
+  l.zero_fill = l.numel == 0;
+  for (int d = 0; d < index.rank; ++d)
+    if (d != dim && index.sizes[d] < dsrc.sizes[d]) l.zero_fill = true;
+
+  const bool f64 = l.element == ElementKind::F64;
   if (desc.device.backend == Backend::Cpu) {
-    // Lines: the index space with dim dropped; each is reduced by one thread.
     l.algo = GatherBackwardAlgo::CpuLines;
-    std::array<int64_t, kMaxRank> line_space = index.sizes;
-    line_space[dim] = 1;
-    const std::array<int64_t, kMaxRank>* operands[3] = {&index.strides, &dout.strides,
-                                                        &dsrc.strides};
-    l.lines = coalesce_dims(index.rank, line_space, operands, 3);
-    l.line_len = index.sizes[dim];
-    l.index_line_stride = index.strides[dim];
-    l.dout_line_stride = dout.strides[dim];
-    l.zero_fill = l.numel == 0;
-    for (int d = 0; d < index.rank; ++d)
-      if (d != dim && index.sizes[d] < dsrc.sizes[d]) l.zero_fill = true;
   } else if (pref == PlanPreference::Deterministic) {
     l.algo = GatherBackwardAlgo::Sorted;
     // The largest key is the sentinel out_numel, which sorts out-of-range entries last.
@@ -210,6 +216,17 @@ GatherBackwardPlan GatherBackwardPlan::select(const GatherBackwardDescriptor& de
 #endif
     l.workspace_bytes =
         l.numel > 0 ? gather_sort_workspace(l.numel, l.index64, l.sort_temp_bytes).total : 0;
+  } else if (dsrc.strides[dim] == 1 && l.dim_size > 0 && l.numel > 0 && !l.index64 &&
+             l.dim_size * (f64 ? 8 : 4) <= kGatherLinesSmemBytes) {
+    // dim is dsrc's innermost dim, so a line is contiguous and written coalesced.
+    l.algo = GatherBackwardAlgo::AtomicLines;
+    bool vec = l.index_line_stride == 1 && l.dout_line_stride == 1 && l.line_len % kGroup == 0 &&
+               index.alignment >= 16 &&
+               dout.alignment >= std::min(16, kGroup * element_size(dout.dtype));
+    for (int d = 0; d < l.lines.rank; ++d)
+      vec = vec && (l.lines.sizes[d] == 1 ||
+                    (l.lines.strides[0][d] % kGroup == 0 && l.lines.strides[1][d] % kGroup == 0));
+    l.lines_vec = vec ? kGroup : 1;
   } else {
     l.algo = GatherBackwardAlgo::Atomic;
     const bool half = l.element == ElementKind::F16 || l.element == ElementKind::BF16;

@@ -5,6 +5,10 @@
 //   atomic (fastest):       zero dsrc, then atomicAdd every dout element into its slot
 //                           (float16/bfloat16 accumulate into a float32 workspace and are
 //                           converted once at the end). Summation order varies per run.
+//                           When dim is dsrc's innermost dim and a dsrc line fits in
+//                           shared memory ("atomic_lines"), each block owns one line
+//                           instead: zero it in shared memory, atomicAdd there, write it
+//                           once (no zero-fill pass, no workspace, no global atomics).
 //   sorted (deterministic): key = dsrc offset, value = dout offset, stable radix sort by
 //                           key, then each run of equal keys is summed in ascending source
 //                           order. Same bits on every run.
@@ -30,7 +34,12 @@ namespace baracuda {
 //  Strided: any strides.
 enum class GatherLayout : uint8_t { RowsVec, Rows, Strided };
 
-enum class GatherBackwardAlgo : uint8_t { CpuLines, Atomic, Sorted };
+enum class GatherBackwardAlgo : uint8_t { CpuLines, Atomic, AtomicLines, Sorted };
+
+// Largest shared-memory line accumulator of the atomic_lines variant: under the 48 KiB a
+// block may use without an opt-in attribute, with room for the kernel's static shared
+// memory.
+constexpr int64_t kGatherLinesSmemBytes = 44 * 1024;
 
 // Everything a kernel needs; filled by the plans, consumed by the CPU and CUDA launchers.
 struct GatherLaunch {
@@ -54,8 +63,10 @@ struct GatherLaunch {
   int64_t dim_stride = 0;  // src's (or dense dsrc's) stride at dim
   int64_t out_numel = 0;   // dsrc.numel() (backward)
 
-  // CPU backward: the "lines" (index space with dim dropped) and the stride along dim.
+  // Lines backward (CPU, CUDA atomic_lines): the "lines" (index space with dim dropped;
+  // operands index, dout, dense dsrc) and the strides along dim.
   CoalescedDims lines;
+  int lines_vec = 1;              // atomic_lines: 4 = 16-byte index / dout loads along dim
   int64_t line_len = 0;           // index.size(dim)
   int64_t index_line_stride = 0;  // index.stride(dim)
   int64_t dout_line_stride = 0;   // dout.stride(dim)
