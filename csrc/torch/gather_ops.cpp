@@ -58,7 +58,8 @@ GatherBackwardPlan backward_plan(const at::Tensor& dout, int64_t dim, const at::
   for (int d = 0; d < desc.src_rank; ++d) desc.src_sizes[d] = src_sizes[d];
   desc.device = device_info(dout);
   // The sorted plan asks CUB for its temp-storage size on the current device.
-  c10::DeviceGuard guard(dout.device());
+  c10::OptionalDeviceGuard guard;
+  if (dout.is_cuda()) guard.reset_device(dout.device());
   return GatherBackwardPlan::select(desc, pref);
 }
 
