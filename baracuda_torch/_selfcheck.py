@@ -175,6 +175,16 @@ def check_lerp(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
 
 
 # ---- gather
+@check
+def check_gather(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    rows, cols, picked = (4096, 8192, 2048) if big else (256, 512, 128)
+    src = torch.randn(rows, cols, device=device, dtype=dtype)
+    for dim, shape in ((1, (rows, picked)), (0, (rows // 4, cols))):
+        index = torch.randint(0, src.size(dim), shape, device=device)
+        yield run_case(f"gather[dim={dim}]", lambda s, i=index, d=dim: bt.gather(s, d, i),
+                       lambda s, i=index, d=dim: ref.gather(s, d, i), [src],
+                       ("gather", (src, dim, index)))
+
 
 
 # ---- ssd_chunk_scan

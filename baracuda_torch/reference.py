@@ -108,4 +108,8 @@ def lerp(a: Tensor, b: Tensor, weight) -> Tensor:
 # ---- gather -----------------------------------------------------------------------
 
 
+def gather(src: Tensor, dim: int, index: Tensor) -> Tensor:
+    return torch.gather(src, dim, index)
+
+
 # ---- ssd_chunk_scan ---------------------------------------------------------------

@@ -95,6 +95,14 @@ PYBIND11_MODULE(_C, m) {
         py::arg("a"), py::arg("b"), py::arg("weight"), pref);
 
   // ---- gather
+  m.def("explain_gather", &explain_gather, py::arg("src"), py::arg("dim"), py::arg("index"), pref);
+  m.def("explain_gather_backward", &explain_gather_backward, py::arg("dout"), py::arg("dim"),
+        py::arg("index"), py::arg("src_sizes"), pref);
+  m.def("gather_check_errors", &gather_check_errors, py::arg("device"),
+        "Raise IndexError for an out-of-range index a CUDA gather kernel recorded on `device` "
+        "(no synchronization; baracuda_torch.check_errors synchronizes first).");
+  m.def("set_index_checks", &set_index_checks, py::arg("mode"));
+  m.def("get_index_checks", &get_index_checks);
 
   // ---- ssd_chunk_scan
 }

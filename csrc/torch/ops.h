@@ -39,6 +39,18 @@ PlanInfo explain_lerp_backward_tensor(const at::Tensor& dy, const at::Tensor& a,
                                       const std::optional<std::string>& preference);
 
 // ---- gather
+PlanInfo explain_gather(const at::Tensor& src, int64_t dim, const at::Tensor& index,
+                        const std::optional<std::string>& preference);
+PlanInfo explain_gather_backward(const at::Tensor& dout, int64_t dim, const at::Tensor& index,
+                                 const std::vector<int64_t>& src_sizes,
+                                 const std::optional<std::string>& preference);
+// Raises IndexError if a CUDA gather kernel on `device` recorded an out-of-range index
+// (and clears the record). Does not synchronize: baracuda_torch.check_errors does that.
+void gather_check_errors(int64_t device);
+// "async" (default) or "sync": whether CUDA gather ops synchronize after the launch to
+// raise an out-of-range index at once. ValueError for anything else.
+void set_index_checks(const std::string& mode);
+std::string get_index_checks();
 
 // ---- ssd_chunk_scan
 

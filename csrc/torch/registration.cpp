@@ -31,6 +31,8 @@ TORCH_LIBRARY(baracuda, m) {
       "(Tensor, Tensor, Tensor)");
 
   // ---- gather (gather_ops.cpp)
+  BARACUDA_DEF("gather(Tensor src, int dim, Tensor index) -> Tensor");
+  BARACUDA_DEF("gather_backward(Tensor dout, int dim, Tensor index, SymInt[] src_sizes) -> Tensor");
 
   // ---- ssd_chunk_scan (ssd_chunk_scan_ops.cpp)
 }

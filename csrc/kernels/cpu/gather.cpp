@@ -1,0 +1,98 @@
+// CPU gather kernels. Forward: one strided loop over the coalesced index space. Backward:
+// each line (every coordinate but dim) is reduced by one thread, in index order, into a
+// float32 (float64 for float64) line buffer, then written to dsrc: deterministic, and the
+// same order as the CUDA sorted kernel (ascending source position per dsrc element).
+// Every index is checked against [0, size(dim)) before it is used.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/loops.h"
+#include "kernels/gather.h"
+
+namespace baracuda::kernels {
+
+namespace {
+using cpu::acc_t;
+
+inline bool in_range(int64_t v, int64_t size) {
+  return static_cast<uint64_t>(v) < static_cast<uint64_t>(size);
+}
+
+template <typename T, typename I>
+void forward(const GatherLaunch& l) {
+  const I* index = static_cast<const I*>(l.index);
+  const T* src = static_cast<const T*>(l.value);
+  T* out = static_cast<T*>(l.out);
+  const int last = l.dims.rank - 1;
+  const int64_t si = l.dims.strides[0][last], so = l.dims.strides[1][last],
+                ss = l.dims.strides[2][last];
+  cpu::parallel_for_each_run<3>(l.dims, [&](const int64_t* off, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t v = static_cast<int64_t>(index[off[0] + i * si]);
+      if (!in_range(v, l.dim_size)) fail_index_out_of_bounds("gather", v, l.dim, l.dim_size);
+      out[off[1] + i * so] = src[off[2] + i * ss + v * l.dim_stride];
+    }
+  });
+}
+
+template <typename T, typename I>
+void backward(const GatherLaunch& l) {
+  using Acc = acc_t<T>;
+  const I* index = static_cast<const I*>(l.index);
+  const T* dout = static_cast<const T*>(l.value);
+  T* dsrc = static_cast<T*>(l.out);
+
+  if (l.zero_fill)  // lines outside index's extent get nothing; the rest are overwritten
+    at::parallel_for(0, l.out_numel, cpu::kGrain, [&](int64_t b, int64_t e) {
+      std::fill(dsrc + b, dsrc + e, T(0));
+    });
+  if (l.numel == 0) return;
+
+  int64_t num_lines = 1;
+  for (int d = 0; d < l.lines.rank; ++d) num_lines *= l.lines.sizes[d];
+  const int last = l.lines.rank - 1;
+  const int64_t si = l.lines.strides[0][last], sd = l.lines.strides[1][last],
+                sx = l.lines.strides[2][last];
+  const int64_t size = l.dim_size;
+  const int64_t grain = std::max<int64_t>(1, cpu::kGrain / std::max<int64_t>(l.line_len, 1));
+  at::parallel_for(0, num_lines, grain, [&](int64_t begin, int64_t end) {
+    std::vector<Acc> acc(static_cast<size_t>(size));
+    cpu::for_each_run<3>(l.lines, begin, end, [&](const int64_t* off, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const I* idx = index + off[0] + i * si;
+        const T* g = dout + off[1] + i * sd;
+        T* line = dsrc + off[2] + i * sx;
+        std::fill(acc.begin(), acc.end(), Acc(0));
+        for (int64_t j = 0; j < l.line_len; ++j) {
+          const int64_t v = static_cast<int64_t>(idx[j * l.index_line_stride]);
+          if (!in_range(v, size)) fail_index_out_of_bounds("gather_backward", v, l.dim, size);
+          acc[v] += static_cast<Acc>(g[j * l.dout_line_stride]);
+        }
+        for (int64_t s = 0; s < size; ++s) line[s * l.dim_stride] = T(acc[s]);
+      }
+    });
+  });
+}
+
+template <typename T>
+void dispatch_index(const GatherLaunch& l) {
+  if (l.index_element == ElementKind::I32) {
+    if (l.backward)
+      backward<T, int32_t>(l);
+    else
+      forward<T, int32_t>(l);
+  } else {
+    if (l.backward)
+      backward<T, int64_t>(l);
+    else
+      forward<T, int64_t>(l);
+  }
+}
+}  // namespace
+
+void gather_cpu(const GatherLaunch& l) {
+  cpu::dispatch_floating(l.element, [&](auto tag) { dispatch_index<decltype(tag)>(l); });
+}
+
+}  // namespace baracuda::kernels
