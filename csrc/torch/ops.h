@@ -26,5 +26,13 @@ PlanInfo explain_gated_activation_backward(const at::Tensor& dy, const at::Tenso
 // ---- gather
 
 // ---- ssd_chunk_scan
+PlanInfo explain_ssd_chunk_scan(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+                                const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
+                                const std::optional<std::string>& preference);
+PlanInfo explain_ssd_chunk_scan_backward(const at::Tensor& dy, const at::Tensor& x,
+                                         const at::Tensor& dt, const at::Tensor& A,
+                                         const at::Tensor& B, const at::Tensor& C,
+                                         int64_t chunk_size,
+                                         const std::optional<std::string>& preference);
 
 }  // namespace baracuda::torch_ops
