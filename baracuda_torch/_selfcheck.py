@@ -188,6 +188,22 @@ def check_gather(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]
 
 
 # ---- ssd_chunk_scan
+@check
+def check_ssd_chunk_scan(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    # (B, L, H, D, N, G, chunk): Mamba-2's G = 1 and the per-head layout G = H; the
+    # float64 truth is the chunked reference (the sequential one loops over L in Python).
+    cases = ([(2, 2048, 16, 64, 128, 1, 256), (2, 2048, 16, 64, 64, 16, 256)] if big
+             else [(2, 100, 4, 16, 8, 1, 32), (1, 70, 4, 8, 8, 4, 16)])
+    for b, L, H, D, N, G, Q in cases:
+        x = torch.randn(b, L, H, D, device=device, dtype=dtype)
+        dt = torch.nn.functional.softplus(torch.randn(b, L, H, device=device) - 1).to(dtype)
+        A = -torch.exp(torch.randn(H, device=device)).to(dtype)
+        B = torch.randn(b, L, G, N, device=device, dtype=dtype)
+        C = torch.randn(b, L, G, N, device=device, dtype=dtype)
+        yield run_case(f"ssd_chunk_scan[G={G},Q={Q}]",
+                       lambda *t, q=Q: bt.ssd_chunk_scan(*t, chunk_size=q),
+                       lambda *t, q=Q: ref.ssd_chunk_scan_chunked(*t, chunk_size=q),
+                       [x, dt, A, B, C], ("ssd_chunk_scan", (x, dt, A, B, C, Q)))
 
 
 

@@ -113,3 +113,90 @@ def gather(src: Tensor, dim: int, index: Tensor) -> Tensor:
 
 
 # ---- ssd_chunk_scan ---------------------------------------------------------------
+
+
+def _expand_groups(t: Tensor, heads: int) -> Tensor:
+    """[B, L, G, N] -> [B, L, H, N]: head h reads group h // (H // G)."""
+    return t.repeat_interleave(heads // t.size(2), dim=2)
+
+
+def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                   chunk_size: int = 256) -> Tensor:
+    """Mamba-2 SSD as the sequential recurrence (a Python loop over L): the ground truth.
+
+    Shapes: x [B, L, H, D], dt [B, L, H], A [H], B and C [B, L, G, N] with H % G == 0.
+    Per batch and head, with h_{-1} = 0:
+    ``decay_t = exp(dt_t A)``, ``h_t = decay_t h_{t-1} + (dt_t x_t) ⊗ B_t``,
+    ``y_t = h_t C_t``. ``chunk_size`` does not change the function and is ignored.
+    Slow (L steps of small ops); meant for float64 on small shapes.
+    """
+    del chunk_size
+    batch, L, H, D = x.shape
+    Bh, Ch = _expand_groups(B, H), _expand_groups(C, H)
+    decay = torch.exp(dt * A)                                  # [B, L, H]
+    state = x.new_zeros(batch, H, D, B.size(-1))
+    ys = []
+    for t in range(L):
+        u = dt[:, t, :, None] * x[:, t]                        # [B, H, D]
+        state = decay[:, t, :, None, None] * state + u[..., None] * Bh[:, t, :, None, :]
+        ys.append((state * Ch[:, t, :, None, :]).sum(-1))      # [B, H, D]
+    if not ys:
+        return x.new_zeros(x.shape)
+    return torch.stack(ys, dim=1)
+
+
+def _segment_sums(a: Tensor) -> Tensor:
+    """a [..., T] -> [..., T, T] with out[..., i, j] = a[j+1] + ... + a[i] for j <= i and
+    -inf above the diagonal, so that exp(out) is the decay from step j to step i (a
+    cumulative sum of masked copies rather than a difference of cumsums, which would
+    lose the small sums next to large ones)."""
+    T = a.size(-1)
+    below = torch.ones(T, T, dtype=torch.bool, device=a.device).tril(-1)
+    s = a[..., :, None].expand(*a.shape, T).masked_fill(~below, 0).cumsum(-2)
+    return s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=a.device).tril(), -torch.inf)
+
+
+def ssd_chunk_scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                           chunk_size: int = 256) -> Tensor:
+    """The same function as :func:`ssd_chunk_scan`, computed by the chunked
+    state-space-duality algorithm in plain PyTorch (the ``ssd_minimal_discrete`` recipe
+    of the Mamba-2 paper, with B/C groups): per chunk of Q steps, (1) the intra-chunk
+    output ``(C Bᵀ ∘ decay) (dt x)``, (2) each chunk's own final state, (3) the states
+    entering the chunks by a recurrence over chunks, (4) their contribution ``C h``.
+    Any L: the sequence is padded with dt = 0 steps (decay 1, no input) to a multiple
+    of Q. Memory is O(B·H·L·Q); eager PyTorch's best without a fused kernel."""
+    batch, L, H, D = x.shape
+    G, N = B.shape[2], B.shape[3]
+    P = H // G if G else 0
+    Q = chunk_size
+    if batch * L * H * D == 0:
+        return x.new_zeros(x.shape)
+    nc = -(-L // Q)
+    pad = nc * Q - L
+    if pad:
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        dt = F.pad(dt, (0, 0, 0, pad))
+        B = F.pad(B, (0, 0, 0, 0, 0, pad))
+        C = F.pad(C, (0, 0, 0, 0, 0, pad))
+    xs = (x * dt[..., None]).reshape(batch, nc, Q, G, P, D)
+    a = (dt * A).reshape(batch, nc, Q, G, P).permute(0, 3, 4, 1, 2)   # [b, g, p, c, l]
+    Bc = B.reshape(batch, nc, Q, G, N)
+    Cc = C.reshape(batch, nc, Q, G, N)
+    a_cum = a.cumsum(-1)
+    # 1. Intra-chunk: y[l] = sum_{s <= l} (C_l . B_s) decay(s -> l) xs_s.
+    decay_ls = torch.exp(_segment_sums(a))                             # [b, g, p, c, l, s]
+    CB = torch.einsum("bclgn,bcsgn->bgcls", Cc, Bc)
+    y_diag = torch.einsum("bgcls,bgpcls,bcsgpd->bclgpd", CB, decay_ls, xs)
+    # 2. Each chunk's final state from its own inputs.
+    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)                  # [b, g, p, c, s]
+    local = torch.einsum("bcsgn,bgpcs,bcsgpd->bcgpdn", Bc, decay_to_end, xs)
+    # 3. States entering each chunk: a recurrence over chunks with the chunk totals.
+    local = torch.cat([torch.zeros_like(local[:, :1]), local], dim=1)  # [b, c+1, g, p, d, n]
+    totals = F.pad(a_cum[..., -1], (1, 0))                             # [b, g, p, c+1]
+    decay_chunks = torch.exp(_segment_sums(totals))                    # [b, g, p, c+1, c+1]
+    entering = torch.einsum("bgpzc,bcgpdn->bzgpdn", decay_chunks, local)[:, :-1]
+    # 4. Their contribution: y[l] += decay(chunk start -> l) C_l . h_entering.
+    y_off = torch.einsum("bclgn,bcgpdn,bgpcl->bclgpd", Cc, entering, torch.exp(a_cum))
+    y = (y_diag + y_off).reshape(batch, nc * Q, H, D)
+    return y[:, :L]
+

@@ -105,4 +105,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("get_index_checks", &get_index_checks);
 
   // ---- ssd_chunk_scan
+  m.def("explain_ssd_chunk_scan", &explain_ssd_chunk_scan, py::arg("x"), py::arg("dt"),
+        py::arg("A"), py::arg("B"), py::arg("C"), py::arg("chunk_size") = 256, pref);
+  m.def("explain_ssd_chunk_scan_backward", &explain_ssd_chunk_scan_backward, py::arg("dy"),
+        py::arg("x"), py::arg("dt"), py::arg("A"), py::arg("B"), py::arg("C"),
+        py::arg("chunk_size") = 256, pref);
 }

@@ -53,5 +53,13 @@ void set_index_checks(const std::string& mode);
 std::string get_index_checks();
 
 // ---- ssd_chunk_scan
+PlanInfo explain_ssd_chunk_scan(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+                                const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
+                                const std::optional<std::string>& preference);
+PlanInfo explain_ssd_chunk_scan_backward(const at::Tensor& dy, const at::Tensor& x,
+                                         const at::Tensor& dt, const at::Tensor& A,
+                                         const at::Tensor& B, const at::Tensor& C,
+                                         int64_t chunk_size,
+                                         const std::optional<std::string>& preference);
 
 }  // namespace baracuda::torch_ops

@@ -35,4 +35,10 @@ TORCH_LIBRARY(baracuda, m) {
   BARACUDA_DEF("gather_backward(Tensor dout, int dim, Tensor index, SymInt[] src_sizes) -> Tensor");
 
   // ---- ssd_chunk_scan (ssd_chunk_scan_ops.cpp)
+  BARACUDA_DEF(
+      "ssd_chunk_scan(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size=256) "
+      "-> Tensor");
+  BARACUDA_DEF(
+      "ssd_chunk_scan_backward(Tensor dy, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
+      "int chunk_size=256) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }

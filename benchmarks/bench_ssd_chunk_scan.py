@@ -1,0 +1,122 @@
+"""Mamba-2 SSD chunk scan at the PERF.md shapes, bf16, chunk 256:
+  B4 L4096 H80 D64 N128 G1   (a Mamba-2 2.7B layer)
+  B2 L8192 H32 D64 N64 G32   (per-head B/C, the seed's layout)
+Providers: baracuda; torch = reference.ssd_chunk_scan_chunked in eager PyTorch (the
+chunked SSD recipe: what users have without mamba_ssm); compile = torch.compile of the
+same, tried once (PERF.md saw Inductor fail on it) and recorded as a note if it fails.
+Modes: forward, backward (the backward pass alone). Peak memory per row.
+
+FLOPs, PERF.md's count of the chunked algorithm's matmuls (Q = chunk, nc = ⌈L/Q⌉),
+with the causal (lower-triangular) products counted at half:
+  forward  = B·H·nc·Q²·(N + D)       C·Bᵀ per head (Q²·N) and its product with x (Q²·D)
+           + 4·B·H·nc·Q·D·N          each chunk's state xᵀB and the state read-out C·h
+  backward = 2 × forward             each product's gradient w.r.t. both operands
+                                     (recomputation not counted)
+For G < H the C·Bᵀ product is shared by a group's heads, so for G = 1 this overstates
+the work by B·(H − G)·nc·Q²·N; it is the count behind PERF.md's ≈107 GFLOP for the
+2.7B shape, kept so that the TFLOP/s compare with it.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch._functorch.config as functorch_config
+import torch.nn.functional as F
+
+import baracuda_torch as bt
+from baracuda_torch import reference as ref
+from harness import Row, backward_fn, format_table, measure
+
+FAMILY = "ssd_chunk_scan"
+SHAPES = [(4, 4096, 80, 64, 128, 1), (2, 8192, 32, 64, 64, 32)]  # B, L, H, D, N, G
+CHUNK = 256
+COMPILE_BUDGET_S = 45  # stop trying torch.compile after this much time
+
+
+def forward_flops(b, L, H, D, N, Q):
+    nc = -(-L // Q)
+    return b * H * nc * Q * Q * (N + D) + 4 * b * H * nc * Q * D * N
+
+
+def make_inputs(b, L, H, D, N, G, dtype):
+    x = torch.randn(b, L, H, D, device="cuda", dtype=dtype)
+    dt = F.softplus(torch.randn(b, L, H, device="cuda") - 2).to(dtype)
+    A = -torch.exp(0.5 * torch.randn(H, device="cuda")).to(dtype)
+    B = torch.randn(b, L, G, N, device="cuda", dtype=dtype)
+    C = torch.randn(b, L, G, N, device="cuda", dtype=dtype)
+    return [t.requires_grad_() for t in (x, dt, A, B, C)]
+
+
+def check_output(inputs) -> str:
+    """Normwise error of our bf16 output against the chunked reference in float32, on the
+    first batch element; a note for the row, and a loud one when it is off."""
+    one = [t.detach()[:1] if t.dim() > 1 else t.detach() for t in inputs]
+    with torch.no_grad():
+        y = bt.ssd_chunk_scan(*one, chunk_size=CHUNK).float()
+        y32 = ref.ssd_chunk_scan_chunked(*[t.float() for t in one], chunk_size=CHUNK)
+    err = ((y - y32).norm() / y32.norm()).item()
+    del y, y32
+    torch.cuda.empty_cache()
+    return f"rel err vs float32 reference {err:.1e}" + ("" if err < 2e-2 else " CHECK FAILED")
+
+
+def run(shapes=SHAPES, dtype=torch.bfloat16, providers=("baracuda", "torch", "compile")) -> list[Row]:
+    rows: list[Row] = []
+    compile_failed = None
+    t_start = time.time()
+    for b, L, H, D, N, G in shapes:
+        case = f"B{b} L{L} H{H} D{D} N{N} G{G} Q{CHUNK}"
+        inputs = make_inputs(b, L, H, D, N, G, dtype)
+        dy = torch.randn(b, L, H, D, device="cuda", dtype=dtype)
+        flops = forward_flops(b, L, H, D, N, CHUNK)
+        note = check_output(inputs)
+        fwd = {
+            "baracuda": lambda: bt.ssd_chunk_scan(*inputs, chunk_size=CHUNK),
+            "torch": lambda: ref.ssd_chunk_scan_chunked(*inputs, chunk_size=CHUNK),
+        }
+
+        def measure_both(provider, f):
+            row_note = note if provider == "baracuda" else ""
+            with torch.no_grad():
+                rows.append(measure(FAMILY, case, dtype, provider, "forward", f, flops=flops,
+                                    with_memory=True, note=row_note))
+            rows.append(measure(FAMILY, case, dtype, provider, "backward", backward_fn(f, inputs, dy),
+                                flops=2 * flops, with_memory=True, note=row_note))
+            torch.cuda.empty_cache()
+
+        for provider in providers:
+            if provider != "compile":
+                measure_both(provider, fwd[provider])
+                continue
+            if compile_failed:
+                continue
+            if time.time() - t_start > COMPILE_BUDGET_S:
+                nan = float("nan")
+                rows.append(Row(FAMILY, case, str(dtype).replace("torch.", ""), "compile", "forward",
+                                nan, nan, nan, note="compile not tried: over the time budget"))
+                continue
+            # No donated buffers: the backward mode replays the backward with
+            # retain_graph=True. The setting is part of the compiled graphs' cache key, so
+            # it holds for the compilation and the measurements alike.
+            with functorch_config.patch(donated_buffer=False):
+                try:
+                    torch._dynamo.reset()
+                    compiled = torch.compile(ref.ssd_chunk_scan_chunked)
+                    with torch.no_grad():
+                        compiled(*inputs, chunk_size=CHUNK)
+                    torch.autograd.grad(compiled(*inputs, chunk_size=CHUNK), inputs, dy)
+                except Exception as e:  # noqa: BLE001 - recorded, not fatal
+                    compile_failed = f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                    nan = float("nan")
+                    rows.append(Row(FAMILY, case, str(dtype).replace("torch.", ""), "compile", "forward",
+                                    nan, nan, nan, note=compile_failed))
+                    continue
+                measure_both("compile", lambda c=compiled: c(*inputs, chunk_size=CHUNK))
+        del inputs, dy, fwd
+        torch.cuda.empty_cache()
+    return rows
+
+
+if __name__ == "__main__":
+    print(format_table(run()))

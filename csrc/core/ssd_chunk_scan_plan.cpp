@@ -1,0 +1,250 @@
+#include "core/ssd_chunk_scan_plan.h"
+
+#include <algorithm>
+
+namespace baracuda {
+
+namespace {
+constexpr const char* kFamily = "ssd_chunk_scan";
+const std::string kOp = "ssd_chunk_scan";
+const std::string kBackwardOp = "ssd_chunk_scan_backward";
+// The kernels want a 256-byte aligned workspace; the plan asks for this much more and
+// aligns the pointer itself, so any allocator will do.
+constexpr size_t kWorkspaceAlign = 256;
+
+SsdOperand<int64_t> operand(const char* name, const TensorLayout& t) {
+  return {name, t.dtype, t.rank, t.sizes.data()};
+}
+
+SsdSizes<int64_t> validate(const SsdChunkScanDescriptor& desc, const std::string& op) {
+  return check_ssd_problem(op, operand("x", desc.x), operand("dt", desc.dt),
+                           operand("A", desc.A), operand("B", desc.B), operand("C", desc.C),
+                           desc.chunk_size, desc.device.backend == Backend::Cuda);
+}
+
+TensorLayout dense_layout(const TensorLayout& like) {
+  TensorLayout out = like;
+  out.strides = contiguous_strides(out.sizes, out.rank);
+  out.alignment = 16;  // the torch layer allocates outputs through PyTorch's allocator
+  return out;
+}
+
+SsdVariant pick_variant(const SsdSizes<int64_t>& s, const DeviceInfo& device) {
+  if (s.batch == 0 || s.seqlen == 0 || s.heads == 0 || s.head_dim == 0 || s.state_dim == 0)
+    return SsdVariant::Zeros;
+  return device.backend == Backend::Cuda ? SsdVariant::Chunked : SsdVariant::Sequential;
+}
+
+// The launch description without data pointers.
+SsdChunkScanLaunch plan_launch(const SsdChunkScanDescriptor& desc, const SsdSizes<int64_t>& s,
+                               const TensorLayout* dy) {
+  SsdChunkScanLaunch l;
+  l.element = desc.x.dtype;
+  l.batch = s.batch;
+  l.seqlen = s.seqlen;
+  l.heads = s.heads;
+  l.head_dim = s.head_dim;
+  l.state_dim = s.state_dim;
+  l.groups = s.groups;
+  // A chunk longer than the sequence is one chunk of length L: the same function, and
+  // the kernels never see a chunk_size beyond L (nchunks() cannot overflow).
+  l.chunk_size = std::min(desc.chunk_size, std::max<int64_t>(s.seqlen, 1));
+  for (int d = 0; d < 4; ++d) {
+    l.x_stride[d] = desc.x.strides[d];
+    l.B_stride[d] = desc.B.strides[d];
+    l.C_stride[d] = desc.C.strides[d];
+    if (dy) l.dy_stride[d] = dy->strides[d];
+  }
+  for (int d = 0; d < 3; ++d) l.dt_stride[d] = desc.dt.strides[d];
+  l.A_stride = desc.A.strides[0];
+  return l;
+}
+
+// NotImplementedError instead of a wrapped-around size when B·H·⌈L/Q⌉·D·N·8 bytes of
+// chunk states (the backward workspace, on either backend) cannot be addressed.
+void check_workspace_addressable(const SsdChunkScanLaunch& l, const std::string& op) {
+  const double bytes = 8.0 * static_cast<double>(l.batch) * static_cast<double>(l.heads) *
+                       static_cast<double>(l.nchunks()) * static_cast<double>(l.head_dim) *
+                       static_cast<double>(l.state_dim);
+  if (bytes > 4.0e18)
+    fail(PlanErrorKind::Unsupported, op,
+         "problem too large: its chunk states would take more than 2^61 bytes");
+}
+
+size_t kernel_workspace(SsdVariant v, const SsdChunkScanLaunch& l, bool backward,
+                        const std::string& op) {
+  if (v == SsdVariant::Zeros) return 0;
+  check_workspace_addressable(l, op);
+  size_t bytes = 0;
+  if (v == SsdVariant::Sequential) {
+    bytes = backward ? kernels::ssd_chunk_scan_cpu_backward_workspace(l)
+                     : kernels::ssd_chunk_scan_cpu_forward_workspace(l);
+  } else {
+#ifdef BARACUDA_WITH_CUDA
+    bytes = backward ? kernels::ssd_chunk_scan_cuda_backward_workspace(l)
+                     : kernels::ssd_chunk_scan_cuda_forward_workspace(l);
+#else
+    fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
+#endif
+  }
+  return bytes;
+}
+
+size_t with_alignment_slack(size_t bytes) { return bytes ? bytes + kWorkspaceAlign - 1 : 0; }
+
+// Points the launch at the aligned start of the workspace.
+void attach_workspace(SsdChunkScanLaunch& l, const Workspace& ws, size_t kernel_bytes) {
+  if (kernel_bytes == 0) return;
+  const auto addr = reinterpret_cast<uintptr_t>(ws.data);
+  const uintptr_t aligned = (addr + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  l.workspace = reinterpret_cast<void*>(aligned);
+  l.workspace_bytes = kernel_bytes;
+}
+
+const char* variant_name(SsdVariant v) {
+  switch (v) {
+    case SsdVariant::Sequential: return "sequential";
+    case SsdVariant::Chunked: return "chunked";
+    case SsdVariant::Zeros: return "zeros";
+  }
+  return "?";
+}
+
+KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward) {
+  KernelSku sku;
+  sku.family = kFamily;
+  sku.op = backward ? kBackwardOp : kOp;
+  sku.element = desc.x.dtype;
+  sku.variant = variant_name(v);
+  sku.backend = desc.device.backend;
+  sku.arch = desc.device.arch;
+  // The CPU runs the recurrence in float64 for every dtype; CUDA computes in float32
+  // (float64 for float64). Every reduction has a fixed order on both (no float
+  // atomics; the CUDA backward is deterministic by construction), so every variant is
+  // deterministic and bit-stable, whatever the preference.
+  const bool f64 = v != SsdVariant::Chunked || desc.x.dtype == ElementKind::F64;
+  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
+                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
+  return sku;
+}
+
+void launch_forward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
+  if (v == SsdVariant::Sequential) {
+    kernels::ssd_chunk_scan_cpu_forward(l);
+    return;
+  }
+#ifdef BARACUDA_WITH_CUDA
+  kernels::ssd_chunk_scan_cuda_forward(l, stream);
+#else
+  (void)stream;
+  fail(PlanErrorKind::Unsupported, kOp, "this build of baracuda_torch has no CUDA kernels");
+#endif
+}
+
+void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
+  if (v == SsdVariant::Sequential) {
+    kernels::ssd_chunk_scan_cpu_backward(l);
+    return;
+  }
+#ifdef BARACUDA_WITH_CUDA
+  kernels::ssd_chunk_scan_cuda_backward(l, stream);
+#else
+  (void)stream;
+  fail(PlanErrorKind::Unsupported, kBackwardOp,
+       "this build of baracuda_torch has no CUDA kernels");
+#endif
+}
+}  // namespace
+
+SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc, PlanPreference) {
+  const SsdSizes<int64_t> s = validate(desc, kOp);
+  SsdChunkScanPlan p;
+  p.desc_ = desc;
+  p.variant_ = pick_variant(s, desc.device);
+  p.out_ = dense_layout(desc.x);
+  p.launch_ = plan_launch(desc, s, nullptr);
+  p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, false, kOp);
+  p.workspace_ = with_alignment_slack(p.kernel_workspace_);
+  p.sku_ = make_sku(desc, p.variant_, false);
+  return p;
+}
+
+void SsdChunkScanPlan::can_implement(const SsdChunkScanArgs& args) const {
+  check_same_layout(kOp, "x", desc_.x, args.x.layout);
+  check_same_layout(kOp, "dt", desc_.dt, args.dt.layout);
+  check_same_layout(kOp, "A", desc_.A, args.A.layout);
+  check_same_layout(kOp, "B", desc_.B, args.B.layout);
+  check_same_layout(kOp, "C", desc_.C, args.C.layout);
+  check_output(kOp, "y", out_, args.y);
+}
+
+void SsdChunkScanPlan::run(void* stream, Workspace workspace, const SsdChunkScanArgs& args) const {
+  can_implement(args);
+  check_workspace(kOp, workspace_size(), workspace);
+  if (variant_ == SsdVariant::Zeros) return;  // the caller zero-filled y
+  SsdChunkScanLaunch l = launch_;
+  l.x = args.x.data;
+  l.dt = args.dt.data;
+  l.A = args.A.data;
+  l.B = args.B.data;
+  l.C = args.C.data;
+  l.y = args.y.data;
+  attach_workspace(l, workspace, kernel_workspace_);
+  launch_forward(variant_, l, stream);
+}
+
+SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
+    const SsdChunkScanBackwardDescriptor& desc, PlanPreference) {
+  const SsdSizes<int64_t> s = validate(desc.forward, kBackwardOp);
+  check_ssd_dy(kBackwardOp, operand("x", desc.forward.x), operand("dy", desc.dy));
+  SsdChunkScanBackwardPlan p;
+  p.desc_ = desc;
+  p.variant_ = pick_variant(s, desc.forward.device);
+  const SsdChunkScanDescriptor& f = desc.forward;
+  p.out_ = {dense_layout(f.x), dense_layout(f.dt), dense_layout(f.A), dense_layout(f.B),
+            dense_layout(f.C)};
+  p.launch_ = plan_launch(f, s, &desc.dy);
+  p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
+  p.workspace_ = with_alignment_slack(p.kernel_workspace_);
+  p.sku_ = make_sku(f, p.variant_, true);
+  return p;
+}
+
+void SsdChunkScanBackwardPlan::can_implement(const SsdChunkScanBackwardArgs& args) const {
+  const std::string& op = kBackwardOp;
+  const SsdChunkScanDescriptor& f = desc_.forward;
+  check_same_layout(op, "dy", desc_.dy, args.dy.layout);
+  check_same_layout(op, "x", f.x, args.x.layout);
+  check_same_layout(op, "dt", f.dt, args.dt.layout);
+  check_same_layout(op, "A", f.A, args.A.layout);
+  check_same_layout(op, "B", f.B, args.B.layout);
+  check_same_layout(op, "C", f.C, args.C.layout);
+  check_output(op, "dx", out_[0], args.dx);
+  check_output(op, "ddt", out_[1], args.ddt);
+  check_output(op, "dA", out_[2], args.dA);
+  check_output(op, "dB", out_[3], args.dB);
+  check_output(op, "dC", out_[4], args.dC);
+}
+
+void SsdChunkScanBackwardPlan::run(void* stream, Workspace workspace,
+                                   const SsdChunkScanBackwardArgs& args) const {
+  can_implement(args);
+  check_workspace(kBackwardOp, workspace_size(), workspace);
+  if (variant_ == SsdVariant::Zeros) return;  // the caller zero-filled the gradients
+  SsdChunkScanLaunch l = launch_;
+  l.dy = args.dy.data;
+  l.x = args.x.data;
+  l.dt = args.dt.data;
+  l.A = args.A.data;
+  l.B = args.B.data;
+  l.C = args.C.data;
+  l.dx = args.dx.data;
+  l.ddt = args.ddt.data;
+  l.dA = args.dA.data;
+  l.dB = args.dB.data;
+  l.dC = args.dC.data;
+  attach_workspace(l, workspace, kernel_workspace_);
+  launch_backward(variant_, l, stream);
+}
+
+}  // namespace baracuda
