@@ -1,0 +1,875 @@
+// CUDA Mamba-2 SSD chunk scan, forward and backward: the chunked state-space-duality
+// algorithm with SIMT math on shared-memory tiles.
+//
+// Notation (per batch b, head h, group g = h / (H/G); chunk c covers the global
+// positions [c·Q, c·Q + len), len = min(Q, L − c·Q); r, s, q are local positions):
+//   a_s   = dt_s · A_h,   Acs_q = Σ_{s ≤ q} a_s            (cumsum inside the chunk)
+//   H_c   = state entering chunk c (D × N): H_0 = 0, H_{c+1} = exp(Acs_last)·H_c + S_c,
+//   S_c   = Σ_s exp(Acs_last − Acs_s)·dt_s · x_s ⊗ B_s
+//   y_q   = exp(Acs_q)·H_c·C_q + Σ_{s ≤ q} (C_q·B_s)·exp(Acs_q − Acs_s)·dt_s · x_s
+// Backward (dy given), with Gn_c = G_{c+1} = dL/dH_{c+1}:
+//   G_c     = Σ_q exp(Acs_q)·dy_q ⊗ C_q + exp(Acs_last)·G_{c+1}        (reverse scan)
+//   dxpre_s = exp(Acs_last − Acs_s)·Gn·B_s + Σ_{q ≥ s} (B_s·C_q)·exp(Acs_q − Acs_s)·dy_q
+//   dx_s    = dt_s · dxpre_s,   ddt_s(direct) = x_s · dxpre_s
+//   dC_q    = Σ_{h∈g} [ exp(Acs_q)·H_cᵀ·dy_q + Σ_{s ≤ q} (dy_q·x_s)·exp(Acs_q − Acs_s)·dt_s·B_s ]
+//   dB_s    = Σ_{h∈g} dt_s·[ exp(Acs_last − Acs_s)·Gnᵀ·x_s + Σ_{q ≥ s} (x_s·dy_q)·exp(Acs_q − Acs_s)·C_q ]
+//   dAcs_q  = dy_q·y_q − dt_q·ddt_q(direct) + [q == last]·⟨G_{c+1}, H_{c+1}⟩
+//             (dy_q·y_q = C_q · dC_q^(h), the head's own share of dC_q; the last term is
+//             d/dAcs_last of ⟨Gn, H_{c+1}⟩, every term of H_{c+1} being ∝ exp(Acs_last))
+//   da_s    = Σ_{q ≥ s} dAcs_q,  ddt_s = ddt_s(direct) + A_h·da_s,  dA_h = Σ_{b,c,s} dt_s·da_s
+// These were checked in float64 against autograd of the sequential recurrence.
+//
+// Kernels (all grid-stride over "virtual blocks", so any size fits the grid limits):
+//   ssd_cumsum_kernel       warp per (b,h,c): Acs and dt in Acc → workspace [B,H,L]
+//   ssd_chunk_state_kernel  64×64 (d,n) tile per (b,h,c): S_c (forward) or the local
+//                           dstate Σ_q exp(Acs_q)·dy_q ⊗ C_q (backward); K = positions
+//   ssd_state_pass_kernel   per (b,h) and 256 (d,n) elements: S_c → H_c in place
+//   ssd_state_pass_bwd_kernel  reverse: local dstate_c → Gn_c in place, and per-block
+//                           partials of ⟨G_{c+1}, H_{c+1}⟩
+//   ssd_scan_kernel<MODE>   64 rows × 64 columns of one chunk; MODE Y (y), DX (dx and
+//                           ddt partials), DC (dC and dy·y partials), DB (dB); DC and DB
+//                           loop over the group's heads inside the block
+//   ssd_finalize_kernel     warp per (b,h,c): dAcs, reverse cumsum, ddt, dA partials
+//   ssd_dA_kernel           warp per h: fixed-order sum of the dA partials
+//
+// Determinism: no atomics. Every output element and every workspace partial is written
+// by exactly one thread; every sum runs in an order fixed by the shapes alone.
+//
+// The scan kernel is one shape for all four products:
+//   out(r, j) = Σ_heads [ rs_r · Σ_k Lft(r,k)·S(k,j)
+//                        + Σ_{c causal to r} (Σ_k Lft(r,k)·Rgt(c,k)) · dec(r,c) · V(c,j) ]
+//   mode  Lft  Rgt  V    S(k,j)          rs_r                    dec(r,c)                     causal
+//   Y     C    B    x    H_c[j,k]        exp(Acs_r)              exp(Acs_r−Acs_c)·dt_c        c ≤ r
+//   DX    B    C    dy   Gn[j,k]         exp(Acs_last−Acs_r)     exp(Acs_c−Acs_r)             c ≥ r
+//   DC    dy   x    B    H_c[k,j]        exp(Acs_r)              exp(Acs_r−Acs_c)·dt_c        c ≤ r
+//   DB    x    dy   C    Gn[k,j]         exp(Acs_last−Acs_r)·dt_r  exp(Acs_c−Acs_r)·dt_r      c ≥ r
+// Each Σ_k is a 64×64×K tile product from shared memory (ssd_mma); these and the P·V
+// product are the pieces that become mma/wgmma later.
+#pragma once
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/ssd_chunk_scan.h"
+
+namespace baracuda::kernels::cuda {
+
+constexpr int kSsdThreads = 256;  // 16 × 16 threads, each a 4 × 4 micro-tile
+constexpr int kSsdTile = 64;      // rows and columns of every output tile
+
+// K-step depth and row padding of the k-major operand tiles. The padding keeps rows
+// 16-byte aligned (vector loads) and spreads the transposing stores over banks. float64
+// halves the depth so the static shared memory stays under 48 KB.
+template <typename Acc>
+struct SsdCfg;
+template <>
+struct SsdCfg<float> {
+  static constexpr int KS = 16, LD = kSsdTile + 4;
+};
+template <>
+struct SsdCfg<double> {
+  static constexpr int KS = 8, LD = kSsdTile + 2;
+};
+
+enum SsdScanMode : int { kSsdY = 0, kSsdDX = 1, kSsdDC = 2, kSsdDB = 3 };
+
+// A [B, L, H or G, K] input: element (b, t, i, k) at p[b·s0 + t·s1 + i·s2 + k·s3].
+template <typename T>
+struct SsdOperand {
+  const T* p = nullptr;
+  int64_t s[4] = {};
+  bool per_head = true;  // indexed by head h (x, dy) or by group g (B, C)
+};
+
+template <typename T>
+SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
+  SsdOperand<T> o;
+  o.p = static_cast<const T*>(p);
+  for (int i = 0; i < 4; ++i) o.s[i] = s[i];
+  o.per_head = per_head;
+  return o;
+}
+
+// ---- workspace ---------------------------------------------------------------------------
+// Buffers, in Acc (float, or double for float64 inputs), each 256-byte aligned:
+//   acs, dtf  [B, H, L]            chunk-local cumsum of dt·A, and dt converted
+//   states    [B, H, nc, D, N]     S_c, then (in place) H_c, the state entering chunk c
+// backward only:
+//   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1}
+//   kpart     [B, H, nc, ⌈D·N/256⌉] partials of ⟨G_{c+1}, H_{c+1}⟩
+//   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
+//   dyyp      [B, H, L, ⌈N/64⌉]     partials of dy·y = C·dC^(h) per 64-column tile
+//   dap       [H, B·nc]            dA partials per (b, c)
+struct SsdWorkspace {
+  size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, dyyp = 0, dap = 0;
+  size_t total = 0;
+  int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
+};
+
+inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backward) {
+  const size_t esz = l.element == ElementKind::F64 ? 8 : 4;
+  const int64_t nc = l.nchunks();
+  const int64_t bh = l.batch * l.heads;
+  const int64_t dn = l.head_dim * l.state_dim;
+  SsdWorkspace w;
+  w.kblocks = (dn + kSsdThreads - 1) / kSsdThreads;
+  w.d_tiles = (l.head_dim + kSsdTile - 1) / kSsdTile;
+  w.n_tiles = (l.state_dim + kSsdTile - 1) / kSsdTile;
+  size_t off = 0;
+  auto take = [&](int64_t elems) {
+    const size_t at = off;
+    off += (static_cast<size_t>(elems) * esz + 255) / 256 * 256;
+    return at;
+  };
+  w.acs = take(bh * l.seqlen);
+  w.dtf = take(bh * l.seqlen);
+  w.states = take(bh * nc * dn);
+  if (backward) {
+    w.gstates = take(bh * nc * dn);
+    w.kpart = take(bh * nc * w.kblocks);
+    w.ddtp = take(bh * l.seqlen * w.d_tiles);
+    w.dyyp = take(bh * l.seqlen * w.n_tiles);
+    w.dap = take(l.heads * l.batch * nc);
+  }
+  w.total = off;
+  return w;
+}
+
+template <typename Acc>
+Acc* ssd_ws(const SsdChunkScanLaunch& l, size_t offset) {
+  return reinterpret_cast<Acc*>(static_cast<char*>(l.workspace) + offset);
+}
+
+// Grid for `total` virtual blocks; kernels loop vb = blockIdx.x, += gridDim.x.
+inline unsigned int ssd_grid(int64_t total) {
+  return static_cast<unsigned int>(total < (int64_t{1} << 30) ? total : (int64_t{1} << 30));
+}
+
+// ---- device helpers ----------------------------------------------------------------------
+__device__ __forceinline__ float ssd_exp(float v) { return expf(v); }
+__device__ __forceinline__ double ssd_exp(double v) { return exp(v); }
+__device__ __forceinline__ float ssd_fma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double ssd_fma(double a, double b, double c) { return fma(a, b, c); }
+
+// Four consecutive shared-memory values (16-byte aligned for float, 16 for double too).
+__device__ __forceinline__ void ssd_ld4(const float* p, float (&v)[4]) {
+  const float4 t = *reinterpret_cast<const float4*>(p);
+  v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+}
+__device__ __forceinline__ void ssd_ld4(const double* p, double (&v)[4]) {
+  const double2 t0 = reinterpret_cast<const double2*>(p)[0];
+  const double2 t1 = reinterpret_cast<const double2*>(p)[1];
+  v[0] = t0.x, v[1] = t0.y, v[2] = t1.x, v[3] = t1.y;
+}
+__device__ __forceinline__ void ssd_st4(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void ssd_st4(double* p, const double (&v)[4]) {
+  reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
+  reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
+}
+
+// acc[i][j] += Σ_{k < KSTEPS} a[k·lda + 4·ty + i] · b[k·ldb + 4·tx + j]: the thread's
+// 4 × 4 piece of a 64 × 64 tile product, both operands k-major in shared memory.
+template <int KSTEPS, typename Acc>
+__device__ __forceinline__ void ssd_mma(const Acc* __restrict__ a, int lda, const Acc* __restrict__ b,
+                                        int ldb, int ty, int tx, Acc (&acc)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < KSTEPS; ++k) {
+    Acc av[4], bv[4];
+    ssd_ld4(a + k * lda + 4 * ty, av);
+    ssd_ld4(b + k * ldb + 4 * tx, bv);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = ssd_fma(av[i], bv[j], acc[i][j]);
+  }
+}
+
+// dst[k·LD + m] = get(m, k) for k < KS, m < 64 (get does its own bounds checks and
+// returns 0 outside). KFAST: consecutive threads walk k, for sources contiguous in k;
+// otherwise they walk m.
+template <typename Acc, bool KFAST, typename Get>
+__device__ __forceinline__ void ssd_fill(Acc* dst, Get get) {
+  constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
+  constexpr int kPer = KS * kSsdTile / kSsdThreads;
+  static_assert(kPer * kSsdThreads == KS * kSsdTile, "tile must split evenly over threads");
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int e = static_cast<int>(threadIdx.x) + u * kSsdThreads;
+    const int k = KFAST ? e % KS : e / kSsdTile;
+    const int m = KFAST ? e / KS : e % kSsdTile;
+    dst[k * LD + m] = get(m, k);
+  }
+}
+
+// Compile-time choice between two register arrays (no runtime indexing).
+template <bool FIRST, typename A>
+__device__ __forceinline__ A& ssd_pick(A& first, A& second) {
+  if constexpr (FIRST)
+    return first;
+  else
+    return second;
+}
+
+// Sum over the 16 threads of a row group (tx = lane % 16): xor butterfly, so every lane
+// ends with the same bits (IEEE addition is commutative) and the order is fixed.
+template <typename Acc>
+__device__ __forceinline__ Acc ssd_sum16(Acc v) {
+#pragma unroll
+  for (int o = 8; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename Acc>
+__device__ __forceinline__ Acc ssd_sum32(Acc v) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- 1. chunk cumsum ---------------------------------------------------------------------
+template <typename T>
+struct SsdCumsumParams {
+  int64_t batch, seqlen, heads, chunk, nchunks, total_warps;
+  const T* dt;
+  int64_t dt_s[3];
+  const T* A;
+  int64_t A_s;
+  acc_t<T>* acs;  // [B, H, L]
+  acc_t<T>* dtf;  // [B, H, L]
+};
+
+// Warp per (b, h, c): Acs_q = Σ_{s ≤ q} dt_s·A_h in 32-wide segments (shuffle scan plus a
+// carry), in the order fixed by the chunk; also stores dt in Acc for the later kernels.
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsumParams<T> p) {
+  using Acc = acc_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32;
+       w < p.total_warps; w += warps_per_grid) {
+    const int64_t c = w % p.nchunks;
+    const int64_t bh = w / p.nchunks;
+    const int64_t h = bh % p.heads, b = bh / p.heads;
+    const int64_t t0 = c * p.chunk;
+    const int64_t len = min(p.chunk, p.seqlen - t0);
+    const Acc a_h = to_acc(p.A[h * p.A_s]);
+    const T* dt = p.dt + b * p.dt_s[0] + h * p.dt_s[2];
+    Acc* acs = p.acs + bh * p.seqlen + t0;
+    Acc* dtf = p.dtf + bh * p.seqlen + t0;
+    Acc carry = 0;
+    for (int64_t base = 0; base < len; base += 32) {
+      const int64_t i = base + lane;
+      const Acc d = i < len ? to_acc(dt[(t0 + i) * p.dt_s[1]]) : Acc(0);
+      Acc v = d * a_h;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const Acc u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+      }
+      if (i < len) {
+        acs[i] = carry + v;
+        dtf[i] = d;
+      }
+      carry += __shfl_sync(0xffffffffu, v, 31);
+    }
+  }
+}
+
+// ---- 2. chunk state (and the backward's local dstate) ------------------------------------
+template <typename T>
+struct SsdStateParams {
+  int64_t batch, seqlen, heads, hpg, chunk, nchunks, D, N, total_blocks;
+  int d_tiles, n_tiles;
+  SsdOperand<T> xo;  // x (forward) or dy (backward), per head, [.., D]
+  SsdOperand<T> yo;  // B (forward) or C (backward), per group, [.., N]
+  const acc_t<T>* acs;
+  const acc_t<T>* dtf;
+  acc_t<T>* out;  // [B, H, nc, D, N]
+};
+
+// out[d, n] = Σ_s w_s · X_s[d] · Y_s[n] over the chunk's positions, a 64 × 64 tile per
+// block with K = positions:
+//   forward (DSTATE = false): X = x, Y = B, w_s = exp(Acs_last − Acs_s)·dt_s  → S_c
+//   backward (DSTATE = true): X = dy, Y = C, w_s = exp(Acs_s)   → Σ_q exp(Acs_q)·dy_q ⊗ C_q
+template <typename T, bool DSTATE>
+__global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(const SsdStateParams<T> p) {
+  using Acc = acc_t<T>;
+  constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
+  __shared__ __align__(16) Acc sA[KS * LD];
+  __shared__ __align__(16) Acc sB[KS * LD];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int64_t rest = vb;
+    const int nt = static_cast<int>(rest % p.n_tiles);
+    rest /= p.n_tiles;
+    const int dtl = static_cast<int>(rest % p.d_tiles);
+    rest /= p.d_tiles;
+    const int64_t c = rest % p.nchunks;
+    rest /= p.nchunks;
+    const int64_t h = rest % p.heads, b = rest / p.heads;
+    const int64_t g = h / p.hpg, bh = b * p.heads + h;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const int d0 = dtl * kSsdTile, n0 = nt * kSsdTile;
+    const Acc* acs = p.acs + bh * p.seqlen + t0;
+    const Acc* dtf = p.dtf + bh * p.seqlen + t0;
+    const Acc acs_last = acs[len - 1];
+    const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2];
+    const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2];
+    Acc acc[4][4] = {};
+    for (int s0 = 0; s0 < len; s0 += KS) {
+      __syncthreads();  // the previous step (or virtual block) is done with sA/sB
+      ssd_fill<Acc, false>(sA, [&](int m, int k) -> Acc {
+        const int s = s0 + k, d = d0 + m;
+        if (s >= len || d >= p.D) return Acc(0);
+        const Acc w = DSTATE ? ssd_exp(acs[s]) : ssd_exp(acs_last - acs[s]) * dtf[s];
+        return w * to_acc(X[s * p.xo.s[1] + d * p.xo.s[3]]);
+      });
+      ssd_fill<Acc, false>(sB, [&](int m, int k) -> Acc {
+        const int s = s0 + k, n = n0 + m;
+        if (s >= len || n >= p.N) return Acc(0);
+        return to_acc(Y[s * p.yo.s[1] + n * p.yo.s[3]]);
+      });
+      __syncthreads();
+      ssd_mma<KS>(sA, LD, sB, LD, ty, tx, acc);
+    }
+    Acc* out = p.out + (bh * p.nchunks + c) * p.D * p.N;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int d = d0 + 4 * ty + i;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = n0 + 4 * tx + j;
+        if (d < p.D && n < p.N) out[static_cast<int64_t>(d) * p.N + n] = acc[i][j];
+      }
+    }
+  }
+}
+
+// ---- 3. state passing --------------------------------------------------------------------
+template <typename Acc>
+struct SsdPassParams {
+  int64_t batch, heads, seqlen, chunk, nchunks, dn, kblocks, total_blocks;
+  const Acc* acs;
+  Acc* states;         // [B, H, nc, D·N]: S_c in, H_c out (forward pass)
+  Acc* gstates;        // [B, H, nc, D·N]: local dstate in, Gn_c out (backward pass)
+  Acc* kpart;          // [B, H, nc, kblocks]
+};
+
+// Forward: per (b, h) and element e of D·N, sequentially over c:
+//   H_0 = 0; H_{c+1} = exp(Acs_last(c))·H_c + S_c, storing H_c where S_c was.
+template <typename Acc>
+__global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPassParams<Acc> p) {
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const int64_t bh = vb / p.kblocks;
+    const int64_t e = (vb % p.kblocks) * kSsdThreads + threadIdx.x;
+    if (e >= p.dn) continue;  // no barriers in this kernel
+    const Acc* acs = p.acs + bh * p.seqlen;
+    Acc* st = p.states + bh * p.nchunks * p.dn + e;
+    Acc run = 0;
+    for (int64_t c = 0; c < p.nchunks; ++c) {
+      const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
+      const Acc s = st[c * p.dn];
+      st[c * p.dn] = run;
+      run = ssd_exp(acs[last]) * run + s;
+    }
+  }
+}
+
+// Backward: per (b, h) and element e, from the last chunk down:
+//   G_nc = 0; Gn_c = G_{c+1} (stored where the local dstate was);
+//   G_c = local_c + exp(Acs_last(c))·G_{c+1};
+// and kpart[b,h,c,block] = Σ_{e in block} G_{c+1}[e]·H_{c+1}[e] (0 for the last chunk),
+// reduced over the block in a fixed tree.
+template <typename Acc>
+__global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
+  __shared__ Acc red[kSsdThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const int64_t bh = vb / p.kblocks, kb = vb % p.kblocks;
+    const int64_t e = kb * kSsdThreads + threadIdx.x;
+    const bool ok = e < p.dn;
+    const Acc* acs = p.acs + bh * p.seqlen;
+    Acc* gs = p.gstates + bh * p.nchunks * p.dn + e;
+    const Acc* hs = p.states + bh * p.nchunks * p.dn + e;
+    Acc run = 0;  // G_{c+1}
+    for (int64_t c = p.nchunks - 1; c >= 0; --c) {
+      Acc kd = 0;
+      Acc local = 0;
+      if (ok) {
+        local = gs[c * p.dn];
+        gs[c * p.dn] = run;
+        if (c + 1 < p.nchunks) kd = run * hs[(c + 1) * p.dn];
+      }
+      kd = ssd_sum32(kd);
+      __syncthreads();  // the previous chunk's read of red[] is done
+      if (lane == 0) red[warp] = kd;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        Acc t = 0;
+#pragma unroll
+        for (int i = 0; i < kSsdThreads / 32; ++i) t += red[i];
+        p.kpart[(bh * p.nchunks + c) * p.kblocks + kb] = t;
+      }
+      const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
+      run = local + ssd_exp(acs[last]) * run;
+    }
+  }
+}
+
+// ---- 4. the chunk scan products ----------------------------------------------------------
+template <typename T>
+struct SsdScanParams {
+  int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
+  int K1, J;  // contraction length of Lft (N for Y/DX, D for DC/DB); output columns
+  int r_tiles, j_tiles;
+  SsdOperand<T> lft, rgt, val, dot;
+  const acc_t<T>* state;  // [B, H, nc, D, N]: H_c (Y, DC) or Gn_c (DX, DB)
+  int64_t state_sk, state_sj;
+  const acc_t<T>* acs;
+  const acc_t<T>* dtf;
+  T* out;           // dense [B, L, H or G, J]
+  acc_t<T>* part;   // [B, H, L, j_tiles] row-dot partials (DX: x·dxpre, DC: C·dC^(h))
+};
+
+template <typename T, int MODE>
+__global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanParams<T> p) {
+  using Acc = acc_t<T>;
+  constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
+  constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;     // causal partners c ≥ r
+  constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;   // per group, sum over heads
+  constexpr bool kStateKFast = MODE == kSsdY || MODE == kSsdDX;  // S(k, j) = state[j·N + k]
+  constexpr bool kRowDot = MODE == kSsdDX || MODE == kSsdDC;
+  constexpr bool kHeadAcc = MODE == kSsdDC;  // the row dot needs this head's share alone
+  __shared__ __align__(16) Acc sA[KS * LD];          // Lft tile, k-major
+  __shared__ __align__(16) Acc sB[KS * LD];          // S, Rgt or V tile, k-major
+  __shared__ __align__(16) Acc sP[kSsdTile * kSsdTile];  // P(r, c) stored at [c][r]
+  __shared__ Acc sRowAcs[kSsdTile], sRowDt[kSsdTile], sRowScale[kSsdTile];
+  __shared__ Acc sColAcs[kSsdTile], sColDt[kSsdTile];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t n_hg = kMulti ? p.groups : p.heads;
+
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int64_t rest = vb;
+    const int jt = static_cast<int>(rest % p.j_tiles);
+    rest /= p.j_tiles;
+    const int rt = static_cast<int>(rest % p.r_tiles);
+    rest /= p.r_tiles;
+    const int64_t c = rest % p.nchunks;
+    rest /= p.nchunks;
+    const int64_t hg = rest % n_hg, b = rest / n_hg;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const int r0 = rt * kSsdTile, j0 = jt * kSsdTile;
+    if (r0 >= len) continue;  // a row tile past the end of the last (short) chunk
+    const int n_ct = (len + kSsdTile - 1) / kSsdTile;
+    const int ct_begin = kRev ? rt : 0, ct_end = kRev ? n_ct : rt + 1;
+    const int64_t g = kMulti ? hg : hg / p.hpg;
+    const int nh = kMulti ? static_cast<int>(p.hpg) : 1;
+
+    // acc: the block's output tile. DC accumulates each head into accH first (for the
+    // head's own dy·y row dot) and adds it to acc; the other modes accumulate into acc.
+    Acc acc[4][4], accH[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = 0;
+    Acc(&hacc)[4][4] = ssd_pick<kHeadAcc>(accH, acc);
+
+    for (int hi = 0; hi < nh; ++hi) {  // the group's heads in order (one head for Y/DX)
+      const int64_t h = kMulti ? hg * p.hpg + hi : hg;
+      const int64_t bh = b * p.heads + h;
+      const Acc* acs = p.acs + bh * p.seqlen + t0;
+      const Acc* dtf = p.dtf + bh * p.seqlen + t0;
+      const Acc acs_last = acs[len - 1];
+      auto base = [&](const SsdOperand<T>& o) {
+        return o.p + b * o.s[0] + t0 * o.s[1] + (o.per_head ? h : g) * o.s[2];
+      };
+      const T* lft = base(p.lft);
+      const T* rgt = base(p.rgt);
+      const T* val = base(p.val);
+      const Acc* st = p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.K1) * p.J;
+
+      __syncthreads();  // the previous head / virtual block is done with all shared memory
+      if (threadIdx.x < kSsdTile) {
+        const int r = r0 + threadIdx.x;
+        const bool ok = r < len;
+        const Acc ar = ok ? acs[r] : Acc(0);
+        const Acc dr = ok ? dtf[r] : Acc(0);
+        sRowAcs[threadIdx.x] = ar;
+        sRowDt[threadIdx.x] = dr;
+        Acc scale = kRev ? ssd_exp(acs_last - ar) : ssd_exp(ar);
+        if (MODE == kSsdDB) scale *= dr;
+        sRowScale[threadIdx.x] = ok ? scale : Acc(0);
+      }
+      __syncthreads();  // row data visible (also when K1 == 0 skips the loop below)
+      // Lft(r, k) for the tile's rows, times rs_r when SCALED; 0 outside the chunk and
+      // past K1.
+      auto get_lft = [&](int k0, auto scaled) {
+        return [&, k0](int m, int k) -> Acc {
+          const int r = r0 + m, kk = k0 + k;
+          if (r >= len || kk >= p.K1) return Acc(0);
+          const Acc v = to_acc(lft[static_cast<int64_t>(r) * p.lft.s[1] + kk * p.lft.s[3]]);
+          return decltype(scaled)::value ? v * sRowScale[m] : v;
+        };
+      };
+      if constexpr (kHeadAcc) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) accH[i][j] = 0;
+      }
+
+      // (a) inter-chunk term: hacc += (diag(rs) · Lft) · S, K = K1.
+      for (int k0 = 0; k0 < p.K1; k0 += KS) {
+        __syncthreads();
+        ssd_fill<Acc, true>(sA, get_lft(k0, std::true_type{}));
+        ssd_fill<Acc, kStateKFast>(sB, [&](int m, int k) -> Acc {
+          const int kk = k0 + k, j = j0 + m;
+          if (kk >= p.K1 || j >= p.J) return Acc(0);
+          return st[kk * p.state_sk + j * p.state_sj];
+        });
+        __syncthreads();
+        ssd_mma<KS>(sA, LD, sB, LD, ty, tx, hacc);
+      }
+
+      // (b) intra-chunk term over the causal column tiles:
+      //     P(r, c) = (Σ_k Lft(r,k)·Rgt(c,k)) · dec(r, c), masked; hacc += P · V.
+      for (int ct = ct_begin; ct < ct_end; ++ct) {
+        const int c0 = ct * kSsdTile;
+        __syncthreads();  // previous P·V is done with sColAcs/sColDt/sP/sB
+        if (threadIdx.x < kSsdTile) {
+          const int cc = c0 + threadIdx.x;
+          sColAcs[threadIdx.x] = cc < len ? acs[cc] : Acc(0);
+          sColDt[threadIdx.x] = cc < len ? dtf[cc] : Acc(0);
+        }
+        Acc accP[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) accP[i][j] = 0;
+        for (int k0 = 0; k0 < p.K1; k0 += KS) {
+          if (k0 > 0) __syncthreads();
+          ssd_fill<Acc, true>(sA, get_lft(k0, std::false_type{}));
+          ssd_fill<Acc, true>(sB, [&](int m, int k) -> Acc {
+            const int cc = c0 + m, kk = k0 + k;
+            if (cc >= len || kk >= p.K1) return Acc(0);
+            return to_acc(rgt[static_cast<int64_t>(cc) * p.rgt.s[1] + kk * p.rgt.s[3]]);
+          });
+          __syncthreads();
+          ssd_mma<KS>(sA, LD, sB, LD, ty, tx, accP);
+        }
+        __syncthreads();  // sColAcs/sColDt visible even when K1 == 0
+        // Decay and causal mask; P is stored transposed (sP[c][r]) so that it is the
+        // k-major left operand of P · V. Masked entries are set, not multiplied, to 0.
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int cl = 4 * tx + j, cg = c0 + cl;
+          Acc col[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int rl = 4 * ty + i, rg = r0 + rl;
+            const bool causal = kRev ? cg >= rg : cg <= rg;
+            Acc v = 0;
+            if (causal && rg < len && cg < len) {
+              if (kRev) {
+                v = accP[i][j] * ssd_exp(sColAcs[cl] - sRowAcs[rl]);
+                if (MODE == kSsdDB) v *= sRowDt[rl];
+              } else {
+                v = accP[i][j] * (ssd_exp(sRowAcs[rl] - sColAcs[cl]) * sColDt[cl]);
+              }
+            }
+            col[i] = v;
+          }
+          ssd_st4(sP + cl * kSsdTile + 4 * ty, col);
+        }
+        for (int k0 = 0; k0 < kSsdTile; k0 += KS) {
+          __syncthreads();  // sP written / previous V tile consumed
+          ssd_fill<Acc, false>(sB, [&](int m, int k) -> Acc {
+            const int cc = c0 + k0 + k, j = j0 + m;
+            if (cc >= len || j >= p.J) return Acc(0);
+            return to_acc(val[static_cast<int64_t>(cc) * p.val.s[1] + j * p.val.s[3]]);
+          });
+          __syncthreads();
+          ssd_mma<KS>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, hacc);
+        }
+      }
+
+      // (c) per-head row dot over this column tile, reduced over the 16 threads of the
+      //     row: DX: Σ_j x(r,j)·dxpre(r,j);  DC: Σ_j C(r,j)·dC^(h)(r,j) = dy_r·y_r.
+      if constexpr (kRowDot) {
+        const T* dot = base(p.dot);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int rg = r0 + 4 * ty + i;
+          Acc sdot = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int jg = j0 + 4 * tx + j;
+            if (rg < len && jg < p.J)
+              sdot += to_acc(dot[static_cast<int64_t>(rg) * p.dot.s[1] + jg * p.dot.s[3]]) * hacc[i][j];
+          }
+          sdot = ssd_sum16(sdot);
+          if (tx == 0 && rg < len) p.part[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = sdot;
+        }
+      }
+      if constexpr (kHeadAcc) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] += accH[i][j];
+      }
+    }
+
+    // Epilogue: DX scales by dt_r (dx = dt·dxpre); sRowDt still holds the only head's dt.
+    const int64_t n_out = kMulti ? p.groups : p.heads;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int rl = 4 * ty + i, rg = r0 + rl;
+      if (rg >= len) continue;
+      const Acc rscale = MODE == kSsdDX ? sRowDt[rl] : Acc(1);
+      T* orow = p.out + ((b * p.seqlen + t0 + rg) * n_out + hg) * p.J;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int jg = j0 + 4 * tx + j;
+        if (jg < p.J) orow[jg] = from_acc<T>(MODE == kSsdDX ? acc[i][j] * rscale : acc[i][j]);
+      }
+    }
+  }
+}
+
+// ---- 5. backward finalize ----------------------------------------------------------------
+template <typename T>
+struct SsdFinalizeParams {
+  int64_t batch, seqlen, heads, chunk, nchunks, total_warps;
+  int64_t kblocks, d_tiles, n_tiles;
+  const T* A;
+  int64_t A_s;
+  const acc_t<T>* acs;
+  const acc_t<T>* dtf;
+  const acc_t<T>* kpart;
+  const acc_t<T>* ddtp;
+  const acc_t<T>* dyyp;
+  acc_t<T>* dap;  // [H, B·nc]
+  T* ddt;         // dense [B, L, H]
+};
+
+// Warp per (b, h, c):
+//   dAcs_q = dy_q·y_q − dt_q·ddt_q(direct) + [q == last]·K_c,  K_c = ⟨G_{c+1}, H_{c+1}⟩
+//   da_s = Σ_{q ≥ s} dAcs_q (from the chunk's end in 32-wide segments)
+//   ddt_s = ddt_s(direct) + A_h·da_s,  dap[h, b·nc + c] = Σ_s dt_s·da_s
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFinalizeParams<T> p) {
+  using Acc = acc_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32;
+       w < p.total_warps; w += warps_per_grid) {
+    const int64_t c = w % p.nchunks;
+    const int64_t bh = w / p.nchunks;
+    const int64_t h = bh % p.heads, b = bh / p.heads;
+    const int64_t t0 = c * p.chunk;
+    const int64_t len = min(p.chunk, p.seqlen - t0);
+    const Acc a_h = to_acc(p.A[h * p.A_s]);
+    Acc kc = 0;
+    for (int64_t i = lane; i < p.kblocks; i += 32) kc += p.kpart[(bh * p.nchunks + c) * p.kblocks + i];
+    kc = ssd_sum32(kc);
+    const int64_t row0 = bh * p.seqlen + t0;
+    Acc carry = 0, da_dt = 0;
+    for (int64_t base = (len - 1) / 32 * 32; base >= 0; base -= 32) {
+      const int64_t i = base + lane;
+      Acc v = 0, direct = 0, dti = 0;
+      if (i < len) {
+        Acc dyy = 0;
+        for (int64_t k = 0; k < p.n_tiles; ++k) dyy += p.dyyp[(row0 + i) * p.n_tiles + k];
+        for (int64_t k = 0; k < p.d_tiles; ++k) direct += p.ddtp[(row0 + i) * p.d_tiles + k];
+        dti = p.dtf[row0 + i];
+        v = dyy - dti * direct + (i == len - 1 ? kc : Acc(0));
+      }
+      // suffix sum inside the segment
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const Acc u = __shfl_down_sync(0xffffffffu, v, o);
+        if (lane + o < 32) v += u;
+      }
+      const Acc da = carry + v;
+      if (i < len) {
+        p.ddt[(b * p.seqlen + t0 + i) * p.heads + h] = from_acc<T>(direct + a_h * da);
+        da_dt += dti * da;
+      }
+      carry += __shfl_sync(0xffffffffu, v, 0);
+    }
+    da_dt = ssd_sum32(da_dt);
+    if (lane == 0) p.dap[h * (p.batch * p.nchunks) + b * p.nchunks + c] = da_dt;
+  }
+}
+
+// Warp per head: dA_h = Σ_{b, c} dap[h, b·nc + c] (lane-strided, then a fixed tree).
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_dA_kernel(const acc_t<T>* dap, int64_t heads,
+                                                             int64_t per_head, T* dA) {
+  using Acc = acc_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
+  for (int64_t h = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32;
+       h < heads; h += warps_per_grid) {
+    Acc s = 0;
+    for (int64_t i = lane; i < per_head; i += 32) s += dap[h * per_head + i];
+    s = ssd_sum32(s);
+    if (lane == 0) dA[h] = from_acc<T>(s);
+  }
+}
+
+// ---- launch helpers ----------------------------------------------------------------------
+// Throws if the problem breaks the kernels' index assumptions (the plan rejects these
+// first): positions inside a chunk and tile indices are int32.
+inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) {
+  const char* op = backward ? "ssd_chunk_scan_backward" : "ssd_chunk_scan";
+  if (l.chunk_size < 1) fail(PlanErrorKind::Internal, op, "chunk_size must be >= 1");
+  if (l.seqlen >= (int64_t{1} << 31) - kSsdTile)
+    fail(PlanErrorKind::Unsupported, op, "seqlen must be < 2^31 - 64 on CUDA");
+  if (l.head_dim > (1 << 20) || l.state_dim > (1 << 20))
+    fail(PlanErrorKind::Unsupported, op, "head_dim and state_dim must be <= 2^20 on CUDA");
+  if (l.groups < 1 || l.heads % l.groups != 0)
+    fail(PlanErrorKind::Internal, op, "heads must be a multiple of groups");
+  const SsdWorkspace w = ssd_workspace_layout(l, backward);
+  if (w.total > 0 && (l.workspace == nullptr || l.workspace_bytes < w.total))
+    fail(PlanErrorKind::Internal, op, "workspace too small");
+}
+
+template <typename T>
+void ssd_launch_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdCumsumParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.chunk = l.chunk_size;
+  p.nchunks = l.nchunks();
+  p.total_warps = l.batch * l.heads * p.nchunks;
+  p.dt = static_cast<const T*>(l.dt);
+  for (int i = 0; i < 3; ++i) p.dt_s[i] = l.dt_stride[i];
+  p.A = static_cast<const T*>(l.A);
+  p.A_s = l.A_stride;
+  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  if (p.total_warps == 0) return;
+  ssd_cumsum_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
+  check_launch("ssd_chunk_scan(cumsum)");
+}
+
+// DSTATE = false: S_c from (x, B) into `states`; true: local dstate from (dy, C) into `gstates`.
+template <typename T, bool DSTATE>
+void ssd_launch_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdStateParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups;
+  p.chunk = l.chunk_size, p.nchunks = l.nchunks(), p.D = l.head_dim, p.N = l.state_dim;
+  p.d_tiles = static_cast<int>(w.d_tiles), p.n_tiles = static_cast<int>(w.n_tiles);
+  p.total_blocks = l.batch * l.heads * p.nchunks * p.d_tiles * p.n_tiles;
+  p.xo = ssd_operand<T>(DSTATE ? l.dy : l.x, DSTATE ? l.dy_stride : l.x_stride, true);
+  p.yo = ssd_operand<T>(DSTATE ? l.C : l.B, DSTATE ? l.C_stride : l.B_stride, false);
+  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.out = ssd_ws<Acc>(l, DSTATE ? w.gstates : w.states);
+  if (p.total_blocks == 0) return;
+  ssd_chunk_state_kernel<T, DSTATE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  check_launch(DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)");
+}
+
+template <typename T, bool BW>
+void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdPassParams<Acc> p;
+  p.batch = l.batch, p.heads = l.heads, p.seqlen = l.seqlen, p.chunk = l.chunk_size;
+  p.nchunks = l.nchunks(), p.dn = l.head_dim * l.state_dim, p.kblocks = w.kblocks;
+  p.total_blocks = l.batch * l.heads * p.kblocks;
+  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.states = ssd_ws<Acc>(l, w.states);
+  p.gstates = BW ? ssd_ws<Acc>(l, w.gstates) : nullptr;
+  p.kpart = BW ? ssd_ws<Acc>(l, w.kpart) : nullptr;
+  if (p.total_blocks == 0 || p.nchunks == 0) return;
+  if (BW) {
+    ssd_state_pass_bwd_kernel<Acc><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+    check_launch("ssd_chunk_scan_backward(state_pass)");
+  } else {
+    ssd_state_pass_kernel<Acc><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+    check_launch("ssd_chunk_scan(state_pass)");
+  }
+}
+
+template <typename T, int MODE>
+void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;
+  const bool y_like = MODE == kSsdY || MODE == kSsdDX;
+  SsdScanParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups;
+  p.hpg = l.heads / l.groups, p.chunk = l.chunk_size, p.nchunks = l.nchunks();
+  p.K1 = static_cast<int>(y_like ? l.state_dim : l.head_dim);
+  p.J = static_cast<int>(y_like ? l.head_dim : l.state_dim);
+  const int64_t qe = l.chunk_size < l.seqlen ? l.chunk_size : l.seqlen;  // longest chunk
+  p.r_tiles = static_cast<int>((qe + kSsdTile - 1) / kSsdTile);
+  p.j_tiles = static_cast<int>((p.J + kSsdTile - 1) / kSsdTile);
+  p.total_blocks = l.batch * (kMulti ? l.groups : l.heads) * p.nchunks * p.r_tiles * p.j_tiles;
+  const SsdOperand<T> x = ssd_operand<T>(l.x, l.x_stride, true);
+  const SsdOperand<T> dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  const SsdOperand<T> Bo = ssd_operand<T>(l.B, l.B_stride, false);
+  const SsdOperand<T> Co = ssd_operand<T>(l.C, l.C_stride, false);
+  // state[d·N + n]: S(k = n, j = d) for Y/DX, S(k = d, j = n) for DC/DB
+  p.state_sk = y_like ? 1 : l.state_dim;
+  p.state_sj = y_like ? l.state_dim : 1;
+  p.state = ssd_ws<Acc>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
+  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.part = nullptr;
+  switch (MODE) {
+    case kSsdY:
+      p.lft = Co, p.rgt = Bo, p.val = x, p.dot = x;
+      p.out = static_cast<T*>(l.y);
+      break;
+    case kSsdDX:
+      p.lft = Bo, p.rgt = Co, p.val = dy, p.dot = x;
+      p.out = static_cast<T*>(l.dx);
+      p.part = ssd_ws<Acc>(l, w.ddtp);
+      break;
+    case kSsdDC:
+      p.lft = dy, p.rgt = x, p.val = Bo, p.dot = Co;
+      p.out = static_cast<T*>(l.dC);
+      p.part = ssd_ws<Acc>(l, w.dyyp);
+      break;
+    default:  // kSsdDB
+      p.lft = x, p.rgt = dy, p.val = Co, p.dot = Co;
+      p.out = static_cast<T*>(l.dB);
+      break;
+  }
+  if (p.total_blocks == 0) return;
+  ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  check_launch(MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)");
+}
+
+template <typename T>
+void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdFinalizeParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.chunk = l.chunk_size;
+  p.nchunks = l.nchunks();
+  p.total_warps = l.batch * l.heads * p.nchunks;
+  p.kblocks = w.kblocks, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
+  p.A = static_cast<const T*>(l.A);
+  p.A_s = l.A_stride;
+  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.kpart = ssd_ws<Acc>(l, w.kpart);
+  p.ddtp = ssd_ws<Acc>(l, w.ddtp);
+  p.dyyp = ssd_ws<Acc>(l, w.dyyp);
+  p.dap = ssd_ws<Acc>(l, w.dap);
+  p.ddt = static_cast<T*>(l.ddt);
+  if (p.total_warps > 0) {
+    ssd_finalize_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
+    check_launch("ssd_chunk_scan_backward(finalize)");
+  }
+  if (l.heads > 0) {  // also when B·L == 0: dA is then written as zeros
+    ssd_dA_kernel<T><<<ssd_grid((l.heads + 7) / 8), kSsdThreads, 0, stream>>>(
+        p.dap, l.heads, l.batch * p.nchunks, static_cast<T*>(l.dA));
+    check_launch("ssd_chunk_scan_backward(dA)");
+  }
+}
+
+}  // namespace baracuda::kernels::cuda
