@@ -13,10 +13,17 @@
 //   dx_s    = dt_s · dxpre_s,   ddt_s(direct) = x_s · dxpre_s
 //   dC_q    = Σ_{h∈g} [ exp(Acs_q)·H_cᵀ·dy_q + Σ_{s ≤ q} (dy_q·x_s)·exp(Acs_q − Acs_s)·dt_s·B_s ]
 //   dB_s    = Σ_{h∈g} dt_s·[ exp(Acs_last − Acs_s)·Gnᵀ·x_s + Σ_{q ≥ s} (x_s·dy_q)·exp(Acs_q − Acs_s)·C_q ]
-//   dAcs_q  = dy_q·y_q − dt_q·ddt_q(direct) + [q == last]·⟨G_{c+1}, H_{c+1}⟩
-//             (dy_q·y_q = C_q · dC_q^(h), the head's own share of dC_q; the last term is
-//             d/dAcs_last of ⟨Gn, H_{c+1}⟩, every term of H_{c+1} being ∝ exp(Acs_last))
-//   da_s    = Σ_{q ≥ s} dAcs_q,  ddt_s = ddt_s(direct) + A_h·da_s,  dA_h = Σ_{b,c,s} dt_s·da_s
+//   da_s    = dL/da_s, in the cancellation-free ("stable") form
+//           = X_s + Σ_{q ≥ s} U_q + Σ_{s' < s} V_{s'} + W,  with
+//     T_qs' = (C_q·B_s')·(dy_q·x_s')·exp(Acs_q − Acs_s')·dt_s'   (s' < q)
+//     X_s   = Σ_{q ≥ s} Σ_{s' < s} T_qs'          (the intra-chunk pairs that cross s)
+//     U_q   = exp(Acs_q)·dy_q·(H_c·C_q)           (dy·y, inter-chunk part)
+//     V_s   = dt_s·x_s·(exp(Acs_last − Acs_s)·Gn·B_s)   (x·dx, inter-chunk part)
+//     W     = exp(Acs_last)·⟨Gn, H_c⟩
+//   ddt_s   = ddt_s(direct) + A_h·da_s,   dA_h = Σ_{b,c,s} dt_s·da_s
+//   (The textbook route, dAcs_q = dy_q·y_q − x_q·dx_q + [q = last]·⟨Gn, H_{c+1}⟩ followed
+//   by a reverse cumsum, is equal but subtracts O(Q²) terms that cancel; in float32 it
+//   lost ~100 ulps of dA at Q = 100. Every sum above adds each pair once.)
 // These were checked in float64 against autograd of the sequential recurrence.
 //
 // Kernels (all grid-stride over "virtual blocks", so any size fits the grid limits):
@@ -25,11 +32,12 @@
 //                           dstate Σ_q exp(Acs_q)·dy_q ⊗ C_q (backward); K = positions
 //   ssd_state_pass_kernel   per (b,h) and 256 (d,n) elements: S_c → H_c in place
 //   ssd_state_pass_bwd_kernel  reverse: local dstate_c → Gn_c in place, and per-block
-//                           partials of ⟨G_{c+1}, H_{c+1}⟩
-//   ssd_scan_kernel<MODE>   64 rows × 64 columns of one chunk; MODE Y (y), DX (dx and
-//                           ddt partials), DC (dC and dy·y partials), DB (dB); DC and DB
-//                           loop over the group's heads inside the block
-//   ssd_finalize_kernel     warp per (b,h,c): dAcs, reverse cumsum, ddt, dA partials
+//                           partials of ⟨Gn_c, H_c⟩
+//   ssd_scan_kernel<MODE>   64 rows × 64 columns of one chunk; MODE Y (y), DX (dx, and
+//                           partials of ddt(direct) and V), DC (dC, partials of U), DB
+//                           (dB); DC and DB loop over the group's heads inside the block
+//   ssd_dacs_kernel         block per (b,h,c): X_s from 64×64 tiles of T
+//   ssd_finalize_kernel     warp per (b,h,c): da, ddt, dA partials
 //   ssd_dA_kernel           warp per h: fixed-order sum of the dA partials
 //
 // Determinism: no atomics. Every output element and every workspace partial is written
@@ -89,17 +97,29 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 }
 
 // ---- workspace ---------------------------------------------------------------------------
-// Buffers, in Acc (float, or double for float64 inputs), each 256-byte aligned:
-//   acs, dtf  [B, H, L]            chunk-local cumsum of dt·A, and dt converted
+// Buffers, in Acc (float, or double for float64 inputs) except acs (always double), each
+// 256-byte aligned:
+//   acs       [B, H, L] double     chunk-local cumsum of dt·A. Double because every decay
+//                                  is exp of a difference Acs_q − Acs_s of two cumsums
+//                                  that grow with the chunk: in float32 that difference
+//                                  alone cost ~1e-6 relative error in y at Q = 100-256
+//                                  (the sequential recurrence in float32: ~2e-7).
+//   dtf       [B, H, L]            dt converted
 //   states    [B, H, nc, D, N]     S_c, then (in place) H_c, the state entering chunk c
 // backward only:
 //   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1}
-//   kpart     [B, H, nc, ⌈D·N/256⌉] partials of ⟨G_{c+1}, H_{c+1}⟩
+//   kpart     [B, H, nc, ⌈D·N/256⌉] partials of ⟨Gn_c, H_c⟩ (→ W)
 //   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
-//   dyyp      [B, H, L, ⌈N/64⌉]     partials of dy·y = C·dC^(h) per 64-column tile
+//   vp        [B, H, L, ⌈D/64⌉]     partials of x·dxpre(inter-chunk part) (→ V)
+//   up        [B, H, L, ⌈N/64⌉]     partials of U per 64-column tile
+//   xs        [B, H, L]            X_s
 //   dap       [H, B·nc]            dA partials per (b, c)
+// Size: 8·B·H·L bytes (acs) plus, in Acc elements, (1 + 3·⌈D/64⌉ + ⌈N/64⌉ + 1)·B·H·L
+// + 2·B·H·nc·D·N + B·H·nc·(⌈D·N/256⌉ + 1), each buffer rounded up to 256 bytes; the
+// forward needs acs, dtf and states only.
 struct SsdWorkspace {
-  size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, dyyp = 0, dap = 0;
+  size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
+         xs = 0, dap = 0;
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
 };
@@ -114,19 +134,21 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   w.d_tiles = (l.head_dim + kSsdTile - 1) / kSsdTile;
   w.n_tiles = (l.state_dim + kSsdTile - 1) / kSsdTile;
   size_t off = 0;
-  auto take = [&](int64_t elems) {
+  auto take = [&](int64_t elems, size_t bytes_per = 0) {
     const size_t at = off;
-    off += (static_cast<size_t>(elems) * esz + 255) / 256 * 256;
+    off += (static_cast<size_t>(elems) * (bytes_per ? bytes_per : esz) + 255) / 256 * 256;
     return at;
   };
-  w.acs = take(bh * l.seqlen);
+  w.acs = take(bh * l.seqlen, sizeof(double));
   w.dtf = take(bh * l.seqlen);
   w.states = take(bh * nc * dn);
   if (backward) {
     w.gstates = take(bh * nc * dn);
     w.kpart = take(bh * nc * w.kblocks);
     w.ddtp = take(bh * l.seqlen * w.d_tiles);
-    w.dyyp = take(bh * l.seqlen * w.n_tiles);
+    w.vp = take(bh * l.seqlen * w.d_tiles);
+    w.up = take(bh * l.seqlen * w.n_tiles);
+    w.xs = take(bh * l.seqlen);
     w.dap = take(l.heads * l.batch * nc);
   }
   w.total = off;
@@ -148,6 +170,11 @@ __device__ __forceinline__ float ssd_exp(float v) { return expf(v); }
 __device__ __forceinline__ double ssd_exp(double v) { return exp(v); }
 __device__ __forceinline__ float ssd_fma(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ double ssd_fma(double a, double b, double c) { return fma(a, b, c); }
+// exp of a cumsum, or of a difference of two (computed in double), evaluated in Acc.
+template <typename Acc>
+__device__ __forceinline__ Acc ssd_decay(double v) {
+  return ssd_exp(static_cast<Acc>(v));
+}
 
 // Four consecutive shared-memory values (16-byte aligned for float, 16 for double too).
 __device__ __forceinline__ void ssd_ld4(const float* p, float (&v)[4]) {
@@ -233,12 +260,13 @@ struct SsdCumsumParams {
   int64_t dt_s[3];
   const T* A;
   int64_t A_s;
-  acc_t<T>* acs;  // [B, H, L]
+  double* acs;    // [B, H, L]
   acc_t<T>* dtf;  // [B, H, L]
 };
 
-// Warp per (b, h, c): Acs_q = Σ_{s ≤ q} dt_s·A_h in 32-wide segments (shuffle scan plus a
-// carry), in the order fixed by the chunk; also stores dt in Acc for the later kernels.
+// Warp per (b, h, c): Acs_q = Σ_{s ≤ q} dt_s·A_h in double, in 32-wide segments (shuffle
+// scan plus a carry), in the order fixed by the chunk; also stores dt in Acc for the
+// later kernels.
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsumParams<T> p) {
   using Acc = acc_t<T>;
@@ -251,18 +279,18 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
     const int64_t h = bh % p.heads, b = bh / p.heads;
     const int64_t t0 = c * p.chunk;
     const int64_t len = min(p.chunk, p.seqlen - t0);
-    const Acc a_h = to_acc(p.A[h * p.A_s]);
+    const double a_h = static_cast<double>(to_acc(p.A[h * p.A_s]));
     const T* dt = p.dt + b * p.dt_s[0] + h * p.dt_s[2];
-    Acc* acs = p.acs + bh * p.seqlen + t0;
+    double* acs = p.acs + bh * p.seqlen + t0;
     Acc* dtf = p.dtf + bh * p.seqlen + t0;
-    Acc carry = 0;
+    double carry = 0;
     for (int64_t base = 0; base < len; base += 32) {
       const int64_t i = base + lane;
       const Acc d = i < len ? to_acc(dt[(t0 + i) * p.dt_s[1]]) : Acc(0);
-      Acc v = d * a_h;
+      double v = static_cast<double>(d) * a_h;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
-        const Acc u = __shfl_up_sync(0xffffffffu, v, o);
+        const double u = __shfl_up_sync(0xffffffffu, v, o);
         if (lane >= o) v += u;
       }
       if (i < len) {
@@ -281,7 +309,7 @@ struct SsdStateParams {
   int d_tiles, n_tiles;
   SsdOperand<T> xo;  // x (forward) or dy (backward), per head, [.., D]
   SsdOperand<T> yo;  // B (forward) or C (backward), per group, [.., N]
-  const acc_t<T>* acs;
+  const double* acs;
   const acc_t<T>* dtf;
   acc_t<T>* out;  // [B, H, nc, D, N]
 };
@@ -310,9 +338,9 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(const SsdS
     const int64_t t0 = c * p.chunk;
     const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
     const int d0 = dtl * kSsdTile, n0 = nt * kSsdTile;
-    const Acc* acs = p.acs + bh * p.seqlen + t0;
+    const double* acs = p.acs + bh * p.seqlen + t0;
     const Acc* dtf = p.dtf + bh * p.seqlen + t0;
-    const Acc acs_last = acs[len - 1];
+    const double acs_last = acs[len - 1];
     const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2];
     const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2];
     Acc acc[4][4] = {};
@@ -321,7 +349,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(const SsdS
       ssd_fill<Acc, false>(sA, [&](int m, int k) -> Acc {
         const int s = s0 + k, d = d0 + m;
         if (s >= len || d >= p.D) return Acc(0);
-        const Acc w = DSTATE ? ssd_exp(acs[s]) : ssd_exp(acs_last - acs[s]) * dtf[s];
+        const Acc w = DSTATE ? ssd_decay<Acc>(acs[s]) : ssd_decay<Acc>(acs_last - acs[s]) * dtf[s];
         return w * to_acc(X[s * p.xo.s[1] + d * p.xo.s[3]]);
       });
       ssd_fill<Acc, false>(sB, [&](int m, int k) -> Acc {
@@ -349,7 +377,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(const SsdS
 template <typename Acc>
 struct SsdPassParams {
   int64_t batch, heads, seqlen, chunk, nchunks, dn, kblocks, total_blocks;
-  const Acc* acs;
+  const double* acs;
   Acc* states;         // [B, H, nc, D·N]: S_c in, H_c out (forward pass)
   Acc* gstates;        // [B, H, nc, D·N]: local dstate in, Gn_c out (backward pass)
   Acc* kpart;          // [B, H, nc, kblocks]
@@ -363,14 +391,14 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
     const int64_t bh = vb / p.kblocks;
     const int64_t e = (vb % p.kblocks) * kSsdThreads + threadIdx.x;
     if (e >= p.dn) continue;  // no barriers in this kernel
-    const Acc* acs = p.acs + bh * p.seqlen;
+    const double* acs = p.acs + bh * p.seqlen;
     Acc* st = p.states + bh * p.nchunks * p.dn + e;
     Acc run = 0;
     for (int64_t c = 0; c < p.nchunks; ++c) {
       const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
       const Acc s = st[c * p.dn];
       st[c * p.dn] = run;
-      run = ssd_exp(acs[last]) * run + s;
+      run = ssd_decay<Acc>(acs[last]) * run + s;
     }
   }
 }
@@ -378,8 +406,8 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
 // Backward: per (b, h) and element e, from the last chunk down:
 //   G_nc = 0; Gn_c = G_{c+1} (stored where the local dstate was);
 //   G_c = local_c + exp(Acs_last(c))·G_{c+1};
-// and kpart[b,h,c,block] = Σ_{e in block} G_{c+1}[e]·H_{c+1}[e] (0 for the last chunk),
-// reduced over the block in a fixed tree.
+// and kpart[b,h,c,block] = Σ_{e in block} Gn_c[e]·H_c[e], reduced over the block in a
+// fixed tree (W_c = exp(Acs_last(c)) · Σ_blocks kpart).
 template <typename Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
   __shared__ Acc red[kSsdThreads / 32];
@@ -388,7 +416,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
     const int64_t bh = vb / p.kblocks, kb = vb % p.kblocks;
     const int64_t e = kb * kSsdThreads + threadIdx.x;
     const bool ok = e < p.dn;
-    const Acc* acs = p.acs + bh * p.seqlen;
+    const double* acs = p.acs + bh * p.seqlen;
     Acc* gs = p.gstates + bh * p.nchunks * p.dn + e;
     const Acc* hs = p.states + bh * p.nchunks * p.dn + e;
     Acc run = 0;  // G_{c+1}
@@ -398,7 +426,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
       if (ok) {
         local = gs[c * p.dn];
         gs[c * p.dn] = run;
-        if (c + 1 < p.nchunks) kd = run * hs[(c + 1) * p.dn];
+        kd = run * hs[c * p.dn];
       }
       kd = ssd_sum32(kd);
       __syncthreads();  // the previous chunk's read of red[] is done
@@ -411,7 +439,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
         p.kpart[(bh * p.nchunks + c) * p.kblocks + kb] = t;
       }
       const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
-      run = local + ssd_exp(acs[last]) * run;
+      run = local + ssd_decay<Acc>(acs[last]) * run;
     }
   }
 }
@@ -425,11 +453,32 @@ struct SsdScanParams {
   SsdOperand<T> lft, rgt, val, dot;
   const acc_t<T>* state;  // [B, H, nc, D, N]: H_c (Y, DC) or Gn_c (DX, DB)
   int64_t state_sk, state_sj;
-  const acc_t<T>* acs;
+  const double* acs;
   const acc_t<T>* dtf;
   T* out;           // dense [B, L, H or G, J]
-  acc_t<T>* part;   // [B, H, L, j_tiles] row-dot partials (DX: x·dxpre, DC: C·dC^(h))
+  acc_t<T>* part;   // [B, H, L, j_tiles] row-dot partials, DX: x·dxpre (full), DC: U
+  acc_t<T>* part2;  // [B, H, L, j_tiles] DX: x·dxpre (inter-chunk part only), for V
 };
+
+// part[r·tiles + jt] = Σ_j dot(r, j)·v[i][j] for the thread's 4 rows r (rows ≥ len
+// skipped), reduced over the 16 threads of a row group in a fixed tree.
+template <typename T, typename Acc>
+__device__ __forceinline__ void ssd_row_dot(const T* dot, int64_t s_t, int64_t s_j, int r0, int len,
+                                            int j0, int J, const Acc (&v)[4][4], Acc* part, int tiles,
+                                            int jt, int ty, int tx) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int rg = r0 + 4 * ty + i;
+    Acc sdot = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int jg = j0 + 4 * tx + j;
+      if (rg < len && jg < J) sdot += to_acc(dot[static_cast<int64_t>(rg) * s_t + jg * s_j]) * v[i][j];
+    }
+    sdot = ssd_sum16(sdot);
+    if (tx == 0 && rg < len) part[static_cast<int64_t>(rg) * tiles + jt] = sdot;
+  }
+}
 
 template <typename T, int MODE>
 __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanParams<T> p) {
@@ -438,13 +487,12 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
   constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;     // causal partners c ≥ r
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;   // per group, sum over heads
   constexpr bool kStateKFast = MODE == kSsdY || MODE == kSsdDX;  // S(k, j) = state[j·N + k]
-  constexpr bool kRowDot = MODE == kSsdDX || MODE == kSsdDC;
-  constexpr bool kHeadAcc = MODE == kSsdDC;  // the row dot needs this head's share alone
+  constexpr bool kHeadAcc = MODE == kSsdDC;  // U needs this head's inter-chunk part alone
   __shared__ __align__(16) Acc sA[KS * LD];          // Lft tile, k-major
   __shared__ __align__(16) Acc sB[KS * LD];          // S, Rgt or V tile, k-major
   __shared__ __align__(16) Acc sP[kSsdTile * kSsdTile];  // P(r, c) stored at [c][r]
-  __shared__ Acc sRowAcs[kSsdTile], sRowDt[kSsdTile], sRowScale[kSsdTile];
-  __shared__ Acc sColAcs[kSsdTile], sColDt[kSsdTile];
+  __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
+  __shared__ Acc sRowDt[kSsdTile], sRowScale[kSsdTile], sColDt[kSsdTile];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int64_t n_hg = kMulti ? p.groups : p.heads;
 
@@ -466,8 +514,9 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
     const int64_t g = kMulti ? hg : hg / p.hpg;
     const int nh = kMulti ? static_cast<int>(p.hpg) : 1;
 
-    // acc: the block's output tile. DC accumulates each head into accH first (for the
-    // head's own dy·y row dot) and adds it to acc; the other modes accumulate into acc.
+    // acc: the block's output tile. DC computes each head's inter-chunk term into accH
+    // first (for that head's U row dot) and then adds it to acc; everything else
+    // accumulates into acc directly.
     Acc acc[4][4], accH[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -478,9 +527,9 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
     for (int hi = 0; hi < nh; ++hi) {  // the group's heads in order (one head for Y/DX)
       const int64_t h = kMulti ? hg * p.hpg + hi : hg;
       const int64_t bh = b * p.heads + h;
-      const Acc* acs = p.acs + bh * p.seqlen + t0;
+      const double* acs = p.acs + bh * p.seqlen + t0;
       const Acc* dtf = p.dtf + bh * p.seqlen + t0;
-      const Acc acs_last = acs[len - 1];
+      const double acs_last = acs[len - 1];
       auto base = [&](const SsdOperand<T>& o) {
         return o.p + b * o.s[0] + t0 * o.s[1] + (o.per_head ? h : g) * o.s[2];
       };
@@ -493,11 +542,11 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
       if (threadIdx.x < kSsdTile) {
         const int r = r0 + threadIdx.x;
         const bool ok = r < len;
-        const Acc ar = ok ? acs[r] : Acc(0);
+        const double ar = ok ? acs[r] : 0.0;
         const Acc dr = ok ? dtf[r] : Acc(0);
         sRowAcs[threadIdx.x] = ar;
         sRowDt[threadIdx.x] = dr;
-        Acc scale = kRev ? ssd_exp(acs_last - ar) : ssd_exp(ar);
+        Acc scale = kRev ? ssd_decay<Acc>(acs_last - ar) : ssd_decay<Acc>(ar);
         if (MODE == kSsdDB) scale *= dr;
         sRowScale[threadIdx.x] = ok ? scale : Acc(0);
       }
@@ -519,7 +568,8 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
           for (int j = 0; j < 4; ++j) accH[i][j] = 0;
       }
 
-      // (a) inter-chunk term: hacc += (diag(rs) · Lft) · S, K = K1.
+      // (a) inter-chunk term: hacc += (diag(rs) · Lft) · S, K = K1 (hacc = accH for DC,
+      //     acc otherwise).
       for (int k0 = 0; k0 < p.K1; k0 += KS) {
         __syncthreads();
         ssd_fill<Acc, true>(sA, get_lft(k0, std::true_type{}));
@@ -531,15 +581,29 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
         __syncthreads();
         ssd_mma<KS>(sA, LD, sB, LD, ty, tx, hacc);
       }
+      // Row dots of the inter-chunk part over this column tile: DX: x·dxpre_inter (→ V,
+      // one head, so acc holds only the inter part here); DC: C·(this head's inter part
+      // of dC) = U.
+      if constexpr (MODE == kSsdDX || MODE == kSsdDC) {
+        const T* dot = base(p.dot);
+        Acc* part = (MODE == kSsdDX ? p.part2 : p.part) + (bh * p.seqlen + t0) * p.j_tiles;
+        ssd_row_dot<T, Acc>(dot, p.dot.s[1], p.dot.s[3], r0, len, j0, p.J, hacc, part, p.j_tiles, jt, ty, tx);
+      }
+      if constexpr (kHeadAcc) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] += accH[i][j];
+      }
 
       // (b) intra-chunk term over the causal column tiles:
-      //     P(r, c) = (Σ_k Lft(r,k)·Rgt(c,k)) · dec(r, c), masked; hacc += P · V.
+      //     P(r, c) = (Σ_k Lft(r,k)·Rgt(c,k)) · dec(r, c), masked; acc += P · V.
       for (int ct = ct_begin; ct < ct_end; ++ct) {
         const int c0 = ct * kSsdTile;
         __syncthreads();  // previous P·V is done with sColAcs/sColDt/sP/sB
         if (threadIdx.x < kSsdTile) {
           const int cc = c0 + threadIdx.x;
-          sColAcs[threadIdx.x] = cc < len ? acs[cc] : Acc(0);
+          sColAcs[threadIdx.x] = cc < len ? acs[cc] : 0.0;
           sColDt[threadIdx.x] = cc < len ? dtf[cc] : Acc(0);
         }
         Acc accP[4][4];
@@ -572,10 +636,10 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
             Acc v = 0;
             if (causal && rg < len && cg < len) {
               if (kRev) {
-                v = accP[i][j] * ssd_exp(sColAcs[cl] - sRowAcs[rl]);
+                v = accP[i][j] * ssd_decay<Acc>(sColAcs[cl] - sRowAcs[rl]);
                 if (MODE == kSsdDB) v *= sRowDt[rl];
               } else {
-                v = accP[i][j] * (ssd_exp(sRowAcs[rl] - sColAcs[cl]) * sColDt[cl]);
+                v = accP[i][j] * (ssd_decay<Acc>(sRowAcs[rl] - sColAcs[cl]) * sColDt[cl]);
               }
             }
             col[i] = v;
@@ -590,34 +654,17 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
             return to_acc(val[static_cast<int64_t>(cc) * p.val.s[1] + j * p.val.s[3]]);
           });
           __syncthreads();
-          ssd_mma<KS>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, hacc);
+          ssd_mma<KS>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, acc);
         }
       }
+    }
 
-      // (c) per-head row dot over this column tile, reduced over the 16 threads of the
-      //     row: DX: Σ_j x(r,j)·dxpre(r,j);  DC: Σ_j C(r,j)·dC^(h)(r,j) = dy_r·y_r.
-      if constexpr (kRowDot) {
-        const T* dot = base(p.dot);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int rg = r0 + 4 * ty + i;
-          Acc sdot = 0;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int jg = j0 + 4 * tx + j;
-            if (rg < len && jg < p.J)
-              sdot += to_acc(dot[static_cast<int64_t>(rg) * p.dot.s[1] + jg * p.dot.s[3]]) * hacc[i][j];
-          }
-          sdot = ssd_sum16(sdot);
-          if (tx == 0 && rg < len) p.part[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = sdot;
-        }
-      }
-      if constexpr (kHeadAcc) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[i][j] += accH[i][j];
-      }
+    // DX: ddt(direct) partial = Σ_j x(r,j)·dxpre(r,j) over this column tile.
+    if constexpr (MODE == kSsdDX) {
+      const int64_t bh = b * p.heads + hg;
+      const T* dot = p.dot.p + b * p.dot.s[0] + t0 * p.dot.s[1] + hg * p.dot.s[2];
+      ssd_row_dot<T, Acc>(dot, p.dot.s[1], p.dot.s[3], r0, len, j0, p.J, acc,
+                          p.part + (bh * p.seqlen + t0) * p.j_tiles, p.j_tiles, jt, ty, tx);
     }
 
     // Epilogue: DX scales by dt_r (dx = dt·dxpre); sRowDt still holds the only head's dt.
@@ -637,26 +684,176 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
   }
 }
 
-// ---- 5. backward finalize ----------------------------------------------------------------
+// ---- 5. the crossing sums X_s ------------------------------------------------------------
+template <typename T>
+struct SsdDacsParams {
+  int64_t seqlen, heads, hpg, chunk, nchunks, total_blocks;
+  int D, N;
+  SsdOperand<T> x, dy, B, C;
+  const double* acs;
+  const acc_t<T>* dtf;
+  acc_t<T>* xs;  // [B, H, L]
+};
+
+// Block per (b, h, c): X_s = Σ_{q ≥ s} Σ_{s' < s} T_qs' with
+//   T_qs' = (C_q·B_s')·(dy_q·x_s')·exp(Acs_q − Acs_s')·dt_s'  for s' < q, else 0,
+// walking the lower-triangular 64×64 tiles (rows q in tile i, columns s' in tile j ≤ i)
+// in a fixed order. For a tile with j < i, its pairs cross
+//   s in tile j:  Σ_{s' < s} colsum(s')           (prefix of column sums)
+//   s in tile i:  Σ_{q ≥ s} rowsum(q)             (suffix of row sums, over all j < i)
+//   s strictly between the tiles: the tile's full sum;
+// a diagonal tile contributes Σ_{q ≥ s} Σ_{s' < s} T_qs' inside itself. The block owns
+// its chunk's slice of xs and adds to it in that fixed order (barriers between steps).
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsParams<T> p) {
+  using Acc = acc_t<T>;
+  constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
+  constexpr int TLD = kSsdTile + 1;  // odd row stride: row walks and column walks conflict-free
+  __shared__ __align__(16) Acc sA[KS * LD];
+  __shared__ __align__(16) Acc sB[KS * LD];
+  __shared__ Acc sT[kSsdTile * TLD];
+  __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
+  __shared__ Acc sColDt[kSsdTile];
+  __shared__ Acc sRowTot[kSsdTile], sColSum[kSsdTile];
+  __shared__ Acc sFull;
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const int64_t c = vb % p.nchunks, bh = vb / p.nchunks;
+    const int64_t h = bh % p.heads, b = bh / p.heads, g = h / p.hpg;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const double* acs = p.acs + bh * p.seqlen + t0;
+    const Acc* dtf = p.dtf + bh * p.seqlen + t0;
+    Acc* xs = p.xs + bh * p.seqlen + t0;
+    const T* xp = p.x.p + b * p.x.s[0] + t0 * p.x.s[1] + h * p.x.s[2];
+    const T* dyp = p.dy.p + b * p.dy.s[0] + t0 * p.dy.s[1] + h * p.dy.s[2];
+    const T* bp = p.B.p + b * p.B.s[0] + t0 * p.B.s[1] + g * p.B.s[2];
+    const T* cp = p.C.p + b * p.C.s[0] + t0 * p.C.s[1] + g * p.C.s[2];
+    __syncthreads();  // the previous virtual block is done with shared memory
+    for (int s = tid; s < len; s += kSsdThreads) xs[s] = 0;
+    const int n_t = (len + kSsdTile - 1) / kSsdTile;
+    for (int ti = 0; ti < n_t; ++ti) {
+      const int r0 = ti * kSsdTile;
+      __syncthreads();  // the previous row tile's readers of sRowAcs/sRowTot are done
+      if (tid < kSsdTile) {
+        sRowAcs[tid] = r0 + tid < len ? acs[r0 + tid] : 0.0;
+        sRowTot[tid] = 0;
+      }
+      for (int tj = 0; tj <= ti; ++tj) {
+        const int c0 = tj * kSsdTile;
+        __syncthreads();  // the previous tile is done with sT, sColAcs, sColDt, sA, sB
+        if (tid < kSsdTile) {
+          sColAcs[tid] = c0 + tid < len ? acs[c0 + tid] : 0.0;
+          sColDt[tid] = c0 + tid < len ? dtf[c0 + tid] : Acc(0);
+        }
+        // accCB(q, s') = C_q·B_s' (K = N), accYX(q, s') = dy_q·x_s' (K = D)
+        Acc accCB[4][4], accYX[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) accCB[i][j] = 0, accYX[i][j] = 0;
+        auto product = [&](const T* lp, const SsdOperand<T>& lo, const T* rp, const SsdOperand<T>& ro,
+                           int K, Acc(&out)[4][4]) {
+          for (int k0 = 0; k0 < K; k0 += KS) {
+            __syncthreads();
+            ssd_fill<Acc, true>(sA, [&](int m, int k) -> Acc {
+              const int q = r0 + m, kk = k0 + k;
+              if (q >= len || kk >= K) return Acc(0);
+              return to_acc(lp[static_cast<int64_t>(q) * lo.s[1] + kk * lo.s[3]]);
+            });
+            ssd_fill<Acc, true>(sB, [&](int m, int k) -> Acc {
+              const int sc = c0 + m, kk = k0 + k;
+              if (sc >= len || kk >= K) return Acc(0);
+              return to_acc(rp[static_cast<int64_t>(sc) * ro.s[1] + kk * ro.s[3]]);
+            });
+            __syncthreads();
+            ssd_mma<KS>(sA, LD, sB, LD, ty, tx, out);
+          }
+        };
+        product(cp, p.C, bp, p.B, p.N, accCB);
+        product(dyp, p.dy, xp, p.x, p.D, accYX);
+        __syncthreads();  // row/column data visible even when N == D == 0
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int ql = 4 * ty + i, q = r0 + ql;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int sl = 4 * tx + j, sc = c0 + sl;
+            Acc v = 0;
+            if (q < len && sc < q)
+              v = accCB[i][j] * accYX[i][j] * (ssd_decay<Acc>(sRowAcs[ql] - sColAcs[sl]) * sColDt[sl]);
+            sT[ql * TLD + sl] = v;
+          }
+        }
+        __syncthreads();
+        if (tj < ti) {
+          if (tid < kSsdTile) {  // column sums over the tile's rows
+            Acc cs = 0;
+            for (int q = 0; q < kSsdTile; ++q) cs += sT[q * TLD + tid];
+            sColSum[tid] = cs;
+          } else if (tid < 2 * kSsdTile) {  // row sums, accumulated over tj < ti
+            const int q = tid - kSsdTile;
+            Acc rsum = 0;
+            for (int sl = 0; sl < kSsdTile; ++sl) rsum += sT[q * TLD + sl];
+            sRowTot[q] += rsum;
+          }
+          __syncthreads();
+          if (tid < kSsdTile) {  // s in tile tj: Σ_{s' < s} colsum(s')
+            Acc pre = 0;
+            for (int sl = 0; sl < tid; ++sl) pre += sColSum[sl];
+            if (c0 + tid < len) xs[c0 + tid] += pre;
+            if (tid == kSsdTile - 1) sFull = pre + sColSum[tid];
+          }
+          __syncthreads();
+          const Acc full = sFull;  // s strictly between the tiles: every pair crosses
+          for (int sg = c0 + kSsdTile + tid; sg < r0; sg += kSsdThreads) xs[sg] += full;
+        } else {
+          // Diagonal tile: R_q(s) = Σ_{s' < s} T_qs' (exclusive prefix along each row) ...
+          if (tid < kSsdTile) {
+            Acc run = 0;
+            for (int sl = 0; sl < kSsdTile; ++sl) {
+              const Acc v = sT[tid * TLD + sl];
+              sT[tid * TLD + sl] = run;
+              run += v;
+            }
+          }
+          __syncthreads();
+          // ... then X_s += Σ_{q ≥ s} (R_q(s) + rowtot(q)) over the tile's rows.
+          if (tid < kSsdTile && r0 + tid < len) {
+            Acc xsum = 0;
+            for (int ql = tid; ql < kSsdTile; ++ql) xsum += sT[ql * TLD + tid] + sRowTot[ql];
+            xs[r0 + tid] += xsum;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- 6. backward finalize ----------------------------------------------------------------
 template <typename T>
 struct SsdFinalizeParams {
   int64_t batch, seqlen, heads, chunk, nchunks, total_warps;
   int64_t kblocks, d_tiles, n_tiles;
   const T* A;
   int64_t A_s;
-  const acc_t<T>* acs;
+  const double* acs;
   const acc_t<T>* dtf;
   const acc_t<T>* kpart;
   const acc_t<T>* ddtp;
-  const acc_t<T>* dyyp;
+  const acc_t<T>* vp;
+  const acc_t<T>* up;
+  acc_t<T>* xs;   // X_s in; overwritten with X_s + Σ_{q ≥ s} U_q + W
   acc_t<T>* dap;  // [H, B·nc]
   T* ddt;         // dense [B, L, H]
 };
 
-// Warp per (b, h, c):
-//   dAcs_q = dy_q·y_q − dt_q·ddt_q(direct) + [q == last]·K_c,  K_c = ⟨G_{c+1}, H_{c+1}⟩
-//   da_s = Σ_{q ≥ s} dAcs_q (from the chunk's end in 32-wide segments)
-//   ddt_s = ddt_s(direct) + A_h·da_s,  dap[h, b·nc + c] = Σ_s dt_s·da_s
+// Warp per (b, h, c), two passes over the chunk in 32-wide segments:
+//   backward: xs_s += Σ_{q ≥ s} U_q + W      (suffix scan, W = exp(Acs_last)·Σ kpart)
+//   forward:  da_s = xs_s + Σ_{s' < s} V_s'   (exclusive prefix scan, V = dt·Σ vp)
+//             ddt_s = ddt_s(direct) + A_h·da_s,  dap[h, b·nc + c] = Σ_s dt_s·da_s
+// Each lane handles the same positions in both passes, so it reads back its own xs.
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFinalizeParams<T> p) {
   using Acc = acc_t<T>;
@@ -669,34 +866,55 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
     const int64_t h = bh % p.heads, b = bh / p.heads;
     const int64_t t0 = c * p.chunk;
     const int64_t len = min(p.chunk, p.seqlen - t0);
-    const Acc a_h = to_acc(p.A[h * p.A_s]);
-    Acc kc = 0;
-    for (int64_t i = lane; i < p.kblocks; i += 32) kc += p.kpart[(bh * p.nchunks + c) * p.kblocks + i];
-    kc = ssd_sum32(kc);
     const int64_t row0 = bh * p.seqlen + t0;
-    Acc carry = 0, da_dt = 0;
+    const Acc a_h = to_acc(p.A[h * p.A_s]);
+    Acc wsum = 0;
+    for (int64_t i = lane; i < p.kblocks; i += 32) wsum += p.kpart[(bh * p.nchunks + c) * p.kblocks + i];
+    const Acc w_c = ssd_decay<Acc>(p.acs[row0 + len - 1]) * ssd_sum32(wsum);
+
+    Acc carry = 0;
     for (int64_t base = (len - 1) / 32 * 32; base >= 0; base -= 32) {
       const int64_t i = base + lane;
-      Acc v = 0, direct = 0, dti = 0;
-      if (i < len) {
-        Acc dyy = 0;
-        for (int64_t k = 0; k < p.n_tiles; ++k) dyy += p.dyyp[(row0 + i) * p.n_tiles + k];
-        for (int64_t k = 0; k < p.d_tiles; ++k) direct += p.ddtp[(row0 + i) * p.d_tiles + k];
-        dti = p.dtf[row0 + i];
-        v = dyy - dti * direct + (i == len - 1 ? kc : Acc(0));
-      }
-      // suffix sum inside the segment
+      Acc v = 0;
+      if (i < len)
+        for (int64_t k = 0; k < p.n_tiles; ++k) v += p.up[(row0 + i) * p.n_tiles + k];
 #pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
+      for (int o = 1; o < 32; o <<= 1) {  // inclusive suffix sum inside the segment
         const Acc u = __shfl_down_sync(0xffffffffu, v, o);
         if (lane + o < 32) v += u;
       }
-      const Acc da = carry + v;
+      if (i < len) p.xs[row0 + i] += carry + v + w_c;
+      carry += __shfl_sync(0xffffffffu, v, 0);
+    }
+
+    carry = 0;
+    Acc da_dt = 0;
+    for (int64_t base = 0; base < len; base += 32) {
+      const int64_t i = base + lane;
+      Acc vi = 0, direct = 0, dti = 0;
       if (i < len) {
+        dti = p.dtf[row0 + i];
+        Acc vsum = 0;
+        for (int64_t k = 0; k < p.d_tiles; ++k) {
+          vsum += p.vp[(row0 + i) * p.d_tiles + k];
+          direct += p.ddtp[(row0 + i) * p.d_tiles + k];
+        }
+        vi = dti * vsum;
+      }
+      Acc incl = vi;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {  // inclusive prefix sum inside the segment
+        const Acc u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+      }
+      Acc excl = __shfl_up_sync(0xffffffffu, incl, 1);
+      if (lane == 0) excl = 0;
+      if (i < len) {
+        const Acc da = p.xs[row0 + i] + (carry + excl);
         p.ddt[(b * p.seqlen + t0 + i) * p.heads + h] = from_acc<T>(direct + a_h * da);
         da_dt += dti * da;
       }
-      carry += __shfl_sync(0xffffffffu, v, 0);
+      carry += __shfl_sync(0xffffffffu, incl, 31);
     }
     da_dt = ssd_sum32(da_dt);
     if (lane == 0) p.dap[h * (p.batch * p.nchunks) + b * p.nchunks + c] = da_dt;
@@ -747,7 +965,7 @@ void ssd_launch_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaS
   for (int i = 0; i < 3; ++i) p.dt_s[i] = l.dt_stride[i];
   p.A = static_cast<const T*>(l.A);
   p.A_s = l.A_stride;
-  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   if (p.total_warps == 0) return;
   ssd_cumsum_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
@@ -765,7 +983,7 @@ void ssd_launch_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, 
   p.total_blocks = l.batch * l.heads * p.nchunks * p.d_tiles * p.n_tiles;
   p.xo = ssd_operand<T>(DSTATE ? l.dy : l.x, DSTATE ? l.dy_stride : l.x_stride, true);
   p.yo = ssd_operand<T>(DSTATE ? l.C : l.B, DSTATE ? l.C_stride : l.B_stride, false);
-  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   p.out = ssd_ws<Acc>(l, DSTATE ? w.gstates : w.states);
   if (p.total_blocks == 0) return;
@@ -780,7 +998,7 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, c
   p.batch = l.batch, p.heads = l.heads, p.seqlen = l.seqlen, p.chunk = l.chunk_size;
   p.nchunks = l.nchunks(), p.dn = l.head_dim * l.state_dim, p.kblocks = w.kblocks;
   p.total_blocks = l.batch * l.heads * p.kblocks;
-  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.acs = ssd_ws<double>(l, w.acs);
   p.states = ssd_ws<Acc>(l, w.states);
   p.gstates = BW ? ssd_ws<Acc>(l, w.gstates) : nullptr;
   p.kpart = BW ? ssd_ws<Acc>(l, w.kpart) : nullptr;
@@ -816,9 +1034,10 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
   p.state_sk = y_like ? 1 : l.state_dim;
   p.state_sj = y_like ? l.state_dim : 1;
   p.state = ssd_ws<Acc>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
-  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   p.part = nullptr;
+  p.part2 = nullptr;
   switch (MODE) {
     case kSsdY:
       p.lft = Co, p.rgt = Bo, p.val = x, p.dot = x;
@@ -828,11 +1047,12 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
       p.lft = Bo, p.rgt = Co, p.val = dy, p.dot = x;
       p.out = static_cast<T*>(l.dx);
       p.part = ssd_ws<Acc>(l, w.ddtp);
+      p.part2 = ssd_ws<Acc>(l, w.vp);
       break;
     case kSsdDC:
       p.lft = dy, p.rgt = x, p.val = Bo, p.dot = Co;
       p.out = static_cast<T*>(l.dC);
-      p.part = ssd_ws<Acc>(l, w.dyyp);
+      p.part = ssd_ws<Acc>(l, w.up);
       break;
     default:  // kSsdDB
       p.lft = x, p.rgt = dy, p.val = Co, p.dot = Co;
@@ -845,6 +1065,26 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
 }
 
 template <typename T>
+void ssd_launch_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdDacsParams<T> p;
+  p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups, p.chunk = l.chunk_size;
+  p.nchunks = l.nchunks();
+  p.total_blocks = l.batch * l.heads * p.nchunks;
+  p.D = static_cast<int>(l.head_dim), p.N = static_cast<int>(l.state_dim);
+  p.x = ssd_operand<T>(l.x, l.x_stride, true);
+  p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  p.B = ssd_operand<T>(l.B, l.B_stride, false);
+  p.C = ssd_operand<T>(l.C, l.C_stride, false);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.xs = ssd_ws<Acc>(l, w.xs);
+  if (p.total_blocks == 0) return;
+  ssd_dacs_kernel<T><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  check_launch("ssd_chunk_scan_backward(dacs)");
+}
+
+template <typename T>
 void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   using Acc = acc_t<T>;
   SsdFinalizeParams<T> p;
@@ -854,11 +1094,13 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.kblocks = w.kblocks, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
   p.A = static_cast<const T*>(l.A);
   p.A_s = l.A_stride;
-  p.acs = ssd_ws<Acc>(l, w.acs);
+  p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   p.kpart = ssd_ws<Acc>(l, w.kpart);
   p.ddtp = ssd_ws<Acc>(l, w.ddtp);
-  p.dyyp = ssd_ws<Acc>(l, w.dyyp);
+  p.vp = ssd_ws<Acc>(l, w.vp);
+  p.up = ssd_ws<Acc>(l, w.up);
+  p.xs = ssd_ws<Acc>(l, w.xs);
   p.dap = ssd_ws<Acc>(l, w.dap);
   p.ddt = static_cast<T*>(l.ddt);
   if (p.total_warps > 0) {

@@ -1,16 +1,18 @@
 // Mamba-2 SSD chunk scan, CUDA backward: recompute the chunk states H_c, the reverse
-// state pass for Gn_c = G_{c+1}, the per-chunk products for dx, dC and dB (each in its
-// own translation unit so they compile in parallel), then the finalize kernels for ddt
-// and dA (see ssd_chunk_scan.cuh for the formulas and the workspace layout).
+// state pass for Gn_c = G_{c+1}, the per-chunk products for dx, dC and dB and the
+// crossing sums X_s (each in its own translation unit so they compile in parallel), then
+// the finalize kernels for ddt and dA (see ssd_chunk_scan.cuh for the formulas and the
+// workspace layout).
 #include "kernels/cuda/ssd_chunk_scan.cuh"
 
 namespace baracuda::kernels {
 
 namespace cuda {
-// ssd_chunk_scan_backward_dx.cu, ssd_chunk_scan_backward_dbdc.cu
+// ssd_chunk_scan_backward_{dx,dc,db,dacs}.cu
 void ssd_backward_scan_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 void ssd_backward_scan_dc(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 void ssd_backward_scan_db(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
+void ssd_backward_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 }  // namespace cuda
 
 size_t ssd_chunk_scan_cuda_backward_workspace(const SsdChunkScanLaunch& l) {
@@ -31,14 +33,15 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
     ssd_launch_chunk_state<T, /*DSTATE=*/false>(l, w, s);   // S_c
     ssd_launch_state_pass<T, /*BW=*/false>(l, w, s);        // S_c → H_c
     ssd_launch_chunk_state<T, /*DSTATE=*/true>(l, w, s);    // Σ_q exp(Acs_q)·dy_q ⊗ C_q
-    ssd_launch_state_pass<T, /*BW=*/true>(l, w, s);         // → Gn_c, ⟨G_{c+1}, H_{c+1}⟩ partials
+    ssd_launch_state_pass<T, /*BW=*/true>(l, w, s);         // → Gn_c, ⟨Gn_c, H_c⟩ partials
   });
-  ssd_backward_scan_dx(l, w, s);  // dx, ddt(direct) partials
-  ssd_backward_scan_dc(l, w, s);  // dC, dy·y partials
+  ssd_backward_scan_dx(l, w, s);  // dx; partials of ddt(direct) and V
+  ssd_backward_scan_dc(l, w, s);  // dC; partials of U
   ssd_backward_scan_db(l, w, s);  // dB
+  ssd_backward_dacs(l, w, s);     // X_s
   dispatch_floating(l.element, [&](auto tag) {
     using T = decltype(tag);
-    ssd_launch_finalize<T>(l, w, s);  // ddt, dA
+    ssd_launch_finalize<T>(l, w, s);  // da → ddt, dA
   });
 }
 
