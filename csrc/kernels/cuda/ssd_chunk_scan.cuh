@@ -62,6 +62,11 @@ namespace baracuda::kernels::cuda {
 
 constexpr int kSsdThreads = 256;  // 16 × 16 threads, each a 4 × 4 micro-tile
 constexpr int kSsdTile = 64;      // rows and columns of every output tile
+// DC and DB sum over the H/G heads of a group. A block takes at most this many of them;
+// with more, the group's heads are split over blocks that write float partials, summed
+// in split order by ssd_split_sum_kernel (for G = 1 and H = 80 a block per group would
+// leave the GPU with B·nc·4·2 long blocks).
+constexpr int kSsdHeadsPerBlock = 8;
 
 // K-step depth and row padding of the k-major operand tiles. The padding keeps rows
 // 16-byte aligned (vector loads) and spreads the transposing stores over banks. float64
@@ -114,14 +119,17 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   up        [B, H, L, ⌈N/64⌉]     partials of U per 64-column tile
 //   xs        [B, H, L]            X_s
 //   dap       [H, B·nc]            dA partials per (b, c)
+//   split     [S, B, L, G, N]      dC, then dB, partials of S = ⌈(H/G)/8⌉ head splits
+//                                  (only when S > 1)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (1 + 3·⌈D/64⌉ + ⌈N/64⌉ + 1)·B·H·L
-// + 2·B·H·nc·D·N + B·H·nc·(⌈D·N/256⌉ + 1), each buffer rounded up to 256 bytes; the
-// forward needs acs, dtf and states only.
+// + 2·B·H·nc·D·N + B·H·nc·(⌈D·N/256⌉ + 1) + [S > 1]·S·B·L·G·N, each buffer rounded up
+// to 256 bytes; the forward needs acs, dtf and states only.
 struct SsdWorkspace {
   size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
-         xs = 0, dap = 0;
+         xs = 0, dap = 0, split = 0;
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
+  int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
 };
 
 inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backward) {
@@ -133,6 +141,11 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   w.kblocks = (dn + kSsdThreads - 1) / kSsdThreads;
   w.d_tiles = (l.head_dim + kSsdTile - 1) / kSsdTile;
   w.n_tiles = (l.state_dim + kSsdTile - 1) / kSsdTile;
+  const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 0;
+  w.nsplit = hpg > kSsdHeadsPerBlock ? (hpg + kSsdHeadsPerBlock - 1) / kSsdHeadsPerBlock : 1;
+  // Splits of hps ≤ 8 heads, the last possibly fewer but never empty:
+  // (nsplit − 1)·hps ≤ 8·(nsplit − 1) < H/G.
+  w.hps = (hpg + w.nsplit - 1) / w.nsplit;
   size_t off = 0;
   auto take = [&](int64_t elems, size_t bytes_per = 0) {
     const size_t at = off;
@@ -150,6 +163,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     w.up = take(bh * l.seqlen * w.n_tiles);
     w.xs = take(bh * l.seqlen);
     w.dap = take(l.heads * l.batch * nc);
+    w.split = take(w.nsplit > 1 ? w.nsplit * l.batch * l.seqlen * l.groups * l.state_dim : 0);
   }
   w.total = off;
   return w;
@@ -208,6 +222,29 @@ __device__ __forceinline__ void ssd_mma(const Acc* __restrict__ a, int lda, cons
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] = ssd_fma(av[i], bv[j], acc[i][j]);
+  }
+}
+
+// ssd_mma restricted to the causal pairs of a diagonal tile (row tile == column tile):
+// row 4·ty + i takes k-step k0 + k only if it is causal to it (REV: k0 + k ≥ row, else
+// k0 + k ≤ row). The masked P entries are already 0, but 0·V would still turn an Inf or
+// NaN of V at a later position into NaN at earlier rows, which the recurrence does not.
+template <int KSTEPS, bool REV, typename Acc>
+__device__ __forceinline__ void ssd_mma_causal(const Acc* __restrict__ a, int lda, const Acc* __restrict__ b,
+                                               int ldb, int ty, int tx, int k0, Acc (&acc)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < KSTEPS; ++k) {
+    Acc av[4], bv[4];
+    ssd_ld4(a + k * lda + 4 * ty, av);
+    ssd_ld4(b + k * ldb + 4 * tx, bv);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = 4 * ty + i, col = k0 + k;
+      if (REV ? col >= row : col <= row) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = ssd_fma(av[i], bv[j], acc[i][j]);
+      }
+    }
   }
 }
 
@@ -448,6 +485,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
 template <typename T>
 struct SsdScanParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
+  int64_t nsplit, hps;  // DC/DB: head splits per group, heads per split (1, H/G if unsplit)
   int K1, J;  // contraction length of Lft (N for Y/DX, D for DC/DB); output columns
   int r_tiles, j_tiles;
   SsdOperand<T> lft, rgt, val, dot;
@@ -456,6 +494,7 @@ struct SsdScanParams {
   const double* acs;
   const acc_t<T>* dtf;
   T* out;           // dense [B, L, H or G, J]
+  acc_t<T>* out_split;  // DC/DB with nsplit > 1: [nsplit, B, L, G, J] instead of out
   acc_t<T>* part;   // [B, H, L, j_tiles] row-dot partials, DX: x·dxpre (full), DC: U
   acc_t<T>* part2;  // [B, H, L, j_tiles] DX: x·dxpre (inter-chunk part only), for V
 };
@@ -494,7 +533,7 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
   __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
   __shared__ Acc sRowDt[kSsdTile], sRowScale[kSsdTile], sColDt[kSsdTile];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int64_t n_hg = kMulti ? p.groups : p.heads;
+  const int64_t n_hg = kMulti ? p.groups * p.nsplit : p.heads;  // (g, split) or h
 
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
     int64_t rest = vb;
@@ -511,8 +550,10 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
     if (r0 >= len) continue;  // a row tile past the end of the last (short) chunk
     const int n_ct = (len + kSsdTile - 1) / kSsdTile;
     const int ct_begin = kRev ? rt : 0, ct_end = kRev ? n_ct : rt + 1;
-    const int64_t g = kMulti ? hg : hg / p.hpg;
-    const int nh = kMulti ? static_cast<int>(p.hpg) : 1;
+    const int64_t g = kMulti ? hg / p.nsplit : hg / p.hpg;
+    const int64_t split = kMulti ? hg % p.nsplit : 0;
+    const int64_t h_begin = kMulti ? g * p.hpg + split * p.hps : hg;
+    const int nh = kMulti ? static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin)) : 1;
 
     // acc: the block's output tile. DC computes each head's inter-chunk term into accH
     // first (for that head's U row dot) and then adds it to acc; everything else
@@ -524,8 +565,8 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
       for (int j = 0; j < 4; ++j) acc[i][j] = 0;
     Acc(&hacc)[4][4] = ssd_pick<kHeadAcc>(accH, acc);
 
-    for (int hi = 0; hi < nh; ++hi) {  // the group's heads in order (one head for Y/DX)
-      const int64_t h = kMulti ? hg * p.hpg + hi : hg;
+    for (int hi = 0; hi < nh; ++hi) {  // the split's heads in order (one head for Y/DX)
+      const int64_t h = h_begin + hi;
       const int64_t bh = b * p.heads + h;
       const double* acs = p.acs + bh * p.seqlen + t0;
       const Acc* dtf = p.dtf + bh * p.seqlen + t0;
@@ -654,7 +695,10 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
             return to_acc(val[static_cast<int64_t>(cc) * p.val.s[1] + j * p.val.s[3]]);
           });
           __syncthreads();
-          ssd_mma<KS>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, acc);
+          if (ct == rt)
+            ssd_mma_causal<KS, kRev>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, k0, acc);
+          else
+            ssd_mma<KS>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, acc);
         }
       }
     }
@@ -668,19 +712,41 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
     }
 
     // Epilogue: DX scales by dt_r (dx = dt·dxpre); sRowDt still holds the only head's dt.
+    // Split DC/DB write their float partial instead.
     const int64_t n_out = kMulti ? p.groups : p.heads;
+    const int64_t i_out = kMulti ? g : hg;
+    const bool to_split = kMulti && p.nsplit > 1;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int rl = 4 * ty + i, rg = r0 + rl;
       if (rg >= len) continue;
       const Acc rscale = MODE == kSsdDX ? sRowDt[rl] : Acc(1);
-      T* orow = p.out + ((b * p.seqlen + t0 + rg) * n_out + hg) * p.J;
+      const int64_t row = ((b * p.seqlen + t0 + rg) * n_out + i_out) * p.J;
+      T* orow = p.out + row;
+      Acc* prow = p.out_split + split * p.batch * p.seqlen * n_out * p.J + row;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int jg = j0 + 4 * tx + j;
-        if (jg < p.J) orow[jg] = from_acc<T>(MODE == kSsdDX ? acc[i][j] * rscale : acc[i][j]);
+        if (jg >= p.J) continue;
+        if (to_split)
+          prow[jg] = acc[i][j];
+        else
+          orow[jg] = from_acc<T>(MODE == kSsdDX ? acc[i][j] * rscale : acc[i][j]);
       }
     }
+  }
+}
+
+// out[i] = Σ_{split < nsplit} part[split·count + i], in split order.
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_split_sum_kernel(const acc_t<T>* part, int64_t nsplit,
+                                                                   int64_t count, T* out) {
+  using Acc = acc_t<T>;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
+    Acc v = 0;
+    for (int64_t sp = 0; sp < nsplit; ++sp) v += part[sp * count + i];
+    out[i] = from_acc<T>(v);
   }
 }
 
@@ -1025,7 +1091,10 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
   const int64_t qe = l.chunk_size < l.seqlen ? l.chunk_size : l.seqlen;  // longest chunk
   p.r_tiles = static_cast<int>((qe + kSsdTile - 1) / kSsdTile);
   p.j_tiles = static_cast<int>((p.J + kSsdTile - 1) / kSsdTile);
-  p.total_blocks = l.batch * (kMulti ? l.groups : l.heads) * p.nchunks * p.r_tiles * p.j_tiles;
+  p.nsplit = kMulti ? w.nsplit : 1;
+  p.hps = kMulti ? w.hps : 1;
+  p.total_blocks = l.batch * (kMulti ? l.groups * p.nsplit : l.heads) * p.nchunks * p.r_tiles * p.j_tiles;
+  p.out_split = kMulti ? ssd_ws<Acc>(l, w.split) : nullptr;
   const SsdOperand<T> x = ssd_operand<T>(l.x, l.x_stride, true);
   const SsdOperand<T> dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   const SsdOperand<T> Bo = ssd_operand<T>(l.B, l.B_stride, false);
@@ -1062,6 +1131,12 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
   if (p.total_blocks == 0) return;
   ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
   check_launch(MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)");
+  if (kMulti && p.nsplit > 1) {
+    const int64_t count = l.batch * l.seqlen * l.groups * l.state_dim;
+    ssd_split_sum_kernel<T><<<ssd_grid((count + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(
+        p.out_split, p.nsplit, count, p.out);
+    check_launch("ssd_chunk_scan_backward(split_sum)");
+  }
 }
 
 template <typename T>
