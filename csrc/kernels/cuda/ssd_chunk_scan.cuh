@@ -3,7 +3,7 @@
 //
 // Notation (per batch b, head h, group g = h / (H/G); chunk c covers the global
 // positions [c·Q, c·Q + len), len = min(Q, L − c·Q); r, s, q are local positions):
-//   a_s   = dt_s · A_h,   Acs_q = Σ_{s ≤ q} a_s            (cumsum inside the chunk)
+//   a_s   = dt_s · A_h,   Acs_q = Σ_{s ≤ q} a_s   (cumsum inside the chunk, in double)
 //   H_c   = state entering chunk c (D × N): H_0 = 0, H_{c+1} = exp(Acs_last)·H_c + S_c,
 //   S_c   = Σ_s exp(Acs_last − Acs_s)·dt_s · x_s ⊗ B_s
 //   y_q   = exp(Acs_q)·H_c·C_q + Σ_{s ≤ q} (C_q·B_s)·exp(Acs_q − Acs_s)·dt_s · x_s
@@ -23,11 +23,11 @@
 //   ddt_s   = ddt_s(direct) + A_h·da_s,   dA_h = Σ_{b,c,s} dt_s·da_s
 //   (The textbook route, dAcs_q = dy_q·y_q − x_q·dx_q + [q = last]·⟨Gn, H_{c+1}⟩ followed
 //   by a reverse cumsum, is equal but subtracts O(Q²) terms that cancel; in float32 it
-//   lost ~100 ulps of dA at Q = 100. Every sum above adds each pair once.)
+//   lost ~150 ulps of dA at Q = 100 (emulated). Every sum above adds each pair once.)
 // These were checked in float64 against autograd of the sequential recurrence.
 //
 // Kernels (all grid-stride over "virtual blocks", so any size fits the grid limits):
-//   ssd_cumsum_kernel       warp per (b,h,c): Acs and dt in Acc → workspace [B,H,L]
+//   ssd_cumsum_kernel       warp per (b,h,c): Acs (double), dt (Acc) → workspace [B,H,L]
 //   ssd_chunk_state_kernel  64×64 (d,n) tile per (b,h,c): S_c (forward) or the local
 //                           dstate Σ_q exp(Acs_q)·dy_q ⊗ C_q (backward); K = positions
 //   ssd_state_pass_kernel   per (b,h) and 256 (d,n) elements: S_c → H_c in place
@@ -35,7 +35,8 @@
 //                           partials of ⟨Gn_c, H_c⟩
 //   ssd_scan_kernel<MODE>   64 rows × 64 columns of one chunk; MODE Y (y), DX (dx, and
 //                           partials of ddt(direct) and V), DC (dC, partials of U), DB
-//                           (dB); DC and DB loop over the group's heads inside the block
+//                           (dB); DC and DB loop over up to 8 of the group's heads
+//   ssd_split_sum_kernel    DC/DB with more than 8 heads per group: sums the head splits
 //   ssd_dacs_kernel         block per (b,h,c): X_s from 64×64 tiles of T
 //   ssd_finalize_kernel     warp per (b,h,c): da, ddt, dA partials
 //   ssd_dA_kernel           warp per h: fixed-order sum of the dA partials
@@ -51,8 +52,15 @@
 //   DX    B    C    dy   Gn[j,k]         exp(Acs_last−Acs_r)     exp(Acs_c−Acs_r)             c ≥ r
 //   DC    dy   x    B    H_c[k,j]        exp(Acs_r)              exp(Acs_r−Acs_c)·dt_c        c ≤ r
 //   DB    x    dy   C    Gn[k,j]         exp(Acs_last−Acs_r)·dt_r  exp(Acs_c−Acs_r)·dt_r      c ≥ r
-// Each Σ_k is a 64×64×K tile product from shared memory (ssd_mma); these and the P·V
-// product are the pieces that become mma/wgmma later.
+// (rs_r is folded into the Lft tile of the first product.) Each Σ_k is a 64×64×K tile
+// product from shared memory (ssd_mma); these and the P·V product are the pieces that
+// become mma/wgmma later.
+//
+// Non-finite inputs: NaN in x, B, C or dy lands exactly where the recurrence puts it
+// (masked P entries are selected to 0, and diagonal tiles accumulate only causal pairs).
+// NaN in dt or A also poisons, in the backward, the positions of its chunk after it
+// (Acs_last − Acs_s is NaN − NaN), and ±Inf can differ from the recurrence wherever the
+// chunked form sums in another order (Σ_n C·(B·Inf) vs (C·B)·Inf).
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"
