@@ -129,9 +129,10 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   dap       [H, B·nc]            dA partials per (b, c)
 //   split     [S, B, L, G, N]      dC, then dB, partials of S = ⌈(H/G)/8⌉ head splits
 //                                  (only when S > 1)
-// Size: 8·B·H·L bytes (acs) plus, in Acc elements, (1 + 3·⌈D/64⌉ + ⌈N/64⌉ + 1)·B·H·L
+// Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
 // + 2·B·H·nc·D·N + B·H·nc·(⌈D·N/256⌉ + 1) + [S > 1]·S·B·L·G·N, each buffer rounded up
-// to 256 bytes; the forward needs acs, dtf and states only.
+// to 256 bytes; the forward needs acs, dtf and states only (8·B·H·L bytes +
+// B·H·L + B·H·nc·D·N Acc).
 struct SsdWorkspace {
   size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
          xs = 0, dap = 0, split = 0;
