@@ -1,0 +1,1201 @@
+// CUDA Mamba-2 SSD chunk scan, forward and backward: the chunked state-space-duality
+// algorithm with SIMT math on shared-memory tiles.
+//
+// Notation (per batch b, head h, group g = h / (H/G); chunk c covers the global
+// positions [c·Q, c·Q + len), len = min(Q, L − c·Q); r, s, q are local positions):
+//   a_s   = dt_s · A_h,   Acs_q = Σ_{s ≤ q} a_s   (cumsum inside the chunk, in double)
+//   H_c   = state entering chunk c (D × N): H_0 = 0, H_{c+1} = exp(Acs_last)·H_c + S_c,
+//   S_c   = Σ_s exp(Acs_last − Acs_s)·dt_s · x_s ⊗ B_s
+//   y_q   = exp(Acs_q)·H_c·C_q + Σ_{s ≤ q} (C_q·B_s)·exp(Acs_q − Acs_s)·dt_s · x_s
+// Backward (dy given), with Gn_c = G_{c+1} = dL/dH_{c+1}:
+//   G_c     = Σ_q exp(Acs_q)·dy_q ⊗ C_q + exp(Acs_last)·G_{c+1}        (reverse scan)
+//   dxpre_s = exp(Acs_last − Acs_s)·Gn·B_s + Σ_{q ≥ s} (B_s·C_q)·exp(Acs_q − Acs_s)·dy_q
+//   dx_s    = dt_s · dxpre_s,   ddt_s(direct) = x_s · dxpre_s
+//   dC_q    = Σ_{h∈g} [ exp(Acs_q)·H_cᵀ·dy_q + Σ_{s ≤ q} (dy_q·x_s)·exp(Acs_q − Acs_s)·dt_s·B_s ]
+//   dB_s    = Σ_{h∈g} dt_s·[ exp(Acs_last − Acs_s)·Gnᵀ·x_s + Σ_{q ≥ s} (x_s·dy_q)·exp(Acs_q − Acs_s)·C_q ]
+//   da_s    = dL/da_s, in the cancellation-free ("stable") form
+//           = X_s + Σ_{q ≥ s} U_q + Σ_{s' < s} V_{s'} + W,  with
+//     T_qs' = (C_q·B_s')·(dy_q·x_s')·exp(Acs_q − Acs_s')·dt_s'   (s' < q)
+//     X_s   = Σ_{q ≥ s} Σ_{s' < s} T_qs'          (the intra-chunk pairs that cross s)
+//     U_q   = exp(Acs_q)·dy_q·(H_c·C_q)           (dy·y, inter-chunk part)
+//     V_s   = dt_s·x_s·(exp(Acs_last − Acs_s)·Gn·B_s)   (x·dx, inter-chunk part)
+//     W     = exp(Acs_last)·⟨Gn, H_c⟩
+//   ddt_s   = ddt_s(direct) + A_h·da_s,   dA_h = Σ_{b,c,s} dt_s·da_s
+//   (The textbook route, dAcs_q = dy_q·y_q − x_q·dx_q + [q = last]·⟨Gn, H_{c+1}⟩ followed
+//   by a reverse cumsum, is equal but subtracts O(Q²) terms that cancel; in float32 it
+//   lost ~150 ulps of dA at Q = 100 (emulated). Every sum above adds each pair once.)
+// These were checked in float64 against autograd of the sequential recurrence.
+//
+// Kernels (all grid-stride over "virtual blocks", so any size fits the grid limits):
+//   ssd_cumsum_kernel       warp per (b,h,c): Acs (double), dt (Acc) → workspace [B,H,L]
+//   ssd_chunk_state_kernel  64×64 (d,n) tile per (b,h,c): S_c (forward) or the local
+//                           dstate Σ_q exp(Acs_q)·dy_q ⊗ C_q (backward); K = positions
+//   ssd_state_pass_kernel   per (b,h) and 256 (d,n) elements: S_c → H_c in place
+//   ssd_state_pass_bwd_kernel  reverse: local dstate_c → Gn_c in place, and per-block
+//                           partials of ⟨Gn_c, H_c⟩
+//   ssd_scan_kernel<MODE>   64 rows × 64 columns of one chunk; MODE Y (y), DX (dx, and
+//                           partials of ddt(direct) and V), DC (dC, partials of U), DB
+//                           (dB); DC and DB loop over up to 8 of the group's heads
+//   ssd_split_sum_kernel    DC/DB with more than 8 heads per group: sums the head splits
+//   ssd_dacs_kernel         block per (b,h,c): X_s from 64×64 tiles of T
+//   ssd_finalize_kernel     warp per (b,h,c): da, ddt, dA partials
+//   ssd_dA_kernel           warp per h: fixed-order sum of the dA partials
+//
+// Determinism: no atomics. Every output element and every workspace partial is written
+// by exactly one thread; every sum runs in an order fixed by the shapes alone.
+//
+// The scan kernel is one shape for all four products:
+//   out(r, j) = Σ_heads [ rs_r · Σ_k Lft(r,k)·S(k,j)
+//                        + Σ_{c causal to r} (Σ_k Lft(r,k)·Rgt(c,k)) · dec(r,c) · V(c,j) ]
+//   mode  Lft  Rgt  V    S(k,j)          rs_r                    dec(r,c)                     causal
+//   Y     C    B    x    H_c[j,k]        exp(Acs_r)              exp(Acs_r−Acs_c)·dt_c        c ≤ r
+//   DX    B    C    dy   Gn[j,k]         exp(Acs_last−Acs_r)     exp(Acs_c−Acs_r)             c ≥ r
+//   DC    dy   x    B    H_c[k,j]        exp(Acs_r)              exp(Acs_r−Acs_c)·dt_c        c ≤ r
+//   DB    x    dy   C    Gn[k,j]         exp(Acs_last−Acs_r)·dt_r  exp(Acs_c−Acs_r)·dt_r      c ≥ r
+// (rs_r is folded into the Lft tile of the first product.) Each Σ_k is a 64×64×K tile
+// product from shared memory (ssd_mma); these and the P·V product are the pieces that
+// become mma/wgmma later.
+//
+// Non-finite inputs: NaN in x, B, C or dy lands exactly where the recurrence puts it
+// (masked P entries are selected to 0, and diagonal tiles accumulate only causal pairs).
+// NaN in dt or A also poisons, in the backward, the positions of its chunk after it
+// (Acs_last − Acs_s is NaN − NaN), and ±Inf can differ from the recurrence wherever the
+// chunked form sums in another order (Σ_n C·(B·Inf) vs (C·B)·Inf).
+#pragma once
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/ssd_chunk_scan.h"
+
+namespace baracuda::kernels::cuda {
+
+constexpr int kSsdThreads = 256;  // 16 × 16 threads, each a 4 × 4 micro-tile
+constexpr int kSsdTile = 64;      // rows and columns of every output tile
+// DC and DB sum over the H/G heads of a group. A block takes at most this many of them;
+// with more, the group's heads are split over blocks that write float partials, summed
+// in split order by ssd_split_sum_kernel (for G = 1 and H = 80 a block per group would
+// leave the GPU with B·nc·4·2 long blocks).
+constexpr int kSsdHeadsPerBlock = 8;
+
+// K-step depth and row padding of the k-major operand tiles. The padding keeps rows
+// 16-byte aligned (vector loads) and spreads the transposing stores over banks. float64
+// halves the depth so the static shared memory stays under 48 KB.
+template <typename Acc>
+struct SsdCfg;
+template <>
+struct SsdCfg<float> {
+  static constexpr int KS = 16, LD = kSsdTile + 4;
+};
+template <>
+struct SsdCfg<double> {
+  static constexpr int KS = 8, LD = kSsdTile + 2;
+};
+
+enum SsdScanMode : int { kSsdY = 0, kSsdDX = 1, kSsdDC = 2, kSsdDB = 3 };
+
+// A [B, L, H or G, K] input: element (b, t, i, k) at p[b·s0 + t·s1 + i·s2 + k·s3].
+template <typename T>
+struct SsdOperand {
+  const T* p = nullptr;
+  int64_t s[4] = {};
+  bool per_head = true;  // indexed by head h (x, dy) or by group g (B, C)
+};
+
+template <typename T>
+SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
+  SsdOperand<T> o;
+  o.p = static_cast<const T*>(p);
+  for (int i = 0; i < 4; ++i) o.s[i] = s[i];
+  o.per_head = per_head;
+  return o;
+}
+
+// ---- workspace ---------------------------------------------------------------------------
+// Buffers, in Acc (float, or double for float64 inputs) except acs (always double), each
+// 256-byte aligned:
+//   acs       [B, H, L] double     chunk-local cumsum of dt·A. Double because every decay
+//                                  is exp of a difference Acs_q − Acs_s of two cumsums
+//                                  that grow with the chunk: in float32 that difference
+//                                  alone cost ~1e-6 relative error in y at Q = 100-256
+//                                  (the sequential recurrence in float32: ~2e-7).
+//   dtf       [B, H, L]            dt converted
+//   states    [B, H, nc, D, N]     S_c, then (in place) H_c, the state entering chunk c
+// backward only:
+//   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1}
+//   kpart     [B, H, nc, ⌈D·N/256⌉] partials of ⟨Gn_c, H_c⟩ (→ W)
+//   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
+//   vp        [B, H, L, ⌈D/64⌉]     partials of x·dxpre(inter-chunk part) (→ V)
+//   up        [B, H, L, ⌈N/64⌉]     partials of U per 64-column tile
+//   xs        [B, H, L]            X_s
+//   dap       [H, B·nc]            dA partials per (b, c)
+//   split     [S, B, L, G, N]      dC, then dB, partials of S = ⌈(H/G)/8⌉ head splits
+//                                  (only when S > 1)
+// Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
+// + 2·B·H·nc·D·N + B·H·nc·(⌈D·N/256⌉ + 1) + [S > 1]·S·B·L·G·N, each buffer rounded up
+// to 256 bytes; the forward needs acs, dtf and states only (8·B·H·L bytes +
+// B·H·L + B·H·nc·D·N Acc).
+struct SsdWorkspace {
+  size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
+         xs = 0, dap = 0, split = 0;
+  size_t total = 0;
+  int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
+  int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
+};
+
+inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backward) {
+  const size_t esz = l.element == ElementKind::F64 ? 8 : 4;
+  const int64_t nc = l.nchunks();
+  const int64_t bh = l.batch * l.heads;
+  const int64_t dn = l.head_dim * l.state_dim;
+  SsdWorkspace w;
+  w.kblocks = (dn + kSsdThreads - 1) / kSsdThreads;
+  w.d_tiles = (l.head_dim + kSsdTile - 1) / kSsdTile;
+  w.n_tiles = (l.state_dim + kSsdTile - 1) / kSsdTile;
+  const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 0;
+  w.nsplit = hpg > kSsdHeadsPerBlock ? (hpg + kSsdHeadsPerBlock - 1) / kSsdHeadsPerBlock : 1;
+  // Splits of hps ≤ 8 heads, the last possibly fewer but never empty:
+  // (nsplit − 1)·hps ≤ 8·(nsplit − 1) < H/G.
+  w.hps = (hpg + w.nsplit - 1) / w.nsplit;
+  size_t off = 0;
+  auto take = [&](int64_t elems, size_t bytes_per = 0) {
+    const size_t at = off;
+    off += (static_cast<size_t>(elems) * (bytes_per ? bytes_per : esz) + 255) / 256 * 256;
+    return at;
+  };
+  w.acs = take(bh * l.seqlen, sizeof(double));
+  w.dtf = take(bh * l.seqlen);
+  w.states = take(bh * nc * dn);
+  if (backward) {
+    w.gstates = take(bh * nc * dn);
+    w.kpart = take(bh * nc * w.kblocks);
+    w.ddtp = take(bh * l.seqlen * w.d_tiles);
+    w.vp = take(bh * l.seqlen * w.d_tiles);
+    w.up = take(bh * l.seqlen * w.n_tiles);
+    w.xs = take(bh * l.seqlen);
+    w.dap = take(l.heads * l.batch * nc);
+    w.split = take(w.nsplit > 1 ? w.nsplit * l.batch * l.seqlen * l.groups * l.state_dim : 0);
+  }
+  w.total = off;
+  return w;
+}
+
+template <typename Acc>
+Acc* ssd_ws(const SsdChunkScanLaunch& l, size_t offset) {
+  return reinterpret_cast<Acc*>(static_cast<char*>(l.workspace) + offset);
+}
+
+// Grid for `total` virtual blocks; kernels loop vb = blockIdx.x, += gridDim.x.
+inline unsigned int ssd_grid(int64_t total) {
+  return static_cast<unsigned int>(total < (int64_t{1} << 30) ? total : (int64_t{1} << 30));
+}
+
+// ---- device helpers ----------------------------------------------------------------------
+__device__ __forceinline__ float ssd_exp(float v) { return expf(v); }
+__device__ __forceinline__ double ssd_exp(double v) { return exp(v); }
+__device__ __forceinline__ float ssd_fma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double ssd_fma(double a, double b, double c) { return fma(a, b, c); }
+// exp of a cumsum, or of a difference of two (computed in double), evaluated in Acc.
+template <typename Acc>
+__device__ __forceinline__ Acc ssd_decay(double v) {
+  return ssd_exp(static_cast<Acc>(v));
+}
+
+// Four consecutive shared-memory values (16-byte aligned for float, 16 for double too).
+__device__ __forceinline__ void ssd_ld4(const float* p, float (&v)[4]) {
+  const float4 t = *reinterpret_cast<const float4*>(p);
+  v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+}
+__device__ __forceinline__ void ssd_ld4(const double* p, double (&v)[4]) {
+  const double2 t0 = reinterpret_cast<const double2*>(p)[0];
+  const double2 t1 = reinterpret_cast<const double2*>(p)[1];
+  v[0] = t0.x, v[1] = t0.y, v[2] = t1.x, v[3] = t1.y;
+}
+__device__ __forceinline__ void ssd_st4(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void ssd_st4(double* p, const double (&v)[4]) {
+  reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
+  reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
+}
+
+// acc[i][j] += Σ_{k < KSTEPS} a[k·lda + 4·ty + i] · b[k·ldb + 4·tx + j]: the thread's
+// 4 × 4 piece of a 64 × 64 tile product, both operands k-major in shared memory.
+template <int KSTEPS, typename Acc>
+__device__ __forceinline__ void ssd_mma(const Acc* __restrict__ a, int lda, const Acc* __restrict__ b,
+                                        int ldb, int ty, int tx, Acc (&acc)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < KSTEPS; ++k) {
+    Acc av[4], bv[4];
+    ssd_ld4(a + k * lda + 4 * ty, av);
+    ssd_ld4(b + k * ldb + 4 * tx, bv);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = ssd_fma(av[i], bv[j], acc[i][j]);
+  }
+}
+
+// ssd_mma restricted to the causal pairs of a diagonal tile (row tile == column tile):
+// row 4·ty + i takes k-step k0 + k only if it is causal to it (REV: k0 + k ≥ row, else
+// k0 + k ≤ row). The masked P entries are already 0, but 0·V would still turn an Inf or
+// NaN of V at a later position into NaN at earlier rows, which the recurrence does not.
+template <int KSTEPS, bool REV, typename Acc>
+__device__ __forceinline__ void ssd_mma_causal(const Acc* __restrict__ a, int lda, const Acc* __restrict__ b,
+                                               int ldb, int ty, int tx, int k0, Acc (&acc)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < KSTEPS; ++k) {
+    Acc av[4], bv[4];
+    ssd_ld4(a + k * lda + 4 * ty, av);
+    ssd_ld4(b + k * ldb + 4 * tx, bv);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = 4 * ty + i, col = k0 + k;
+      if (REV ? col >= row : col <= row) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = ssd_fma(av[i], bv[j], acc[i][j]);
+      }
+    }
+  }
+}
+
+// dst[k·LD + m] = get(m, k) for k < KS, m < 64 (get does its own bounds checks and
+// returns 0 outside). KFAST: consecutive threads walk k, for sources contiguous in k;
+// otherwise they walk m.
+template <typename Acc, bool KFAST, typename Get>
+__device__ __forceinline__ void ssd_fill(Acc* dst, Get get) {
+  constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
+  constexpr int kPer = KS * kSsdTile / kSsdThreads;
+  static_assert(kPer * kSsdThreads == KS * kSsdTile, "tile must split evenly over threads");
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int e = static_cast<int>(threadIdx.x) + u * kSsdThreads;
+    const int k = KFAST ? e % KS : e / kSsdTile;
+    const int m = KFAST ? e / KS : e % kSsdTile;
+    dst[k * LD + m] = get(m, k);
+  }
+}
+
+// Compile-time choice between two register arrays (no runtime indexing).
+template <bool FIRST, typename A>
+__device__ __forceinline__ A& ssd_pick(A& first, A& second) {
+  if constexpr (FIRST)
+    return first;
+  else
+    return second;
+}
+
+// Sum over the 16 threads of a row group (tx = lane % 16): xor butterfly, so every lane
+// ends with the same bits (IEEE addition is commutative) and the order is fixed.
+template <typename Acc>
+__device__ __forceinline__ Acc ssd_sum16(Acc v) {
+#pragma unroll
+  for (int o = 8; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename Acc>
+__device__ __forceinline__ Acc ssd_sum32(Acc v) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- 1. chunk cumsum ---------------------------------------------------------------------
+template <typename T>
+struct SsdCumsumParams {
+  int64_t batch, seqlen, heads, chunk, nchunks, total_warps;
+  const T* dt;
+  int64_t dt_s[3];
+  const T* A;
+  int64_t A_s;
+  double* acs;    // [B, H, L]
+  acc_t<T>* dtf;  // [B, H, L]
+};
+
+// Warp per (b, h, c): Acs_q = Σ_{s ≤ q} dt_s·A_h in double, in 32-wide segments (shuffle
+// scan plus a carry), in the order fixed by the chunk; also stores dt in Acc for the
+// later kernels.
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsumParams<T> p) {
+  using Acc = acc_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32;
+       w < p.total_warps; w += warps_per_grid) {
+    const int64_t c = w % p.nchunks;
+    const int64_t bh = w / p.nchunks;
+    const int64_t h = bh % p.heads, b = bh / p.heads;
+    const int64_t t0 = c * p.chunk;
+    const int64_t len = min(p.chunk, p.seqlen - t0);
+    const double a_h = static_cast<double>(to_acc(p.A[h * p.A_s]));
+    const T* dt = p.dt + b * p.dt_s[0] + h * p.dt_s[2];
+    double* acs = p.acs + bh * p.seqlen + t0;
+    Acc* dtf = p.dtf + bh * p.seqlen + t0;
+    double carry = 0;
+    for (int64_t base = 0; base < len; base += 32) {
+      const int64_t i = base + lane;
+      const Acc d = i < len ? to_acc(dt[(t0 + i) * p.dt_s[1]]) : Acc(0);
+      double v = static_cast<double>(d) * a_h;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const double u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+      }
+      if (i < len) {
+        acs[i] = carry + v;
+        dtf[i] = d;
+      }
+      carry += __shfl_sync(0xffffffffu, v, 31);
+    }
+  }
+}
+
+// ---- 2. chunk state (and the backward's local dstate) ------------------------------------
+template <typename T>
+struct SsdStateParams {
+  int64_t batch, seqlen, heads, hpg, chunk, nchunks, D, N, total_blocks;
+  int d_tiles, n_tiles;
+  SsdOperand<T> xo;  // x (forward) or dy (backward), per head, [.., D]
+  SsdOperand<T> yo;  // B (forward) or C (backward), per group, [.., N]
+  const double* acs;
+  const acc_t<T>* dtf;
+  acc_t<T>* out;  // [B, H, nc, D, N]
+};
+
+// out[d, n] = Σ_s w_s · X_s[d] · Y_s[n] over the chunk's positions, a 64 × 64 tile per
+// block with K = positions:
+//   forward (DSTATE = false): X = x, Y = B, w_s = exp(Acs_last − Acs_s)·dt_s  → S_c
+//   backward (DSTATE = true): X = dy, Y = C, w_s = exp(Acs_s)   → Σ_q exp(Acs_q)·dy_q ⊗ C_q
+template <typename T, bool DSTATE>
+__global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(const SsdStateParams<T> p) {
+  using Acc = acc_t<T>;
+  constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
+  __shared__ __align__(16) Acc sA[KS * LD];
+  __shared__ __align__(16) Acc sB[KS * LD];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int64_t rest = vb;
+    const int nt = static_cast<int>(rest % p.n_tiles);
+    rest /= p.n_tiles;
+    const int dtl = static_cast<int>(rest % p.d_tiles);
+    rest /= p.d_tiles;
+    const int64_t c = rest % p.nchunks;
+    rest /= p.nchunks;
+    const int64_t h = rest % p.heads, b = rest / p.heads;
+    const int64_t g = h / p.hpg, bh = b * p.heads + h;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const int d0 = dtl * kSsdTile, n0 = nt * kSsdTile;
+    const double* acs = p.acs + bh * p.seqlen + t0;
+    const Acc* dtf = p.dtf + bh * p.seqlen + t0;
+    const double acs_last = acs[len - 1];
+    const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2];
+    const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2];
+    Acc acc[4][4] = {};
+    for (int s0 = 0; s0 < len; s0 += KS) {
+      __syncthreads();  // the previous step (or virtual block) is done with sA/sB
+      ssd_fill<Acc, false>(sA, [&](int m, int k) -> Acc {
+        const int s = s0 + k, d = d0 + m;
+        if (s >= len || d >= p.D) return Acc(0);
+        const Acc w = DSTATE ? ssd_decay<Acc>(acs[s]) : ssd_decay<Acc>(acs_last - acs[s]) * dtf[s];
+        return w * to_acc(X[s * p.xo.s[1] + d * p.xo.s[3]]);
+      });
+      ssd_fill<Acc, false>(sB, [&](int m, int k) -> Acc {
+        const int s = s0 + k, n = n0 + m;
+        if (s >= len || n >= p.N) return Acc(0);
+        return to_acc(Y[s * p.yo.s[1] + n * p.yo.s[3]]);
+      });
+      __syncthreads();
+      ssd_mma<KS>(sA, LD, sB, LD, ty, tx, acc);
+    }
+    Acc* out = p.out + (bh * p.nchunks + c) * p.D * p.N;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int d = d0 + 4 * ty + i;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = n0 + 4 * tx + j;
+        if (d < p.D && n < p.N) out[static_cast<int64_t>(d) * p.N + n] = acc[i][j];
+      }
+    }
+  }
+}
+
+// ---- 3. state passing --------------------------------------------------------------------
+template <typename Acc>
+struct SsdPassParams {
+  int64_t batch, heads, seqlen, chunk, nchunks, dn, kblocks, total_blocks;
+  const double* acs;
+  Acc* states;         // [B, H, nc, D·N]: S_c in, H_c out (forward pass)
+  Acc* gstates;        // [B, H, nc, D·N]: local dstate in, Gn_c out (backward pass)
+  Acc* kpart;          // [B, H, nc, kblocks]
+};
+
+// Forward: per (b, h) and element e of D·N, sequentially over c:
+//   H_0 = 0; H_{c+1} = exp(Acs_last(c))·H_c + S_c, storing H_c where S_c was.
+template <typename Acc>
+__global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPassParams<Acc> p) {
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const int64_t bh = vb / p.kblocks;
+    const int64_t e = (vb % p.kblocks) * kSsdThreads + threadIdx.x;
+    if (e >= p.dn) continue;  // no barriers in this kernel
+    const double* acs = p.acs + bh * p.seqlen;
+    Acc* st = p.states + bh * p.nchunks * p.dn + e;
+    Acc run = 0;
+    for (int64_t c = 0; c < p.nchunks; ++c) {
+      const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
+      const Acc s = st[c * p.dn];
+      st[c * p.dn] = run;
+      run = ssd_decay<Acc>(acs[last]) * run + s;
+    }
+  }
+}
+
+// Backward: per (b, h) and element e, from the last chunk down:
+//   G_nc = 0; Gn_c = G_{c+1} (stored where the local dstate was);
+//   G_c = local_c + exp(Acs_last(c))·G_{c+1};
+// and kpart[b,h,c,block] = Σ_{e in block} Gn_c[e]·H_c[e], reduced over the block in a
+// fixed tree (W_c = exp(Acs_last(c)) · Σ_blocks kpart).
+template <typename Acc>
+__global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
+  __shared__ Acc red[kSsdThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const int64_t bh = vb / p.kblocks, kb = vb % p.kblocks;
+    const int64_t e = kb * kSsdThreads + threadIdx.x;
+    const bool ok = e < p.dn;
+    const double* acs = p.acs + bh * p.seqlen;
+    Acc* gs = p.gstates + bh * p.nchunks * p.dn + e;
+    const Acc* hs = p.states + bh * p.nchunks * p.dn + e;
+    Acc run = 0;  // G_{c+1}
+    for (int64_t c = p.nchunks - 1; c >= 0; --c) {
+      Acc kd = 0;
+      Acc local = 0;
+      if (ok) {
+        local = gs[c * p.dn];
+        gs[c * p.dn] = run;
+        kd = run * hs[c * p.dn];
+      }
+      kd = ssd_sum32(kd);
+      __syncthreads();  // the previous chunk's read of red[] is done
+      if (lane == 0) red[warp] = kd;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        Acc t = 0;
+#pragma unroll
+        for (int i = 0; i < kSsdThreads / 32; ++i) t += red[i];
+        p.kpart[(bh * p.nchunks + c) * p.kblocks + kb] = t;
+      }
+      const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
+      run = local + ssd_decay<Acc>(acs[last]) * run;
+    }
+  }
+}
+
+// ---- 4. the chunk scan products ----------------------------------------------------------
+template <typename T>
+struct SsdScanParams {
+  int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
+  int64_t nsplit, hps;  // DC/DB: head splits per group, heads per split (1, H/G if unsplit)
+  int K1, J;  // contraction length of Lft (N for Y/DX, D for DC/DB); output columns
+  int r_tiles, j_tiles;
+  SsdOperand<T> lft, rgt, val, dot;
+  const acc_t<T>* state;  // [B, H, nc, D, N]: H_c (Y, DC) or Gn_c (DX, DB)
+  int64_t state_sk, state_sj;
+  const double* acs;
+  const acc_t<T>* dtf;
+  T* out;           // dense [B, L, H or G, J]
+  acc_t<T>* out_split;  // DC/DB with nsplit > 1: [nsplit, B, L, G, J] instead of out
+  acc_t<T>* part;   // [B, H, L, j_tiles] row-dot partials, DX: x·dxpre (full), DC: U
+  acc_t<T>* part2;  // [B, H, L, j_tiles] DX: x·dxpre (inter-chunk part only), for V
+};
+
+// part[r·tiles + jt] = Σ_j dot(r, j)·v[i][j] for the thread's 4 rows r (rows ≥ len
+// skipped), reduced over the 16 threads of a row group in a fixed tree.
+template <typename T, typename Acc>
+__device__ __forceinline__ void ssd_row_dot(const T* dot, int64_t s_t, int64_t s_j, int r0, int len,
+                                            int j0, int J, const Acc (&v)[4][4], Acc* part, int tiles,
+                                            int jt, int ty, int tx) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int rg = r0 + 4 * ty + i;
+    Acc sdot = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int jg = j0 + 4 * tx + j;
+      if (rg < len && jg < J) sdot += to_acc(dot[static_cast<int64_t>(rg) * s_t + jg * s_j]) * v[i][j];
+    }
+    sdot = ssd_sum16(sdot);
+    if (tx == 0 && rg < len) part[static_cast<int64_t>(rg) * tiles + jt] = sdot;
+  }
+}
+
+template <typename T, int MODE>
+__global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanParams<T> p) {
+  using Acc = acc_t<T>;
+  constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
+  constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;     // causal partners c ≥ r
+  constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;   // per group, sum over heads
+  constexpr bool kStateKFast = MODE == kSsdY || MODE == kSsdDX;  // S(k, j) = state[j·N + k]
+  constexpr bool kHeadAcc = MODE == kSsdDC;  // U needs this head's inter-chunk part alone
+  __shared__ __align__(16) Acc sA[KS * LD];          // Lft tile, k-major
+  __shared__ __align__(16) Acc sB[KS * LD];          // S, Rgt or V tile, k-major
+  __shared__ __align__(16) Acc sP[kSsdTile * kSsdTile];  // P(r, c) stored at [c][r]
+  __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
+  __shared__ Acc sRowDt[kSsdTile], sRowScale[kSsdTile], sColDt[kSsdTile];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t n_hg = kMulti ? p.groups * p.nsplit : p.heads;  // (g, split) or h
+
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int64_t rest = vb;
+    const int jt = static_cast<int>(rest % p.j_tiles);
+    rest /= p.j_tiles;
+    const int rt = static_cast<int>(rest % p.r_tiles);
+    rest /= p.r_tiles;
+    const int64_t c = rest % p.nchunks;
+    rest /= p.nchunks;
+    const int64_t hg = rest % n_hg, b = rest / n_hg;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const int r0 = rt * kSsdTile, j0 = jt * kSsdTile;
+    if (r0 >= len) continue;  // a row tile past the end of the last (short) chunk
+    const int n_ct = (len + kSsdTile - 1) / kSsdTile;
+    const int ct_begin = kRev ? rt : 0, ct_end = kRev ? n_ct : rt + 1;
+    const int64_t g = kMulti ? hg / p.nsplit : hg / p.hpg;
+    const int64_t split = kMulti ? hg % p.nsplit : 0;
+    const int64_t h_begin = kMulti ? g * p.hpg + split * p.hps : hg;
+    const int nh = kMulti ? static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin)) : 1;
+
+    // acc: the block's output tile. DC computes each head's inter-chunk term into accH
+    // first (for that head's U row dot) and then adds it to acc; everything else
+    // accumulates into acc directly.
+    Acc acc[4][4], accH[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = 0;
+    Acc(&hacc)[4][4] = ssd_pick<kHeadAcc>(accH, acc);
+
+    for (int hi = 0; hi < nh; ++hi) {  // the split's heads in order (one head for Y/DX)
+      const int64_t h = h_begin + hi;
+      const int64_t bh = b * p.heads + h;
+      const double* acs = p.acs + bh * p.seqlen + t0;
+      const Acc* dtf = p.dtf + bh * p.seqlen + t0;
+      const double acs_last = acs[len - 1];
+      auto base = [&](const SsdOperand<T>& o) {
+        return o.p + b * o.s[0] + t0 * o.s[1] + (o.per_head ? h : g) * o.s[2];
+      };
+      const T* lft = base(p.lft);
+      const T* rgt = base(p.rgt);
+      const T* val = base(p.val);
+      const Acc* st = p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.K1) * p.J;
+
+      __syncthreads();  // the previous head / virtual block is done with all shared memory
+      if (threadIdx.x < kSsdTile) {
+        const int r = r0 + threadIdx.x;
+        const bool ok = r < len;
+        const double ar = ok ? acs[r] : 0.0;
+        const Acc dr = ok ? dtf[r] : Acc(0);
+        sRowAcs[threadIdx.x] = ar;
+        sRowDt[threadIdx.x] = dr;
+        Acc scale = kRev ? ssd_decay<Acc>(acs_last - ar) : ssd_decay<Acc>(ar);
+        if (MODE == kSsdDB) scale *= dr;
+        sRowScale[threadIdx.x] = ok ? scale : Acc(0);
+      }
+      __syncthreads();  // row data visible (also when K1 == 0 skips the loop below)
+      // Lft(r, k) for the tile's rows, times rs_r when SCALED; 0 outside the chunk and
+      // past K1.
+      auto get_lft = [&](int k0, auto scaled) {
+        return [&, k0](int m, int k) -> Acc {
+          const int r = r0 + m, kk = k0 + k;
+          if (r >= len || kk >= p.K1) return Acc(0);
+          const Acc v = to_acc(lft[static_cast<int64_t>(r) * p.lft.s[1] + kk * p.lft.s[3]]);
+          return decltype(scaled)::value ? v * sRowScale[m] : v;
+        };
+      };
+      if constexpr (kHeadAcc) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) accH[i][j] = 0;
+      }
+
+      // (a) inter-chunk term: hacc += (diag(rs) · Lft) · S, K = K1 (hacc = accH for DC,
+      //     acc otherwise).
+      for (int k0 = 0; k0 < p.K1; k0 += KS) {
+        __syncthreads();
+        ssd_fill<Acc, true>(sA, get_lft(k0, std::true_type{}));
+        ssd_fill<Acc, kStateKFast>(sB, [&](int m, int k) -> Acc {
+          const int kk = k0 + k, j = j0 + m;
+          if (kk >= p.K1 || j >= p.J) return Acc(0);
+          return st[kk * p.state_sk + j * p.state_sj];
+        });
+        __syncthreads();
+        ssd_mma<KS>(sA, LD, sB, LD, ty, tx, hacc);
+      }
+      // Row dots of the inter-chunk part over this column tile: DX: x·dxpre_inter (→ V,
+      // one head, so acc holds only the inter part here); DC: C·(this head's inter part
+      // of dC) = U.
+      if constexpr (MODE == kSsdDX || MODE == kSsdDC) {
+        const T* dot = base(p.dot);
+        Acc* part = (MODE == kSsdDX ? p.part2 : p.part) + (bh * p.seqlen + t0) * p.j_tiles;
+        ssd_row_dot<T, Acc>(dot, p.dot.s[1], p.dot.s[3], r0, len, j0, p.J, hacc, part, p.j_tiles, jt, ty, tx);
+      }
+      if constexpr (kHeadAcc) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] += accH[i][j];
+      }
+
+      // (b) intra-chunk term over the causal column tiles:
+      //     P(r, c) = (Σ_k Lft(r,k)·Rgt(c,k)) · dec(r, c), masked; acc += P · V.
+      for (int ct = ct_begin; ct < ct_end; ++ct) {
+        const int c0 = ct * kSsdTile;
+        __syncthreads();  // previous P·V is done with sColAcs/sColDt/sP/sB
+        if (threadIdx.x < kSsdTile) {
+          const int cc = c0 + threadIdx.x;
+          sColAcs[threadIdx.x] = cc < len ? acs[cc] : 0.0;
+          sColDt[threadIdx.x] = cc < len ? dtf[cc] : Acc(0);
+        }
+        Acc accP[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) accP[i][j] = 0;
+        for (int k0 = 0; k0 < p.K1; k0 += KS) {
+          if (k0 > 0) __syncthreads();
+          ssd_fill<Acc, true>(sA, get_lft(k0, std::false_type{}));
+          ssd_fill<Acc, true>(sB, [&](int m, int k) -> Acc {
+            const int cc = c0 + m, kk = k0 + k;
+            if (cc >= len || kk >= p.K1) return Acc(0);
+            return to_acc(rgt[static_cast<int64_t>(cc) * p.rgt.s[1] + kk * p.rgt.s[3]]);
+          });
+          __syncthreads();
+          ssd_mma<KS>(sA, LD, sB, LD, ty, tx, accP);
+        }
+        __syncthreads();  // sColAcs/sColDt visible even when K1 == 0
+        // Decay and causal mask; P is stored transposed (sP[c][r]) so that it is the
+        // k-major left operand of P · V. Masked entries are set, not multiplied, to 0.
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int cl = 4 * tx + j, cg = c0 + cl;
+          Acc col[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int rl = 4 * ty + i, rg = r0 + rl;
+            const bool causal = kRev ? cg >= rg : cg <= rg;
+            Acc v = 0;
+            if (causal && rg < len && cg < len) {
+              if (kRev) {
+                v = accP[i][j] * ssd_decay<Acc>(sColAcs[cl] - sRowAcs[rl]);
+                if (MODE == kSsdDB) v *= sRowDt[rl];
+              } else {
+                v = accP[i][j] * (ssd_decay<Acc>(sRowAcs[rl] - sColAcs[cl]) * sColDt[cl]);
+              }
+            }
+            col[i] = v;
+          }
+          ssd_st4(sP + cl * kSsdTile + 4 * ty, col);
+        }
+        for (int k0 = 0; k0 < kSsdTile; k0 += KS) {
+          __syncthreads();  // sP written / previous V tile consumed
+          ssd_fill<Acc, false>(sB, [&](int m, int k) -> Acc {
+            const int cc = c0 + k0 + k, j = j0 + m;
+            if (cc >= len || j >= p.J) return Acc(0);
+            return to_acc(val[static_cast<int64_t>(cc) * p.val.s[1] + j * p.val.s[3]]);
+          });
+          __syncthreads();
+          if (ct == rt)
+            ssd_mma_causal<KS, kRev>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, k0, acc);
+          else
+            ssd_mma<KS>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, acc);
+        }
+      }
+    }
+
+    // DX: ddt(direct) partial = Σ_j x(r,j)·dxpre(r,j) over this column tile.
+    if constexpr (MODE == kSsdDX) {
+      const int64_t bh = b * p.heads + hg;
+      const T* dot = p.dot.p + b * p.dot.s[0] + t0 * p.dot.s[1] + hg * p.dot.s[2];
+      ssd_row_dot<T, Acc>(dot, p.dot.s[1], p.dot.s[3], r0, len, j0, p.J, acc,
+                          p.part + (bh * p.seqlen + t0) * p.j_tiles, p.j_tiles, jt, ty, tx);
+    }
+
+    // Epilogue: DX scales by dt_r (dx = dt·dxpre); sRowDt still holds the only head's dt.
+    // Split DC/DB write their float partial instead.
+    const int64_t n_out = kMulti ? p.groups : p.heads;
+    const int64_t i_out = kMulti ? g : hg;
+    const bool to_split = kMulti && p.nsplit > 1;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int rl = 4 * ty + i, rg = r0 + rl;
+      if (rg >= len) continue;
+      const Acc rscale = MODE == kSsdDX ? sRowDt[rl] : Acc(1);
+      const int64_t row = ((b * p.seqlen + t0 + rg) * n_out + i_out) * p.J;
+      T* orow = p.out + row;
+      Acc* prow = p.out_split + split * p.batch * p.seqlen * n_out * p.J + row;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int jg = j0 + 4 * tx + j;
+        if (jg >= p.J) continue;
+        if (to_split)
+          prow[jg] = acc[i][j];
+        else
+          orow[jg] = from_acc<T>(MODE == kSsdDX ? acc[i][j] * rscale : acc[i][j]);
+      }
+    }
+  }
+}
+
+// out[i] = Σ_{split < nsplit} part[split·count + i], in split order.
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_split_sum_kernel(const acc_t<T>* part, int64_t nsplit,
+                                                                   int64_t count, T* out) {
+  using Acc = acc_t<T>;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
+    Acc v = 0;
+    for (int64_t sp = 0; sp < nsplit; ++sp) v += part[sp * count + i];
+    out[i] = from_acc<T>(v);
+  }
+}
+
+// ---- 5. the crossing sums X_s ------------------------------------------------------------
+template <typename T>
+struct SsdDacsParams {
+  int64_t seqlen, heads, hpg, chunk, nchunks, total_blocks;
+  int D, N;
+  SsdOperand<T> x, dy, B, C;
+  const double* acs;
+  const acc_t<T>* dtf;
+  acc_t<T>* xs;  // [B, H, L]
+};
+
+// Block per (b, h, c): X_s = Σ_{q ≥ s} Σ_{s' < s} T_qs' with
+//   T_qs' = (C_q·B_s')·(dy_q·x_s')·exp(Acs_q − Acs_s')·dt_s'  for s' < q, else 0,
+// walking the lower-triangular 64×64 tiles (rows q in tile i, columns s' in tile j ≤ i)
+// in a fixed order. For a tile with j < i, its pairs cross
+//   s in tile j:  Σ_{s' < s} colsum(s')           (prefix of column sums)
+//   s in tile i:  Σ_{q ≥ s} rowsum(q)             (suffix of row sums, over all j < i)
+//   s strictly between the tiles: the tile's full sum;
+// a diagonal tile contributes Σ_{q ≥ s} Σ_{s' < s} T_qs' inside itself. The block owns
+// its chunk's slice of xs and adds to it in that fixed order (barriers between steps).
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsParams<T> p) {
+  using Acc = acc_t<T>;
+  constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
+  constexpr int TLD = kSsdTile + 1;  // odd row stride: row walks and column walks conflict-free
+  __shared__ __align__(16) Acc sA[KS * LD];
+  __shared__ __align__(16) Acc sB[KS * LD];
+  __shared__ Acc sT[kSsdTile * TLD];
+  __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
+  __shared__ Acc sColDt[kSsdTile];
+  __shared__ Acc sRowTot[kSsdTile], sColSum[kSsdTile];
+  __shared__ Acc sFull;
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const int64_t c = vb % p.nchunks, bh = vb / p.nchunks;
+    const int64_t h = bh % p.heads, b = bh / p.heads, g = h / p.hpg;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const double* acs = p.acs + bh * p.seqlen + t0;
+    const Acc* dtf = p.dtf + bh * p.seqlen + t0;
+    Acc* xs = p.xs + bh * p.seqlen + t0;
+    const T* xp = p.x.p + b * p.x.s[0] + t0 * p.x.s[1] + h * p.x.s[2];
+    const T* dyp = p.dy.p + b * p.dy.s[0] + t0 * p.dy.s[1] + h * p.dy.s[2];
+    const T* bp = p.B.p + b * p.B.s[0] + t0 * p.B.s[1] + g * p.B.s[2];
+    const T* cp = p.C.p + b * p.C.s[0] + t0 * p.C.s[1] + g * p.C.s[2];
+    __syncthreads();  // the previous virtual block is done with shared memory
+    for (int s = tid; s < len; s += kSsdThreads) xs[s] = 0;
+    const int n_t = (len + kSsdTile - 1) / kSsdTile;
+    for (int ti = 0; ti < n_t; ++ti) {
+      const int r0 = ti * kSsdTile;
+      __syncthreads();  // the previous row tile's readers of sRowAcs/sRowTot are done
+      if (tid < kSsdTile) {
+        sRowAcs[tid] = r0 + tid < len ? acs[r0 + tid] : 0.0;
+        sRowTot[tid] = 0;
+      }
+      for (int tj = 0; tj <= ti; ++tj) {
+        const int c0 = tj * kSsdTile;
+        __syncthreads();  // the previous tile is done with sT, sColAcs, sColDt, sA, sB
+        if (tid < kSsdTile) {
+          sColAcs[tid] = c0 + tid < len ? acs[c0 + tid] : 0.0;
+          sColDt[tid] = c0 + tid < len ? dtf[c0 + tid] : Acc(0);
+        }
+        // accCB(q, s') = C_q·B_s' (K = N), accYX(q, s') = dy_q·x_s' (K = D)
+        Acc accCB[4][4], accYX[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) accCB[i][j] = 0, accYX[i][j] = 0;
+        auto product = [&](const T* lp, const SsdOperand<T>& lo, const T* rp, const SsdOperand<T>& ro,
+                           int K, Acc(&out)[4][4]) {
+          for (int k0 = 0; k0 < K; k0 += KS) {
+            __syncthreads();
+            ssd_fill<Acc, true>(sA, [&](int m, int k) -> Acc {
+              const int q = r0 + m, kk = k0 + k;
+              if (q >= len || kk >= K) return Acc(0);
+              return to_acc(lp[static_cast<int64_t>(q) * lo.s[1] + kk * lo.s[3]]);
+            });
+            ssd_fill<Acc, true>(sB, [&](int m, int k) -> Acc {
+              const int sc = c0 + m, kk = k0 + k;
+              if (sc >= len || kk >= K) return Acc(0);
+              return to_acc(rp[static_cast<int64_t>(sc) * ro.s[1] + kk * ro.s[3]]);
+            });
+            __syncthreads();
+            ssd_mma<KS>(sA, LD, sB, LD, ty, tx, out);
+          }
+        };
+        product(cp, p.C, bp, p.B, p.N, accCB);
+        product(dyp, p.dy, xp, p.x, p.D, accYX);
+        __syncthreads();  // row/column data visible even when N == D == 0
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int ql = 4 * ty + i, q = r0 + ql;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int sl = 4 * tx + j, sc = c0 + sl;
+            Acc v = 0;
+            if (q < len && sc < q)
+              v = accCB[i][j] * accYX[i][j] * (ssd_decay<Acc>(sRowAcs[ql] - sColAcs[sl]) * sColDt[sl]);
+            sT[ql * TLD + sl] = v;
+          }
+        }
+        __syncthreads();
+        if (tj < ti) {
+          if (tid < kSsdTile) {  // column sums over the tile's rows
+            Acc cs = 0;
+            for (int q = 0; q < kSsdTile; ++q) cs += sT[q * TLD + tid];
+            sColSum[tid] = cs;
+          } else if (tid < 2 * kSsdTile) {  // row sums, accumulated over tj < ti
+            const int q = tid - kSsdTile;
+            Acc rsum = 0;
+            for (int sl = 0; sl < kSsdTile; ++sl) rsum += sT[q * TLD + sl];
+            sRowTot[q] += rsum;
+          }
+          __syncthreads();
+          if (tid < kSsdTile) {  // s in tile tj: Σ_{s' < s} colsum(s')
+            Acc pre = 0;
+            for (int sl = 0; sl < tid; ++sl) pre += sColSum[sl];
+            if (c0 + tid < len) xs[c0 + tid] += pre;
+            if (tid == kSsdTile - 1) sFull = pre + sColSum[tid];
+          }
+          __syncthreads();
+          const Acc full = sFull;  // s strictly between the tiles: every pair crosses
+          for (int sg = c0 + kSsdTile + tid; sg < r0; sg += kSsdThreads) xs[sg] += full;
+        } else {
+          // Diagonal tile: R_q(s) = Σ_{s' < s} T_qs' (exclusive prefix along each row) ...
+          if (tid < kSsdTile) {
+            Acc run = 0;
+            for (int sl = 0; sl < kSsdTile; ++sl) {
+              const Acc v = sT[tid * TLD + sl];
+              sT[tid * TLD + sl] = run;
+              run += v;
+            }
+          }
+          __syncthreads();
+          // ... then X_s += Σ_{q ≥ s} (R_q(s) + rowtot(q)) over the tile's rows.
+          if (tid < kSsdTile && r0 + tid < len) {
+            Acc xsum = 0;
+            for (int ql = tid; ql < kSsdTile; ++ql) xsum += sT[ql * TLD + tid] + sRowTot[ql];
+            xs[r0 + tid] += xsum;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- 6. backward finalize ----------------------------------------------------------------
+template <typename T>
+struct SsdFinalizeParams {
+  int64_t batch, seqlen, heads, chunk, nchunks, total_warps;
+  int64_t kblocks, d_tiles, n_tiles;
+  const T* A;
+  int64_t A_s;
+  const double* acs;
+  const acc_t<T>* dtf;
+  const acc_t<T>* kpart;
+  const acc_t<T>* ddtp;
+  const acc_t<T>* vp;
+  const acc_t<T>* up;
+  acc_t<T>* xs;   // X_s in; overwritten with X_s + Σ_{q ≥ s} U_q + W
+  acc_t<T>* dap;  // [H, B·nc]
+  T* ddt;         // dense [B, L, H]
+};
+
+// Warp per (b, h, c), two passes over the chunk in 32-wide segments:
+//   backward: xs_s += Σ_{q ≥ s} U_q + W      (suffix scan, W = exp(Acs_last)·Σ kpart)
+//   forward:  da_s = xs_s + Σ_{s' < s} V_s'   (exclusive prefix scan, V = dt·Σ vp)
+//             ddt_s = ddt_s(direct) + A_h·da_s,  dap[h, b·nc + c] = Σ_s dt_s·da_s
+// Each lane handles the same positions in both passes, so it reads back its own xs.
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFinalizeParams<T> p) {
+  using Acc = acc_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32;
+       w < p.total_warps; w += warps_per_grid) {
+    const int64_t c = w % p.nchunks;
+    const int64_t bh = w / p.nchunks;
+    const int64_t h = bh % p.heads, b = bh / p.heads;
+    const int64_t t0 = c * p.chunk;
+    const int64_t len = min(p.chunk, p.seqlen - t0);
+    const int64_t row0 = bh * p.seqlen + t0;
+    const Acc a_h = to_acc(p.A[h * p.A_s]);
+    Acc wsum = 0;
+    for (int64_t i = lane; i < p.kblocks; i += 32) wsum += p.kpart[(bh * p.nchunks + c) * p.kblocks + i];
+    const Acc w_c = ssd_decay<Acc>(p.acs[row0 + len - 1]) * ssd_sum32(wsum);
+
+    Acc carry = 0;
+    for (int64_t base = (len - 1) / 32 * 32; base >= 0; base -= 32) {
+      const int64_t i = base + lane;
+      Acc v = 0;
+      if (i < len)
+        for (int64_t k = 0; k < p.n_tiles; ++k) v += p.up[(row0 + i) * p.n_tiles + k];
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {  // inclusive suffix sum inside the segment
+        const Acc u = __shfl_down_sync(0xffffffffu, v, o);
+        if (lane + o < 32) v += u;
+      }
+      if (i < len) p.xs[row0 + i] += carry + v + w_c;
+      carry += __shfl_sync(0xffffffffu, v, 0);
+    }
+
+    carry = 0;
+    Acc da_dt = 0;
+    for (int64_t base = 0; base < len; base += 32) {
+      const int64_t i = base + lane;
+      Acc vi = 0, direct = 0, dti = 0;
+      if (i < len) {
+        dti = p.dtf[row0 + i];
+        Acc vsum = 0;
+        for (int64_t k = 0; k < p.d_tiles; ++k) {
+          vsum += p.vp[(row0 + i) * p.d_tiles + k];
+          direct += p.ddtp[(row0 + i) * p.d_tiles + k];
+        }
+        vi = dti * vsum;
+      }
+      Acc incl = vi;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {  // inclusive prefix sum inside the segment
+        const Acc u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+      }
+      Acc excl = __shfl_up_sync(0xffffffffu, incl, 1);
+      if (lane == 0) excl = 0;
+      if (i < len) {
+        const Acc da = p.xs[row0 + i] + (carry + excl);
+        p.ddt[(b * p.seqlen + t0 + i) * p.heads + h] = from_acc<T>(direct + a_h * da);
+        da_dt += dti * da;
+      }
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    da_dt = ssd_sum32(da_dt);
+    if (lane == 0) p.dap[h * (p.batch * p.nchunks) + b * p.nchunks + c] = da_dt;
+  }
+}
+
+// Warp per head: dA_h = Σ_{b, c} dap[h, b·nc + c] (lane-strided, then a fixed tree).
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_dA_kernel(const acc_t<T>* dap, int64_t heads,
+                                                             int64_t per_head, T* dA) {
+  using Acc = acc_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
+  for (int64_t h = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32;
+       h < heads; h += warps_per_grid) {
+    Acc s = 0;
+    for (int64_t i = lane; i < per_head; i += 32) s += dap[h * per_head + i];
+    s = ssd_sum32(s);
+    if (lane == 0) dA[h] = from_acc<T>(s);
+  }
+}
+
+// ---- launch helpers ----------------------------------------------------------------------
+// Throws if the problem breaks the kernels' index assumptions (the plan rejects these
+// first): positions inside a chunk and tile indices are int32.
+inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) {
+  const char* op = backward ? "ssd_chunk_scan_backward" : "ssd_chunk_scan";
+  if (l.chunk_size < 1) fail(PlanErrorKind::Internal, op, "chunk_size must be >= 1");
+  if (l.seqlen >= (int64_t{1} << 31) - kSsdTile)
+    fail(PlanErrorKind::Unsupported, op, "seqlen must be < 2^31 - 64 on CUDA");
+  if (l.head_dim > (1 << 20) || l.state_dim > (1 << 20))
+    fail(PlanErrorKind::Unsupported, op, "head_dim and state_dim must be <= 2^20 on CUDA");
+  if (l.groups < 1 || l.heads % l.groups != 0)
+    fail(PlanErrorKind::Internal, op, "heads must be a multiple of groups");
+  const SsdWorkspace w = ssd_workspace_layout(l, backward);
+  if (w.total > 0 && (l.workspace == nullptr || l.workspace_bytes < w.total))
+    fail(PlanErrorKind::Internal, op, "workspace too small");
+}
+
+template <typename T>
+void ssd_launch_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdCumsumParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.chunk = l.chunk_size;
+  p.nchunks = l.nchunks();
+  p.total_warps = l.batch * l.heads * p.nchunks;
+  p.dt = static_cast<const T*>(l.dt);
+  for (int i = 0; i < 3; ++i) p.dt_s[i] = l.dt_stride[i];
+  p.A = static_cast<const T*>(l.A);
+  p.A_s = l.A_stride;
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  if (p.total_warps == 0) return;
+  ssd_cumsum_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
+  check_launch("ssd_chunk_scan(cumsum)");
+}
+
+// DSTATE = false: S_c from (x, B) into `states`; true: local dstate from (dy, C) into `gstates`.
+template <typename T, bool DSTATE>
+void ssd_launch_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdStateParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups;
+  p.chunk = l.chunk_size, p.nchunks = l.nchunks(), p.D = l.head_dim, p.N = l.state_dim;
+  p.d_tiles = static_cast<int>(w.d_tiles), p.n_tiles = static_cast<int>(w.n_tiles);
+  p.total_blocks = l.batch * l.heads * p.nchunks * p.d_tiles * p.n_tiles;
+  p.xo = ssd_operand<T>(DSTATE ? l.dy : l.x, DSTATE ? l.dy_stride : l.x_stride, true);
+  p.yo = ssd_operand<T>(DSTATE ? l.C : l.B, DSTATE ? l.C_stride : l.B_stride, false);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.out = ssd_ws<Acc>(l, DSTATE ? w.gstates : w.states);
+  if (p.total_blocks == 0) return;
+  ssd_chunk_state_kernel<T, DSTATE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  check_launch(DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)");
+}
+
+template <typename T, bool BW>
+void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdPassParams<Acc> p;
+  p.batch = l.batch, p.heads = l.heads, p.seqlen = l.seqlen, p.chunk = l.chunk_size;
+  p.nchunks = l.nchunks(), p.dn = l.head_dim * l.state_dim, p.kblocks = w.kblocks;
+  p.total_blocks = l.batch * l.heads * p.kblocks;
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.states = ssd_ws<Acc>(l, w.states);
+  p.gstates = BW ? ssd_ws<Acc>(l, w.gstates) : nullptr;
+  p.kpart = BW ? ssd_ws<Acc>(l, w.kpart) : nullptr;
+  if (p.total_blocks == 0 || p.nchunks == 0) return;
+  if (BW) {
+    ssd_state_pass_bwd_kernel<Acc><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+    check_launch("ssd_chunk_scan_backward(state_pass)");
+  } else {
+    ssd_state_pass_kernel<Acc><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+    check_launch("ssd_chunk_scan(state_pass)");
+  }
+}
+
+template <typename T, int MODE>
+void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;
+  const bool y_like = MODE == kSsdY || MODE == kSsdDX;
+  SsdScanParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups;
+  p.hpg = l.heads / l.groups, p.chunk = l.chunk_size, p.nchunks = l.nchunks();
+  p.K1 = static_cast<int>(y_like ? l.state_dim : l.head_dim);
+  p.J = static_cast<int>(y_like ? l.head_dim : l.state_dim);
+  const int64_t qe = l.chunk_size < l.seqlen ? l.chunk_size : l.seqlen;  // longest chunk
+  p.r_tiles = static_cast<int>((qe + kSsdTile - 1) / kSsdTile);
+  p.j_tiles = static_cast<int>((p.J + kSsdTile - 1) / kSsdTile);
+  p.nsplit = kMulti ? w.nsplit : 1;
+  p.hps = kMulti ? w.hps : 1;
+  p.total_blocks = l.batch * (kMulti ? l.groups * p.nsplit : l.heads) * p.nchunks * p.r_tiles * p.j_tiles;
+  p.out_split = kMulti ? ssd_ws<Acc>(l, w.split) : nullptr;
+  const SsdOperand<T> x = ssd_operand<T>(l.x, l.x_stride, true);
+  const SsdOperand<T> dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  const SsdOperand<T> Bo = ssd_operand<T>(l.B, l.B_stride, false);
+  const SsdOperand<T> Co = ssd_operand<T>(l.C, l.C_stride, false);
+  // state[d·N + n]: S(k = n, j = d) for Y/DX, S(k = d, j = n) for DC/DB
+  p.state_sk = y_like ? 1 : l.state_dim;
+  p.state_sj = y_like ? l.state_dim : 1;
+  p.state = ssd_ws<Acc>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.part = nullptr;
+  p.part2 = nullptr;
+  switch (MODE) {
+    case kSsdY:
+      p.lft = Co, p.rgt = Bo, p.val = x, p.dot = x;
+      p.out = static_cast<T*>(l.y);
+      break;
+    case kSsdDX:
+      p.lft = Bo, p.rgt = Co, p.val = dy, p.dot = x;
+      p.out = static_cast<T*>(l.dx);
+      p.part = ssd_ws<Acc>(l, w.ddtp);
+      p.part2 = ssd_ws<Acc>(l, w.vp);
+      break;
+    case kSsdDC:
+      p.lft = dy, p.rgt = x, p.val = Bo, p.dot = Co;
+      p.out = static_cast<T*>(l.dC);
+      p.part = ssd_ws<Acc>(l, w.up);
+      break;
+    default:  // kSsdDB
+      p.lft = x, p.rgt = dy, p.val = Co, p.dot = Co;
+      p.out = static_cast<T*>(l.dB);
+      break;
+  }
+  if (p.total_blocks == 0) return;
+  ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  check_launch(MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)");
+  if (kMulti && p.nsplit > 1) {
+    const int64_t count = l.batch * l.seqlen * l.groups * l.state_dim;
+    ssd_split_sum_kernel<T><<<ssd_grid((count + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(
+        p.out_split, p.nsplit, count, p.out);
+    check_launch("ssd_chunk_scan_backward(split_sum)");
+  }
+}
+
+template <typename T>
+void ssd_launch_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdDacsParams<T> p;
+  p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups, p.chunk = l.chunk_size;
+  p.nchunks = l.nchunks();
+  p.total_blocks = l.batch * l.heads * p.nchunks;
+  p.D = static_cast<int>(l.head_dim), p.N = static_cast<int>(l.state_dim);
+  p.x = ssd_operand<T>(l.x, l.x_stride, true);
+  p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  p.B = ssd_operand<T>(l.B, l.B_stride, false);
+  p.C = ssd_operand<T>(l.C, l.C_stride, false);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.xs = ssd_ws<Acc>(l, w.xs);
+  if (p.total_blocks == 0) return;
+  ssd_dacs_kernel<T><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  check_launch("ssd_chunk_scan_backward(dacs)");
+}
+
+template <typename T>
+void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdFinalizeParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.chunk = l.chunk_size;
+  p.nchunks = l.nchunks();
+  p.total_warps = l.batch * l.heads * p.nchunks;
+  p.kblocks = w.kblocks, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
+  p.A = static_cast<const T*>(l.A);
+  p.A_s = l.A_stride;
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.kpart = ssd_ws<Acc>(l, w.kpart);
+  p.ddtp = ssd_ws<Acc>(l, w.ddtp);
+  p.vp = ssd_ws<Acc>(l, w.vp);
+  p.up = ssd_ws<Acc>(l, w.up);
+  p.xs = ssd_ws<Acc>(l, w.xs);
+  p.dap = ssd_ws<Acc>(l, w.dap);
+  p.ddt = static_cast<T*>(l.ddt);
+  if (p.total_warps > 0) {
+    ssd_finalize_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
+    check_launch("ssd_chunk_scan_backward(finalize)");
+  }
+  if (l.heads > 0) {  // also when B·L == 0: dA is then written as zeros
+    ssd_dA_kernel<T><<<ssd_grid((l.heads + 7) / 8), kSsdThreads, 0, stream>>>(
+        p.dap, l.heads, l.batch * p.nchunks, static_cast<T*>(l.dA));
+    check_launch("ssd_chunk_scan_backward(dA)");
+  }
+}
+
+}  // namespace baracuda::kernels::cuda

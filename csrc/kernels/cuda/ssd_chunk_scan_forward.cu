@@ -1,0 +1,26 @@
+// Mamba-2 SSD chunk scan, CUDA forward: cumsum → chunk states → state passing → chunk
+// scan (see ssd_chunk_scan.cuh for the formulas and the workspace layout).
+#include "kernels/cuda/ssd_chunk_scan.cuh"
+
+namespace baracuda::kernels {
+
+size_t ssd_chunk_scan_cuda_forward_workspace(const SsdChunkScanLaunch& l) {
+  return cuda::ssd_workspace_layout(l, /*backward=*/false).total;
+}
+
+void ssd_chunk_scan_cuda_forward(const SsdChunkScanLaunch& l, void* stream) {
+  using namespace cuda;
+  if (l.batch == 0 || l.seqlen == 0 || l.heads == 0 || l.head_dim == 0) return;  // y is empty
+  ssd_check_launch_struct(l, /*backward=*/false);
+  const SsdWorkspace w = ssd_workspace_layout(l, /*backward=*/false);
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch_floating(l.element, [&](auto tag) {
+    using T = decltype(tag);
+    ssd_launch_cumsum<T>(l, w, s);                       // Acs, dt → workspace
+    ssd_launch_chunk_state<T, /*DSTATE=*/false>(l, w, s);  // S_c
+    ssd_launch_state_pass<T, /*BW=*/false>(l, w, s);       // S_c → H_c in place
+    ssd_launch_scan<T, kSsdY>(l, w, s);                  // y
+  });
+}
+
+}  // namespace baracuda::kernels
