@@ -12,6 +12,8 @@
 namespace baracuda::kernels {
 
 // Math in the accumulation type: float for float32/float16/bfloat16, double for float64.
+BARACUDA_HD float math_abs(float v) { return fabsf(v); }
+BARACUDA_HD double math_abs(double v) { return fabs(v); }
 BARACUDA_HD float math_exp(float v) { return expf(v); }
 BARACUDA_HD double math_exp(double v) { return exp(v); }
 BARACUDA_HD float math_erf(float v) { return erff(v); }

@@ -14,7 +14,11 @@ namespace baracuda::kernels {
 template <bool Fast>
 BARACUDA_HD float exp_(float v) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (Fast) return __expf(v);
+  if constexpr (Fast) {  // 2^(v·log2 e) on MUFU.EX2; results below 2^-126 flush to 0
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
+    return r;
+  }
 #endif
   return math_exp(v);
 }
@@ -22,10 +26,22 @@ template <bool Fast>
 BARACUDA_HD double exp_(double v) {
   return math_exp(v);
 }
+#if defined(__CUDA_ARCH__)
+// 2^v on MUFU.EX2 (the Fast path's building block).
+__device__ __forceinline__ float fast_exp2(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+#endif
 template <bool Fast>
 BARACUDA_HD float recip(float v) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (Fast) return __fdividef(1.0f, v);  // 0 for |v| > 2^126: exact enough there
+  if constexpr (Fast) {  // one MUFU.RCP; every caller passes v >= 1 (rcp(inf) = 0)
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+  }
 #endif
   return 1.0f / v;
 }
@@ -40,8 +56,32 @@ BARACUDA_HD Acc sigmoid(Acc b) {
 }
 
 // Standard normal CDF Φ(b) and density φ(b).
-template <typename Acc>
+//
+// Accurate (float32/float64 data): Φ = (1 + erf(b/√2)) / 2, as PyTorch computes it.
+// Fast (float16/bfloat16 in the CUDA kernels): Φ from erfc without erf, branch-free:
+//   x = |b|/√2,  t = 1/(1 + x/2),  erfc(x) = t·Q(t)·exp(−x²),  Φ = b ≥ 0 ? 1 − erfc/2 : erfc/2
+// with Q a degree-6 polynomial fitted for this library (weighted least squares towards
+// minimax relative error on x in [0, 10]): erfc's relative error ≤ 1.4e-6 for every x ≥ 0,
+// so gelu(b) = b·Φ(b) is within 1.3e-5 relative everywhere (float32 evaluation) — better
+// in the tail than 1 + erf, which cancels — in ~15 instructions instead of erff's ~40.
+template <bool Fast, typename Acc>
 BARACUDA_HD Acc normal_cdf(Acc b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (Fast) {
+    // u = x·√(log2 e), so exp(−x²) = 2^(−u²); Q's coefficients carry the factor 1/2.
+    const float u = fabsf(b) * 0.84932180028801907f;          // (1/√2)·√(log2 e)
+    const float t = recip<true>(1.0f + 0.41627730557884884f * u);  // 1/(1 + x/2)
+    float q = 0.04410344889178667f;
+    q = q * t - 0.17837385152127142f;
+    q = q * t + 0.19461920381500385f;
+    q = q * t + 0.01894024934839285f;
+    q = q * t + 0.14075384414401025f;
+    q = q * t + 0.13879069387837298f;
+    q = q * t + 0.14116573388993528f;
+    const float half_erfc = t * q * fast_exp2(-u * u);
+    return b >= 0.0f ? 1.0f - half_erfc : half_erfc;
+  }
+#endif
   return Acc(0.5) * (Acc(1) + math_erf(b * Acc(0.70710678118654752440)));
 }
 template <bool Fast, typename Acc>
@@ -66,7 +106,7 @@ BARACUDA_HD Acc gated_forward(Acc a, Acc b) {
   } else if constexpr (K == GatedKind::Swiglu) {
     return a * (b * sigmoid<Fast>(b));
   } else if constexpr (K == GatedKind::Geglu) {
-    return a * (b * normal_cdf(b));
+    return a * (b * normal_cdf<Fast>(b));
   } else {
     const Acc two_u = Acc(2 * kGeluTanhK) * (b + Acc(kGeluTanhC) * b * b * b);
     return a * (b * sigmoid<Fast>(two_u));
@@ -89,7 +129,7 @@ BARACUDA_HD void gated_backward(Acc dy, Acc a, Acc b, Acc& da, Acc& db) {
     da = dy * (b * s);
     db = dy * a * (s * (Acc(1) + b * (Acc(1) - s)));
   } else if constexpr (K == GatedKind::Geglu) {
-    const Acc cdf = normal_cdf(b);
+    const Acc cdf = normal_cdf<Fast>(b);
     da = dy * (b * cdf);
     db = dy * a * (cdf + b * normal_pdf<Fast>(b));
   } else {
