@@ -36,12 +36,11 @@ struct LerpRowsParams {
   void* out[3];
 };
 
-template <typename T, LerpOp Op, int V, typename Idx>
+template <typename T, LerpOp Op, int V, typename Idx, int U = kLerpUnroll<T, Op>>
 __global__ void __launch_bounds__(kLerpThreads) lerp_rows_kernel(const LerpRowsParams<Idx> p) {
   using Acc = acc_t<T>;
   constexpr int NI = kLerpInputs<Op>;
   constexpr int NO = kLerpOutputs<Op>;
-  constexpr int U = kLerpUnroll<T, Op>;
   const LerpScalars<Acc> s{static_cast<Acc>(p.w), static_cast<Acc>(p.one_minus_w)};
 
   const Idx base = static_cast<Idx>(blockIdx.x) * (kLerpThreads * U) + threadIdx.x;
