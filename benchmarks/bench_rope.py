@@ -5,7 +5,7 @@ also f32), and the strided case: a contiguous [B, S, H, D] tensor passed as
 .transpose(1, 2) (no copy; the output keeps that layout).
 
 Providers:
-  baracuda  bt.rope (angles computed in the kernel)
+  baracuda  bt.rope (CUDA: a cos/sin table kernel, then a streaming kernel that reads x once)
   torch     reference.rope, eager (cos/sin from float64 angles, rotation in the dtype)
   torch_hf  (half-split) Hugging Face's apply_rotary_pos_emb, eager, with cos/sin [S, D]
             precomputed outside the timed region as a model caches them

@@ -591,7 +591,17 @@ def test_explain(device):
     pos = torch.arange(8, device=device)
     info = bt.explain("rope", x)
     assert info.family == "rope" and info.op == "interleaved" and info.dtype == "bfloat16"
-    assert info.index_dtype is None and info.backend == device and info.workspace_bytes == 0
+    assert info.index_dtype is None and info.backend == device
+    # CUDA: the cos/sin table, one float pair per (position, pair) [per batch when positions
+    # are [B, S]], plus 15 bytes of alignment slack; the CPU kernel needs none.
+    cuda = device == "cuda"
+    assert info.workspace_bytes == (8 * 32 * 8 + 15 if cuda else 0)
+    pos_b = torch.randint(0, 100, (2, 8), device=device)
+    assert bt.explain("rope", x, pos_b).workspace_bytes == (2 * 8 * 32 * 8 + 15 if cuda else 0)
+    # [B, S] positions expanded from [1, S] are shared: one table for all batches
+    assert bt.explain("rope", x, pos_b[:1].expand(2, 8)).workspace_bytes == (8 * 32 * 8 + 15 if cuda else 0)
+    assert bt.explain("rope", x.double(), rotary_dim=16).workspace_bytes == (8 * 8 * 16 + 15 if cuda else 0)
+    assert bt.explain("rope", x[:, :, :0]).workspace_bytes == 0
     assert info.math_precision == "float32" and info.accumulator == "float32"
     assert info.deterministic and info.bit_stable
     info = bt.explain(ops.rope_backward, x.double(), pos, interleaved=False)
@@ -655,19 +665,29 @@ def test_cpu_cuda_agree(dtype):
 
 @requires_cuda
 @pytest.mark.parametrize("interleaved", [True, False])
-def test_cuda_task_decomposition(interleaved):
-    """Shapes that exercise every part of the CUDA work split: position tiles with a ragged
-    last tile, per-batch positions, row chunks (many heads), column chunks (head dims whose
-    cos/sin table exceeds one task), decode-like S = 1, and pass-through tails."""
+def test_cuda_decomposition(interleaved):
+    """Shapes that exercise every part of the CUDA work split (a thread owns one (position,
+    row item) column and walks rows_per_thread rows (b, h); a block covers up to 256
+    columns × row chunks). rows_per_thread as planned on an H200 (132 SMs; other GPUs plan
+    other values, and the shapes still cover the paths): 16 or 8 rows with a remainder
+    shorter than a step and rows that cross from one batch to the next (B·H rows), or per
+    batch (H rows); narrow problems with fewer than 256 columns (several row chunks per
+    block, a column count that is not a power of two, a single column); decode-like S = 1;
+    pass-through items; scalar and float64 paths."""
     cases = [
-        ((2, 3, 37, 64), "s", None, torch.bfloat16),       # s_tile 8, ragged last tile
+        ((3, 47, 4096, 64), None, None, torch.bfloat16),   # 141 rows: 16 (8) rows/thread + 13 (5)
+        ((2, 37, 4096, 64), "bs", None, torch.bfloat16),   # per-batch: 37 rows, 8 rows/thread + 5
+        ((16, 3, 4096, 64), "s", 48, torch.float16),       # 4 rows/thread across batches of 3 heads
+        ((2, 3, 37, 64), "s", None, torch.bfloat16),
         ((3, 2, 29, 128), "bs", 96, torch.float16),        # per-batch, partial rotary
-        ((64, 32, 1, 128), "s", None, torch.bfloat16),     # decode: one position, 2048 rows
+        ((64, 32, 1, 128), "s", None, torch.bfloat16),     # decode: 16 columns, 2048 rows
+        ((1, 300, 1, 8), "s", None, torch.bfloat16),       # one column, 300 rows over 2 blocks
+        ((2, 5, 3, 24), None, 16, torch.float16),          # 9 columns (rotation and pass-through)
         ((16, 64, 3, 64), "bs", None, torch.float32),      # per-batch with many heads
-        ((1, 2, 5, 4096), "s", None, torch.float32),       # column chunks (f32 interleaved: 2)
-        ((1, 2, 3, 8192), None, 4096, torch.bfloat16),     # column chunks + long pass-through
-        ((2, 2, 7, 6000), "s", 5998, torch.float32),       # scalar path (R % 4 != 0), column chunks
-        ((1, 3, 19, 2048), "bs", None, torch.float64),     # f64 vectors, column chunks
+        ((1, 2, 5, 4096), "s", None, torch.float32),       # long rows
+        ((1, 2, 3, 8192), None, 4096, torch.bfloat16),     # long pass-through
+        ((2, 2, 7, 6000), "s", 5998, torch.float32),       # scalar path (R % 4 != 0)
+        ((1, 3, 19, 2048), "bs", None, torch.float64),     # f64 vectors
         ((2, 4, 1000, 16), None, 8, torch.bfloat16),       # small D, many positions
     ]
     for shape, kind, rd, dtype in cases:
@@ -675,6 +695,40 @@ def test_cuda_task_decomposition(interleaved):
         run_and_check(randn(shape, dtype, "cuda", 2.0), pos, interleaved, rd)
         xt = randn((shape[0], shape[2], shape[1], shape[3]), dtype, "cuda", 2.0).transpose(1, 2)
         run_and_check(xt, pos, interleaved, rd)
+    # [S, H, B, D] storage: stepping from (b, H−1) to (b+1, 0) moves backwards in memory
+    # (the row step's wrap term is negative; 32-bit offsets wrap modulo 2^32).
+    B, H, S, D = 16, 3, 4096, 64
+    xp = randn((S, H, B, D), torch.bfloat16, "cuda", 2.0).permute(2, 1, 0, 3)
+    run_and_check(xp, make_positions("s", B, S, "cuda"), interleaved, None)
+
+
+@requires_cuda
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_cuda_narrow_columns_many_rows(interleaved):
+    """One position (16 or 8 columns of row items, D = 128 bf16) and 272,384 rows: blocks of
+    16 (32) columns × 16 (8) row chunks, each thread walking 16 rows across 133-head batches."""
+    x = randn((2048, 133, 1, 128), torch.bfloat16, "cuda", 2.0)
+    run_and_check(x, torch.randint(0, 10**6, (1,), device="cuda"), interleaved, None)
+
+
+@requires_cuda
+def test_cuda_back_to_back_calls_see_their_own_table():
+    """Each call's streaming kernel must read the cos/sin table its own table kernel wrote:
+    back-to-back calls with different positions (the caching allocator hands every call the
+    same workspace block, so a read that raced ahead of the table kernel would see the
+    previous call's table), no synchronization in between, forward and backward, then
+    every result against the reference."""
+    x = randn((2, 8, 512, 128), torch.float32, "cuda")
+    results = []
+    for i in range(24):
+        pos = torch.randint(0, 10**6, (2, 512), device="cuda") if i % 3 else torch.randint(0, 10**6, (512,), device="cuda")
+        il = i % 2 == 0
+        out = bt.rope(x, pos, 10000.0, il) if i % 4 < 2 else ops.rope_backward(x, pos, 10000.0, il)
+        results.append((i % 4 < 2, pos, il, out))
+    torch.cuda.synchronize()
+    for forward, pos, il, out in results:
+        fn = ref.rope if forward else ref.rope_backward
+        assert pair_relative_error(out, fn(x.double(), pos, 10000.0, il), il, 128) <= 1e-5, (forward, il)
 
 
 @requires_cuda

@@ -1,6 +1,8 @@
 #include "core/rope_plan.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 
 #include "kernels/rope.h"
 
@@ -9,18 +11,17 @@ namespace baracuda {
 namespace {
 constexpr const char* kFamily = "rope";
 
-// Task sizing for the CUDA kernel (256 threads a block):
-//  - a task's cos/sin table holds at most kMaxTablePairs entries (s_tile × pairs);
-//  - when consecutive positions s are adjacent rows in memory (the [B, H, S, D]
-//    layout), a task covers s_tile of them so that each (b, h) reads one run of about
-//    kTileBytes instead of a single D-row;
-//  - a task has about kTaskItems row items (16 per thread), fewer when that would leave
-//    fewer than kTasksPerSm tasks per SM.
-constexpr int64_t kMaxTablePairs = 1024;
-constexpr int64_t kTileBytes = 1024;
-constexpr int64_t kMaxSTile = 16;
-constexpr int64_t kTaskItems = 4096;
-constexpr int64_t kTasksPerSm = 4;
+// CUDA decomposition (256 threads a block; see RopeLaunch):
+//  - a thread walks up to kRowsPerThread rows of its column, so that its table entries
+//    (loaded once, from L2) cost at most 1/kRowsPerThread of a load per row item;
+//  - fewer rows per thread when that would leave fewer than kMinBlocksPerSm blocks per
+//    SM (8 blocks of 256 threads fill an SM once), down to one;
+//  - the workspace is aligned to kTableAlign by the plan itself (any allocator will do).
+constexpr int kThreads = 256;
+constexpr int64_t kRowsPerThread = 16;
+constexpr int64_t kMinBlocksPerSm = 8;
+constexpr int64_t kMaxGridY = 65535;
+constexpr size_t kTableAlign = 16;
 
 std::string op_name(const RopeDescriptor& desc) { return desc.backward ? "rope_backward" : "rope"; }
 
@@ -87,28 +88,31 @@ RopeLaunch plan_launch(const RopeDescriptor& desc, const TensorLayout& out) {
   l.pairs_per_item = desc.interleaved ? std::max(l.vec / 2, 1) : l.vec;
   l.n_rot = (l.R / 2) / l.pairs_per_item;
   l.n_pass = (l.D - l.R) / l.vec;
-  if (x.numel() == 0) return l;
+  if (x.numel() == 0 || desc.device.backend != Backend::Cuda) return l;
 
-  // Work decomposition (CUDA).
-  const int64_t n_items = l.n_rot + l.n_pass;
-  l.cols_per_task = std::min(n_items, std::max<int64_t>(1, kMaxTablePairs / l.pairs_per_item));
-  const int64_t table_pairs = l.cols_per_task * l.pairs_per_item;
-  l.s_tile = 1;
-  const bool s_rows_adjacent = unit && x.strides[2] == l.D && out.strides[2] == l.D;
-  if (s_rows_adjacent && l.S > 1)
-    l.s_tile = std::clamp<int64_t>(kTileBytes / (l.D * element_size(x.dtype)), 1,
-                                   std::min({kMaxSTile, l.S, kMaxTablePairs / table_pairs}));
+  // CUDA: the cos/sin table and the streaming decomposition.
+  l.table_groups = l.per_batch ? l.B : 1;
+  const int64_t acc_size = x.dtype == ElementKind::F64 ? 8 : 4;
+  l.table_bytes = static_cast<size_t>(l.table_groups * l.S * (l.R / 2) * 2 * acc_size);
+  l.n_cols = l.table_groups * l.S * (l.n_rot + l.n_pass);
   const int64_t nrows = l.per_batch ? l.H : l.B * l.H;
-  const int64_t n_groups = (l.per_batch ? l.B : 1) * ceil_div(l.S, l.s_tile);
-  const int64_t n_col_chunks = ceil_div(n_items, l.cols_per_task);
-  int64_t rows = std::clamp<int64_t>(kTaskItems / (l.s_tile * l.cols_per_task), 1, nrows);
-  if (desc.device.backend == Backend::Cuda) {
-    const int64_t target = kTasksPerSm * std::max(desc.device.sm_count, 1);
-    const int64_t tasks = n_groups * n_col_chunks * ceil_div(nrows, rows);
-    if (tasks < target)
-      rows = std::max<int64_t>(1, std::min(rows, nrows * n_groups * n_col_chunks / target));
-  }
-  l.rows_per_task = rows;
+  l.col_shift = 0;  // columns per block: the smallest power of two >= n_cols, at most 256
+  while ((int64_t{1} << l.col_shift) < std::min<int64_t>(l.n_cols, kThreads)) ++l.col_shift;
+  const int64_t row_slots = kThreads >> l.col_shift;  // row chunks per block
+  const int64_t grid_x = ceil_div(l.n_cols, int64_t{1} << l.col_shift);
+  if (grid_x > INT32_MAX)
+    fail(PlanErrorKind::Unsupported, desc.backward ? "rope_backward" : "rope",
+         "too many (position, feature) columns for one launch, got " + std::to_string(l.n_cols));
+  const auto blocks = [&](int64_t rpt) { return grid_x * ceil_div(ceil_div(nrows, rpt), row_slots); };
+  int64_t rpt = std::min(kRowsPerThread, nrows);
+  const int64_t target = kMinBlocksPerSm * std::max(desc.device.sm_count, 1);
+  while (rpt > 1 && blocks(rpt) < target) rpt = (rpt + 1) / 2;
+  // gridDim.y is at most 65535.
+  rpt = std::max(rpt, ceil_div(ceil_div(nrows, kMaxGridY), row_slots));
+  l.rows_per_thread = rpt;
+  // Programmatic dependent launch (sm_90+): the streaming kernel starts its loads while
+  // the table kernel finishes, and waits for the table before its first rotation.
+  l.pdl = desc.device.arch >= 90;
   return l;
 }
 
@@ -184,6 +188,7 @@ RopePlan RopePlan::select(const RopeDescriptor& desc, PlanPreference) {
     p.out_.strides = contiguous_strides(desc.x.sizes, desc.x.rank);
   p.out_.alignment = 16;  // the torch layer allocates outputs through the caching allocator
   p.launch_ = plan_launch(desc, p.out_);
+  p.workspace_ = p.launch_.table_bytes ? p.launch_.table_bytes + kTableAlign - 1 : 0;
   p.sku_ = make_sku(desc, p.launch_);
   return p;
 }
@@ -211,6 +216,10 @@ void RopePlan::run(void* stream, Workspace workspace, const RopeArgs& args) cons
   l.x = args.x.data;
   l.positions = static_cast<const int64_t*>(args.positions.data);
   l.y = args.y.data;
+  if (l.table_bytes) {  // the table's 16-byte aligned start inside the workspace
+    const auto addr = reinterpret_cast<uintptr_t>(workspace.data);
+    l.table = reinterpret_cast<void*>((addr + kTableAlign - 1) / kTableAlign * kTableAlign);
+  }
   launch(desc_.device.backend, l, stream, op);
 }
 

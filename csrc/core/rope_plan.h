@@ -34,12 +34,18 @@ enum class RopeAccess : uint8_t { Vec16, Rows, Strided };
 
 // Everything a kernel needs; filled by the plan, consumed by the CPU and CUDA launchers.
 //
-// Work decomposition (CUDA; the CPU kernel walks rows): a *group* is one tile of
-// `s_tile` consecutive positions s (and one batch b when positions are per-batch
-// [B, S]); its rows are the (b, h) pairs (H of them when per-batch, B·H otherwise). A
-// *task* is one group × a chunk of `rows_per_task` rows × a chunk of `cols_per_task`
-// row items; a block computes the task's cos/sin table once (s_tile × the chunk's
-// pairs), then rotates every row of the task with it.
+// CUDA runs two kernels (the CPU kernel walks rows and keeps its own per-position table):
+//  1. the *table* kernel writes (cos θ, ±sin θ) for every distinct (g, s, i) into the
+//     workspace: table[(g·S + s)·R/2 + i], g < table_groups (B when positions are
+//     per-batch [B, S], else 1), as pairs of the math type (float; double for float64
+//     data). The backward's table holds −sin.
+//  2. the *streaming* kernel rotates x into y. Its index space is columns × rows: a
+//     column is one (g, s, row item), a row one (b, h) (H rows when positions are
+//     per-batch, B·H otherwise). A thread takes one column, loads the column's table
+//     entries once, then walks `rows_per_thread` consecutive rows, so the table is read
+//     from L2 once per rows_per_thread row items. A block of 256 threads covers
+//     2^col_shift consecutive columns (coalesced across a warp) × 256 / 2^col_shift row
+//     chunks (so that narrow problems, e.g. one position, still fill the block).
 //
 // Row items: `n_rot` rotation items of `pairs_per_item` pairs each (interleaved: the
 // 2·pairs_per_item adjacent features; half-split: pairs_per_item features in each half),
@@ -63,11 +69,19 @@ struct RopeLaunch {
 
   int pairs_per_item = 1;
   int64_t n_rot = 0, n_pass = 0;
-  int64_t s_tile = 1, rows_per_task = 1, cols_per_task = 1;
+
+  // CUDA decomposition (see above).
+  int64_t table_groups = 1;
+  size_t table_bytes = 0;  // table_groups · S · R/2 · 2 · sizeof(math type)
+  int64_t n_cols = 0;      // table_groups · S · (n_rot + n_pass)
+  int col_shift = 0;
+  int64_t rows_per_thread = 1;
+  bool pdl = false;  // launch the streaming kernel as a programmatic dependent of the table kernel
 
   const void* x = nullptr;
   const int64_t* positions = nullptr;
   void* y = nullptr;
+  void* table = nullptr;  // 16-byte aligned workspace of table_bytes
 };
 
 // Text of a double for error messages ("nan", "-1", "0.5").
@@ -149,15 +163,19 @@ class RopePlan {
   // contiguous.
   const TensorLayout& output_layout() const { return out_; }
   void can_implement(const RopeArgs& args) const;
-  size_t workspace_size() const { return 0; }
+  // CUDA: the cos/sin table (RopeLaunch::table_bytes) plus alignment slack; CPU: 0.
+  size_t workspace_size() const { return workspace_; }
   const KernelSku& sku() const { return sku_; }
   const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const RopeArgs& args) const;
+  // The launch description without data pointers (for dev tools: benchmarks/tune).
+  const RopeLaunch& launch_description() const { return launch_; }
 
  private:
   RopeDescriptor desc_;
   TensorLayout out_;
   RopeLaunch launch_;
+  size_t workspace_ = 0;
   KernelSku sku_;
 };
 

@@ -1,10 +1,19 @@
-// CUDA RoPE kernel, forward and backward (the backward negates sin).
+// CUDA RoPE kernels, forward and backward (the backward's table holds −sin).
 //
-// The angle depends only on (b when positions are per-batch, s, i), so the trig is
-// amortized over heads: a block takes a *task* (see RopeLaunch: a tile of s_tile
-// positions × a chunk of rows (b, h) × a chunk of row items), computes the task's
-// cos/sin table into shared memory (one float64 pow per pair and thread, one
-// float64-reduced sin/cos per (s, pair)), then streams every row of the task through it.
+// The angle depends only on (g, s, i) (g: the batch when positions are per-batch), not on
+// the head, so the trig is split from the streaming (see RopeLaunch):
+//  1. rope_table_kernel writes table[(g·S + s)·R/2 + i] = (cos θ, ±sin θ) into the
+//     workspace, θ = p(g, s)·base^(−2i/R) with float64 θ and float64 range reduction
+//     (rope_math.h), the same numbers the CPU kernel uses. A thread takes one pair i and
+//     kRopeTableS consecutive positions, so one float64 pow serves kRopeTableS entries;
+//     i is the fastest index, so the stores coalesce.
+//  2. rope_stream_kernel reads x once with 16-byte vectors (both halves of a pair for
+//     half-split), rotates and writes y. A thread owns one column (g, s, row item): it
+//     loads the column's P table entries once (16-byte loads, L2 hits: the table is small
+//     next to x) and keeps them in registers while it walks rows_per_thread rows (b, h),
+//     kUnroll rows at a time, every load of a step issued before any math. Index math is
+//     int32 (FastDivmod, once per thread; rows advance by adding strides), int64 only in
+//     the _i64 variant.
 //
 // Row items (V features per access; V = 16 bytes on the Vec16 path, 1 otherwise):
 //  - interleaved, V > 1: one pack of V adjacent features holds V/2 pairs (2j, 2j+1);
@@ -12,11 +21,17 @@
 //    pack `b` the v features of V pairs (half-split: features i and i + R/2;
 //    interleaved: 2i and 2i+1);
 //  - pass-through items copy V features of R..D−1.
-// Each thread issues the loads of kRopePacksInFlight packs before any math, so that enough
-// bytes are in flight to saturate HBM.
+//   y_u = u·cos θ − v·sin θ,   y_v = u·sin θ + v·cos θ   (in float; double for float64)
+//
+// On sm_90 the streaming kernel is a programmatic dependent launch of the table kernel:
+// its blocks start while the table kernel runs, issue their first loads of x, and only
+// then wait (griddepcontrol.wait) for the table to be complete and visible. Without the
+// launch attribute (older GPUs, or where the driver refuses it) the wait is a no-op and
+// the launches are ordered as usual.
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/rope.h"
@@ -25,196 +40,341 @@
 namespace baracuda::kernels::cuda {
 
 constexpr int kRopeThreads = 256;
-// Packs in flight per thread: items with two packs (half-split) unroll half as far.
-constexpr int kRopePacksInFlight = 4;
+// Positions per table-kernel thread (they share the thread's float64 pow).
+constexpr int kRopeTableS = 4;
+
+// Pairs per rotation item (RopeLaunch::pairs_per_item).
+__host__ __device__ constexpr int rope_pairs_per_item(int V, bool interleaved) {
+  return interleaved ? (V > 1 ? V / 2 : 1) : V;
+}
+
+// Rows a streaming thread loads per step: 4 16-byte loads in flight per thread for 2-byte
+// types, 2 for 4- and 8-byte types (the gated rows kernel's measured best on an H200 is
+// the same number of loads: 2 units of 2 loads for bf16, 1 for float32); items with two
+// packs (half-split) take half as many rows. Scalar paths take 4 rows.
+template <typename T, int V, bool Interleaved>
+constexpr int rope_default_unroll() {
+  if (V == 1) return 4;
+  const int loads = sizeof(T) == 2 ? 4 : 2;
+  return Interleaved ? loads : loads / 2;
+}
 
 template <typename Acc>
 struct alignas(2 * sizeof(Acc)) CosSin {
   Acc c, s;
 };
 
-template <typename Idx>
-struct RopeParams {
-  // Task decomposition (64-bit, decoded once per task).
-  int64_t tasks, n_groups, n_stiles, n_row_chunks;
-  int64_t S, nrows, n_items, n_rot;
-  int64_t s_tile, rows_per_task, cols_per_task;
-  uint32_t task_items;        // rows_per_task · s_tile · cols_per_task (< 2^31)
-  FastDivmod cols_div, stile_div;  // item → (row, s, column) within a task
-  // Rows.
-  bool per_batch;
-  Idx H;
-  FastDivmod h_div;  // row → (b, h) when rows span batches (32-bit offsets only)
-  Idx x_b, x_h, x_s, x_d;  // element strides of x
-  Idx y_b, y_h, y_s, y_d;  // ... and of y
-  Idx half, R;
-  // Angles.
+// griddepcontrol (PTX ISA 7.8, sm_90): let the dependent grid launch / wait until the
+// grid this one depends on has completed and its writes are visible. No-ops without a
+// programmatic dependent launch.
+__device__ __forceinline__ void rope_allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void rope_wait_for_table() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// ---- 1. the table ---------------------------------------------------------------------
+
+struct RopeTableParams {
+  int64_t threads;  // table_groups · n_stiles · half
+  int64_t half, n_stiles, S, R;
+  FastDivmod half_div, stiles_div;  // thread → (i, s tile, g) when threads < 2^31
   bool has_positions, backward;
   int64_t pos_b, pos_s;
   double base;
-  const void* x;
   const int64_t* positions;
-  void* y;
+  void* table;
 };
 
-template <typename T, int V, bool Interleaved, typename Idx>
-__global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams<Idx> p) {
-  using Acc = acc_t<T>;
-  // Pairs per rotation item, as the plan computed it (RopeLaunch::pairs_per_item).
-  constexpr int P = Interleaved ? (V > 1 ? V / 2 : 1) : V;
-  // Interleaved packs hold both features of their pairs.
-  constexpr bool kOnePack = Interleaved && V > 1;
-  constexpr int kRopeUnroll = kOnePack ? kRopePacksInFlight : kRopePacksInFlight / 2;
-  extern __shared__ __align__(16) unsigned char rope_smem[];
-  CosSin<Acc>* table = reinterpret_cast<CosSin<Acc>*>(rope_smem);
-  const T* x = static_cast<const T*>(p.x);
-  T* y = static_cast<T*>(p.y);
-  const int64_t chunk_pairs = p.cols_per_task * P;
-
-  for (int64_t task = blockIdx.x; task < p.tasks; task += gridDim.x) {
-    const int64_t g = task % p.n_groups;
-    const int64_t rest = task / p.n_groups;
-    const int64_t row_chunk = rest % p.n_row_chunks;
-    const int64_t col_chunk = rest / p.n_row_chunks;
-    const int64_t gb = p.per_batch ? g / p.n_stiles : 0;  // batch of per-batch positions
-    const int64_t s0 = (g - gb * p.n_stiles) * p.s_tile;
-    const int64_t r0 = row_chunk * p.rows_per_task;
-    const int64_t c0 = col_chunk * p.cols_per_task;
-
-    __syncthreads();  // every thread is done with the previous task's table
-    // table[sl · chunk_pairs + e] = (cos, ±sin) of θ(s0 + sl, c0·P + e).
-    for (int64_t e = threadIdx.x; e < chunk_pairs; e += kRopeThreads) {
-      const int64_t i = c0 * P + e;
-      if (i >= static_cast<int64_t>(p.half)) break;
-      const double inv_freq = rope_inv_freq(p.base, i, static_cast<int64_t>(p.R));
-      for (int64_t sl = 0; sl < p.s_tile; ++sl) {
-        const int64_t s = s0 + sl;
-        if (s >= p.S) break;
-        const int64_t pos = p.has_positions ? p.positions[gb * p.pos_b + s * p.pos_s] : s;
-        Acc c, sn;
-        rope_cos_sin(static_cast<double>(pos) * inv_freq, c, sn);
-        table[sl * chunk_pairs + e] = CosSin<Acc>{c, p.backward ? -sn : sn};
-      }
-    }
-    __syncthreads();
-
-    for (uint32_t w0 = threadIdx.x; w0 < p.task_items; w0 += kRopeThreads * kRopeUnroll) {
-      Pack<T, V> a[kRopeUnroll], b[kRopeUnroll];
-      Idx y_u[kRopeUnroll], y_v[kRopeUnroll];  // output offsets of packs a and b
-      int32_t tab[kRopeUnroll];               // table index of the item's first pair; -1: copy
-      bool live[kRopeUnroll];
+template <typename Acc, bool k64>
+__global__ void __launch_bounds__(kRopeThreads) rope_table_kernel(const RopeTableParams p) {
+  rope_allow_dependents();  // the streaming kernel may launch now; it waits before reading
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRopeThreads + threadIdx.x;
+  if (t >= p.threads) return;
+  int64_t i, st, g;
+  if constexpr (k64) {
+    const int64_t q = t / p.half;
+    i = t - q * p.half;
+    g = q / p.n_stiles;
+    st = q - g * p.n_stiles;
+  } else {
+    const uint32_t tt = static_cast<uint32_t>(t);
+    const uint32_t q = p.half_div.div(tt);
+    i = tt - q * static_cast<uint32_t>(p.half);
+    const uint32_t gg = p.stiles_div.div(q);
+    g = gg;
+    st = q - gg * static_cast<uint32_t>(p.n_stiles);
+  }
+  const int64_t s0 = st * kRopeTableS;
+  int64_t pos[kRopeTableS];  // loaded first, so that the pow below hides their latency
 #pragma unroll
-      for (int k = 0; k < kRopeUnroll; ++k) {
-        const uint32_t w = w0 + k * kRopeThreads;
-        live[k] = false;
-        if (w >= p.task_items) continue;
-        const uint32_t q = p.cols_div.div(w);
-        const uint32_t cl = w - q * static_cast<uint32_t>(p.cols_per_task);
-        const uint32_t rl = p.stile_div.div(q);
-        const uint32_t sl = q - rl * static_cast<uint32_t>(p.s_tile);
-        const int64_t c = c0 + cl, s = s0 + sl, r = r0 + rl;
-        if (c >= p.n_items || s >= p.S || r >= p.nrows) continue;
-        live[k] = true;
-        Idx bb, hh;
-        if (p.per_batch) {
-          bb = static_cast<Idx>(gb);
-          hh = static_cast<Idx>(r);
-        } else if constexpr (sizeof(Idx) == 4) {
-          bb = p.h_div.div(static_cast<uint32_t>(r));
-          hh = static_cast<Idx>(r) - bb * p.H;
-        } else {
-          bb = static_cast<Idx>(r) / p.H;
-          hh = static_cast<Idx>(r) - bb * p.H;
-        }
-        const Idx ss = static_cast<Idx>(s);
-        const Idx xo = bb * p.x_b + hh * p.x_h + ss * p.x_s;
-        const Idx yo = bb * p.y_b + hh * p.y_h + ss * p.y_s;
-        const Idx ci = static_cast<Idx>(c);
-        // Feature indices of packs a and b.
-        Idx du, dv;
-        if (c < p.n_rot) {
-          tab[k] = static_cast<int32_t>(sl * chunk_pairs + cl * P);
-          if constexpr (kOnePack) {
-            du = ci * V;
-            dv = du;
-          } else if constexpr (Interleaved) {  // V == 1: features 2c and 2c + 1
-            du = 2 * ci;
-            dv = du + 1;
-          } else {
-            du = ci * V;
-            dv = p.half + du;
-          }
-        } else {
-          tab[k] = -1;
-          du = p.R + (ci - static_cast<Idx>(p.n_rot)) * V;
-          dv = du;
-        }
-        a[k] = load_pack<T, V>(x + xo + du * p.x_d);
-        if (!kOnePack && tab[k] >= 0) b[k] = load_pack<T, V>(x + xo + dv * p.x_d);
-        y_u[k] = yo + du * p.y_d;
-        y_v[k] = yo + dv * p.y_d;
-      }
+  for (int k = 0; k < kRopeTableS; ++k) {
+    const int64_t s = s0 + k;
+    pos[k] = p.has_positions && s < p.S ? p.positions[g * p.pos_b + s * p.pos_s] : s;
+  }
+  const double inv_freq = rope_inv_freq(p.base, i, p.R);
+  CosSin<Acc>* out = static_cast<CosSin<Acc>*>(p.table) + (g * p.S + s0) * p.half + i;
 #pragma unroll
-      for (int k = 0; k < kRopeUnroll; ++k) {
-        if (!live[k]) continue;
-        if (tab[k] < 0) {  // pass-through
-          store_pack<T, V>(y + y_u[k], a[k]);
-          continue;
-        }
-        const CosSin<Acc>* cs = table + tab[k];
-        if constexpr (kOnePack) {
-          Pack<T, V> out;
-#pragma unroll
-          for (int j = 0; j < P; ++j) {
-            const Acc u = to_acc(a[k].v[2 * j]), v = to_acc(a[k].v[2 * j + 1]);
-            const CosSin<Acc> t = cs[j];
-            out.v[2 * j] = from_acc<T>(u * t.c - v * t.s);
-            out.v[2 * j + 1] = from_acc<T>(u * t.s + v * t.c);
-          }
-          store_pack<T, V>(y + y_u[k], out);
-        } else {
-          Pack<T, V> ou, ov;
-#pragma unroll
-          for (int j = 0; j < P; ++j) {
-            const Acc u = to_acc(a[k].v[j]), v = to_acc(b[k].v[j]);
-            const CosSin<Acc> t = cs[j];
-            ou.v[j] = from_acc<T>(u * t.c - v * t.s);
-            ov.v[j] = from_acc<T>(u * t.s + v * t.c);
-          }
-          store_pack<T, V>(y + y_u[k], ou);
-          store_pack<T, V>(y + y_v[k], ov);
-        }
-      }
+  for (int k = 0; k < kRopeTableS; ++k) {
+    if (s0 + k < p.S) {
+      Acc c, sn;
+      rope_cos_sin(static_cast<double>(pos[k]) * inv_freq, c, sn);
+      out[k * p.half] = CosSin<Acc>{c, p.backward ? -sn : sn};
     }
   }
 }
 
-template <typename T, int V, bool Interleaved, typename Idx>
-void launch_rope(const RopeLaunch& l, cudaStream_t stream) {
+// ---- 2. the streaming rotation --------------------------------------------------------
+
+template <typename Idx>
+struct RopeStreamParams {
+  Idx n_cols, n_items, n_rot, S;
+  FastDivmod items_div, s_div, h_div;  // 32-bit offsets only: column → (g, s, item), row → (b, h)
+  uint32_t col_shift, col_mask;        // a block covers col_mask + 1 = 2^col_shift columns
+  Idx nrows, rows_per_thread;
+  bool per_batch;
+  Idx H;
+  Idx x_b, x_h, x_s, x_d;  // element strides of x
+  Idx y_b, y_h, y_s, y_d;  // ... and of y
+  Idx x_wrap, y_wrap;      // b·x_b + H·x_h → (b+1)·x_b: x_b − H·x_h (modulo 2^32 when 32-bit)
+  Idx half;
+  Idx R;
+  const void* x;
+  const void* table;
+  void* y;
+};
+
+// The P (cos, sin) entries of one rotation item. 16-byte loads when the entries fill them
+// (the plan guarantees the alignment: R/2 and the item's first pair are multiples of P).
+template <typename Acc, int P>
+__device__ __forceinline__ void load_table(const CosSin<Acc>* t, CosSin<Acc> (&cs)[P]) {
+  constexpr int kBytes = P * static_cast<int>(sizeof(CosSin<Acc>));
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int q = 0; q < kBytes / 16; ++q) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(t) + q);
+      memcpy(reinterpret_cast<unsigned char*>(cs) + 16 * q, &raw, 16);
+    }
+  } else {  // one float pair
+    static_assert(P == 1 && sizeof(Acc) == 4, "unexpected table entry size");
+    const float2 raw = __ldg(reinterpret_cast<const float2*>(t));
+    cs[0] = CosSin<Acc>{raw.x, raw.y};
+  }
+}
+
+// store_pack, but always one 16-byte store on the vector path (as st.global.v4: left to
+// itself, the compiler split some of them into four 4-byte stores under the 64-bit
+// variant's register pressure).
+template <typename T, int V>
+__device__ __forceinline__ void rope_store(T* p, const Pack<T, V>& v) {
+  if constexpr (sizeof(T) * V == 16) {
+    uint4 raw;
+    memcpy(&raw, &v, 16);
+    __stwb(reinterpret_cast<uint4*>(p), raw);
+  } else {
+    store_pack<T, V>(p, v);
+  }
+}
+
+template <typename T, int V, bool Interleaved, typename Idx, int kUnroll>
+__global__ void __launch_bounds__(kRopeThreads) rope_stream_kernel(const RopeStreamParams<Idx> p) {
   using Acc = acc_t<T>;
-  constexpr int P = Interleaved ? (V > 1 ? V / 2 : 1) : V;
-  const char* op = l.backward ? "rope_backward" : "rope";
-  if (l.pairs_per_item != P || l.vec != V)
-    fail(PlanErrorKind::Internal, op, "launch description does not match the kernel's vector width");
-  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  RopeParams<Idx> p;
+  constexpr int P = rope_pairs_per_item(V, Interleaved);
+  constexpr bool kOnePack = Interleaved && V > 1;  // the pack holds both features of its pairs
+  const T* x = static_cast<const T*>(p.x);
+  T* y = static_cast<T*>(p.y);
+
+  const Idx col = static_cast<Idx>(blockIdx.x) * (p.col_mask + 1) + (threadIdx.x & p.col_mask);
+  const Idx chunk = static_cast<Idx>(blockIdx.y) * (kRopeThreads >> p.col_shift) +
+                    (threadIdx.x >> p.col_shift);
+  const Idx r0 = chunk * p.rows_per_thread;
+  if (col >= p.n_cols || r0 >= p.nrows) return;
+  const Idx n = p.nrows - r0 < p.rows_per_thread ? p.nrows - r0 : p.rows_per_thread;
+
+  // column → (g, s, item); first row r0 → (b, h)
+  Idx item, g, s, b, h;
+  if constexpr (sizeof(Idx) == 4) {
+    const Idx q = p.items_div.div(col);
+    item = col - q * p.n_items;
+    g = p.s_div.div(q);
+    s = q - g * p.S;
+  } else {
+    const Idx q = col / p.n_items;
+    item = col - q * p.n_items;
+    g = q / p.S;
+    s = q - g * p.S;
+  }
+  if (p.per_batch) {  // rows are the heads of batch g
+    b = g;
+    h = r0;
+  } else {  // g == 0; rows are (b, h) pairs
+    if constexpr (sizeof(Idx) == 4)
+      b = p.h_div.div(r0);
+    else
+      b = r0 / p.H;
+    h = r0 - b * p.H;
+  }
+  Idx xo = b * p.x_b + h * p.x_h + s * p.x_s;  // offsets of the current row's (b, h, s)
+  Idx yo = b * p.y_b + h * p.y_h + s * p.y_s;
+  const auto next_row = [&] {
+    xo += p.x_h;
+    yo += p.y_h;
+    if (++h == p.H) {
+      h = 0;
+      xo += p.x_wrap;
+      yo += p.y_wrap;
+    }
+  };
+
+  // A step handles kN rows: all loads first, then the math and the stores. Full steps of
+  // kUnroll rows, then single rows for the remainder (none when rows_per_thread is a
+  // multiple of kUnroll, as the plan's usually is).
+  using Full = std::integral_constant<int, kUnroll>;
+  using One = std::integral_constant<int, 1>;
+
+  if (item >= p.n_rot) {  // pass-through: copy V features of R..D−1
+    const Idx d = p.R + (item - p.n_rot) * V;
+    const T* xs = x + d * p.x_d;
+    T* ys = y + d * p.y_d;
+    const auto step = [&](auto count) {
+      constexpr int kN = decltype(count)::value;
+      Pack<T, V> a[kN];
+      Idx yr[kN];
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        a[k] = load_pack<T, V>(xs + xo);
+        yr[k] = yo;
+        next_row();
+      }
+#pragma unroll
+      for (int k = 0; k < kN; ++k) rope_store<T, V>(ys + yr[k], a[k]);
+    };
+    Idx r = 0;
+    for (; r + kUnroll <= n; r += kUnroll) step(Full{});
+    for (; r < n; ++r) step(One{});
+    return;
+  }
+
+  // Feature indices of packs a (u features) and b (v features).
+  Idx du, dv;
+  if constexpr (kOnePack) {
+    du = item * V;
+    dv = du;
+  } else if constexpr (Interleaved) {  // V == 1: features 2·item and 2·item + 1
+    du = 2 * item;
+    dv = du + 1;
+  } else {
+    du = item * V;
+    dv = p.half + du;
+  }
+  const T* xu = x + du * p.x_d;
+  const T* xv = x + dv * p.x_d;
+  T* yu = y + du * p.y_d;
+  T* yv = y + dv * p.y_d;
+  const CosSin<Acc>* tab =
+      static_cast<const CosSin<Acc>*>(p.table) + (g * p.S + s) * p.half + item * P;
+  CosSin<Acc> cs[P];
+  bool first = true;
+  const auto step = [&](auto count) {
+    constexpr int kN = decltype(count)::value;
+    Pack<T, V> a[kN];
+    [[maybe_unused]] Pack<T, V> bv[kOnePack ? 1 : kN];  // v features (half-split, scalar)
+    Idx yr[kN];
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      a[k] = load_pack<T, V>(xu + xo);
+      if constexpr (!kOnePack) bv[k] = load_pack<T, V>(xv + xo);
+      yr[k] = yo;
+      next_row();
+    }
+    if (first) {  // the first loads of x are in flight: now the table
+      first = false;
+      rope_wait_for_table();
+      load_table<Acc, P>(tab, cs);
+    }
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      if constexpr (kOnePack) {
+        Pack<T, V> o;
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          const Acc u = to_acc(a[k].v[2 * j]), v = to_acc(a[k].v[2 * j + 1]);
+          o.v[2 * j] = from_acc<T>(u * cs[j].c - v * cs[j].s);
+          o.v[2 * j + 1] = from_acc<T>(u * cs[j].s + v * cs[j].c);
+        }
+        rope_store<T, V>(yu + yr[k], o);
+      } else {
+        Pack<T, V> ou, ov;
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          const Acc u = to_acc(a[k].v[j]), v = to_acc(bv[k].v[j]);
+          ou.v[j] = from_acc<T>(u * cs[j].c - v * cs[j].s);
+          ov.v[j] = from_acc<T>(u * cs[j].s + v * cs[j].c);
+        }
+        rope_store<T, V>(yu + yr[k], ou);
+        rope_store<T, V>(yv + yr[k], ov);
+      }
+    }
+  };
+  Idx r = 0;
+  for (; r + kUnroll <= n; r += kUnroll) step(Full{});
+  for (; r < n; ++r) step(One{});
+}
+
+// ---- launchers --------------------------------------------------------------------------
+
+inline int64_t rope_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <typename Acc>
+void launch_rope_table(const RopeLaunch& l, cudaStream_t stream) {
+  RopeTableParams p;
+  p.half = l.R / 2;
+  p.n_stiles = rope_ceil_div(l.S, kRopeTableS);
+  p.threads = l.table_groups * p.n_stiles * p.half;
   p.S = l.S;
-  p.nrows = l.per_batch ? l.H : l.B * l.H;
-  p.n_rot = l.n_rot;
-  p.n_items = l.n_rot + l.n_pass;
-  p.s_tile = l.s_tile;
-  p.rows_per_task = l.rows_per_task;
-  p.cols_per_task = l.cols_per_task;
-  p.n_stiles = ceil_div(l.S, l.s_tile);
-  p.n_groups = (l.per_batch ? l.B : 1) * p.n_stiles;
-  p.n_row_chunks = ceil_div(p.nrows, l.rows_per_task);
-  p.tasks = p.n_groups * p.n_row_chunks * ceil_div(p.n_items, l.cols_per_task);
-  p.task_items = static_cast<uint32_t>(l.rows_per_task * l.s_tile * l.cols_per_task);
-  p.cols_div = FastDivmod(static_cast<uint32_t>(l.cols_per_task));
-  p.stile_div = FastDivmod(static_cast<uint32_t>(l.s_tile));
+  p.R = l.R;
+  const bool k64 = p.threads > INT32_MAX;
+  p.half_div = FastDivmod(static_cast<uint32_t>(k64 ? 1 : p.half));
+  p.stiles_div = FastDivmod(static_cast<uint32_t>(k64 ? 1 : p.n_stiles));
+  p.has_positions = l.has_positions;
+  p.backward = l.backward;
+  p.pos_b = l.pos_stride_b;
+  p.pos_s = l.pos_stride_s;
+  p.base = l.base;
+  p.positions = l.positions;
+  p.table = l.table;
+  const unsigned int blocks = blocks_for(p.threads, kRopeThreads);
+  if (k64)
+    rope_table_kernel<Acc, true><<<blocks, kRopeThreads, 0, stream>>>(p);
+  else
+    rope_table_kernel<Acc, false><<<blocks, kRopeThreads, 0, stream>>>(p);
+}
+
+template <typename Idx>
+RopeStreamParams<Idx> make_rope_stream_params(const RopeLaunch& l) {
+  RopeStreamParams<Idx> p;
+  const bool i32 = sizeof(Idx) == 4;
+  const int64_t n_items = l.n_rot + l.n_pass;
+  const int64_t nrows = l.per_batch ? l.H : l.B * l.H;
+  p.n_cols = static_cast<Idx>(l.n_cols);
+  p.n_items = static_cast<Idx>(n_items);
+  p.n_rot = static_cast<Idx>(l.n_rot);
+  p.S = static_cast<Idx>(l.S);
+  p.items_div = FastDivmod(static_cast<uint32_t>(i32 ? n_items : 1));
+  p.s_div = FastDivmod(static_cast<uint32_t>(i32 ? l.S : 1));
+  p.h_div = FastDivmod(static_cast<uint32_t>(i32 && !l.per_batch ? l.H : 1));
+  p.col_shift = static_cast<uint32_t>(l.col_shift);
+  p.col_mask = (1u << l.col_shift) - 1;
+  p.nrows = static_cast<Idx>(nrows);
+  p.rows_per_thread = static_cast<Idx>(l.rows_per_thread);
   p.per_batch = l.per_batch;
   p.H = static_cast<Idx>(l.H);
-  p.h_div = FastDivmod(static_cast<uint32_t>(sizeof(Idx) == 4 ? l.H : 1));
   p.x_b = static_cast<Idx>(l.x_strides[0]);
   p.x_h = static_cast<Idx>(l.x_strides[1]);
   p.x_s = static_cast<Idx>(l.x_strides[2]);
@@ -223,41 +383,98 @@ void launch_rope(const RopeLaunch& l, cudaStream_t stream) {
   p.y_h = static_cast<Idx>(l.y_strides[1]);
   p.y_s = static_cast<Idx>(l.y_strides[2]);
   p.y_d = static_cast<Idx>(l.y_strides[3]);
+  // (int64 difference, then reduced modulo 2^32 for 32-bit offsets: the running offsets
+  // stay exact because every true offset fits.)
+  p.x_wrap = static_cast<Idx>(l.x_strides[0] - l.H * l.x_strides[1]);
+  p.y_wrap = static_cast<Idx>(l.y_strides[0] - l.H * l.y_strides[1]);
   p.half = static_cast<Idx>(l.R / 2);
   p.R = static_cast<Idx>(l.R);
-  p.has_positions = l.has_positions;
-  p.backward = l.backward;
-  p.pos_b = l.pos_stride_b;
-  p.pos_s = l.pos_stride_s;
-  p.base = l.base;
   p.x = l.x;
-  p.positions = l.positions;
+  p.table = l.table;
   p.y = l.y;
-  const size_t smem = static_cast<size_t>(l.s_tile * l.cols_per_task * P) * sizeof(CosSin<Acc>);
-  const auto grid = static_cast<unsigned int>(std::min<int64_t>(p.tasks, INT32_MAX));
-  rope_kernel<T, V, Interleaved, Idx><<<grid, kRopeThreads, smem, stream>>>(p);
+  return p;
+}
+
+// Launches `kernel` with the programmatic-stream-serialization attribute when `pdl`, and
+// plainly when not, or when the driver refuses the attribute.
+template <typename Params>
+void rope_launch_dependent(void (*kernel)(Params), dim3 grid, cudaStream_t stream, bool pdl,
+                           const Params& p) {
+  if (pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kRopeThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kernel, p) == cudaSuccess) return;
+    (void)cudaGetLastError();  // clear it; the plain launch below reports real errors
+  }
+  kernel<<<grid, kRopeThreads, 0, stream>>>(p);
+}
+
+template <typename T, int V, bool Interleaved, typename Idx,
+          int kUnroll = rope_default_unroll<T, V, Interleaved>()>
+void launch_rope_stream(const RopeLaunch& l, cudaStream_t stream) {
+  const char* op = l.backward ? "rope_backward" : "rope";
+  constexpr int P = rope_pairs_per_item(V, Interleaved);
+  constexpr int kEntryBytes = static_cast<int>(sizeof(CosSin<acc_t<T>>));
+  if (l.pairs_per_item != P || l.vec != V)
+    fail(PlanErrorKind::Internal, op, "launch description does not match the kernel's vector width");
+  // load_table's 16-byte loads: the item's first entry must be 16-byte aligned.
+  if (P * kEntryBytes % 16 == 0 &&
+      ((l.R / 2) % P != 0 || reinterpret_cast<uintptr_t>(l.table) % 16 != 0))
+    fail(PlanErrorKind::Internal, op, "cos/sin table entries are not 16-byte aligned");
+  const int64_t nrows = l.per_batch ? l.H : l.B * l.H;
+  const int64_t row_slots = kRopeThreads >> l.col_shift;
+  const dim3 grid(static_cast<unsigned int>(rope_ceil_div(l.n_cols, int64_t{1} << l.col_shift)),
+                  static_cast<unsigned int>(
+                      rope_ceil_div(rope_ceil_div(nrows, l.rows_per_thread), row_slots)));
+  const auto kernel = rope_stream_kernel<T, V, Interleaved, Idx, kUnroll>;
+  // PDL only where the code this device runs has the wait: compiled for sm_90 or later
+  // (a build whose newest PTX is older, JIT-compiled for this device, has none).
+  bool pdl = l.pdl;
+  if (pdl) {
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
+      pdl = attr.ptxVersion >= 90;
+    } else {
+      (void)cudaGetLastError();
+      pdl = false;
+    }
+  }
+  rope_launch_dependent(kernel, grid, stream, pdl, make_rope_stream_params<Idx>(l));
 }
 
 // One instantiation per layout (rope_interleaved.cu, rope_half_split.cu) so that the two
 // compile in parallel.
 template <bool Interleaved>
 void launch_rope_layout(const RopeLaunch& l, cudaStream_t stream) {
+  const char* op = l.backward ? "rope_backward" : "rope";
+  if (l.table == nullptr || l.n_cols <= 0)
+    fail(PlanErrorKind::Internal, op, "the CUDA kernels need the plan's cos/sin table workspace");
   dispatch_floating(l.element, [&](auto tag) {
     using T = decltype(tag);
+    launch_rope_table<acc_t<T>>(l, stream);
+    check_launch(op);
     constexpr int kVec = 16 / sizeof(T);
     if (l.access == RopeAccess::Vec16) {
       if (l.index64)
-        launch_rope<T, kVec, Interleaved, int64_t>(l, stream);
+        launch_rope_stream<T, kVec, Interleaved, int64_t>(l, stream);
       else
-        launch_rope<T, kVec, Interleaved, uint32_t>(l, stream);
+        launch_rope_stream<T, kVec, Interleaved, uint32_t>(l, stream);
     } else {
       if (l.index64)
-        launch_rope<T, 1, Interleaved, int64_t>(l, stream);
+        launch_rope_stream<T, 1, Interleaved, int64_t>(l, stream);
       else
-        launch_rope<T, 1, Interleaved, uint32_t>(l, stream);
+        launch_rope_stream<T, 1, Interleaved, uint32_t>(l, stream);
     }
+    check_launch(op);
   });
-  check_launch(l.backward ? "rope_backward" : "rope");
 }
 
 }  // namespace baracuda::kernels::cuda
