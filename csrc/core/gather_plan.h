@@ -75,10 +75,10 @@ constexpr int kGatherSlabZcGroups = 16;
 constexpr int64_t kGatherSlabMaxWidth = 1024;  // <= the smallest tile (256 · 4 · 1)
 // Budgets as shares of the device's L2: one slab region (src.size(dim) rows × W columns of
 // src, or of the backward's accumulator) at most L2 / kGatherSlabL2Share; the elements in
-// flight at most the count whose random rows span L2 / kGatherWindowL2Share of src
-// (in flight E elements of one slab cover E·src_rows/rows rows' worth of its columns).
-// The live set (about two regions and the window) then stays well under the L2 of one
-// partition. Tune with benchmarks/tune/tune_gather_slab.cu.
+// flight about the count whose slabs' regions add up to L2 / kGatherWindowL2Share (E
+// elements in flight span E / (rows·W) slabs, i.e. E·src_rows/rows·elt bytes of regions).
+// The live set (the window plus a region; the backward: plus `lead` regions zeroed ahead)
+// then stays under the L2 of one partition. Tune with benchmarks/tune/tune_gather_slab.cu.
 constexpr int kGatherSlabL2Share = 8;
 constexpr int kGatherWindowL2Share = 4;
 // Persistent grid caps: the forward's static tile order needs every block resident (its
@@ -102,15 +102,17 @@ inline int gather_slab_width_log2(int64_t src_rows, int64_t cols, int region_elt
   return std::min(std::max(lg, min_lg), std::max(max_lg, min_lg));
 }
 
-// Persistent grid: enough tiles in flight that their random rows span window_bytes of
-// the slab regions, between one and per_sm blocks per SM.
+// Persistent grid: enough tiles in flight that their random rows span about window_bytes
+// of the slab regions, as a whole number (1 .. per_sm) of blocks per SM so that every SM
+// runs its share of the tile order at the same pace.
 inline int gather_slab_blocks(int64_t src_rows, int64_t rows, int region_elt,
                               int64_t window_bytes, int64_t tile_elems, int sm_count, int per_sm) {
   const double elems = static_cast<double>(window_bytes) / region_elt *
                        static_cast<double>(rows) / static_cast<double>(std::max<int64_t>(src_rows, 1));
-  const double blocks = elems / static_cast<double>(tile_elems);
-  const int lo = std::max(sm_count, 1), hi = std::max(sm_count, 1) * per_sm;
-  return blocks <= lo ? lo : blocks >= hi ? hi : static_cast<int>(blocks);
+  const int sms = std::max(sm_count, 1);
+  const double blocks_per_sm = elems / static_cast<double>(tile_elems) / sms;
+  const int k = static_cast<int>(std::clamp(blocks_per_sm + 0.5, 1.0, static_cast<double>(per_sm)));
+  return k * sms;
 }
 
 // Forward: L2 fetches whole 128-byte lines of src per miss once a line of a region is
