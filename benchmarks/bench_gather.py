@@ -48,17 +48,26 @@ def run(dtypes=(torch.float32, torch.bfloat16), src_shape=(16384, 8192),
             if "compile" in providers:
                 compiled = torch.compile(lambda s, i, d=dim: ref.gather(s, d, i))
                 fwd["compile"] = lambda c=compiled, i=index: c(src, i)
+            # the kernel variants baracuda picks, in the rows' notes
+            fwd_variant = bt.explain("gather", src, dim, index).variant
+            bwd_variant = {p: bt.explain("gather_backward", dout, dim, index, list(src_shape),
+                                         preference=p).variant for p in ("fastest", "deterministic")}
             for provider in providers:
                 if provider == "baracuda_det":
                     rows.append(measure(FAMILY, case, dtype, provider, "backward",
                                         deterministic(backward_fn(fwd["baracuda"], [src], dout)),
                                         nbytes=bwd_bytes))
+                    rows[-1].note = bwd_variant["deterministic"]
                     continue
                 f = fwd[provider]
                 with torch.no_grad():
                     rows.append(measure(FAMILY, case, dtype, provider, "forward", f, nbytes=fwd_bytes))
+                if provider == "baracuda":
+                    rows[-1].note = fwd_variant
                 rows.append(measure(FAMILY, case, dtype, provider, "backward",
                                     backward_fn(f, [src], dout), nbytes=bwd_bytes))
+                if provider == "baracuda":
+                    rows[-1].note = bwd_variant["fastest"]
             del index, dout, fwd
             torch.cuda.empty_cache()
         del src

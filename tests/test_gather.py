@@ -634,6 +634,208 @@ def test_more_than_2_31_elements():
         torch.cuda.empty_cache()
 
 
+# ---- column slabs (CUDA) ---------------------------------------------------------------------
+# Along a non-innermost dim of a src larger than about half of L2, the CUDA kernels walk
+# column slabs (core/gather_plan.h). The shapes below are sized from the device's L2 so
+# that the plan takes them; SLAB_COLS > 2 · 1024 (the widest slab) and not a multiple of
+# 64 gives at least 3 slabs per row, the last one partial, whatever width the plan picks.
+
+SLAB_COLS = 2348
+
+
+def l2_bytes():
+    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+
+
+def slab_rows(dtype, cols=SLAB_COLS):
+    """src.size(dim) for which src [rows, cols] is about the size of L2 (the plan takes the
+    slab variants from L2 / 2 up; the backward's float32 ring regions are as large or larger)."""
+    return -(-l2_bytes() // (cols * (torch.finfo(dtype).bits // 8)))
+
+
+def poison_next_block(nbytes):
+    """Leaves a freed block of nbytes of all-ones bits (NaN in every float dtype) in the
+    caching allocator, which hands it to the next allocation of that size: an output
+    element a kernel does not write then reads as NaN."""
+    torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda")
+
+
+def check_slab_variants(src, dim, index, forward, backward, dout=None):
+    """explain names the slab variants; every element of out and dsrc is written (finite
+    after poisoning); forward and gradient match the references."""
+    assert bt.explain("gather", src, dim, index).variant == forward
+    d = dout if dout is not None else randn(index.shape, src.dtype, "cuda")
+    assert bt.explain("gather_backward", d, dim, index, list(src.shape)).variant == backward
+    poison_next_block(index.numel() * src.element_size())
+    assert torch.isfinite(bt.gather(src, dim, index)).all()
+    poison_next_block(src.numel() * src.element_size())
+    assert torch.isfinite(ops.gather_backward(d, dim, index, list(src.shape))).all()
+    run_and_check(src, dim, index, dout)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_cuda_slabs_match_reference(dtype, index_dtype):
+    n = slab_rows(dtype)
+    rows = n // 2
+    src = randn((n, SLAB_COLS), dtype, "cuda", 3.0)
+    index = rand_index((rows, SLAB_COLS), n, index_dtype, "cuda")
+    check_slab_variants(src, 0, index, "slab_vec16", "atomic_slab_vec16")
+    # index rows 2349 elements apart: scalar index and value accesses
+    index_odd = rand_index((rows, SLAB_COLS + 1), n, index_dtype, "cuda")[:, :SLAB_COLS]
+    check_slab_variants(src, 0, index_odd, "slab", "atomic_slab")
+    # more index rows than src rows (every src row read many times), negative dim
+    index_long = rand_index((2 * n, SLAB_COLS), n, index_dtype, "cuda")
+    check_slab_variants(src, -2, index_long, "slab_vec16", "atomic_slab_vec16")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_cuda_slabs_layouts(dtype):
+    """Outer dims, inner dims that coalesce, index smaller than src in other dims (the
+    backward zero-fills what no slab covers), a sliced src, stride-0 and transposed dout."""
+    n = slab_rows(dtype, 1200)
+    src3 = randn((2, n, 1200), dtype, "cuda")
+    check_slab_variants(src3, 1, rand_index((2, n // 2, 1200), n, device="cuda"),
+                        "slab_vec16", "atomic_slab_vec16")
+    check_slab_variants(src3, 1, rand_index((1, n // 2, 1000), n, torch.int32, "cuda"),
+                        "slab_vec16", "atomic_slab_vec16")
+    check_slab_variants(src3, 1, rand_index((2, n // 2, 998), n, device="cuda"), "slab", "atomic_slab")
+    del src3
+    m = slab_rows(dtype)
+    src4 = randn((m, 4, SLAB_COLS // 4), dtype, "cuda")
+    check_slab_variants(src4, 0, rand_index((m // 2, 4, SLAB_COLS // 4), m, device="cuda"),
+                        "slab_vec16", "atomic_slab_vec16")
+    del src4
+    # src rows 2360 apart from an odd offset (src is read element by element anyway)
+    sliced = randn((m, SLAB_COLS + 12), dtype, "cuda")[:, 5:SLAB_COLS + 5]
+    index = rand_index((m // 2, SLAB_COLS), m, device="cuda")
+    check_slab_variants(sliced, 0, index, "slab_vec16", "atomic_slab_vec16")
+    del sliced
+    src = randn((m, SLAB_COLS), dtype, "cuda")
+    dout = randn((1, SLAB_COLS), dtype, "cuda").expand(m // 2, SLAB_COLS)
+    check_slab_variants(src, 0, index, "slab_vec16", "atomic_slab_vec16", dout=dout)
+    dout_t = randn((SLAB_COLS, m // 2), dtype, "cuda").t()
+    check_slab_variants(src, 0, index, "slab_vec16", "atomic_slab", dout=dout_t)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_cuda_slabs_out_of_range(dtype, index_dtype):
+    """Bad indices inside slabs (the last, partial one too): never dereferenced, the
+    forward writes 0, the backward skips them, and the first one is reported."""
+    n = slab_rows(dtype)
+    rows = n // 2
+    src = randn((n, SLAB_COLS), dtype, "cuda")
+    index = rand_index((rows, SLAB_COLS), n, index_dtype, "cuda")
+    bad = [(rows // 2, 700, n), (3, SLAB_COLS - 5, -1), (rows - 1, SLAB_COLS - 1, 2**30)]
+    valid = torch.ones(index.shape, dtype=torch.bool, device="cuda")
+    for r, c, v in bad:
+        index[r, c] = v
+        valid[r, c] = False
+    assert bt.explain("gather", src, 0, index).variant == "slab_vec16"
+    out = bt.gather(src, 0, index)
+    with pytest.raises(IndexError, match=r"baracuda::gather: index (-1|\d+) is out of bounds for dim 0 "
+                                         rf"with size {n}"):
+        bt.check_errors()
+    clamped = index.long().clamp(0, n - 1)
+    assert torch.equal(out[valid], torch.gather(src, 0, clamped)[valid])
+    assert torch.equal(out[~valid], torch.zeros_like(out[~valid]))
+
+    dout = randn(index.shape, dtype, "cuda")
+    assert bt.explain("gather_backward", dout, 0, index, [n, SLAB_COLS]).variant == "atomic_slab_vec16"
+    d = ops.gather_backward(dout, 0, index, [n, SLAB_COLS])
+    with pytest.raises(IndexError, match=r"baracuda::gather_backward: index (-1|\d+) is out of bounds "
+                                         rf"for dim 0 with size {n}"):
+        bt.check_errors()
+    keep = torch.where(valid, dout, torch.zeros_like(dout))
+    expected = torch.zeros(n, SLAB_COLS, dtype=torch.float64, device="cuda").scatter_add_(
+        0, clamped, keep.double())
+    baseline = torch.zeros(n, SLAB_COLS, dtype=dtype, device="cuda").scatter_add_(0, clamped, keep)
+    assert_close_to_reference(d, expected, baseline, "dsrc with bad indices in slabs")
+    cuda_usable_after_error()
+
+
+@requires_cuda
+def test_cuda_slabs_workspace_and_preference():
+    """The float16/bfloat16 slab backward accumulates in a ring of a few float32 slabs, not
+    a float32 copy of dsrc; the deterministic preference keeps the sorted backward."""
+    n = slab_rows(torch.bfloat16)
+    index = rand_index((n // 2, SLAB_COLS), n, device="cuda")
+    dout = randn(index.shape, torch.bfloat16, "cuda")
+    info = bt.explain("gather_backward", dout, 0, index, [n, SLAB_COLS])
+    assert info.variant == "atomic_slab_vec16" and not info.deterministic
+    assert 0 < info.workspace_bytes < n * SLAB_COLS * 4 // 2
+    f32 = bt.explain("gather_backward", dout.float(), 0, index, [n, SLAB_COLS])
+    assert 0 < f32.workspace_bytes < 2**20  # the slab counters only
+    det = bt.explain("gather_backward", dout, 0, index, [n, SLAB_COLS], preference="deterministic")
+    assert det.variant == "sorted" and det.deterministic
+    fwd = bt.explain("gather", torch.empty(n, SLAB_COLS, dtype=torch.bfloat16, device="cuda"), 0, index,
+                     preference="deterministic")
+    assert fwd.variant == "slab_vec16" and fwd.deterministic and fwd.workspace_bytes == 0
+
+
+@requires_cuda
+def test_cuda_slabs_graph_capture():
+    """The slab kernels (and the backward's counter memset) capture and replay."""
+    n = slab_rows(torch.bfloat16)
+    src = randn((n, SLAB_COLS), torch.bfloat16, "cuda").requires_grad_()
+    index = rand_index((n // 2, SLAB_COLS), n, device="cuda")
+    dout = randn(index.shape, torch.bfloat16, "cuda")
+    assert bt.explain("gather", src, 0, index).variant == "slab_vec16"
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            (g,) = torch.autograd.grad(bt.gather(src, 0, index), src, dout)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = bt.gather(src, 0, index)
+        (g,) = torch.autograd.grad(out, src, dout)
+    for _ in range(2):  # replays reset the slab counters
+        with torch.no_grad():
+            src.copy_(randn((n, SLAB_COLS), torch.bfloat16, "cuda"))
+            index.copy_(rand_index(index.shape, n, device="cuda"))
+            dout.copy_(randn(index.shape, torch.bfloat16, "cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, torch.gather(src.detach(), 0, index))
+        expected = torch.zeros(n, SLAB_COLS, device="cuda").scatter_add_(0, index, dout.float())
+        torch.testing.assert_close(g.float(), expected, atol=1e-2, rtol=1e-2)
+
+
+@requires_cuda
+def test_cuda_slabs_more_than_2_31_elements():
+    """A slab-sized gather over a src of more than 2^31 elements takes the 64-bit slab
+    variants and stays correct."""
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs 40 GiB of GPU memory")
+    rows, cols = 2**16 + 3, 2**15
+    src = torch.randn(rows, cols, dtype=torch.bfloat16, device="cuda")
+    index = torch.randint(0, rows, (4100, cols), device="cuda")
+    assert bt.explain("gather", src, 0, index).variant == "slab_vec16_i64"
+    out = bt.gather(src, 0, index)
+    assert torch.equal(out, torch.gather(src, 0, index))
+    del src, out
+    torch.cuda.empty_cache()
+    dout = torch.randn(index.shape, dtype=torch.bfloat16, device="cuda")
+    assert bt.explain("gather_backward", dout, 0, index, [rows, cols]).variant == "atomic_slab_vec16_i64"
+    d = ops.gather_backward(dout, 0, index, [rows, cols])
+    expected = torch.zeros(rows, cols, device="cuda").scatter_add_(0, index, dout.float())
+    del dout, index
+    torch.cuda.empty_cache()
+    # bfloat16 rounding of float32 sums (relative 2^-9), plus slack for the summation order
+    err = d.float().sub_(expected).abs_()
+    del d
+    tol = expected.abs_().mul_(2**-8).add_(1e-5)
+    assert bool((err <= tol).all())
+    del expected, err, tol
+    torch.cuda.empty_cache()
+
+
 # ---- opcheck, torch.compile --------------------------------------------------------------
 
 

@@ -65,11 +65,97 @@ void plan_walk(GatherLaunch& l, const TensorLayout& index, const TensorLayout& v
   l.index64 = !fits_int32(extent);
 }
 
+// Column slabs (see gather_plan.h) for a gather along a dim that is not the innermost,
+// when they pay: src (`target`; the dense dsrc for the backward) has unit stride along
+// index's coalesced dims after dim, its rows are re-read (about half a read or more per
+// 32-byte sector of a slab region), and the regions together outgrow L2. region_elt:
+// bytes per element of the L2-resident region (src, or the backward's accumulator).
+// Fills l.slab's walk and geometry and sets l.layout and l.vec; false (l unchanged)
+// otherwise.
+bool plan_slab(GatherLaunch& l, const TensorLayout& index, const TensorLayout& value,
+               const TensorLayout& target, int dim, const DeviceInfo& device, int region_elt,
+               int blocks_per_sm) {
+  if (device.backend != Backend::Cuda || device.l2_bytes <= 0 || device.sm_count <= 0) return false;
+  if (l.numel == 0 || l.dim_size == 0) return false;
+  const int rank = index.rank;
+  const TensorLayout* ops[3] = {&index, &value, &target};
+
+  // Columns: index's dims after dim, one unit-stride dim of src.
+  const int n_inner = rank - dim - 1;
+  if (n_inner <= 0) return false;
+  std::array<int64_t, kMaxRank> sizes{};
+  std::array<std::array<int64_t, kMaxRank>, 3> strides{};
+  for (int d = 0; d < n_inner; ++d) {
+    sizes[d] = index.sizes[dim + 1 + d];
+    for (int k = 0; k < 3; ++k) strides[k][d] = ops[k]->strides[dim + 1 + d];
+  }
+  const std::array<int64_t, kMaxRank>* inner_ops[3] = {&strides[0], &strides[1], &strides[2]};
+  const CoalescedDims inner = coalesce_dims(n_inner, sizes, inner_ops, 3);
+  const int64_t min_width = 256 / region_elt;  // slab rows of at least 256 bytes
+  if (inner.rank != 1 || inner.strides[2][0] != 1 || inner.sizes[0] < min_width) return false;
+  const int64_t cols = inner.sizes[0];
+  const int64_t rows = index.sizes[dim], src_rows = target.sizes[dim];
+  // Expected reads per 32-byte sector of a region: rows/src_rows · 32/region_elt >= 1/2.
+  if (rows * 64 < src_rows * region_elt) return false;
+
+  // Outer: index's dims before dim.
+  sizes = {};
+  strides = {};
+  for (int d = 0; d < dim; ++d) {
+    sizes[d] = index.sizes[d];
+    for (int k = 0; k < 3; ++k) strides[k][d] = ops[k]->strides[d];
+  }
+  GatherSlab s;
+  s.outer = coalesce_dims(dim, sizes, inner_ops, 3);
+  s.outer_count = 1;
+  for (int d = 0; d < s.outer.rank; ++d) s.outer_count *= s.outer.sizes[d];
+  // The regions together must outgrow L2; below that every walk order hits L2.
+  if (s.outer_count * src_rows * cols * region_elt < device.l2_bytes / 2) return false;
+
+  s.rows = rows;
+  s.src_rows = src_rows;
+  s.cols = cols;
+  for (int k = 0; k < 3; ++k) s.row_strides[k] = ops[k]->strides[dim];
+  for (int k = 0; k < 2; ++k) s.col_strides[k] = inner.strides[k][0];
+
+  // Groups of 4 (16-byte index loads, vector value accesses): unit column strides, and
+  // every group start a multiple of 4 elements from 16-byte (value: 4·elt) aligned bases.
+  auto mult4 = [](int64_t size, int64_t stride) { return size == 1 || stride % kGroup == 0; };
+  bool vec = s.col_strides[0] == 1 && s.col_strides[1] == 1 && cols % kGroup == 0 &&
+             index.alignment >= 16 &&
+             value.alignment >= std::min(16, kGroup * element_size(value.dtype)) &&
+             mult4(rows, s.row_strides[0]) && mult4(rows, s.row_strides[1]);
+  for (int d = 0; d < s.outer.rank; ++d)
+    vec = vec && mult4(s.outer.sizes[d], s.outer.strides[0][d]) &&
+          mult4(s.outer.sizes[d], s.outer.strides[1][d]);
+  s.vec_target = cols % kGroup == 0 && target.alignment >= 16 && mult4(src_rows, s.row_strides[2]);
+  for (int d = 0; d < s.outer.rank; ++d)
+    s.vec_target = s.vec_target && mult4(s.outer.sizes[d], s.outer.strides[2][d]);
+
+  s.width_log2 = gather_slab_width_log2(src_rows, cols, region_elt,
+                                        device.l2_bytes / kGatherSlabL2Share);
+  const int64_t width = int64_t{1} << s.width_log2;
+  s.slabs_per_outer = (cols + width - 1) / width;
+  s.slabs = s.outer_count * s.slabs_per_outer;
+  const int64_t tile = int64_t{kGatherSlabThreads} * kGatherSlabGroups * (vec ? kGroup : 1);
+  s.blocks = gather_slab_blocks(src_rows, rows, region_elt,
+                                device.l2_bytes / kGatherWindowL2Share, tile, device.sm_count,
+                                blocks_per_sm);
+  l.slab = s;
+  l.layout = vec ? GatherLayout::SlabVec : GatherLayout::Slab;
+  l.vec = vec ? kGroup : 1;
+  // Accumulator offsets (idx·W + column) stay below src_rows·W.
+  l.index64 = l.index64 || !fits_int32(src_rows * width);
+  return true;
+}
+
 std::string layout_name(const GatherLaunch& l) {
   switch (l.layout) {
     case GatherLayout::RowsVec: return "rows_vec16";
     case GatherLayout::Rows: return "rows";
     case GatherLayout::Strided: return "strided";
+    case GatherLayout::SlabVec: return "slab_vec16";
+    case GatherLayout::Slab: return "slab";
   }
   return "?";
 }
@@ -142,7 +228,16 @@ GatherPlan GatherPlan::select(const GatherDescriptor& desc, PlanPreference) {
   l.element = desc.src.dtype;
   l.index_element = desc.index.dtype;
   l.backward = false;
-  plan_walk(l, index, out, at_least_1d(desc.src), dim, desc.device);
+  const TensorLayout src = at_least_1d(desc.src);
+  plan_walk(l, index, out, src, dim, desc.device);
+  const int elt = element_size(l.element);
+  if (plan_slab(l, index, out, src, dim, desc.device, elt, kGatherSlabForwardBlocksPerSm)) {
+    GatherSlab& s = l.slab;
+    const int64_t tile_rows = (int64_t{kGatherSlabThreads} * kGatherSlabGroups * l.vec) >> s.width_log2;
+    const int64_t tiles = s.slabs * ((s.rows + tile_rows - 1) / tile_rows);
+    s.blocks = static_cast<int>(std::min<int64_t>(s.blocks, tiles));
+    s.prefetch = gather_slab_prefetch(s.rows, s.src_rows, elt);
+  }
   p.sku_ = make_sku(l, desc.device);
   return p;
 }
@@ -231,6 +326,10 @@ GatherBackwardPlan GatherBackwardPlan::select(const GatherBackwardDescriptor& de
     l.algo = GatherBackwardAlgo::Atomic;
     const bool half = l.element == ElementKind::F16 || l.element == ElementKind::BF16;
     l.workspace_bytes = half ? static_cast<size_t>(l.out_numel) * sizeof(float) : 0;
+    if (plan_slab(l, index, dout, dsrc, dim, desc.device, f64 ? 8 : 4,
+                  kGatherSlabBackwardBlocksPerSm))
+      l.workspace_bytes = gather_slab_backward_schedule(l.slab, half, f64, l.zero_fill, l.vec,
+                                                        desc.device.l2_bytes);
   }
   p.sku_ = make_sku(l, desc.device);
   return p;

@@ -9,11 +9,30 @@
 //                           shared memory ("atomic_lines"), each block owns one line
 //                           instead: zero it in shared memory, atomicAdd there, write it
 //                           once (no zero-fill pass, no workspace, no global atomics).
+//                           When dim is not the innermost and src is large ("atomic_slab"),
+//                           the work goes slab by slab (below), each dsrc slab zeroed just
+//                           before its atomics so that both stay in L2.
 //   sorted (deterministic): key = dsrc offset, value = dout offset, stable radix sort by
 //                           key, then each run of equal keys is summed in ascending source
 //                           order. Same bits on every run.
 // The CPU backward reduces each line (all coordinates but dim) on one thread, in index
 // order: deterministic.
+//
+// Column slabs (CUDA, "slab_vec16" / "slab" forward, "atomic_slab..." backward). Along a
+// dim that is not the innermost, every element reads (or atomically updates) a random row
+// of src: with src far larger than L2, each access fetches a 32-byte sector from DRAM,
+// and a sector shared by neighbouring columns is fetched again for each of them. The slab
+// variants cut the columns (index's dims after dim, coalesced into one unit-stride dim of
+// src) into slabs of W = 2^k columns and walk the index space slab-major: all of slab 0
+// (every index row, W columns), then slab 1, ... A slab's src region, src.size(dim) rows
+// × W columns, is sized to a fraction of L2, and a persistent grid bounds the work in
+// flight, so the region stays in L2 while its slab is processed: DRAM sees about one read
+// of each src line (the forward's loads also ask L2 to fetch whole 128-byte lines) instead
+// of one per element. The backward zeroes each slab of dsrc (float16/bfloat16: of a float32
+// accumulator ring of a few slabs) just before its atomics, so the zeros are never read
+// back from DRAM, and converts each accumulator slab to dsrc right after its atomics.
+// Work items come in order from an atomic ticket, each slab phase waiting on per-slab
+// completion counters of earlier items only, which cannot deadlock.
 //
 // Out-of-range indices never touch memory: the CPU raises IndexError; CUDA kernels write
 // 0 (forward) or skip the element (backward) and record the first bad index in a small
@@ -32,7 +51,11 @@ namespace baracuda {
 //           elements with 16-byte index loads and vector value accesses.
 //  Rows:    the same with scalar accesses (sizes or addresses not multiples of 4).
 //  Strided: any strides.
-enum class GatherLayout : uint8_t { RowsVec, Rows, Strided };
+//  SlabVec: column slabs (GatherSlab) with 16-byte index loads and vector value accesses.
+//  Slab:    column slabs with scalar index and value accesses (any strides but src's
+//           unit column stride).
+enum class GatherLayout : uint8_t { RowsVec, Rows, Strided, SlabVec, Slab };
+inline bool is_slab(GatherLayout l) { return l == GatherLayout::SlabVec || l == GatherLayout::Slab; }
 
 enum class GatherBackwardAlgo : uint8_t { CpuLines, Atomic, AtomicLines, Sorted };
 
@@ -40,6 +63,124 @@ enum class GatherBackwardAlgo : uint8_t { CpuLines, Atomic, AtomicLines, Sorted 
 // block may use without an opt-in attribute, with room for the kernel's static shared
 // memory.
 constexpr int64_t kGatherLinesSmemBytes = 44 * 1024;
+
+// ---- column slabs -------------------------------------------------------------------
+// The slab kernels' tile: kGatherSlabThreads threads × kGatherSlabGroups groups of G
+// elements (G = 4 on SlabVec, else 1); a tile is 2^k index rows × W columns of one slab.
+constexpr int kGatherSlabThreads = 256;
+constexpr int kGatherSlabGroups = 4;
+// The backward's zero and convert items: kGatherSlabThreads threads × 16 groups of 4
+// elements (large, so that the per-item ticket, wait and signal stay cheap).
+constexpr int kGatherSlabZcGroups = 16;
+constexpr int64_t kGatherSlabMaxWidth = 1024;  // <= the smallest tile (256 · 4 · 1)
+// Budgets as shares of the device's L2: one slab region (src.size(dim) rows × W columns of
+// src, or of the backward's accumulator) at most L2 / kGatherSlabL2Share; the elements in
+// flight about the count whose slabs' regions add up to L2 / kGatherWindowL2Share (E
+// elements in flight span E / (rows·W) slabs, i.e. E·src_rows/rows·elt bytes of regions).
+// The live set (the window plus a region; the backward: plus `lead` regions zeroed ahead)
+// then stays under the L2 of one partition. Tune with benchmarks/tune/tune_gather_slab.cu.
+constexpr int kGatherSlabL2Share = 8;
+constexpr int kGatherWindowL2Share = 4;
+// Persistent grid caps: the forward's static tile order needs every block resident (its
+// __launch_bounds__ minimum); the backward takes tiles from a ticket, any grid works.
+constexpr int kGatherSlabForwardBlocksPerSm = 2;
+constexpr int kGatherSlabBackwardBlocksPerSm = 2;
+
+// log2 of the slab width W: the widest power of two whose region src_rows × W ×
+// region_elt fits slab_bytes, but at least 256 bytes per row (coalescing) and at most
+// kGatherSlabMaxWidth and `cols` rounded up to a power of two.
+inline int gather_slab_width_log2(int64_t src_rows, int64_t cols, int region_elt,
+                                  int64_t slab_bytes) {
+  int lg = 0;
+  while ((int64_t{1} << (lg + 1)) <= kGatherSlabMaxWidth &&
+         src_rows * (int64_t{2} << lg) * region_elt <= slab_bytes)
+    ++lg;
+  int min_lg = 0;
+  while ((int64_t{1} << min_lg) * region_elt < 256) ++min_lg;
+  int max_lg = 0;
+  while ((int64_t{1} << max_lg) < cols && (int64_t{1} << max_lg) < kGatherSlabMaxWidth) ++max_lg;
+  return std::min(std::max(lg, min_lg), std::max(max_lg, min_lg));
+}
+
+// Persistent grid: enough tiles in flight that their random rows span about window_bytes
+// of the slab regions, as a whole number (1 .. per_sm) of blocks per SM so that every SM
+// runs its share of the tile order at the same pace.
+inline int gather_slab_blocks(int64_t src_rows, int64_t rows, int region_elt,
+                              int64_t window_bytes, int64_t tile_elems, int sm_count, int per_sm) {
+  const double elems = static_cast<double>(window_bytes) / region_elt *
+                       static_cast<double>(rows) / static_cast<double>(std::max<int64_t>(src_rows, 1));
+  const int sms = std::max(sm_count, 1);
+  const double blocks_per_sm = elems / static_cast<double>(tile_elems) / sms;
+  const int k = static_cast<int>(std::clamp(blocks_per_sm + 0.5, 1.0, static_cast<double>(per_sm)));
+  return k * sms;
+}
+
+// Forward: L2 fetches whole 128-byte lines of src per miss once a line of a region is
+// expected to be read about twice or more (rows/src_rows · 128/elt >= 2); else a sector.
+inline int gather_slab_prefetch(int64_t rows, int64_t src_rows, int elt) {
+  return rows * 128 >= 2 * src_rows * elt ? 128 : 0;
+}
+
+// The slab walk (both directions). Index space = outer × rows × cols: outer = index's
+// dims before dim (coalesced), rows = index.size(dim), cols = index's dims after dim
+// (coalesced into one dim on which src/dsrc has stride 1).
+struct GatherSlab {
+  int64_t rows = 0;      // R = index.size(dim)
+  int64_t src_rows = 0;  // N = src.size(dim)
+  int64_t cols = 0;      // C
+  std::array<int64_t, 3> row_strides{};  // index, value (out/dout), src/dsrc along dim
+  std::array<int64_t, 2> col_strides{};  // index, value along the columns (src/dsrc: 1)
+  CoalescedDims outer;   // operands index, value, src/dsrc; sizes [1] when dim is 0
+  int64_t outer_count = 1;
+  int width_log2 = 0;    // W = 2^width_log2 columns per slab
+  int64_t slabs_per_outer = 0;  // ceil(C / W)
+  int64_t slabs = 0;            // outer_count · slabs_per_outer
+  int blocks = 0;               // persistent grid
+  int prefetch = 0;             // forward: bytes L2 fetches per src miss (0: a sector)
+  // Backward. Items come in steps; step t holds the zero items of slab t, the atomic
+  // items of slab t - zero_lead and the conversion items of slab t - zero_lead - lead.
+  bool zero_slabs = false;   // zero each slab (of dsrc, or of the accumulator ring) first
+  bool convert = false;      // float16/bfloat16: accumulate in the float32 ring, convert
+  bool vec_target = false;   // dsrc slab rows take groups of 4 (16-byte f32 / 8-byte half)
+  int lead = 1;              // steps between the phases of one slab
+  int ring = 0;              // accumulator slabs (convert only); slab s uses s % ring
+  size_t counter_bytes = 0;  // ticket + per-slab counters, zeroed before each launch
+  size_t ring_offset = 0;    // byte offset of the ring in the workspace
+  size_t ring_slab_bytes = 0;
+};
+
+// The backward's schedule (GatherSlab's backward fields, from the walk and geometry) and
+// its workspace bytes. vec: elements per group of the atomic tiles (4 or 1).
+inline size_t gather_slab_backward_schedule(GatherSlab& s, bool half, bool f64, bool zero_fill,
+                                            int vec, int64_t l2_bytes) {
+  const int region_elt = f64 ? 8 : 4;
+  s.convert = half;
+  // float32/float64 accumulate in dsrc itself; when some dsrc elements lie outside every
+  // slab (index smaller than src in a dim other than dim), one memset zeroes dsrc first.
+  s.zero_slabs = half || !zero_fill;
+  const int64_t zc_rows = (int64_t{kGatherSlabThreads} * kGatherSlabZcGroups * 4) >> s.width_log2;
+  const int64_t a_rows = (int64_t{kGatherSlabThreads} * kGatherSlabGroups * vec) >> s.width_log2;
+  const int64_t zc_items = (s.src_rows + zc_rows - 1) / zc_rows;
+  const int64_t nz = s.zero_slabs ? zc_items : 0;
+  const int64_t na = (s.rows + a_rows - 1) / a_rows;
+  const int64_t nc = s.convert ? zc_items : 0;
+  // A slab's phases are `lead` steps apart, so that the blocks in flight rarely wait on
+  // an earlier phase, but no more steps than a window's worth of regions.
+  const int64_t region = s.src_rows * (int64_t{1} << s.width_log2) * region_elt;
+  const int64_t max_lead =
+      std::max<int64_t>(2, l2_bytes / kGatherWindowL2Share / std::max<int64_t>(region, 1));
+  const int64_t per_step = nz + na + nc;
+  s.lead = static_cast<int>(std::clamp<int64_t>((s.blocks + per_step - 1) / per_step, 1, max_lead));
+  // Slab t reuses the ring slot of slab t - ring, converted 2 steps before it is zeroed.
+  s.ring = s.convert ? 2 * s.lead + 2 : 0;
+  const int64_t steps = s.slabs + (s.zero_slabs ? s.lead : 0) + (s.convert ? s.lead : 0);
+  s.blocks = static_cast<int>(std::min<int64_t>(s.blocks, steps * per_step));
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  s.counter_bytes = 8 + 3 * sizeof(uint32_t) * static_cast<size_t>(s.slabs);
+  s.ring_offset = up(s.counter_bytes);
+  s.ring_slab_bytes = s.convert ? static_cast<size_t>(region) : 0;
+  return s.ring_offset + static_cast<size_t>(s.ring) * s.ring_slab_bytes;
+}
 
 // Everything a kernel needs; filled by the plans, consumed by the CPU and CUDA launchers.
 struct GatherLaunch {
@@ -77,6 +218,8 @@ struct GatherLaunch {
   int sort_end_bit = 0;
   size_t sort_temp_bytes = 0;
   size_t workspace_bytes = 0;
+
+  GatherSlab slab;  // layout SlabVec / Slab
 
   const void* index = nullptr;
   const void* value = nullptr;  // src (forward) or dout (backward)
@@ -221,8 +364,9 @@ class GatherBackwardPlan {
   // dsrc's layout: src_sizes, dout's dtype, contiguous.
   const TensorLayout& output_layout() const { return out_; }
   void can_implement(const GatherBackwardArgs& args) const;
-  // Atomic float16/bfloat16: a float32 accumulator of dsrc's size. Sorted: keys and
-  // values double buffers plus CUB's temp storage. Otherwise 0.
+  // Atomic float16/bfloat16: a float32 accumulator of dsrc's size (atomic_slab: a ring of
+  // a few float32 slabs, plus the slab counters). Sorted: keys and values double buffers
+  // plus CUB's temp storage. Otherwise 0.
   size_t workspace_size() const { return launch_.workspace_bytes; }
   const KernelSku& sku() const { return sku_; }
   const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }

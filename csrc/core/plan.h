@@ -42,6 +42,7 @@ struct DeviceInfo {
   int index = -1;
   int arch = 0;
   int sm_count = 0;
+  int64_t l2_bytes = 0;  // L2 cache size (0 on the CPU)
 };
 
 // "fastest" may pick a kernel whose float reductions vary in order between runs;

@@ -69,6 +69,7 @@ DeviceInfo device_info(const at::Tensor& t) {
     const cudaDeviceProp* prop = at::cuda::getDeviceProperties(info.index);
     info.arch = prop->major * 10 + prop->minor;
     info.sm_count = prop->multiProcessorCount;
+    info.l2_bytes = prop->l2CacheSize;
 #endif
   } else if (!t.is_cpu() && !t.is_meta()) {
     fail(PlanErrorKind::Unsupported, "device",

@@ -4,6 +4,9 @@
 // atomic: zero-fill, then one atomicAdd per element (float32/float64 straight into dsrc;
 //   float16/bfloat16 into a zeroed float32 workspace, then one conversion pass). The
 //   order of the additions into one element varies from run to run.
+// atomic_slab (when dim is not the innermost and src is large): column slabs
+//   (gather_slab.cuh): each dsrc slab (f16/bf16: float32 ring slot) zeroed just before its
+//   atomics and converted right after, all in L2.
 // atomic_lines (fastest, when dim is dsrc's innermost dim and a line fits in shared
 //   memory): one block per line of the index space; it zeroes the line's accumulator in
 //   shared memory, atomicAdds its dout values there, and writes the whole dsrc line once
@@ -17,7 +20,7 @@
 //   hence the same bits, on every run (and as the CPU kernel).
 #include <cub/device/device_radix_sort.cuh>
 
-#include "kernels/cuda/gather.cuh"
+#include "kernels/cuda/gather_slab.cuh"
 
 namespace baracuda::kernels::cuda {
 
@@ -275,6 +278,11 @@ void launch_gather_backward(const GatherLaunch& l, cudaStream_t stream) {
       launch_sorted<uint32_t>(l, stream);
   } else if (l.algo == GatherBackwardAlgo::AtomicLines) {
     launch_atomic_lines(l, stream);  // the plan picks it for 32-bit offsets only
+  } else if (is_slab(l.layout)) {
+    if (l.index64)
+      launch_slab_backward<int64_t>(l, stream);
+    else
+      launch_slab_backward<uint32_t>(l, stream);
   } else {
     if (l.index64)
       launch_atomic<int64_t>(l, stream);

@@ -1,6 +1,8 @@
 // CUDA gather forward: out[p] = src[offset(p) + index[p]·src.stride(dim)], 0 (and an
-// error record) where index[p] is out of range. Also the family's CUDA entry point.
-#include "kernels/cuda/gather.cuh"
+// error record) where index[p] is out of range: the index-space walker (gather.cuh) or,
+// along a non-innermost dim of a large src, the column-slab kernel (gather_slab.cuh).
+// Also the family's CUDA entry point.
+#include "kernels/cuda/gather_slab.cuh"
 
 namespace baracuda::kernels {
 
@@ -26,6 +28,11 @@ void gather_cuda(const GatherLaunch& l, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   if (l.backward) {
     cuda::launch_gather_backward(l, s);
+  } else if (l.numel > 0 && is_slab(l.layout)) {
+    if (l.index64)
+      cuda::launch_slab_forward<int64_t>(l, s);
+    else
+      cuda::launch_slab_forward<uint32_t>(l, s);
   } else if (l.numel > 0) {
     if (l.index64)
       cuda::launch_forward<int64_t>(l, s);
