@@ -3,7 +3,8 @@
 # test suite on CUDA, run the benchmarks; full logs and CSV under $OUT, a short summary
 # printed last. Files under $OUT: summary.txt, build.log, test.log, bench.log, bench.csv,
 # bench.md, bench.png (at most 8 come back from the device machine).
-#   STAGES=build,test,bench (default)   PYTEST_ARGS="-k gated"   FAMILIES=gated_activation
+#   STAGES=build,test,bench (default)   PYTEST_TARGETS="tests/test_rope.py"   PYTEST_ARGS="-x"
+#   FAMILIES=gated_activation,rope (benchmarks to run; default all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -33,7 +34,7 @@ fi
 
 if [[ ",$STAGES," == *",test,"* ]]; then
   t0=$(date +%s)
-  $PY -m pytest tests -q -rfEs ${PYTEST_ARGS:-} > "$OUT/test.log" 2>&1 || status=1
+  $PY -m pytest ${PYTEST_TARGETS:-tests} -q -rfEs ${PYTEST_ARGS:-} > "$OUT/test.log" 2>&1 || status=1
   note "tests ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/test.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/test.log" | head -30 | tee -a "$summary"
 fi
