@@ -438,6 +438,13 @@ void launch_rope_stream(const RopeLaunch& l, cudaStream_t stream) {
   // PDL only where the code this device runs has the wait: compiled for sm_90 or later
   // (a build whose newest PTX is older, JIT-compiled for this device, has none).
   bool pdl = l.pdl;
+  // Not while the stream is captured into a CUDA graph: on the H200 a captured
+  // programmatic edge replayed with a stale table (tests/test_rope.py graph test), so
+  // graphs get the plain stream order (the table kernel's ~2 us are not hidden there).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (pdl && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+      capture != cudaStreamCaptureStatusNone)
+    pdl = false;
   if (pdl) {
     cudaFuncAttributes attr;
     if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
