@@ -1,6 +1,6 @@
 // Warp-level tensor-core primitives of the SSD chunk scan's 16-bit path (sm_80+):
-// ldmatrix and mma.sync.m16n8k16 with float32 accumulation. Only these few functions
-// touch PTX, so that a host emulation can replace this one header.
+// ldmatrix, mma.sync.m16n8k16 with float32 accumulation, and cp.async. Only these few
+// functions touch PTX, so that a host emulation can replace this one header.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"; g = lane / 4,
 // t = lane % 4; each 32-bit register holds two 16-bit values, the lower column / k index
@@ -88,6 +88,34 @@ __device__ __forceinline__ void ssd_mma16816(float (&d)[4], const uint32_t (&a)[
 #else
   (void)d, (void)a, (void)b0, (void)b1;
   __trap();
+#endif
+}
+
+// 16 bytes from global to shared memory without a register round trip (cp.async.cg:
+// through L2 only), both addresses 16-byte aligned. The copy belongs to the thread's next
+// committed group and is complete (for this thread) after ssd_cp_async_wait.
+__device__ __forceinline__ void ssd_cp_async16(void* smem, const void* gmem) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(ssd_smem_u32(smem)), "l"(gmem) : "memory");
+#else
+  (void)smem, (void)gmem;
+  __trap();
+#endif
+}
+
+// Closes the thread's current group of cp.async copies.
+__device__ __forceinline__ void ssd_cp_async_commit() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most N of the thread's committed groups are still in flight (a
+// __syncthreads after it makes every thread's completed copies visible to the block).
+template <int N>
+__device__ __forceinline__ void ssd_cp_async_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 

@@ -32,6 +32,8 @@
 #include "kernels/cuda/ssd_chunk_scan.cuh"
 #include "kernels/cuda/ssd_chunk_scan_mma.cuh"
 
+#include <algorithm>
+
 namespace baracuda::kernels::cuda {
 
 constexpr int kTcThreads = 128;           // 4 warps × 16 rows of a 64-row tile
@@ -53,56 +55,45 @@ __device__ __forceinline__ T ssd_zero() {
 }
 
 // ---- shared-memory tile fills (all kTcThreads threads) -------------------------------------
-// dst[r·ld + k] = src[r·s1 + k·s3] for r < nrows, k < kcols, and 0 where r >= rows or
-// k >= K. kcols and ld are multiples of 8 and dst is 16-byte aligned; each 8-element
-// group is one 16-byte load where the source allows (unit inner stride, 16-byte aligned
-// rows, the group inside K).
+// Whether 8-element groups of rows of src (row stride s1, inner stride s3) can move as
+// 16-byte vectors: unit inner stride and 16-byte aligned rows.
 template <typename T>
+__device__ __forceinline__ bool tc_vec_ok(const T* src, int64_t s1, int64_t s3) {
+  return s3 == 1 && s1 % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+}
+
+// Elements k..k+7 of row r of src as 16 raw bytes, 0 where r >= rows or k + i >= K; one
+// 16-byte load when `vec` and the group lies inside K.
+template <typename T>
+__device__ __forceinline__ uint4 tc_load8(const T* src, int64_t s1, int64_t s3, bool vec, int r, int k, int rows,
+                                          int K) {
+  if (vec && r < rows && k + 8 <= K) return __ldg(reinterpret_cast<const uint4*>(src + r * s1 + k));
+  T v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = r < rows && k + i < K ? src[r * s1 + (k + i) * s3] : ssd_zero<T>();
+  uint4 raw;
+  memcpy(&raw, v, 16);
+  return raw;
+}
+
+// dst[r·ld + k] = src[r·s1 + k·s3] for r < nrows, k < kcols, and 0 where r >= rows or
+// k >= K. kcols and ld are multiples of 8 and dst is 16-byte aligned. ASYNC: the vector
+// groups go by cp.async (complete after ssd_cp_async_commit + ssd_cp_async_wait), the
+// others by plain stores.
+template <typename T, bool ASYNC = false>
 __device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, const T* src, int64_t s1,
                                         int64_t s3, int rows, int K) {
   const int groups = kcols / 8;
-  const bool vec = s3 == 1 && s1 % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  const bool vec = tc_vec_ok(src, s1, s3);
   for (int e = threadIdx.x; e < nrows * groups; e += kTcThreads) {
     const int r = e / groups, k = (e - r * groups) * 8;
-    uint4 raw;
-    if (vec && r < rows && k + 8 <= K) {
-      raw = __ldg(reinterpret_cast<const uint4*>(src + r * s1 + k));
-    } else {
-      T v[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = r < rows && k + i < K ? src[r * s1 + (k + i) * s3] : ssd_zero<T>();
-      memcpy(&raw, v, 16);
+    if constexpr (ASYNC) {
+      if (vec && r < rows && k + 8 <= K) {
+        ssd_cp_async16(dst + r * ld + k, src + r * s1 + k);
+        continue;
+      }
     }
-    *reinterpret_cast<uint4*>(dst + r * ld + k) = raw;
-  }
-}
-
-// tc_fill of 64 rows with row r multiplied by w(r) in float32 and rounded to T.
-template <typename T, typename W>
-__device__ __forceinline__ void tc_fill_scaled(T* dst, int ld, int kcols, const T* src, int64_t s1, int64_t s3,
-                                               int rows, int K, W w) {
-  const int groups = kcols / 8;
-  const bool vec = s3 == 1 && s1 % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  for (int e = threadIdx.x; e < kSsdTile * groups; e += kTcThreads) {
-    const int r = e / groups, k = (e - r * groups) * 8;
-    float f[8];
-    if (vec && r < rows && k + 8 <= K) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src + r * s1 + k));
-      T v[8];
-      memcpy(v, &raw, 16);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) f[i] = to_acc(v[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) f[i] = r < rows && k + i < K ? to_acc(src[r * s1 + (k + i) * s3]) : 0.0f;
-    }
-    const float wr = r < rows ? w(r) : 0.0f;
-    uint4 out;
-    out.x = ssd_pack2<T>(wr * f[0], wr * f[1]);
-    out.y = ssd_pack2<T>(wr * f[2], wr * f[3]);
-    out.z = ssd_pack2<T>(wr * f[4], wr * f[5]);
-    out.w = ssd_pack2<T>(wr * f[6], wr * f[7]);
-    *reinterpret_cast<uint4*>(dst + r * ld + k) = out;
+    *reinterpret_cast<uint4*>(dst + r * ld + k) = tc_load8(src, s1, s3, vec, r, k, rows, K);
   }
 }
 
@@ -255,8 +246,11 @@ __device__ __forceinline__ void tc_store_row(O* orow, int j0, int J, bool pairs,
 // ssd_chunk_state_kernel's product on tensor cores: out[d, n] = Σ_s (w_s·X_s[d])·Y_s[n]
 // for a 64 × 64 (d, n) tile, K = the chunk's positions in steps of 64; w_s·X_s is
 // rounded to T. X is stored [s][d] (A read transposed), Y [s][n] (B read transposed).
+// The next step's raw X and Y groups are loaded into registers while the tensor cores
+// work on the current one.
 template <typename T, bool DSTATE>
 __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const SsdStateParams<T> p) {
+  constexpr int kPer = kSsdTile * 8 / kTcThreads;  // 16-byte groups per thread and tile
   __shared__ __align__(16) T sX[kSsdTile * kTcLd];
   __shared__ __align__(16) T sY[kSsdTile * kTcLd];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
@@ -280,17 +274,43 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
     const double acs_last = acs[len - 1];
     const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2] + d0 * p.xo.s[3];
     const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2] + n0 * p.yo.s[3];
+    // Row steps of 64 keep 16-byte alignment when a row's stride is a multiple of 8.
+    const bool xvec = tc_vec_ok(X, p.xo.s[1], p.xo.s[3]), yvec = tc_vec_ok(Y, p.yo.s[1], p.yo.s[3]);
     const bool live = 16 * warp < dv;
+    uint4 xr[kPer], yr[kPer];
+    auto load_step = [&](int s0) {
+      const int rows = min(kSsdTile, len - s0);
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
+        xr[u] = tc_load8(X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], xvec, r, k, rows, dv);
+        yr[u] = tc_load8(Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], yvec, r, k, rows, nv);
+      }
+    };
     float acc[8][4];
     tc_zero(acc);
+    load_step(0);
     for (int s0 = 0; s0 < len; s0 += kSsdTile) {
       const int rows = min(kSsdTile, len - s0);
       __syncthreads();  // the previous step (or virtual block) is done with sX / sY
-      tc_fill_scaled<T>(sX, kTcLd, kSsdTile, X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], rows, dv, [&](int r) -> float {
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
         const int s = s0 + r;
-        return DSTATE ? ssd_decay<float>(acs[s]) : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
-      });
-      tc_fill<T>(sY, kTcLd, kSsdTile, kSsdTile, Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], rows, nv);
+        const float w = r >= rows ? 0.0f
+                        : DSTATE  ? ssd_decay<float>(acs[s])
+                                  : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
+        T v[8];
+        memcpy(v, &xr[u], 16);
+        uint4 out;
+        out.x = ssd_pack2<T>(w * to_acc(v[0]), w * to_acc(v[1]));
+        out.y = ssd_pack2<T>(w * to_acc(v[2]), w * to_acc(v[3]));
+        out.z = ssd_pack2<T>(w * to_acc(v[4]), w * to_acc(v[5]));
+        out.w = ssd_pack2<T>(w * to_acc(v[6]), w * to_acc(v[7]));
+        *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = out;
+        *reinterpret_cast<uint4*>(sY + r * kTcLd + k) = yr[u];
+      }
+      if (s0 + kSsdTile < len) load_step(s0 + kSsdTile);  // in flight during the products
       __syncthreads();
       if (live) tc_warp_gemm<T, true, true>(acc, sX + 16 * warp, kTcLd, sY, kTcLd, (rows + 15) / 16, 0, 4);
     }
@@ -304,19 +324,174 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
   }
 }
 
+// ---- 2'' + 3'. chunk states and state passing in one kernel --------------------------------
+// A block per (b, h, 64 × 64 (d, n) tile) walks the chunks in order (forward) or in
+// reverse (backward), keeping the running state in its MMA accumulators, so that
+// neither S_c nor the local dstate goes through memory:
+//   forward:  H = 0; for c = 0..nc−1: H_c = H (stored); H = exp(Acs_last)·H + S_c
+//   backward: G = 0; for c = nc−1..0: Gn_c = G (stored), kpart = the tile's ⟨G, H_c⟩;
+//             G = Σ_q exp(Acs_q)·dy_q ⊗ C_q + exp(Acs_last)·G
+// with S_c and the local dstate from ssd_tc_chunk_state_kernel's product (64-position
+// steps, the next step's raw operands in registers while the current one multiplies).
+// Used when B·H·tiles blocks fill the GPU; otherwise the chunk-state kernel (a block
+// per chunk) and ssd_state_pass_*_kernel.
+template <typename T>
+struct SsdTcStateScanParams {
+  int64_t batch, seqlen, heads, hpg, chunk, nchunks, D, N, total_blocks, kblocks;
+  int d_tiles, n_tiles;
+  SsdOperand<T> xo;  // x (forward) or dy (backward), per head, [.., D]
+  SsdOperand<T> yo;  // B (forward) or C (backward), per group, [.., N]
+  const double* acs;
+  const float* dtf;
+  float* out;             // [B, H, nc, D, N]: H_c (forward) or Gn_c (backward)
+  const float* hstates;   // backward: H_c
+  float* kpart;           // backward: [B, H, nc, kblocks]
+};
+
+template <typename T, bool BW>
+__global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const SsdTcStateScanParams<T> p) {
+  constexpr int kPer = kSsdTile * 8 / kTcThreads;  // 16-byte groups per thread and tile
+  __shared__ __align__(16) T sX[kSsdTile * kTcLd];
+  __shared__ __align__(16) T sY[kSsdTile * kTcLd];
+  __shared__ float sRed[kTcThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int64_t rest = vb;
+    const int nt_ = static_cast<int>(rest % p.n_tiles);
+    rest /= p.n_tiles;
+    const int dtl = static_cast<int>(rest % p.d_tiles);
+    rest /= p.d_tiles;
+    const int64_t h = rest % p.heads, b = rest / p.heads;
+    const int64_t g = h / p.hpg, bh = b * p.heads + h;
+    const int d0 = dtl * kSsdTile, n0 = nt_ * kSsdTile;
+    const int dv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.D - d0));
+    const int nv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.N - n0));
+    const T* X0 = p.xo.p + b * p.xo.s[0] + h * p.xo.s[2] + d0 * p.xo.s[3];  // chunk c: + c·Q·s1
+    const T* Y0 = p.yo.p + b * p.yo.s[0] + g * p.yo.s[2] + n0 * p.yo.s[3];
+    // Chunk and step offsets keep 16-byte alignment when a row's stride is a multiple of 8.
+    const bool xvec = tc_vec_ok(X0, p.xo.s[1], p.xo.s[3]), yvec = tc_vec_ok(Y0, p.yo.s[1], p.yo.s[3]);
+    const bool live = 16 * warp < dv;
+    const int64_t last_ci = p.nchunks - 1;
+    auto chunk_of = [&](int64_t ci) { return BW ? last_ci - ci : ci; };
+    auto chunk_len = [&](int64_t c) { return static_cast<int>(min(p.chunk, p.seqlen - c * p.chunk)); };
+    uint4 xr[kPer], yr[kPer];
+    auto load_step = [&](int64_t c, int s0) {
+      const int64_t t = c * p.chunk + s0;
+      const int rows = min(kSsdTile, chunk_len(c) - s0);
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
+        xr[u] = tc_load8(X0 + t * p.xo.s[1], p.xo.s[1], p.xo.s[3], xvec, r, k, rows, dv);
+        yr[u] = tc_load8(Y0 + t * p.yo.s[1], p.yo.s[1], p.yo.s[3], yvec, r, k, rows, nv);
+      }
+    };
+    float run[8][4], acc[8][4];
+    tc_zero(run);
+    tc_zero(acc);
+    load_step(chunk_of(0), 0);
+    for (int64_t ci = 0; ci <= last_ci; ++ci) {
+      const int64_t c = chunk_of(ci);
+      const int len = chunk_len(c);
+      const double* acs = p.acs + bh * p.seqlen + c * p.chunk;
+      const float* dtf = p.dtf + bh * p.seqlen + c * p.chunk;
+      const double acs_last = acs[len - 1];
+      // The state entering the chunk (forward) or leaving it (backward), and W's partial.
+      float* out = p.out + (bh * p.nchunks + c) * p.D * p.N + n0;
+      if (live) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int dl = 16 * warp + g8 + 8 * half;
+          if (dl < dv) tc_store_row(out + static_cast<int64_t>(d0 + dl) * p.N, 0, nv, p.N % 2 == 0, run, half, 1.0f);
+        }
+      }
+      if constexpr (BW) {
+        // kpart = Σ over the tile of Gn_c·H_c, read back from memory (fewer live registers
+        // than from the accumulators): each thread's elements in a fixed order, the warp
+        // in an xor tree, the 4 warps in order.
+        const float* hs = p.hstates + (bh * p.nchunks + c) * p.D * p.N + n0;
+        __syncthreads();  // Gn_c's stores are visible; the previous chunk's reader of sRed is done
+        float kd = 0.0f;
+#pragma unroll 4
+        for (int e = threadIdx.x; e < kSsdTile * kSsdTile; e += kTcThreads) {
+          const int dl = e / kSsdTile, nl = e % kSsdTile;
+          const int64_t at = static_cast<int64_t>(d0 + dl) * p.N + nl;
+          if (dl < dv && nl < nv) kd += out[at] * hs[at];
+        }
+        kd = ssd_sum32(kd);
+        if (lane == 0) sRed[warp] = kd;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          float t = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kTcThreads / 32; ++i) t += sRed[i];
+          float* kp = p.kpart + (bh * p.nchunks + c) * p.kblocks;
+          kp[dtl * p.n_tiles + nt_] = t;
+          if (dtl == 0 && nt_ == 0)  // the partials no tile owns (kblocks > tiles)
+#pragma unroll 1  // (unrolled, this loop cost the kernel 80 registers)
+            for (int64_t i = static_cast<int64_t>(p.d_tiles) * p.n_tiles; i < p.kblocks; ++i) kp[i] = 0.0f;
+        }
+      }
+      tc_zero(acc);
+      for (int s0 = 0; s0 < len; s0 += kSsdTile) {
+        const int rows = min(kSsdTile, len - s0);
+        __syncthreads();  // the previous step (or virtual block) is done with sX / sY
+#pragma unroll
+        for (int u = 0; u < kPer; ++u) {
+          const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
+          const int s = s0 + r;
+          const float w = r >= rows ? 0.0f
+                          : BW      ? ssd_decay<float>(acs[s])
+                                    : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
+          T v[8];
+          memcpy(v, &xr[u], 16);
+          uint4 o;
+          o.x = ssd_pack2<T>(w * to_acc(v[0]), w * to_acc(v[1]));
+          o.y = ssd_pack2<T>(w * to_acc(v[2]), w * to_acc(v[3]));
+          o.z = ssd_pack2<T>(w * to_acc(v[4]), w * to_acc(v[5]));
+          o.w = ssd_pack2<T>(w * to_acc(v[6]), w * to_acc(v[7]));
+          *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = o;
+          *reinterpret_cast<uint4*>(sY + r * kTcLd + k) = yr[u];
+        }
+        // The next step's operands, possibly the next chunk's, in flight during the
+        // products (one call site: two would double the live registers).
+        const bool more = s0 + kSsdTile < len;
+        if (more || ci < last_ci) load_step(more ? c : chunk_of(ci + 1), more ? s0 + kSsdTile : 0);
+        __syncthreads();
+        if (live) tc_warp_gemm<T, true, true>(acc, sX + 16 * warp, kTcLd, sY, kTcLd, (rows + 15) / 16, 0, 4);
+      }
+      const float decay = ssd_decay<float>(acs_last);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) run[nt][i] = BW ? acc[nt][i] + decay * run[nt][i] : decay * run[nt][i] + acc[nt][i];
+    }
+  }
+}
+
 // ---- 4'. the chunk scan products -----------------------------------------------------------
 // ssd_scan_kernel's four modes on tensor cores (see the table in ssd_chunk_scan.cuh):
 //   out(r, j) = Σ_heads [ rs_r·Σ_k Lft(r,k)·S(k,j) + Σ_{c causal} P(r,c)·V(c,j) ],
 //   P(r, c) = (Σ_k Lft(r,k)·Rgt(c,k))·dec(r,c)  (masked to 0, rounded to T).
 // A virtual block is (b, g, head split, c, row tile, column tile). Y and DX loop over
 // their split's heads and write each head's rows; DC and DB sum their split's heads.
+//
+// Shared memory (dynamic; offsets in bytes from the host):
+//   L       [64][ld_l]   Lft rows of the tile (C, B: once per block; dy, x: per head)
+//   V0, R0  [64][72], [64][ld_l]   column-tile buffer 0: V rows, Rgt rows (R only when
+//                        some column tile is not cached)
+//   X       the state tile S ([64][ld_l] for Y/DX, [K1P][72] for DC/DB) during a head's
+//           inter-chunk product, then column-tile buffer 1 (V1 at X, R1 after it); also
+//           the Rgt staging while the Y/DX cache is built
+//   cache   cache_tiles × 4 warps × 32 lanes × 32 floats of Lft·Rgtᵀ (Y/DX)
+// Column tile k + 1 is copied (cp.async) into buffer (k + 1) % 2 while tile k is
+// multiplied; the first one comes with the head's prologue.
 template <typename T>
 struct SsdTcScanParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
   int64_t nsplit, hps;  // head splits per group, heads per split
   int K1, K1P, J, r_tiles, j_tiles, cache_tiles;
   int ld_l, ld_s;       // row strides of the Lft / Rgt tiles and of the state tile
-  int off_r, off_v, off_cache;  // byte offsets in dynamic shared memory (Lft at 0)
+  int off_v0, off_r0, off_x, off_r1, off_cache;  // byte offsets in dynamic shared memory
   SsdOperand<T> lft, rgt, val, dot;
   const float* state;   // [B, H, nc, D, N]: H_c (Y, DC) or Gn_c (DX, DB)
   int64_t state_ld;     // N
@@ -334,9 +509,10 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_scan_kernel(const SsdTcScan
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;  // per group, sum over heads
   constexpr bool kGroupLR = !kMulti;  // Lft, Rgt are C and B: the same for every head
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
-  T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                 // Lft rows [r][k]
-  T* sR = reinterpret_cast<T*>(ssd_dyn_smem + p.off_r);       // Rgt rows [c][k], or S
-  T* sV = reinterpret_cast<T*>(ssd_dyn_smem + p.off_v);       // V [c][j]
+  T* sL = reinterpret_cast<T*>(ssd_dyn_smem);
+  T* sX = reinterpret_cast<T*>(ssd_dyn_smem + p.off_x);
+  auto sV = [&](int k) { return reinterpret_cast<T*>(ssd_dyn_smem + (k % 2 ? p.off_x : p.off_v0)); };
+  auto sR = [&](int k) { return reinterpret_cast<T*>(ssd_dyn_smem + (k % 2 ? p.off_r1 : p.off_r0)); };
   float* sCache = reinterpret_cast<float*>(ssd_dyn_smem + p.off_cache);
   __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
   __shared__ float sRowDt[kSsdTile], sRowScale[kSsdTile], sColDt[kSsdTile];
@@ -362,7 +538,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_scan_kernel(const SsdTcScan
     if (r0 >= len) continue;  // a row tile past the end of the last (short) chunk
     const int rows = min(kSsdTile, len - r0);
     const int n_ct = (len + kSsdTile - 1) / kSsdTile;
-    const int ct_begin = kRev ? rt : 0, ct_end = kRev ? n_ct : rt + 1;
+    const int ct_begin = kRev ? rt : 0, n_steps = kRev ? n_ct - rt : rt + 1;
     const int64_t h_begin = g * p.hpg + split * p.hps;
     const int nh = static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin));
     const bool live = rw < rows;  // the warp has rows inside the chunk (warp-uniform)
@@ -373,24 +549,32 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_scan_kernel(const SsdTcScan
     // warp's rows: all of them off the diagonal.
     auto np_lo = [&](int ct) { return ct == rt && kRev ? warp : 0; };
     auto np_hi = [&](int ct) { return ct == rt && !kRev ? warp + 1 : 4; };
+    // Y/DX: the first cache_tiles column tiles of Lft·Rgtᵀ are computed once per block.
+    const int n_cached = kGroupLR ? min(n_steps, p.cache_tiles) : 0;
+    // Copies column step k of head h into buffer k % 2: V rows, and Rgt rows unless cached.
+    auto issue_step = [&](int k, int64_t h) {
+      const int c0 = (ct_begin + k) * kSsdTile, cols = min(kSsdTile, len - c0);
+      tc_fill<T, true>(sV(k), kTcLd, kSsdTile, kSsdTile, base(p.val, h) + c0 * p.val.s[1] + j0 * p.val.s[3],
+                       p.val.s[1], p.val.s[3], cols, p.J - j0);
+      if (k >= n_cached)
+        tc_fill<T, true>(sR(k), p.ld_l, kSsdTile, p.K1P, base(p.rgt, h) + c0 * p.rgt.s[1], p.rgt.s[1],
+                         p.rgt.s[3], cols, p.K1);
+    };
 
     __syncthreads();  // the previous virtual block is done with shared memory
     if constexpr (kGroupLR)
       tc_fill<T>(sL, p.ld_l, kSsdTile, p.K1P, base(p.lft, 0) + r0 * p.lft.s[1], p.lft.s[1], p.lft.s[3], rows, p.K1);
-    // Y/DX with several heads: the first column tiles of Lft·Rgtᵀ, once for all heads,
-    // each warp keeping its own 16 rows (lane-major, conflict-free).
-    const int n_cached = kGroupLR && nh > 1 ? min(ct_end - ct_begin, p.cache_tiles) : 0;
-    for (int s = 0; s < n_cached; ++s) {
-      const int ct = ct_begin + s, c0 = ct * kSsdTile;
-      __syncthreads();  // sR is free; sL is visible
-      tc_fill<T>(sR, p.ld_l, kSsdTile, p.K1P, base(p.rgt, 0) + c0 * p.rgt.s[1], p.rgt.s[1], p.rgt.s[3],
+    for (int k = 0; k < n_cached; ++k) {  // each warp keeps its own 16 rows, lane-major
+      const int ct = ct_begin + k, c0 = ct * kSsdTile;
+      __syncthreads();  // X is free; L is visible
+      tc_fill<T>(sX, p.ld_l, kSsdTile, p.K1P, base(p.rgt, 0) + c0 * p.rgt.s[1], p.rgt.s[1], p.rgt.s[3],
                  min(kSsdTile, len - c0), p.K1);
       __syncthreads();
       if (live) {
         float cb[8][4];
         tc_zero(cb);
-        tc_warp_gemm<T, false, false>(cb, sL + rw * p.ld_l, p.ld_l, sR, p.ld_l, ksteps, np_lo(ct), np_hi(ct));
-        float* slot = sCache + (s * 4 + warp) * 1024 + lane;
+        tc_warp_gemm<T, false, false>(cb, sL + rw * p.ld_l, p.ld_l, sX, p.ld_l, ksteps, np_lo(ct), np_hi(ct));
+        float* slot = sCache + (k * 4 + warp) * 1024 + lane;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -398,14 +582,17 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_scan_kernel(const SsdTcScan
       }
     }
 
-    float acc[8][4];  // the output tile: this head's (Y, DX) or the split's sum (DC, DB)
+    float acc[8][4];       // the output tile: this head's (Y, DX) or the split's sum (DC, DB)
+    float acc_head[8][4];  // DC, DB: this head's inter-chunk term before it joins acc
+    // Y, DX accumulate the inter-chunk term straight into acc (one head per output).
+    float(&accI)[8][4] = ssd_pick<kMulti>(acc_head, acc);
     tc_zero(acc);
     for (int hi = 0; hi < nh; ++hi) {
       const int64_t h = h_begin + hi, bh = b * p.heads + h;
       const double* acs = p.acs + bh * p.seqlen + t0;
       const float* dtf = p.dtf + bh * p.seqlen + t0;
       const double acs_last = acs[len - 1];
-      __syncthreads();  // the previous head is done with sL (DC/DB), sR, sV and the row data
+      __syncthreads();  // the previous head (or the cache) is done with all buffers and the row data
       if (threadIdx.x < kSsdTile) {
         const int r = r0 + threadIdx.x;
         const bool ok = r < len;
@@ -418,23 +605,26 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_scan_kernel(const SsdTcScan
         sRowScale[threadIdx.x] = ok ? scale : 0.0f;
       }
       if constexpr (!kGroupLR)
-        tc_fill<T>(sL, p.ld_l, kSsdTile, p.K1P, base(p.lft, h) + r0 * p.lft.s[1], p.lft.s[1], p.lft.s[3], rows, p.K1);
-      // S tile, rounded to T: Y/DX S(k = n, j = d) = state[d·N + n], stored [j][k];
-      // DC/DB S(k = d, j = n) = state[d·N + n], stored [k][j].
+        tc_fill<T, true>(sL, p.ld_l, kSsdTile, p.K1P, base(p.lft, h) + r0 * p.lft.s[1], p.lft.s[1], p.lft.s[3], rows,
+                         p.K1);
+      issue_step(0, h);
+      ssd_cp_async_commit();
+      // S tile into X, rounded to T: Y/DX S(k = n, j = d) = state[d·N + n], stored
+      // [j][k]; DC/DB S(k = d, j = n) = state[d·N + n], stored [k][j].
       const float* st = p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.K1) * p.J;
       if constexpr (kGroupLR)
-        tc_fill_f32<T>(sR, p.ld_s, kSsdTile, p.K1P, st + static_cast<int64_t>(j0) * p.state_ld, p.state_ld, p.J - j0,
+        tc_fill_f32<T>(sX, p.ld_s, kSsdTile, p.K1P, st + static_cast<int64_t>(j0) * p.state_ld, p.state_ld, p.J - j0,
                        p.K1);
       else
-        tc_fill_f32<T>(sR, p.ld_s, p.K1P, kSsdTile, st + j0, p.state_ld, p.K1, p.J - j0);
+        tc_fill_f32<T>(sX, p.ld_s, p.K1P, kSsdTile, st + j0, p.state_ld, p.K1, p.J - j0);
+      ssd_cp_async_wait<0>();
       __syncthreads();
 
       // (a) inter-chunk term of this head: rs_r · Σ_k Lft(r,k)·S(k,j), the row scale
       //     applied to the float32 accumulators.
-      float accI[8][4];
       tc_zero(accI);
       if (live) {
-        tc_warp_gemm<T, false, !kGroupLR>(accI, sL + rw * p.ld_l, p.ld_l, sR, p.ld_s, ksteps, 0, 4);
+        tc_warp_gemm<T, false, !kGroupLR>(accI, sL + rw * p.ld_l, p.ld_l, sX, p.ld_s, ksteps, 0, 4);
         const float sa = sRowScale[rw + g8], sb = sRowScale[rw + g8 + 8];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
@@ -447,40 +637,38 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_scan_kernel(const SsdTcScan
           tc_row_dot<T>(base(p.dot, h), p.dot.s[1], p.dot.s[3], r0, len, rw, j0, p.J, accI, part, p.j_tiles, jt);
         }
       }
+      if constexpr (kMulti) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] = kMulti ? acc[nt][i] + accI[nt][i] : accI[nt][i];
+          for (int i = 0; i < 4; ++i) acc[nt][i] += accI[nt][i];
+      }
 
-      // (b) intra-chunk term over the causal column tiles.
-      for (int ct = ct_begin; ct < ct_end; ++ct) {
-        const int c0 = ct * kSsdTile, cols = min(kSsdTile, len - c0);
-        const int slot = ct - ct_begin;
-        const bool cached = slot < n_cached;
-        __syncthreads();  // the previous product is done with sR, sV and the column data
+      // (b) intra-chunk term over the causal column tiles, step k in buffer k % 2.
+      for (int k = 0; k < n_steps; ++k) {
+        const int ct = ct_begin + k, c0 = ct * kSsdTile;
+        __syncthreads();  // step k − 1 (or the inter-chunk product) is done with buffer (k + 1) % 2 and the column data
+        if (k + 1 < n_steps) issue_step(k + 1, h);
+        ssd_cp_async_commit();
         if (threadIdx.x < kSsdTile) {
           const int cc = c0 + threadIdx.x;
           sColAcs[threadIdx.x] = cc < len ? acs[cc] : 0.0;
           sColDt[threadIdx.x] = cc < len ? dtf[cc] : 0.0f;
         }
-        tc_fill<T>(sV, kTcLd, kSsdTile, kSsdTile, base(p.val, h) + c0 * p.val.s[1] + j0 * p.val.s[3], p.val.s[1],
-                   p.val.s[3], cols, p.J - j0);
-        if (!cached)
-          tc_fill<T>(sR, p.ld_l, kSsdTile, p.K1P, base(p.rgt, h) + c0 * p.rgt.s[1], p.rgt.s[1], p.rgt.s[3], cols,
-                     p.K1);
+        ssd_cp_async_wait<1>();  // step k's copies (the group before the newest) are done
         __syncthreads();
         if (!live) continue;
         const int lo = np_lo(ct), hi_ = np_hi(ct);
         float cb[8][4];
-        if (cached) {
-          const float* slot_p = sCache + (slot * 4 + warp) * 1024 + lane;
+        if (k < n_cached) {
+          const float* slot_p = sCache + (k * 4 + warp) * 1024 + lane;
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) cb[nt][i] = slot_p[(nt * 4 + i) * 32];
         } else {
           tc_zero(cb);
-          tc_warp_gemm<T, false, false>(cb, sL + rw * p.ld_l, p.ld_l, sR, p.ld_l, ksteps, lo, hi_);
+          tc_warp_gemm<T, false, false>(cb, sL + rw * p.ld_l, p.ld_l, sR(k), p.ld_l, ksteps, lo, hi_);
         }
         // P = cb · dec, masked (selected, not multiplied, to 0), in place.
 #pragma unroll
@@ -508,8 +696,9 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_scan_kernel(const SsdTcScan
         }
         uint32_t pa[4][4];
         tc_to_a_frags<T>(cb, pa);
-        tc_warp_pv<T>(acc, pa, sV, lo, hi_);
+        tc_warp_pv<T>(acc, pa, sV(k), lo, hi_);
       }
+      ssd_cp_async_wait<0>();  // (only empty groups can be left; keep every thread idle)
 
       if constexpr (!kMulti) {
         if (live) {
@@ -749,6 +938,31 @@ void ssd_launch_tc_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& 
   check_launch(DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)");
 }
 
+// Whether the fused state scan has enough blocks (b, h, tile) to fill the GPU.
+inline bool ssd_tc_fuse_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev) {
+  return l.batch * l.heads * w.d_tiles * w.n_tiles >= 2 * static_cast<int64_t>(dev.sms);
+}
+
+template <typename T, bool BW>
+void ssd_launch_tc_state_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  SsdTcStateScanParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups;
+  p.chunk = l.chunk_size, p.nchunks = l.nchunks(), p.D = l.head_dim, p.N = l.state_dim;
+  p.kblocks = w.kblocks;
+  p.d_tiles = static_cast<int>(w.d_tiles), p.n_tiles = static_cast<int>(w.n_tiles);
+  p.total_blocks = l.batch * l.heads * p.d_tiles * p.n_tiles;
+  p.xo = ssd_operand<T>(BW ? l.dy : l.x, BW ? l.dy_stride : l.x_stride, true);
+  p.yo = ssd_operand<T>(BW ? l.C : l.B, BW ? l.C_stride : l.B_stride, false);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<float>(l, w.dtf);
+  p.out = ssd_ws<float>(l, BW ? w.gstates : w.states);
+  p.hstates = BW ? ssd_ws<float>(l, w.states) : nullptr;
+  p.kpart = BW ? ssd_ws<float>(l, w.kpart) : nullptr;
+  if (p.total_blocks == 0 || p.nchunks == 0) return;
+  ssd_tc_state_scan_kernel<T, BW><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
+  check_launch(BW ? "ssd_chunk_scan_backward(state_scan)" : "ssd_chunk_scan(state_scan)");
+}
+
 template <typename T, int MODE>
 void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev,
                         cudaStream_t stream) {
@@ -770,23 +984,30 @@ void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
     ssd_tc_head_split(p.hpg, per_split, dev.sms, p.nsplit, p.hps);
   }
   p.total_blocks = per_split * p.nsplit;
-  // Shared memory: Lft [64][K1P + 8], Rgt / state tile, V [64][72], cache.
+  // Shared memory (see the kernel): L, buffer 0 (V0, R0), X (S, or V1 + R1), cache.
   p.ld_l = p.K1P + 8;
   p.ld_s = kMulti ? kTcLd : p.ld_l;
-  const int l_bytes = ssd_align16(kSsdTile * p.ld_l * 2);
-  const int s_rows = kMulti ? p.K1P : kSsdTile;
-  const int r_bytes = ssd_align16((s_rows * p.ld_s > kSsdTile * p.ld_l ? s_rows * p.ld_s : kSsdTile * p.ld_l) * 2);
+  const int l_bytes = ssd_align16(kSsdTile * p.ld_l * 2);  // also an Rgt tile
+  const int s_bytes = ssd_align16((kMulti ? p.K1P : kSsdTile) * p.ld_s * 2);
   const int v_bytes = kSsdTile * kTcLd * 2;
-  p.off_r = l_bytes;
-  p.off_v = l_bytes + r_bytes;
-  p.off_cache = p.off_v + v_bytes;
-  p.cache_tiles = 0;
-  if (!kMulti && p.hps > 1) {
-    const int room = (dev.smem_optin - 2048 - p.off_cache) / (kTcCacheSlot * 4);  // 2 KB: static arrays
-    const int want = p.r_tiles < kTcCacheTiles ? p.r_tiles : kTcCacheTiles;
-    p.cache_tiles = room < 0 ? 0 : (room < want ? room : want);
-  }
-  const int smem = p.off_cache + p.cache_tiles * kTcCacheSlot * 4;
+  auto layout = [&](int cache_tiles) {  // the offsets for a cache of this many tiles; total bytes
+    // Rgt buffers are needed when some column tile is not cached.
+    const bool need_r = kMulti || cache_tiles < p.r_tiles;
+    const int x_bytes = std::max(std::max(s_bytes, v_bytes + (need_r ? l_bytes : 0)), cache_tiles > 0 ? l_bytes : 0);
+    p.cache_tiles = cache_tiles;
+    p.off_v0 = l_bytes;
+    p.off_r0 = p.off_v0 + v_bytes;
+    p.off_x = p.off_r0 + (need_r ? l_bytes : 0);
+    p.off_r1 = p.off_x + v_bytes;
+    p.off_cache = p.off_x + x_bytes;
+    return p.off_cache + cache_tiles * kTcCacheSlot * 4;
+  };
+  // Y/DX with several heads per block cache Lft·Rgtᵀ: as many column tiles as a row
+  // tile has causal partners, up to kTcCacheTiles, if the device's shared memory holds
+  // them (2 KB left for the static arrays); otherwise no cache.
+  const int want = !kMulti && p.hps > 1 ? std::min(p.r_tiles, kTcCacheTiles) : 0;
+  int smem = layout(want);
+  if (want > 0 && smem > dev.smem_optin - 2048) smem = layout(0);
   p.out_split = kMulti ? ssd_ws<float>(l, w.split) : nullptr;
   const SsdOperand<T> x = ssd_operand<T>(l.x, l.x_stride, true);
   const SsdOperand<T> dy = ssd_operand<T>(l.dy, l.dy_stride, true);
@@ -871,6 +1092,22 @@ void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
     }
   }
   ssd_launch_chunk_state<T, DSTATE>(l, w, s);
+}
+
+// The chunk states H_c (BW = false) or Gn_c and the ⟨Gn_c, H_c⟩ partials (BW = true),
+// from the inputs and Acs: fused on tensor cores when that fills the GPU, else the chunk
+// state kernel (tensor cores or SIMT) followed by the SIMT state pass.
+template <typename T, bool BW>
+void ssd_run_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
+  if constexpr (ssd_is_half<T>) {
+    const SsdTcDevice dev = ssd_tc_device();
+    if (dev.ok && ssd_tc_fuse_states(l, w, dev)) {
+      ssd_launch_tc_state_scan<T, BW>(l, w, s);
+      return;
+    }
+  }
+  ssd_run_chunk_state<T, /*DSTATE=*/BW>(l, w, s);
+  ssd_launch_state_pass<T, BW>(l, w, s);
 }
 
 template <typename T, int MODE>
