@@ -1,5 +1,8 @@
 // CUDA Mamba-2 SSD chunk scan, forward and backward: the chunked state-space-duality
-// algorithm with SIMT math on shared-memory tiles.
+// algorithm with SIMT math on shared-memory tiles. These kernels run float32 and float64
+// inputs; float16 and bfloat16 on sm_80+ replace the chunk-state, state-pass, scan and
+// X_s kernels with the tensor-core ones of ssd_chunk_scan_tc.cuh (same formulas and
+// workspace) and share the rest.
 //
 // Notation (per batch b, head h, group g = h / (H/G); chunk c covers the global
 // positions [c·Q, c·Q + len), len = min(Q, L − c·Q); r, s, q are local positions):

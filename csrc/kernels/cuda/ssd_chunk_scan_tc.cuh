@@ -20,9 +20,17 @@
 //  - A block is 4 warps; warp w owns rows 16w..16w+15 of a 64-row tile and keeps its
 //    16 × 64 accumulators in registers. P goes from the accumulator layout straight into
 //    A fragments, and diagonal tiles skip the 16-column steps without causal pairs.
+//  - Loads overlap the products: the scan kernel copies the next column tile with
+//    cp.async into a second buffer, the chunk-state kernels load the next 64 positions
+//    into registers.
+//  - When B·H·(64 × 64 state tiles) blocks fill the GPU, chunk states and state passing
+//    are one kernel (ssd_tc_state_scan_kernel): S_c and the local dstate stay in
+//    registers instead of going through memory.
 // Determinism: the MMA sequence of every output depends on the shapes alone (the head
-// split of Y/DX/X_s only picks the block that computes a head), so results are
-// bitwise reproducible; DC/DB keep the workspace's fixed head split.
+// split of Y/DX/X_s only picks the block that computes a head; cached and recomputed
+// C·Bᵀ tiles are the same bits), DC/DB keep the workspace's fixed head split, and the
+// fused-or-not choice of the states depends on the shapes and the multiprocessor count:
+// results are bitwise reproducible on a given GPU model.
 // Non-finite values: P·V multiplies the masked (zero) P entries of a diagonal tile with
 // the V rows of the other positions of that 64-position tile, so a NaN or Inf in x, dy,
 // B or C can also reach earlier (or, for dx and dB, later) positions of its chunk; the
