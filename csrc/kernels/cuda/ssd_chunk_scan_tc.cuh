@@ -971,8 +971,10 @@ void ssd_launch_tc_state_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w
   check_launch(BW ? "ssd_chunk_scan_backward(state_scan)" : "ssd_chunk_scan(state_scan)");
 }
 
+// False (and nothing launched) when the kernel's shared memory exceeds the device's
+// opt-in limit (D or N near 256 on a 99 KB part): the caller runs the SIMT kernel.
 template <typename T, int MODE>
-void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev,
+bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev,
                         cudaStream_t stream) {
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;
   const char* op = MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)";
@@ -1016,6 +1018,7 @@ void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
   const int want = !kMulti && p.hps > 1 ? std::min(p.r_tiles, kTcCacheTiles) : 0;
   int smem = layout(want);
   if (want > 0 && smem > dev.smem_optin - 2048) smem = layout(0);
+  if (smem > dev.smem_optin - 2048) return false;
   p.out_split = kMulti ? ssd_ws<float>(l, w.split) : nullptr;
   const SsdOperand<T> x = ssd_operand<T>(l.x, l.x_stride, true);
   const SsdOperand<T> dy = ssd_operand<T>(l.dy, l.dy_stride, true);
@@ -1048,7 +1051,7 @@ void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
       p.out = static_cast<T*>(l.dB);
       break;
   }
-  if (p.total_blocks == 0) return;
+  if (p.total_blocks == 0) return true;
   ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
   ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch(op);
@@ -1058,10 +1061,12 @@ void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
         p.out_split, p.nsplit, count, p.out);
     check_launch("ssd_chunk_scan_backward(split_sum)");
   }
+  return true;
 }
 
+// False (and nothing launched) when the shared memory exceeds the device's limit.
 template <typename T>
-void ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev,
+bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev,
                         cudaStream_t stream) {
   SsdTcDacsParams<T> p;
   p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
@@ -1077,6 +1082,7 @@ void ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
   p.off_t = 2 * ab_bytes;
   p.off_rowtot = p.off_t + ssd_align16(kSsdTile * (kSsdTile + 1) * 4);
   const int smem = p.off_rowtot + static_cast<int>(p.hps) * kSsdTile * 4;
+  if (smem > dev.smem_optin - 2048) return false;
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.B = ssd_operand<T>(l.B, l.B_stride, false);
@@ -1084,13 +1090,16 @@ void ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.xs = ssd_ws<float>(l, w.xs);
-  if (p.total_blocks == 0) return;
+  if (p.total_blocks == 0) return true;
   ssd_tc_smem(ssd_tc_dacs_kernel<T>, smem, "ssd_chunk_scan_backward(dacs)");
   ssd_tc_dacs_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(dacs)");
+  return true;
 }
 
 // ---- dispatch: tensor cores for 16-bit inputs on sm_80+, the SIMT kernels otherwise ----------
+// (also for a scan or X_s kernel whose shared memory the device cannot give: float32
+// math throughout, so within the same precision guarantee)
 template <typename T, bool DSTATE>
 void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
@@ -1122,10 +1131,7 @@ template <typename T, int MODE>
 void ssd_run_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
     const SsdTcDevice dev = ssd_tc_device();
-    if (dev.ok) {
-      ssd_launch_tc_scan<T, MODE>(l, w, dev, s);
-      return;
-    }
+    if (dev.ok && ssd_launch_tc_scan<T, MODE>(l, w, dev, s)) return;
   }
   ssd_launch_scan<T, MODE>(l, w, s);
 }
@@ -1134,10 +1140,7 @@ template <typename T>
 void ssd_run_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
     const SsdTcDevice dev = ssd_tc_device();
-    if (dev.ok) {
-      ssd_launch_tc_dacs<T>(l, w, dev, s);
-      return;
-    }
+    if (dev.ok && ssd_launch_tc_dacs<T>(l, w, dev, s)) return;
   }
   ssd_launch_dacs<T>(l, w, s);
 }
