@@ -511,8 +511,10 @@ struct SsdTcScanParams {
   float* part2;      // DX: x·dxpre (inter-chunk part)
 };
 
+// (At most 168 registers, 3 blocks per multiprocessor: DC's U row dots would take it to
+// 208 and 2 blocks.)
 template <typename T, int MODE>
-__global__ void __launch_bounds__(kTcThreads) ssd_tc_scan_kernel(const SsdTcScanParams<T> p) {
+__global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcScanParams<T> p) {
   constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;    // causal partners c >= r
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;  // per group, sum over heads
   constexpr bool kGroupLR = !kMulti;  // Lft, Rgt are C and B: the same for every head
