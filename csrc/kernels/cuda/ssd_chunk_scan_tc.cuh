@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const Ssd
   __shared__ __align__(16) T sX[kSsdTile * kTcLd];
   __shared__ __align__(16) T sY[kSsdTile * kTcLd];
   __shared__ float sRed[kTcThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
     int64_t rest = vb;
     const int nt_ = static_cast<int>(rest % p.n_tiles);
