@@ -12,10 +12,13 @@ relative to the reference's largest magnitude (``rtol_for``):
                       CUDA 1e-4 (float32 states; the chunked algorithm multiplies
                       cumulative decays exp(Σ dt·A) over a chunk)
   float16, bfloat16   2 eps of the dtype (≈2e-3, 1.6e-2): the result's rounding (½ eps)
-                      plus float32 math. The same-dtype PyTorch reference (a recurrence
-                      carried in half precision) is far worse, so FlashAttention's 2x
-                      rule would accept much larger errors; this bound is the stricter
-                      one.
+                      plus float32 math (on CUDA sm_80+, "chunked_mma": tensor-core
+                      products with float32 accumulation whose intermediate operands,
+                      P = C·Bᵀ∘decay, decay-weighted x and dy and the chunk states, are
+                      rounded to the dtype once). The same-dtype PyTorch reference (a
+                      recurrence carried in half precision) is far worse, so
+                      FlashAttention's 2x rule would accept much larger errors; this
+                      bound is the stricter one.
 """
 import math
 
@@ -321,10 +324,17 @@ def test_explain(device):
         nc = math.ceil(L / Q)
         assert binfo.workspace_bytes == 8 * (b * H * nc * D * N + b * H) + 255
     else:
-        assert info.variant == binfo.variant == "chunked"
+        # bfloat16 (and float16) run on tensor cores from sm_80 on, float32 and float64
+        # on the SIMT kernels.
+        tc = torch.cuda.get_device_capability(x.device)[0] >= 8
+        assert info.variant == binfo.variant == ("chunked_mma" if tc else "chunked")
         assert info.math_precision == "float32" and info.accumulator == "float32"
+        half = bt.explain("ssd_chunk_scan", *[t.half() for t in (x, dt, A, B, C)])
+        assert half.variant == info.variant
+        f32 = bt.explain("ssd_chunk_scan", *[t.float() for t in (x, dt, A, B, C)])
+        assert f32.variant == "chunked" and f32.math_precision == "float32"
         f64 = bt.explain("ssd_chunk_scan", *[t.double() for t in (x, dt, A, B, C)])
-        assert f64.math_precision == "float64"
+        assert f64.variant == "chunked" and f64.math_precision == "float64"
     assert info.name == f"ssd_chunk_scan.ssd_chunk_scan/bfloat16/{info.variant}/" + (
         "cpu" if device == "cpu" else f"cuda_sm{info.arch}")
     # The preference changes nothing: every variant is deterministic already.
@@ -549,7 +559,11 @@ def check_against(inputs, chunk, truth, what, dy, rtol=None):
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_cuda_cpu_agree(dtype):
-    for b, L, H, D, N, G, Q in CASES + [(3, 300, 80, 64, 128, 1, 256), (2, 520, 32, 64, 64, 32, 256)]:
+    # The PERF.md layouts (80 heads sharing one group: the tensor-core kernels split a
+    # group's heads over blocks and cache C·Bᵀ), a chunk of 512 (more column tiles than
+    # the C·Bᵀ cache holds), and odd D, N with head splits and a short last chunk.
+    for b, L, H, D, N, G, Q in CASES + [(3, 300, 80, 64, 128, 1, 256), (2, 520, 32, 64, 64, 32, 256),
+                                        (1, 1100, 4, 32, 48, 2, 512), (2, 300, 40, 72, 24, 2, 100)]:
         inputs = ssd_inputs(b, L, H, D, N, G, dtype, "cpu")
         dy = torch.randn(b, L, H, D, dtype=torch.float64).to(dtype)
         y_c = ops.ssd_chunk_scan(*inputs, Q)

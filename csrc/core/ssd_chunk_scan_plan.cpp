@@ -101,10 +101,18 @@ void attach_workspace(SsdChunkScanLaunch& l, const Workspace& ws, size_t kernel_
   l.workspace_bytes = kernel_bytes;
 }
 
-const char* variant_name(SsdVariant v) {
+// The CUDA kernels run float16/bfloat16 on tensor cores where the device has mma.sync
+// with 16-bit operands (sm_80+; kernels/cuda/ssd_chunk_scan_tc.cuh makes the same
+// choice at launch from the device's compute capability).
+bool uses_tensor_cores(const SsdChunkScanDescriptor& desc, SsdVariant v) {
+  const bool half = desc.x.dtype == ElementKind::F16 || desc.x.dtype == ElementKind::BF16;
+  return v == SsdVariant::Chunked && half && desc.device.arch >= 80;
+}
+
+const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
-    case SsdVariant::Chunked: return "chunked";
+    case SsdVariant::Chunked: return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
   }
   return "?";
@@ -115,11 +123,12 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(v);
+  sku.variant = variant_name(desc, v);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU runs the recurrence in float64 for every dtype; CUDA computes in float32
-  // (float64 for float64). Every reduction has a fixed order on both (no float
+  // (float64 for float64; "chunked_mma" accumulates in float32 from 16-bit tensor-core
+  // operands, see the header). Every reduction has a fixed order on both (no float
   // atomics; the CUDA backward is deterministic by construction), so every variant is
   // deterministic and bit-stable, whatever the preference.
   const bool f64 = v != SsdVariant::Chunked || desc.x.dtype == ElementKind::F64;

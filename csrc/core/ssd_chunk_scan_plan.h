@@ -9,7 +9,11 @@
 // (kernels/ssd_chunk_scan.h gives the backward's formulas with the kernels).
 //
 // Variants: "sequential" (CPU: the exact recurrence in float64), "chunked" (CUDA: the
-// state-space-duality algorithm, float32 math, float64 for float64), and "zeros" when
+// state-space-duality algorithm, float32 math, float64 for float64), "chunked_mma"
+// (CUDA, float16/bfloat16 on sm_80+: the same algorithm with its tile products on
+// tensor cores, float32 accumulation, operands in the input dtype: the inputs exactly,
+// and the intermediates that feed a product (P = C·Bᵀ∘decay, decay-weighted x and dy,
+// the float32 chunk states) rounded to it once, as mamba_ssm does), and "zeros" when
 // an extent among B, L, H, D, N is 0: then every output is empty or identically zero
 // (a sum over an empty state), nothing is launched and the caller zero-fills the
 // outputs (see zero_fill_outputs()).

@@ -1,5 +1,8 @@
 // CUDA Mamba-2 SSD chunk scan, forward and backward: the chunked state-space-duality
-// algorithm with SIMT math on shared-memory tiles.
+// algorithm with SIMT math on shared-memory tiles. These kernels run float32 and float64
+// inputs; float16 and bfloat16 on sm_80+ replace the chunk-state, state-pass, scan and
+// X_s kernels with the tensor-core ones of ssd_chunk_scan_tc.cuh (same formulas and
+// workspace) and share the rest.
 //
 // Notation (per batch b, head h, group g = h / (H/G); chunk c covers the global
 // positions [c·Q, c·Q + len), len = min(Q, L − c·Q); r, s, q are local positions):
@@ -63,6 +66,8 @@
 // chunked form sums in another order (Σ_n C·(B·Inf) vs (C·B)·Inf).
 #pragma once
 
+#include <algorithm>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/ssd_chunk_scan.h"
 
@@ -121,7 +126,8 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   states    [B, H, nc, D, N]     S_c, then (in place) H_c, the state entering chunk c
 // backward only:
 //   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1}
-//   kpart     [B, H, nc, ⌈D·N/256⌉] partials of ⟨Gn_c, H_c⟩ (→ W)
+//   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks =
+//                                  max(⌈D·N/256⌉, ⌈D/64⌉·⌈N/64⌉)
 //   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
 //   vp        [B, H, L, ⌈D/64⌉]     partials of x·dxpre(inter-chunk part) (→ V)
 //   up        [B, H, L, ⌈N/64⌉]     partials of U per 64-column tile
@@ -130,7 +136,7 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   split     [S, B, L, G, N]      dC, then dB, partials of S = ⌈(H/G)/8⌉ head splits
 //                                  (only when S > 1)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
-// + 2·B·H·nc·D·N + B·H·nc·(⌈D·N/256⌉ + 1) + [S > 1]·S·B·L·G·N, each buffer rounded up
+// + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N, each buffer rounded up
 // to 256 bytes; the forward needs acs, dtf and states only (8·B·H·L bytes +
 // B·H·L + B·H·nc·D·N Acc).
 struct SsdWorkspace {
@@ -147,9 +153,11 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   const int64_t bh = l.batch * l.heads;
   const int64_t dn = l.head_dim * l.state_dim;
   SsdWorkspace w;
-  w.kblocks = (dn + kSsdThreads - 1) / kSsdThreads;
   w.d_tiles = (l.head_dim + kSsdTile - 1) / kSsdTile;
   w.n_tiles = (l.state_dim + kSsdTile - 1) / kSsdTile;
+  // ⟨Gn_c, H_c⟩ partials: one per 256 elements (ssd_state_pass_bwd_kernel) or one per
+  // 64 × 64 tile (the tensor-core path's fused state scan); the unused ones are zeros.
+  w.kblocks = std::max((dn + kSsdThreads - 1) / kSsdThreads, w.d_tiles * w.n_tiles);
   const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 0;
   w.nsplit = hpg > kSsdHeadsPerBlock ? (hpg + kSsdHeadsPerBlock - 1) / kSsdHeadsPerBlock : 1;
   // Splits of hps ≤ 8 heads, the last possibly fewer but never empty:

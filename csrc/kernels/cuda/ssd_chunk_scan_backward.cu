@@ -2,8 +2,9 @@
 // state pass for Gn_c = G_{c+1}, the per-chunk products for dx, dC and dB and the
 // crossing sums X_s (each in its own translation unit so they compile in parallel), then
 // the finalize kernels for ddt and dA (see ssd_chunk_scan.cuh for the formulas and the
-// workspace layout).
-#include "kernels/cuda/ssd_chunk_scan.cuh"
+// workspace layout; float16 and bfloat16 run the tensor-core kernels of
+// ssd_chunk_scan_tc.cuh on sm_80+).
+#include "kernels/cuda/ssd_chunk_scan_tc.cuh"
 
 namespace baracuda::kernels {
 
@@ -30,10 +31,8 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   dispatch_floating(l.element, [&](auto tag) {
     using T = decltype(tag);
     ssd_launch_cumsum<T>(l, w, s);                        // Acs, dt → workspace
-    ssd_launch_chunk_state<T, /*DSTATE=*/false>(l, w, s);   // S_c
-    ssd_launch_state_pass<T, /*BW=*/false>(l, w, s);        // S_c → H_c
-    ssd_launch_chunk_state<T, /*DSTATE=*/true>(l, w, s);    // Σ_q exp(Acs_q)·dy_q ⊗ C_q
-    ssd_launch_state_pass<T, /*BW=*/true>(l, w, s);         // → Gn_c, ⟨Gn_c, H_c⟩ partials
+    ssd_run_states<T, /*BW=*/false>(l, w, s);  // S_c → H_c
+    ssd_run_states<T, /*BW=*/true>(l, w, s);   // Σ_q exp(Acs_q)·dy_q ⊗ C_q → Gn_c, ⟨Gn_c, H_c⟩ partials
   });
   ssd_backward_scan_dx(l, w, s);  // dx; partials of ddt(direct) and V
   ssd_backward_scan_dc(l, w, s);  // dC; partials of U

@@ -1,6 +1,7 @@
-// Mamba-2 SSD chunk scan, CUDA forward: cumsum → chunk states → state passing → chunk
-// scan (see ssd_chunk_scan.cuh for the formulas and the workspace layout).
-#include "kernels/cuda/ssd_chunk_scan.cuh"
+// Mamba-2 SSD chunk scan, CUDA forward: cumsum → chunk states and state passing → chunk
+// scan (see ssd_chunk_scan.cuh for the formulas and the workspace layout; float16 and
+// bfloat16 run the tensor-core kernels of ssd_chunk_scan_tc.cuh on sm_80+).
+#include "kernels/cuda/ssd_chunk_scan_tc.cuh"
 
 namespace baracuda::kernels {
 
@@ -17,9 +18,8 @@ void ssd_chunk_scan_cuda_forward(const SsdChunkScanLaunch& l, void* stream) {
   dispatch_floating(l.element, [&](auto tag) {
     using T = decltype(tag);
     ssd_launch_cumsum<T>(l, w, s);                       // Acs, dt → workspace
-    ssd_launch_chunk_state<T, /*DSTATE=*/false>(l, w, s);  // S_c
-    ssd_launch_state_pass<T, /*BW=*/false>(l, w, s);       // S_c → H_c in place
-    ssd_launch_scan<T, kSsdY>(l, w, s);                  // y
+    ssd_run_states<T, /*BW=*/false>(l, w, s);            // S_c → H_c
+    ssd_run_scan<T, kSsdY>(l, w, s);                     // y
   });
 }
 

@@ -1,0 +1,122 @@
+// Warp-level tensor-core primitives of the SSD chunk scan's 16-bit path (sm_80+):
+// ldmatrix, mma.sync.m16n8k16 with float32 accumulation, and cp.async. Only these few
+// functions touch PTX, so that a host emulation can replace this one header.
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"; g = lane / 4,
+// t = lane % 4; each 32-bit register holds two 16-bit values, the lower column / k index
+// in the low half):
+//   A (16 × 16, m × k), 4 registers: a0 = A[g][2t..2t+1], a1 = A[g+8][2t..],
+//                                    a2 = A[g][2t+8..],  a3 = A[g+8][2t+8..]
+//   B (16 × 8,  k × n), 2 registers: b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
+//   C (16 × 8,  m × n), 4 floats:    c0, c1 = C[g][2t], C[g][2t+1]; c2, c3 = row g + 8
+// ldmatrix.x4 loads four 8 × 8 16-bit matrices; lanes 8i..8i+7 give the row addresses of
+// matrix i, and register i of lane l receives row l/4, columns 2(l%4), 2(l%4)+1 of matrix
+// i (with .trans: column l/4, rows 2(l%4), 2(l%4)+1).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace baracuda::kernels::cuda {
+
+// Two floats rounded to T (round to nearest even) and packed, lo in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t ssd_pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  }
+  return r;
+}
+
+__device__ __forceinline__ uint32_t ssd_smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8 × 8 matrices of 16-bit values from shared memory (16-byte aligned rows).
+__device__ __forceinline__ void ssd_ldsm_x4(uint32_t (&r)[4], const void* row) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(ssd_smem_u32(row))
+               : "memory");
+#else
+  (void)row;
+  r[0] = r[1] = r[2] = r[3] = 0;
+  __trap();  // the host dispatch runs this path only on sm_80 and newer
+#endif
+}
+
+// The same, each matrix transposed.
+__device__ __forceinline__ void ssd_ldsm_x4_t(uint32_t (&r)[4], const void* row) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(ssd_smem_u32(row))
+               : "memory");
+#else
+  (void)row;
+  r[0] = r[1] = r[2] = r[3] = 0;
+  __trap();
+#endif
+}
+
+// d += A · B for one 16 × 8 × 16 tile, A and B of type T (__half or __nv_bfloat16),
+// float32 accumulation.
+template <typename T>
+__device__ __forceinline__ void ssd_mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#else
+  (void)d, (void)a, (void)b0, (void)b1;
+  __trap();
+#endif
+}
+
+// 16 bytes from global to shared memory without a register round trip (cp.async.cg:
+// through L2 only), both addresses 16-byte aligned. The copy belongs to the thread's next
+// committed group and is complete (for this thread) after ssd_cp_async_wait.
+__device__ __forceinline__ void ssd_cp_async16(void* smem, const void* gmem) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(ssd_smem_u32(smem)), "l"(gmem) : "memory");
+#else
+  (void)smem, (void)gmem;
+  __trap();
+#endif
+}
+
+// Closes the thread's current group of cp.async copies.
+__device__ __forceinline__ void ssd_cp_async_commit() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most N of the thread's committed groups are still in flight (a
+// __syncthreads after it makes every thread's completed copies visible to the block).
+template <int N>
+__device__ __forceinline__ void ssd_cp_async_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+}  // namespace baracuda::kernels::cuda

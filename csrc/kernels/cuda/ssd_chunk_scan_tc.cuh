@@ -1,0 +1,1150 @@
+// Mamba-2 SSD chunk scan, the tensor-core path for float16 and bfloat16 inputs (sm_80+).
+//
+// The algorithm, the formulas, the workspace and the finalize kernels are those of
+// ssd_chunk_scan.cuh (read its header comment first); this file replaces the four
+// matrix-shaped kernels (chunk state, scan products, crossing sums X_s) for 16-bit
+// inputs. What changes:
+//  - Every tile product runs on mma.sync.m16n8k16 with operands in the input's 16-bit
+//    type and float32 accumulation. The inputs x, B, C, dy enter exactly; an
+//    intermediate is rounded to the input type only where it becomes an operand, as
+//    mamba_ssm does: P = (Lft·Rgtᵀ)∘dec, the decay-weighted x (or dy) of the chunk
+//    states, and the float32 states H_c / Gn_c of the inter-chunk products. Row scales
+//    rs_r are applied to the float32 accumulators, not to an operand. X_s (the stable da)
+//    uses T = (C·Bᵀ)∘(dy·xᵀ)∘dec formed in float32 from two exact-operand products, so
+//    da loses nothing to the 16-bit operands beyond what U, V and W carry.
+//  - C·Bᵀ (Y) and B·Cᵀ (DX) belong to the group, not to the head: a Y/DX block takes up
+//    to 16 heads of one group, computes each 64 × 64 tile of that product once and keeps
+//    up to 4 column tiles of it (chunks up to 256) in shared memory for its heads
+//    (further tiles are recomputed per head). The X_s kernel computes one C·Bᵀ tile per
+//    tile pair for all of its heads.
+//  - A block is 4 warps; warp w owns rows 16w..16w+15 of a 64-row tile and keeps its
+//    16 × 64 accumulators in registers. P goes from the accumulator layout straight into
+//    A fragments, and diagonal tiles skip the 16-column steps without causal pairs.
+//  - Loads overlap the products: the scan kernel copies the next column tile with
+//    cp.async into a second buffer, the chunk-state kernels load the next 64 positions
+//    into registers.
+//  - When B·H·(64 × 64 state tiles) blocks fill the GPU, chunk states and state passing
+//    are one kernel (ssd_tc_state_scan_kernel): S_c and the local dstate stay in
+//    registers instead of going through memory.
+// Determinism: the MMA sequence of every output depends on the shapes alone (the head
+// split of Y/DX/X_s only picks the block that computes a head; cached and recomputed
+// C·Bᵀ tiles are the same bits), DC/DB keep the workspace's fixed head split, and the
+// fused-or-not choice of the states depends on the shapes and the multiprocessor count:
+// results are bitwise reproducible on a given GPU model.
+// Non-finite values: P·V multiplies the masked (zero) P entries of a diagonal tile with
+// the V rows of the other positions of that 64-position tile, so a NaN or Inf in x, dy,
+// B or C can also reach earlier (or, for dx and dB, later) positions of its chunk; the
+// float32 path's causal-only diagonal products do not do that.
+#pragma once
+
+#include "kernels/cuda/ssd_chunk_scan.cuh"
+#include "kernels/cuda/ssd_chunk_scan_mma.cuh"
+
+#include <algorithm>
+
+namespace baracuda::kernels::cuda {
+
+constexpr int kTcThreads = 128;           // 4 warps × 16 rows of a 64-row tile
+constexpr int kTcLd = kSsdTile + 8;       // row stride of a 64-column 16-bit tile
+constexpr int kTcMaxHeads = 16;           // heads per Y / DX / X_s block
+constexpr int kTcCacheTiles = 4;          // Lft·Rgtᵀ column tiles kept per Y / DX block
+constexpr int kTcCacheSlot = 4 * 32 * 32;  // floats per cached tile: 4 warps × 32 lanes × 32
+
+template <typename T>
+constexpr bool ssd_is_half = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+// K rounded up to the MMA's k-step; a 16-bit row of K16 + 8 elements is an odd multiple
+// of 16 bytes, so the 8 rows an ldmatrix reads fall in 8 different bank groups.
+inline __host__ __device__ int ssd_k16(int k) { return (k + 15) / 16 * 16; }
+
+template <typename T>
+__device__ __forceinline__ T ssd_zero() {
+  return from_acc<T>(0.0f);
+}
+
+// ---- shared-memory tile fills (all kTcThreads threads) -------------------------------------
+// Whether 8-element groups of rows of src (row stride s1, inner stride s3) can move as
+// 16-byte vectors: unit inner stride and 16-byte aligned rows.
+template <typename T>
+__device__ __forceinline__ bool tc_vec_ok(const T* src, int64_t s1, int64_t s3) {
+  return s3 == 1 && s1 % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+}
+
+// Elements k..k+7 of row r of src as 16 raw bytes, 0 where r >= rows or k + i >= K; one
+// 16-byte load when `vec` and the group lies inside K.
+template <typename T>
+__device__ __forceinline__ uint4 tc_load8(const T* src, int64_t s1, int64_t s3, bool vec, int r, int k, int rows,
+                                          int K) {
+  if (vec && r < rows && k + 8 <= K) return __ldg(reinterpret_cast<const uint4*>(src + r * s1 + k));
+  T v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = r < rows && k + i < K ? src[r * s1 + (k + i) * s3] : ssd_zero<T>();
+  uint4 raw;
+  memcpy(&raw, v, 16);
+  return raw;
+}
+
+// dst[r·ld + k] = src[r·s1 + k·s3] for r < nrows, k < kcols, and 0 where r >= rows or
+// k >= K. kcols and ld are multiples of 8 and dst is 16-byte aligned. ASYNC: the vector
+// groups go by cp.async (complete after ssd_cp_async_commit + ssd_cp_async_wait), the
+// others by plain stores.
+template <typename T, bool ASYNC = false>
+__device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, const T* src, int64_t s1,
+                                        int64_t s3, int rows, int K) {
+  const int groups = kcols / 8;
+  const bool vec = tc_vec_ok(src, s1, s3);
+  for (int e = threadIdx.x; e < nrows * groups; e += kTcThreads) {
+    const int r = e / groups, k = (e - r * groups) * 8;
+    if constexpr (ASYNC) {
+      if (vec && r < rows && k + 8 <= K) {
+        ssd_cp_async16(dst + r * ld + k, src + r * s1 + k);
+        continue;
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + r * ld + k) = tc_load8(src, s1, s3, vec, r, k, rows, K);
+  }
+}
+
+// dst[r·ld + k] = T(src[r·sld + k]) for r < nrows, k < kcols, 0 where r >= rows or
+// k >= K (a float32 state tile rounded to the MMA type). kcols is a multiple of 4.
+template <typename T>
+__device__ __forceinline__ void tc_fill_f32(T* dst, int ld, int nrows, int kcols, const float* src, int64_t sld,
+                                            int rows, int K) {
+  const int groups = kcols / 4;
+  const bool vec = sld % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  for (int e = threadIdx.x; e < nrows * groups; e += kTcThreads) {
+    const int r = e / groups, k = (e - r * groups) * 4;
+    float f[4];
+    if (vec && r < rows && k + 4 <= K) {
+      const float4 v = *reinterpret_cast<const float4*>(src + r * sld + k);
+      f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f[i] = r < rows && k + i < K ? src[r * sld + k + i] : 0.0f;
+    }
+    uint2 out;
+    out.x = ssd_pack2<T>(f[0], f[1]);
+    out.y = ssd_pack2<T>(f[2], f[3]);
+    *reinterpret_cast<uint2*>(dst + r * ld + k) = out;
+  }
+}
+
+// ---- warp-level tile products -------------------------------------------------------------
+// acc[nt] (the 16 × 8 tiles nt = 2·np, 2·np + 1 for np_lo <= np < np_hi) += A · B over
+// `ksteps` k-steps of 16. A is the warp's 16 rows, stored [m][k] at sA (row stride lda),
+// or [k][m] when A_KM (sA then points at the warp's first column). B has 64 columns,
+// stored [n][k] (row stride ldb), or [k][n] when B_KN.
+template <typename T, bool A_KM, bool B_KN>
+__device__ __forceinline__ void tc_warp_gemm(float (&acc)[8][4], const T* sA, int lda, const T* sB, int ldb,
+                                             int ksteps, int np_lo, int np_hi) {
+  const int lane = threadIdx.x % 32;
+  for (int kk = 0; kk < ksteps; ++kk) {
+    uint32_t a[4];
+    if constexpr (A_KM)
+      ssd_ldsm_x4_t(a, sA + (kk * 16 + (lane / 16) * 8 + lane % 8) * lda + ((lane / 8) % 2) * 8);
+    else
+      ssd_ldsm_x4(a, sA + (lane % 16) * lda + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      if (np < np_lo || np >= np_hi) continue;
+      uint32_t b[4];
+      if constexpr (B_KN)
+        ssd_ldsm_x4_t(b, sB + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * ldb + np * 16 + (lane / 16) * 8);
+      else
+        ssd_ldsm_x4(b, sB + (np * 16 + (lane / 16) * 8 + lane % 8) * ldb + kk * 16 + ((lane / 8) % 2) * 8);
+      ssd_mma16816<T>(acc[2 * np], a, b[0], b[1]);
+      ssd_mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc += P · V with P the warp's 16 × 64 A fragments (k-steps kk_lo <= kk < kk_hi) and V
+// a 64 × 64 tile stored [k][n] in shared memory (row stride kTcLd).
+template <typename T>
+__device__ __forceinline__ void tc_warp_pv(float (&acc)[8][4], const uint32_t (&pa)[4][4], const T* sV, int kk_lo,
+                                           int kk_hi) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if (kk < kk_lo || kk >= kk_hi) continue;
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ssd_ldsm_x4_t(b, sV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kTcLd + np * 16 + (lane / 16) * 8);
+      ssd_mma16816<T>(acc[2 * np], pa[kk], b[0], b[1]);
+      ssd_mma16816<T>(acc[2 * np + 1], pa[kk], b[2], b[3]);
+    }
+  }
+}
+
+// The 16 × 64 accumulator layout read as the A fragments of the next product: k-step kk
+// covers columns 16kk..16kk+15, i.e. accumulator tiles 2kk and 2kk + 1.
+template <typename T>
+__device__ __forceinline__ void tc_to_a_frags(const float (&v)[8][4], uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[kk][0] = ssd_pack2<T>(v[2 * kk][0], v[2 * kk][1]);
+    pa[kk][1] = ssd_pack2<T>(v[2 * kk][2], v[2 * kk][3]);
+    pa[kk][2] = ssd_pack2<T>(v[2 * kk + 1][0], v[2 * kk + 1][1]);
+    pa[kk][3] = ssd_pack2<T>(v[2 * kk + 1][2], v[2 * kk + 1][3]);
+  }
+}
+
+__device__ __forceinline__ void tc_zero(float (&v)[8][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[nt][i] = 0.0f;
+}
+
+// part[rg·tiles + jt] = Σ_j dot(rg, j)·v(rg, j) over the warp's 16 rows rg = r0 + rw + ..
+// (rows >= len skipped) and this 64-column tile: each lane sums its 16 columns of a row
+// in a fixed order, then the 4 lanes of the row in a fixed xor tree. Warp-uniform call.
+template <typename T>
+__device__ __forceinline__ void tc_row_dot(const T* dot, int64_t s_t, int64_t s_j, int r0, int len, int rw, int j0,
+                                           int J, const float (&v)[8][4], float* part, int tiles, int jt) {
+  const int lane = threadIdx.x % 32, g8 = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int rg = r0 + rw + g8 + 8 * half;
+    float s = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int jg = j0 + nt * 8 + 2 * t4 + e;
+        if (rg < len && jg < J) s += to_acc(dot[static_cast<int64_t>(rg) * s_t + jg * s_j]) * v[nt][2 * half + e];
+      }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if (t4 == 0 && rg < len) part[static_cast<int64_t>(rg) * tiles + jt] = s;
+  }
+}
+
+// One row of an output from the warp's accumulators (row g8 + 8·half of the warp's 16),
+// times `scale`: columns j0 + (the lane's columns) below J. `pairs`: two adjacent
+// columns as one store (the caller knows that orow + j0 is 2-element aligned and J even).
+template <typename O>
+__device__ __forceinline__ void tc_store_row(O* orow, int j0, int J, bool pairs, const float (&v)[8][4], int half,
+                                             float scale) {
+  const int t4 = (threadIdx.x % 32) % 4;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    const int jg = j0 + nt * 8 + 2 * t4;
+    const float v0 = v[nt][2 * half] * scale, v1 = v[nt][2 * half + 1] * scale;
+    if constexpr (std::is_same_v<O, float>) {
+      if (pairs) {
+        if (jg < J) *reinterpret_cast<float2*>(orow + jg) = make_float2(v0, v1);
+      } else {
+        if (jg < J) orow[jg] = v0;
+        if (jg + 1 < J) orow[jg + 1] = v1;
+      }
+    } else {
+      if (pairs) {
+        if (jg < J) *reinterpret_cast<uint32_t*>(orow + jg) = ssd_pack2<O>(v0, v1);
+      } else {
+        if (jg < J) orow[jg] = from_acc<O>(v0);
+        if (jg + 1 < J) orow[jg + 1] = from_acc<O>(v1);
+      }
+    }
+  }
+}
+
+// ---- 2'. chunk state (and the backward's local dstate) ------------------------------------
+// ssd_chunk_state_kernel's product on tensor cores: out[d, n] = Σ_s (w_s·X_s[d])·Y_s[n]
+// for a 64 × 64 (d, n) tile, K = the chunk's positions in steps of 64; w_s·X_s is
+// rounded to T. X is stored [s][d] (A read transposed), Y [s][n] (B read transposed).
+// The next step's raw X and Y groups are loaded into registers while the tensor cores
+// work on the current one.
+template <typename T, bool DSTATE>
+__global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const SsdStateParams<T> p) {
+  constexpr int kPer = kSsdTile * 8 / kTcThreads;  // 16-byte groups per thread and tile
+  __shared__ __align__(16) T sX[kSsdTile * kTcLd];
+  __shared__ __align__(16) T sY[kSsdTile * kTcLd];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int64_t rest = vb;
+    const int nt_ = static_cast<int>(rest % p.n_tiles);
+    rest /= p.n_tiles;
+    const int dtl = static_cast<int>(rest % p.d_tiles);
+    rest /= p.d_tiles;
+    const int64_t c = rest % p.nchunks;
+    rest /= p.nchunks;
+    const int64_t h = rest % p.heads, b = rest / p.heads;
+    const int64_t g = h / p.hpg, bh = b * p.heads + h;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const int d0 = dtl * kSsdTile, n0 = nt_ * kSsdTile;
+    const int dv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.D - d0));
+    const int nv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.N - n0));
+    const double* acs = p.acs + bh * p.seqlen + t0;
+    const float* dtf = p.dtf + bh * p.seqlen + t0;
+    const double acs_last = acs[len - 1];
+    const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2] + d0 * p.xo.s[3];
+    const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2] + n0 * p.yo.s[3];
+    // Row steps of 64 keep 16-byte alignment when a row's stride is a multiple of 8.
+    const bool xvec = tc_vec_ok(X, p.xo.s[1], p.xo.s[3]), yvec = tc_vec_ok(Y, p.yo.s[1], p.yo.s[3]);
+    const bool live = 16 * warp < dv;
+    uint4 xr[kPer], yr[kPer];
+    auto load_step = [&](int s0) {
+      const int rows = min(kSsdTile, len - s0);
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
+        xr[u] = tc_load8(X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], xvec, r, k, rows, dv);
+        yr[u] = tc_load8(Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], yvec, r, k, rows, nv);
+      }
+    };
+    float acc[8][4];
+    tc_zero(acc);
+    load_step(0);
+    for (int s0 = 0; s0 < len; s0 += kSsdTile) {
+      const int rows = min(kSsdTile, len - s0);
+      __syncthreads();  // the previous step (or virtual block) is done with sX / sY
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
+        const int s = s0 + r;
+        const float w = r >= rows ? 0.0f
+                        : DSTATE  ? ssd_decay<float>(acs[s])
+                                  : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
+        T v[8];
+        memcpy(v, &xr[u], 16);
+        uint4 out;
+        out.x = ssd_pack2<T>(w * to_acc(v[0]), w * to_acc(v[1]));
+        out.y = ssd_pack2<T>(w * to_acc(v[2]), w * to_acc(v[3]));
+        out.z = ssd_pack2<T>(w * to_acc(v[4]), w * to_acc(v[5]));
+        out.w = ssd_pack2<T>(w * to_acc(v[6]), w * to_acc(v[7]));
+        *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = out;
+        *reinterpret_cast<uint4*>(sY + r * kTcLd + k) = yr[u];
+      }
+      if (s0 + kSsdTile < len) load_step(s0 + kSsdTile);  // in flight during the products
+      __syncthreads();
+      if (live) tc_warp_gemm<T, true, true>(acc, sX + 16 * warp, kTcLd, sY, kTcLd, (rows + 15) / 16, 0, 4);
+    }
+    if (!live) continue;
+    float* out = p.out + (bh * p.nchunks + c) * p.D * p.N + n0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int dl = 16 * warp + g8 + 8 * half;
+      if (dl < dv) tc_store_row(out + static_cast<int64_t>(d0 + dl) * p.N, 0, nv, p.N % 2 == 0, acc, half, 1.0f);
+    }
+  }
+}
+
+// ---- 2'' + 3'. chunk states and state passing in one kernel --------------------------------
+// A block per (b, h, 64 × 64 (d, n) tile) walks the chunks in order (forward) or in
+// reverse (backward), keeping the running state in its MMA accumulators, so that
+// neither S_c nor the local dstate goes through memory:
+//   forward:  H = 0; for c = 0..nc−1: H_c = H (stored); H = exp(Acs_last)·H + S_c
+//   backward: G = 0; for c = nc−1..0: Gn_c = G (stored), kpart = the tile's ⟨G, H_c⟩;
+//             G = Σ_q exp(Acs_q)·dy_q ⊗ C_q + exp(Acs_last)·G
+// with S_c and the local dstate from ssd_tc_chunk_state_kernel's product (64-position
+// steps, the next step's raw operands in registers while the current one multiplies).
+// Used when B·H·tiles blocks fill the GPU; otherwise the chunk-state kernel (a block
+// per chunk) and ssd_state_pass_*_kernel.
+template <typename T>
+struct SsdTcStateScanParams {
+  int64_t batch, seqlen, heads, hpg, chunk, nchunks, D, N, total_blocks, kblocks;
+  int d_tiles, n_tiles;
+  SsdOperand<T> xo;  // x (forward) or dy (backward), per head, [.., D]
+  SsdOperand<T> yo;  // B (forward) or C (backward), per group, [.., N]
+  const double* acs;
+  const float* dtf;
+  float* out;             // [B, H, nc, D, N]: H_c (forward) or Gn_c (backward)
+  const float* hstates;   // backward: H_c
+  float* kpart;           // backward: [B, H, nc, kblocks]
+};
+
+template <typename T, bool BW>
+__global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const SsdTcStateScanParams<T> p) {
+  constexpr int kPer = kSsdTile * 8 / kTcThreads;  // 16-byte groups per thread and tile
+  __shared__ __align__(16) T sX[kSsdTile * kTcLd];
+  __shared__ __align__(16) T sY[kSsdTile * kTcLd];
+  __shared__ float sRed[kTcThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int64_t rest = vb;
+    const int nt_ = static_cast<int>(rest % p.n_tiles);
+    rest /= p.n_tiles;
+    const int dtl = static_cast<int>(rest % p.d_tiles);
+    rest /= p.d_tiles;
+    const int64_t h = rest % p.heads, b = rest / p.heads;
+    const int64_t g = h / p.hpg, bh = b * p.heads + h;
+    const int d0 = dtl * kSsdTile, n0 = nt_ * kSsdTile;
+    const int dv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.D - d0));
+    const int nv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.N - n0));
+    const T* X0 = p.xo.p + b * p.xo.s[0] + h * p.xo.s[2] + d0 * p.xo.s[3];  // chunk c: + c·Q·s1
+    const T* Y0 = p.yo.p + b * p.yo.s[0] + g * p.yo.s[2] + n0 * p.yo.s[3];
+    // Chunk and step offsets keep 16-byte alignment when a row's stride is a multiple of 8.
+    const bool xvec = tc_vec_ok(X0, p.xo.s[1], p.xo.s[3]), yvec = tc_vec_ok(Y0, p.yo.s[1], p.yo.s[3]);
+    const bool live = 16 * warp < dv;
+    const int64_t last_ci = p.nchunks - 1;
+    auto chunk_of = [&](int64_t ci) { return BW ? last_ci - ci : ci; };
+    auto chunk_len = [&](int64_t c) { return static_cast<int>(min(p.chunk, p.seqlen - c * p.chunk)); };
+    uint4 xr[kPer], yr[kPer];
+    auto load_step = [&](int64_t c, int s0) {
+      const int64_t t = c * p.chunk + s0;
+      const int rows = min(kSsdTile, chunk_len(c) - s0);
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
+        xr[u] = tc_load8(X0 + t * p.xo.s[1], p.xo.s[1], p.xo.s[3], xvec, r, k, rows, dv);
+        yr[u] = tc_load8(Y0 + t * p.yo.s[1], p.yo.s[1], p.yo.s[3], yvec, r, k, rows, nv);
+      }
+    };
+    float run[8][4], acc[8][4];
+    tc_zero(run);
+    tc_zero(acc);
+    load_step(chunk_of(0), 0);
+    for (int64_t ci = 0; ci <= last_ci; ++ci) {
+      const int64_t c = chunk_of(ci);
+      const int len = chunk_len(c);
+      const double* acs = p.acs + bh * p.seqlen + c * p.chunk;
+      const float* dtf = p.dtf + bh * p.seqlen + c * p.chunk;
+      const double acs_last = acs[len - 1];
+      // The state entering the chunk (forward) or leaving it (backward), and W's partial.
+      float* out = p.out + (bh * p.nchunks + c) * p.D * p.N + n0;
+      if (live) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int dl = 16 * warp + g8 + 8 * half;
+          if (dl < dv) tc_store_row(out + static_cast<int64_t>(d0 + dl) * p.N, 0, nv, p.N % 2 == 0, run, half, 1.0f);
+        }
+      }
+      if constexpr (BW) {
+        // kpart = Σ over the tile of Gn_c·H_c, read back from memory (fewer live registers
+        // than from the accumulators): each thread's elements in a fixed order, the warp
+        // in an xor tree, the 4 warps in order.
+        const float* hs = p.hstates + (bh * p.nchunks + c) * p.D * p.N + n0;
+        __syncthreads();  // Gn_c's stores are visible; the previous chunk's reader of sRed is done
+        float kd = 0.0f;
+#pragma unroll 4
+        for (int e = threadIdx.x; e < kSsdTile * kSsdTile; e += kTcThreads) {
+          const int dl = e / kSsdTile, nl = e % kSsdTile;
+          const int64_t at = static_cast<int64_t>(d0 + dl) * p.N + nl;
+          if (dl < dv && nl < nv) kd += out[at] * hs[at];
+        }
+        kd = ssd_sum32(kd);
+        if (lane == 0) sRed[warp] = kd;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          float t = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kTcThreads / 32; ++i) t += sRed[i];
+          float* kp = p.kpart + (bh * p.nchunks + c) * p.kblocks;
+          kp[dtl * p.n_tiles + nt_] = t;
+          if (dtl == 0 && nt_ == 0)  // the partials no tile owns (kblocks > tiles)
+#pragma unroll 1  // (unrolled, this loop cost the kernel 80 registers)
+            for (int64_t i = static_cast<int64_t>(p.d_tiles) * p.n_tiles; i < p.kblocks; ++i) kp[i] = 0.0f;
+        }
+      }
+      tc_zero(acc);
+      for (int s0 = 0; s0 < len; s0 += kSsdTile) {
+        const int rows = min(kSsdTile, len - s0);
+        __syncthreads();  // the previous step (or virtual block) is done with sX / sY
+#pragma unroll
+        for (int u = 0; u < kPer; ++u) {
+          const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
+          const int s = s0 + r;
+          const float w = r >= rows ? 0.0f
+                          : BW      ? ssd_decay<float>(acs[s])
+                                    : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
+          T v[8];
+          memcpy(v, &xr[u], 16);
+          uint4 o;
+          o.x = ssd_pack2<T>(w * to_acc(v[0]), w * to_acc(v[1]));
+          o.y = ssd_pack2<T>(w * to_acc(v[2]), w * to_acc(v[3]));
+          o.z = ssd_pack2<T>(w * to_acc(v[4]), w * to_acc(v[5]));
+          o.w = ssd_pack2<T>(w * to_acc(v[6]), w * to_acc(v[7]));
+          *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = o;
+          *reinterpret_cast<uint4*>(sY + r * kTcLd + k) = yr[u];
+        }
+        // The next step's operands, possibly the next chunk's, in flight during the
+        // products (one call site: two would double the live registers).
+        const bool more = s0 + kSsdTile < len;
+        if (more || ci < last_ci) load_step(more ? c : chunk_of(ci + 1), more ? s0 + kSsdTile : 0);
+        __syncthreads();
+        if (live) tc_warp_gemm<T, true, true>(acc, sX + 16 * warp, kTcLd, sY, kTcLd, (rows + 15) / 16, 0, 4);
+      }
+      const float decay = ssd_decay<float>(acs_last);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) run[nt][i] = BW ? acc[nt][i] + decay * run[nt][i] : decay * run[nt][i] + acc[nt][i];
+    }
+  }
+}
+
+// ---- 4'. the chunk scan products -----------------------------------------------------------
+// ssd_scan_kernel's four modes on tensor cores (see the table in ssd_chunk_scan.cuh):
+//   out(r, j) = Σ_heads [ rs_r·Σ_k Lft(r,k)·S(k,j) + Σ_{c causal} P(r,c)·V(c,j) ],
+//   P(r, c) = (Σ_k Lft(r,k)·Rgt(c,k))·dec(r,c)  (masked to 0, rounded to T).
+// A virtual block is (b, g, head split, c, row tile, column tile). Y and DX loop over
+// their split's heads and write each head's rows; DC and DB sum their split's heads.
+//
+// Shared memory (dynamic; offsets in bytes from the host):
+//   L       [64][ld_l]   Lft rows of the tile (C, B: once per block; dy, x: per head)
+//   V0, R0  [64][72], [64][ld_l]   column-tile buffer 0: V rows, Rgt rows (R only when
+//                        some column tile is not cached)
+//   X       the state tile S ([64][ld_l] for Y/DX, [K1P][72] for DC/DB) during a head's
+//           inter-chunk product, then column-tile buffer 1 (V1 at X, R1 after it); also
+//           the Rgt staging while the Y/DX cache is built
+//   cache   cache_tiles × 4 warps × 32 lanes × 32 floats of Lft·Rgtᵀ (Y/DX)
+// Column tile k + 1 is copied (cp.async) into buffer (k + 1) % 2 while tile k is
+// multiplied; the first one comes with the head's prologue.
+template <typename T>
+struct SsdTcScanParams {
+  int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
+  int64_t nsplit, hps;  // head splits per group, heads per split
+  int K1, K1P, J, r_tiles, j_tiles, cache_tiles;
+  int ld_l, ld_s;       // row strides of the Lft / Rgt tiles and of the state tile
+  int off_v0, off_r0, off_x, off_r1, off_cache;  // byte offsets in dynamic shared memory
+  SsdOperand<T> lft, rgt, val, dot;
+  const float* state;   // [B, H, nc, D, N]: H_c (Y, DC) or Gn_c (DX, DB)
+  int64_t state_ld;     // N
+  const double* acs;
+  const float* dtf;
+  T* out;
+  float* out_split;  // DC/DB with nsplit > 1: [nsplit, B, L, G, J]
+  float* part;       // DX: x·dxpre, DC: U ([B, H, L, j_tiles])
+  float* part2;      // DX: x·dxpre (inter-chunk part)
+};
+
+// (At most 168 registers, 3 blocks per multiprocessor: DC's U row dots would take it to
+// 208 and 2 blocks.)
+template <typename T, int MODE>
+__global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcScanParams<T> p) {
+  constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;    // causal partners c >= r
+  constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;  // per group, sum over heads
+  constexpr bool kGroupLR = !kMulti;  // Lft, Rgt are C and B: the same for every head
+  extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
+  T* sL = reinterpret_cast<T*>(ssd_dyn_smem);
+  T* sX = reinterpret_cast<T*>(ssd_dyn_smem + p.off_x);
+  auto sV = [&](int k) { return reinterpret_cast<T*>(ssd_dyn_smem + (k % 2 ? p.off_x : p.off_v0)); };
+  auto sR = [&](int k) { return reinterpret_cast<T*>(ssd_dyn_smem + (k % 2 ? p.off_r1 : p.off_r0)); };
+  float* sCache = reinterpret_cast<float*>(ssd_dyn_smem + p.off_cache);
+  __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
+  __shared__ float sRowDt[kSsdTile], sRowScale[kSsdTile], sColDt[kSsdTile];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
+  const int rw = 16 * warp;  // the warp's first row in the tile
+  const int ksteps = p.K1P / 16;
+  const int64_t n_gs = p.groups * p.nsplit;
+
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int64_t rest = vb;
+    const int jt = static_cast<int>(rest % p.j_tiles);
+    rest /= p.j_tiles;
+    int rt = static_cast<int>(rest % p.r_tiles);
+    rest /= p.r_tiles;
+    if (!kRev) rt = p.r_tiles - 1 - rt;  // Y, DC: the row tiles with the most work first
+    const int64_t c = rest % p.nchunks;
+    rest /= p.nchunks;
+    const int64_t gs = rest % n_gs, b = rest / n_gs;
+    const int64_t g = gs / p.nsplit, split = gs % p.nsplit;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const int r0 = rt * kSsdTile, j0 = jt * kSsdTile;
+    if (r0 >= len) continue;  // a row tile past the end of the last (short) chunk
+    const int rows = min(kSsdTile, len - r0);
+    const int n_ct = (len + kSsdTile - 1) / kSsdTile;
+    const int ct_begin = kRev ? rt : 0, n_steps = kRev ? n_ct - rt : rt + 1;
+    const int64_t h_begin = g * p.hpg + split * p.hps;
+    const int nh = static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin));
+    const bool live = rw < rows;  // the warp has rows inside the chunk (warp-uniform)
+    auto base = [&](const SsdOperand<T>& o, int64_t h) {
+      return o.p + b * o.s[0] + t0 * o.s[1] + (o.per_head ? h : g) * o.s[2];
+    };
+    // Column pairs (= k-steps of P·V) of column tile ct that hold causal pairs of the
+    // warp's rows: all of them off the diagonal.
+    auto np_lo = [&](int ct) { return ct == rt && kRev ? warp : 0; };
+    auto np_hi = [&](int ct) { return ct == rt && !kRev ? warp + 1 : 4; };
+    // Y/DX: the first cache_tiles column tiles of Lft·Rgtᵀ are computed once per block.
+    const int n_cached = kGroupLR ? min(n_steps, p.cache_tiles) : 0;
+    // Copies column step k of head h into buffer k % 2: V rows, and Rgt rows unless cached.
+    auto issue_step = [&](int k, int64_t h) {
+      const int c0 = (ct_begin + k) * kSsdTile, cols = min(kSsdTile, len - c0);
+      tc_fill<T, true>(sV(k), kTcLd, kSsdTile, kSsdTile, base(p.val, h) + c0 * p.val.s[1] + j0 * p.val.s[3],
+                       p.val.s[1], p.val.s[3], cols, p.J - j0);
+      if (k >= n_cached)
+        tc_fill<T, true>(sR(k), p.ld_l, kSsdTile, p.K1P, base(p.rgt, h) + c0 * p.rgt.s[1], p.rgt.s[1],
+                         p.rgt.s[3], cols, p.K1);
+    };
+
+    __syncthreads();  // the previous virtual block is done with shared memory
+    if constexpr (kGroupLR)
+      tc_fill<T>(sL, p.ld_l, kSsdTile, p.K1P, base(p.lft, 0) + r0 * p.lft.s[1], p.lft.s[1], p.lft.s[3], rows, p.K1);
+    for (int k = 0; k < n_cached; ++k) {  // each warp keeps its own 16 rows, lane-major
+      const int ct = ct_begin + k, c0 = ct * kSsdTile;
+      __syncthreads();  // X is free; L is visible
+      tc_fill<T>(sX, p.ld_l, kSsdTile, p.K1P, base(p.rgt, 0) + c0 * p.rgt.s[1], p.rgt.s[1], p.rgt.s[3],
+                 min(kSsdTile, len - c0), p.K1);
+      __syncthreads();
+      if (live) {
+        float cb[8][4];
+        tc_zero(cb);
+        tc_warp_gemm<T, false, false>(cb, sL + rw * p.ld_l, p.ld_l, sX, p.ld_l, ksteps, np_lo(ct), np_hi(ct));
+        float* slot = sCache + (k * 4 + warp) * 1024 + lane;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) slot[(nt * 4 + i) * 32] = cb[nt][i];
+      }
+    }
+
+    float acc[8][4];       // the output tile: this head's (Y, DX) or the split's sum (DC, DB)
+    float acc_head[8][4];  // DC, DB: this head's inter-chunk term before it joins acc
+    // Y, DX accumulate the inter-chunk term straight into acc (one head per output).
+    float(&accI)[8][4] = ssd_pick<kMulti>(acc_head, acc);
+    tc_zero(acc);
+    for (int hi = 0; hi < nh; ++hi) {
+      const int64_t h = h_begin + hi, bh = b * p.heads + h;
+      const double* acs = p.acs + bh * p.seqlen + t0;
+      const float* dtf = p.dtf + bh * p.seqlen + t0;
+      const double acs_last = acs[len - 1];
+      __syncthreads();  // the previous head (or the cache) is done with all buffers and the row data
+      if (threadIdx.x < kSsdTile) {
+        const int r = r0 + threadIdx.x;
+        const bool ok = r < len;
+        const double ar = ok ? acs[r] : 0.0;
+        const float dr = ok ? dtf[r] : 0.0f;
+        sRowAcs[threadIdx.x] = ar;
+        sRowDt[threadIdx.x] = dr;
+        float scale = kRev ? ssd_decay<float>(acs_last - ar) : ssd_decay<float>(ar);
+        if (MODE == kSsdDB) scale *= dr;
+        sRowScale[threadIdx.x] = ok ? scale : 0.0f;
+      }
+      if constexpr (!kGroupLR)
+        tc_fill<T, true>(sL, p.ld_l, kSsdTile, p.K1P, base(p.lft, h) + r0 * p.lft.s[1], p.lft.s[1], p.lft.s[3], rows,
+                         p.K1);
+      issue_step(0, h);
+      ssd_cp_async_commit();
+      // S tile into X, rounded to T: Y/DX S(k = n, j = d) = state[d·N + n], stored
+      // [j][k]; DC/DB S(k = d, j = n) = state[d·N + n], stored [k][j].
+      const float* st = p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.K1) * p.J;
+      if constexpr (kGroupLR)
+        tc_fill_f32<T>(sX, p.ld_s, kSsdTile, p.K1P, st + static_cast<int64_t>(j0) * p.state_ld, p.state_ld, p.J - j0,
+                       p.K1);
+      else
+        tc_fill_f32<T>(sX, p.ld_s, p.K1P, kSsdTile, st + j0, p.state_ld, p.K1, p.J - j0);
+      ssd_cp_async_wait<0>();
+      __syncthreads();
+
+      // (a) inter-chunk term of this head: rs_r · Σ_k Lft(r,k)·S(k,j), the row scale
+      //     applied to the float32 accumulators.
+      tc_zero(accI);
+      if (live) {
+        tc_warp_gemm<T, false, !kGroupLR>(accI, sL + rw * p.ld_l, p.ld_l, sX, p.ld_s, ksteps, 0, 4);
+        const float sa = sRowScale[rw + g8], sb = sRowScale[rw + g8 + 8];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          accI[nt][0] *= sa, accI[nt][1] *= sa;
+          accI[nt][2] *= sb, accI[nt][3] *= sb;
+        }
+        // Row dots of the inter-chunk part: DX x·dxpre_inter (→ V), DC C·dC_inter (→ U).
+        if constexpr (MODE == kSsdDX || MODE == kSsdDC) {
+          float* part = (MODE == kSsdDX ? p.part2 : p.part) + (bh * p.seqlen + t0) * p.j_tiles;
+          tc_row_dot<T>(base(p.dot, h), p.dot.s[1], p.dot.s[3], r0, len, rw, j0, p.J, accI, part, p.j_tiles, jt);
+        }
+      }
+      if constexpr (kMulti) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[nt][i] += accI[nt][i];
+      }
+
+      // (b) intra-chunk term over the causal column tiles, step k in buffer k % 2.
+      for (int k = 0; k < n_steps; ++k) {
+        const int ct = ct_begin + k, c0 = ct * kSsdTile;
+        __syncthreads();  // step k − 1 (or the inter-chunk product) is done with buffer (k + 1) % 2 and the column data
+        if (k + 1 < n_steps) issue_step(k + 1, h);
+        ssd_cp_async_commit();
+        if (threadIdx.x < kSsdTile) {
+          const int cc = c0 + threadIdx.x;
+          sColAcs[threadIdx.x] = cc < len ? acs[cc] : 0.0;
+          sColDt[threadIdx.x] = cc < len ? dtf[cc] : 0.0f;
+        }
+        ssd_cp_async_wait<1>();  // step k's copies (the group before the newest) are done
+        __syncthreads();
+        if (!live) continue;
+        const int lo = np_lo(ct), hi_ = np_hi(ct);
+        float cb[8][4];
+        if (k < n_cached) {
+          const float* slot_p = sCache + (k * 4 + warp) * 1024 + lane;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) cb[nt][i] = slot_p[(nt * 4 + i) * 32];
+        } else {
+          tc_zero(cb);
+          tc_warp_gemm<T, false, false>(cb, sL + rw * p.ld_l, p.ld_l, sR(k), p.ld_l, ksteps, lo, hi_);
+        }
+        // P = cb · dec, masked (selected, not multiplied, to 0), in place.
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int rl = rw + g8 + 8 * half, rg = r0 + rl;
+          const double ra = sRowAcs[rl];
+          const float rd = sRowDt[rl];
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int cl = nt * 8 + 2 * t4 + e, cg = c0 + cl;
+              const bool causal = kRev ? cg >= rg : cg <= rg;
+              float v = 0.0f;
+              if (causal && rg < len && cg < len) {
+                if (kRev) {
+                  v = cb[nt][2 * half + e] * ssd_decay<float>(sColAcs[cl] - ra);
+                  if (MODE == kSsdDB) v *= rd;
+                } else {
+                  v = cb[nt][2 * half + e] * (ssd_decay<float>(ra - sColAcs[cl]) * sColDt[cl]);
+                }
+              }
+              cb[nt][2 * half + e] = v;
+            }
+        }
+        uint32_t pa[4][4];
+        tc_to_a_frags<T>(cb, pa);
+        tc_warp_pv<T>(acc, pa, sV(k), lo, hi_);
+      }
+      ssd_cp_async_wait<0>();  // (only empty groups can be left; keep every thread idle)
+
+      if constexpr (!kMulti) {
+        if (live) {
+          // DX: ddt(direct) partial x·dxpre over this column tile; dx = dt·dxpre.
+          if constexpr (MODE == kSsdDX)
+            tc_row_dot<T>(base(p.dot, h), p.dot.s[1], p.dot.s[3], r0, len, rw, j0, p.J, acc,
+                          p.part + (bh * p.seqlen + t0) * p.j_tiles, p.j_tiles, jt);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int rl = rw + g8 + 8 * half, rg = r0 + rl;
+            if (rg >= len) continue;
+            T* orow = p.out + ((b * p.seqlen + t0 + rg) * p.heads + h) * p.J;
+            tc_store_row<T>(orow, j0, p.J, p.J % 2 == 0, acc, half, MODE == kSsdDX ? sRowDt[rl] : 1.0f);
+          }
+        }
+      }
+    }
+
+    if constexpr (kMulti) {
+      if (live) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int rg = r0 + rw + g8 + 8 * half;
+          if (rg >= len) continue;
+          const int64_t row = ((b * p.seqlen + t0 + rg) * p.groups + g) * p.J;
+          if (p.nsplit > 1)
+            tc_store_row<float>(p.out_split + split * p.batch * p.seqlen * p.groups * p.J + row, j0, p.J,
+                                p.J % 2 == 0, acc, half, 1.0f);
+          else
+            tc_store_row<T>(p.out + row, j0, p.J, p.J % 2 == 0, acc, half, 1.0f);
+        }
+      }
+    }
+  }
+}
+
+// ---- 5'. the crossing sums X_s -------------------------------------------------------------
+// ssd_dacs_kernel on tensor cores, a block per (b, c, g, head split): for each
+// lower-triangular tile pair (rows q in tile ti, columns s' in tile tj <= ti) it computes
+// the C·Bᵀ tile once, then for each head the dy·xᵀ tile and
+//   T_qs' = (C_q·B_s')·(dy_q·x_s')·exp(Acs_q − Acs_s')·dt_s'   (s' < q, else 0)
+// in float32, and adds the tile's crossing sums to that head's xs exactly as
+// ssd_dacs_kernel does (same fixed order per head; see there).
+template <typename T>
+struct SsdTcDacsParams {
+  int64_t seqlen, heads, groups, hpg, chunk, nchunks, total_blocks, nsplit, hps;
+  int D, N, KP, ld;
+  int off_b, off_t, off_rowtot;  // byte offsets in dynamic shared memory (sA at 0)
+  SsdOperand<T> x, dy, B, C;
+  const double* acs;
+  const float* dtf;
+  float* xs;  // [B, H, L]
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacsParams<T> p) {
+  constexpr int TLD = kSsdTile + 1;
+  extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
+  T* sA = reinterpret_cast<T*>(ssd_dyn_smem);
+  T* sB = reinterpret_cast<T*>(ssd_dyn_smem + p.off_b);
+  float* sT = reinterpret_cast<float*>(ssd_dyn_smem + p.off_t);
+  float* sRowTotAll = reinterpret_cast<float*>(ssd_dyn_smem + p.off_rowtot);  // [hps][64]
+  __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
+  __shared__ float sColDt[kSsdTile], sColSum[kSsdTile];
+  __shared__ float sFull;
+  const int tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
+  const int rw = 16 * warp;
+  const int64_t n_gs = p.groups * p.nsplit;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const int64_t c = vb % p.nchunks, rest = vb / p.nchunks;
+    const int64_t gs = rest % n_gs, b = rest / n_gs;
+    const int64_t g = gs / p.nsplit, split = gs % p.nsplit;
+    const int64_t h_begin = g * p.hpg + split * p.hps;
+    const int nh = static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin));
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const T* bp = p.B.p + b * p.B.s[0] + t0 * p.B.s[1] + g * p.B.s[2];
+    const T* cp = p.C.p + b * p.C.s[0] + t0 * p.C.s[1] + g * p.C.s[2];
+    __syncthreads();  // the previous virtual block is done with shared memory
+    for (int hi = 0; hi < nh; ++hi) {
+      float* xs = p.xs + (b * p.heads + h_begin + hi) * p.seqlen + t0;
+      for (int s = tid; s < len; s += kTcThreads) xs[s] = 0;
+    }
+    const int n_t = (len + kSsdTile - 1) / kSsdTile;
+    for (int ti = 0; ti < n_t; ++ti) {
+      const int r0 = ti * kSsdTile, rows = min(kSsdTile, len - r0);
+      const bool live = rw < rows;
+      __syncthreads();  // the previous row tile's readers of sRowTot are done
+      for (int i = tid; i < nh * kSsdTile; i += kTcThreads) sRowTotAll[i] = 0;
+      for (int tj = 0; tj <= ti; ++tj) {
+        const int c0 = tj * kSsdTile, cols = min(kSsdTile, len - c0);
+        // Column pairs with pairs s' < q for the warp's rows (strictly causal).
+        const int hi_np = tj == ti ? warp + 1 : 4;
+        __syncthreads();  // the previous tile is done with sA, sB
+        tc_fill<T>(sA, p.ld, kSsdTile, ssd_k16(p.N), cp + r0 * p.C.s[1], p.C.s[1], p.C.s[3], rows, p.N);
+        tc_fill<T>(sB, p.ld, kSsdTile, ssd_k16(p.N), bp + c0 * p.B.s[1], p.B.s[1], p.B.s[3], cols, p.N);
+        __syncthreads();
+        float cb[8][4];
+        tc_zero(cb);
+        if (live) tc_warp_gemm<T, false, false>(cb, sA + rw * p.ld, p.ld, sB, p.ld, ssd_k16(p.N) / 16, 0, hi_np);
+        for (int hi = 0; hi < nh; ++hi) {
+          const int64_t h = h_begin + hi, bh = b * p.heads + h;
+          const double* acs = p.acs + bh * p.seqlen + t0;
+          const float* dtf = p.dtf + bh * p.seqlen + t0;
+          float* xs = p.xs + bh * p.seqlen + t0;
+          float* sRowTot = sRowTotAll + hi * kSsdTile;
+          const T* xp = p.x.p + b * p.x.s[0] + t0 * p.x.s[1] + h * p.x.s[2];
+          const T* dyp = p.dy.p + b * p.dy.s[0] + t0 * p.dy.s[1] + h * p.dy.s[2];
+          __syncthreads();  // sA, sB, sT and the row/column data are free
+          if (tid < kSsdTile) {
+            sRowAcs[tid] = r0 + tid < len ? acs[r0 + tid] : 0.0;
+            sColAcs[tid] = c0 + tid < len ? acs[c0 + tid] : 0.0;
+            sColDt[tid] = c0 + tid < len ? dtf[c0 + tid] : 0.0f;
+          }
+          tc_fill<T>(sA, p.ld, kSsdTile, ssd_k16(p.D), dyp + r0 * p.dy.s[1], p.dy.s[1], p.dy.s[3], rows, p.D);
+          tc_fill<T>(sB, p.ld, kSsdTile, ssd_k16(p.D), xp + c0 * p.x.s[1], p.x.s[1], p.x.s[3], cols, p.D);
+          __syncthreads();
+          float m[8][4];
+          tc_zero(m);
+          if (live) tc_warp_gemm<T, false, false>(m, sA + rw * p.ld, p.ld, sB, p.ld, ssd_k16(p.D) / 16, 0, hi_np);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int ql = rw + g8 + 8 * half, q = r0 + ql;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int sl = nt * 8 + 2 * t4 + e, sc = c0 + sl;
+                float v = 0.0f;
+                if (q < len && sc < q)
+                  v = cb[nt][2 * half + e] * m[nt][2 * half + e] *
+                      (ssd_decay<float>(sRowAcs[ql] - sColAcs[sl]) * sColDt[sl]);
+                sT[ql * TLD + sl] = v;
+              }
+          }
+          __syncthreads();
+          if (tj < ti) {
+            if (tid < kSsdTile) {  // column sums over the tile's rows
+              float cs = 0;
+              for (int q = 0; q < kSsdTile; ++q) cs += sT[q * TLD + tid];
+              sColSum[tid] = cs;
+            } else {  // row sums, accumulated over tj < ti
+              const int q = tid - kSsdTile;
+              float rsum = 0;
+              for (int sl = 0; sl < kSsdTile; ++sl) rsum += sT[q * TLD + sl];
+              sRowTot[q] += rsum;
+            }
+            __syncthreads();
+            if (tid < kSsdTile) {  // s in tile tj: Σ_{s' < s} colsum(s')
+              float pre = 0;
+              for (int sl = 0; sl < tid; ++sl) pre += sColSum[sl];
+              if (c0 + tid < len) xs[c0 + tid] += pre;
+              if (tid == kSsdTile - 1) sFull = pre + sColSum[tid];
+            }
+            __syncthreads();
+            const float full = sFull;  // s strictly between the tiles: every pair crosses
+            for (int sg = c0 + kSsdTile + tid; sg < r0; sg += kTcThreads) xs[sg] += full;
+          } else {
+            // Diagonal tile: R_q(s) = Σ_{s' < s} T_qs' (exclusive prefix along each row) ...
+            if (tid < kSsdTile) {
+              float run = 0;
+              for (int sl = 0; sl < kSsdTile; ++sl) {
+                const float v = sT[tid * TLD + sl];
+                sT[tid * TLD + sl] = run;
+                run += v;
+              }
+            }
+            __syncthreads();
+            // ... then X_s += Σ_{q >= s} (R_q(s) + rowtot(q)) over the tile's rows.
+            if (tid < kSsdTile && r0 + tid < len) {
+              float xsum = 0;
+              for (int ql = tid; ql < kSsdTile; ++ql) xsum += sT[ql * TLD + tid] + sRowTot[ql];
+              xs[r0 + tid] += xsum;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- host side -------------------------------------------------------------------------------
+struct SsdTcDevice {
+  bool ok = false;  // sm_80 or newer: mma.sync with bf16 / f16 operands
+  int sms = 1;
+  int smem_optin = 48 * 1024;  // largest dynamic shared memory a block may opt into
+};
+
+inline SsdTcDevice ssd_tc_device() {
+  SsdTcDevice d;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    (void)cudaGetLastError();  // leave no sticky error for the next check_launch
+    return SsdTcDevice{};
+  }
+  d.ok = major >= 8;
+  return d;
+}
+
+// Heads per block for the kernels that share C·Bᵀ over a group's heads: at most
+// kTcMaxHeads, halved while the grid would have fewer than 4 blocks per multiprocessor;
+// then spread evenly over the splits (every split non-empty: (nsplit − 1)·hps < hpg).
+inline void ssd_tc_head_split(int64_t hpg, int64_t other_blocks, int sms, int64_t& nsplit, int64_t& hps) {
+  int64_t h = hpg < kTcMaxHeads ? hpg : kTcMaxHeads;
+  while (h > 1 && other_blocks * ((hpg + h - 1) / h) < 4 * static_cast<int64_t>(sms)) h = (h + 1) / 2;
+  nsplit = (hpg + h - 1) / h;
+  hps = (hpg + nsplit - 1) / nsplit;
+}
+
+inline int ssd_align16(int bytes) { return (bytes + 15) / 16 * 16; }
+
+// Lets `kernel` use `bytes` of dynamic shared memory (above the 48 KB default).
+template <typename K>
+void ssd_tc_smem(K kernel, int bytes, const char* op) {
+  if (bytes > 48 * 1024 && cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+    check_launch(op);
+}
+
+template <typename T, bool DSTATE>
+void ssd_launch_tc_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  SsdStateParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups;
+  p.chunk = l.chunk_size, p.nchunks = l.nchunks(), p.D = l.head_dim, p.N = l.state_dim;
+  p.d_tiles = static_cast<int>(w.d_tiles), p.n_tiles = static_cast<int>(w.n_tiles);
+  p.total_blocks = l.batch * l.heads * p.nchunks * p.d_tiles * p.n_tiles;
+  p.xo = ssd_operand<T>(DSTATE ? l.dy : l.x, DSTATE ? l.dy_stride : l.x_stride, true);
+  p.yo = ssd_operand<T>(DSTATE ? l.C : l.B, DSTATE ? l.C_stride : l.B_stride, false);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<float>(l, w.dtf);
+  p.out = ssd_ws<float>(l, DSTATE ? w.gstates : w.states);
+  if (p.total_blocks == 0) return;
+  ssd_tc_chunk_state_kernel<T, DSTATE><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
+  check_launch(DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)");
+}
+
+// Whether the fused state scan has enough blocks (b, h, tile) to fill the GPU.
+inline bool ssd_tc_fuse_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev) {
+  return l.batch * l.heads * w.d_tiles * w.n_tiles >= 2 * static_cast<int64_t>(dev.sms);
+}
+
+template <typename T, bool BW>
+void ssd_launch_tc_state_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  SsdTcStateScanParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups;
+  p.chunk = l.chunk_size, p.nchunks = l.nchunks(), p.D = l.head_dim, p.N = l.state_dim;
+  p.kblocks = w.kblocks;
+  p.d_tiles = static_cast<int>(w.d_tiles), p.n_tiles = static_cast<int>(w.n_tiles);
+  p.total_blocks = l.batch * l.heads * p.d_tiles * p.n_tiles;
+  p.xo = ssd_operand<T>(BW ? l.dy : l.x, BW ? l.dy_stride : l.x_stride, true);
+  p.yo = ssd_operand<T>(BW ? l.C : l.B, BW ? l.C_stride : l.B_stride, false);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<float>(l, w.dtf);
+  p.out = ssd_ws<float>(l, BW ? w.gstates : w.states);
+  p.hstates = BW ? ssd_ws<float>(l, w.states) : nullptr;
+  p.kpart = BW ? ssd_ws<float>(l, w.kpart) : nullptr;
+  if (p.total_blocks == 0 || p.nchunks == 0) return;
+  ssd_tc_state_scan_kernel<T, BW><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
+  check_launch(BW ? "ssd_chunk_scan_backward(state_scan)" : "ssd_chunk_scan(state_scan)");
+}
+
+// False (and nothing launched) when the kernel's shared memory exceeds the device's
+// opt-in limit (D or N near 256 on a 99 KB part): the caller runs the SIMT kernel.
+template <typename T, int MODE>
+bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev,
+                        cudaStream_t stream) {
+  constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;
+  const char* op = MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)";
+  SsdTcScanParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups;
+  p.hpg = l.heads / l.groups, p.chunk = l.chunk_size, p.nchunks = l.nchunks();
+  p.K1 = static_cast<int>(kMulti ? l.head_dim : l.state_dim);
+  p.J = static_cast<int>(kMulti ? l.state_dim : l.head_dim);
+  p.K1P = ssd_k16(p.K1);
+  const int64_t qe = l.chunk_size < l.seqlen ? l.chunk_size : l.seqlen;  // longest chunk
+  p.r_tiles = static_cast<int>((qe + kSsdTile - 1) / kSsdTile);
+  p.j_tiles = static_cast<int>((p.J + kSsdTile - 1) / kSsdTile);
+  const int64_t per_split = l.batch * l.groups * p.nchunks * p.r_tiles * p.j_tiles;
+  if (kMulti) {
+    p.nsplit = w.nsplit, p.hps = w.hps;  // the workspace's split partials
+  } else {
+    ssd_tc_head_split(p.hpg, per_split, dev.sms, p.nsplit, p.hps);
+  }
+  p.total_blocks = per_split * p.nsplit;
+  // Shared memory (see the kernel): L, buffer 0 (V0, R0), X (S, or V1 + R1), cache.
+  p.ld_l = p.K1P + 8;
+  p.ld_s = kMulti ? kTcLd : p.ld_l;
+  const int l_bytes = ssd_align16(kSsdTile * p.ld_l * 2);  // also an Rgt tile
+  const int s_bytes = ssd_align16((kMulti ? p.K1P : kSsdTile) * p.ld_s * 2);
+  const int v_bytes = kSsdTile * kTcLd * 2;
+  auto layout = [&](int cache_tiles) {  // the offsets for a cache of this many tiles; total bytes
+    // Rgt buffers are needed when some column tile is not cached.
+    const bool need_r = kMulti || cache_tiles < p.r_tiles;
+    const int x_bytes = std::max(std::max(s_bytes, v_bytes + (need_r ? l_bytes : 0)), cache_tiles > 0 ? l_bytes : 0);
+    p.cache_tiles = cache_tiles;
+    p.off_v0 = l_bytes;
+    p.off_r0 = p.off_v0 + v_bytes;
+    p.off_x = p.off_r0 + (need_r ? l_bytes : 0);
+    p.off_r1 = p.off_x + v_bytes;
+    p.off_cache = p.off_x + x_bytes;
+    return p.off_cache + cache_tiles * kTcCacheSlot * 4;
+  };
+  // Y/DX with several heads per block cache Lft·Rgtᵀ: as many column tiles as a row
+  // tile has causal partners, up to kTcCacheTiles, if the device's shared memory holds
+  // them (2 KB left for the static arrays); otherwise no cache.
+  const int want = !kMulti && p.hps > 1 ? std::min(p.r_tiles, kTcCacheTiles) : 0;
+  int smem = layout(want);
+  if (want > 0 && smem > dev.smem_optin - 2048) smem = layout(0);
+  if (smem > dev.smem_optin - 2048) return false;
+  p.out_split = kMulti ? ssd_ws<float>(l, w.split) : nullptr;
+  const SsdOperand<T> x = ssd_operand<T>(l.x, l.x_stride, true);
+  const SsdOperand<T> dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  const SsdOperand<T> Bo = ssd_operand<T>(l.B, l.B_stride, false);
+  const SsdOperand<T> Co = ssd_operand<T>(l.C, l.C_stride, false);
+  p.state = ssd_ws<float>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
+  p.state_ld = l.state_dim;
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<float>(l, w.dtf);
+  p.part = nullptr;
+  p.part2 = nullptr;
+  switch (MODE) {
+    case kSsdY:
+      p.lft = Co, p.rgt = Bo, p.val = x, p.dot = x;
+      p.out = static_cast<T*>(l.y);
+      break;
+    case kSsdDX:
+      p.lft = Bo, p.rgt = Co, p.val = dy, p.dot = x;
+      p.out = static_cast<T*>(l.dx);
+      p.part = ssd_ws<float>(l, w.ddtp);
+      p.part2 = ssd_ws<float>(l, w.vp);
+      break;
+    case kSsdDC:
+      p.lft = dy, p.rgt = x, p.val = Bo, p.dot = Co;
+      p.out = static_cast<T*>(l.dC);
+      p.part = ssd_ws<float>(l, w.up);
+      break;
+    default:  // kSsdDB
+      p.lft = x, p.rgt = dy, p.val = Co, p.dot = Co;
+      p.out = static_cast<T*>(l.dB);
+      break;
+  }
+  if (p.total_blocks == 0) return true;
+  ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
+  ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  check_launch(op);
+  if (kMulti && p.nsplit > 1) {
+    const int64_t count = l.batch * l.seqlen * l.groups * l.state_dim;
+    ssd_split_sum_kernel<T><<<ssd_grid((count + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(
+        p.out_split, p.nsplit, count, p.out);
+    check_launch("ssd_chunk_scan_backward(split_sum)");
+  }
+  return true;
+}
+
+// False (and nothing launched) when the shared memory exceeds the device's limit.
+template <typename T>
+bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev,
+                        cudaStream_t stream) {
+  SsdTcDacsParams<T> p;
+  p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
+  p.chunk = l.chunk_size, p.nchunks = l.nchunks();
+  p.D = static_cast<int>(l.head_dim), p.N = static_cast<int>(l.state_dim);
+  p.KP = ssd_k16(p.D > p.N ? p.D : p.N);
+  p.ld = p.KP + 8;
+  const int64_t per_split = l.batch * l.groups * p.nchunks;
+  ssd_tc_head_split(p.hpg, per_split, dev.sms, p.nsplit, p.hps);
+  p.total_blocks = per_split * p.nsplit;
+  const int ab_bytes = ssd_align16(kSsdTile * p.ld * 2);
+  p.off_b = ab_bytes;
+  p.off_t = 2 * ab_bytes;
+  p.off_rowtot = p.off_t + ssd_align16(kSsdTile * (kSsdTile + 1) * 4);
+  const int smem = p.off_rowtot + static_cast<int>(p.hps) * kSsdTile * 4;
+  if (smem > dev.smem_optin - 2048) return false;
+  p.x = ssd_operand<T>(l.x, l.x_stride, true);
+  p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  p.B = ssd_operand<T>(l.B, l.B_stride, false);
+  p.C = ssd_operand<T>(l.C, l.C_stride, false);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<float>(l, w.dtf);
+  p.xs = ssd_ws<float>(l, w.xs);
+  if (p.total_blocks == 0) return true;
+  ssd_tc_smem(ssd_tc_dacs_kernel<T>, smem, "ssd_chunk_scan_backward(dacs)");
+  ssd_tc_dacs_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  check_launch("ssd_chunk_scan_backward(dacs)");
+  return true;
+}
+
+// ---- dispatch: tensor cores for 16-bit inputs on sm_80+, the SIMT kernels otherwise ----------
+// (also for a scan or X_s kernel whose shared memory the device cannot give: float32
+// math throughout, so within the same precision guarantee)
+template <typename T, bool DSTATE>
+void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
+  if constexpr (ssd_is_half<T>) {
+    if (ssd_tc_device().ok) {
+      ssd_launch_tc_chunk_state<T, DSTATE>(l, w, s);
+      return;
+    }
+  }
+  ssd_launch_chunk_state<T, DSTATE>(l, w, s);
+}
+
+// The chunk states H_c (BW = false) or Gn_c and the ⟨Gn_c, H_c⟩ partials (BW = true),
+// from the inputs and Acs: fused on tensor cores when that fills the GPU, else the chunk
+// state kernel (tensor cores or SIMT) followed by the SIMT state pass.
+template <typename T, bool BW>
+void ssd_run_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
+  if constexpr (ssd_is_half<T>) {
+    const SsdTcDevice dev = ssd_tc_device();
+    if (dev.ok && ssd_tc_fuse_states(l, w, dev)) {
+      ssd_launch_tc_state_scan<T, BW>(l, w, s);
+      return;
+    }
+  }
+  ssd_run_chunk_state<T, /*DSTATE=*/BW>(l, w, s);
+  ssd_launch_state_pass<T, BW>(l, w, s);
+}
+
+template <typename T, int MODE>
+void ssd_run_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
+  if constexpr (ssd_is_half<T>) {
+    const SsdTcDevice dev = ssd_tc_device();
+    if (dev.ok && ssd_launch_tc_scan<T, MODE>(l, w, dev, s)) return;
+  }
+  ssd_launch_scan<T, MODE>(l, w, s);
+}
+
+template <typename T>
+void ssd_run_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
+  if constexpr (ssd_is_half<T>) {
+    const SsdTcDevice dev = ssd_tc_device();
+    if (dev.ok && ssd_launch_tc_dacs<T>(l, w, dev, s)) return;
+  }
+  ssd_launch_dacs<T>(l, w, s);
+}
+
+}  // namespace baracuda::kernels::cuda
