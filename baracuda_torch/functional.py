@@ -308,7 +308,10 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     Every tensor must have one floating dtype (float32, float16, bfloat16 or
     float64) and be on one device; any strides are accepted without a copy (for
     example x, B, C and dt as slices of one input projection). On CUDA, states and
-    accumulation are float32 (float64 for float64 inputs) and D, N <= 256; the CPU
+    accumulation are float32 (float64 for float64 inputs) and D, N <= 256; for
+    float16/bfloat16 inputs the chunk products run on tensor cores with operands in the
+    input dtype (the decay-weighted products and chunk states are rounded to it, as in
+    mamba_ssm), accumulating in float32 (variant ``chunked_mma``); the CPU
     computes in float64 for every dtype, with no limit on D and N. Both are
     deterministic (the same bits on every run, the backward included) and the
     backward keeps O(B·H·⌈L/Q⌉·D·N) memory (states at chunk boundaries). Gradients
