@@ -17,11 +17,11 @@
 namespace baracuda::kernels::cuda {
 
 constexpr int kLerpThreads = 256;
-// Vectors per thread in the rows kernel, as measured for the gated kernels on an H200
-// (benchmarks/tune): more bytes in flight per thread stop paying once registers cut
-// occupancy; 2 for 2-byte types with up to two inputs, else 1.
+// Vectors per thread in the rows kernel, as measured on an H200 at 2^28 elements
+// (benchmarks/tune/tune_lerp_rows.cu): 2 for the 2-byte scalar-weight forward, else 1
+// (the bf16 scalar-weight backward measured 392.6 us with 1, 397.0 with 2).
 template <typename T, LerpOp Op>
-constexpr int kLerpUnroll = sizeof(T) == 2 && kLerpInputs<Op> <= 2 ? 2 : 1;
+constexpr int kLerpUnroll = sizeof(T) == 2 && Op == LerpOp::Forward ? 2 : 1;
 
 template <typename Idx>
 struct LerpRowsParams {
