@@ -618,23 +618,31 @@ def test_explain(device):
 
 @requires_cuda
 def test_cuda_variants_chosen():
-    """The plan picks 16-byte vectors wherever sizes, strides and addresses allow."""
+    """The plan picks 16-byte vectors wherever sizes, strides and addresses allow, and the
+    linear traversal for interleaved pairs when positions vary faster than heads in memory
+    and positions are not per batch."""
     for dtype in FLOAT_DTYPES:
         lay = layouts("cuda", dtype, D=32)
         expect = {"contiguous": "vec16", "bshd_transposed": "vec16", "shbd_permuted": "vec16",
                   "feature_slice": "vec16", "every_other_s": "vec16", "expanded_heads": "vec16",
                   "size_one_odd_stride": "vec16", "feature_offset": "rows",
                   "feature_stride_2": "strided", "d_outer": "strided"}
+        linear = {"contiguous", "feature_slice", "every_other_s", "size_one_odd_stride"}
         for name, variant in expect.items():
             for il in (True, False):
+                want = variant + ("_linear" if il and name in linear else "")
                 got = bt.explain("rope", lay[name], interleaved=il).variant
-                assert got == variant, (dtype, name, il, got)
-                assert bt.explain("rope_backward", lay[name], interleaved=il).variant == variant
+                assert got == want, (dtype, name, il, got)
+                assert bt.explain("rope_backward", lay[name], interleaved=il).variant == want
+                B, _, S, _ = lay[name].shape
+                if B > 1:  # per-batch positions: the row walk, which reuses table entries
+                    pos_b = torch.arange(B * S, device="cuda").view(B, S)
+                    assert bt.explain("rope", lay[name], pos_b, interleaved=il).variant == variant
         # partial rotary: vectors only when R (interleaved) or R/2 (half-split) is a multiple of
         # the vector width
         vec = 16 // lay["contiguous"].element_size()
         x = lay["contiguous"]
-        assert bt.explain("rope", x, None, 10000.0, True, 2 * vec).variant == "vec16"
+        assert bt.explain("rope", x, None, 10000.0, True, 2 * vec).variant == "vec16_linear"
         assert bt.explain("rope", x, None, 10000.0, False, 2 * vec).variant == "vec16"
         if vec > 2:
             assert bt.explain("rope", x, None, 10000.0, True, vec + 2).variant == "rows"
@@ -771,6 +779,26 @@ def test_cuda_graph_capture():
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_large_with_positions(dtype):
+    """The self-check's shapes: positions per batch with partial rotary, and [S] positions on
+    a [B, S, H, D] view, at a size where the table and streaming kernels overlap in time."""
+    B, H, S, D = 4, 32, 2048, 128
+    pos = torch.randint(0, 1_000_000, (B, S), device="cuda")
+    for _ in range(3):  # fresh workspace contents each time
+        for interleaved, rd, positions, transposed in ((False, D // 2, pos, False),
+                                                       (True, None, pos[0], True)):
+            if transposed:
+                x = randn((B, S, H, D), dtype, "cuda").transpose(1, 2)
+            else:
+                x = randn((B, H, S, D), dtype, "cuda")
+            y = bt.rope(x, positions, 10000.0, interleaved, rd)
+            y64 = ref.rope(x.double(), positions, 10000.0, interleaved, rd)
+            yl = ref.rope(x, positions, 10000.0, interleaved, rd)
+            assert_close_to_reference(y, y64, yl, f"rope {dtype} interleaved={interleaved} R={rd}")
+
+
+@requires_cuda
 def test_cuda_non_default_stream_and_device_guard():
     x = randn((2, 4, 16, 32), torch.float32, "cuda")
     expected = bt.rope(x)
@@ -788,26 +816,34 @@ def test_more_than_2_31_elements():
     if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
         pytest.skip("needs 40 GiB of GPU memory")
     B, H, S, D = 2, 8, 65537, 2048  # 2^31 + 32768 elements
-    pos = torch.randint(0, 10**6, (B, S), device="cuda")
-    for transposed in (False, True):
+    pos_bs = torch.randint(0, 10**6, (B, S), device="cuda")
+    # (per-batch positions: the row walk; [S] positions on [B, H, S, D]: the linear kernel
+    # for interleaved pairs)
+    for transposed, pos in ((False, pos_bs), (True, pos_bs), (False, pos_bs[0])):
         if transposed:
             x = torch.randn(B, S, H, D, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
         else:
             x = torch.randn(B, H, S, D, dtype=torch.bfloat16, device="cuda")
         assert x.numel() > 2**31
+
+        def pos_at(b, s):
+            return pos[b:b + 1, s:s + 1] if pos.dim() == 2 else pos[s:s + 1]
+
         for il in (True, False):
-            assert bt.explain("rope", x, pos, interleaved=il).variant == "vec16_i64"
+            linear = il and pos.dim() == 1 and not transposed
+            want = "vec16_linear_i64" if linear else "vec16_i64"
+            assert bt.explain("rope", x, pos, interleaved=il).variant == want
             y = bt.rope(x, pos, interleaved=il)
             assert y.stride() == x.stride()
             for b, h, s in ((0, 0, 0), (1, 7, S - 1), (1, 3, 40000), (0, 5, 2**15 + 1)):
-                xs, ps = x[b:b + 1, h:h + 1, s:s + 1], pos[b:b + 1, s:s + 1]
+                xs, ps = x[b:b + 1, h:h + 1, s:s + 1], pos_at(b, s)
                 assert_close_to_reference(y[b:b + 1, h:h + 1, s:s + 1],
                                           ref.rope(xs.double(), ps, 10000.0, il), ref.rope(xs, ps, 10000.0, il),
                                           f"y[{b}, {h}, {s}] transposed={transposed} interleaved={il}")
             del y
             dx = ops.rope_backward(x, pos, 10000.0, il)
             for b, h, s in ((0, 0, 1), (1, 7, S - 1)):
-                xs, ps = x[b:b + 1, h:h + 1, s:s + 1], pos[b:b + 1, s:s + 1]
+                xs, ps = x[b:b + 1, h:h + 1, s:s + 1], pos_at(b, s)
                 assert_close_to_reference(dx[b:b + 1, h:h + 1, s:s + 1],
                                           ref.rope_backward(xs.double(), ps, 10000.0, il),
                                           ref.rope_backward(xs, ps, 10000.0, il), f"dx[{b}, {h}, {s}]")

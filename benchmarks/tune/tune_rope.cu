@@ -1,9 +1,9 @@
 // Dev tool: time the RoPE CUDA kernels at the PERF.md shape, q [8, 32, 4096, 128], against
 // a device-to-device copy of the same bytes (read x, write y), without PyTorch:
-//  - the whole op as the library runs it (table kernel + streaming kernel), with and
-//    without programmatic dependent launch (PDL);
+//  - the whole op as the library plans it (table kernel + streaming kernel);
 //  - the table kernel alone;
-//  - the streaming kernel alone over rows per thread (RPT) × rows per step (U).
+//  - the row-walking streaming kernel alone over rows per thread (RPT) × rows per step (U);
+//  - the linear streaming kernel alone over items per thread (U), and with the table.
 // Before timing, a float64 check of a sample of every case's output (max error relative
 // to the norm of the element's pair; bf16 passes under 8e-3, float32 under 1e-5).
 // Build and run on the GPU (about 10 s of running after the build):
@@ -41,7 +41,7 @@ void rope_cuda(const RopeLaunch& l, void* stream) {
     }                                                                             \
   } while (0)
 
-cudaStream_t g_stream;  // every launch and event (a created stream: PDL wants one)
+cudaStream_t g_stream;  // every launch and event
 
 template <typename F>
 float median_us(F&& f) {
@@ -120,8 +120,13 @@ template <typename T, bool IL, int U>
 float time_stream(RopeLaunch l, int64_t rpt) {
   constexpr int V = 16 / sizeof(T);
   l.rows_per_thread = rpt;
-  l.pdl = false;
   return median_us([&] { launch_rope_stream<T, V, IL, uint32_t, U>(l, g_stream); });
+}
+
+template <typename T, bool IL, int U>
+float time_linear(const RopeLaunch& l) {
+  constexpr int V = 16 / sizeof(T);
+  return median_us([&] { launch_rope_linear<T, V, IL, uint32_t, U>(l, g_stream); });
 }
 
 template <typename T, bool IL>
@@ -169,42 +174,57 @@ void run_case(const Case& c, double* summary) {
   if (c.per_batch) args.positions = {desc.positions, pos};
   args.y = {plan.output_layout(), y};
 
-  // Correctness of the library path (PDL as planned), on a poisoned output.
-  CHECK(cudaMemsetAsync(y, 0xff, n * sizeof(T), g_stream));
-  plan.run(g_stream, Workspace{ws, plan.workspace_size()}, args);
   unsigned int* err_d;
   CHECK(cudaMalloc(&err_d, sizeof(unsigned int)));
-  CHECK(cudaMemsetAsync(err_d, 0, sizeof(unsigned int), g_stream));
-  check_kernel<T><<<2048, 256, 0, g_stream>>>(x, y, pos, B, H, S, D, desc.x.strides[0], desc.x.strides[1],
-                                 desc.x.strides[2], IL, 61, err_d);
-  unsigned int err_bits;
-  CHECK(cudaStreamSynchronize(g_stream));
-  CHECK(cudaMemcpy(&err_bits, err_d, sizeof(err_bits), cudaMemcpyDeviceToHost));
-  float err;
-  memcpy(&err, &err_bits, 4);
+  // Max error of y against the float64 reference (y poisoned before `run` writes it).
+  const auto check = [&](auto&& run) {
+    CHECK(cudaMemsetAsync(y, 0xff, n * sizeof(T), g_stream));
+    run();
+    CHECK(cudaMemsetAsync(err_d, 0, sizeof(unsigned int), g_stream));
+    check_kernel<T><<<2048, 256, 0, g_stream>>>(x, y, pos, B, H, S, D, desc.x.strides[0],
+                                                desc.x.strides[1], desc.x.strides[2], IL, 61, err_d);
+    unsigned int err_bits;
+    CHECK(cudaStreamSynchronize(g_stream));
+    CHECK(cudaMemcpy(&err_bits, err_d, sizeof(err_bits), cudaMemcpyDeviceToHost));
+    float err;
+    memcpy(&err, &err_bits, 4);
+    return err;
+  };
   const float tol = sizeof(T) == 2 ? 8e-3f : 1e-5f;
-
+  constexpr int V = 16 / sizeof(T);
   RopeLaunch l = plan.launch_description();
   l.x = x;
   l.y = y;
   l.positions = pos;
   l.table = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws) + 15) / 16 * 16);
+  const float err = check([&] { plan.run(g_stream, Workspace{ws, plan.workspace_size()}, args); });
+  float err_lin = 0;
+  const auto linear_op = [&] {
+    launch_rope_table<acc_t<T>>(l, g_stream);
+    launch_rope_linear<T, V, IL, uint32_t, 1>(l, g_stream);
+  };
+  err_lin = std::max(err_lin, check(linear_op));
+  err_lin = std::max(err_lin, check([&] {
+                       launch_rope_table<acc_t<T>>(l, g_stream);
+                       launch_rope_linear<T, V, IL, uint32_t, 2>(l, g_stream);
+                     }));
+  err_lin = std::max(err_lin, check([&] {
+                       launch_rope_table<acc_t<T>>(l, g_stream);
+                       launch_rope_linear<T, V, IL, uint32_t, 4>(l, g_stream);
+                     }));
   const float copy = median_us([&] {
     CHECK(cudaMemcpyAsync(y, x, n * sizeof(T), cudaMemcpyDeviceToDevice, g_stream));
   });
-  RopeLaunch lp = l, ln = l;
-  lp.pdl = true;
-  ln.pdl = false;
-  const float full_pdl = median_us([&] { launch_rope_layout<IL>(lp, g_stream); });
-  const float full_plain = median_us([&] { launch_rope_layout<IL>(ln, g_stream); });
+  const float full = median_us([&] { launch_rope_layout<IL>(l, g_stream); });
   const float table = median_us([&] { launch_rope_table<acc_t<T>>(l, g_stream); });
-  printf("\n%s: check max rel err %.3g (%s); plan: rows/thread %lld, unroll %d, table %.1f KB\n", c.name,
-         err, err <= tol ? "ok" : "FAILED", (long long)l.rows_per_thread,
-         rope_default_unroll<T, 16 / sizeof(T), IL>(), l.table_bytes / 1024.0);
-  printf("  copy %.1f us | op pdl %.1f us (%.3f) | op plain %.1f us (%.3f) | table alone %.1f us\n", copy,
-         full_pdl, copy / full_pdl, full_plain, copy / full_plain, table);
-  printf("  stream alone, us (ratio to copy):\n");
-  const int64_t rpts[] = {4, 8, 16, 32};
+  printf("\n%s: check max rel err: plan %.3g (%s), linear %.3g (%s); plan: rows/thread %lld, unroll %d, "
+         "table %.1f KB\n",
+         c.name, err, err <= tol ? "ok" : "FAILED", err_lin, err_lin <= tol ? "ok" : "FAILED",
+         (long long)l.rows_per_thread, rope_default_unroll<T, V, IL>(), l.table_bytes / 1024.0);
+  printf("  copy %.1f us | op as planned (table + %s kernel) %.1f us (%.3f) | table alone %.1f us\n", copy,
+         l.linear ? "linear" : "rows", full, copy / full, table);
+  printf("  rows kernel alone, us (ratio to copy):\n");
+  const int64_t rpts[] = {1, 2, 4, 8, 16};
   for (int64_t rpt : rpts) {
     float t1 = time_stream<T, IL, 1>(l, rpt), t2 = time_stream<T, IL, 2>(l, rpt),
           t4 = time_stream<T, IL, 4>(l, rpt);
@@ -216,10 +236,16 @@ void run_case(const Case& c, double* summary) {
     }
     printf("\n");
   }
+  const float lin[4] = {time_linear<T, IL, 1>(l), time_linear<T, IL, 2>(l), time_linear<T, IL, 4>(l),
+                        time_linear<T, IL, 8>(l)};
+  printf("  linear kernel alone: U1 %6.1f (%.3f)  U2 %6.1f (%.3f)  U4 %6.1f (%.3f)  U8 %6.1f (%.3f)\n", lin[0],
+         copy / lin[0], lin[1], copy / lin[1], lin[2], copy / lin[2], lin[3], copy / lin[3]);
+  const float full_lin = median_us(linear_op);
+  printf("  op (table + linear U1) %.1f us (%.3f)\n", full_lin, copy / full_lin);
   summary[0] = copy;
-  summary[1] = full_pdl;
-  summary[2] = full_plain;
-  summary[3] = err <= tol;
+  summary[1] = full;
+  summary[2] = full_lin;
+  summary[3] = err <= tol && err_lin <= tol;
   CHECK(cudaFree(x));
   CHECK(cudaFree(y));
   CHECK(cudaFree(ws));
@@ -246,7 +272,7 @@ int main() {
   run_case<__nv_bfloat16, false>(cases[5], s[5]);
   printf("\nsummary, q [8, 32, 4096, 128] (ratio = copy time / op time)\n");
   for (int i = 0; i < 6; ++i)
-    printf("  %-44s copy %6.1f us  op(pdl) %6.1f us %.3f  op(plain) %6.1f us %.3f  %s\n", cases[i].name,
+    printf("  %-44s copy %6.1f us  op(planned) %6.1f us %.3f  op(linear U1) %6.1f us %.3f  %s\n", cases[i].name,
            s[i][0], s[i][1], s[i][0] / s[i][1], s[i][2], s[i][0] / s[i][2], s[i][3] ? "ok" : "CHECK FAILED");
   return 0;
 }

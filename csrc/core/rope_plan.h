@@ -46,6 +46,8 @@ enum class RopeAccess : uint8_t { Vec16, Rows, Strided };
 //     from L2 once per rows_per_thread row items. A block of 256 threads covers
 //     2^col_shift consecutive columns (coalesced across a warp) × 256 / 2^col_shift row
 //     chunks (so that narrow problems, e.g. one position, still fill the block).
+//     With `linear` (Vec16 only) the streaming kernel instead walks every (b, h, s, item)
+//     in that order, one item per thread, each reading its own table entries.
 //
 // Row items: `n_rot` rotation items of `pairs_per_item` pairs each (interleaved: the
 // 2·pairs_per_item adjacent features; half-split: pairs_per_item features in each half),
@@ -76,7 +78,7 @@ struct RopeLaunch {
   int64_t n_cols = 0;      // table_groups · S · (n_rot + n_pass)
   int col_shift = 0;
   int64_t rows_per_thread = 1;
-  bool pdl = false;  // launch the streaming kernel as a programmatic dependent of the table kernel
+  bool linear = false;  // Vec16 only: the linear streaming kernel (see above)
 
   const void* x = nullptr;
   const int64_t* positions = nullptr;

@@ -13,7 +13,9 @@
 //     next to x) and keeps them in registers while it walks rows_per_thread rows (b, h),
 //     kUnroll rows at a time, every load of a step issued before any math. Index math is
 //     int32 (FastDivmod, once per thread; rows advance by adding strides), int64 only in
-//     the _i64 variant.
+//     the _i64 variant. rope_linear_kernel (the plan's `linear`, interleaved pairs on
+//     [B, H, S, D] layouts) instead takes one item per thread in memory order and loads
+//     that item's entries.
 //
 // Row items (V features per access; V = 16 bytes on the Vec16 path, 1 otherwise):
 //  - interleaved, V > 1: one pack of V adjacent features holds V/2 pairs (2j, 2j+1);
@@ -23,11 +25,6 @@
 //  - pass-through items copy V features of R..D−1.
 //   y_u = u·cos θ − v·sin θ,   y_v = u·sin θ + v·cos θ   (in float; double for float64)
 //
-// On sm_90 the streaming kernel is a programmatic dependent launch of the table kernel:
-// its blocks start while the table kernel runs, issue their first loads of x, and only
-// then wait (griddepcontrol.wait) for the table to be complete and visible. Without the
-// launch attribute (older GPUs, or where the driver refuses it) the wait is a no-op and
-// the launches are ordered as usual.
 #pragma once
 
 #include <algorithm>
@@ -64,21 +61,6 @@ struct alignas(2 * sizeof(Acc)) CosSin {
   Acc c, s;
 };
 
-// griddepcontrol (PTX ISA 7.8, sm_90): let the dependent grid launch / wait until the
-// grid this one depends on has completed and its writes are visible. No-ops without a
-// programmatic dependent launch.
-__device__ __forceinline__ void rope_allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void rope_wait_for_table() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // ---- 1. the table ---------------------------------------------------------------------
 
 struct RopeTableParams {
@@ -94,7 +76,6 @@ struct RopeTableParams {
 
 template <typename Acc, bool k64>
 __global__ void __launch_bounds__(kRopeThreads) rope_table_kernel(const RopeTableParams p) {
-  rope_allow_dependents();  // the streaming kernel may launch now; it waits before reading
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRopeThreads + threadIdx.x;
   if (t >= p.threads) return;
   int64_t i, st, g;
@@ -179,6 +160,37 @@ __device__ __forceinline__ void rope_store(T* p, const Pack<T, V>& v) {
     __stwb(reinterpret_cast<uint4*>(p), raw);
   } else {
     store_pack<T, V>(p, v);
+  }
+}
+
+// Rotates one item (pack a; pack bv holds the v features unless the item is one pack)
+// with its P table entries and stores it at yu (and yv).
+template <typename T, int V, bool Interleaved>
+__device__ __forceinline__ void rope_rotate_store(
+    const Pack<T, V>& a, [[maybe_unused]] const Pack<T, V>& bv,
+    const CosSin<acc_t<T>> (&cs)[rope_pairs_per_item(V, Interleaved)], T* yu,
+    [[maybe_unused]] T* yv) {
+  using Acc = acc_t<T>;
+  constexpr int P = rope_pairs_per_item(V, Interleaved);
+  if constexpr (Interleaved && V > 1) {
+    Pack<T, V> o;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const Acc u = to_acc(a.v[2 * j]), v = to_acc(a.v[2 * j + 1]);
+      o.v[2 * j] = from_acc<T>(u * cs[j].c - v * cs[j].s);
+      o.v[2 * j + 1] = from_acc<T>(u * cs[j].s + v * cs[j].c);
+    }
+    rope_store<T, V>(yu, o);
+  } else {
+    Pack<T, V> ou, ov;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const Acc u = to_acc(a.v[j]), v = to_acc(bv.v[j]);
+      ou.v[j] = from_acc<T>(u * cs[j].c - v * cs[j].s);
+      ov.v[j] = from_acc<T>(u * cs[j].s + v * cs[j].c);
+    }
+    rope_store<T, V>(yu, ou);
+    rope_store<T, V>(yv, ov);
   }
 }
 
@@ -295,36 +307,95 @@ __global__ void __launch_bounds__(kRopeThreads) rope_stream_kernel(const RopeStr
     }
     if (first) {  // the first loads of x are in flight: now the table
       first = false;
-      rope_wait_for_table();
       load_table<Acc, P>(tab, cs);
     }
 #pragma unroll
-    for (int k = 0; k < kN; ++k) {
-      if constexpr (kOnePack) {
-        Pack<T, V> o;
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          const Acc u = to_acc(a[k].v[2 * j]), v = to_acc(a[k].v[2 * j + 1]);
-          o.v[2 * j] = from_acc<T>(u * cs[j].c - v * cs[j].s);
-          o.v[2 * j + 1] = from_acc<T>(u * cs[j].s + v * cs[j].c);
-        }
-        rope_store<T, V>(yu + yr[k], o);
-      } else {
-        Pack<T, V> ou, ov;
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          const Acc u = to_acc(a[k].v[j]), v = to_acc(bv[k].v[j]);
-          ou.v[j] = from_acc<T>(u * cs[j].c - v * cs[j].s);
-          ov.v[j] = from_acc<T>(u * cs[j].s + v * cs[j].c);
-        }
-        rope_store<T, V>(yu + yr[k], ou);
-        rope_store<T, V>(yv + yr[k], ov);
-      }
-    }
+    for (int k = 0; k < kN; ++k)
+      rope_rotate_store<T, V, Interleaved>(a[k], bv[kOnePack ? 0 : k], cs, yu + yr[k], yv + yr[k]);
   };
   Idx r = 0;
   for (; r + kUnroll <= n; r += kUnroll) step(Full{});
   for (; r < n; ++r) step(One{});
+}
+
+// ---- 2b. the linear streaming rotation --------------------------------------------------
+// The same rotation over items in memory order: item t is (row, s, item) with the item
+// fastest, then s, then the row (b, h), so a block's items are consecutive in memory for
+// a contiguous x. A thread takes kUnroll items kRopeThreads apart, issues every load of x
+// and of the items' table entries (L2 hits: the table is small next to x) before any math.
+// No table reuse across rows; in exchange the accesses of the whole grid sweep memory in
+// order.
+template <typename T, int V, bool Interleaved, typename Idx, int kUnroll>
+__global__ void __launch_bounds__(kRopeThreads) rope_linear_kernel(const RopeStreamParams<Idx> p) {
+  using Acc = acc_t<T>;
+  constexpr int P = rope_pairs_per_item(V, Interleaved);
+  constexpr bool kOnePack = Interleaved && V > 1;
+  const T* x = static_cast<const T*>(p.x);
+  T* y = static_cast<T*>(p.y);
+  const Idx first = static_cast<Idx>(blockIdx.x) * (kUnroll * kRopeThreads) + threadIdx.x;
+
+  Pack<T, V> a[kUnroll];
+  [[maybe_unused]] Pack<T, V> bv[kOnePack ? 1 : kUnroll];
+  CosSin<Acc> cs[kUnroll][P];
+  Idx yu[kUnroll], yv[kUnroll];
+  int kind[kUnroll];  // 0: past the end, 1: pass-through, 2: rotation
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const Idx t = first + static_cast<Idx>(k * kRopeThreads);
+    kind[k] = 0;
+    if (t >= p.n_cols) continue;  // n_cols: every (row, s, item) here
+    Idx q, item, row, s, b;
+    if constexpr (sizeof(Idx) == 4) {
+      q = p.items_div.div(t);
+      item = t - q * p.n_items;
+      row = p.s_div.div(q);
+      s = q - row * p.S;
+      b = p.h_div.div(row);
+    } else {
+      q = t / p.n_items;
+      item = t - q * p.n_items;
+      row = q / p.S;
+      s = q - row * p.S;
+      b = row / p.H;
+    }
+    const Idx h = row - b * p.H;
+    const Idx xo = b * p.x_b + h * p.x_h + s * p.x_s;
+    const Idx yo = b * p.y_b + h * p.y_h + s * p.y_s;
+    Idx du, dv;
+    if (item >= p.n_rot) {
+      du = p.R + (item - p.n_rot) * V;
+      dv = du;
+      kind[k] = 1;
+    } else {
+      kind[k] = 2;
+      if constexpr (kOnePack) {
+        du = item * V;
+        dv = du;
+      } else if constexpr (Interleaved) {
+        du = 2 * item;
+        dv = du + 1;
+      } else {
+        du = item * V;
+        dv = p.half + du;
+      }
+    }
+    a[k] = load_pack<T, V>(x + xo + du * p.x_d);
+    if (kind[k] == 2) {
+      if constexpr (!kOnePack) bv[k] = load_pack<T, V>(x + xo + dv * p.x_d);
+      const Idx g = p.per_batch ? b : Idx{0};
+      load_table<Acc, P>(static_cast<const CosSin<Acc>*>(p.table) + (g * p.S + s) * p.half + item * P,
+                         cs[k]);
+    }
+    yu[k] = yo + du * p.y_d;
+    yv[k] = yo + dv * p.y_d;
+  }
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    if (kind[k] == 2)
+      rope_rotate_store<T, V, Interleaved>(a[k], bv[kOnePack ? 0 : k], cs[k], y + yu[k], y + yv[k]);
+    else if (kind[k] == 1)
+      rope_store<T, V>(y + yu[k], a[k]);
+  }
 }
 
 // ---- launchers --------------------------------------------------------------------------
@@ -395,66 +466,46 @@ RopeStreamParams<Idx> make_rope_stream_params(const RopeLaunch& l) {
   return p;
 }
 
-// Launches `kernel` with the programmatic-stream-serialization attribute when `pdl`, and
-// plainly when not, or when the driver refuses the attribute.
-template <typename Params>
-void rope_launch_dependent(void (*kernel)(Params), dim3 grid, cudaStream_t stream, bool pdl,
-                           const Params& p) {
-  if (pdl) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kRopeThreads);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, kernel, p) == cudaSuccess) return;
-    (void)cudaGetLastError();  // clear it; the plain launch below reports real errors
-  }
-  kernel<<<grid, kRopeThreads, 0, stream>>>(p);
-}
-
-template <typename T, int V, bool Interleaved, typename Idx,
-          int kUnroll = rope_default_unroll<T, V, Interleaved>()>
-void launch_rope_stream(const RopeLaunch& l, cudaStream_t stream) {
+// The plan's description must match the kernel, and load_table's 16-byte loads need the
+// items' first table entries 16-byte aligned.
+template <typename T, int V, bool Interleaved>
+void check_rope_stream_launch(const RopeLaunch& l) {
   const char* op = l.backward ? "rope_backward" : "rope";
   constexpr int P = rope_pairs_per_item(V, Interleaved);
   constexpr int kEntryBytes = static_cast<int>(sizeof(CosSin<acc_t<T>>));
   if (l.pairs_per_item != P || l.vec != V)
     fail(PlanErrorKind::Internal, op, "launch description does not match the kernel's vector width");
-  // load_table's 16-byte loads: the item's first entry must be 16-byte aligned.
   if (P * kEntryBytes % 16 == 0 &&
       ((l.R / 2) % P != 0 || reinterpret_cast<uintptr_t>(l.table) % 16 != 0))
     fail(PlanErrorKind::Internal, op, "cos/sin table entries are not 16-byte aligned");
+}
+
+template <typename T, int V, bool Interleaved, typename Idx,
+          int kUnroll = rope_default_unroll<T, V, Interleaved>()>
+void launch_rope_stream(const RopeLaunch& l, cudaStream_t stream) {
+  check_rope_stream_launch<T, V, Interleaved>(l);
   const int64_t nrows = l.per_batch ? l.H : l.B * l.H;
   const int64_t row_slots = kRopeThreads >> l.col_shift;
   const dim3 grid(static_cast<unsigned int>(rope_ceil_div(l.n_cols, int64_t{1} << l.col_shift)),
                   static_cast<unsigned int>(
                       rope_ceil_div(rope_ceil_div(nrows, l.rows_per_thread), row_slots)));
   const auto kernel = rope_stream_kernel<T, V, Interleaved, Idx, kUnroll>;
-  // PDL only where the code this device runs has the wait: compiled for sm_90 or later
-  // (a build whose newest PTX is older, JIT-compiled for this device, has none).
-  bool pdl = l.pdl;
-  // Not while the stream is captured into a CUDA graph: on the H200 a captured
-  // programmatic edge replayed with a stale table (tests/test_rope.py graph test), so
-  // graphs get the plain stream order (the table kernel's ~2 us are not hidden there).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (pdl && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
-      capture != cudaStreamCaptureStatusNone)
-    pdl = false;
-  if (pdl) {
-    cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
-      pdl = attr.ptxVersion >= 90;
-    } else {
-      (void)cudaGetLastError();
-      pdl = false;
-    }
-  }
-  rope_launch_dependent(kernel, grid, stream, pdl, make_rope_stream_params<Idx>(l));
+  kernel<<<grid, kRopeThreads, 0, stream>>>(make_rope_stream_params<Idx>(l));
+}
+
+// The linear kernel over all B·H·S·(n_rot + n_pass) items.
+template <typename T, int V, bool Interleaved, typename Idx, int kUnroll>
+void launch_rope_linear(const RopeLaunch& l, cudaStream_t stream) {
+  check_rope_stream_launch<T, V, Interleaved>(l);
+  RopeStreamParams<Idx> p = make_rope_stream_params<Idx>(l);
+  const bool i32 = sizeof(Idx) == 4;
+  const int64_t n_items = l.n_rot + l.n_pass;
+  const int64_t total = l.B * l.H * l.S * n_items;
+  p.n_cols = static_cast<Idx>(total);
+  p.h_div = FastDivmod(static_cast<uint32_t>(i32 ? l.H : 1));
+  const int64_t blocks = rope_ceil_div(total, int64_t{kUnroll} * kRopeThreads);
+  rope_linear_kernel<T, V, Interleaved, Idx, kUnroll>
+      <<<static_cast<unsigned int>(blocks), kRopeThreads, 0, stream>>>(p);
 }
 
 // One instantiation per layout (rope_interleaved.cu, rope_half_split.cu) so that the two
@@ -469,7 +520,12 @@ void launch_rope_layout(const RopeLaunch& l, cudaStream_t stream) {
     launch_rope_table<acc_t<T>>(l, stream);
     check_launch(op);
     constexpr int kVec = 16 / sizeof(T);
-    if (l.access == RopeAccess::Vec16) {
+    if (l.access == RopeAccess::Vec16 && l.linear) {
+      if (l.index64)
+        launch_rope_linear<T, kVec, Interleaved, int64_t, 1>(l, stream);
+      else
+        launch_rope_linear<T, kVec, Interleaved, uint32_t, 1>(l, stream);
+    } else if (l.access == RopeAccess::Vec16) {
       if (l.index64)
         launch_rope_stream<T, kVec, Interleaved, int64_t>(l, stream);
       else
