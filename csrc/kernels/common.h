@@ -12,17 +12,9 @@
 namespace baracuda::kernels {
 
 // Math in the accumulation type: float for float32/float16/bfloat16, double for float64.
-BARACUDA_HD float math_abs(float v) { return fabsf(v); }
-BARACUDA_HD double math_abs(double v) { return fabs(v); }
 BARACUDA_HD float math_exp(float v) { return expf(v); }
 BARACUDA_HD double math_exp(double v) { return exp(v); }
 BARACUDA_HD float math_erf(float v) { return erff(v); }
 BARACUDA_HD double math_erf(double v) { return erf(v); }
-BARACUDA_HD float math_tanh(float v) { return tanhf(v); }
-BARACUDA_HD double math_tanh(double v) { return tanh(v); }
-BARACUDA_HD float math_sin(float v) { return sinf(v); }
-BARACUDA_HD double math_sin(double v) { return sin(v); }
-BARACUDA_HD float math_cos(float v) { return cosf(v); }
-BARACUDA_HD double math_cos(double v) { return cos(v); }
 
 }  // namespace baracuda::kernels
