@@ -781,8 +781,9 @@ def test_cuda_graph_capture():
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_large_with_positions(dtype):
-    """The self-check's shapes: positions per batch with partial rotary, and [S] positions on
-    a [B, S, H, D] view, at a size where the table and streaming kernels overlap in time."""
+    """The self-check's shapes, large enough that the table and streaming kernels could
+    overlap (a programmatic dependent launch of the streaming kernel got them wrong):
+    positions per batch with partial rotary, and [S] positions on a [B, S, H, D] view."""
     B, H, S, D = 4, 32, 2048, 128
     pos = torch.randint(0, 1_000_000, (B, S), device="cuda")
     for _ in range(3):  # fresh workspace contents each time
