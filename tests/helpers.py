@@ -45,3 +45,29 @@ def assert_close_to_reference(actual: torch.Tensor, expected64: torch.Tensor,
 
 def randn(shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(shape, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
+
+
+def check_compiled(fn, inputs, dynamic=False):
+    """torch.compile(fn, fullgraph=True) gives eager's outputs and input gradients on
+    each argument tuple of `inputs` (fresh leaf copies for each side)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
+    for args in inputs:
+        eager_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        comp_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        out_e = fn(*eager_args)
+        out_c = compiled(*comp_args)
+        torch.testing.assert_close(out_c, out_e)
+        out_e.sum().backward()
+        out_c.sum().backward()
+        for a, b in zip(comp_args, eager_args):
+            if a.requires_grad:
+                torch.testing.assert_close(a.grad, b.grad)
+
+
+def expect_bad_case(cases, name: str) -> None:
+    """Runs the case called `name` of a bad-input table (rows of name, thunk, exception
+    type, message regex) and checks that it raises that exception with that message."""
+    _, fn, exc, msg = next(c for c in cases if c[0] == name)
+    with pytest.raises(exc, match=msg):
+        fn()

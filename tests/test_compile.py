@@ -4,23 +4,7 @@ import pytest
 import torch
 
 import baracuda_torch as bt
-from helpers import DEVICES
-
-
-def check_compiled(fn, inputs, dynamic=False):
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-    for args in inputs:
-        eager_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
-        comp_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
-        out_e = fn(*eager_args)
-        out_c = compiled(*comp_args)
-        torch.testing.assert_close(out_c, out_e)
-        out_e.sum().backward()
-        out_c.sum().backward()
-        for a, b in zip(comp_args, eager_args):
-            if a.requires_grad:
-                torch.testing.assert_close(a.grad, b.grad)
+from helpers import DEVICES, check_compiled
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import baracuda_torch as bt
-from helpers import DEVICES, HAS_CUDA, requires_cuda
+from helpers import DEVICES, HAS_CUDA, expect_bad_case, requires_cuda
 
 ops = torch.ops.baracuda
 
@@ -51,17 +51,13 @@ CASE_NAMES = [c[0] for c in gated_cases("cpu")]
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_gated_bad_inputs(device, name):
-    _, fn, exc, msg = next(c for c in gated_cases(device) if c[0] == name)
-    with pytest.raises(exc, match=msg):
-        fn()
+    expect_bad_case(gated_cases(device), name)
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_gated_bad_inputs_meta(name):
     """The meta (fake) kernels reject what the real ones reject, so torch.compile does too."""
-    _, fn, exc, msg = next(c for c in gated_cases("meta") if c[0] == name)
-    with pytest.raises(exc, match=msg):
-        fn()
+    expect_bad_case(gated_cases("meta"), name)
 
 
 @requires_cuda

@@ -7,8 +7,8 @@ import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, randn,
-                     requires_cuda)
+from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, check_compiled,
+                     expect_bad_case, randn, requires_cuda)
 
 ops = torch.ops.baracuda
 
@@ -486,22 +486,6 @@ def test_opcheck(device):
         torch.library.opcheck(op, args)
 
 
-def check_compiled(fn, inputs, dynamic):
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-    for args in inputs:
-        eager_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
-        comp_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
-        out_e = fn(*eager_args)
-        out_c = compiled(*comp_args)
-        torch.testing.assert_close(out_c, out_e)
-        out_e.sum().backward()
-        out_c.sum().backward()
-        for a, b in zip(comp_args, eager_args):
-            if a.requires_grad:
-                torch.testing.assert_close(a.grad, b.grad)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_compile(device, dynamic):
@@ -566,17 +550,13 @@ CASE_NAMES = [c[0] for c in bad_cases("cpu")]
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_bad_inputs(device, name):
-    _, fn, exc, msg = next(c for c in bad_cases(device) if c[0] == name)
-    with pytest.raises(exc, match=msg):
-        fn()
+    expect_bad_case(bad_cases(device), name)
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_bad_inputs_meta(name):
     """The meta (fake) kernels reject what the real ones reject, so torch.compile does too."""
-    _, fn, exc, msg = next(c for c in bad_cases("meta") if c[0] == name)
-    with pytest.raises(exc, match=msg):
-        fn()
+    expect_bad_case(bad_cases("meta"), name)
 
 
 @requires_cuda

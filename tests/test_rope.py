@@ -9,7 +9,8 @@ import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, randn, requires_cuda
+from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, expect_bad_case, randn,
+                     requires_cuda)
 
 ops = torch.ops.baracuda
 
@@ -543,17 +544,13 @@ BAD_NAMES = [c[0] for c in bad_cases("cpu")]
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_inputs(device, name):
-    _, fn, exc, msg = next(c for c in bad_cases(device) if c[0] == name)
-    with pytest.raises(exc, match=msg):
-        fn()
+    expect_bad_case(bad_cases(device), name)
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_inputs_meta(name):
     """The meta (fake) kernels reject what the real ones reject, so torch.compile does too."""
-    _, fn, exc, msg = next(c for c in bad_cases("meta") if c[0] == name)
-    with pytest.raises(exc, match=msg):
-        fn()
+    expect_bad_case(bad_cases("meta"), name)
 
 
 @pytest.mark.parametrize("name", ["odd rotary_dim", "positions too long", "int32 positions", "3-d x"])

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import DEVICES, FLOAT_DTYPES, assert_close_to_reference, compute_eps, requires_cuda
+from helpers import (DEVICES, FLOAT_DTYPES, assert_close_to_reference, compute_eps, expect_bad_case,
+                     requires_cuda)
 
 ops = torch.ops.baracuda
 NAMES = ("dx", "ddt", "dA", "dB", "dC")
@@ -459,17 +460,13 @@ BAD_NAMES = [c[0] for c in bad_cases("cpu")]
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_inputs(device, name):
-    _, fn, exc, msg = next(c for c in bad_cases(device) if c[0] == name)
-    with pytest.raises(exc, match=msg):
-        fn()
+    expect_bad_case(bad_cases(device), name)
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_inputs_meta(name):
     """The meta (fake) kernels reject what the real ones reject, so torch.compile does too."""
-    _, fn, exc, msg = next(c for c in bad_cases("meta") if c[0] == name)
-    with pytest.raises(exc, match=msg):
-        fn()
+    expect_bad_case(bad_cases("meta"), name)
 
 
 def test_explain_raises_what_the_op_raises():
