@@ -14,40 +14,16 @@
 #include <vector>
 
 #include "kernels/cuda/gather_slab.cuh"
+#include "tune_common.cuh"
 
 using namespace baracuda;
 using namespace baracuda::kernels::cuda;
 
-#define CHECK(x)                                                                  \
-  do {                                                                            \
-    cudaError_t e = (x);                                                          \
-    if (e != cudaSuccess) {                                                       \
-      printf("%s failed: %s\n", #x, cudaGetErrorString(e));                       \
-      exit(1);                                                                    \
-    }                                                                             \
-  } while (0)
-
 constexpr int64_t kN = 16384, kC = 8192, kR = 4096;  // src rows, columns, index rows
 
 template <typename F>
-float median_us(F&& f) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < 15; ++i) {
-    CHECK(cudaEventRecord(a));
-    f();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3f);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+float time_us(F&& f) {
+  return median_us(f, 3, 15);
 }
 
 __device__ uint64_t mix(uint64_t x) {
@@ -161,13 +137,13 @@ void sweep(const char* name, ElementKind e, const cudaDeviceProp& prop, const in
   GatherLaunch base = make_launch(e, false, index, src, ref_out, 0);
   base.layout = GatherLayout::RowsVec;
   const GatherWalkParams<uint32_t> wp = make_walk_params<uint32_t>(base);
-  const float t_walk = median_us([&] {
+  const float t_walk = time_us([&] {
     launch_walk<T, int64_t, uint32_t, WalkMode::Forward>(base, wp, nullptr);
   });
   GatherLaunch bbase = make_launch(e, true, index, dout, acc, 0);
   GatherWalkParams<uint32_t> bp = make_walk_params<uint32_t>(bbase);
   bp.target = acc;
-  const float t_walk_b = median_us([&] {
+  const float t_walk_b = time_us([&] {
     CHECK(cudaMemsetAsync(acc, 0, kN * kC * sizeof(float)));
     launch_walk<T, int64_t, uint32_t, WalkMode::Scatter>(bbase, bp, nullptr);
   });
@@ -185,7 +161,7 @@ void sweep(const char* name, ElementKind e, const cudaDeviceProp& prop, const in
       if (pf == 256) launch_slab_forward_kernel<T, int64_t, uint32_t, 4, 256>(p, blocks, nullptr);
     };
     CHECK(cudaMemset(out, 0xff, kR * kC * elt));
-    const float t = median_us(run);
+    const float t = time_us(run);
     best = std::min(best, t);
     printf("%c %s fwd W=%4d (region %5.1f MB) blocks=%4d pf=%3d: %7.1f us  err %g\n", mark, name,
            1 << w, double(kN << w) * elt / (1 << 20), blocks, pf, t, diff(out, ref_out, kR * kC));
@@ -216,7 +192,7 @@ void sweep(const char* name, ElementKind e, const cudaDeviceProp& prop, const in
       launch_slab_backward_kernel<T, int64_t, uint32_t, 4>(p, l.slab.blocks, nullptr);
     };
     CHECK(cudaMemset(dsrc, 0xff, kN * kC * elt));
-    const float t = median_us(run);
+    const float t = time_us(run);
     best = std::min(best, t);
     printf("%c %s bwd W=%4d (region %5.1f MB) blocks=%4d lead=%d ring=%2d discard=%d: %7.1f us  err %g\n",
            mark, name, 1 << w, double(kN << w) * 4 / (1 << 20), l.slab.blocks, l.slab.lead,

@@ -6,38 +6,10 @@
 #include <vector>
 
 #include "kernels/cuda/lerp.cuh"
+#include "tune_common.cuh"
 
 using namespace baracuda;
 using namespace baracuda::kernels::cuda;
-
-#define CHECK(x)                                                                  \
-  do {                                                                            \
-    cudaError_t e = (x);                                                          \
-    if (e != cudaSuccess) {                                                       \
-      printf("%s failed: %s\n", #x, cudaGetErrorString(e));                       \
-      exit(1);                                                                    \
-    }                                                                             \
-  } while (0)
-
-template <typename F>
-float median_us(F&& f) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < 41; ++i) {
-    CHECK(cudaEventRecord(a));
-    f();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3f);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 template <typename T, LerpOp Op, int U>
 float run(const LerpRowsParams<uint32_t>& p) {

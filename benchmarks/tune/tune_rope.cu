@@ -17,6 +17,7 @@
 
 #include "core/rope_plan.h"
 #include "kernels/cuda/rope.cuh"
+#include "tune_common.cuh"
 
 using namespace baracuda;
 using namespace baracuda::kernels::cuda;
@@ -32,38 +33,11 @@ void rope_cuda(const RopeLaunch& l, void* stream) {
 }
 }  // namespace baracuda::kernels
 
-#define CHECK(x)                                                                  \
-  do {                                                                            \
-    cudaError_t e = (x);                                                          \
-    if (e != cudaSuccess) {                                                       \
-      printf("%s failed: %s\n", #x, cudaGetErrorString(e));                       \
-      exit(1);                                                                    \
-    }                                                                             \
-  } while (0)
-
 cudaStream_t g_stream;  // every launch and event
 
 template <typename F>
-float median_us(F&& f) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < 31; ++i) {
-    CHECK(cudaEventRecord(a, g_stream));
-    f();
-    CHECK(cudaEventRecord(b, g_stream));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3f);
-  }
-  CHECK(cudaGetLastError());
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+float time_us(F&& f) {
+  return median_us(f, 5, 31, g_stream);
 }
 
 __device__ uint32_t hash32(uint64_t i) {
@@ -120,13 +94,13 @@ template <typename T, bool IL, int U>
 float time_stream(RopeLaunch l, int64_t rpt) {
   constexpr int V = 16 / sizeof(T);
   l.rows_per_thread = rpt;
-  return median_us([&] { launch_rope_stream<T, V, IL, uint32_t, U>(l, g_stream); });
+  return time_us([&] { launch_rope_stream<T, V, IL, uint32_t, U>(l, g_stream); });
 }
 
 template <typename T, bool IL, int U>
 float time_linear(const RopeLaunch& l) {
   constexpr int V = 16 / sizeof(T);
-  return median_us([&] { launch_rope_linear<T, V, IL, uint32_t, U>(l, g_stream); });
+  return time_us([&] { launch_rope_linear<T, V, IL, uint32_t, U>(l, g_stream); });
 }
 
 template <typename T, bool IL>
@@ -212,11 +186,11 @@ void run_case(const Case& c, double* summary) {
                        launch_rope_table<acc_t<T>>(l, g_stream);
                        launch_rope_linear<T, V, IL, uint32_t, 4>(l, g_stream);
                      }));
-  const float copy = median_us([&] {
+  const float copy = time_us([&] {
     CHECK(cudaMemcpyAsync(y, x, n * sizeof(T), cudaMemcpyDeviceToDevice, g_stream));
   });
-  const float full = median_us([&] { launch_rope_layout<IL>(l, g_stream); });
-  const float table = median_us([&] { launch_rope_table<acc_t<T>>(l, g_stream); });
+  const float full = time_us([&] { launch_rope_layout<IL>(l, g_stream); });
+  const float table = time_us([&] { launch_rope_table<acc_t<T>>(l, g_stream); });
   printf("\n%s: check max rel err: plan %.3g (%s), linear %.3g (%s); plan: rows/thread %lld, unroll %d, "
          "table %.1f KB\n",
          c.name, err, err <= tol ? "ok" : "FAILED", err_lin, err_lin <= tol ? "ok" : "FAILED",
@@ -240,7 +214,7 @@ void run_case(const Case& c, double* summary) {
                         time_linear<T, IL, 8>(l)};
   printf("  linear kernel alone: U1 %6.1f (%.3f)  U2 %6.1f (%.3f)  U4 %6.1f (%.3f)  U8 %6.1f (%.3f)\n", lin[0],
          copy / lin[0], lin[1], copy / lin[1], lin[2], copy / lin[2], lin[3], copy / lin[3]);
-  const float full_lin = median_us(linear_op);
+  const float full_lin = time_us(linear_op);
   printf("  op (table + linear U1) %.1f us (%.3f)\n", full_lin, copy / full_lin);
   summary[0] = copy;
   summary[1] = full;
