@@ -787,6 +787,60 @@ struct SsdDacsParams {
 //   s strictly between the tiles: the tile's full sum;
 // a diagonal tile contributes Σ_{q ≥ s} Σ_{s' < s} T_qs' inside itself. The block owns
 // its chunk's slice of xs and adds to it in that fixed order (barriers between steps).
+// The X_s of one finished tile of T: sT holds T for rows r0.. (tile ti) and columns c0..
+// (tile tj), row stride kSsdTile + 1; xs is the chunk's slice. Off the diagonal (tj < ti)
+// the tile adds its column-sum prefixes to the s of tile tj, its full sum to the s strictly
+// between the tiles, and its row sums to sRowTot (the suffix that the diagonal tile of row
+// tile ti adds); the diagonal tile replaces sT's rows by their exclusive prefixes and adds
+// Σ_{q ≥ s} (R_q(s) + sRowTot(q)). Every thread of the block calls it (it has barriers),
+// after a barrier that makes sT visible.
+template <typename Acc, int kThreads>
+__device__ __forceinline__ void ssd_dacs_add_tile(Acc* sT, Acc* sRowTot, Acc* sColSum, Acc& sFull,
+                                                  Acc* xs, bool diagonal, int r0, int c0, int len) {
+  static_assert(kThreads >= 2 * kSsdTile, "column and row sums take a thread each");
+  constexpr int TLD = kSsdTile + 1;
+  const int tid = threadIdx.x;
+  if (!diagonal) {
+    if (tid < kSsdTile) {  // column sums over the tile's rows
+      Acc cs = 0;
+      for (int q = 0; q < kSsdTile; ++q) cs += sT[q * TLD + tid];
+      sColSum[tid] = cs;
+    } else if (tid < 2 * kSsdTile) {  // row sums, accumulated over tj < ti
+      const int q = tid - kSsdTile;
+      Acc rsum = 0;
+      for (int sl = 0; sl < kSsdTile; ++sl) rsum += sT[q * TLD + sl];
+      sRowTot[q] += rsum;
+    }
+    __syncthreads();
+    if (tid < kSsdTile) {  // s in tile tj: Σ_{s' < s} colsum(s')
+      Acc pre = 0;
+      for (int sl = 0; sl < tid; ++sl) pre += sColSum[sl];
+      if (c0 + tid < len) xs[c0 + tid] += pre;
+      if (tid == kSsdTile - 1) sFull = pre + sColSum[tid];
+    }
+    __syncthreads();
+    const Acc full = sFull;  // s strictly between the tiles: every pair crosses
+    for (int sg = c0 + kSsdTile + tid; sg < r0; sg += kThreads) xs[sg] += full;
+  } else {
+    // Diagonal tile: R_q(s) = Σ_{s' < s} T_qs' (exclusive prefix along each row) ...
+    if (tid < kSsdTile) {
+      Acc run = 0;
+      for (int sl = 0; sl < kSsdTile; ++sl) {
+        const Acc v = sT[tid * TLD + sl];
+        sT[tid * TLD + sl] = run;
+        run += v;
+      }
+    }
+    __syncthreads();
+    // ... then X_s += Σ_{q ≥ s} (R_q(s) + rowtot(q)) over the tile's rows.
+    if (tid < kSsdTile && r0 + tid < len) {
+      Acc xsum = 0;
+      for (int ql = tid; ql < kSsdTile; ++ql) xsum += sT[ql * TLD + tid] + sRowTot[ql];
+      xs[r0 + tid] += xsum;
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsParams<T> p) {
   using Acc = acc_t<T>;
@@ -870,45 +924,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsPara
           }
         }
         __syncthreads();
-        if (tj < ti) {
-          if (tid < kSsdTile) {  // column sums over the tile's rows
-            Acc cs = 0;
-            for (int q = 0; q < kSsdTile; ++q) cs += sT[q * TLD + tid];
-            sColSum[tid] = cs;
-          } else if (tid < 2 * kSsdTile) {  // row sums, accumulated over tj < ti
-            const int q = tid - kSsdTile;
-            Acc rsum = 0;
-            for (int sl = 0; sl < kSsdTile; ++sl) rsum += sT[q * TLD + sl];
-            sRowTot[q] += rsum;
-          }
-          __syncthreads();
-          if (tid < kSsdTile) {  // s in tile tj: Σ_{s' < s} colsum(s')
-            Acc pre = 0;
-            for (int sl = 0; sl < tid; ++sl) pre += sColSum[sl];
-            if (c0 + tid < len) xs[c0 + tid] += pre;
-            if (tid == kSsdTile - 1) sFull = pre + sColSum[tid];
-          }
-          __syncthreads();
-          const Acc full = sFull;  // s strictly between the tiles: every pair crosses
-          for (int sg = c0 + kSsdTile + tid; sg < r0; sg += kSsdThreads) xs[sg] += full;
-        } else {
-          // Diagonal tile: R_q(s) = Σ_{s' < s} T_qs' (exclusive prefix along each row) ...
-          if (tid < kSsdTile) {
-            Acc run = 0;
-            for (int sl = 0; sl < kSsdTile; ++sl) {
-              const Acc v = sT[tid * TLD + sl];
-              sT[tid * TLD + sl] = run;
-              run += v;
-            }
-          }
-          __syncthreads();
-          // ... then X_s += Σ_{q ≥ s} (R_q(s) + rowtot(q)) over the tile's rows.
-          if (tid < kSsdTile && r0 + tid < len) {
-            Acc xsum = 0;
-            for (int ql = tid; ql < kSsdTile; ++ql) xsum += sT[ql * TLD + tid] + sRowTot[ql];
-            xs[r0 + tid] += xsum;
-          }
-        }
+        ssd_dacs_add_tile<Acc, kSsdThreads>(sT, sRowTot, sColSum, sFull, xs, tj == ti, r0, c0, len);
       }
     }
   }
@@ -1095,31 +1111,15 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, c
   }
 }
 
-template <typename T, int MODE>
-void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
-  using Acc = acc_t<T>;
-  constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;
-  const bool y_like = MODE == kSsdY || MODE == kSsdDX;
-  SsdScanParams<T> p;
-  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups;
-  p.hpg = l.heads / l.groups, p.chunk = l.chunk_size, p.nchunks = l.nchunks();
-  p.K1 = static_cast<int>(y_like ? l.state_dim : l.head_dim);
-  p.J = static_cast<int>(y_like ? l.head_dim : l.state_dim);
-  const int64_t qe = l.chunk_size < l.seqlen ? l.chunk_size : l.seqlen;  // longest chunk
-  p.r_tiles = static_cast<int>((qe + kSsdTile - 1) / kSsdTile);
-  p.j_tiles = static_cast<int>((p.J + kSsdTile - 1) / kSsdTile);
-  p.nsplit = kMulti ? w.nsplit : 1;
-  p.hps = kMulti ? w.hps : 1;
-  p.total_blocks = l.batch * (kMulti ? l.groups * p.nsplit : l.heads) * p.nchunks * p.r_tiles * p.j_tiles;
-  p.out_split = kMulti ? ssd_ws<Acc>(l, w.split) : nullptr;
+// The operands, output and partial-sum buffers of a scan kernel of MODE (the SIMT and the
+// tensor-core parameter structs share these members): Y from C·Bᵀ and x, DX from
+// B·Cᵀ and dy, DC from dy·xᵀ and B, DB from x·dyᵀ and C.
+template <typename T, typename Acc, int MODE, typename Params>
+void ssd_scan_roles(Params& p, const SsdChunkScanLaunch& l, const SsdWorkspace& w) {
   const SsdOperand<T> x = ssd_operand<T>(l.x, l.x_stride, true);
   const SsdOperand<T> dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   const SsdOperand<T> Bo = ssd_operand<T>(l.B, l.B_stride, false);
   const SsdOperand<T> Co = ssd_operand<T>(l.C, l.C_stride, false);
-  // state[d·N + n]: S(k = n, j = d) for Y/DX, S(k = d, j = n) for DC/DB
-  p.state_sk = y_like ? 1 : l.state_dim;
-  p.state_sj = y_like ? l.state_dim : 1;
-  p.state = ssd_ws<Acc>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   p.part = nullptr;
@@ -1145,6 +1145,30 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
       p.out = static_cast<T*>(l.dB);
       break;
   }
+}
+
+template <typename T, int MODE>
+void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;
+  const bool y_like = MODE == kSsdY || MODE == kSsdDX;
+  SsdScanParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups;
+  p.hpg = l.heads / l.groups, p.chunk = l.chunk_size, p.nchunks = l.nchunks();
+  p.K1 = static_cast<int>(y_like ? l.state_dim : l.head_dim);
+  p.J = static_cast<int>(y_like ? l.head_dim : l.state_dim);
+  const int64_t qe = l.chunk_size < l.seqlen ? l.chunk_size : l.seqlen;  // longest chunk
+  p.r_tiles = static_cast<int>((qe + kSsdTile - 1) / kSsdTile);
+  p.j_tiles = static_cast<int>((p.J + kSsdTile - 1) / kSsdTile);
+  p.nsplit = kMulti ? w.nsplit : 1;
+  p.hps = kMulti ? w.hps : 1;
+  p.total_blocks = l.batch * (kMulti ? l.groups * p.nsplit : l.heads) * p.nchunks * p.r_tiles * p.j_tiles;
+  p.out_split = kMulti ? ssd_ws<Acc>(l, w.split) : nullptr;
+  // state[d·N + n]: S(k = n, j = d) for Y/DX, S(k = d, j = n) for DC/DB
+  p.state_sk = y_like ? 1 : l.state_dim;
+  p.state_sj = y_like ? l.state_dim : 1;
+  p.state = ssd_ws<Acc>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
+  ssd_scan_roles<T, Acc, MODE>(p, l, w);
   if (p.total_blocks == 0) return;
   ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
   check_launch(MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)");

@@ -129,6 +129,19 @@ __device__ __forceinline__ void tc_fill_f32(T* dst, int ld, int nrows, int kcols
   }
 }
 
+// Eight 16-bit values (one 16-byte load) times w, rounded back to T.
+template <typename T>
+__device__ __forceinline__ uint4 ssd_scale8(const uint4& raw, float w) {
+  T v[8];
+  memcpy(v, &raw, 16);
+  uint4 out;
+  out.x = ssd_pack2<T>(w * to_acc(v[0]), w * to_acc(v[1]));
+  out.y = ssd_pack2<T>(w * to_acc(v[2]), w * to_acc(v[3]));
+  out.z = ssd_pack2<T>(w * to_acc(v[4]), w * to_acc(v[5]));
+  out.w = ssd_pack2<T>(w * to_acc(v[6]), w * to_acc(v[7]));
+  return out;
+}
+
 // ---- warp-level tile products -------------------------------------------------------------
 // acc[nt] (the 16 × 8 tiles nt = 2·np, 2·np + 1 for np_lo <= np < np_hi) += A · B over
 // `ksteps` k-steps of 16. A is the warp's 16 rows, stored [m][k] at sA (row stride lda),
@@ -308,14 +321,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
         const float w = r >= rows ? 0.0f
                         : DSTATE  ? ssd_decay<float>(acs[s])
                                   : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
-        T v[8];
-        memcpy(v, &xr[u], 16);
-        uint4 out;
-        out.x = ssd_pack2<T>(w * to_acc(v[0]), w * to_acc(v[1]));
-        out.y = ssd_pack2<T>(w * to_acc(v[2]), w * to_acc(v[3]));
-        out.z = ssd_pack2<T>(w * to_acc(v[4]), w * to_acc(v[5]));
-        out.w = ssd_pack2<T>(w * to_acc(v[6]), w * to_acc(v[7]));
-        *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = out;
+        *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = ssd_scale8<T>(xr[u], w);
         *reinterpret_cast<uint4*>(sY + r * kTcLd + k) = yr[u];
       }
       if (s0 + kSsdTile < len) load_step(s0 + kSsdTile);  // in flight during the products
@@ -450,14 +456,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const Ssd
           const float w = r >= rows ? 0.0f
                           : BW      ? ssd_decay<float>(acs[s])
                                     : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
-          T v[8];
-          memcpy(v, &xr[u], 16);
-          uint4 o;
-          o.x = ssd_pack2<T>(w * to_acc(v[0]), w * to_acc(v[1]));
-          o.y = ssd_pack2<T>(w * to_acc(v[2]), w * to_acc(v[3]));
-          o.z = ssd_pack2<T>(w * to_acc(v[4]), w * to_acc(v[5]));
-          o.w = ssd_pack2<T>(w * to_acc(v[6]), w * to_acc(v[7]));
-          *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = o;
+          *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = ssd_scale8<T>(xr[u], w);
           *reinterpret_cast<uint4*>(sY + r * kTcLd + k) = yr[u];
         }
         // The next step's operands, possibly the next chunk's, in flight during the
@@ -846,45 +845,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacs
               }
           }
           __syncthreads();
-          if (tj < ti) {
-            if (tid < kSsdTile) {  // column sums over the tile's rows
-              float cs = 0;
-              for (int q = 0; q < kSsdTile; ++q) cs += sT[q * TLD + tid];
-              sColSum[tid] = cs;
-            } else {  // row sums, accumulated over tj < ti
-              const int q = tid - kSsdTile;
-              float rsum = 0;
-              for (int sl = 0; sl < kSsdTile; ++sl) rsum += sT[q * TLD + sl];
-              sRowTot[q] += rsum;
-            }
-            __syncthreads();
-            if (tid < kSsdTile) {  // s in tile tj: Σ_{s' < s} colsum(s')
-              float pre = 0;
-              for (int sl = 0; sl < tid; ++sl) pre += sColSum[sl];
-              if (c0 + tid < len) xs[c0 + tid] += pre;
-              if (tid == kSsdTile - 1) sFull = pre + sColSum[tid];
-            }
-            __syncthreads();
-            const float full = sFull;  // s strictly between the tiles: every pair crosses
-            for (int sg = c0 + kSsdTile + tid; sg < r0; sg += kTcThreads) xs[sg] += full;
-          } else {
-            // Diagonal tile: R_q(s) = Σ_{s' < s} T_qs' (exclusive prefix along each row) ...
-            if (tid < kSsdTile) {
-              float run = 0;
-              for (int sl = 0; sl < kSsdTile; ++sl) {
-                const float v = sT[tid * TLD + sl];
-                sT[tid * TLD + sl] = run;
-                run += v;
-              }
-            }
-            __syncthreads();
-            // ... then X_s += Σ_{q >= s} (R_q(s) + rowtot(q)) over the tile's rows.
-            if (tid < kSsdTile && r0 + tid < len) {
-              float xsum = 0;
-              for (int ql = tid; ql < kSsdTile; ++ql) xsum += sT[ql * TLD + tid] + sRowTot[ql];
-              xs[r0 + tid] += xsum;
-            }
-          }
+          ssd_dacs_add_tile<float, kTcThreads>(sT, sRowTot, sColSum, sFull, xs, tj == ti, r0, c0, len);
         }
       }
     }
@@ -1022,37 +983,9 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
   if (want > 0 && smem > dev.smem_optin - 2048) smem = layout(0);
   if (smem > dev.smem_optin - 2048) return false;
   p.out_split = kMulti ? ssd_ws<float>(l, w.split) : nullptr;
-  const SsdOperand<T> x = ssd_operand<T>(l.x, l.x_stride, true);
-  const SsdOperand<T> dy = ssd_operand<T>(l.dy, l.dy_stride, true);
-  const SsdOperand<T> Bo = ssd_operand<T>(l.B, l.B_stride, false);
-  const SsdOperand<T> Co = ssd_operand<T>(l.C, l.C_stride, false);
   p.state = ssd_ws<float>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
   p.state_ld = l.state_dim;
-  p.acs = ssd_ws<double>(l, w.acs);
-  p.dtf = ssd_ws<float>(l, w.dtf);
-  p.part = nullptr;
-  p.part2 = nullptr;
-  switch (MODE) {
-    case kSsdY:
-      p.lft = Co, p.rgt = Bo, p.val = x, p.dot = x;
-      p.out = static_cast<T*>(l.y);
-      break;
-    case kSsdDX:
-      p.lft = Bo, p.rgt = Co, p.val = dy, p.dot = x;
-      p.out = static_cast<T*>(l.dx);
-      p.part = ssd_ws<float>(l, w.ddtp);
-      p.part2 = ssd_ws<float>(l, w.vp);
-      break;
-    case kSsdDC:
-      p.lft = dy, p.rgt = x, p.val = Bo, p.dot = Co;
-      p.out = static_cast<T*>(l.dC);
-      p.part = ssd_ws<float>(l, w.up);
-      break;
-    default:  // kSsdDB
-      p.lft = x, p.rgt = dy, p.val = Co, p.dot = Co;
-      p.out = static_cast<T*>(l.dB);
-      break;
-  }
+  ssd_scan_roles<T, float, MODE>(p, l, w);
   if (p.total_blocks == 0) return true;
   ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
   ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
