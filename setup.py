@@ -31,7 +31,7 @@ def build_with_cuda():
 
 def extension():
     cpp = sources("csrc/core/*.cpp") + sources("csrc/kernels/cpu/*.cpp") + sources("csrc/torch/*.cpp")
-    cxx = ["-O3", "-std=c++17", "-fvisibility=hidden"]
+    cxx = ["-O3", "-fvisibility=hidden"]  # no -std: BuildExtension adds the one torch needs
     include = [os.path.join(ROOT, "csrc")]
     if not build_with_cuda():
         print("baracuda_torch: building the CPU-only extension")
@@ -40,7 +40,7 @@ def extension():
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH_LIST)
     print("baracuda_torch: building with CUDA for TORCH_CUDA_ARCH_LIST="
           + os.environ["TORCH_CUDA_ARCH_LIST"])
-    nvcc = ["-O3", "-std=c++17", "-lineinfo", "-DBARACUDA_WITH_CUDA"]
+    nvcc = ["-O3", "-lineinfo", "-DBARACUDA_WITH_CUDA"]
     return CUDAExtension("baracuda_torch._C", cpp + sources("csrc/kernels/cuda/*.cu"),
                          include_dirs=include,
                          extra_compile_args={"cxx": cxx + ["-DBARACUDA_WITH_CUDA"], "nvcc": nvcc})
