@@ -1,24 +1,44 @@
 """Build baracuda_torch._C.
 
 A CUDAExtension when nvcc and a CUDA build of torch are both present, a CPU-only
-CppExtension otherwise (or when BARACUDA_FORCE_CPU=1). CUDA architectures come from
-TORCH_CUDA_ARCH_LIST, defaulting to sm_80 through sm_90 plus PTX. Install with
-`pip install --no-build-isolation -e .` (torch must already be installed).
+CppExtension otherwise (or when BARACUDA_FORCE_CPU=1). When nvcc's CUDA major version
+differs from torch's, the build stops with one line naming both and the ways out.
+CUDA architectures come from TORCH_CUDA_ARCH_LIST, defaulting to sm_80 through sm_120
+with PTX for the newest. The C++ standard is the one the installed torch asks for
+(C++17 for older torch, C++20 for torch 2.15's headers): BuildExtension adds it.
+Install with `pip install --no-build-isolation .` (torch must already be installed).
 """
 import glob
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 import torch
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_ARCH_LIST = "8.0;8.6;8.9;9.0+PTX"
+# Ampere, Ada, Hopper, Blackwell (data centre and consumer), and PTX of the newest so
+# that later GPUs still run through the driver's JIT.
+DEFAULT_ARCH_LIST = "8.0;8.6;8.9;9.0;10.0;12.0+PTX"
 
 
 def sources(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def nvcc_path():
+    if CUDA_HOME is not None and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")):
+        return os.path.join(CUDA_HOME, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def nvcc_version(nvcc):
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def build_with_cuda():
@@ -26,12 +46,23 @@ def build_with_cuda():
         return False
     if torch.version.cuda is None or CUDA_HOME is None:
         return False
-    return shutil.which("nvcc") is not None or os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc"))
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return False
+    have = nvcc_version(nvcc)
+    want = tuple(int(v) for v in torch.version.cuda.split(".")[:2])
+    if have is not None and have[0] != want[0]:
+        sys.exit(f"baracuda_torch: nvcc is CUDA {have[0]}.{have[1]} ({nvcc}) but torch "
+                 f"{torch.__version__} was built with CUDA {torch.version.cuda}; install a CUDA "
+                 f"{want[0]}.x toolkit (or a torch built for CUDA {have[0]}), or build CPU-only "
+                 "with BARACUDA_FORCE_CPU=1")
+    return True
 
 
 def extension():
     cpp = sources("csrc/core/*.cpp") + sources("csrc/kernels/cpu/*.cpp") + sources("csrc/torch/*.cpp")
-    cxx = ["-O3", "-fvisibility=hidden"]  # no -std: BuildExtension adds the one torch needs
+    # No -std here: BuildExtension adds the standard the installed torch's headers need.
+    cxx = ["-O3", "-fvisibility=hidden"]
     include = [os.path.join(ROOT, "csrc")]
     if not build_with_cuda():
         print("baracuda_torch: building the CPU-only extension")

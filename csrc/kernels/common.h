@@ -17,4 +17,12 @@ BARACUDA_HD double math_exp(double v) { return exp(v); }
 BARACUDA_HD float math_erf(float v) { return erff(v); }
 BARACUDA_HD double math_erf(double v) { return erf(v); }
 
+#ifdef BARACUDA_WITH_CUDA
+// Host functions (cuda/device_support.cu): whether this build holds code that runs on
+// CUDA device `device` (cached per device, no synchronization), and the architectures it
+// was compiled for, as nvcc lists them ("800,860,...").
+bool cuda_kernels_run_on(int device);
+const char* cuda_arch_list();
+#endif
+
 }  // namespace baracuda::kernels

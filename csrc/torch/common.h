@@ -24,7 +24,12 @@ TensorLayout layout_of(const at::Tensor& t, const std::string& op, const char* w
 TensorRef ref_of(const at::Tensor& t, const std::string& op, const char* what);
 MutTensorRef mut_ref_of(at::Tensor& t, const std::string& op, const char* what);
 
-DeviceInfo device_info(const at::Tensor& t);
+// The oldest GPU architecture the CUDA kernels are written for (sm_80: Ampere).
+constexpr int kMinCudaArch = 80;
+
+// Backend and properties of t's device. For a CUDA tensor, fails (NotImplementedError
+// naming `op`) when the GPU is older than kMinCudaArch or this build has no code for it.
+DeviceInfo device_info(const at::Tensor& t, const char* op = nullptr);
 
 // The cudaStream_t (as void*) of the current stream on t's device; nullptr on the CPU.
 void* current_stream(const at::Tensor& t);
