@@ -3,13 +3,15 @@
 # test suite on CUDA, run the benchmarks; full logs and CSV under $OUT, a short summary
 # printed last. Files under $OUT: summary.txt, build.log, test.log, bench.log, bench.csv,
 # bench.md, bench.png (at most 8 come back from the device machine).
-#   STAGES=build,test,bench (default)   PYTEST_TARGETS="tests/test_rope.py"   PYTEST_ARGS="-x"
+#   STAGES=build,test,bench (default; also: sanitize)   PYTEST_TARGETS="tests/test_rope.py"   PYTEST_ARGS="-x"
+#   SANITIZE_TOOLS=memcheck,racecheck,synccheck,initcheck   SANITIZE_FAMILIES=gated,rope,...
 #   FAMILIES=gated_activation,rope (benchmarks to run; default all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-build,test,bench}
+SANITIZE_TOOLS=${SANITIZE_TOOLS:-memcheck,racecheck,synccheck,initcheck}
 export TORCH_CUDA_ARCH_LIST=9.0  # the machine presets 9.0a; build what the brief asks for
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export PYTHONUNBUFFERED=1
@@ -37,6 +39,25 @@ if [[ ",$STAGES," == *",test,"* ]]; then
   $PY -m pytest ${PYTEST_TARGETS:-tests} -q -rfEs ${PYTEST_ARGS:-} > "$OUT/test.log" 2>&1 || status=1
   note "tests ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/test.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/test.log" | head -30 | tee -a "$summary"
+fi
+
+if [[ ",$STAGES," == *",sanitize,"* ]]; then
+  # compute-sanitizer over every kernel variant at small shapes (scripts/sanitize_cuda.py);
+  # all tools' reports in one log, a line each in the summary.
+  : > "$OUT/sanitize.log"
+  for tool in ${SANITIZE_TOOLS//,/ }; do
+    t0=$(date +%s)
+    extra=""
+    [[ $tool == initcheck ]] && extra="--track-unused-memory no"
+    if compute-sanitizer --tool "$tool" $extra --error-exitcode 1 --print-limit 50 \
+        $PY scripts/sanitize_cuda.py ${SANITIZE_FAMILIES:+--families $SANITIZE_FAMILIES} \
+        >> "$OUT/sanitize.log" 2>&1; then
+      note "sanitize $tool: clean ($(( $(date +%s) - t0 )) s, $(grep -c '' "$OUT/sanitize.log") log lines so far)"
+    else
+      status=1; note "sanitize $tool: ERRORS ($(( $(date +%s) - t0 )) s; see sanitize.log)"
+      grep -m5 -E "^========= (Invalid|Race|Barrier|Uninitialized|Error)" "$OUT/sanitize.log" | tee -a "$summary"
+    fi
+  done
 fi
 
 if [[ ",$STAGES," == *",bench,"* ]]; then

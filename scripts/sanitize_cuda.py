@@ -1,0 +1,152 @@
+"""Every CUDA kernel variant of every family at small shapes, forward and backward: the
+workload that ``scripts/gpu.sh``'s ``sanitize`` stage runs under compute-sanitizer
+(memcheck, racecheck, synccheck, initcheck). The layouts are the ones the plans map to
+each variant (16-byte rows, scalar rows, strided; the SSD's tensor-core and SIMT paths
+through the dtype; gather's slabs through a src larger than half of L2). Correctness is
+the test suite's job; this script only makes every kernel run on inputs that reach it.
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python scripts/sanitize_cuda.py
+    python scripts/sanitize_cuda.py --list        # the cases, without running them
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Iterator, List, Tuple
+
+import torch
+
+import baracuda_torch as bt
+
+Case = Tuple[str, Callable[[], Tuple[torch.Tensor, ...]], Callable[..., object], tuple]  # name, make, run, ops
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def rand(*shape, dtype, device="cuda", grad=True):
+    return torch.randn(*shape, dtype=dtype, device=device).requires_grad_(grad)
+
+
+def layouts(shape, dtype) -> Iterator[Tuple[str, Callable[[], torch.Tensor]]]:
+    """Contiguous (16-byte vectors), odd inner size (scalar rows), transposed (strided)."""
+    yield "contiguous", lambda: rand(*shape, dtype=dtype)
+    odd = shape[:-1] + (shape[-1] - 2,)
+    yield "odd", lambda: rand(*odd, dtype=dtype)
+    yield "transposed", lambda: rand(*reversed(shape), dtype=dtype).detach().t().requires_grad_(True)
+
+
+def gated_cases() -> Iterator[Case]:
+    for dtype in DTYPES:
+        for name, make in layouts((48, 2 * 72), dtype):
+            for kind in ("glu", "reglu", "swiglu", "geglu", "geglu_tanh"):
+                yield (f"gated {kind} {name}", lambda make=make: (make(),),
+                       lambda x, kind=kind: bt.gated_activation(x, kind),
+                       ("gated_activation",))
+
+
+def rope_cases() -> Iterator[Case]:
+    for dtype in DTYPES:
+        for interleaved in (True, False):
+            for rotary_dim in (None, 32):
+                yield (f"rope interleaved={interleaved} rotary_dim={rotary_dim}",
+                       lambda dtype=dtype: (rand(2, 4, 24, 64, dtype=dtype),),
+                       lambda x, i=interleaved, r=rotary_dim: bt.rope(x, interleaved=i, rotary_dim=r),
+                       ("rope",))
+            yield (f"rope [B,S,H,D] view positions interleaved={interleaved}",
+                   lambda dtype=dtype: (rand(2, 24, 4, 64, dtype=dtype).transpose(1, 2),),
+                   lambda x, i=interleaved: bt.rope(
+                       x, torch.arange(24, device="cuda").expand(2, 24) * 7, interleaved=i),
+                   ("rope",))
+            yield (f"rope odd head dim interleaved={interleaved}",
+                   lambda dtype=dtype: (rand(1, 3, 5, 18, dtype=dtype),),
+                   lambda x, i=interleaved: bt.rope(x, interleaved=i), ("rope",))
+
+
+def lerp_cases() -> Iterator[Case]:
+    for dtype in DTYPES:
+        for name, make in layouts((40, 96), dtype):
+            yield (f"lerp scalar {name}", lambda make=make: (make(), make()),
+                   lambda a, b: bt.lerp(a, b, 0.3), ("lerp",))
+            yield (f"lerp tensor {name}", lambda make=make: (make(), make(), make()),
+                   lambda a, b, w: bt.lerp(a, b, w), ("lerp",))
+
+
+def gather_cases() -> Iterator[Case]:
+    for dtype in (torch.float32, torch.bfloat16):
+        for index_dtype in (torch.int32, torch.int64):
+            for dim in (0, 1):
+                for pref in ("fastest", "deterministic"):
+                    def make(dtype=dtype, index_dtype=index_dtype, dim=dim):
+                        src = rand(64, 80, dtype=dtype)
+                        index = torch.randint(0, src.size(dim), (64, 80), device="cuda",
+                                              dtype=index_dtype)
+                        return src, index
+
+                    def run(src, index, dim=dim, pref=pref):
+                        with bt.preference(pref):
+                            return bt.gather(src, dim, index)
+                    yield (f"gather dim={dim} {index_dtype} {pref}", make, run, ("gather",))
+    # column slabs: a src larger than about half of L2, gathered along a non-innermost dim
+    def make_slab():
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        rows = max(64, (l2 // 2) // 512 + 64)  # float32 rows of 128 columns: > L2/2 bytes
+        src = rand(rows, 128, dtype=torch.float32)
+        return src, torch.randint(0, rows, (rows // 2, 128), device="cuda")
+    for pref in ("fastest", "deterministic"):
+        def run_slab(src, index, pref=pref):
+            with bt.preference(pref):
+                return bt.gather(src, 0, index)
+        yield f"gather slab {pref}", make_slab, run_slab, ("gather",)
+
+
+def ssd_cases() -> Iterator[Case]:
+    for dtype in DTYPES:
+        for L, chunk in ((70, 32), (64, 64)):
+            def make(dtype=dtype, L=L):
+                B, H, D, G, N = 2, 4, 32, 2, 16
+                x = rand(B, L, H, D, dtype=dtype)
+                dt = (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5).requires_grad_()
+                A = (-torch.rand(H, device="cuda", dtype=dtype)).requires_grad_()
+                return x, dt, A, rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype)
+            yield (f"ssd L={L} chunk={chunk}", make,
+                   lambda *t, chunk=chunk: bt.ssd_chunk_scan(*t, chunk_size=chunk),
+                   ("ssd_chunk_scan",))
+
+
+FAMILIES = {"gated": gated_cases, "rope": rope_cases, "lerp": lerp_cases,
+            "gather": gather_cases, "ssd": ssd_cases}
+
+
+def run_case(name: str, make, fn) -> str:
+    inputs = make()
+    out = fn(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = [torch.randn_like(o) for o in outs if o.is_floating_point() and o.requires_grad]
+    leaves = [t for t in inputs if t.requires_grad]
+    if grads and leaves:
+        torch.autograd.grad([o for o in outs if o.requires_grad], leaves, grads, allow_unused=True)
+    torch.cuda.synchronize()
+    return f"{name} [{inputs[0].dtype}]"
+
+
+def main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
+    p.add_argument("--list", action="store_true", help="print the cases and exit")
+    args = p.parse_args(argv)
+    count = 0
+    for family in args.families.split(","):
+        for name, make, fn, _ in FAMILIES[family]():
+            if args.list:
+                print(name)
+                continue
+            print(run_case(name, make, fn), flush=True)
+            count += 1
+    if not args.list:
+        print(f"sanitize_cuda: {count} cases ran")
+    return 0
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available() and "--list" not in sys.argv:
+        sys.exit("sanitize_cuda: needs a CUDA device")
+    sys.exit(main(sys.argv[1:]))
