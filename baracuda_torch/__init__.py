@@ -4,11 +4,19 @@ Importing the package registers the ops under ``torch.ops.baracuda`` (CPU, CUDA,
 and Autograd kernels) and exposes documented wrappers:
 
 * gated activations: :func:`gated_activation`, :func:`glu`, :func:`reglu`,
-  :func:`swiglu`, :func:`geglu`
+  :func:`swiglu`, :func:`geglu`; modules :class:`nn.GatedActivation`,
+  :class:`nn.GatedMLP`
+* rotary position embedding: :func:`rope`, :func:`rope_qk`; module
+  :class:`nn.RotaryEmbedding`
+* linear interpolation: :func:`lerp` (scalar or tensor weight, as ``torch.lerp``)
+* gather: :func:`gather` (``torch.gather`` semantics), :func:`check_errors`,
+  :func:`set_index_checks` (when an out-of-range CUDA index raises)
+* Mamba-2 SSD chunk scan: :func:`ssd_chunk_scan`; module :class:`nn.Mamba2SSDMixer`
 
 Plan introspection: :func:`explain` tells which kernel a call would run and what it
 guarantees, without running it; :func:`set_preference` / :func:`preference` choose
-between the fastest and the deterministic kernels.
+between the fastest and the deterministic kernels. Each op's full contract (formulas,
+shapes, errors, precision, determinism) is in the repository's ``docs/ops.md``.
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
 

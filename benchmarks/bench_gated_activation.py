@@ -1,4 +1,4 @@
-"""Gated activation at the PERF.md shape: x [16384, 22016] (F = 11008), split on the
+"""Gated activation at the benchmark shape: x [16384, 22016] (F = 11008), split on the
 last dim; swiglu, geglu (exact) and geglu_tanh; bf16 and f32; forward, backward, full.
 Bytes: forward 3·T·F·elt, backward 5·T·F·elt (dy, x read; dx written), full 8·T·F·elt."""
 from __future__ import annotations

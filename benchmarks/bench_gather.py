@@ -1,4 +1,4 @@
-"""Gather at the PERF.md shapes: src [16384, 8192], int64 index, dim=1 with index
+"""Gather at the benchmark shapes: src [16384, 8192], int64 index, dim=1 with index
 [16384, 2048] and dim=0 with index [4096, 8192]; float32 and bfloat16.
 
 Providers: baracuda (fastest preference: atomic backward), baracuda_det (deterministic

@@ -1,4 +1,4 @@
-"""RoPE at the PERF.md shape: q [8, 32, 4096, 128] (B, H, S, D), one tensor, no positions.
+"""RoPE at the benchmark shape: q [8, 32, 4096, 128] (B, H, S, D), one tensor, no positions.
 
 Cases: interleaved and half-split on a contiguous [B, H, S, D] tensor (bf16; interleaved
 also f32), and the strided case: a contiguous [B, S, H, D] tensor passed as

@@ -1,20 +1,20 @@
-"""Mamba-2 SSD chunk scan at the PERF.md shapes, bf16, chunk 256:
+"""Mamba-2 SSD chunk scan at the benchmark shapes, bf16, chunk 256:
   B4 L4096 H80 D64 N128 G1   (a Mamba-2 2.7B layer)
   B2 L8192 H32 D64 N64 G32   (per-head B/C, the seed's layout)
 Providers: baracuda; torch = reference.ssd_chunk_scan_chunked in eager PyTorch (the
 chunked SSD recipe: what users have without mamba_ssm); compile = torch.compile of the
-same, tried once (PERF.md saw Inductor fail on it) and recorded as a note if it fails.
+same, tried once (Inductor has failed on it) and recorded as a note if it fails.
 Modes: forward, backward (the backward pass alone). Peak memory per row.
 
-FLOPs, PERF.md's count of the chunked algorithm's matmuls (Q = chunk, nc = ⌈L/Q⌉),
+FLOPs, the project's count of the chunked algorithm's matmuls (Q = chunk, nc = ⌈L/Q⌉),
 with the causal (lower-triangular) products counted at half:
   forward  = B·H·nc·Q²·(N + D)       C·Bᵀ per head (Q²·N) and its product with x (Q²·D)
            + 4·B·H·nc·Q·D·N          each chunk's state xᵀB and the state read-out C·h
   backward = 2 × forward             each product's gradient w.r.t. both operands
                                      (recomputation not counted)
 For G < H the C·Bᵀ product is shared by a group's heads, so for G = 1 this overstates
-the work by B·(H − G)·nc·Q²·N; it is the count behind PERF.md's ≈107 GFLOP for the
-2.7B shape, kept so that the TFLOP/s compare with it.
+the work by B·(H − G)·nc·Q²·N; it gives ≈107 GFLOP for the 2.7B shape's forward and is
+kept so that TFLOP/s stay comparable across runs.
 """
 from __future__ import annotations
 

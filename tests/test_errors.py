@@ -1,5 +1,5 @@
-"""Bad inputs: each raises the SPEC's exception type with a message naming the op and
-the broken rule; none crashes or writes out of bounds."""
+"""Bad inputs: each raises the exception type docs/ops.md gives for the rule, with a
+message naming the op and the broken rule; none crashes or writes out of bounds."""
 import pytest
 import torch
 

@@ -222,7 +222,7 @@ def pair_relative_error(y, y64, interleaved, R):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_large_positions_float32_accuracy(device, interleaved):
-    """SPEC: angles match a float64 reference for positions up to 1,000,000 (and far
+    """docs/ops.md: angles match a float64 reference for positions up to 1,000,000 (and far
     beyond): float32 relative error <= 1e-5, forward and backward. (An implementation that
     forms θ in float32 misses this by orders of magnitude at p ~ 1e6.)"""
     S = 64

@@ -556,7 +556,7 @@ def check_against(inputs, chunk, truth, what, dy, rtol=None):
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_cuda_cpu_agree(dtype):
-    # The PERF.md layouts (80 heads sharing one group: the tensor-core kernels split a
+    # The benchmark layouts (80 heads sharing one group: the tensor-core kernels split a
     # group's heads over blocks and cache C·Bᵀ), a chunk of 512 (more column tiles than
     # the C·Bᵀ cache holds), and odd D, N with head splits and a short last chunk.
     for b, L, H, D, N, G, Q in CASES + [(3, 300, 80, 64, 128, 1, 256), (2, 520, 32, 64, 64, 32, 256),
@@ -595,7 +595,7 @@ def test_cuda_largest_dims(dtype):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_long_sequence(dtype):
-    """Many chunks (state passing over 24 chunks) at the PERF.md head layouts."""
+    """Many chunks (state passing over 24 chunks) at the benchmark head layouts."""
     for b, L, H, D, N, G, Q in [(1, 6000, 4, 64, 128, 1, 256), (1, 3000, 4, 64, 64, 4, 128), (1, 2000, 2, 32, 32, 1, 64)]:
         inputs = ssd_inputs(b, L, H, D, N, G, dtype, "cuda")
         dy = torch.randn(b, L, H, D, dtype=torch.float64).to(device="cuda", dtype=dtype)

@@ -1,5 +1,5 @@
 """Dev tool: where the SSD chunk scan's time goes, kernel by kernel (torch.profiler), at
-the PERF.md shapes in bfloat16, forward and backward. Run on the GPU from the repo root:
+the benchmark shapes in bfloat16, forward and backward. Run on the GPU from the repo root:
   PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py
 Prints, per shape and pass, each CUDA kernel's total time over REPS calls divided by REPS
 (µs per call), largest first.

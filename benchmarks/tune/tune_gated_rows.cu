@@ -1,4 +1,4 @@
-// Dev tool: sweep the gated rows kernel's unroll factor at the PERF.md shape against a
+// Dev tool: sweep the gated rows kernel's unroll factor at the benchmark shape against a
 // device-to-device copy of the same bytes, without PyTorch. Build and run on the GPU:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I csrc benchmarks/tune/tune_gated_rows.cu csrc/core/plan.cpp -o /tmp/tune && /tmp/tune
 #include <algorithm>

@@ -1,5 +1,5 @@
 // Dev tool: sweep the gather column-slab kernels (kernels/cuda/gather_slab.cuh) at the
-// PERF.md dim=0 shape, src [16384, 8192], int64 index [4096, 8192], float32 and bfloat16,
+// benchmark's dim=0 shape, src [16384, 8192], int64 index [4096, 8192], float32 and bfloat16,
 // against the index-space walker (the variant used before slabs), without PyTorch.
 // Knobs: slab region (-> width W), persistent grid (blocks per SM), the forward's L2
 // prefetch size, the backward's L2 discard of the accumulator ring. The row marked '*'

@@ -1,4 +1,4 @@
-// Dev tool: time the RoPE CUDA kernels at the PERF.md shape, q [8, 32, 4096, 128], against
+// Dev tool: time the RoPE CUDA kernels at the benchmark shape, q [8, 32, 4096, 128], against
 // a device-to-device copy of the same bytes (read x, write y), without PyTorch:
 //  - the whole op as the library plans it (table kernel + streaming kernel);
 //  - the table kernel alone;

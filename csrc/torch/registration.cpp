@@ -1,5 +1,5 @@
-// Every public schema of the baracuda namespace, in one place (SPEC.md). The kernels for
-// each key live in <family>_ops.cpp.
+// Every public schema of the baracuda namespace, in one place (docs/ops.md documents each
+// op's contract). The kernels for each key live in <family>_ops.cpp.
 #include <ATen/core/enum_tag.h>
 #include <torch/library.h>
 
