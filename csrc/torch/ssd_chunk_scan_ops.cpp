@@ -628,8 +628,14 @@ class SsdChunkScanCombinedFunction
     if (s[6].defined()) out[7] = std::get<6>(g);
     if (s[7].defined()) out[8] = std::get<7>(g);
     if (s[8].defined()) out[9] = std::get<8>(g);
-    for (size_t i = 0; i < kCombinedArgs; ++i)
-      if (out[i].defined() && !ctx->needs_input_grad(i)) out[i] = at::Tensor();
+    // needs_input_grad counts the tensor inputs only (absent optionals have no edge).
+    size_t edge = 0;
+    for (size_t i = 0; i < kCombinedArgs; ++i) {
+      const bool tensor_arg = i < 5 || (i >= 6 && i <= 10 && s[i - 1].defined());
+      if (!tensor_arg) continue;
+      if (out[i].defined() && !ctx->needs_input_grad(edge)) out[i] = at::Tensor();
+      ++edge;
+    }
     return out;
   }
 };
