@@ -5,6 +5,8 @@ and Autograd kernels) and exposes documented wrappers:
 
 * gated activations: :func:`gated_activation`, :func:`glu`, :func:`reglu`,
   :func:`swiglu`, :func:`geglu`
+* Mamba-2: :func:`ssd_chunk_scan`, and :mod:`baracuda_torch.mamba` with mamba_ssm's
+  ``mamba_chunk_scan_combined``, ``mamba_split_conv1d_scan_combined`` and ``Mamba2``
 
 Plan introspection: :func:`explain` tells which kernel a call would run and what it
 guarantees, without running it; :func:`set_preference` / :func:`preference` choose
@@ -13,7 +15,7 @@ between the fastest and the deterministic kernels.
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
-from . import functional, nn, reference
+from . import functional, mamba, nn, reference
 from ._plan import PlanInfo, explain, get_preference, preference, set_preference
 from .functional import *  # noqa: F401,F403  (every wrapper in functional.__all__)
 
@@ -24,5 +26,5 @@ with_cuda: bool = _C.with_cuda
 
 __all__ = [
     "PlanInfo", "explain", "get_preference", "set_preference", "preference", "with_cuda",
-    "functional", "nn", "reference",
+    "functional", "mamba", "nn", "reference",
 ] + functional.__all__
