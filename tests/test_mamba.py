@@ -684,3 +684,37 @@ def test_mamba2_unsupported():
         m(torch.randn(1, 3, 16), inference_params=object())
     with pytest.raises(ValueError, match="multiple of headdim"):
         mamba.Mamba2(d_model=10, d_state=8, headdim=4, expand=1)
+
+
+def strided(t, kind):
+    """The same values as t in a non-contiguous layout."""
+    if kind == "transpose" and t.dim() >= 2:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if kind == "stride2":
+        big = torch.empty(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=t.device)
+        big[..., ::2] = t
+        return big[..., ::2]
+    return t.expand(*t.shape) if kind == "expand" else t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_options(device, dtype):
+    """Every optional operand (and dfinal_states, dout) as a strided view gives the
+    contiguous result: bitwise on the CPU, whose float64 math reads values only."""
+    rng = random.Random(13)
+    t, kw = make_case(rng, 2, 25, 4, 6, 5, 2, dtype, device, D="hdim", z=True, dt_bias=True,
+                      init=True, seq_idx=True, softplus=True, limit=False, mixed=True)
+    dout = torch.randn_like(t["x"])
+    state_dtype = torch.float32
+    dfinal = torch.randn(2, 4, 6, 5, device=device, dtype=state_dtype)
+    base = run_ours(t, kw, 8, dout, dfinal)
+    s = {k: strided(v, "stride2" if k in ("dt_bias", "seq_idx", "z") else "transpose")
+         for k, v in t.items()}
+    for k in ("D", "z", "dt_bias", "initial_states", "seq_idx"):
+        assert not s[k].is_contiguous(), k
+    other = run_ours(s, kw, 8, strided(dout, "transpose"), strided(dfinal, "stride2"))
+    same = torch.equal if device == "cpu" else (lambda a, b: torch.testing.assert_close(a, b) or True)
+    assert same(base[0], other[0]) and same(base[1], other[1])
+    for k in base[2]:
+        assert same(base[2][k], other[2][k]), k
