@@ -9,7 +9,6 @@ state_dict against mamba_ssm's names and shapes.
 
 Tolerances: those of test_ssd_chunk_scan (rtol_for), applied to every output.
 """
-import math
 import random
 
 import pytest
@@ -375,8 +374,8 @@ def bad_cases(device):
                      init=True, seq_idx=True, softplus=False, limit=False, mixed=False)
     t = {k: v.to(device) for k, v in t.items()}
     x, dt, A, B, C = (t[k] for k in ("x", "dt", "A", "B", "C"))
-    base = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], initial_states=t["init"]
-                if "init" in t else t["initial_states"], seq_idx=t["seq_idx"])
+    base = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
+                seq_idx=t["seq_idx"])
 
     def f(**over):
         kw = dict(base)
