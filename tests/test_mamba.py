@@ -749,3 +749,16 @@ def test_mamba2_bfloat16_and_compile(device):
     out_c.sum().backward()
     for n, p in m.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], msg=n)
+
+
+def test_double_backward_raises_clearly():
+    rng = random.Random(9)
+    t, kw = make_case(rng, 1, 6, 2, 3, 2, 1, torch.float64, "cpu", D="h", z=True, dt_bias=True,
+                      init=True, seq_idx=False, softplus=True, limit=False, mixed=False)
+    x = t["x"].requires_grad_()
+    out = mamba.mamba_chunk_scan_combined(x, t["dt"], t["A"], t["B"], t["C"], 4, D=t["D"],
+                                          z=t["z"], dt_bias=t["dt_bias"],
+                                          initial_states=t["initial_states"], **kw)
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward is not implemented"):
+        gx.sum().backward()
