@@ -11,7 +11,9 @@ and Autograd kernels) and exposes documented wrappers:
 * linear interpolation: :func:`lerp` (scalar or tensor weight, as ``torch.lerp``)
 * gather: :func:`gather` (``torch.gather`` semantics), :func:`check_errors`,
   :func:`set_index_checks` (when an out-of-range CUDA index raises)
-* Mamba-2 SSD chunk scan: :func:`ssd_chunk_scan`; module :class:`nn.Mamba2SSDMixer`
+* Mamba-2: :func:`ssd_chunk_scan`, and :mod:`baracuda_torch.mamba` with mamba_ssm's
+  ``mamba_chunk_scan_combined``, ``mamba_split_conv1d_scan_combined`` and ``Mamba2``
+  (also :class:`nn.Mamba2`)
 
 Plan introspection: :func:`explain` tells which kernel a call would run and what it
 guarantees, without running it; :func:`set_preference` / :func:`preference` choose
@@ -21,7 +23,7 @@ shapes, errors, precision, determinism) is in the repository's ``docs/ops.md``.
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
-from . import functional, nn, reference
+from . import functional, mamba, nn, reference
 from ._plan import PlanInfo, explain, get_preference, preference, set_preference
 from .functional import *  # noqa: F401,F403  (every wrapper in functional.__all__)
 
@@ -32,5 +34,5 @@ with_cuda: bool = _C.with_cuda
 
 __all__ = [
     "PlanInfo", "explain", "get_preference", "set_preference", "preference", "with_cuda",
-    "functional", "nn", "reference",
+    "functional", "mamba", "nn", "reference",
 ] + functional.__all__

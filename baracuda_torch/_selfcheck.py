@@ -207,6 +207,39 @@ def check_ssd_chunk_scan(device: str, dtype: torch.dtype, big: bool) -> Iterator
 
 
 
+@check
+def check_ssd_chunk_scan_combined(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    # Every option of mamba_chunk_scan_combined (D, z, dt_bias + softplus, initial and
+    # final states, seq_idx boundaries inside chunks); the float64 truth is the
+    # step-by-step reference (a Python loop over L, hence the moderate L).
+    b, L, H, D, N, G, Q = (2, 512, 8, 64, 64, 2, 128) if big else (1, 50, 4, 8, 8, 2, 16)
+    x = torch.randn(b, L, H, D, device=device, dtype=dtype)
+    dt = (torch.randn(b, L, H, device=device) - 2).to(dtype)
+    A = -torch.exp(torch.randn(H, device=device))
+    B = torch.randn(b, L, G, N, device=device, dtype=dtype)
+    C = torch.randn(b, L, G, N, device=device, dtype=dtype)
+    Dp = torch.randn(H, device=device)
+    z = torch.randn(b, L, H, D, device=device, dtype=dtype)
+    bias = 0.5 * torch.randn(H, device=device)
+    init = torch.randn(b, H, D, N, device=device)
+    seq = (torch.rand(b, L, device=device) < 4.0 / L).cumsum(1).int()
+
+    def ours(*t):
+        return bt.mamba.mamba_chunk_scan_combined(
+            *t[:5], Q, D=t[5], z=t[6], dt_bias=t[7], initial_states=t[8], seq_idx=seq,
+            dt_softplus=True, return_final_states=True)
+
+    def theirs(*t):
+        return ref.ssd_chunk_scan_combined(
+            *t[:5], Q, D=t[5], z=t[6], dt_bias=t[7], initial_states=t[8], seq_idx=seq,
+            dt_softplus=True, return_final_states=True)
+
+    args = [x, dt, A, B, C, Dp, z, bias, init]
+    yield run_case(f"ssd_chunk_scan_combined[G={G},Q={Q}]", ours, theirs, args,
+                   ("ssd_chunk_scan_combined", (*args[:5], Q, Dp, z, bias, init, seq, True)))
+
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() and bt.with_cuda else "cpu"
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU"

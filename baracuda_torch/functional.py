@@ -283,9 +283,10 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
         y_t[d]  = Σ_n C_t[n] · h_t[d, n]
 
     This is ``mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size)`` of the
-    ``mamba_ssm`` package without its optional ``D``, ``z``, ``dt_bias`` and initial
-    states (add the ``D·x`` skip and the gate outside; see
-    :class:`baracuda_torch.nn.Mamba2SSDMixer`).
+    ``mamba_ssm`` package without its options (and without its clamp of a negative dt
+    to 0: dt is used as given); :func:`baracuda_torch.mamba.mamba_chunk_scan_combined`
+    takes them all (D, z, dt_bias, dt_softplus, dt_limit, initial and final states,
+    seq_idx), and :class:`baracuda_torch.mamba.Mamba2` is the whole layer.
 
     Args:
         x: ``[B, L, H, D]`` inputs per head.

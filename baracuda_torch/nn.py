@@ -99,99 +99,12 @@ class RotaryEmbedding(nn.Module):
 
 # ---- ssd_chunk_scan ---------------------------------------------------------------
 
-import math as _math  # noqa: E402
-from typing import Callable, Tuple  # noqa: E402
+from .mamba import Mamba2, RMSNormGated  # noqa: E402
 
-import torch.nn.functional as _F  # noqa: E402
+__all__ += ["Mamba2", "RMSNormGated", "Mamba2SSDMixer"]
 
-__all__ += ["Mamba2SSDMixer"]
+#: The Mamba-2 mixer layer (:class:`baracuda_torch.mamba.Mamba2`, mamba_ssm's
+#: interface and parameter names); kept under its former name too.
+Mamba2SSDMixer = Mamba2
 
-
-class Mamba2SSDMixer(nn.Module):
-    """A minimal Mamba-2 mixer layer (the block of Mamba-2 that replaces attention) on
-    :func:`baracuda_torch.ssd_chunk_scan`.
-
-    With ``d_inner = expand · d_model``, ``H = d_inner // headdim`` heads, ``G = ngroups``
-    and ``N = d_state``, for ``u`` of shape ``[B, L, d_model]``::
-
-        z, xBC, dt = in_proj(u)            split into d_inner, d_inner + 2·G·N, H
-        xBC = silu(conv1d(xBC))            causal depthwise conv over L (d_conv taps;
-                                           skipped when d_conv = 0)
-        x, B, C = xBC                      split; x [B, L, H, headdim], B, C [B, L, G, N]
-        dt = softplus(dt + dt_bias);  A = -exp(A_log)
-        y = ssd_chunk_scan(x, dt, A, B, C, chunk_size) + D · x
-        y = y · silu(z);  y = RMSNorm(y)   (per group of d_inner / G channels; optional)
-        out = out_proj(y)
-
-    Parameters are initialised as in Mamba-2: ``dt_bias`` so that ``softplus(dt_bias)``
-    is log-uniform in ``[dt_min, dt_max]``, ``A_log = log(U[A_init_range])``, ``D = 1``.
-    x, B and C reach the scan as strided slices of one tensor, without copies. The scan
-    takes one dtype: dt and A are cast to x's dtype (so the layer also runs under
-    autocast). Left out of this minimal layer: initial states, ``seq_idx`` packing,
-    ``dt_limit`` and the inference cache.
-
-    ``scan`` replaces the scan function (same signature as
-    :func:`baracuda_torch.ssd_chunk_scan`), for example
-    :func:`baracuda_torch.reference.ssd_chunk_scan` to check the layer against PyTorch.
-    """
-
-    def __init__(self, d_model: int, d_state: int = 64, headdim: int = 64, ngroups: int = 1,
-                 expand: int = 2, chunk_size: int = 256, d_conv: int = 4, rmsnorm: bool = True,
-                 norm_eps: float = 1e-5, dt_min: float = 0.001, dt_max: float = 0.1,
-                 A_init_range: Tuple[float, float] = (1.0, 16.0), bias: bool = False,
-                 conv_bias: bool = True, scan: Optional[Callable[..., Tensor]] = None,
-                 device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        d_inner = expand * d_model
-        if d_inner % headdim != 0:
-            raise ValueError(f"Mamba2SSDMixer: expand * d_model = {d_inner} must be a multiple of "
-                             f"headdim = {headdim}")
-        nheads = d_inner // headdim
-        if nheads % ngroups != 0:
-            raise ValueError(f"Mamba2SSDMixer: the number of heads {nheads} must be a multiple of "
-                             f"ngroups = {ngroups}")
-        self.d_model, self.d_state, self.headdim, self.ngroups = d_model, d_state, headdim, ngroups
-        self.d_inner, self.nheads, self.chunk_size, self.d_conv = d_inner, nheads, chunk_size, d_conv
-        self.norm_eps = norm_eps
-        self.scan = scan if scan is not None else bf.ssd_chunk_scan
-        conv_dim = d_inner + 2 * ngroups * d_state
-        self.in_proj = nn.Linear(d_model, d_inner + conv_dim + nheads, bias=bias, **factory)
-        self.conv1d = (nn.Conv1d(conv_dim, conv_dim, d_conv, groups=conv_dim, padding=d_conv - 1,
-                                 bias=conv_bias, **factory) if d_conv > 0 else None)
-        dt = torch.exp(torch.rand(nheads) * (_math.log(dt_max) - _math.log(dt_min))
-                       + _math.log(dt_min)).clamp(min=1e-4)
-        self.dt_bias = nn.Parameter((dt + torch.log(-torch.expm1(-dt))).to(**factory))  # softplus⁻¹
-        self.A_log = nn.Parameter(torch.log(torch.empty(nheads).uniform_(*A_init_range)).to(**factory))
-        self.D = nn.Parameter(torch.ones(nheads, **factory))
-        self.norm_weight = nn.Parameter(torch.ones(d_inner, **factory)) if rmsnorm else None
-        self.out_proj = nn.Linear(d_inner, d_model, bias=bias, **factory)
-
-    def forward(self, u: Tensor) -> Tensor:
-        batch, L, _ = u.shape
-        H, P, G, N = self.nheads, self.headdim, self.ngroups, self.d_state
-        z, xBC, dt = torch.split(self.in_proj(u), [self.d_inner, self.d_inner + 2 * G * N, H], dim=-1)
-        if self.conv1d is not None:
-            # Causal: pad both ends, keep the first L outputs. One copy back to [B, L, C]
-            # so that x, B and C below are unit-stride slices (coalesced on CUDA).
-            xBC = _F.silu(self.conv1d(xBC.transpose(1, 2))[..., :L]).transpose(1, 2).contiguous()
-        x, B, C = torch.split(xBC, [self.d_inner, G * N, G * N], dim=-1)
-        x = x.unflatten(-1, (H, P))
-        B = B.unflatten(-1, (G, N))
-        C = C.unflatten(-1, (G, N))
-        dt = _F.softplus(dt + self.dt_bias).to(x.dtype)
-        A = -torch.exp(self.A_log).to(x.dtype)
-        y = self.scan(x, dt, A, B, C, self.chunk_size)
-        y = (y + x * self.D.to(x.dtype)[:, None]).flatten(-2)
-        y = y * _F.silu(z)
-        if self.norm_weight is not None:
-            yg = y.float().unflatten(-1, (G, -1))
-            yg = yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + self.norm_eps)
-            y = (yg.flatten(-2) * self.norm_weight.float()).to(y.dtype)
-        return self.out_proj(y)
-
-    def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, d_state={self.d_state}, headdim={self.headdim}, "
-                f"nheads={self.nheads}, ngroups={self.ngroups}, chunk_size={self.chunk_size}, "
-                f"d_conv={self.d_conv}, rmsnorm={self.norm_weight is not None}")
 

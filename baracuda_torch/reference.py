@@ -6,6 +6,8 @@ float64 inputs for a ground truth, or on the op's own dtype for "what PyTorch gi
 """
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -200,3 +202,62 @@ def ssd_chunk_scan_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tenso
     y = (y_diag + y_off).reshape(batch, nc * Q, H, D)
     return y[:, :L]
 
+
+
+def process_dt(dt: Tensor, dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
+               dt_limit: Tuple[float, float] = (0.0, float("inf"))) -> Tensor:
+    """mamba_ssm's dt preprocessing: ``dt + dt_bias``, then softplus where the sum is at
+    most 20 (``dt_softplus``), then a clamp to ``dt_limit`` (always; the default
+    ``(0, inf)`` maps a negative dt to 0). Autograd gives the gradient the kernels use:
+    zero where the clamp bites, ``sigmoid`` of the pre-softplus value where softplus
+    applied."""
+    if dt_bias is not None:
+        dt = dt + dt_bias
+    if dt_softplus:
+        dt = F.softplus(dt, threshold=20.0)
+    return dt.clamp(min=dt_limit[0], max=dt_limit[1])
+
+
+def ssd_chunk_scan_combined(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                            chunk_size: int = 256, D: Optional[Tensor] = None,
+                            z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+                            initial_states: Optional[Tensor] = None,
+                            seq_idx: Optional[Tensor] = None, dt_softplus: bool = False,
+                            dt_limit: Tuple[float, float] = (0.0, float("inf")),
+                            return_final_states: bool = False):
+    """mamba_ssm's ``mamba_chunk_scan_combined`` as the step-by-step recurrence (a
+    Python loop over L): the ground truth for every option. Computes in the dtype of its
+    inputs (pass float64).
+
+    ``dt <- process_dt(dt, dt_bias, dt_softplus, dt_limit)``; per batch and head, with
+    ``h_{-1} = initial_states`` (or 0) and the state reset to 0 before every step t > 0
+    where ``seq_idx[b, t] != seq_idx[b, t-1]``::
+
+        h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) ⊗ B_t,   y_t = h_t C_t + D ∘ x_t
+        out_t = y_t · silu(z_t)   (with z)
+
+    Returns ``out``, or ``(out, final_states)`` with ``final_states = h_{L-1}``
+    (``initial_states`` or zeros when L = 0). ``chunk_size`` does not change the
+    function and is ignored."""
+    del chunk_size
+    batch, L, H, Dh = x.shape
+    N = B.size(-1)
+    dt = process_dt(dt, dt_bias, dt_softplus, dt_limit)
+    Bh, Ch = _expand_groups(B, H), _expand_groups(C, H)
+    decay = torch.exp(dt * A)                                  # [B, L, H]
+    state = (initial_states.to(x.dtype) if initial_states is not None
+             else x.new_zeros(batch, H, Dh, N))
+    ys = []
+    for t in range(L):
+        if seq_idx is not None and t > 0:
+            keep = (seq_idx[:, t] == seq_idx[:, t - 1])[:, None, None, None]
+            state = torch.where(keep, state, torch.zeros_like(state))
+        u = dt[:, t, :, None] * x[:, t]                        # [B, H, D]
+        state = decay[:, t, :, None, None] * state + u[..., None] * Bh[:, t, :, None, :]
+        ys.append((state * Ch[:, t, :, None, :]).sum(-1))      # [B, H, D]
+    y = torch.stack(ys, dim=1) if ys else x.new_zeros(x.shape)
+    if D is not None:
+        y = y + x * (D.to(x.dtype) if D.dim() == 2 else D.to(x.dtype)[:, None])
+    if z is not None:
+        y = y * F.silu(z)
+    return (y, state) if return_final_states else y

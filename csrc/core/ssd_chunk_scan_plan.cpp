@@ -16,10 +16,49 @@ SsdOperand<int64_t> operand(const char* name, const TensorLayout& t) {
   return {name, t.dtype, t.rank, t.sizes.data()};
 }
 
-SsdSizes<int64_t> validate(const SsdChunkScanDescriptor& desc, const std::string& op) {
-  return check_ssd_problem(op, operand("x", desc.x), operand("dt", desc.dt),
-                           operand("A", desc.A), operand("B", desc.B), operand("C", desc.C),
-                           desc.chunk_size, desc.device.backend == Backend::Cuda);
+void check_compute(const std::string& op, const char* name, const TensorLayout& t,
+                   ElementKind ck) {
+  if (t.dtype != ck)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string(name) + " must be in the compute type " + element_name(ck) +
+             " here (the op layer converts it), got " + element_name(t.dtype));
+}
+
+// The problem checks, with the options; `bwd` for the backward's extra operands.
+SsdSizes<int64_t> validate(const SsdChunkScanDescriptor& desc, const std::string& op,
+                           const SsdChunkScanBackwardDescriptor* bwd = nullptr) {
+  const SsdOperand<int64_t> x = operand("x", desc.x);
+  const SsdSizes<int64_t> s =
+      check_ssd_problem(op, x, operand("dt", desc.dt), operand("A", desc.A),
+                        operand("B", desc.B), operand("C", desc.C), desc.chunk_size,
+                        desc.device.backend == Backend::Cuda, /*strict=*/false);
+  const SsdChunkScanOptions& o = desc.options;
+  const SsdOperand<int64_t> D = operand("D", o.D), z = operand("z", o.z),
+                            bias = operand("dt_bias", o.dt_bias),
+                            init = operand("initial_states", o.initial_states),
+                            seq = operand("seq_idx", o.seq_idx);
+  SsdOptionOperands<int64_t> opts;
+  if (o.has_D) opts.D = &D;
+  if (o.has_z) opts.z = &z;
+  if (o.has_dt_bias) opts.dt_bias = &bias;
+  if (o.has_initial_states) opts.initial_states = &init;
+  if (o.has_seq_idx) opts.seq_idx = &seq;
+  SsdOperand<int64_t> dfinal{}, y_pre{};
+  if (bwd) {
+    dfinal = operand("dfinal_states", bwd->dfinal_states);
+    y_pre = operand("y_pre", bwd->y_pre);
+    if (bwd->has_dfinal_states) opts.dfinal_states = &dfinal;
+    if (o.has_z) opts.y_pre = &y_pre;
+  }
+  check_ssd_options(op, x, s, opts, o.dt_min, o.dt_max, bwd != nullptr);
+  const ElementKind ck = ssd_compute_type(desc.x.dtype);
+  check_compute(op, "A", desc.A, ck);
+  if (desc.dt.dtype != desc.x.dtype) check_compute(op, "dt", desc.dt, ck);
+  if (o.has_D) check_compute(op, "D", o.D, ck);
+  if (o.has_dt_bias) check_compute(op, "dt_bias", o.dt_bias, ck);
+  if (o.has_initial_states) check_compute(op, "initial_states", o.initial_states, ck);
+  if (bwd && bwd->has_dfinal_states) check_compute(op, "dfinal_states", bwd->dfinal_states, ck);
+  return s;
 }
 
 TensorLayout dense_layout(const TensorLayout& like) {
@@ -37,9 +76,12 @@ SsdVariant pick_variant(const SsdSizes<int64_t>& s, const DeviceInfo& device) {
 
 // The launch description without data pointers.
 SsdChunkScanLaunch plan_launch(const SsdChunkScanDescriptor& desc, const SsdSizes<int64_t>& s,
-                               const TensorLayout* dy) {
+                               const SsdChunkScanBackwardDescriptor* bwd) {
+  const TensorLayout* dy = bwd ? &bwd->dy : nullptr;
   SsdChunkScanLaunch l;
   l.element = desc.x.dtype;
+  l.compute = ssd_compute_type(desc.x.dtype);
+  l.dt_element = desc.dt.dtype;
   l.batch = s.batch;
   l.seqlen = s.seqlen;
   l.heads = s.heads;
@@ -57,7 +99,38 @@ SsdChunkScanLaunch plan_launch(const SsdChunkScanDescriptor& desc, const SsdSize
   }
   for (int d = 0; d < 3; ++d) l.dt_stride[d] = desc.dt.strides[d];
   l.A_stride = desc.A.strides[0];
+  const SsdChunkScanOptions& o = desc.options;
+  if (o.has_D) {
+    l.D_per_dim = o.D.rank == 2;
+    l.D_stride[0] = o.D.strides[0];
+    if (l.D_per_dim) l.D_stride[1] = o.D.strides[1];
+  }
+  if (o.has_dt_bias) l.dt_bias_stride = o.dt_bias.strides[0];
+  if (o.has_seq_idx) {
+    l.seq_idx_int64 = o.seq_idx.dtype == ElementKind::I64;
+    for (int d = 0; d < 2; ++d) l.seq_idx_stride[d] = o.seq_idx.strides[d];
+  }
+  for (int d = 0; d < 4; ++d) {
+    if (o.has_z) l.z_stride[d] = o.z.strides[d];
+    if (o.has_initial_states) l.init_stride[d] = o.initial_states.strides[d];
+    if (bwd && bwd->has_dfinal_states) l.dfinal_stride[d] = bwd->dfinal_states.strides[d];
+    if (bwd && o.has_z) l.y_pre_stride[d] = bwd->y_pre.strides[d];
+  }
+  l.dt_softplus = o.dt_softplus;
+  l.dt_min = o.dt_min;
+  l.dt_max = o.dt_max;
   return l;
+}
+
+TensorLayout dense_of(ElementKind dtype, std::initializer_list<int64_t> sizes) {
+  TensorLayout t;
+  t.dtype = dtype;
+  t.rank = static_cast<int>(sizes.size());
+  int d = 0;
+  for (int64_t v : sizes) t.sizes[d++] = v;
+  t.strides = contiguous_strides(t.sizes, t.rank);
+  t.alignment = 16;
+  return t;
 }
 
 // NotImplementedError instead of a wrapped-around size when B·H·⌈L/Q⌉·D·N·8 bytes of
@@ -171,6 +244,8 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc, Pl
   p.desc_ = desc;
   p.variant_ = pick_variant(s, desc.device);
   p.out_ = dense_layout(desc.x);
+  p.final_ = dense_of(ssd_compute_type(desc.x.dtype),
+                      {s.batch, s.heads, s.head_dim, s.state_dim});
   p.launch_ = plan_launch(desc, s, nullptr);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, false, kOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
@@ -185,6 +260,15 @@ void SsdChunkScanPlan::can_implement(const SsdChunkScanArgs& args) const {
   check_same_layout(kOp, "B", desc_.B, args.B.layout);
   check_same_layout(kOp, "C", desc_.C, args.C.layout);
   check_output(kOp, "y", out_, args.y);
+  const SsdChunkScanOptions& o = desc_.options;
+  if (o.has_D) check_same_layout(kOp, "D", o.D, args.D.layout);
+  if (o.has_z) check_same_layout(kOp, "z", o.z, args.z.layout);
+  if (o.has_dt_bias) check_same_layout(kOp, "dt_bias", o.dt_bias, args.dt_bias.layout);
+  if (o.has_initial_states)
+    check_same_layout(kOp, "initial_states", o.initial_states, args.initial_states.layout);
+  if (o.has_seq_idx) check_same_layout(kOp, "seq_idx", o.seq_idx, args.seq_idx.layout);
+  if (o.final_states) check_output(kOp, "final_states", final_, args.final_states);
+  if (o.has_z) check_output(kOp, "y_pre", out_, args.y_pre);
 }
 
 void SsdChunkScanPlan::run(void* stream, Workspace workspace, const SsdChunkScanArgs& args) const {
@@ -198,13 +282,23 @@ void SsdChunkScanPlan::run(void* stream, Workspace workspace, const SsdChunkScan
   l.B = args.B.data;
   l.C = args.C.data;
   l.y = args.y.data;
+  const SsdChunkScanOptions& o = desc_.options;
+  if (o.has_D) l.D = args.D.data;
+  if (o.has_z) {
+    l.z = args.z.data;
+    l.y_pre_out = args.y_pre.data;
+  }
+  if (o.has_dt_bias) l.dt_bias = args.dt_bias.data;
+  if (o.has_initial_states) l.initial_states = args.initial_states.data;
+  if (o.has_seq_idx) l.seq_idx = args.seq_idx.data;
+  if (o.final_states) l.final_states = args.final_states.data;
   attach_workspace(l, workspace, kernel_workspace_);
   launch_forward(variant_, l, stream);
 }
 
 SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
     const SsdChunkScanBackwardDescriptor& desc, PlanPreference) {
-  const SsdSizes<int64_t> s = validate(desc.forward, kBackwardOp);
+  const SsdSizes<int64_t> s = validate(desc.forward, kBackwardOp, &desc);
   check_ssd_dy(kBackwardOp, operand("x", desc.forward.x), operand("dy", desc.dy));
   SsdChunkScanBackwardPlan p;
   p.desc_ = desc;
@@ -212,7 +306,12 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   const SsdChunkScanDescriptor& f = desc.forward;
   p.out_ = {dense_layout(f.x), dense_layout(f.dt), dense_layout(f.A), dense_layout(f.B),
             dense_layout(f.C)};
-  p.launch_ = plan_launch(f, s, &desc.dy);
+  const SsdChunkScanOptions& o = f.options;
+  if (o.has_D) p.opt_out_[0] = dense_layout(o.D);
+  if (o.has_z) p.opt_out_[1] = dense_layout(f.x);
+  if (o.has_dt_bias) p.opt_out_[2] = dense_layout(o.dt_bias);
+  if (o.has_initial_states) p.opt_out_[3] = dense_layout(o.initial_states);
+  p.launch_ = plan_launch(f, s, &desc);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
   p.sku_ = make_sku(f, p.variant_, true);
@@ -233,6 +332,27 @@ void SsdChunkScanBackwardPlan::can_implement(const SsdChunkScanBackwardArgs& arg
   check_output(op, "dA", out_[2], args.dA);
   check_output(op, "dB", out_[3], args.dB);
   check_output(op, "dC", out_[4], args.dC);
+  const SsdChunkScanOptions& o = f.options;
+  if (o.has_D) {
+    check_same_layout(op, "D", o.D, args.D.layout);
+    check_output(op, "dD", opt_out_[0], args.dD);
+  }
+  if (o.has_z) {
+    check_same_layout(op, "z", o.z, args.z.layout);
+    check_same_layout(op, "y_pre", desc_.y_pre, args.y_pre.layout);
+    check_output(op, "dz", opt_out_[1], args.dz);
+  }
+  if (o.has_dt_bias) {
+    check_same_layout(op, "dt_bias", o.dt_bias, args.dt_bias.layout);
+    check_output(op, "ddt_bias", opt_out_[2], args.ddt_bias);
+  }
+  if (o.has_initial_states) {
+    check_same_layout(op, "initial_states", o.initial_states, args.initial_states.layout);
+    check_output(op, "dinitial_states", opt_out_[3], args.dinitial_states);
+  }
+  if (o.has_seq_idx) check_same_layout(op, "seq_idx", o.seq_idx, args.seq_idx.layout);
+  if (desc_.has_dfinal_states)
+    check_same_layout(op, "dfinal_states", desc_.dfinal_states, args.dfinal_states.layout);
 }
 
 void SsdChunkScanBackwardPlan::run(void* stream, Workspace workspace,
@@ -252,6 +372,26 @@ void SsdChunkScanBackwardPlan::run(void* stream, Workspace workspace,
   l.dA = args.dA.data;
   l.dB = args.dB.data;
   l.dC = args.dC.data;
+  const SsdChunkScanOptions& o = desc_.forward.options;
+  if (o.has_D) {
+    l.D = args.D.data;
+    l.dD = args.dD.data;
+  }
+  if (o.has_z) {
+    l.z = args.z.data;
+    l.y_pre = args.y_pre.data;
+    l.dz = args.dz.data;
+  }
+  if (o.has_dt_bias) {
+    l.dt_bias = args.dt_bias.data;
+    l.ddt_bias = args.ddt_bias.data;
+  }
+  if (o.has_initial_states) {
+    l.initial_states = args.initial_states.data;
+    l.dinitial_states = args.dinitial_states.data;
+  }
+  if (o.has_seq_idx) l.seq_idx = args.seq_idx.data;
+  if (desc_.has_dfinal_states) l.dfinal_states = args.dfinal_states.data;
   attach_workspace(l, workspace, kernel_workspace_);
   launch_backward(variant_, l, stream);
 }

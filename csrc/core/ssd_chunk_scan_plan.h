@@ -8,18 +8,24 @@
 //   y_t[d]  = Σ_n C_t[n] · h_t[d, n]
 // (kernels/ssd_chunk_scan.h gives the backward's formulas with the kernels).
 //
+// With the options of mamba_chunk_scan_combined (D, z, dt_bias, dt_softplus, dt
+// limits, initial and final states, seq_idx; kernels/ssd_chunk_scan.h) the same plans
+// cover ssd_chunk_scan_combined and its backward.
+//
 // Variants: "sequential" (CPU: the exact recurrence in float64), "chunked" (CUDA: the
 // state-space-duality algorithm, float32 math, float64 for float64), "chunked_mma"
 // (CUDA, float16/bfloat16 on sm_80+: the same algorithm with its tile products on
 // tensor cores, float32 accumulation, operands in the input dtype: the inputs exactly,
 // and the intermediates that feed a product (P = C·Bᵀ∘decay, decay-weighted x and dy,
 // the float32 chunk states) rounded to it once, as mamba_ssm does), and "zeros" when
-// an extent among B, L, H, D, N is 0: then every output is empty or identically zero
-// (a sum over an empty state), nothing is launched and the caller zero-fills the
-// outputs (see zero_fill_outputs()).
+// an extent among B, L, H, D, N is 0: nothing is launched and the caller computes the
+// outputs (zero_fill_outputs()): without options every output is empty or identically
+// zero (a sum over an empty state); with them y is D·x (gated by z), final_states the
+// initial states when L = 0, and dD, dz, dinitial_states follow from those.
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <string>
 
 #include "core/plan.h"
@@ -59,22 +65,70 @@ void check_floating(const std::string& op, const SsdOperand<Int>& t) {
 }
 }  // namespace ssd_detail
 
+// The compute type of an activation dtype: float64 for float64, else float32.
+inline ElementKind ssd_compute_type(ElementKind element) {
+  return element == ElementKind::F64 ? ElementKind::F64 : ElementKind::F32;
+}
+
+namespace ssd_detail {
+// TypeError unless t is float32 or the activation dtype (the mixed-dtype rule of the
+// small operands: dt, A, D, dt_bias, initial_states).
+template <class Int>
+void check_f32_or(const std::string& op, const SsdOperand<Int>& t, ElementKind act) {
+  if (t.dtype != ElementKind::F32 && t.dtype != act)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string(t.name) + " must be float32 or x's dtype " + element_name(act) + ", got " +
+             element_name(t.dtype));
+}
+template <class Int>
+bool same_sizes(const SsdOperand<Int>& t, std::initializer_list<Int> want) {
+  if (t.rank != static_cast<int>(want.size())) return false;
+  int d = 0;
+  for (const Int& w : want)
+    if (t.sizes[d++] != w) return false;
+  return true;
+}
+template <class Int>
+std::string list_str(std::initializer_list<Int> v) {
+  std::string s = "[";
+  int d = 0;
+  for (const Int& w : v) s += (d++ ? ", " : "") + size_str(w);
+  return s + "]";
+}
+// ValueError naming t unless its sizes are `want` (described as `what`).
+template <class Int>
+void check_shape(const std::string& op, const SsdOperand<Int>& t, const char* what,
+                 std::initializer_list<Int> want) {
+  if (!same_sizes(t, want))
+    fail(PlanErrorKind::InvalidProblem, op,
+         std::string(t.name) + " must have shape " + what + " = " + list_str(want) + ", got " +
+             shape_of(t));
+}
+}  // namespace ssd_detail
+
 // Problem checks shared by the plans and the shape-only (meta) kernels, so that a
 // compiled graph rejects what eager execution rejects. `cuda` is true when the problem
 // is known to run on CUDA (false on the CPU and in meta kernels, where the device is
-// not known): only then are D and N limited to kSsdCudaMaxDim.
+// not known): only then are D and N limited to kSsdCudaMaxDim. `strict` (the plain
+// ssd_chunk_scan op): dt and A in x's dtype; otherwise (ssd_chunk_scan_combined, and
+// the plans, which see A in the compute type) each may also be float32.
 template <class Int>
 SsdSizes<Int> check_ssd_problem(const std::string& op, const SsdOperand<Int>& x,
                                 const SsdOperand<Int>& dt, const SsdOperand<Int>& A,
                                 const SsdOperand<Int>& B, const SsdOperand<Int>& C,
-                                int64_t chunk_size, bool cuda) {
+                                int64_t chunk_size, bool cuda, bool strict = true) {
   using ssd_detail::shape_of;
   for (const SsdOperand<Int>* t : {&x, &dt, &A, &B, &C}) ssd_detail::check_floating(op, *t);
-  for (const SsdOperand<Int>* t : {&dt, &A, &B, &C})
+  for (const SsdOperand<Int>* t : {&dt, &A, &B, &C}) {
+    if (!strict && t != &B && t != &C) {
+      ssd_detail::check_f32_or(op, *t, x.dtype);
+      continue;
+    }
     if (t->dtype != x.dtype)
       fail(PlanErrorKind::UnsupportedDtype, op,
            std::string("x and ") + t->name + " must have the same dtype, got " +
                element_name(x.dtype) + " and " + element_name(t->dtype));
+  }
 
   if (x.rank != 4)
     fail(PlanErrorKind::InvalidProblem, op,
@@ -131,25 +185,126 @@ void check_ssd_dy(const std::string& op, const SsdOperand<Int>& x, const SsdOper
              element_name(dy.dtype));
 }
 
+// The optional operands of ssd_chunk_scan_combined (null: absent), checked against the
+// problem's sizes: D [H] or [H, D], z [B, L, H, D] in x's dtype, dt_bias [H],
+// initial_states [B, H, D, N] (D, dt_bias and initial_states float32 or x's dtype; in
+// the plans, after the op layer's conversion, the compute type), seq_idx [B, L] int32
+// or int64; and dt_min <= dt_max. Backward: dfinal_states [B, H, D, N] floating,
+// y_pre (required exactly with z) x's shape and dtype.
+template <class Int>
+struct SsdOptionOperands {
+  const SsdOperand<Int>* D = nullptr;
+  const SsdOperand<Int>* z = nullptr;
+  const SsdOperand<Int>* dt_bias = nullptr;
+  const SsdOperand<Int>* initial_states = nullptr;
+  const SsdOperand<Int>* seq_idx = nullptr;
+  const SsdOperand<Int>* dfinal_states = nullptr;
+  const SsdOperand<Int>* y_pre = nullptr;
+};
+
+template <class Int>
+void check_ssd_options(const std::string& op, const SsdOperand<Int>& x, const SsdSizes<Int>& s,
+                       const SsdOptionOperands<Int>& o, double dt_min, double dt_max,
+                       bool backward) {
+  using namespace ssd_detail;
+  if (o.D) {
+    check_floating(op, *o.D);
+    if (!same_sizes(*o.D, {s.heads}) && !same_sizes(*o.D, {s.heads, s.head_dim}))
+      fail(PlanErrorKind::InvalidProblem, op,
+           "D must have shape [H] = " + list_str({s.heads}) + " or [H, D] = " +
+               list_str({s.heads, s.head_dim}) + ", got " + shape_of(*o.D));
+    check_f32_or(op, *o.D, x.dtype);
+  }
+  if (o.z) {
+    check_floating(op, *o.z);
+    check_shape(op, *o.z, "[B, L, H, D]", {s.batch, s.seqlen, s.heads, s.head_dim});
+    if (o.z->dtype != x.dtype)
+      fail(PlanErrorKind::UnsupportedDtype, op,
+           std::string("z must have x's dtype ") + element_name(x.dtype) + ", got " +
+               element_name(o.z->dtype));
+  }
+  if (o.dt_bias) {
+    check_floating(op, *o.dt_bias);
+    check_shape(op, *o.dt_bias, "[H]", {s.heads});
+    check_f32_or(op, *o.dt_bias, x.dtype);
+  }
+  if (o.initial_states) {
+    check_floating(op, *o.initial_states);
+    check_shape(op, *o.initial_states, "[B, H, D, N]",
+                {s.batch, s.heads, s.head_dim, s.state_dim});
+    check_f32_or(op, *o.initial_states, x.dtype);
+  }
+  if (o.seq_idx) {
+    if (o.seq_idx->dtype != ElementKind::I32 && o.seq_idx->dtype != ElementKind::I64)
+      fail(PlanErrorKind::UnsupportedDtype, op,
+           std::string("seq_idx must be int32 or int64, got ") + element_name(o.seq_idx->dtype));
+    check_shape(op, *o.seq_idx, "[B, L]", {s.batch, s.seqlen});
+  }
+  if (!(dt_min <= dt_max))
+    fail(PlanErrorKind::InvalidProblem, op,
+         "dt_limit must satisfy dt_min <= dt_max, got dt_min = " + std::to_string(dt_min) +
+             " and dt_max = " + std::to_string(dt_max));
+  if (!backward) return;
+  if (o.dfinal_states) {
+    check_floating(op, *o.dfinal_states);
+    check_shape(op, *o.dfinal_states, "[B, H, D, N]",
+                {s.batch, s.heads, s.head_dim, s.state_dim});
+  }
+  if (static_cast<bool>(o.y_pre) != static_cast<bool>(o.z))
+    fail(PlanErrorKind::InvalidProblem, op,
+         o.z ? "y_pre (the forward's pre-gate output) is required when z is given"
+             : "y_pre must be None when z is None");
+  if (o.y_pre) {
+    check_shape(op, *o.y_pre, "[B, L, H, D]", {s.batch, s.seqlen, s.heads, s.head_dim});
+    if (o.y_pre->dtype != x.dtype)
+      fail(PlanErrorKind::UnsupportedDtype, op,
+           std::string("y_pre must have x's dtype ") + element_name(x.dtype) + ", got " +
+               element_name(o.y_pre->dtype));
+  }
+}
+
+// The options of mamba_chunk_scan_combined (kernels/ssd_chunk_scan.h gives their
+// semantics). The layouts of absent operands (has_* false) are not read.
+struct SsdChunkScanOptions {
+  TensorLayout D, z, dt_bias, initial_states, seq_idx;
+  bool has_D = false, has_z = false, has_dt_bias = false, has_initial_states = false,
+       has_seq_idx = false;
+  bool dt_softplus = false;
+  double dt_min = 0.0, dt_max = __builtin_inf();
+  bool final_states = false;  // write final_states
+};
+
+// The plans take A, D, dt_bias and initial_states in the compute type
+// (ssd_compute_type(x.dtype)) and dt in x's dtype or the compute type: the op layer
+// converts the caller's tensors.
 struct SsdChunkScanDescriptor {
   TensorLayout x, dt, A, B, C;
   int64_t chunk_size = 256;
   DeviceInfo device;
+  SsdChunkScanOptions options;
 };
 
 struct SsdChunkScanBackwardDescriptor {
   SsdChunkScanDescriptor forward;
   TensorLayout dy;
+  // dfinal_states in the compute type; y_pre exactly when the forward has z.
+  TensorLayout dfinal_states, y_pre;
+  bool has_dfinal_states = false;
 };
 
+// Optional operands have a null data pointer when absent.
 struct SsdChunkScanArgs {
   TensorRef x, dt, A, B, C;
   MutTensorRef y;
+  TensorRef D, z, dt_bias, initial_states, seq_idx;
+  MutTensorRef final_states, y_pre;  // final_states with options.final_states; y_pre with z
 };
 
 struct SsdChunkScanBackwardArgs {
   TensorRef dy, x, dt, A, B, C;
   MutTensorRef dx, ddt, dA, dB, dC;
+  TensorRef D, z, dt_bias, initial_states, seq_idx, dfinal_states, y_pre;
+  MutTensorRef dD, dz, ddt_bias, dinitial_states;  // each exactly with its input
 };
 
 enum class SsdVariant : uint8_t { Sequential, Chunked, Zeros };
@@ -159,6 +314,8 @@ class SsdChunkScanPlan {
   static SsdChunkScanPlan select(const SsdChunkScanDescriptor& desc, PlanPreference pref);
   // y's layout: x's sizes, contiguous.
   const TensorLayout& output_layout() const { return out_; }
+  // final_states [B, H, D, N] in the compute type, contiguous.
+  const TensorLayout& final_states_layout() const { return final_; }
   // True for the "zeros" variant: run() launches nothing and y must be zero-filled by
   // the caller (y is empty, or N == 0 and y is a sum over an empty state).
   bool zero_fill_outputs() const { return variant_ == SsdVariant::Zeros; }
@@ -171,7 +328,7 @@ class SsdChunkScanPlan {
  private:
   SsdChunkScanDescriptor desc_;
   SsdVariant variant_ = SsdVariant::Sequential;
-  TensorLayout out_;
+  TensorLayout out_, final_;
   SsdChunkScanLaunch launch_;
   size_t kernel_workspace_ = 0;  // what the kernel needs
   size_t workspace_ = 0;         // ... plus slack to align it
@@ -184,6 +341,8 @@ class SsdChunkScanBackwardPlan {
                                          PlanPreference pref);
   // Layouts of (dx, ddt, dA, dB, dC): the shapes of (x, dt, A, B, C), contiguous.
   const std::array<TensorLayout, 5>& output_layouts() const { return out_; }
+  // Layouts of (dD, dz, ddt_bias, dinitial_states) (meaningful only where the input is present).
+  const std::array<TensorLayout, 4>& option_output_layouts() const { return opt_out_; }
   // True for the "zeros" variant: every gradient is empty or identically zero, run()
   // launches nothing and the caller zero-fills the outputs.
   bool zero_fill_outputs() const { return variant_ == SsdVariant::Zeros; }
@@ -198,6 +357,7 @@ class SsdChunkScanBackwardPlan {
   SsdChunkScanBackwardDescriptor desc_;
   SsdVariant variant_ = SsdVariant::Sequential;
   std::array<TensorLayout, 5> out_;
+  std::array<TensorLayout, 4> opt_out_;
   SsdChunkScanLaunch launch_;
   size_t kernel_workspace_ = 0;  // what the kernel needs
   size_t workspace_ = 0;         // ... plus slack to align it

@@ -110,4 +110,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("explain_ssd_chunk_scan_backward", &explain_ssd_chunk_scan_backward, py::arg("dy"),
         py::arg("x"), py::arg("dt"), py::arg("A"), py::arg("B"), py::arg("C"),
         py::arg("chunk_size") = 256, pref);
+  m.def("explain_ssd_chunk_scan_combined", &explain_ssd_chunk_scan_combined, py::arg("x"),
+        py::arg("dt"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("chunk_size") = 256,
+        py::arg("D") = py::none(), py::arg("z") = py::none(), py::arg("dt_bias") = py::none(),
+        py::arg("initial_states") = py::none(), py::arg("seq_idx") = py::none(),
+        py::arg("dt_softplus") = false, py::arg("dt_min") = 0.0, py::arg("dt_max") = py::none(),
+        py::arg("state_dtype") = py::none(), pref);
+  m.def("explain_ssd_chunk_scan_combined_backward", &explain_ssd_chunk_scan_combined_backward,
+        py::arg("dout"), py::arg("dfinal_states"), py::arg("x"), py::arg("dt"), py::arg("A"),
+        py::arg("B"), py::arg("C"), py::arg("chunk_size"), py::arg("D") = py::none(),
+        py::arg("z") = py::none(), py::arg("dt_bias") = py::none(),
+        py::arg("initial_states") = py::none(), py::arg("seq_idx") = py::none(),
+        py::arg("y_pre") = py::none(), py::arg("dt_softplus") = false, py::arg("dt_min") = 0.0,
+        py::arg("dt_max") = py::none(), pref);
 }

@@ -61,5 +61,20 @@ PlanInfo explain_ssd_chunk_scan_backward(const at::Tensor& dy, const at::Tensor&
                                          const at::Tensor& B, const at::Tensor& C,
                                          int64_t chunk_size,
                                          const std::optional<std::string>& preference);
+PlanInfo explain_ssd_chunk_scan_combined(
+    const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B,
+    const at::Tensor& C, int64_t chunk_size, const std::optional<at::Tensor>& D,
+    const std::optional<at::Tensor>& z, const std::optional<at::Tensor>& dt_bias,
+    const std::optional<at::Tensor>& initial_states, const std::optional<at::Tensor>& seq_idx,
+    bool dt_softplus, double dt_min, std::optional<double> dt_max,
+    std::optional<at::ScalarType> state_dtype, const std::optional<std::string>& preference);
+PlanInfo explain_ssd_chunk_scan_combined_backward(
+    const at::Tensor& dout, const std::optional<at::Tensor>& dfinal_states, const at::Tensor& x,
+    const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
+    int64_t chunk_size, const std::optional<at::Tensor>& D, const std::optional<at::Tensor>& z,
+    const std::optional<at::Tensor>& dt_bias, const std::optional<at::Tensor>& initial_states,
+    const std::optional<at::Tensor>& seq_idx, const std::optional<at::Tensor>& y_pre,
+    bool dt_softplus, double dt_min, std::optional<double> dt_max,
+    const std::optional<std::string>& preference);
 
 }  // namespace baracuda::torch_ops

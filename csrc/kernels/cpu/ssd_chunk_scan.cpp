@@ -1,24 +1,33 @@
 // CPU SSD chunk scan: the exact sequential recurrence, in float64 for every dtype (the
-// ground truth the CUDA kernels are tested against). Any strides; outputs dense.
+// ground truth the CUDA kernels are tested against), with every option of the launch
+// (kernels/ssd_chunk_scan.h): D, the z gate, dt_bias/softplus/limits, initial and final
+// states, seq_idx resets. Any strides; outputs dense.
 //
-// Forward, per (b, h), with the D × N state in float64:
-//   decay_t = exp(dt_t A_h),  h_t = decay_t h_{t-1} + (dt_t x_t) ⊗ B_t,  y_t = h_t C_t.
+// Forward, per (b, h), with the D × N state in float64 (h_{-1} = initial_states or 0):
+//   dt_t    = clamp(softplus?(dt_t + dt_bias), dt_min, dt_max)
+//   decay_t = exp(dt_t A_h)     (0 where seq_idx changes at t: the state resets)
+//   h_t     = decay_t h_{t-1} + (dt_t x_t) ⊗ B_t
+//   y_t     = h_t C_t + D ∘ x_t;   with z: y_pre_t = y_t, out_t = y_t · silu(z_t)
 //
-// Backward, with dh = dL/dh_t carried backwards (zero after the last step):
+// Backward, with dh = dL/dh_t carried backwards (dfinal_states after the last step):
+//   dy_t     = dout_t · silu(z_t)  (dout_t without z);  dz_t = dout_t y_pre_t silu'(z_t)
 //   dh      += dy_t ⊗ C_t
 //   dC_t[n] += Σ_d dy_t[d] h_t[d, n]                 (summed over the group's heads)
-//   dx_t[d]  = dt_t Σ_n dh[d, n] B_t[n]
+//   dx_t[d]  = dt_t Σ_n dh[d, n] B_t[n] + D[d] dy_t[d]
 //   dB_t[n] += dt_t Σ_d dh[d, n] x_t[d]               (summed over the group's heads)
-//   s_t      = Σ_{d,n} dh[d, n] h_{t-1}[d, n]
-//   ddt_t    = Σ_d x_t[d] Σ_n dh[d, n] B_t[n] + A decay_t s_t
-//   dA      += dt_t decay_t s_t                       (summed over b and t)
-//   dh      *= decay_t                                (now dL/dh_{t-1})
+//   s_t      = Σ_{d,n} dh[d, n] h_{t-1}[d, n]          (0 at a reset)
+//   ddt_t    = (Σ_d x_t[d] Σ_n dh[d, n] B_t[n] + A decay_t s_t) · dt'(raw dt)
+//   dA      += dt_t decay_t s_t;   dD += dy_t ∘ x_t;  ddt_bias += ddt_t
+//   dh      *= decay_t                                (now dL/dh_{t-1}; 0 at a reset)
+// and dinitial_states = dh after the first step.
 // Memory stays O(B·H·⌈L/Q⌉·D·N): a first pass stores only the state entering each
 // chunk (in the workspace); the reverse pass recomputes one chunk's states at a time
 // from it (the same float64 operations, so the same bits as the forward's states).
 // Every reduction runs in a fixed order: deterministic and independent of threads.
+// The plan never launches a problem with an empty extent (B, L, H, D, N >= 1 here).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/loops.h"
@@ -28,105 +37,171 @@ namespace baracuda::kernels {
 
 namespace {
 
-// Strided reads of the inputs (element strides from the launch).
-template <typename T>
+// Strided reads of the inputs (element strides from the launch). T: x, B, C, z, dy,
+// y_pre; DT: dt; CT: A, D, dt_bias, initial_states, dfinal_states.
+template <typename T, typename DT, typename CT>
 struct Inputs {
-  const T* x;
-  const T* dt;
-  const T* A;
-  const T* B;
-  const T* C;
-  const T* dy;
   const SsdChunkScanLaunch& l;
+  explicit Inputs(const SsdChunkScanLaunch& launch) : l(launch) {}
 
-  explicit Inputs(const SsdChunkScanLaunch& launch)
-      : x(static_cast<const T*>(launch.x)),
-        dt(static_cast<const T*>(launch.dt)),
-        A(static_cast<const T*>(launch.A)),
-        B(static_cast<const T*>(launch.B)),
-        C(static_cast<const T*>(launch.C)),
-        dy(static_cast<const T*>(launch.dy)),
-        l(launch) {}
+  template <typename U>
+  static const U* p(const void* v) { return static_cast<const U*>(v); }
 
-  double a(int64_t h) const { return static_cast<double>(A[h * l.A_stride]); }
-  double step(int64_t b, int64_t t, int64_t h) const {
-    return static_cast<double>(dt[b * l.dt_stride[0] + t * l.dt_stride[1] + h * l.dt_stride[2]]);
+  double a(int64_t h) const { return static_cast<double>(p<CT>(l.A)[h * l.A_stride]); }
+  double raw_dt(int64_t b, int64_t t, int64_t h) const {
+    return static_cast<double>(
+        p<DT>(l.dt)[b * l.dt_stride[0] + t * l.dt_stride[1] + h * l.dt_stride[2]]);
   }
-  // out[d] = x[b, t, h, d]
+  // The processed dt and d(processed)/d(raw) (0 where the limits clamp it).
+  double step(int64_t b, int64_t t, int64_t h, double* slope = nullptr) const {
+    double v = raw_dt(b, t, h);
+    if (l.dt_bias) v += static_cast<double>(p<CT>(l.dt_bias)[h * l.dt_bias_stride]);
+    double g = 1.0;
+    if (l.dt_softplus && v <= 20.0) {
+      g = 1.0 / (1.0 + std::exp(-v));
+      v = std::log1p(std::exp(v));
+    }
+    if (v < l.dt_min || v > l.dt_max) {
+      g = 0.0;
+      v = v < l.dt_min ? l.dt_min : l.dt_max;
+    }
+    if (slope) *slope = g;
+    return v;
+  }
+  // True when the state resets before step t (seq_idx changes between t-1 and t).
+  bool reset(int64_t b, int64_t t) const {
+    if (!l.seq_idx || t == 0) return false;
+    const int64_t s0 = l.seq_idx_stride[0], s1 = l.seq_idx_stride[1];
+    if (l.seq_idx_int64) {
+      const int64_t* s = p<int64_t>(l.seq_idx) + b * s0;
+      return s[t * s1] != s[(t - 1) * s1];
+    }
+    const int32_t* s = p<int32_t>(l.seq_idx) + b * s0;
+    return s[t * s1] != s[(t - 1) * s1];
+  }
+  // D for head h, per d (the same value for every d when D is [H]); 0 without D.
+  void load_D(int64_t h, double* out) const {
+    for (int64_t d = 0; d < l.head_dim; ++d)
+      out[d] = !l.D ? 0.0
+               : static_cast<double>(
+                     p<CT>(l.D)[h * l.D_stride[0] + (l.D_per_dim ? d * l.D_stride[1] : 0)]);
+  }
+  static void load4(const void* base, const int64_t* st, int64_t i0, int64_t i1, int64_t i2,
+                    int64_t n, double* out) {
+    const T* q = p<T>(base) + i0 * st[0] + i1 * st[1] + i2 * st[2];
+    for (int64_t k = 0; k < n; ++k) out[k] = static_cast<double>(q[k * st[3]]);
+  }
   void load_x(int64_t b, int64_t t, int64_t h, double* out) const {
-    const T* p = x + b * l.x_stride[0] + t * l.x_stride[1] + h * l.x_stride[2];
-    for (int64_t d = 0; d < l.head_dim; ++d) out[d] = static_cast<double>(p[d * l.x_stride[3]]);
+    load4(l.x, l.x_stride, b, t, h, l.head_dim, out);
   }
   void load_dy(int64_t b, int64_t t, int64_t h, double* out) const {
-    const T* p = dy + b * l.dy_stride[0] + t * l.dy_stride[1] + h * l.dy_stride[2];
-    for (int64_t d = 0; d < l.head_dim; ++d) out[d] = static_cast<double>(p[d * l.dy_stride[3]]);
+    load4(l.dy, l.dy_stride, b, t, h, l.head_dim, out);
   }
-  // out[n] = B[b, t, g, n] (or C)
+  void load_z(int64_t b, int64_t t, int64_t h, double* out) const {
+    load4(l.z, l.z_stride, b, t, h, l.head_dim, out);
+  }
+  void load_y_pre(int64_t b, int64_t t, int64_t h, double* out) const {
+    load4(l.y_pre, l.y_pre_stride, b, t, h, l.head_dim, out);
+  }
   void load_B(int64_t b, int64_t t, int64_t g, double* out) const {
-    const T* p = B + b * l.B_stride[0] + t * l.B_stride[1] + g * l.B_stride[2];
-    for (int64_t n = 0; n < l.state_dim; ++n) out[n] = static_cast<double>(p[n * l.B_stride[3]]);
+    load4(l.B, l.B_stride, b, t, g, l.state_dim, out);
   }
   void load_C(int64_t b, int64_t t, int64_t g, double* out) const {
-    const T* p = C + b * l.C_stride[0] + t * l.C_stride[1] + g * l.C_stride[2];
-    for (int64_t n = 0; n < l.state_dim; ++n) out[n] = static_cast<double>(p[n * l.C_stride[3]]);
+    load4(l.C, l.C_stride, b, t, g, l.state_dim, out);
+  }
+  // A [B, H, D, N] compute-typed state (initial_states or dfinal_states), or zeros.
+  void load_state(const void* base, const int64_t* st, int64_t b, int64_t h,
+                  double* out) const {
+    const int64_t D = l.head_dim, N = l.state_dim;
+    if (!base) {
+      std::fill(out, out + D * N, 0.0);
+      return;
+    }
+    const CT* q = p<CT>(base) + b * st[0] + h * st[1];
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t n = 0; n < N; ++n) out[d * N + n] = static_cast<double>(q[d * st[2] + n * st[3]]);
   }
 };
 
-// h = decay h + (dt x) ⊗ Bt, for a D × N row-major state. The forward and the
-// backward's recomputation both call this, so their states agree bit for bit.
-inline void recurrence_step(double* h, int64_t D, int64_t N, double decay, double dtv,
-                            const double* xt, const double* bt) {
+// h = decay h + (dt x) ⊗ Bt (h = (dt x) ⊗ Bt at a reset), for a D × N row-major state.
+// The forward and the backward's recomputation both call this, so their states agree
+// bit for bit.
+inline void recurrence_step(double* h, int64_t D, int64_t N, bool reset, double decay,
+                            double dtv, const double* xt, const double* bt) {
   for (int64_t d = 0; d < D; ++d) {
     const double u = dtv * xt[d];
     double* row = h + d * N;
-    for (int64_t n = 0; n < N; ++n) row[n] = decay * row[n] + u * bt[n];
+    if (reset)
+      for (int64_t n = 0; n < N; ++n) row[n] = u * bt[n];
+    else
+      for (int64_t n = 0; n < N; ++n) row[n] = decay * row[n] + u * bt[n];
   }
 }
 
-template <typename T>
+inline double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+
+template <typename T, typename DT, typename CT>
 void forward(const SsdChunkScanLaunch& l) {
-  const Inputs<T> in(l);
+  const Inputs<T, DT, CT> in(l);
   const int64_t L = l.seqlen, H = l.heads, D = l.head_dim, N = l.state_dim;
   const int64_t heads_per_group = H / l.groups;
   T* y = static_cast<T*>(l.y);
+  T* y_pre = static_cast<T*>(l.y_pre_out);
+  CT* final_states = static_cast<CT*>(l.final_states);
   at::parallel_for(0, l.batch * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<double> state(D * N), xt(D), bt(N), ct(N);
+    std::vector<double> state(D * N), xt(D), bt(N), ct(N), zt(D), Dh(D);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / heads_per_group;
       const double a = in.a(h);
-      std::fill(state.begin(), state.end(), 0.0);
+      in.load_D(h, Dh.data());
+      in.load_state(l.initial_states, l.init_stride, b, h, state.data());
       for (int64_t t = 0; t < L; ++t) {
         const double dtv = in.step(b, t, h);
         in.load_x(b, t, h, xt.data());
         in.load_B(b, t, g, bt.data());
         in.load_C(b, t, g, ct.data());
-        recurrence_step(state.data(), D, N, std::exp(dtv * a), dtv, xt.data(), bt.data());
-        T* yt = y + ((b * L + t) * H + h) * D;
+        recurrence_step(state.data(), D, N, in.reset(b, t), std::exp(dtv * a), dtv, xt.data(),
+                        bt.data());
+        const int64_t o = ((b * L + t) * H + h) * D;
+        if (l.z) in.load_z(b, t, h, zt.data());
         for (int64_t d = 0; d < D; ++d) {
           const double* row = state.data() + d * N;
           double acc = 0.0;
           for (int64_t n = 0; n < N; ++n) acc += ct[n] * row[n];
-          yt[d] = static_cast<T>(acc);
+          acc += Dh[d] * xt[d];
+          if (l.z) {
+            if (y_pre) y_pre[o + d] = static_cast<T>(acc);
+            acc *= zt[d] * sigmoid(zt[d]);
+          }
+          y[o + d] = static_cast<T>(acc);
         }
       }
+      if (final_states)
+        for (int64_t i = 0; i < D * N; ++i) final_states[bh * D * N + i] = static_cast<CT>(state[i]);
     }
   });
 }
 
-// Workspace of the backward: the state entering each chunk, [B, H, nc, D, N], then the
-// per-(b, h) partial sums of dA, [B, H]; all float64.
+// Workspace of the backward, all float64: the state entering each chunk
+// [B, H, nc, D, N], then the per-(b, h) partial sums of dA [B, H], ddt_bias [B, H] and
+// dD [B, H, D].
 int64_t state_doubles(const SsdChunkScanLaunch& l) {
   return l.batch * l.heads * l.nchunks() * l.head_dim * l.state_dim;
 }
+int64_t partial_doubles(const SsdChunkScanLaunch& l) {
+  return l.batch * l.heads * (2 + l.head_dim);
+}
 
-template <typename T>
+template <typename T, typename DT, typename CT>
 void backward(const SsdChunkScanLaunch& l) {
-  const Inputs<T> in(l);
+  const Inputs<T, DT, CT> in(l);
   const int64_t L = l.seqlen, H = l.heads, D = l.head_dim, N = l.state_dim, G = l.groups;
   const int64_t Q = l.chunk_size, nc = l.nchunks(), DN = D * N;
   const int64_t heads_per_group = H / G;
   double* chunk_states = static_cast<double*>(l.workspace);
   double* dA_partial = chunk_states + state_doubles(l);
+  double* dbias_partial = dA_partial + l.batch * H;
+  double* dD_partial = dbias_partial + l.batch * H;
 
   // Pass 1, per (b, h): the recurrence, keeping the state entering each chunk.
   at::parallel_for(0, l.batch * H, 1, [&](int64_t begin, int64_t end) {
@@ -134,7 +209,7 @@ void backward(const SsdChunkScanLaunch& l) {
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / heads_per_group;
       const double a = in.a(h);
-      std::fill(state.begin(), state.end(), 0.0);
+      in.load_state(l.initial_states, l.init_stride, b, h, state.data());
       for (int64_t c = 0; c < nc; ++c) {
         std::copy(state.begin(), state.end(), chunk_states + (bh * nc + c) * DN);
         const int64_t t_end = std::min(L, (c + 1) * Q);
@@ -142,7 +217,8 @@ void backward(const SsdChunkScanLaunch& l) {
           const double dtv = in.step(b, t, h);
           in.load_x(b, t, h, xt.data());
           in.load_B(b, t, g, bt.data());
-          recurrence_step(state.data(), D, N, std::exp(dtv * a), dtv, xt.data(), bt.data());
+          recurrence_step(state.data(), D, N, in.reset(b, t), std::exp(dtv * a), dtv,
+                          xt.data(), bt.data());
         }
       }
     }
@@ -151,21 +227,28 @@ void backward(const SsdChunkScanLaunch& l) {
   // Pass 2, per (b, g): chunks in reverse; inside a chunk the group's heads in order,
   // so that dB and dC sum over heads in a fixed order without atomics.
   T* dx = static_cast<T*>(l.dx);
-  T* ddt = static_cast<T*>(l.ddt);
+  DT* ddt = static_cast<DT*>(l.ddt);
   T* dB = static_cast<T*>(l.dB);
   T* dC = static_cast<T*>(l.dC);
+  T* dz = static_cast<T*>(l.dz);
+  CT* dinit = static_cast<CT*>(l.dinitial_states);
   const int64_t Qmax = std::min(Q, L);
   at::parallel_for(0, l.batch * G, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> dh(heads_per_group * DN);        // dL/dh per head of the group
     std::vector<double> states((Qmax + 1) * DN);         // h_{t0-1} .. h_{t0+q-1}
     std::vector<double> Bc(Qmax * N), Cc(Qmax * N);      // the chunk's B and C
     std::vector<double> dB_acc(Qmax * N), dC_acc(Qmax * N);
-    std::vector<double> dA_acc(heads_per_group);
-    std::vector<double> xt(D), dyt(D), sum_n(D), sum_d(N);
+    std::vector<double> dA_acc(heads_per_group), dbias_acc(heads_per_group);
+    std::vector<double> dD_acc(heads_per_group * D);
+    std::vector<double> xt(D), dyt(D), zt(D), ypt(D), Dh(D), sum_n(D), sum_d(N);
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / G, g = bg % G;
-      std::fill(dh.begin(), dh.end(), 0.0);
+      for (int64_t hl = 0; hl < heads_per_group; ++hl)
+        in.load_state(l.dfinal_states, l.dfinal_stride, b, g * heads_per_group + hl,
+                      dh.data() + hl * DN);
       std::fill(dA_acc.begin(), dA_acc.end(), 0.0);
+      std::fill(dbias_acc.begin(), dbias_acc.end(), 0.0);
+      std::fill(dD_acc.begin(), dD_acc.end(), 0.0);
       for (int64_t c = nc - 1; c >= 0; --c) {
         const int64_t t0 = c * Q, q = std::min(Q, L - t0);
         for (int64_t j = 0; j < q; ++j) {
@@ -177,6 +260,7 @@ void backward(const SsdChunkScanLaunch& l) {
         for (int64_t hl = 0; hl < heads_per_group; ++hl) {
           const int64_t h = g * heads_per_group + hl;
           const double a = in.a(h);
+          in.load_D(h, Dh.data());
           // Recompute the chunk's states from the stored one.
           const double* entry = chunk_states + ((b * H + h) * nc + c) * DN;
           std::copy(entry, entry + DN, states.begin());
@@ -185,15 +269,31 @@ void backward(const SsdChunkScanLaunch& l) {
             in.load_x(b, t0 + j, h, xt.data());
             double* next = states.data() + (j + 1) * DN;
             std::copy(next - DN, next, next);
-            recurrence_step(next, D, N, std::exp(dtv * a), dtv, xt.data(), Bc.data() + j * N);
+            recurrence_step(next, D, N, in.reset(b, t0 + j), std::exp(dtv * a), dtv, xt.data(),
+                            Bc.data() + j * N);
           }
           double* G_ = dh.data() + hl * DN;
+          double* dDh = dD_acc.data() + hl * D;
           for (int64_t j = q - 1; j >= 0; --j) {
             const int64_t t = t0 + j;
-            const double dtv = in.step(b, t, h);
+            double slope = 1.0;
+            const double dtv = in.step(b, t, h, &slope);
+            const bool reset = in.reset(b, t);
             const double decay = std::exp(dtv * a);
             in.load_x(b, t, h, xt.data());
             in.load_dy(b, t, h, dyt.data());
+            const int64_t o = ((b * L + t) * H + h) * D;
+            if (l.z) {
+              // dy (the gradient of y_pre) = dout · silu(z); dz = dout · y_pre · silu'(z).
+              in.load_z(b, t, h, zt.data());
+              in.load_y_pre(b, t, h, ypt.data());
+              for (int64_t d = 0; d < D; ++d) {
+                const double sg = sigmoid(zt[d]);
+                dz[o + d] = static_cast<T>(dyt[d] * ypt[d] * sg * (1.0 + zt[d] * (1.0 - sg)));
+                dyt[d] *= zt[d] * sg;
+              }
+            }
+            for (int64_t d = 0; d < D; ++d) dDh[d] += dyt[d] * xt[d];
             const double* bt = Bc.data() + j * N;
             const double* ct = Cc.data() + j * N;
             const double* h_t = states.data() + (j + 1) * DN;
@@ -209,7 +309,7 @@ void backward(const SsdChunkScanLaunch& l) {
                 row[n] += dyt[d] * ct[n];
                 acc += row[n] * bt[n];
                 sum_d[n] += row[n] * xt[d];
-                s += row[n] * hp[n];
+                if (!reset) s += row[n] * hp[n];
               }
               sum_n[d] = acc;
             }
@@ -222,15 +322,19 @@ void backward(const SsdChunkScanLaunch& l) {
             double* db = dB_acc.data() + j * N;
             for (int64_t n = 0; n < N; ++n) db[n] += dtv * sum_d[n];
             double ddt_t = 0.0;
-            T* dxt = dx + ((b * L + t) * H + h) * D;
             for (int64_t d = 0; d < D; ++d) {
-              dxt[d] = static_cast<T>(dtv * sum_n[d]);
+              dx[o + d] = static_cast<T>(dtv * sum_n[d] + Dh[d] * dyt[d]);
               ddt_t += xt[d] * sum_n[d];
             }
             ddt_t += a * decay * s;
-            ddt[(b * L + t) * H + h] = static_cast<T>(ddt_t);
+            ddt_t *= slope;
+            ddt[(b * L + t) * H + h] = static_cast<DT>(ddt_t);
+            dbias_acc[hl] += ddt_t;
             dA_acc[hl] += dtv * decay * s;
-            for (int64_t i = 0; i < DN; ++i) G_[i] *= decay;
+            if (reset)
+              std::fill(G_, G_ + DN, 0.0);
+            else
+              for (int64_t i = 0; i < DN; ++i) G_[i] *= decay;
           }
         }
         for (int64_t j = 0; j < q; ++j) {
@@ -242,18 +346,63 @@ void backward(const SsdChunkScanLaunch& l) {
           }
         }
       }
-      for (int64_t hl = 0; hl < heads_per_group; ++hl)
-        dA_partial[b * H + g * heads_per_group + hl] = dA_acc[hl];
+      for (int64_t hl = 0; hl < heads_per_group; ++hl) {
+        const int64_t bh = b * H + g * heads_per_group + hl;
+        dA_partial[bh] = dA_acc[hl];
+        dbias_partial[bh] = dbias_acc[hl];
+        std::copy(dD_acc.begin() + hl * D, dD_acc.begin() + (hl + 1) * D, dD_partial + bh * D);
+        if (dinit)
+          for (int64_t i = 0; i < DN; ++i)
+            dinit[bh * DN + i] = static_cast<CT>(dh[hl * DN + i]);
+      }
     }
   });
 
-  // dA[h] = Σ_b partial[b, h], in order of b (zero for an empty batch).
-  T* dA = static_cast<T*>(l.dA);
+  // dA[h], ddt_bias[h], dD[h(, d)] = Σ_b partial[b, h(, d)], in order of b (and of d for
+  // a per-head D).
+  CT* dA = static_cast<CT*>(l.dA);
+  CT* dbias = static_cast<CT*>(l.ddt_bias);
+  CT* dD = static_cast<CT*>(l.dD);
   for (int64_t h = 0; h < H; ++h) {
-    double acc = 0.0;
-    for (int64_t b = 0; b < l.batch; ++b) acc += dA_partial[b * H + h];
-    dA[h] = static_cast<T>(acc);
+    double acc = 0.0, accb = 0.0;
+    for (int64_t b = 0; b < l.batch; ++b) {
+      acc += dA_partial[b * H + h];
+      accb += dbias_partial[b * H + h];
+    }
+    dA[h] = static_cast<CT>(acc);
+    if (dbias) dbias[h] = static_cast<CT>(accb);
+    if (!dD) continue;
+    if (l.D_per_dim) {
+      for (int64_t d = 0; d < D; ++d) {
+        double s = 0.0;
+        for (int64_t b = 0; b < l.batch; ++b) s += dD_partial[(b * H + h) * D + d];
+        dD[h * D + d] = static_cast<CT>(s);
+      }
+    } else {
+      double s = 0.0;
+      for (int64_t b = 0; b < l.batch; ++b)
+        for (int64_t d = 0; d < D; ++d) s += dD_partial[(b * H + h) * D + d];
+      dD[h] = static_cast<CT>(s);
+    }
   }
+}
+
+// Calls f(T{}, DT{}, CT{}) with the element, dt and compute types of the launch.
+template <typename F>
+void dispatch(const SsdChunkScanLaunch& l, F&& f) {
+  cpu::dispatch_floating(l.element, [&](auto tag) {
+    using T = decltype(tag);
+    using CT = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const ElementKind ck = std::is_same_v<CT, double> ? ElementKind::F64 : ElementKind::F32;
+    if (l.compute != ck)
+      fail(PlanErrorKind::Internal, "ssd_chunk_scan", "compute type does not match the element");
+    if (l.dt_element == l.element)
+      f(T{}, T{}, CT{});
+    else if (l.dt_element == ck)
+      f(T{}, CT{}, CT{});
+    else
+      fail(PlanErrorKind::Internal, "ssd_chunk_scan", "dt must be the element or compute type");
+  });
 }
 
 }  // namespace
@@ -261,15 +410,19 @@ void backward(const SsdChunkScanLaunch& l) {
 size_t ssd_chunk_scan_cpu_forward_workspace(const SsdChunkScanLaunch&) { return 0; }
 
 size_t ssd_chunk_scan_cpu_backward_workspace(const SsdChunkScanLaunch& l) {
-  return static_cast<size_t>(state_doubles(l) + l.batch * l.heads) * sizeof(double);
+  return static_cast<size_t>(state_doubles(l) + partial_doubles(l)) * sizeof(double);
 }
 
 void ssd_chunk_scan_cpu_forward(const SsdChunkScanLaunch& l) {
-  cpu::dispatch_floating(l.element, [&](auto tag) { forward<decltype(tag)>(l); });
+  dispatch(l, [&](auto t, auto dt, auto ct) {
+    forward<decltype(t), decltype(dt), decltype(ct)>(l);
+  });
 }
 
 void ssd_chunk_scan_cpu_backward(const SsdChunkScanLaunch& l) {
-  cpu::dispatch_floating(l.element, [&](auto tag) { backward<decltype(tag)>(l); });
+  dispatch(l, [&](auto t, auto dt, auto ct) {
+    backward<decltype(t), decltype(dt), decltype(ct)>(l);
+  });
 }
 
 }  // namespace baracuda::kernels

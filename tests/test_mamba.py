@@ -1,0 +1,764 @@
+"""mamba_chunk_scan_combined's contract (torch.ops.baracuda.ssd_chunk_scan_combined and
+baracuda_torch.mamba): every option (D [H] / [H, P], z, dt_bias, dt_softplus, dt_limit,
+initial and final states, seq_idx) and mixed dtypes, forward and all gradients against
+the float64 step-by-step reference (reference.ssd_chunk_scan_combined); gradcheck;
+degenerate extents; poisoned outputs; opcheck; torch.compile; explain; bad inputs
+(eager and meta); the Python wrapper's return conventions and varlen states;
+mamba_split_conv1d_scan_combined against a pure-PyTorch composition; Mamba2's
+state_dict against mamba_ssm's names and shapes.
+
+Tolerances: those of test_ssd_chunk_scan (rtol_for), applied to every output.
+"""
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import baracuda_torch as bt
+from baracuda_torch import mamba
+from baracuda_torch import reference as ref
+from helpers import DEVICES, FLOAT_DTYPES, expect_bad_case
+from test_ssd_chunk_scan import check, rtol_for
+
+ops = torch.ops.baracuda
+INF = float("inf")
+OPT_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+
+
+def make_case(rng, b, L, H, P, N, G, dtype, device, *, D=None, z=None, dt_bias=None,
+              init=None, seq_idx=None, softplus=None, limit=None, mixed=None):
+    """Inputs of one problem; each option drawn at random unless given (True/False,
+    or "hdim" for D [H, P]). dt, A, D, dt_bias and initial_states are float32 or the
+    activation dtype at random when `mixed`."""
+    pick = lambda v, p=0.5: rng.random() < p if v is None else v  # noqa: E731
+    mixed = pick(mixed)
+    small = lambda: torch.float32 if mixed and rng.random() < 0.5 else dtype  # noqa: E731
+    softplus = pick(softplus)
+    x = torch.randn(b, L, H, P, dtype=torch.float64)
+    if softplus:
+        dt = torch.randn(b, L, H, dtype=torch.float64) - 1.5   # raw: softplus makes it > 0
+        dt[..., 0] = 21.0 if L else 0.0                        # above the softplus threshold
+    else:
+        dt = F.softplus(torch.randn(b, L, H, dtype=torch.float64) - 1)
+        if L > 1:
+            dt[:, 1] = -0.3                                    # negative: clamped to dt_min
+    A = -torch.exp(0.5 * torch.randn(H, dtype=torch.float64))
+    Bm = torch.randn(b, L, G, N, dtype=torch.float64)
+    Cm = torch.randn(b, L, G, N, dtype=torch.float64)
+    t = {"x": x.to(dtype), "dt": dt.to(small()), "A": A.to(small()), "B": Bm.to(dtype),
+         "C": Cm.to(dtype)}
+    D = pick(D) and (rng.choice(["h", "hdim"]) if D is None else D)
+    if D:
+        shape = (H, P) if D == "hdim" else (H,)
+        t["D"] = torch.randn(shape, dtype=torch.float64).to(small())
+    if pick(z):
+        t["z"] = torch.randn(b, L, H, P, dtype=torch.float64).to(dtype)
+    if pick(dt_bias):
+        t["dt_bias"] = (0.3 * torch.randn(H, dtype=torch.float64)).to(small())
+    if pick(init):
+        t["initial_states"] = torch.randn(b, H, P, N, dtype=torch.float64).to(small())
+    if pick(seq_idx):
+        # Sequence starts anywhere (inside chunks too), int32 or int64.
+        starts = (torch.rand(b, L) < 0.15)
+        if L:
+            starts[:, 0] = False
+        t["seq_idx"] = starts.cumsum(1).to(rng.choice([torch.int32, torch.int64]))
+    limit = pick(limit, 0.3)
+    kw = {"dt_softplus": softplus,
+          "dt_limit": (0.02, 0.8) if limit else (0.0, INF)}
+    return {k: v.to(device) for k, v in t.items()}, kw
+
+
+def run_ours(t, kw, chunk, dout, dfinal):
+    leaves = {k: (v.detach().requires_grad_() if v.is_floating_point() else v) for k, v in t.items()}
+    out, final = mamba.mamba_chunk_scan_combined(
+        leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], chunk,
+        D=leaves.get("D"), z=leaves.get("z"), dt_bias=leaves.get("dt_bias"),
+        initial_states=leaves.get("initial_states"), seq_idx=leaves.get("seq_idx"),
+        return_final_states=True, **kw)
+    names = [k for k in OPT_NAMES if k in leaves]
+    grads = torch.autograd.grad([out, final], [leaves[k] for k in names], [dout, dfinal])
+    return out, final, dict(zip(names, grads))
+
+
+def run_reference(t, kw, dout, dfinal):
+    leaves = {k: (v.detach().cpu().double().requires_grad_() if v.is_floating_point()
+                  else v.cpu()) for k, v in t.items()}
+    out, final = ref.ssd_chunk_scan_combined(
+        leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], 1,
+        D=leaves.get("D"), z=leaves.get("z"), dt_bias=leaves.get("dt_bias"),
+        initial_states=leaves.get("initial_states"), seq_idx=leaves.get("seq_idx"),
+        return_final_states=True, **kw)
+    names = [k for k in OPT_NAMES if k in leaves]
+    grads = torch.autograd.grad([out, final], [leaves[k] for k in names],
+                                [dout.cpu().double(), dfinal.cpu().double()], allow_unused=True)
+    return out.detach(), final.detach(), {k: (g if g is not None else torch.zeros_like(leaves[k]))
+                                          for k, g in zip(names, grads)}
+
+
+def check_case(t, kw, chunk, what):
+    x = t["x"]
+    dtype, device = x.dtype, x.device
+    out_shape = x.shape
+    b, L, H, P = x.shape
+    N = t["B"].size(-1)
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    dout = torch.randn(out_shape, dtype=torch.float64).to(device=device, dtype=dtype)
+    dfinal = torch.randn(b, H, P, N, dtype=torch.float64).to(device=device, dtype=state_dtype)
+    out, final, grads = run_ours(t, kw, chunk, dout, dfinal)
+    out64, final64, g64 = run_reference(t, kw, dout, dfinal)
+    rtol = rtol_for(dtype, device.type)
+    assert out.dtype == dtype and out.shape == out_shape and out.is_contiguous()
+    assert final.dtype == state_dtype and final.shape == (b, H, P, N)
+    check(out, out64, rtol, "out of " + what)
+    check(final, final64, rtol, "final_states of " + what)
+    for k, g in grads.items():
+        assert g.shape == t[k].shape and g.dtype == t[k].dtype, k
+        # A float32 gradient of a float64 problem is rounded to float32 once.
+        check(g, g64[k], max(rtol, rtol_for(g.dtype, device.type)), f"d{k} of {what}")
+
+
+# (B, L, H, P, N, G, chunk): odd L, chunks not dividing L, chunk 1, G = 1, G = H, 1 < G < H.
+SHAPES = [
+    (2, 37, 4, 8, 6, 2, 16),
+    (1, 10, 3, 3, 5, 3, 64),
+    (2, 9, 6, 4, 3, 2, 1),
+    (1, 70, 4, 5, 4, 1, 32),
+    (2, 23, 2, 4, 8, 1, 7),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_random_option_combinations(device, dtype):
+    rng = random.Random(1234 + FLOAT_DTYPES.index(dtype))
+    torch.manual_seed(99)
+    for i in range(12):
+        b, L, H, P, N, G, Q = SHAPES[i % len(SHAPES)]
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, device)
+        opts = sorted(k for k in t if k not in ("x", "dt", "A", "B", "C"))
+        check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {opts} {kw}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_option_at_once(device):
+    rng = random.Random(7)
+    for D in ("h", "hdim"):
+        t, kw = make_case(rng, 2, 41, 4, 6, 5, 2, torch.float32, device, D=D, z=True,
+                          dt_bias=True, init=True, seq_idx=True, softplus=True, limit=True,
+                          mixed=False)
+        check_case(t, kw, 8, f"all options, D {D}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seq_idx_resets_state(device):
+    """A boundary inside a chunk: the second sequence's output equals the scan run on it
+    alone, and its final state is independent of the first sequence."""
+    rng = random.Random(3)
+    t, kw = make_case(rng, 1, 30, 2, 4, 3, 1, torch.float64, device, D=False, z=False,
+                      dt_bias=False, init=False, seq_idx=False, softplus=False, limit=False)
+    seq = torch.zeros(1, 30, dtype=torch.int32, device=device)
+    seq[:, 13:] = 1
+    full, fin = mamba.mamba_chunk_scan_combined(t["x"], t["dt"], t["A"], t["B"], t["C"], 8,
+                                                seq_idx=seq, return_final_states=True)
+    part, fin2 = mamba.mamba_chunk_scan_combined(t["x"][:, 13:], t["dt"][:, 13:], t["A"],
+                                                 t["B"][:, 13:], t["C"][:, 13:], 8,
+                                                 return_final_states=True)
+    torch.testing.assert_close(full[:, 13:], part, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fin, fin2, rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck_float64_all_options():
+    rng = random.Random(11)
+    for D in ("h", "hdim"):
+        t, kw = make_case(rng, 2, 7, 2, 3, 2, 1, torch.float64, "cpu", D=D, z=True,
+                          dt_bias=True, init=True, seq_idx=True, softplus=True, limit=False,
+                          mixed=False)
+        t["dt"] = t["dt"].clamp(max=3.0)   # away from the softplus threshold's kink
+        seq = t["seq_idx"]
+        names = [k for k in OPT_NAMES if k in t]
+
+        def fn(*args, kw=kw, seq=seq, names=names):
+            a = dict(zip(names, args))
+            return mamba.mamba_chunk_scan_combined(
+                a["x"], a["dt"], a["A"], a["B"], a["C"], 3, D=a["D"], z=a["z"],
+                dt_bias=a["dt_bias"], initial_states=a["initial_states"], seq_idx=seq,
+                return_final_states=True, **kw)
+
+        torch.autograd.gradcheck(fn, [t[k].detach().requires_grad_() for k in names])
+
+
+def test_gradcheck_dt_limit():
+    """The clamp's gradient: zero where dt is strictly outside the limits."""
+    rng = random.Random(5)
+    t, kw = make_case(rng, 1, 9, 2, 3, 2, 2, torch.float64, "cpu", D=False, z=False,
+                      dt_bias=True, init=False, seq_idx=False, softplus=False, limit=False,
+                      mixed=False)
+    t["dt"] = torch.tensor([0.01, 0.2, 0.5, 0.9, 0.3, 1.4, 0.05, 0.6, 0.7],
+                           dtype=torch.float64)[None, :, None].expand(1, 9, 2).contiguous()
+    t["dt_bias"] = torch.tensor([0.013, -0.021], dtype=torch.float64)
+
+    def fn(x, dt, A, B, C, bias):
+        return mamba.mamba_chunk_scan_combined(x, dt, A, B, C, 4, dt_bias=bias,
+                                               dt_limit=(0.1, 0.8))
+
+    args = [t[k].detach().requires_grad_() for k in ("x", "dt", "A", "B", "C", "dt_bias")]
+    torch.autograd.gradcheck(fn, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_outputs_fully_written(device, dtype):
+    """Deterministic mode fills fresh allocations with NaN: every output and gradient
+    must come back finite."""
+    torch.use_deterministic_algorithms(True)
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    rng = random.Random(21)
+    for D in ("h", "hdim"):
+        t, kw = make_case(rng, 2, 19, 4, 5, 3, 2, dtype, device, D=D, z=True, dt_bias=True,
+                          init=True, seq_idx=True, softplus=True, limit=True)
+        args = [t[k] for k in ("x", "dt", "A", "B", "C")]
+        opt = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
+                   seq_idx=t["seq_idx"], dt_softplus=True, dt_min=0.02, dt_max=0.8)
+        out, final, y_pre = ops.ssd_chunk_scan_combined(*args, 8, **opt)
+        for o in (out, final, y_pre):
+            assert torch.isfinite(o).all()
+        opt.pop("D"), opt.pop("z"), opt.pop("dt_bias"), opt.pop("initial_states"), opt.pop("seq_idx")
+        grads = ops.ssd_chunk_scan_combined_backward(
+            torch.ones_like(out), torch.ones_like(final), *args, 8, t["D"], t["z"], t["dt_bias"],
+            t["initial_states"], t["seq_idx"], y_pre, True, 0.02, 0.8)
+        for name, g in zip(("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinit"), grads):
+            assert torch.isfinite(g).all(), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_degenerate_extents(device, dtype):
+    """L = 0: final_states are the initial states and their gradient passes through;
+    N = 0: y = D·x gated by z; empty batch: empty outputs. Poisoned allocations."""
+    torch.use_deterministic_algorithms(True)
+    rng = random.Random(4)
+    for b, L, H, P, N, G in [(2, 0, 2, 3, 4, 1), (2, 5, 2, 3, 0, 2), (0, 5, 2, 3, 4, 1),
+                             (2, 5, 2, 0, 4, 1)]:
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, device, D="hdim", z=True,
+                          dt_bias=True, init=True, seq_idx=True, softplus=True, limit=False,
+                          mixed=False)
+        check_case(t, kw, 4, f"degenerate {(b, L, H, P, N, G)}")
+        info = bt.explain("ssd_chunk_scan_combined", t["x"], t["dt"], t["A"], t["B"], t["C"], 4,
+                          D=t["D"], z=t["z"], initial_states=t["initial_states"])
+        assert info.variant == "zeros"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plain_op_is_the_combined_op_without_options(device):
+    rng = random.Random(8)
+    for dtype in (torch.float32, torch.bfloat16):
+        t, _ = make_case(rng, 2, 29, 4, 4, 3, 2, dtype, device, D=False, z=False, dt_bias=False,
+                         init=False, seq_idx=False, softplus=False, limit=False, mixed=False)
+        args = [t[k] for k in ("x", "dt", "A", "B", "C")]
+        plain = ops.ssd_chunk_scan(*[a.clamp(min=0) if i == 1 else a for i, a in enumerate(args)], 8)
+        comb, final, y_pre = ops.ssd_chunk_scan_combined(*args, 8)
+        assert torch.equal(plain, comb)
+        assert y_pre.numel() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_bitwise(device):
+    rng = random.Random(12)
+    t, kw = make_case(rng, 3, 45, 4, 4, 3, 2, torch.float32, device, D="h", z=True, dt_bias=True,
+                      init=True, seq_idx=True, softplus=True, limit=False, mixed=True)
+    dout = torch.randn_like(t["x"])
+    dfinal = torch.randn(3, 4, 4, 3, device=device)
+    runs = [run_ours(t, kw, 16, dout, dfinal) for _ in range(2)]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    for k in runs[0][2]:
+        assert torch.equal(runs[0][2][k], runs[1][2][k]), k
+
+
+# ---- explain, opcheck, compile ------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_explain(device):
+    rng = random.Random(2)
+    t, kw = make_case(rng, 1, 10, 2, 3, 4, 1, torch.float16, device, D="h", z=True,
+                      dt_bias=True, init=True, seq_idx=True, softplus=True, limit=False,
+                      mixed=True)
+    args = [t[k] for k in ("x", "dt", "A", "B", "C")]
+    info = bt.explain("ssd_chunk_scan_combined", *args, 4, D=t["D"], z=t["z"],
+                      dt_bias=t["dt_bias"], initial_states=t["initial_states"],
+                      seq_idx=t["seq_idx"], dt_softplus=True)
+    assert info.op == "ssd_chunk_scan" and info.deterministic
+    assert info.variant == ("sequential" if device == "cpu" else info.variant)
+    out, final, y_pre = ops.ssd_chunk_scan_combined(*args, 4, t["D"], t["z"], t["dt_bias"],
+                                                    t["initial_states"], t["seq_idx"], True)
+    binfo = bt.explain(ops.ssd_chunk_scan_combined_backward, out, final, *args, 4, D=t["D"],
+                       z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
+                       seq_idx=t["seq_idx"], y_pre=y_pre, dt_softplus=True)
+    assert binfo.op == "ssd_chunk_scan_backward" and binfo.workspace_bytes > 0
+
+
+def opcheck_samples(device):
+    rng = random.Random(31)
+    samples = []
+    for dtype, D, z, bias, init, seq, sp, mixed in [
+            (torch.float32, "h", True, True, True, True, True, False),
+            (torch.float32, "hdim", False, False, True, False, False, True),
+            (torch.float16, False, True, True, False, True, True, True),
+            (torch.float64, "h", False, True, False, False, True, True),
+            (torch.float32, False, False, False, False, False, False, False)]:
+        t, kw = make_case(rng, 2, 11, 4, 3, 5, 2, dtype, device, D=D, z=z, dt_bias=bias,
+                          init=init, seq_idx=seq, softplus=sp, limit=False, mixed=mixed)
+        args = tuple(t[k].detach().requires_grad_() for k in ("x", "dt", "A", "B", "C"))
+        opt = tuple(t[k].detach().requires_grad_() if k in t and k != "seq_idx" else t.get(k)
+                    for k in ("D", "z", "dt_bias", "initial_states", "seq_idx"))
+        samples.append((ops.ssd_chunk_scan_combined.default, args + (4,) + opt + (sp, 0.0, None, None)))
+        out, final, y_pre = ops.ssd_chunk_scan_combined(*[a.detach() for a in args], 4,
+                                                        *[o.detach() if o is not None else None
+                                                          for o in opt], sp)
+        bargs = (torch.randn_like(out), torch.randn_like(final)) + tuple(a.detach() for a in args)
+        bopt = tuple(o.detach() if o is not None else None for o in opt)
+        samples.append((ops.ssd_chunk_scan_combined_backward.default,
+                        bargs + (4,) + bopt + (y_pre if z else None, sp, 0.0, None)))
+    # dt_limit and state_dtype
+    t, _ = make_case(rng, 1, 9, 2, 3, 2, 1, torch.bfloat16, device, D=False, z=False,
+                     dt_bias=False, init=False, seq_idx=False, softplus=False, limit=False)
+    args = tuple(t[k] for k in ("x", "dt", "A", "B", "C"))
+    samples.append((ops.ssd_chunk_scan_combined.default,
+                    args + (3, None, None, None, None, None, False, 0.05, 0.5, torch.bfloat16)))
+    return samples
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args in opcheck_samples(device):
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph(device, dynamic):
+    def fn(x, dt, A_log, B, C, D, z, bias, init, seq_idx):
+        out, final = mamba.mamba_chunk_scan_combined(
+            x * 2, dt, -torch.exp(A_log), B, C, 8, D=D, z=z, dt_bias=bias, initial_states=init,
+            seq_idx=seq_idx, dt_softplus=True, dt_limit=(0.0, 5.0), return_final_states=True)
+        return out.sum() + final.square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
+    rng = random.Random(17)
+    for L in (13, 21):
+        t, _ = make_case(rng, 2, L, 4, 3, 5, 2, torch.float32, device, D="hdim", z=True,
+                         dt_bias=True, init=True, seq_idx=True, softplus=True, limit=False,
+                         mixed=False)
+        t["A"] = t["A"].neg().log()
+        names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+        eager = [t[k].clone().requires_grad_() for k in names]
+        comp = [t[k].clone().requires_grad_() for k in names]
+        out_e = fn(*eager, t["seq_idx"])
+        out_c = compiled(*comp, t["seq_idx"])
+        torch.testing.assert_close(out_c, out_e)
+        out_e.backward()
+        out_c.backward()
+        for a, e in zip(comp, eager):
+            torch.testing.assert_close(a.grad, e.grad)
+
+
+# ---- bad inputs ---------------------------------------------------------------------
+
+
+def bad_cases(device):
+    rng = random.Random(0)
+    t, _ = make_case(rng, 2, 10, 4, 8, 5, 2, torch.float32, "cpu", D="h", z=True, dt_bias=True,
+                     init=True, seq_idx=True, softplus=False, limit=False, mixed=False)
+    t = {k: v.to(device) for k, v in t.items()}
+    x, dt, A, B, C = (t[k] for k in ("x", "dt", "A", "B", "C"))
+    base = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
+                seq_idx=t["seq_idx"])
+
+    def f(**over):
+        kw = dict(base)
+        kw.update(over)
+        return ops.ssd_chunk_scan_combined(x, dt, A, B, C, 4, kw["D"], kw["z"], kw["dt_bias"],
+                                           kw["initial_states"], kw["seq_idx"], False,
+                                           kw.get("dt_min", 0.0), kw.get("dt_max"),
+                                           kw.get("state_dtype"))
+
+    def bwd(**over):
+        kw = dict(base, y_pre=x, dfinal=torch.zeros_like(base["initial_states"]))
+        kw.update(over)
+        return ops.ssd_chunk_scan_combined_backward(
+            x, kw["dfinal"], x, dt, A, B, C, 4, kw["D"], kw["z"], kw["dt_bias"],
+            kw["initial_states"], kw["seq_idx"], kw["y_pre"], False, 0.0, None)
+
+    op = r"baracuda::ssd_chunk_scan_combined: "
+    bop = r"baracuda::ssd_chunk_scan_combined_backward: "
+    init = base["initial_states"]
+    return [
+        ("D wrong size", lambda: f(D=t["D"][:3]), ValueError,
+         op + r"D must have shape \[H\] = \[4\] or \[H, D\] = \[4, 8\], got \[3\]"),
+        ("D 3-d", lambda: f(D=t["D"][:, None, None]), ValueError, r"D must have shape .* got \[4, 1, 1\]"),
+        ("D integer", lambda: f(D=t["D"].long()), TypeError,
+         op + r"D must be float32, float16, bfloat16 or float64, got int64"),
+        ("D float16 with float32 x", lambda: f(D=t["D"].half()), TypeError,
+         op + r"D must be float32 or x's dtype float32, got float16"),
+        ("z wrong shape", lambda: f(z=x[..., :7]), ValueError,
+         op + r"z must have shape \[B, L, H, D\] = \[2, 10, 4, 8\], got \[2, 10, 4, 7\]"),
+        ("z dtype", lambda: f(z=x.double()), TypeError, op + r"z must have x's dtype float32, got float64"),
+        ("dt_bias wrong size", lambda: f(dt_bias=t["dt_bias"][:2]), ValueError,
+         op + r"dt_bias must have shape \[H\] = \[4\], got \[2\]"),
+        ("dt_bias dtype", lambda: f(dt_bias=t["dt_bias"].bfloat16()), TypeError,
+         op + r"dt_bias must be float32 or x's dtype float32, got bfloat16"),
+        ("initial_states wrong shape", lambda: f(initial_states=init[..., :4]), ValueError,
+         op + r"initial_states must have shape \[B, H, D, N\] = \[2, 4, 8, 5\], got \[2, 4, 8, 4\]"),
+        ("initial_states dtype", lambda: f(initial_states=init.double()), TypeError,
+         op + r"initial_states must be float32 or x's dtype float32, got float64"),
+        ("seq_idx wrong shape", lambda: f(seq_idx=t["seq_idx"][:, :9]), ValueError,
+         op + r"seq_idx must have shape \[B, L\] = \[2, 10\], got \[2, 9\]"),
+        ("seq_idx float", lambda: f(seq_idx=t["seq_idx"].float()), TypeError,
+         op + r"seq_idx must be int32 or int64, got float32"),
+        ("dt_min > dt_max", lambda: f(dt_min=0.5, dt_max=0.1), ValueError,
+         op + r"dt_limit must satisfy dt_min <= dt_max"),
+        ("state_dtype integer", lambda: f(state_dtype=torch.int32), TypeError,
+         op + r"state_dtype must be a floating dtype"),
+        ("A float16 with float32 x", lambda: ops.ssd_chunk_scan_combined(x, dt, A.half(), B, C, 4),
+         TypeError, op + r"A must be float32 or x's dtype float32, got float16"),
+        ("dt shape", lambda: ops.ssd_chunk_scan_combined(x, dt[:, :9], A, B, C, 4), ValueError,
+         op + r"dt must have shape \[B, L, H\]"),
+        ("backward y_pre missing", lambda: bwd(y_pre=None), ValueError,
+         bop + r"y_pre \(the forward's pre-gate output\) is required when z is given"),
+        ("backward y_pre without z", lambda: bwd(z=None), ValueError,
+         bop + r"y_pre must be None when z is None"),
+        ("backward y_pre shape", lambda: bwd(y_pre=x[:1]), ValueError,
+         bop + r"y_pre must have shape \[B, L, H, D\] = \[2, 10, 4, 8\], got \[1, 10, 4, 8\]"),
+        ("backward dfinal_states shape", lambda: bwd(dfinal=init[:1]), ValueError,
+         bop + r"dfinal_states must have shape \[B, H, D, N\] = \[2, 4, 8, 5\], got \[1, 4, 8, 5\]"),
+        ("backward dfinal_states integer", lambda: bwd(dfinal=init.int()), TypeError,
+         bop + r"dfinal_states must be float32, float16, bfloat16 or float64, got int32"),
+    ]
+
+
+BAD_NAMES = [c[0] for c in bad_cases("cpu")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_inputs(device, name):
+    expect_bad_case(bad_cases(device), name)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_inputs_meta(name):
+    expect_bad_case(bad_cases("meta"), name)
+
+
+def test_device_mismatch_names_the_argument():
+    rng = random.Random(0)
+    t, _ = make_case(rng, 1, 4, 2, 2, 2, 1, torch.float32, "cpu", D="h", z=False, dt_bias=False,
+                     init=False, seq_idx=False, softplus=False, limit=False, mixed=False)
+    with pytest.raises(RuntimeError, match="x is on cpu and D is on meta"):
+        ops.ssd_chunk_scan_combined(t["x"], t["dt"], t["A"], t["B"], t["C"], 4,
+                                    t["D"].to("meta"))
+
+
+# ---- the Python wrapper ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_return_conventions(device):
+    rng = random.Random(6)
+    t, kw = make_case(rng, 1, 20, 2, 3, 4, 1, torch.float32, device, D="h", z=True,
+                      dt_bias=True, init=True, seq_idx=False, softplus=True, limit=False,
+                      mixed=False)
+    args = [t[k] for k in ("x", "dt", "A", "B", "C")]
+    cu = torch.tensor([0, 7, 8, 20], device=device)
+    seq = torch.repeat_interleave(torch.arange(3, device=device), cu.diff())[None].int()
+    common = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
+                  seq_idx=seq, **kw)
+    out = mamba.mamba_chunk_scan_combined(*args, 8, **common)
+    assert isinstance(out, torch.Tensor) and out.shape == t["x"].shape
+    out2, final = mamba.mamba_chunk_scan_combined(*args, 8, return_final_states=True, **common)
+    assert torch.equal(out, out2) and final.shape == (1, 2, 3, 4)
+    out3, varlen = mamba.mamba_chunk_scan_combined(*args, 8, cu_seqlens=cu,
+                                                   return_varlen_states=True, **common)
+    assert torch.equal(out, out3) and varlen.shape == (3, 2, 3, 4)
+    out4, final4, varlen4 = mamba.mamba_chunk_scan_combined(
+        *args, 8, cu_seqlens=cu, return_final_states=True, return_varlen_states=True, **common)
+    assert torch.equal(out, out4) and torch.equal(final, final4) and torch.equal(varlen, varlen4)
+    # The last sequence's state is the final state; each against the reference run on
+    # the sequence alone (the first from initial_states).
+    torch.testing.assert_close(varlen[-1], final[0], rtol=1e-5, atol=1e-5)
+    for i in range(3):
+        s, e = cu[i].item(), cu[i + 1].item()
+        sl = lambda v: v[:, s:e].cpu().double()  # noqa: E731
+        _, st = ref.ssd_chunk_scan_combined(
+            sl(t["x"]), sl(t["dt"]), t["A"].cpu().double(), sl(t["B"]), sl(t["C"]),
+            dt_bias=t["dt_bias"].cpu().double(),
+            initial_states=t["initial_states"].cpu().double() if i == 0 else None,
+            dt_softplus=True, return_final_states=True)
+        check(varlen[i], st[0], rtol_for(torch.float32, device), f"varlen state {i}")
+    with pytest.raises(ValueError, match="cu_seqlens must be provided"):
+        mamba.mamba_chunk_scan_combined(*args, 8, return_varlen_states=True)
+    two = [torch.cat([a, a]) if a.dim() >= 3 else a for a in args]
+    with pytest.raises(ValueError, match="batch size 1"):
+        mamba.mamba_chunk_scan_combined(*two, 8, cu_seqlens=cu, return_varlen_states=True)
+    # state_dtype
+    _, f16 = mamba.mamba_chunk_scan_combined(*args, 8, return_final_states=True,
+                                             state_dtype=torch.float64)
+    assert f16.dtype == torch.float64
+
+
+def conv_reference(xBC, weight, bias, seq_idx):
+    """Causal depthwise conv as a loop over steps and taps, float64."""
+    b, L, Cdim = xBC.shape
+    W = weight.size(1)
+    out = torch.zeros_like(xBC)
+    for t in range(L):
+        acc = bias.clone().expand(b, Cdim).clone() if bias is not None else xBC.new_zeros(b, Cdim)
+        for k in range(W):
+            s = t - k
+            if s < 0:
+                break
+            w = weight[:, W - 1 - k]
+            if seq_idx is not None:
+                same = (seq_idx[:, s] == seq_idx[:, t]).to(xBC.dtype)[:, None]
+                acc = acc + same * w * xBC[:, s]
+            else:
+                acc = acc + w * xBC[:, s]
+        out[:, t] = acc
+    return F.silu(out)
+
+
+def split_reference(zxbcdt, conv_w, conv_b, dt_bias, A, D, chunk, initial_states, seq_idx,
+                    dt_limit, rms_w, eps, out_w, out_b, headdim, ngroups, norm_before_gate):
+    """mamba_split_conv1d_scan_combined composed from the float64 references."""
+    if D.dim() == 1:
+        H = D.size(0)
+    else:
+        H, headdim = D.shape
+    dim = H * headdim
+    N = (conv_w.size(0) - dim) // ngroups // 2
+    d_mlp = (zxbcdt.size(-1) - 2 * dim - 2 * ngroups * N - H) // 2
+    zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_mlp, dim, dim + 2 * ngroups * N, H], -1)
+    xBC = conv_reference(xBC, conv_w, conv_b, seq_idx)
+    x, B, C = torch.split(xBC, [dim, ngroups * N, ngroups * N], -1)
+    y, final = ref.ssd_chunk_scan_combined(
+        x.unflatten(-1, (H, headdim)), dt, A, B.unflatten(-1, (ngroups, N)),
+        C.unflatten(-1, (ngroups, N)), D=D, z=None if rms_w is not None else z.unflatten(-1, (H, headdim)),
+        dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
+        dt_limit=dt_limit, return_final_states=True)
+    y = y.flatten(-2)
+    if rms_w is not None:
+        if not norm_before_gate:
+            y = y * F.silu(z)
+        g = y.unflatten(-1, (ngroups, -1))
+        y = (g / torch.sqrt(g.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * rms_w
+        if norm_before_gate:
+            y = y * F.silu(z)
+    if d_mlp:
+        y = torch.cat([F.silu(zx0[..., :d_mlp]) * zx0[..., d_mlp:], y], -1)
+    return F.linear(y, out_w, out_b), final
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config", [
+    dict(rms=True, nbg=True, D_hdim=False, d_mlp=0, ngroups=1, seq=False, init=False),
+    dict(rms=True, nbg=False, D_hdim=True, d_mlp=3, ngroups=2, seq=True, init=True),
+    dict(rms=False, nbg=True, D_hdim=False, d_mlp=0, ngroups=2, seq=True, init=False),
+    dict(rms=False, nbg=False, D_hdim=True, d_mlp=2, ngroups=1, seq=False, init=True),
+])
+def test_split_conv1d_scan_matches_composition(device, config):
+    torch.manual_seed(5)
+    b, L, H, P, N, G, W = 2, 19, 4, 3, 5, config["ngroups"], 4
+    dim = H * P
+    d_mlp = config["d_mlp"]
+    f64 = dict(dtype=torch.float64)
+    zxbcdt = torch.randn(b, L, 2 * d_mlp + 2 * dim + 2 * G * N + H, **f64)
+    conv_w = 0.5 * torch.randn(dim + 2 * G * N, W, **f64)
+    conv_b = 0.1 * torch.randn(dim + 2 * G * N, **f64)
+    dt_bias = 0.3 * torch.randn(H, **f64) - 1
+    A = -torch.exp(0.5 * torch.randn(H, **f64))
+    D = torch.randn(H, P, **f64) if config["D_hdim"] else torch.randn(H, **f64)
+    init = torch.randn(b, H, P, N, **f64) if config["init"] else None
+    seq = (torch.rand(b, L) < 0.2).cumsum(1).int() if config["seq"] else None
+    rms_w = 1 + 0.1 * torch.randn(dim, **f64) if config["rms"] else None
+    out_w = torch.randn(7, d_mlp + dim, **f64) / 4
+    out_b = torch.randn(7, **f64)
+    leaves = [zxbcdt, conv_w, conv_b, dt_bias, A, D] + ([init] if init is not None else []) \
+        + ([rms_w] if rms_w is not None else []) + [out_w, out_b]
+    leaves = [t.requires_grad_() for t in leaves]
+
+    def unpack(ts):
+        it = iter(ts)
+        zx, cw, cb, bias, a, d = (next(it) for _ in range(6))
+        i0 = next(it) if init is not None else None
+        rw = next(it) if rms_w is not None else None
+        return zx, cw, cb, bias, a, d, i0, rw, next(it), next(it)
+
+    zx, cw, cb, bias, a, d, i0, rw, ow, ob = unpack(leaves)
+    expected, efinal = split_reference(zx, cw, cb, bias, a, d, 6, i0, seq, (0.0, INF), rw, 1e-6,
+                                       ow, ob, P, G, config["nbg"])
+    dev = [t.detach().to(device).requires_grad_() for t in leaves]
+    zx, cw, cb, bias, a, d, i0, rw, ow, ob = unpack(dev)
+    out, final = mamba.mamba_split_conv1d_scan_combined(
+        zx, cw, cb, bias, a, d, 6, initial_states=i0,
+        seq_idx=seq.to(device) if seq is not None else None, return_final_states=True,
+        rmsnorm_weight=rw, rmsnorm_eps=1e-6, outproj_weight=ow, outproj_bias=ob,
+        headdim=None if config["D_hdim"] else P, ngroups=G, norm_before_gate=config["nbg"])
+    check(out, expected.detach(), 1e-10, "out")
+    check(final, efinal.detach(), 1e-10, "final_states")
+    gout = torch.randn_like(expected)
+    gfin = torch.randn_like(efinal)
+    ge = torch.autograd.grad([expected, efinal], leaves, [gout, gfin])
+    go = torch.autograd.grad([out, final], dev, [gout.to(device), gfin.to(device)])
+    for i, (g, e) in enumerate(zip(go, ge)):
+        check(g, e, 1e-10, f"gradient {i}")
+
+
+# mamba_ssm.modules.mamba2.Mamba2(d_model=64, d_state=16, headdim=16, ngroups=2) (expand 2,
+# d_conv 4, bias False, conv_bias True, rmsnorm True, D_has_hdim False): its state_dict.
+MAMBA_SSM_STATE_DICT = [
+    ("dt_bias", (8,)),
+    ("A_log", (8,)),
+    ("D", (8,)),
+    ("in_proj.weight", (2 * 128 + 2 * 2 * 16 + 8, 64)),
+    ("conv1d.weight", (128 + 2 * 2 * 16, 1, 4)),
+    ("conv1d.bias", (128 + 2 * 2 * 16,)),
+    ("norm.weight", (128,)),
+    ("out_proj.weight", (64, 128)),
+]
+
+
+def test_mamba2_state_dict_matches_mamba_ssm():
+    m = mamba.Mamba2(d_model=64, d_state=16, headdim=16, ngroups=2)
+    sd = m.state_dict()
+    assert sorted((k, tuple(v.shape)) for k, v in sd.items()) == sorted(MAMBA_SSM_STATE_DICT)
+    assert [k for k, _ in m.named_parameters()] == [k for k, _ in MAMBA_SSM_STATE_DICT]
+    # D_has_hdim, biases, no norm
+    m2 = mamba.Mamba2(d_model=32, d_state=8, headdim=8, D_has_hdim=True, rmsnorm=False, bias=True)
+    shapes = {k: tuple(v.shape) for k, v in m2.state_dict().items()}
+    assert shapes["D"] == (64,) and "norm.weight" not in shapes
+    assert shapes["in_proj.bias"] == (2 * 64 + 2 * 8 + 8,) and shapes["out_proj.bias"] == (32,)
+
+
+def test_mamba2_init_matches_mamba_ssm():
+    torch.manual_seed(0)
+    m = mamba.Mamba2(d_model=64, d_state=16, headdim=8, dt_min=0.01, dt_max=0.05,
+                     A_init_range=(2, 4))
+    dt = F.softplus(m.dt_bias.detach())
+    assert (dt >= 0.01 - 1e-6).all() and (dt <= 0.05 + 1e-6).all()
+    A = torch.exp(m.A_log.detach())
+    assert (A >= 2).all() and (A <= 4).all()
+    assert torch.equal(m.D.detach(), torch.ones(16)) and torch.equal(m.norm.weight.detach(), torch.ones(128))
+    assert m.A_log.dtype == torch.float32 and getattr(m.A_log, "_no_weight_decay", False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mamba2_forward_matches_reference(device):
+    torch.manual_seed(1)
+    m = mamba.Mamba2(d_model=16, d_state=8, headdim=4, ngroups=2, chunk_size=8,
+                     dtype=torch.float64).to(device)
+    u = torch.randn(2, 13, 16, dtype=torch.float64, device=device)
+    seq = torch.tensor([[0] * 6 + [1] * 7, [0] * 13], dtype=torch.int32, device=device)
+    out = m(u, seq_idx=seq)
+    zxbcdt = m.in_proj(u)
+    expected, _ = split_reference(
+        zxbcdt.cpu(), m.conv1d.weight.squeeze(1).cpu(), m.conv1d.bias.cpu(), m.dt_bias.cpu(),
+        -torch.exp(m.A_log.float()).cpu(), m.D.cpu(), 8, None, seq.cpu(), (0.0, INF), m.norm.weight.cpu(),
+        1e-5, m.out_proj.weight.cpu(), None, 4, 2, False)
+    check(out, expected.detach(), 1e-10, "Mamba2 out")
+    out.sum().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    flat = m(u.flatten(0, 1), seqlen=13, seq_idx=seq)
+    torch.testing.assert_close(flat, out.flatten(0, 1))
+
+
+def test_mamba2_unsupported():
+    with pytest.raises(NotImplementedError, match="process_group"):
+        mamba.Mamba2(d_model=16, d_state=8, headdim=4, process_group=object())
+    m = mamba.Mamba2(d_model=16, d_state=8, headdim=4)
+    with pytest.raises(NotImplementedError, match="inference_params"):
+        m(torch.randn(1, 3, 16), inference_params=object())
+    with pytest.raises(ValueError, match="multiple of headdim"):
+        mamba.Mamba2(d_model=10, d_state=8, headdim=4, expand=1)
+
+
+def strided(t, kind):
+    """The same values as t in a non-contiguous layout."""
+    if kind == "transpose" and t.dim() >= 2:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if kind == "stride2":
+        big = torch.empty(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=t.device)
+        big[..., ::2] = t
+        return big[..., ::2]
+    return t.expand(*t.shape) if kind == "expand" else t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_options(device, dtype):
+    """Every optional operand (and dfinal_states, dout) as a strided view gives the
+    contiguous result: bitwise on the CPU, whose float64 math reads values only."""
+    rng = random.Random(13)
+    t, kw = make_case(rng, 2, 25, 4, 6, 5, 2, dtype, device, D="hdim", z=True, dt_bias=True,
+                      init=True, seq_idx=True, softplus=True, limit=False, mixed=True)
+    dout = torch.randn_like(t["x"])
+    state_dtype = torch.float32
+    dfinal = torch.randn(2, 4, 6, 5, device=device, dtype=state_dtype)
+    base = run_ours(t, kw, 8, dout, dfinal)
+    s = {k: strided(v, "stride2" if k in ("dt_bias", "seq_idx", "z") else "transpose")
+         for k, v in t.items()}
+    for k in ("D", "z", "dt_bias", "initial_states", "seq_idx"):
+        assert not s[k].is_contiguous(), k
+    other = run_ours(s, kw, 8, strided(dout, "transpose"), strided(dfinal, "stride2"))
+    same = torch.equal if device == "cpu" else (lambda a, b: torch.testing.assert_close(a, b) or True)
+    assert same(base[0], other[0]) and same(base[1], other[1])
+    for k in base[2]:
+        assert same(base[2][k], other[2][k]), k
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mamba2_bfloat16_and_compile(device):
+    """A bfloat16 layer (float32 D and A, as mamba_ssm) runs forward and backward, and
+    torch.compile(fullgraph=True) of it gives eager's result."""
+    torch.manual_seed(2)
+    m = mamba.Mamba2(d_model=32, d_state=8, headdim=8, ngroups=2, chunk_size=8, D_has_hdim=True,
+                     dtype=torch.bfloat16).to(device)
+    assert m.D.dtype == torch.float32 and m.dt_bias.dtype == torch.bfloat16
+    u = torch.randn(2, 21, 32, dtype=torch.bfloat16, device=device)
+    seq = (torch.rand(2, 21, device=device) < 0.2).cumsum(1).int()
+    out = m(u, seq_idx=seq)
+    assert out.dtype == torch.bfloat16 and out.shape == u.shape
+    out.float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+    # Compiled vs eager in float32 (in bfloat16 inductor fuses the ops around the scan
+    # without their intermediate roundings, so the two differ by bfloat16 rounding).
+    m = m.float()
+    u = u.float()
+    out = m(u, seq_idx=seq)
+    m.zero_grad()
+    out.sum().backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    torch._dynamo.reset()
+    m.zero_grad()
+    compiled = torch.compile(m, fullgraph=True)
+    out_c = compiled(u, seq_idx=seq)
+    torch.testing.assert_close(out_c, out)
+    out_c.sum().backward()
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], msg=n)
+
+
+def test_double_backward_raises_clearly():
+    rng = random.Random(9)
+    t, kw = make_case(rng, 1, 6, 2, 3, 2, 1, torch.float64, "cpu", D="h", z=True, dt_bias=True,
+                      init=True, seq_idx=False, softplus=True, limit=False, mixed=False)
+    x = t["x"].requires_grad_()
+    out = mamba.mamba_chunk_scan_combined(x, t["dt"], t["A"], t["B"], t["C"], 4, D=t["D"],
+                                          z=t["z"], dt_bias=t["dt_bias"],
+                                          initial_states=t["initial_states"], **kw)
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward is not implemented"):
+        gx.sum().backward()
