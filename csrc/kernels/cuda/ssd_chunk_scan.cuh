@@ -1516,10 +1516,10 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGate
        i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
     const int64_t seg = i / p.hd, e = i % p.hd;
     const int64_t h = e / p.D, d = e % p.D;
-    const int64_t q_end = min(seg * kSsdDSeg + kSsdDSeg, p.positions);
+    const int64_t q_begin = seg * kSsdDSeg, q_end = min(q_begin + kSsdDSeg, p.positions);
+    int64_t b = q_begin / p.seqlen, t = q_begin % p.seqlen;  // position q = b·L + t
     Acc sum = 0;
-    for (int64_t q = seg * kSsdDSeg; q < q_end; ++q) {
-      const int64_t b = q / p.seqlen, t = q % p.seqlen;
+    for (int64_t q = q_begin; q < q_end; ++q) {
       Acc g = to_acc(*ssd_at(p.dy, b, t, h, d));
       if (p.dyp != nullptr) {
         const Acc zv = to_acc(*ssd_at(p.z, b, t, h, d));
@@ -1528,6 +1528,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGate
         g = to_acc(r);
       }
       if (p.part != nullptr) sum += g * to_acc(*ssd_at(p.x, b, t, h, d));
+      if (++t == p.seqlen) t = 0, ++b;
     }
     if (p.part != nullptr) p.part[i] = sum;
   }
