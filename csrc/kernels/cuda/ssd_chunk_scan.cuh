@@ -7,7 +7,8 @@
 // Notation (per batch b, head h, group g = h / (H/G); chunk c covers the global
 // positions [c·Q, c·Q + len), len = min(Q, L − c·Q); r, s, q are local positions):
 //   a_s   = dt_s · A_h,   Acs_q = Σ_{s ≤ q} a_s   (cumsum inside the chunk, in double)
-//   H_c   = state entering chunk c (D × N): H_0 = 0, H_{c+1} = exp(Acs_last)·H_c + S_c,
+//   H_c   = state entering chunk c (D × N): H_0 = initial_states (or 0),
+//           H_{c+1} = exp(Acs_last)·H_c + S_c,
 //   S_c   = Σ_s exp(Acs_last − Acs_s)·dt_s · x_s ⊗ B_s
 //   y_q   = exp(Acs_q)·H_c·C_q + Σ_{s ≤ q} (C_q·B_s)·exp(Acs_q − Acs_s)·dt_s · x_s
 // Backward (dy given), with Gn_c = G_{c+1} = dL/dH_{c+1}:
@@ -29,6 +30,44 @@
 //   lost ~150 ulps of dA at Q = 100 (emulated). Every sum above adds each pair once.)
 // These were checked in float64 against autograd of the sequential recurrence.
 //
+// The mamba_chunk_scan_combined options (SsdChunkScanLaunch) and where each is fused:
+//   A, dt types      A is read in the compute type (Acc); dt (and ddt) in dt_element,
+//                    which is T or Acc (SsdDtIn reads either).
+//   dt_bias, dt_softplus, dt_min/dt_max
+//                    ssd_cumsum_kernel processes dt once (ssd_dt_process) and stores the
+//                    processed dt in the workspace: every later kernel sees only it.
+//                    ssd_finalize_kernel recomputes d(processed)/d(raw) from the raw dt
+//                    (0 strictly outside the clamp, sigmoid where softplus applied) and
+//                    writes ddt of the raw dt, plus per-(b, c) ddt_bias partials that
+//                    ssd_dA_kernel sums in a fixed order.
+//   seq_idx          ssd_cumsum_kernel only: Acs is lowered by kSsdSeqOffset at every
+//                    sequence start (and stays lowered to the chunk's end), so that each
+//                    decay that crosses a start underflows to exactly 0: the intra-chunk
+//                    C·Bᵀ decay matrix exp(Acs_q − Acs_s), the chunk-state weights
+//                    exp(Acs_last − Acs_s), the inter-chunk exp(Acs_q) and the state
+//                    passing exp(Acs_last). Differences inside one sequence are unchanged,
+//                    so no other kernel knows about seq_idx, forward or backward; the
+//                    stable da below then is the gradient of the reset recurrence (0 at
+//                    a start, whose decay is not used).
+//   initial_states   seed of the forward state pass (H_0), in ssd_state_pass_kernel or
+//   final_states     ssd_tc_state_scan_kernel, which also write H_nc (the state after
+//                    the last step) when asked; with L = 0 the pass only copies.
+//   dfinal_states    seed of the reverse state pass (G_nc); it ends in G_0 =
+//   dinitial_states  dinitial_states. Gn_c, W, V and the DX/DB inter-chunk products
+//                    take the seed through the states as they are.
+//   D                forward: the Y epilogue (ssd_epilogue) adds D·x to the float
+//                    accumulator; backward: the DX epilogue adds D·dy_pre to dx, and
+//                    ssd_gate_pre_kernel writes per-256-position partials of dy_pre·x
+//                    that ssd_dD_kernel sums in a fixed order.
+//   z                forward: the Y epilogue writes y_pre (when y_pre_out is given) and
+//                    then y_pre·silu(z). Backward: ssd_gate_pre_kernel writes dy_pre =
+//                    dy·silu(z) (rounded to T) into the dz output, every later kernel
+//                    reads it as dy, and ssd_gate_post_kernel finally overwrites it
+//                    with dz = dy·y_pre·σ(z)·(1 + z·(1 − σ(z))).
+// Without options these add only the clamp to [0, inf) in the cumsum and a second read
+// of the raw dt (for its factor of 1) in the finalize: the scan and fused state kernels
+// with an option are separate instantiations (EPI, ENDS), the plain ones are unchanged.
+//
 // Kernels (all grid-stride over "virtual blocks", so any size fits the grid limits):
 //   ssd_cumsum_kernel       warp per (b,h,c): Acs (double), dt (Acc) → workspace [B,H,L]
 //   ssd_chunk_state_kernel  64×64 (d,n) tile per (b,h,c): S_c (forward) or the local
@@ -42,7 +81,9 @@
 //   ssd_split_sum_kernel    DC/DB with more than 8 heads per group: sums the head splits
 //   ssd_dacs_kernel         block per (b,h,c): X_s from 64×64 tiles of T
 //   ssd_finalize_kernel     warp per (b,h,c): da, ddt, dA partials
-//   ssd_dA_kernel           warp per h: fixed-order sum of the dA partials
+//   ssd_dA_kernel           warp per h: fixed-order sum of the dA (and ddt_bias) partials
+//   ssd_gate_pre_kernel     backward with z or D: dy_pre, dD partials
+//   ssd_gate_post_kernel    backward with z: dz;  ssd_dD_kernel: dD from its partials
 //
 // Determinism: no atomics. Every output element and every workspace partial is written
 // by exactly one thread; every sum runs in an order fixed by the shapes alone.
@@ -80,6 +121,8 @@ constexpr int kSsdTile = 64;      // rows and columns of every output tile
 // in split order by ssd_split_sum_kernel (for G = 1 and H = 80 a block per group would
 // leave the GPU with B·nc·4·2 long blocks).
 constexpr int kSsdHeadsPerBlock = 8;
+// Positions (of the flattened b·L + t) per dD partial (ssd_gate_pre_kernel).
+constexpr int64_t kSsdDSeg = 256;
 
 // K-step depth and row padding of the k-major operand tiles. The padding keeps rows
 // 16-byte aligned (vector loads) and spreads the transposing stores over banks. float64
@@ -135,13 +178,17 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   dap       [H, B·nc]            dA partials per (b, c)
 //   split     [S, B, L, G, N]      dC, then dB, partials of S = ⌈(H/G)/8⌉ head splits
 //                                  (only when S > 1)
+//   dbp       [H, B·nc]            ddt_bias partials per (b, c)
+//   dDp       [⌈B·L/256⌉, H, D]    dD partials per 256-position segment
+//   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
+//   workspace before it knows the pointers; both are small next to the states.)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
 // + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N, each buffer rounded up
 // to 256 bytes; the forward needs acs, dtf and states only (8·B·H·L bytes +
 // B·H·L + B·H·nc·D·N Acc).
 struct SsdWorkspace {
   size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
-         xs = 0, dap = 0, split = 0;
+         xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0;
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
@@ -181,6 +228,8 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     w.xs = take(bh * l.seqlen);
     w.dap = take(l.heads * l.batch * nc);
     w.split = take(w.nsplit > 1 ? w.nsplit * l.batch * l.seqlen * l.groups * l.state_dim : 0);
+    w.dbp = take(l.heads * l.batch * nc);
+    w.dDp = take((l.batch * l.seqlen + kSsdDSeg - 1) / kSsdDSeg * l.heads * l.head_dim);
   }
   w.total = off;
   return w;
@@ -307,20 +356,91 @@ __device__ __forceinline__ Acc ssd_sum32(Acc v) {
 }
 
 // ---- 1. chunk cumsum ---------------------------------------------------------------------
+// A sequence start (seq_idx[b, t] != seq_idx[b, t−1]) at local position t of a chunk
+// lowers Acs at t and after it by this much: every decay exp(Acs_q − Acs_s) across it,
+// exp(Acs_q) after it and exp(Acs_last) of its chunk underflow to exactly 0 in float and
+// double (see the header comment), while differences inside one sequence keep their
+// value (the offset is an integer multiple of a power of two; it costs at most
+// ~2^-40·(starts in the chunk) of absolute precision in Acs).
+constexpr double kSsdSeqOffset = 4096.0;
+
+template <typename Acc>
+__device__ __forceinline__ Acc ssd_log1p(Acc v) {
+  if constexpr (std::is_same_v<Acc, double>)
+    return log1p(v);
+  else
+    return log1pf(v);
+}
+
+// The mamba_chunk_scan_combined dt processing of one raw value: dt + dt_bias, softplus
+// where that is <= 20, clamp to [lo, hi] (comparisons, so NaN stays NaN). *grad is
+// d(processed)/d(raw): 0 strictly outside [lo, hi], sigmoid(dt + dt_bias) where softplus
+// applied, else 1.
+template <typename Acc>
+__device__ __forceinline__ Acc ssd_dt_process(Acc raw, Acc bias, bool softplus, Acc lo, Acc hi, Acc* grad) {
+  Acc d = raw + bias;
+  Acc g = 1;
+  if (softplus && d <= Acc(20)) {
+    const Acc e = ssd_exp(d);
+    g = e / (Acc(1) + e);
+    d = ssd_log1p(e);
+  }
+  if (d < lo || d > hi) g = 0;
+  d = d < lo ? lo : d;
+  d = d > hi ? hi : d;
+  *grad = g;
+  return d;
+}
+
+// The dt options of the launch, for the kernels that read raw dt (cumsum, finalize).
+template <typename T>
+struct SsdDtIn {
+  const void* dt;
+  bool dt_acc;  // dt is in Acc (the compute type), else in T
+  int64_t s[3];
+  const acc_t<T>* bias;  // [H] or null
+  int64_t bias_s;
+  bool softplus;
+  acc_t<T> lo, hi;
+  __device__ __forceinline__ acc_t<T> raw(int64_t b, int64_t t, int64_t h) const {
+    const int64_t at = b * s[0] + t * s[1] + h * s[2];
+    return dt_acc ? static_cast<const acc_t<T>*>(dt)[at] : to_acc(static_cast<const T*>(dt)[at]);
+  }
+  __device__ __forceinline__ acc_t<T> bias_of(int64_t h) const { return bias ? bias[h * bias_s] : acc_t<T>(0); }
+};
+
+template <typename T>
+SsdDtIn<T> ssd_dt_in(const SsdChunkScanLaunch& l) {
+  using Acc = acc_t<T>;
+  SsdDtIn<T> d;
+  d.dt = l.dt;
+  d.dt_acc = l.dt_element != l.element;  // the contract allows `element` or `compute`
+  for (int i = 0; i < 3; ++i) d.s[i] = l.dt_stride[i];
+  d.bias = static_cast<const Acc*>(l.dt_bias);
+  d.bias_s = l.dt_bias_stride;
+  d.softplus = l.dt_softplus;
+  d.lo = static_cast<Acc>(l.dt_min);
+  d.hi = static_cast<Acc>(l.dt_max);
+  return d;
+}
+
 template <typename T>
 struct SsdCumsumParams {
   int64_t batch, seqlen, heads, chunk, nchunks, total_warps;
-  const T* dt;
-  int64_t dt_s[3];
-  const T* A;
+  SsdDtIn<T> dt;
+  const acc_t<T>* A;
   int64_t A_s;
+  const void* seq_idx;  // [B, L] int32 / int64, or null
+  bool seq_i64;
+  int64_t seq_s[2];
   double* acs;    // [B, H, L]
   acc_t<T>* dtf;  // [B, H, L]
 };
 
-// Warp per (b, h, c): Acs_q = Σ_{s ≤ q} dt_s·A_h in double, in 32-wide segments (shuffle
-// scan plus a carry), in the order fixed by the chunk; also stores dt in Acc for the
-// later kernels.
+// Warp per (b, h, c): dt_s processed (ssd_dt_process) and stored in Acc for the later
+// kernels; Acs_q = Σ_{s ≤ q} dt_s·A_h in double, in 32-wide segments (shuffle scan plus a
+// carry), in the order fixed by the chunk, minus kSsdSeqOffset per sequence start in
+// [chunk start, q] when seq_idx is given.
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsumParams<T> p) {
   using Acc = acc_t<T>;
@@ -333,25 +453,47 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
     const int64_t h = bh % p.heads, b = bh / p.heads;
     const int64_t t0 = c * p.chunk;
     const int64_t len = min(p.chunk, p.seqlen - t0);
-    const double a_h = static_cast<double>(to_acc(p.A[h * p.A_s]));
-    const T* dt = p.dt + b * p.dt_s[0] + h * p.dt_s[2];
+    const double a_h = static_cast<double>(p.A[h * p.A_s]);
+    const Acc bias = p.dt.bias_of(h);
     double* acs = p.acs + bh * p.seqlen + t0;
     Acc* dtf = p.dtf + bh * p.seqlen + t0;
     double carry = 0;
+    int seg_carry = 0;
     for (int64_t base = 0; base < len; base += 32) {
       const int64_t i = base + lane;
-      const Acc d = i < len ? to_acc(dt[(t0 + i) * p.dt_s[1]]) : Acc(0);
+      Acc d = 0;
+      int start = 0;  // 1 where a new sequence starts at t0 + i
+      if (i < len) {
+        Acc grad;
+        d = ssd_dt_process<Acc>(p.dt.raw(b, t0 + i, h), bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
+        const int64_t t = t0 + i;
+        if (p.seq_idx != nullptr && t > 0) {
+          const int64_t at = b * p.seq_s[0] + t * p.seq_s[1];
+          if (p.seq_i64) {
+            const int64_t* sq = static_cast<const int64_t*>(p.seq_idx);
+            start = sq[at] != sq[at - p.seq_s[1]];
+          } else {
+            const int32_t* sq = static_cast<const int32_t*>(p.seq_idx);
+            start = sq[at] != sq[at - p.seq_s[1]];
+          }
+        }
+      }
       double v = static_cast<double>(d) * a_h;
+      int sg = start;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const double u = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += u;
+        const int us = __shfl_up_sync(0xffffffffu, sg, o);
+        if (lane >= o) v += u, sg += us;
       }
       if (i < len) {
-        acs[i] = carry + v;
+        const double a = carry + v;
+        const int starts = seg_carry + sg;
+        acs[i] = starts == 0 ? a : a - kSsdSeqOffset * starts;
         dtf[i] = d;
       }
       carry += __shfl_sync(0xffffffffu, v, 31);
+      seg_carry += __shfl_sync(0xffffffffu, sg, 31);
     }
   }
 }
@@ -435,10 +577,23 @@ struct SsdPassParams {
   Acc* states;         // [B, H, nc, D·N]: S_c in, H_c out (forward pass)
   Acc* gstates;        // [B, H, nc, D·N]: local dstate in, Gn_c out (backward pass)
   Acc* kpart;          // [B, H, nc, kblocks]
+  // The run's seed and result, per (b, h) and element (d, n), each optional:
+  //   forward: seed = initial_states (H_0), last = final_states (H_nc);
+  //   backward: seed = dfinal_states (G_nc), last = dinitial_states (G_0).
+  int64_t N;
+  const Acc* seed;     // [B, H, D, N] at seed_s strides, or null (zeros)
+  int64_t seed_s[4];
+  Acc* last;           // dense [B, H, D, N], or null
+  __device__ __forceinline__ Acc seed_of(int64_t bh, int64_t e) const {
+    if (seed == nullptr) return Acc(0);
+    const int64_t b = bh / heads, h = bh % heads, d = e / N, n = e % N;
+    return seed[b * seed_s[0] + h * seed_s[1] + d * seed_s[2] + n * seed_s[3]];
+  }
 };
 
 // Forward: per (b, h) and element e of D·N, sequentially over c:
-//   H_0 = 0; H_{c+1} = exp(Acs_last(c))·H_c + S_c, storing H_c where S_c was.
+//   H_0 = initial_states (or 0); H_{c+1} = exp(Acs_last(c))·H_c + S_c, storing H_c
+//   where S_c was; final_states = H_nc (the state after the last step).
 template <typename Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPassParams<Acc> p) {
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
@@ -447,18 +602,19 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
     if (e >= p.dn) continue;  // no barriers in this kernel
     const double* acs = p.acs + bh * p.seqlen;
     Acc* st = p.states + bh * p.nchunks * p.dn + e;
-    Acc run = 0;
+    Acc run = p.seed_of(bh, e);
     for (int64_t c = 0; c < p.nchunks; ++c) {
       const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
       const Acc s = st[c * p.dn];
       st[c * p.dn] = run;
       run = ssd_decay<Acc>(acs[last]) * run + s;
     }
+    if (p.last != nullptr) p.last[bh * p.dn + e] = run;
   }
 }
 
 // Backward: per (b, h) and element e, from the last chunk down:
-//   G_nc = 0; Gn_c = G_{c+1} (stored where the local dstate was);
+//   G_nc = dfinal_states (or 0); Gn_c = G_{c+1} (stored where the local dstate was);
 //   G_c = local_c + exp(Acs_last(c))·G_{c+1};
 // and kpart[b,h,c,block] = Σ_{e in block} Gn_c[e]·H_c[e], reduced over the block in a
 // fixed tree (W_c = exp(Acs_last(c)) · Σ_blocks kpart).
@@ -473,7 +629,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
     const double* acs = p.acs + bh * p.seqlen;
     Acc* gs = p.gstates + bh * p.nchunks * p.dn + e;
     const Acc* hs = p.states + bh * p.nchunks * p.dn + e;
-    Acc run = 0;  // G_{c+1}
+    Acc run = ok ? p.seed_of(bh, e) : Acc(0);  // G_{c+1}
     for (int64_t c = p.nchunks - 1; c >= 0; --c) {
       Acc kd = 0;
       Acc local = 0;
@@ -495,10 +651,38 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
       const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
       run = local + ssd_decay<Acc>(acs[last]) * run;
     }
+    if (ok && p.last != nullptr) p.last[bh * p.dn + e] = run;  // G_0 = dL/dH_0
   }
 }
 
 // ---- 4. the chunk scan products ----------------------------------------------------------
+// The output options of Y and DX, applied per element to the float accumulator v of
+// (b, t, h, j) before it is rounded to T (Y: val = x, DX: val = dy, already dy_pre):
+//   v += D_h·val (or D_{h,j}·val);  Y only: y_pre_out = v;  out = v·silu(z).
+template <typename T>
+struct SsdEpilogue {
+  bool on = false;                 // any of the below (else the plain store)
+  const acc_t<T>* D = nullptr;     // D[h·D_s0 + j·D_s1] (D_s1 = 0 for a [H] D)
+  int64_t D_s0 = 0, D_s1 = 0;
+  const T* z = nullptr;            // Y only
+  int64_t z_s[4] = {};
+  T* y_pre = nullptr;              // Y only: dense [B, L, H, J]
+};
+
+template <typename T>
+__device__ __forceinline__ acc_t<T> ssd_epilogue(const SsdEpilogue<T>& e, acc_t<T> v, const SsdOperand<T>& val,
+                                                 int64_t b, int64_t t, int64_t h, int64_t j, int64_t out_at) {
+  using Acc = acc_t<T>;
+  if (e.D != nullptr)
+    v += e.D[h * e.D_s0 + j * e.D_s1] * to_acc(val.p[b * val.s[0] + t * val.s[1] + h * val.s[2] + j * val.s[3]]);
+  if (e.y_pre != nullptr) e.y_pre[out_at] = from_acc<T>(v);
+  if (e.z != nullptr) {
+    const Acc zv = to_acc(e.z[b * e.z_s[0] + t * e.z_s[1] + h * e.z_s[2] + j * e.z_s[3]]);
+    v *= zv / (Acc(1) + ssd_exp(-zv));
+  }
+  return v;
+}
+
 template <typename T>
 struct SsdScanParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
@@ -514,6 +698,7 @@ struct SsdScanParams {
   acc_t<T>* out_split;  // DC/DB with nsplit > 1: [nsplit, B, L, G, J] instead of out
   acc_t<T>* part;   // [B, H, L, j_tiles] row-dot partials, DX: x·dxpre (full), DC: U
   acc_t<T>* part2;  // [B, H, L, j_tiles] DX: x·dxpre (inter-chunk part only), for V
+  SsdEpilogue<T> epi;  // Y, DX
 };
 
 // part[r·tiles + jt] = Σ_j dot(r, j)·v[i][j] for the thread's 4 rows r (rows ≥ len
@@ -536,7 +721,9 @@ __device__ __forceinline__ void ssd_row_dot(const T* dot, int64_t s_t, int64_t s
   }
 }
 
-template <typename T, int MODE>
+// EPI (Y, DX with an option of p.epi): a separate instantiation, so that the plain
+// kernel keeps its registers.
+template <typename T, int MODE, bool EPI = false>
 __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanParams<T> p) {
   using Acc = acc_t<T>;
   constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
@@ -745,10 +932,13 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
       for (int j = 0; j < 4; ++j) {
         const int jg = j0 + 4 * tx + j;
         if (jg >= p.J) continue;
-        if (to_split)
+        if (to_split) {
           prow[jg] = acc[i][j];
-        else
-          orow[jg] = from_acc<T>(MODE == kSsdDX ? acc[i][j] * rscale : acc[i][j]);
+        } else {
+          Acc v = MODE == kSsdDX ? acc[i][j] * rscale : acc[i][j];
+          if constexpr (EPI) v = ssd_epilogue<T>(p.epi, v, p.val, b, t0 + rg, hg, jg, row + jg);
+          orow[jg] = from_acc<T>(v);
+        }
       }
     }
   }
@@ -935,8 +1125,9 @@ template <typename T>
 struct SsdFinalizeParams {
   int64_t batch, seqlen, heads, chunk, nchunks, total_warps;
   int64_t kblocks, d_tiles, n_tiles;
-  const T* A;
+  const acc_t<T>* A;
   int64_t A_s;
+  SsdDtIn<T> dt;  // raw dt and its options, for d(processed dt)/d(raw dt)
   const double* acs;
   const acc_t<T>* dtf;
   const acc_t<T>* kpart;
@@ -945,13 +1136,15 @@ struct SsdFinalizeParams {
   const acc_t<T>* up;
   acc_t<T>* xs;   // X_s in; overwritten with X_s + Σ_{q ≥ s} U_q + W
   acc_t<T>* dap;  // [H, B·nc]
-  T* ddt;         // dense [B, L, H]
+  acc_t<T>* dbp;  // [H, B·nc] ddt_bias partials, or null
+  void* ddt;      // dense [B, L, H], in Acc when dt.dt_acc, else in T
 };
 
 // Warp per (b, h, c), two passes over the chunk in 32-wide segments:
 //   backward: xs_s += Σ_{q ≥ s} U_q + W      (suffix scan, W = exp(Acs_last)·Σ kpart)
 //   forward:  da_s = xs_s + Σ_{s' < s} V_s'   (exclusive prefix scan, V = dt·Σ vp)
-//             ddt_s = ddt_s(direct) + A_h·da_s,  dap[h, b·nc + c] = Σ_s dt_s·da_s
+//             ddt_s = (ddt_s(direct) + A_h·da_s)·d(processed dt_s)/d(raw dt_s),
+//             dap[h, b·nc + c] = Σ_s dt_s·da_s,  dbp[h, b·nc + c] = Σ_s ddt_s
 // Each lane handles the same positions in both passes, so it reads back its own xs.
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFinalizeParams<T> p) {
@@ -966,7 +1159,8 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
     const int64_t t0 = c * p.chunk;
     const int64_t len = min(p.chunk, p.seqlen - t0);
     const int64_t row0 = bh * p.seqlen + t0;
-    const Acc a_h = to_acc(p.A[h * p.A_s]);
+    const Acc a_h = p.A[h * p.A_s];
+    const Acc bias = p.dt.bias_of(h);
     Acc wsum = 0;
     for (int64_t i = lane; i < p.kblocks; i += 32) wsum += p.kpart[(bh * p.nchunks + c) * p.kblocks + i];
     const Acc w_c = ssd_decay<Acc>(p.acs[row0 + len - 1]) * ssd_sum32(wsum);
@@ -987,7 +1181,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
     }
 
     carry = 0;
-    Acc da_dt = 0;
+    Acc da_dt = 0, ddt_sum = 0;
     for (int64_t base = 0; base < len; base += 32) {
       const int64_t i = base + lane;
       Acc vi = 0, direct = 0, dti = 0;
@@ -1010,29 +1204,49 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
       if (lane == 0) excl = 0;
       if (i < len) {
         const Acc da = p.xs[row0 + i] + (carry + excl);
-        p.ddt[(b * p.seqlen + t0 + i) * p.heads + h] = from_acc<T>(direct + a_h * da);
+        Acc grad;
+        (void)ssd_dt_process<Acc>(p.dt.raw(b, t0 + i, h), bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
+        // (0 · an Inf or NaN gradient would be NaN; outside [dt_min, dt_max] it is 0)
+        const Acc g = grad == Acc(0) ? Acc(0) : (direct + a_h * da) * grad;
+        const int64_t at = (b * p.seqlen + t0 + i) * p.heads + h;
+        if (p.dt.dt_acc)
+          static_cast<Acc*>(p.ddt)[at] = g;
+        else
+          static_cast<T*>(p.ddt)[at] = from_acc<T>(g);
+        ddt_sum += g;
         da_dt += dti * da;
       }
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
     da_dt = ssd_sum32(da_dt);
     if (lane == 0) p.dap[h * (p.batch * p.nchunks) + b * p.nchunks + c] = da_dt;
+    if (p.dbp != nullptr) {
+      ddt_sum = ssd_sum32(ddt_sum);
+      if (lane == 0) p.dbp[h * (p.batch * p.nchunks) + b * p.nchunks + c] = ddt_sum;
+    }
   }
 }
 
-// Warp per head: dA_h = Σ_{b, c} dap[h, b·nc + c] (lane-strided, then a fixed tree).
-template <typename T>
-__global__ void __launch_bounds__(kSsdThreads) ssd_dA_kernel(const acc_t<T>* dap, int64_t heads,
-                                                             int64_t per_head, T* dA) {
-  using Acc = acc_t<T>;
+// Warp per head: dA_h = Σ_{b, c} dap[h, b·nc + c] (lane-strided, then a fixed tree), and
+// the same for ddt_bias from dbp when that is non-null.
+template <typename Acc>
+__global__ void __launch_bounds__(kSsdThreads) ssd_dA_kernel(const Acc* dap, const Acc* dbp, int64_t heads,
+                                                             int64_t per_head, Acc* dA, Acc* ddt_bias) {
   const int lane = threadIdx.x % 32;
   const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
   for (int64_t h = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32;
        h < heads; h += warps_per_grid) {
-    Acc s = 0;
-    for (int64_t i = lane; i < per_head; i += 32) s += dap[h * per_head + i];
+    Acc s = 0, sb = 0;
+    for (int64_t i = lane; i < per_head; i += 32) {
+      s += dap[h * per_head + i];
+      if (dbp != nullptr) sb += dbp[h * per_head + i];
+    }
     s = ssd_sum32(s);
-    if (lane == 0) dA[h] = from_acc<T>(s);
+    if (lane == 0) dA[h] = s;
+    if (dbp != nullptr) {
+      sb = ssd_sum32(sb);
+      if (lane == 0) ddt_bias[h] = sb;
+    }
   }
 }
 
@@ -1048,6 +1262,12 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Unsupported, op, "head_dim and state_dim must be <= 2^20 on CUDA");
   if (l.groups < 1 || l.heads % l.groups != 0)
     fail(PlanErrorKind::Internal, op, "heads must be a multiple of groups");
+  if (l.compute != (l.element == ElementKind::F64 ? ElementKind::F64 : ElementKind::F32))
+    fail(PlanErrorKind::Internal, op, "compute must be float64 for float64 inputs, else float32");
+  if (l.dt_element != l.element && l.dt_element != l.compute)
+    fail(PlanErrorKind::Internal, op, "dt_element must be the element or the compute type");
+  if (backward && l.z != nullptr && (l.dz == nullptr || l.y_pre == nullptr))
+    fail(PlanErrorKind::Internal, op, "z needs dz and y_pre in the backward");
   const SsdWorkspace w = ssd_workspace_layout(l, backward);
   if (w.total > 0 && (l.workspace == nullptr || l.workspace_bytes < w.total))
     fail(PlanErrorKind::Internal, op, "workspace too small");
@@ -1060,10 +1280,12 @@ void ssd_launch_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaS
   p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.chunk = l.chunk_size;
   p.nchunks = l.nchunks();
   p.total_warps = l.batch * l.heads * p.nchunks;
-  p.dt = static_cast<const T*>(l.dt);
-  for (int i = 0; i < 3; ++i) p.dt_s[i] = l.dt_stride[i];
-  p.A = static_cast<const T*>(l.A);
+  p.dt = ssd_dt_in<T>(l);
+  p.A = static_cast<const Acc*>(l.A);
   p.A_s = l.A_stride;
+  p.seq_idx = l.seq_idx;
+  p.seq_i64 = l.seq_idx_int64;
+  p.seq_s[0] = l.seq_idx_stride[0], p.seq_s[1] = l.seq_idx_stride[1];
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   if (p.total_warps == 0) return;
@@ -1090,8 +1312,20 @@ void ssd_launch_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, 
   check_launch(DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)");
 }
 
+// The state run's seed and result (see SsdPassParams): forward initial_states → `last`
+// (final_states, or null when only the H_c are wanted); backward dfinal_states →
+// dinitial_states.
+template <typename T, bool BW, typename Params>
+void ssd_pass_ends(Params& p, const SsdChunkScanLaunch& l, void* last) {
+  using Acc = acc_t<T>;
+  p.N = l.state_dim;
+  p.seed = static_cast<const Acc*>(BW ? l.dfinal_states : l.initial_states);
+  for (int i = 0; i < 4; ++i) p.seed_s[i] = BW ? l.dfinal_stride[i] : l.init_stride[i];
+  p.last = static_cast<Acc*>(last);
+}
+
 template <typename T, bool BW>
-void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t stream) {
   using Acc = acc_t<T>;
   SsdPassParams<Acc> p;
   p.batch = l.batch, p.heads = l.heads, p.seqlen = l.seqlen, p.chunk = l.chunk_size;
@@ -1101,7 +1335,9 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, c
   p.states = ssd_ws<Acc>(l, w.states);
   p.gstates = BW ? ssd_ws<Acc>(l, w.gstates) : nullptr;
   p.kpart = BW ? ssd_ws<Acc>(l, w.kpart) : nullptr;
-  if (p.total_blocks == 0 || p.nchunks == 0) return;
+  ssd_pass_ends<T, BW>(p, l, last);
+  // With L == 0 the run is only seed → last (final_states = initial_states).
+  if (p.total_blocks == 0 || (p.nchunks == 0 && last == nullptr)) return;
   if (BW) {
     ssd_state_pass_bwd_kernel<Acc><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
     check_launch("ssd_chunk_scan_backward(state_pass)");
@@ -1124,6 +1360,18 @@ void ssd_scan_roles(Params& p, const SsdChunkScanLaunch& l, const SsdWorkspace& 
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   p.part = nullptr;
   p.part2 = nullptr;
+  p.epi = SsdEpilogue<T>{};
+  if (MODE == kSsdY || MODE == kSsdDX) {  // D·x (Y) or D·dy_pre (DX); Y also y_pre and the z gate
+    p.epi.D = static_cast<const Acc*>(l.D);
+    p.epi.D_s0 = l.D_stride[0];
+    p.epi.D_s1 = l.D_per_dim ? l.D_stride[1] : 0;
+    if (MODE == kSsdY) {
+      p.epi.z = static_cast<const T*>(l.z);
+      for (int i = 0; i < 4; ++i) p.epi.z_s[i] = l.z_stride[i];
+      p.epi.y_pre = static_cast<T*>(l.y_pre_out);
+    }
+    p.epi.on = p.epi.D != nullptr || p.epi.z != nullptr || p.epi.y_pre != nullptr;
+  }
   switch (MODE) {
     case kSsdY:
       p.lft = Co, p.rgt = Bo, p.val = x, p.dot = x;
@@ -1170,7 +1418,14 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
   p.state = ssd_ws<Acc>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
   ssd_scan_roles<T, Acc, MODE>(p, l, w);
   if (p.total_blocks == 0) return;
-  ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  if constexpr (!kMulti) {
+    if (p.epi.on)
+      ssd_scan_kernel<T, MODE, true><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+    else
+      ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  } else {
+    ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  }
   check_launch(MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)");
   if (kMulti && p.nsplit > 1) {
     const int64_t count = l.batch * l.seqlen * l.groups * l.state_dim;
@@ -1208,8 +1463,9 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.nchunks = l.nchunks();
   p.total_warps = l.batch * l.heads * p.nchunks;
   p.kblocks = w.kblocks, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
-  p.A = static_cast<const T*>(l.A);
+  p.A = static_cast<const Acc*>(l.A);
   p.A_s = l.A_stride;
+  p.dt = ssd_dt_in<T>(l);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   p.kpart = ssd_ws<Acc>(l, w.kpart);
@@ -1218,16 +1474,148 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.up = ssd_ws<Acc>(l, w.up);
   p.xs = ssd_ws<Acc>(l, w.xs);
   p.dap = ssd_ws<Acc>(l, w.dap);
-  p.ddt = static_cast<T*>(l.ddt);
+  p.dbp = l.ddt_bias != nullptr ? ssd_ws<Acc>(l, w.dbp) : nullptr;
+  p.ddt = l.ddt;
   if (p.total_warps > 0) {
     ssd_finalize_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
     check_launch("ssd_chunk_scan_backward(finalize)");
   }
-  if (l.heads > 0) {  // also when B·L == 0: dA is then written as zeros
-    ssd_dA_kernel<T><<<ssd_grid((l.heads + 7) / 8), kSsdThreads, 0, stream>>>(
-        p.dap, l.heads, l.batch * p.nchunks, static_cast<T*>(l.dA));
+  if (l.heads > 0) {  // also when B·L == 0: dA (and ddt_bias) are then written as zeros
+    ssd_dA_kernel<Acc><<<ssd_grid((l.heads + 7) / 8), kSsdThreads, 0, stream>>>(
+        p.dap, p.dbp, l.heads, l.batch * p.nchunks, static_cast<Acc*>(l.dA), static_cast<Acc*>(l.ddt_bias));
     check_launch("ssd_chunk_scan_backward(dA)");
   }
+}
+
+// ---- 7. backward D and z -------------------------------------------------------------------
+// Before the other backward kernels (z or D given), a thread per (position segment of
+// kSsdDSeg positions of the flattened b·L + t, h, d) walks its segment in order:
+//   z:  dy_pre = dy·silu(z), rounded to T, into `dyp` (dense [B, L, H, D]; the dz output
+//       serves as this scratch until ssd_gate_post_kernel overwrites it), which every
+//       later kernel reads in place of dy;
+//   D:  part[seg, h, d] = Σ_{positions of seg} dy_pre·x   (dD's partials).
+// After them (z given): dz = dy·y_pre·σ(z)·(1 + z·(1 − σ(z))), element-wise.
+template <typename T>
+struct SsdGateParams {
+  int64_t seqlen, heads, hd, D, positions, nseg, total;
+  SsdOperand<T> x, dy, z, y_pre;
+  T* dyp;               // pre: dy_pre out (z given), or null
+  acc_t<T>* part;       // pre: [nseg, H, D] dD partials (D given), or null
+  T* dz;                // post: dense [B, L, H, D]
+};
+
+template <typename T>
+__device__ __forceinline__ const T* ssd_at(const SsdOperand<T>& o, int64_t b, int64_t t, int64_t h, int64_t d) {
+  return o.p + b * o.s[0] + t * o.s[1] + h * o.s[2] + d * o.s[3];
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGateParams<T> p) {
+  using Acc = acc_t<T>;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
+       i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
+    const int64_t seg = i / p.hd, e = i % p.hd;
+    const int64_t h = e / p.D, d = e % p.D;
+    const int64_t q_begin = seg * kSsdDSeg, q_end = min(q_begin + kSsdDSeg, p.positions);
+    int64_t b = q_begin / p.seqlen, t = q_begin % p.seqlen;  // position q = b·L + t
+    Acc sum = 0;
+    for (int64_t q = q_begin; q < q_end; ++q) {
+      Acc g = to_acc(*ssd_at(p.dy, b, t, h, d));
+      if (p.dyp != nullptr) {
+        const Acc zv = to_acc(*ssd_at(p.z, b, t, h, d));
+        const T r = from_acc<T>(g * (zv / (Acc(1) + ssd_exp(-zv))));
+        p.dyp[q * p.hd + e] = r;
+        g = to_acc(r);
+      }
+      if (p.part != nullptr) sum += g * to_acc(*ssd_at(p.x, b, t, h, d));
+      if (++t == p.seqlen) t = 0, ++b;
+    }
+    if (p.part != nullptr) p.part[i] = sum;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSsdThreads) ssd_gate_post_kernel(const SsdGateParams<T> p) {
+  using Acc = acc_t<T>;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
+       i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
+    const int64_t q = i / p.hd, e = i % p.hd;
+    const int64_t b = q / p.seqlen, t = q % p.seqlen, h = e / p.D, d = e % p.D;
+    const Acc zv = to_acc(*ssd_at(p.z, b, t, h, d));
+    const Acc sg = Acc(1) / (Acc(1) + ssd_exp(-zv));
+    const Acc g = to_acc(*ssd_at(p.dy, b, t, h, d)) * to_acc(*ssd_at(p.y_pre, b, t, h, d));
+    p.dz[i] = from_acc<T>(g * sg * (Acc(1) + zv * (Acc(1) - sg)));
+  }
+}
+
+// Warp per output of dD ([H] or [H, D]): the fixed-order sum of its partials over the
+// segments (and over d for a [H] D), lane-strided, then a fixed tree.
+template <typename Acc>
+__global__ void __launch_bounds__(kSsdThreads) ssd_dD_kernel(const Acc* part, int64_t nseg, int64_t heads,
+                                                             int64_t D, bool per_dim, Acc* dD) {
+  const int lane = threadIdx.x % 32;
+  const int64_t outs = per_dim ? heads * D : heads;
+  const int64_t items = per_dim ? nseg : nseg * D;
+  const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32; o < outs;
+       o += warps_per_grid) {
+    Acc s = 0;
+    for (int64_t it = lane; it < items; it += 32) {
+      const int64_t seg = per_dim ? it : it / D;
+      const int64_t e = per_dim ? o : o * D + it % D;  // h·D + d
+      s += part[seg * heads * D + e];
+    }
+    s = ssd_sum32(s);
+    if (lane == 0) dD[o] = s;
+  }
+}
+
+// dy_pre (into l.dz) and the dD partials; no-op without z and D.
+template <typename T>
+void ssd_launch_gate_pre(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  if (l.z == nullptr && l.D == nullptr) return;
+  SsdGateParams<T> p;
+  p.seqlen = l.seqlen, p.heads = l.heads, p.D = l.head_dim, p.hd = l.heads * l.head_dim;
+  p.positions = l.batch * l.seqlen;
+  p.nseg = (p.positions + kSsdDSeg - 1) / kSsdDSeg;
+  p.total = p.nseg * p.hd;
+  p.x = ssd_operand<T>(l.x, l.x_stride, true);
+  p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  p.z = ssd_operand<T>(l.z, l.z_stride, true);
+  p.y_pre = ssd_operand<T>(l.y_pre, l.y_pre_stride, true);
+  p.dyp = l.z != nullptr ? static_cast<T*>(l.dz) : nullptr;
+  p.part = l.D != nullptr ? ssd_ws<acc_t<T>>(l, w.dDp) : nullptr;
+  p.dz = nullptr;
+  if (p.total == 0) return;
+  ssd_gate_pre_kernel<T><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
+  check_launch("ssd_chunk_scan_backward(gate)");
+}
+
+// dz (overwriting the dy_pre scratch) and dD from its partials.
+template <typename T>
+void ssd_launch_gate_post(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  using Acc = acc_t<T>;
+  SsdGateParams<T> p;
+  p.seqlen = l.seqlen, p.heads = l.heads, p.D = l.head_dim, p.hd = l.heads * l.head_dim;
+  p.positions = l.batch * l.seqlen;
+  p.nseg = (p.positions + kSsdDSeg - 1) / kSsdDSeg;
+  if (l.dD != nullptr) {
+    const int64_t outs = l.D_per_dim ? l.heads * l.head_dim : l.heads;
+    if (outs > 0) {
+      ssd_dD_kernel<Acc><<<ssd_grid((outs + 7) / 8), kSsdThreads, 0, stream>>>(
+          ssd_ws<Acc>(l, w.dDp), p.nseg, l.heads, l.head_dim, l.D_per_dim, static_cast<Acc*>(l.dD));
+      check_launch("ssd_chunk_scan_backward(dD)");
+    }
+  }
+  if (l.z == nullptr || l.dz == nullptr) return;
+  p.total = p.positions * p.hd;
+  p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  p.z = ssd_operand<T>(l.z, l.z_stride, true);
+  p.y_pre = ssd_operand<T>(l.y_pre, l.y_pre_stride, true);
+  p.dz = static_cast<T*>(l.dz);
+  if (p.total == 0) return;
+  ssd_gate_post_kernel<T><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
+  check_launch("ssd_chunk_scan_backward(dz)");
 }
 
 }  // namespace baracuda::kernels::cuda

@@ -1,9 +1,10 @@
-// Mamba-2 SSD chunk scan, CUDA backward: recompute the chunk states H_c, the reverse
-// state pass for Gn_c = G_{c+1}, the per-chunk products for dx, dC and dB and the
-// crossing sums X_s (each in its own translation unit so they compile in parallel), then
-// the finalize kernels for ddt and dA (see ssd_chunk_scan.cuh for the formulas and the
-// workspace layout; float16 and bfloat16 run the tensor-core kernels of
-// ssd_chunk_scan_tc.cuh on sm_80+).
+// Mamba-2 SSD chunk scan, CUDA backward: dy_pre and the dD partials (with z or D), then
+// recompute the chunk states H_c, the reverse state pass for Gn_c = G_{c+1} (seeded by
+// dfinal_states, ending in dinitial_states), the per-chunk products for dx, dC and dB and
+// the crossing sums X_s (each in its own translation unit so they compile in parallel),
+// then the finalize kernels for ddt, dA, ddt_bias, and last dD and dz (see
+// ssd_chunk_scan.cuh for the formulas and the workspace layout; float16 and bfloat16 run
+// the tensor-core kernels of ssd_chunk_scan_tc.cuh on sm_80+).
 #include "kernels/cuda/ssd_chunk_scan_tc.cuh"
 
 namespace baracuda::kernels {
@@ -26,21 +27,35 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   ssd_check_launch_struct(l, /*backward=*/true);
   const SsdWorkspace w = ssd_workspace_layout(l, /*backward=*/true);
   auto s = static_cast<cudaStream_t>(stream);
-  // With B·L == 0 only dA is non-empty: every launch below but dA's has no work and is
-  // skipped, and dA is written as zeros.
+  // With z, every kernel below reads dy_pre = dy·silu(z) in place of dy: the gate kernel
+  // writes it into the dz output (dense), which ssd_launch_gate_post overwrites with dz
+  // at the end.
+  SsdChunkScanLaunch lb = l;
+  if (l.z != nullptr) {
+    lb.dy = l.dz;
+    lb.dy_stride[3] = 1;
+    lb.dy_stride[2] = l.head_dim;
+    lb.dy_stride[1] = l.heads * l.head_dim;
+    lb.dy_stride[0] = l.seqlen * l.heads * l.head_dim;
+  }
+  // With B·L == 0 only dA, ddt_bias, dD and dinitial_states can be non-empty: every
+  // launch below but theirs has no work and is skipped; they are written as zeros (and
+  // dinitial_states = dfinal_states).
   dispatch_floating(l.element, [&](auto tag) {
     using T = decltype(tag);
-    ssd_launch_cumsum<T>(l, w, s);                        // Acs, dt → workspace
-    ssd_run_states<T, /*BW=*/false>(l, w, s);  // S_c → H_c
-    ssd_run_states<T, /*BW=*/true>(l, w, s);   // Σ_q exp(Acs_q)·dy_q ⊗ C_q → Gn_c, ⟨Gn_c, H_c⟩ partials
+    ssd_launch_gate_pre<T>(l, w, s);                                // dy_pre, dD partials
+    ssd_launch_cumsum<T>(lb, w, s);                                 // Acs, dt → workspace
+    ssd_run_states<T, /*BW=*/false>(lb, w, nullptr, s);             // S_c → H_c
+    ssd_run_states<T, /*BW=*/true>(lb, w, l.dinitial_states, s);    // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
   });
-  ssd_backward_scan_dx(l, w, s);  // dx; partials of ddt(direct) and V
-  ssd_backward_scan_dc(l, w, s);  // dC; partials of U
-  ssd_backward_scan_db(l, w, s);  // dB
-  ssd_backward_dacs(l, w, s);     // X_s
+  ssd_backward_scan_dx(lb, w, s);  // dx (+ D·dy_pre); partials of ddt(direct) and V
+  ssd_backward_scan_dc(lb, w, s);  // dC; partials of U
+  ssd_backward_scan_db(lb, w, s);  // dB
+  ssd_backward_dacs(lb, w, s);     // X_s
   dispatch_floating(l.element, [&](auto tag) {
     using T = decltype(tag);
-    ssd_launch_finalize<T>(l, w, s);  // da → ddt, dA
+    ssd_launch_finalize<T>(lb, w, s);  // da → ddt, dA, ddt_bias
+    ssd_launch_gate_post<T>(l, w, s);  // dD; dz over the dy_pre scratch
   });
 }
 

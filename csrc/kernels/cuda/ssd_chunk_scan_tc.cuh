@@ -360,9 +360,16 @@ struct SsdTcStateScanParams {
   float* out;             // [B, H, nc, D, N]: H_c (forward) or Gn_c (backward)
   const float* hstates;   // backward: H_c
   float* kpart;           // backward: [B, H, nc, kblocks]
+  // forward: initial_states → final_states; backward: dfinal_states → dinitial_states
+  // (see SsdPassParams; each optional)
+  const float* seed;
+  int64_t seed_s[4];
+  float* last;
 };
 
-template <typename T, bool BW>
+// ENDS (p.seed or p.last non-null): a separate instantiation, so that the plain kernel
+// keeps its registers.
+template <typename T, bool BW, bool ENDS = false>
 __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const SsdTcStateScanParams<T> p) {
   constexpr int kPer = kSsdTile * 8 / kTcThreads;  // 16-byte groups per thread and tile
   __shared__ __align__(16) T sX[kSsdTile * kTcLd];
@@ -402,6 +409,20 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const Ssd
     float run[8][4], acc[8][4];
     tc_zero(run);
     tc_zero(acc);
+    if (ENDS && p.seed != nullptr) {  // H_0 = initial_states (forward), G_nc = dfinal_states (backward)
+      const float* sd = p.seed + b * p.seed_s[0] + h * p.seed_s[1];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int dl = 16 * warp + g8 + 8 * half;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int nl = nt * 8 + 2 * (lane % 4) + e;
+            if (dl < dv && nl < nv) run[nt][2 * half + e] = sd[(d0 + dl) * p.seed_s[2] + (n0 + nl) * p.seed_s[3]];
+          }
+      }
+    }
     load_step(chunk_of(0), 0);
     for (int64_t ci = 0; ci <= last_ci; ++ci) {
       const int64_t c = chunk_of(ci);
@@ -472,6 +493,16 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const Ssd
 #pragma unroll
         for (int i = 0; i < 4; ++i) run[nt][i] = BW ? acc[nt][i] + decay * run[nt][i] : decay * run[nt][i] + acc[nt][i];
     }
+    if (ENDS && p.last != nullptr && live) {  // final_states = H_nc (forward), dinitial_states = G_0 (backward)
+      float* out = p.last + bh * p.D * p.N + n0;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int dl = 16 * warp + g8 + 8 * half;
+        if (dl < dv)
+          tc_store_row(out + static_cast<int64_t>(d0 + dl) * p.N, 0, nv,
+                       p.N % 2 == 0 && reinterpret_cast<uintptr_t>(p.last) % 8 == 0, run, half, 1.0f);
+      }
+    }
   }
 }
 
@@ -508,11 +539,14 @@ struct SsdTcScanParams {
   float* out_split;  // DC/DB with nsplit > 1: [nsplit, B, L, G, J]
   float* part;       // DX: x·dxpre, DC: U ([B, H, L, j_tiles])
   float* part2;      // DX: x·dxpre (inter-chunk part)
+  SsdEpilogue<T> epi;  // Y, DX (see ssd_epilogue)
 };
 
 // (At most 168 registers, 3 blocks per multiprocessor: DC's U row dots would take it to
 // 208 and 2 blocks.)
-template <typename T, int MODE>
+// EPI (Y, DX with an option of p.epi): a separate instantiation, so that the plain
+// kernel keeps its registers.
+template <typename T, int MODE, bool EPI = false>
 __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcScanParams<T> p) {
   constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;    // causal partners c >= r
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;  // per group, sum over heads
@@ -719,8 +753,21 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
           for (int half = 0; half < 2; ++half) {
             const int rl = rw + g8 + 8 * half, rg = r0 + rl;
             if (rg >= len) continue;
-            T* orow = p.out + ((b * p.seqlen + t0 + rg) * p.heads + h) * p.J;
-            tc_store_row<T>(orow, j0, p.J, p.J % 2 == 0, acc, half, MODE == kSsdDX ? sRowDt[rl] : 1.0f);
+            const int64_t row = ((b * p.seqlen + t0 + rg) * p.heads + h) * p.J;
+            const float scale = MODE == kSsdDX ? sRowDt[rl] : 1.0f;
+            if constexpr (EPI) {  // D, y_pre, z: element by element
+#pragma unroll
+              for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const int jg = j0 + nt * 8 + 2 * t4 + e;
+                  if (jg < p.J)
+                    p.out[row + jg] = from_acc<T>(
+                        ssd_epilogue<T>(p.epi, acc[nt][2 * half + e] * scale, p.val, b, t0 + rg, h, jg, row + jg));
+                }
+            } else {
+              tc_store_row<T>(p.out + row, j0, p.J, p.J % 2 == 0, acc, half, scale);
+            }
           }
         }
       }
@@ -915,7 +962,7 @@ inline bool ssd_tc_fuse_states(const SsdChunkScanLaunch& l, const SsdWorkspace& 
 }
 
 template <typename T, bool BW>
-void ssd_launch_tc_state_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+void ssd_launch_tc_state_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t stream) {
   SsdTcStateScanParams<T> p;
   p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups;
   p.chunk = l.chunk_size, p.nchunks = l.nchunks(), p.D = l.head_dim, p.N = l.state_dim;
@@ -929,8 +976,12 @@ void ssd_launch_tc_state_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w
   p.out = ssd_ws<float>(l, BW ? w.gstates : w.states);
   p.hstates = BW ? ssd_ws<float>(l, w.states) : nullptr;
   p.kpart = BW ? ssd_ws<float>(l, w.kpart) : nullptr;
-  if (p.total_blocks == 0 || p.nchunks == 0) return;
-  ssd_tc_state_scan_kernel<T, BW><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
+  ssd_pass_ends<T, BW>(p, l, last);
+  if (p.total_blocks == 0 || p.nchunks == 0) return;  // (the caller routes L == 0 to the SIMT pass)
+  if (p.seed != nullptr || p.last != nullptr)
+    ssd_tc_state_scan_kernel<T, BW, true><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
+  else
+    ssd_tc_state_scan_kernel<T, BW><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
   check_launch(BW ? "ssd_chunk_scan_backward(state_scan)" : "ssd_chunk_scan(state_scan)");
 }
 
@@ -987,8 +1038,18 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
   p.state_ld = l.state_dim;
   ssd_scan_roles<T, float, MODE>(p, l, w);
   if (p.total_blocks == 0) return true;
-  ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
-  ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  if constexpr (!kMulti) {
+    if (p.epi.on) {
+      ssd_tc_smem(ssd_tc_scan_kernel<T, MODE, true>, smem, op);
+      ssd_tc_scan_kernel<T, MODE, true><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+    } else {
+      ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
+      ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+    }
+  } else {
+    ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
+    ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  }
   check_launch(op);
   if (kMulti && p.nsplit > 1) {
     const int64_t count = l.batch * l.seqlen * l.groups * l.state_dim;
@@ -1049,17 +1110,19 @@ void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
 // The chunk states H_c (BW = false) or Gn_c and the ⟨Gn_c, H_c⟩ partials (BW = true),
 // from the inputs and Acs: fused on tensor cores when that fills the GPU, else the chunk
 // state kernel (tensor cores or SIMT) followed by the SIMT state pass.
+// `last`: final_states (forward; null for the backward's recompute) or dinitial_states
+// (backward), written when non-null.
 template <typename T, bool BW>
-void ssd_run_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
+void ssd_run_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
     const SsdTcDevice dev = ssd_tc_device();
-    if (dev.ok && ssd_tc_fuse_states(l, w, dev)) {
-      ssd_launch_tc_state_scan<T, BW>(l, w, s);
+    if (dev.ok && l.nchunks() > 0 && ssd_tc_fuse_states(l, w, dev)) {
+      ssd_launch_tc_state_scan<T, BW>(l, w, last, s);
       return;
     }
   }
   ssd_run_chunk_state<T, /*DSTATE=*/BW>(l, w, s);
-  ssd_launch_state_pass<T, BW>(l, w, s);
+  ssd_launch_state_pass<T, BW>(l, w, last, s);
 }
 
 template <typename T, int MODE>
