@@ -47,9 +47,7 @@ if [[ ",$STAGES," == *",sanitize,"* ]]; then
   : > "$OUT/sanitize.log"
   for tool in ${SANITIZE_TOOLS//,/ }; do
     t0=$(date +%s)
-    extra=""
-    [[ $tool == initcheck ]] && extra="--track-unused-memory no"
-    if compute-sanitizer --tool "$tool" $extra --error-exitcode 1 --print-limit 50 \
+    if compute-sanitizer --tool "$tool" --error-exitcode 1 --print-limit 50 \
         $PY scripts/sanitize_cuda.py ${SANITIZE_FAMILIES:+--families $SANITIZE_FAMILIES} \
         >> "$OUT/sanitize.log" 2>&1; then
       note "sanitize $tool: clean ($(( $(date +%s) - t0 )) s, $(grep -c '' "$OUT/sanitize.log") log lines so far)"

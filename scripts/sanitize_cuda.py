@@ -112,8 +112,35 @@ def ssd_cases() -> Iterator[Case]:
                    ("ssd_chunk_scan",))
 
 
+def ssd_option_cases() -> Iterator[Case]:
+    """mamba_chunk_scan_combined with every option: D (both shapes), z, dt_bias + softplus +
+    limit, initial and final states, seq_idx boundaries inside chunks, float32 parameters."""
+    from baracuda_torch.mamba import mamba_chunk_scan_combined
+    for dtype in DTYPES:
+        for D_per_dim in (False, True):
+            def make(dtype=dtype, D_per_dim=D_per_dim):
+                B, L, H, P, G, N = 2, 70, 4, 32, 2, 16
+                pdt = torch.float64 if dtype == torch.float64 else torch.float32
+                seq_idx = torch.zeros(B, L, dtype=torch.int32, device="cuda")
+                seq_idx[:, 21:] = 1
+                seq_idx[:, 50:] = 2
+                return (rand(B, L, H, P, dtype=dtype), rand(B, L, H, dtype=dtype),
+                        (-torch.rand(H, device="cuda", dtype=pdt)).requires_grad_(),
+                        rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype),
+                        rand(*((H, P) if D_per_dim else (H,)), dtype=pdt),
+                        rand(B, L, H, P, dtype=dtype), rand(H, dtype=pdt),
+                        rand(B, H, P, N, dtype=pdt), seq_idx)
+
+            def run(x, dt, A, B, C, D, z, dt_bias, init, seq_idx):
+                return mamba_chunk_scan_combined(
+                    x, dt, A, B, C, 32, D=D, z=z, dt_bias=dt_bias, initial_states=init,
+                    seq_idx=seq_idx, dt_softplus=True, dt_limit=(0.01, 2.0),
+                    return_final_states=True)
+            yield f"ssd options D_per_dim={D_per_dim}", make, run, ("ssd_chunk_scan_combined",)
+
+
 FAMILIES = {"gated": gated_cases, "rope": rope_cases, "lerp": lerp_cases,
-            "gather": gather_cases, "ssd": ssd_cases}
+            "gather": gather_cases, "ssd": ssd_cases, "ssd_options": ssd_option_cases}
 
 
 def run_case(name: str, make, fn) -> str:

@@ -113,10 +113,16 @@ def check_case(t, kw, chunk, what):
     assert final.dtype == state_dtype and final.shape == (b, H, P, N)
     check(out, out64, rtol, "out of " + what)
     check(final, final64, rtol, "final_states of " + what)
+    grad_rtol = rtol
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and "z" in t:
+        # On the tensor-core path the gated gradient dy·silu(z) is stored in x's dtype
+        # before it feeds the products (as mamba_ssm does): one more rounding of every dy.
+        # Measured on an H200: dA off by 2.8 bfloat16 eps of its scale in one case.
+        grad_rtol = 4 * torch.finfo(dtype).eps
     for k, g in grads.items():
         assert g.shape == t[k].shape and g.dtype == t[k].dtype, k
         # A float32 gradient of a float64 problem is rounded to float32 once.
-        check(g, g64[k], max(rtol, rtol_for(g.dtype, device.type)), f"d{k} of {what}")
+        check(g, g64[k], max(grad_rtol, rtol_for(g.dtype, device.type)), f"d{k} of {what}")
 
 
 # (B, L, H, P, N, G, chunk): odd L, chunks not dividing L, chunk 1, G = 1, G = H, 1 < G < H.

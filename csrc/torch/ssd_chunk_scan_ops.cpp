@@ -273,7 +273,7 @@ Grads9 run_backward(const BackwardExtras& e, const at::Tensor& x, const at::Tens
     if (p.o.D.defined()) {
       dx = (dy * D_view(p.o.D)).to(x.scalar_type()).contiguous();
       const at::Tensor prod = dy * x.to(ck);
-      dD = p.o.D.dim() == 1 ? prod.sum({0, 1, 3}) : prod.sum({0, 1});
+      dD = p.o.D.dim() == 1 ? prod.sum(std::vector<int64_t>{0, 1, 3}) : prod.sum(std::vector<int64_t>{0, 1});
     } else {
       dx = at::zeros(x.sizes(), x.options());
     }
