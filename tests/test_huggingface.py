@@ -260,3 +260,48 @@ def test_cuda_bf16_training_step_runs():
         opt.step()
         opt.zero_grad()
     assert torch.isfinite(loss)
+
+
+def test_mamba2_patch_routes_to_baracuda_mamba(monkeypatch):
+    """The Mamba-2 wiring, without baracuda_torch.mamba's kernels: a stand-in module whose
+    functions record their calls and compute with transformers' own PyTorch reference
+    shows that the patched mixer calls mamba_split_conv1d_scan_combined (training, no
+    cache) and then mamba_chunk_scan_combined with mamba_ssm's keyword arguments, on the
+    CPU, and gives the unpatched model's logits."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from transformers.models.mamba2 import modeling_mamba2 as m2
+
+    calls = []
+    fake = types.ModuleType("baracuda_torch.mamba")
+    fake.__spec__ = importlib.machinery.ModuleSpec("baracuda_torch.mamba", None)
+
+    def chunk(x, dt, A, B, C, chunk_size, **kw):
+        calls.append(("chunk", sorted(kw)))
+        assert kw["dt_softplus"] is True and kw["z"] is None and kw["seq_idx"] is None
+        return m2.mamba2_chunk_scan(x, dt, A, B, C, chunk_size, D=kw["D"], dt_bias=kw["dt_bias"],
+                                    initial_states=kw["initial_states"], dt_softplus=True,
+                                    dt_limit=kw["dt_limit"], return_final_states=kw["return_final_states"])
+
+    def split(zxbcdt, w, b, dt_bias, A, D, chunk_size, **kw):
+        calls.append(("split", sorted(kw)))
+        assert kw["norm_before_gate"] is False and kw["headdim"] == 16
+        return None  # (transformers then takes the unfused path, as with its own fallback)
+
+    fake.mamba_chunk_scan_combined = chunk
+    fake.mamba_split_conv1d_scan_combined = split
+    monkeypatch.setitem(sys.modules, "baracuda_torch.mamba", fake)
+    cfg = transformers.Mamba2Config(vocab_size=96, hidden_size=64, num_hidden_layers=2, state_size=16, num_heads=8,
+                                    expand=2, head_dim=16, n_groups=1, chunk_size=8)
+    torch.manual_seed(0)
+    base = transformers.Mamba2ForCausalLM(cfg)
+    patched = copy.deepcopy(base)
+    desc = hf.apply_baracuda(patched)
+    assert "2 x Mamba2Mixer" in desc and "mamba_chunk_scan_combined" in desc
+    assert list(patched.state_dict()) == list(base.state_dict())
+    ids = torch.randint(0, 96, (2, 12))
+    torch.testing.assert_close(patched(input_ids=ids).logits, base(input_ids=ids).logits)
+    assert [c[0] for c in calls] == ["split", "chunk", "split", "chunk"]
+    assert "initial_states" in calls[1][1] and "return_final_states" in calls[1][1]
