@@ -5,6 +5,9 @@ and Autograd kernels) and exposes documented wrappers:
 
 * gated activations: :func:`gated_activation`, :func:`glu`, :func:`reglu`,
   :func:`swiglu`, :func:`geglu`
+* RoPE: :func:`rope`, :func:`rope_qk` (angles from positions); :func:`rope_cos_sin`,
+  :func:`rope_qk_cos_sin`, :func:`apply_rotary_pos_emb` (caller-given cos/sin)
+* Hugging Face transformers: ``baracuda_torch.integrations.huggingface.apply_baracuda``
 
 Plan introspection: :func:`explain` tells which kernel a call would run and what it
 guarantees, without running it; :func:`set_preference` / :func:`preference` choose
