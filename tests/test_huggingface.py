@@ -11,7 +11,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import baracuda_torch as bt  # noqa: E402
 from baracuda_torch.integrations import huggingface as hf  # noqa: E402
 from helpers import DEVICES, assert_close_to_reference, requires_cuda  # noqa: E402
 
