@@ -6,14 +6,16 @@ and Autograd kernels) and exposes documented wrappers:
 * gated activations: :func:`gated_activation`, :func:`glu`, :func:`reglu`,
   :func:`swiglu`, :func:`geglu`; modules :class:`nn.GatedActivation`,
   :class:`nn.GatedMLP`
-* rotary position embedding: :func:`rope`, :func:`rope_qk`; module
-  :class:`nn.RotaryEmbedding`
+* rotary position embedding: :func:`rope`, :func:`rope_qk` (angles from positions);
+  :func:`rope_cos_sin`, :func:`rope_qk_cos_sin`, :func:`apply_rotary_pos_emb` (caller-given
+  cos/sin); module :class:`nn.RotaryEmbedding`
 * linear interpolation: :func:`lerp` (scalar or tensor weight, as ``torch.lerp``)
 * gather: :func:`gather` (``torch.gather`` semantics), :func:`check_errors`,
   :func:`set_index_checks` (when an out-of-range CUDA index raises)
 * Mamba-2: :func:`ssd_chunk_scan`, and :mod:`baracuda_torch.mamba` with mamba_ssm's
   ``mamba_chunk_scan_combined``, ``mamba_split_conv1d_scan_combined`` and ``Mamba2``
   (also :class:`nn.Mamba2`)
+* Hugging Face transformers: ``baracuda_torch.integrations.huggingface.apply_baracuda``
 
 Plan introspection: :func:`explain` tells which kernel a call would run and what it
 guarantees, without running it; :func:`set_preference` / :func:`preference` choose

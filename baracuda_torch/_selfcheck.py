@@ -157,6 +157,21 @@ def check_rope(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
 
 
 
+@check
+def check_rope_cos_sin(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    B, Hq, Hk, S, D = (4, 32, 8, 2048, 128) if big else (2, 4, 2, 64, 32)
+    pos = torch.arange(S, device=device, dtype=torch.float64)
+    inv = 10000.0 ** (-torch.arange(0, D, 2, device=device, dtype=torch.float64) / D)
+    freqs = torch.cat((pos[:, None] * inv, pos[:, None] * inv), -1)[None]  # HF layout [1, S, D]
+    cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
+    q = torch.randn(B, S, Hq, D, device=device, dtype=dtype).transpose(1, 2)
+    k = torch.randn(B, S, Hk, D, device=device, dtype=dtype).transpose(1, 2)
+    yield run_case("rope_qk_cos_sin[hf,bshd view,gqa]",
+                   lambda a, b, c, s: bt.rope_qk_cos_sin(a, b, c, s),
+                   lambda a, b, c, s: (ref.rope_cos_sin(a, c, s), ref.rope_cos_sin(b, c, s)),
+                   [q, k, cos, sin], ("rope_qk_cos_sin", (q, k, cos, sin)), grad_inputs=[0, 1])
+
+
 # ---- lerp
 
 @check

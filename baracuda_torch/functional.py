@@ -77,7 +77,7 @@ def geglu(x: Tensor, dim: int = -1, approximate: Literal["none", "tanh"] = "none
 __all__ += ["rope", "rope_qk"]
 
 
-def rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0, interleaved: bool = True,
+def rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0, interleaved: bool = False,
          rotary_dim: int | None = None) -> Tensor:
     """Rotary position embedding (RoPE) of ``x`` ``[B, H, S, D]``.
 
@@ -87,9 +87,9 @@ def rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0, inte
 
         y_u = u·cos θ − v·sin θ        y_v = u·sin θ + v·cos θ
 
-    The pairs are ``(2i, 2i+1)`` with ``interleaved=True`` (GPT-J, the original RoFormer)
-    and ``(i, i + R/2)`` with ``interleaved=False`` (the ``rotate_half`` convention of
-    LLaMA / GPT-NeoX / Hugging Face models). Features ``R..D-1`` pass through unchanged
+    The pairs are ``(i, i + R/2)`` with ``interleaved=False`` (the default: the
+    ``rotate_half`` convention of LLaMA / GPT-NeoX / Hugging Face models) and ``(2i, 2i+1)``
+    with ``interleaved=True`` (GPT-J, the original RoFormer). Features ``R..D-1`` pass through unchanged
     (partial rotary).
 
     ``x`` may have any strides: a ``[B, S, H, D]`` tensor passed as ``x.transpose(1, 2)``
@@ -123,14 +123,14 @@ def rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0, inte
     Example::
 
         >>> q = torch.randn(2, 8, 128, 64, device="cuda", dtype=torch.bfloat16)
-        >>> q_rot = baracuda_torch.rope(q, interleaved=False)   # LLaMA-style
+        >>> q_rot = baracuda_torch.rope(q)   # LLaMA-style (half-split pairs)
     """
     return torch.ops.baracuda.rope(x, positions, float(base), interleaved,
                                    -1 if rotary_dim is None else rotary_dim)
 
 
 def rope_qk(q: Tensor, k: Tensor, positions: Tensor | None = None, base: float = 10000.0,
-            interleaved: bool = True, rotary_dim: int | None = None) -> tuple[Tensor, Tensor]:
+            interleaved: bool = False, rotary_dim: int | None = None) -> tuple[Tensor, Tensor]:
     """RoPE of queries and keys with the same angles, the usual model-side call:
     ``(rope(q, ...), rope(k, ...))``.
 
@@ -149,6 +149,99 @@ def rope_qk(q: Tensor, k: Tensor, positions: Tensor | None = None, base: float =
     return (rope(q, positions, base, interleaved, rotary_dim),
             rope(k, positions, base, interleaved, rotary_dim))
 
+
+
+# ---- rope from given cos/sin tables ------------------------------------------------
+
+__all__ += ["rope_cos_sin", "rope_qk_cos_sin", "apply_rotary_pos_emb"]
+
+
+def _as_op_table(t: Tensor, name: str, what: str) -> Tensor:
+    """cos/sin as the op takes them: ``[S, R/2]`` or ``[Bc, S, R]``; a Hugging Face table
+    already unsqueezed to ``[Bc, 1, S, R]`` loses its head dim."""
+    if t.dim() == 4 and t.shape[1] == 1:
+        return t.squeeze(1)
+    if t.dim() not in (2, 3):
+        raise ValueError(f"baracuda_torch.{name}: {what} must be [S, R/2], [1 or B, S, R] or "
+                         f"[1 or B, 1, S, R], got shape {list(t.shape)}")
+    return t
+
+
+def rope_cos_sin(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+    """Rotary position embedding of ``x`` ``[B, H, S, D]`` with caller-given ``cos``/``sin``.
+
+    Two table layouts, told apart by rank:
+
+    * ``[1 or B, S, R]`` (Hugging Face: one entry per feature, ``cat(freqs, freqs)`` for
+      half-split pairs, ``repeat_interleave(freqs, 2)`` for interleaved ones; a
+      ``[1 or B, 1, S, R]`` table is accepted too). The result is exactly
+      ``x·cos + rotate(x)·sin`` on the first ``R`` features, for any table values.
+    * ``[S, R/2]`` (flash-attention: one entry per pair).
+
+    Pairs are ``(i, i + R/2)`` (``interleaved=False``, ``rotate_half``) or ``(2i, 2i+1)``;
+    features ``R..D-1`` pass through (partial rotary). ``x`` may have any strides (a
+    ``[B, S, H, D]`` tensor passed as ``.transpose(1, 2)`` is read in place and the result
+    keeps that layout). ``cos``/``sin`` are float32 or ``x``'s dtype (math in float32,
+    float64 for float64 data). Differentiable in ``x`` to any order, and in ``cos``/``sin``
+    when they require grad.
+
+    Raises:
+        ValueError: ``x`` not 4-D, or cos/sin of a shape that does not match ``x``.
+        TypeError: non-floating ``x``, cos/sin neither float32 nor ``x``'s dtype, or of
+            different dtypes.
+        RuntimeError: operands on different devices.
+    """
+    return torch.ops.baracuda.rope_cos_sin(x, _as_op_table(cos, "rope_cos_sin", "cos"),
+                                           _as_op_table(sin, "rope_cos_sin", "sin"), interleaved)
+
+
+def rope_qk_cos_sin(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
+                    interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """:func:`rope_cos_sin` of queries ``[B, Hq, S, D]`` and keys ``[B, Hk, S, D]`` (head
+    counts may differ: grouped-query attention) in one kernel launch. Returns
+    ``(q_embed, k_embed)``."""
+    return torch.ops.baracuda.rope_qk_cos_sin(q, k, _as_op_table(cos, "rope_qk_cos_sin", "cos"),
+                                              _as_op_table(sin, "rope_qk_cos_sin", "sin"),
+                                              interleaved)
+
+
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
+                         position_ids: Tensor | None = None,
+                         unsqueeze_dim: int = 1) -> tuple[Tensor, Tensor]:
+    """Drop-in for Hugging Face transformers' ``apply_rotary_pos_emb`` (LLaMA family):
+    ``(q·cos + rotate_half(q)·sin, k·cos + rotate_half(k)·sin)`` in one fused launch.
+
+    Args:
+        q: ``[B, Hq, S, D]`` (``unsqueeze_dim=1``) or ``[B, S, Hq, D]`` (``unsqueeze_dim=2``).
+        k: the same layout with ``Hk`` heads.
+        cos, sin: ``[B or 1, S, R]`` as the model's rotary embedding returns them (``R <=
+            D``; features past ``R`` pass through), or ``[S, R]``.
+        position_ids: kept from older transformers signatures: when given, ``cos`` and
+            ``sin`` are ``[max_positions, R]`` tables indexed by it (``cos[position_ids]``).
+        unsqueeze_dim: 1 for ``[B, H, S, D]`` heads-first tensors, 2 for ``[B, S, H, D]``.
+
+    Returns:
+        ``(q_embed, k_embed)`` in the inputs' layout.
+
+    Raises:
+        ValueError: bad ``unsqueeze_dim``, or cos/sin shapes that do not match ``q``/``k``.
+    """
+    if position_ids is not None:
+        cos, sin = cos[position_ids], sin[position_ids]
+    if unsqueeze_dim not in (1, 2, -3, -2) or q.dim() != 4:
+        raise ValueError("baracuda_torch.apply_rotary_pos_emb: q and k must be 4-D with "
+                         "unsqueeze_dim 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got q of shape "
+                         f"{list(q.shape)} and unsqueeze_dim={unsqueeze_dim}")
+    if cos.dim() == 2:  # [S, R]: one table for every batch
+        cos, sin = cos[None], sin[None]
+    if cos.dim() != 3 or sin.shape != cos.shape:
+        raise ValueError("baracuda_torch.apply_rotary_pos_emb: cos and sin must both be "
+                         f"[B or 1, S, R] or [S, R], got {list(cos.shape)} and {list(sin.shape)}")
+    if unsqueeze_dim in (2, -2):
+        qe, ke = torch.ops.baracuda.rope_qk_cos_sin(q.transpose(1, 2), k.transpose(1, 2), cos,
+                                                     sin, False)
+        return qe.transpose(1, 2), ke.transpose(1, 2)
+    return torch.ops.baracuda.rope_qk_cos_sin(q, k, cos, sin, False)
 
 
 # ---- lerp -------------------------------------------------------------------------

@@ -66,12 +66,12 @@ class RotaryEmbedding(nn.Module):
     Args:
         head_dim: ``D``.
         base: frequency base (finite, > 0).
-        interleaved: pairs ``(2i, 2i+1)`` (True) or ``(i, i + R/2)`` (False, the
-            ``rotate_half`` convention of LLaMA-style checkpoints).
+        interleaved: pairs ``(i, i + R/2)`` (False, the default: the ``rotate_half``
+            convention of LLaMA-style checkpoints) or ``(2i, 2i+1)`` (True).
         rotary_dim: number of rotated features ``R`` (even, ``<= head_dim``); None for all.
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = True,
+    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False,
                  rotary_dim: Optional[int] = None) -> None:
         super().__init__()
         R = head_dim if rotary_dim is None else rotary_dim

@@ -65,7 +65,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = True) ->
     return torch.cat((yr, xp), dim=-1)
 
 
-def rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0, interleaved: bool = True,
+def rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0, interleaved: bool = False,
          rotary_dim: int | None = None) -> Tensor:
     """RoPE of ``x`` ``[B, H, S, D]``: cos/sin from float64 angles, cast to ``x``'s dtype,
     rotation in ``x``'s dtype (in float64 this is the ground truth; in a low dtype it is
@@ -76,7 +76,7 @@ def rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0, inte
 
 
 def rope_backward(dy: Tensor, positions: Tensor | None = None, base: float = 10000.0,
-                  interleaved: bool = True, rotary_dim: int | None = None) -> Tensor:
+                  interleaved: bool = False, rotary_dim: int | None = None) -> Tensor:
     """The gradient of :func:`rope` with respect to ``x``: the rotation by −θ."""
     R = dy.shape[-1] if rotary_dim in (None, -1) else rotary_dim
     theta = rope_angles(dy.shape[-2], positions, R, base, dy.device)
@@ -96,6 +96,33 @@ def rope_hf(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     R = cos.shape[-1]
     xr, xp = x[..., :R], x[..., R:]
     return torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1)
+
+
+def rope_cos_sin(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
+                 backward: bool = False) -> Tensor:
+    """``x·cos + rotate(x)·sin`` on the first ``R`` features of ``x`` ``[B, H, S, D]`` (the
+    rest pass through), in the dtype of the operands, for a ``[Bc, S, R]`` table (one entry
+    per feature) or a ``[S, R/2]`` one (one per pair). ``backward=True`` gives the
+    transpose (the gradient with respect to ``x`` of the forward, applied to ``x``)."""
+    if cos.dim() == 2:  # one entry per pair -> one per feature
+        cos = (cos.repeat_interleave(2, -1) if interleaved else torch.cat((cos, cos), -1))[None]
+        sin = (sin.repeat_interleave(2, -1) if interleaved else torch.cat((sin, sin), -1))[None]
+    R = cos.shape[-1]
+    cos, sin = cos[:, None], sin[:, None]  # [Bc, 1, S, R]
+    xr, xp = x[..., :R], x[..., R:]
+
+    def rot(t: Tensor) -> Tensor:
+        if interleaved:
+            return torch.stack((-t[..., 1::2], t[..., 0::2]), -1).flatten(-2)
+        return torch.cat((-t[..., R // 2:], t[..., :R // 2]), -1)
+
+    def rot_t(t: Tensor) -> Tensor:  # the transpose of rot
+        if interleaved:
+            return torch.stack((t[..., 1::2], -t[..., 0::2]), -1).flatten(-2)
+        return torch.cat((t[..., R // 2:], -t[..., :R // 2]), -1)
+
+    yr = xr * cos + (rot_t(xr * sin) if backward else rot(xr) * sin)
+    return torch.cat((yr, xp), -1)
 
 
 # ---- lerp -------------------------------------------------------------------------

@@ -410,6 +410,12 @@ def test_wrapper_defaults():
     assert torch.equal(bt.rope(x), ops.rope(x))
     assert torch.equal(bt.rope(x, rotary_dim=4, interleaved=False), ops.rope(x, None, 10000.0, False, 4))
     assert torch.equal(bt.rope(x, base=10000), ops.rope(x))  # an int base is fine
+    # the default pair layout is half-split (rotate_half), in the wrappers, the op and nn
+    half = ops.rope(x, None, 10000.0, False, -1)
+    assert torch.equal(bt.rope(x), half) and torch.equal(ops.rope(x), half)
+    assert not torch.equal(bt.rope(x), bt.rope(x, interleaved=True))
+    assert torch.equal(bt.rope_qk(x, x)[0], half)
+    assert bt.nn.RotaryEmbedding(8).interleaved is False
     assert "rope" in bt.__all__ and "rope_qk" in bt.__all__
 
 
@@ -586,8 +592,9 @@ def test_mixed_devices():
 def test_explain(device):
     x = torch.randn(2, 4, 8, 64, dtype=torch.bfloat16, device=device)
     pos = torch.arange(8, device=device)
-    info = bt.explain("rope", x)
-    assert info.family == "rope" and info.op == "interleaved" and info.dtype == "bfloat16"
+    info = bt.explain("rope", x)  # the default pair layout is half-split
+    assert info.family == "rope" and info.op == "half_split" and info.dtype == "bfloat16"
+    assert bt.explain("rope", x, None, 10000.0, True).op == "interleaved"
     assert info.index_dtype is None and info.backend == device
     # CUDA: the cos/sin table, one float pair per (position, pair) [per batch when positions
     # are [B, S]], plus 15 bytes of alignment slack; the CPU kernel needs none.

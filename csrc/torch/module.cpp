@@ -79,10 +79,38 @@ PYBIND11_MODULE(_C, m) {
 
   // ---- rope
   m.def("explain_rope", &explain_rope, py::arg("x"), py::arg("positions") = py::none(),
-        py::arg("base") = 10000.0, py::arg("interleaved") = true, py::arg("rotary_dim") = -1, pref);
+        py::arg("base") = 10000.0, py::arg("interleaved") = false, py::arg("rotary_dim") = -1, pref);
   m.def("explain_rope_backward", &explain_rope_backward, py::arg("dy"),
         py::arg("positions") = py::none(), py::arg("base") = 10000.0,
-        py::arg("interleaved") = true, py::arg("rotary_dim") = -1, pref);
+        py::arg("interleaved") = false, py::arg("rotary_dim") = -1, pref);
+
+  // ---- rope from cos/sin tables: the four ops (k is None for the one-tensor ones).
+  m.def("explain_rope_cos_sin",
+        [](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+           const std::optional<std::string>& p) {
+          return explain_rope_qk_cos_sin(x, std::nullopt, cos, sin, interleaved, false, p);
+        },
+        py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("interleaved") = false, pref);
+  m.def("explain_rope_cos_sin_backward",
+        [](const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+           const std::optional<std::string>& p) {
+          return explain_rope_qk_cos_sin(dy, std::nullopt, cos, sin, interleaved, true, p);
+        },
+        py::arg("dy"), py::arg("cos"), py::arg("sin"), py::arg("interleaved") = false, pref);
+  m.def("explain_rope_qk_cos_sin",
+        [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+           bool interleaved, const std::optional<std::string>& p) {
+          return explain_rope_qk_cos_sin(q, k, cos, sin, interleaved, false, p);
+        },
+        py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"),
+        py::arg("interleaved") = false, pref);
+  m.def("explain_rope_qk_cos_sin_backward",
+        [](const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& cos,
+           const at::Tensor& sin, bool interleaved, const std::optional<std::string>& p) {
+          return explain_rope_qk_cos_sin(dq, dk, cos, sin, interleaved, true, p);
+        },
+        py::arg("dq"), py::arg("dk"), py::arg("cos"), py::arg("sin"),
+        py::arg("interleaved") = false, pref);
 
   // ---- lerp
   // explain("lerp.Tensor", ...) and explain("lerp_backward.Tensor", ...) land on the

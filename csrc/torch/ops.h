@@ -27,6 +27,11 @@ PlanInfo explain_rope_backward(const at::Tensor& dy, const std::optional<at::Ten
                                double base, bool interleaved, int64_t rotary_dim,
                                const std::optional<std::string>& preference);
 
+// ---- rope from cos/sin tables (k undefined: the one-tensor op)
+PlanInfo explain_rope_qk_cos_sin(const at::Tensor& q, const std::optional<at::Tensor>& k,
+                                 const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                                 bool backward, const std::optional<std::string>& preference);
+
 // ---- lerp
 PlanInfo explain_lerp(const at::Tensor& a, const at::Tensor& b, double weight,
                       const std::optional<std::string>& preference);

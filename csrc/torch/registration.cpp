@@ -15,11 +15,26 @@ TORCH_LIBRARY(baracuda, m) {
 
   // ---- rope (rope_ops.cpp)
   BARACUDA_DEF(
-      "rope(Tensor x, Tensor? positions=None, float base=10000.0, bool interleaved=True, "
+      "rope(Tensor x, Tensor? positions=None, float base=10000.0, bool interleaved=False, "
       "int rotary_dim=-1) -> Tensor");
   BARACUDA_DEF(
       "rope_backward(Tensor dy, Tensor? positions=None, float base=10000.0, "
-      "bool interleaved=True, int rotary_dim=-1) -> Tensor");
+      "bool interleaved=False, int rotary_dim=-1) -> Tensor");
+
+  // ---- rope from given cos/sin tables (rope_cos_sin_ops.cpp). Hugging Face's
+  // apply_rotary_pos_emb and flash-attention's apply_rotary_emb: cos/sin are [1 or B, S, R]
+  // (one entry per feature) or [S, R/2] (one per pair), float32 or the activation dtype;
+  // q [B, Hq, S, D] and k [B, Hk, S, D] (any strides) are rotated in one launch. Each
+  // backward is the transpose (dx from dy); cos/sin get gradients when they require them.
+  BARACUDA_DEF("rope_cos_sin(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor");
+  BARACUDA_DEF(
+      "rope_cos_sin_backward(Tensor dy, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor");
+  BARACUDA_DEF(
+      "rope_qk_cos_sin(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False) "
+      "-> (Tensor, Tensor)");
+  BARACUDA_DEF(
+      "rope_qk_cos_sin_backward(Tensor dq, Tensor dk, Tensor cos, Tensor sin, "
+      "bool interleaved=False) -> (Tensor, Tensor)");
 
   // ---- lerp (lerp_ops.cpp)
   BARACUDA_DEF("lerp(Tensor a, Tensor b, float weight) -> Tensor");

@@ -1,0 +1,179 @@
+#include "core/rope_cos_sin_plan.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "core/rope_plan.h"  // is_non_overlapping_and_dense
+#include "kernels/rope_cos_sin.h"
+
+namespace baracuda {
+
+namespace {
+constexpr const char* kFamily = "rope_cos_sin";
+// CUDA: 256 threads a block; a thread walks up to kRowsPerThread heads of its column
+// (fewer when that would leave fewer than kMinBlocksPerSm blocks per SM), as rope's plan.
+constexpr int64_t kThreads = 256;
+constexpr int64_t kRowsPerThread = 8;
+constexpr int64_t kMinBlocksPerSm = 8;
+constexpr int64_t kMaxGridY = 65535;
+
+std::string op_name(const RopeCosSinDescriptor& d) {
+  return d.backward ? "rope_qk_cos_sin_backward" : (d.has_k ? "rope_qk_cos_sin" : "rope_cos_sin");
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void validate(const RopeCosSinDescriptor& d, const std::string& op) {
+  check_rope_cos_sin_problem<int64_t>(
+      op, d.backward ? "dq" : (d.has_k ? "q" : "x"), d.backward ? "dk" : "k", d.q.dtype, d.q.rank,
+      d.q.sizes.data(), d.k.dtype, d.has_k ? d.k.rank : -1, d.k.sizes.data(), d.cos.dtype,
+      d.cos.rank, d.cos.sizes.data(), d.sin.dtype, d.sin.rank, d.sin.sizes.data());
+}
+
+TensorLayout output_of(const TensorLayout& x) {
+  TensorLayout out = x;
+  if (!is_non_overlapping_and_dense(x)) out.strides = contiguous_strides(x.sizes, x.rank);
+  out.alignment = 16;  // the torch layer allocates outputs through the caching allocator
+  return out;
+}
+
+void table_strides(const TensorLayout& t, int64_t B, int64_t out[3]) {
+  if (t.rank == 3) {
+    out[0] = (t.sizes[0] == 1 || B == 1) ? 0 : t.strides[0];
+    out[1] = t.strides[1];
+    out[2] = t.strides[2];
+  } else {
+    out[0] = 0;
+    out[1] = t.strides[0];
+    out[2] = t.strides[1];
+  }
+}
+
+RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& oq,
+                             const TensorLayout& ok) {
+  RopeCosSinLaunch l;
+  l.element = d.q.dtype;
+  l.table_element = d.cos.dtype;
+  l.backward = d.backward;
+  l.interleaved = d.interleaved;
+  l.full_table = d.cos.rank == 3;
+  l.B = d.q.sizes[0];
+  l.Hq = d.q.sizes[1];
+  l.Hk = d.has_k ? d.k.sizes[1] : 0;
+  l.S = d.q.sizes[2];
+  l.D = d.q.sizes[3];
+  l.R = l.full_table ? d.cos.sizes[2] : 2 * d.cos.sizes[1];
+  for (int i = 0; i < 4; ++i) {
+    l.q_strides[i] = d.q.strides[i];
+    l.yq_strides[i] = oq.strides[i];
+    l.k_strides[i] = d.has_k ? d.k.strides[i] : 0;
+    l.yk_strides[i] = d.has_k ? ok.strides[i] : 0;
+  }
+  table_strides(d.cos, l.B, l.cos_strides);
+  table_strides(d.sin, l.B, l.sin_strides);
+
+  // Access: 16-byte vectors when every q/k row is unit-stride and 16-byte aligned in
+  // every (b, h, s) and the rotation halves / pass-through split into whole vectors.
+  l.access = RopeCosSinAccess::Scalar;
+  l.vec = 1;
+  if (d.device.backend == Backend::Cuda) {
+    const int v = 16 / element_size(d.q.dtype);
+    const int64_t rot_unit = d.interleaved ? l.R : l.R / 2;
+    bool ok_vec = l.D % v == 0 && rot_unit % v == 0 && l.R % v == 0;
+    const auto fits = [&](const TensorLayout& t) {
+      if (t.strides[3] != 1 || t.alignment < 16) return false;
+      for (int i = 0; i < 3; ++i)
+        if (t.sizes[i] > 1 && t.strides[i] % v != 0) return false;
+      return true;
+    };
+    ok_vec = ok_vec && fits(d.q) && fits(oq);
+    if (d.has_k && d.k.numel() > 0) ok_vec = ok_vec && fits(d.k) && fits(ok);
+    if (ok_vec) {
+      l.access = RopeCosSinAccess::Vec16;
+      l.vec = v;
+    }
+  }
+  l.pairs_per_item = d.interleaved ? std::max(l.vec / 2, 1) : l.vec;
+  l.n_rot = (l.R / 2) / l.pairs_per_item;
+  l.n_pass = (l.D - l.R) / l.vec;
+  l.n_cols = l.B * l.S * (l.n_rot + l.n_pass);
+  if (d.device.backend != Backend::Cuda || l.n_cols == 0) return l;
+
+  const int64_t rows = l.Hq + l.Hk;
+  const int64_t grid_x = ceil_div(l.n_cols, kThreads);
+  if (grid_x > INT32_MAX)
+    fail(PlanErrorKind::Unsupported, op_name(d),
+         "too many (batch, position, feature) columns for one launch, got " +
+             std::to_string(l.n_cols));
+  int64_t rpt = std::min(kRowsPerThread, std::max<int64_t>(rows, 1));
+  const int64_t target = kMinBlocksPerSm * std::max(d.device.sm_count, 1);
+  while (rpt > 1 && grid_x * ceil_div(rows, rpt) < target) rpt = (rpt + 1) / 2;
+  rpt = std::max(rpt, ceil_div(rows, kMaxGridY));
+  l.rows_per_thread = rpt;
+  return l;
+}
+
+KernelSku make_sku(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
+  KernelSku sku;
+  sku.family = kFamily;
+  sku.op = std::string(d.interleaved ? "interleaved" : "half_split") +
+           (l.full_table ? "_full_table" : "_half_table") + (d.backward ? "_backward" : "");
+  sku.element = d.q.dtype;
+  sku.variant = l.access == RopeCosSinAccess::Vec16 ? "vec16" : "scalar";
+  if (d.device.backend == Backend::Cpu)
+    sku.variant = (!d.interleaved && d.q.strides[3] == 1) ? "rows_simd" : "rows";
+  sku.backend = d.device.backend;
+  sku.arch = d.device.arch;
+  const bool f64 = d.q.dtype == ElementKind::F64;
+  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
+                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
+  return sku;
+}
+}  // namespace
+
+RopeCosSinPlan RopeCosSinPlan::select(const RopeCosSinDescriptor& desc, PlanPreference) {
+  const std::string op = op_name(desc);
+  validate(desc, op);
+  RopeCosSinPlan p;
+  p.desc_ = desc;
+  p.out_q_ = output_of(desc.q);
+  if (desc.has_k) p.out_k_ = output_of(desc.k);
+  p.launch_ = plan_launch(desc, p.out_q_, p.out_k_);
+  p.sku_ = make_sku(desc, p.launch_);
+  return p;
+}
+
+void RopeCosSinPlan::can_implement(const RopeCosSinArgs& args) const {
+  const std::string op = op_name(desc_);
+  check_same_layout(op, desc_.backward ? "dq" : "q", desc_.q, args.q.layout);
+  if (desc_.has_k) check_same_layout(op, desc_.backward ? "dk" : "k", desc_.k, args.k.layout);
+  check_same_layout(op, "cos", desc_.cos, args.cos.layout);
+  check_same_layout(op, "sin", desc_.sin, args.sin.layout);
+  check_output(op, desc_.backward ? "dq_in" : "q_out", out_q_, args.yq);
+  if (desc_.has_k) check_output(op, desc_.backward ? "dk_in" : "k_out", out_k_, args.yk);
+}
+
+void RopeCosSinPlan::run(void* stream, Workspace, const RopeCosSinArgs& args) const {
+  const std::string op = op_name(desc_);
+  can_implement(args);
+  if (launch_.n_cols == 0 || launch_.Hq + launch_.Hk == 0) return;
+  RopeCosSinLaunch l = launch_;
+  l.q = args.q.data;
+  l.k = desc_.has_k ? args.k.data : nullptr;
+  l.cos = args.cos.data;
+  l.sin = args.sin.data;
+  l.yq = args.yq.data;
+  l.yk = desc_.has_k ? args.yk.data : nullptr;
+  if (desc_.device.backend == Backend::Cpu) {
+    kernels::rope_cos_sin_cpu(l);
+    return;
+  }
+#ifdef BARACUDA_WITH_CUDA
+  kernels::rope_cos_sin_cuda(l, stream);
+#else
+  (void)stream;
+  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
+#endif
+}
+
+}  // namespace baracuda

@@ -1,0 +1,265 @@
+// CUDA kernel of the cos/sin RoPE (forward and backward, q and k in one launch).
+//
+// No table kernel: the caller holds the table. The index space is columns × rows (see
+// RopeCosSinLaunch): a column is (b, s, row item) with the item fastest, so a warp's
+// 16-byte accesses are consecutive in a row; a row is one head of q (r < Hq) or of k.
+// A thread loads its column's table entries once (P pairs × (c_u, s_u, c_v, s_v), from
+// the table's dtype to float; double for float64 data), builds the 2×2 coefficients of
+// the direction (forward: [c_u, −s_u; s_v, c_v], backward: their transpose), and walks
+// rows_per_thread heads, issuing every load of a step before its math.
+//
+// Row items (V features per access; V = 16 bytes on the Vec16 path, 1 otherwise), as in
+// rope.cuh: interleaved with V > 1: one pack of V adjacent features (V/2 pairs);
+// half-split (any V) and interleaved with V = 1: pack a holds the u features and pack b
+// the v features of V pairs; pass-through items copy V features of R..D−1.
+#include <algorithm>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/rope_cos_sin.h"
+
+namespace baracuda::kernels {
+namespace cuda {
+
+constexpr int kRopeCsThreads = 256;
+constexpr int kRopeCsUnroll = 2;  // rows per step
+
+struct RopeCsParams {
+  int64_t B, Hq, Hk, S, D, R, half;
+  int64_t n_items, n_rot, n_cols, rows_per_thread;
+  int64_t q_s[4], k_s[4], yq_s[4], yk_s[4];
+  int64_t cos_s[3], sin_s[3];
+  bool full_table, backward;
+  const void* q;
+  const void* k;
+  const void* cos;
+  const void* sin;
+  void* yq;
+  void* yk;
+};
+
+__device__ __forceinline__ double table_to_double(double v) { return v; }
+__device__ __forceinline__ double table_to_double(float v) { return v; }
+
+template <typename T, typename C>
+__device__ __forceinline__ acc_t<T> load_entry(const C* p) {
+  if constexpr (std::is_same_v<acc_t<T>, double>)
+    return table_to_double(__ldg(p));
+  else
+    return to_acc(p[0]);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_pack_acc(T* p, const acc_t<T> (&v)[V]) {
+  Pack<T, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) out.v[j] = from_acc<T>(v[j]);
+  store_pack<T, V>(p, out);
+}
+
+template <typename T, typename C, int V, bool Interleaved>
+__global__ void __launch_bounds__(kRopeCsThreads) rope_cos_sin_kernel(const RopeCsParams p) {
+  using Acc = acc_t<T>;
+  constexpr bool kOnePack = Interleaved && V > 1;
+  constexpr int P = Interleaved ? (V > 1 ? V / 2 : 1) : V;  // pairs per item
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kRopeCsThreads + threadIdx.x;
+  if (col >= p.n_cols) return;
+  const int64_t rows = p.Hq + p.Hk;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * p.rows_per_thread;
+  if (r0 >= rows) return;
+  const int64_t r1 = r0 + p.rows_per_thread < rows ? r0 + p.rows_per_thread : rows;
+  const int64_t bs = col / p.n_items;
+  const int64_t item = col - bs * p.n_items;
+  const int64_t b = bs / p.S;
+  const int64_t s = bs - b * p.S;
+
+  // Feature offsets of packs a and b (or the pass-through pack).
+  int64_t fa, fb;
+  const bool pass = item >= p.n_rot;
+  if (pass) {
+    fa = p.R + (item - p.n_rot) * V;
+    fb = fa;
+  } else if constexpr (kOnePack) {
+    fa = item * V;
+    fb = fa;
+  } else if constexpr (Interleaved) {
+    fa = 2 * item;
+    fb = fa + 1;
+  } else {
+    fa = item * V;
+    fb = p.half + fa;
+  }
+
+  // Coefficients of the item's pairs: y_u = m00·u + m01·v, y_v = m10·u + m11·v.
+  Acc m00[P], m01[P], m10[P], m11[P];
+  if (!pass) {
+    const C* cosr = static_cast<const C*>(p.cos) + b * p.cos_s[0] + s * p.cos_s[1];
+    const C* sinr = static_cast<const C*>(p.sin) + b * p.sin_s[0] + s * p.sin_s[1];
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int64_t pair = item * P + j;
+      int64_t eu = pair, ev = pair;
+      if (p.full_table) {
+        eu = Interleaved ? 2 * pair : pair;
+        ev = Interleaved ? 2 * pair + 1 : pair + p.half;
+      }
+      const Acc cu = load_entry<T>(cosr + eu * p.cos_s[2]);
+      const Acc su = load_entry<T>(sinr + eu * p.sin_s[2]);
+      const Acc cv = load_entry<T>(cosr + ev * p.cos_s[2]);
+      const Acc sv = load_entry<T>(sinr + ev * p.sin_s[2]);
+      m00[j] = cu;
+      m11[j] = cv;
+      m01[j] = p.backward ? sv : -su;
+      m10[j] = p.backward ? -su : sv;
+    }
+  }
+
+  for (int64_t r = r0; r < r1; r += kRopeCsUnroll) {
+    Pack<T, V> a[kRopeCsUnroll], bv[kRopeCsUnroll];
+    T* ya[kRopeCsUnroll];
+    T* yb[kRopeCsUnroll];
+    bool live[kRopeCsUnroll];
+#pragma unroll
+    for (int k = 0; k < kRopeCsUnroll; ++k) {
+      const int64_t row = r + k;
+      live[k] = row < r1;
+      if (!live[k]) continue;
+      const bool is_q = row < p.Hq;
+      const int64_t h = is_q ? row : row - p.Hq;
+      const int64_t* xs = is_q ? p.q_s : p.k_s;
+      const int64_t* ys = is_q ? p.yq_s : p.yk_s;
+      const T* x = static_cast<const T*>(is_q ? p.q : p.k) + b * xs[0] + h * xs[1] + s * xs[2];
+      T* y = static_cast<T*>(is_q ? p.yq : p.yk) + b * ys[0] + h * ys[1] + s * ys[2];
+      if constexpr (V > 1) {
+        a[k] = load_pack<T, V>(x + fa);
+        if (!pass && !kOnePack) bv[k] = load_pack<T, V>(x + fb);
+        ya[k] = y + fa;
+        yb[k] = y + fb;
+      } else {
+        a[k].v[0] = x[fa * xs[3]];
+        if (!pass) bv[k].v[0] = x[fb * xs[3]];
+        ya[k] = y + fa * ys[3];
+        yb[k] = y + fb * ys[3];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRopeCsUnroll; ++k) {
+      if (!live[k]) continue;
+      if (pass) {
+        store_pack<T, V>(ya[k], a[k]);
+        continue;
+      }
+      if constexpr (kOnePack) {
+        Acc out[V];
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          const Acc u = to_acc(a[k].v[2 * j]), v = to_acc(a[k].v[2 * j + 1]);
+          out[2 * j] = m00[j] * u + m01[j] * v;
+          out[2 * j + 1] = m10[j] * u + m11[j] * v;
+        }
+        store_pack_acc<T, V>(ya[k], out);
+      } else {
+        Acc ou[V], ov[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const Acc u = to_acc(a[k].v[j]), v = to_acc(bv[k].v[j]);
+          ou[j] = m00[j] * u + m01[j] * v;
+          ov[j] = m10[j] * u + m11[j] * v;
+        }
+        store_pack_acc<T, V>(ya[k], ou);
+        store_pack_acc<T, V>(yb[k], ov);
+      }
+    }
+  }
+}
+
+// The plan's description must match the kernel.
+template <int V, bool Interleaved>
+void check_rope_cos_sin_launch(const RopeCosSinLaunch& l, const char* op) {
+  constexpr int P = Interleaved ? (V > 1 ? V / 2 : 1) : V;
+  if (l.vec != V || l.pairs_per_item != P)
+    fail(PlanErrorKind::Internal, op, "launch description does not match the kernel's vector width");
+  if (l.n_rot * P != l.R / 2 || l.n_pass * V != l.D - l.R ||
+      l.n_cols != l.B * l.S * (l.n_rot + l.n_pass))
+    fail(PlanErrorKind::Internal, op, "launch description's row items do not cover the row");
+  if (l.rows_per_thread < 1 || (l.q == nullptr && l.Hq > 0) || (l.k == nullptr && l.Hk > 0) ||
+      l.cos == nullptr || l.sin == nullptr)
+    fail(PlanErrorKind::Internal, op, "launch description is missing an operand");
+  if (V > 1 && (l.q_strides[3] != 1 || l.yq_strides[3] != 1 ||
+                (l.Hk > 0 && (l.k_strides[3] != 1 || l.yk_strides[3] != 1))))
+    fail(PlanErrorKind::Internal, op, "the vector path needs unit feature strides");
+}
+
+template <typename T, typename C, int V, bool Interleaved>
+void launch(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
+  check_rope_cos_sin_launch<V, Interleaved>(l, op);
+  RopeCsParams p;
+  p.B = l.B;
+  p.Hq = l.Hq;
+  p.Hk = l.Hk;
+  p.S = l.S;
+  p.D = l.D;
+  p.R = l.R;
+  p.half = l.R / 2;
+  p.n_items = l.n_rot + l.n_pass;
+  p.n_rot = l.n_rot;
+  p.n_cols = l.n_cols;
+  p.rows_per_thread = l.rows_per_thread;
+  for (int i = 0; i < 4; ++i) {
+    p.q_s[i] = l.q_strides[i];
+    p.k_s[i] = l.k_strides[i];
+    p.yq_s[i] = l.yq_strides[i];
+    p.yk_s[i] = l.yk_strides[i];
+  }
+  for (int i = 0; i < 3; ++i) {
+    p.cos_s[i] = l.cos_strides[i];
+    p.sin_s[i] = l.sin_strides[i];
+  }
+  p.full_table = l.full_table;
+  p.backward = l.backward;
+  p.q = l.q;
+  p.k = l.k;
+  p.cos = l.cos;
+  p.sin = l.sin;
+  p.yq = l.yq;
+  p.yk = l.yk;
+  const int64_t rows = l.Hq + l.Hk;
+  const dim3 grid(blocks_for(l.n_cols, kRopeCsThreads),
+                  static_cast<unsigned int>((rows + l.rows_per_thread - 1) / l.rows_per_thread));
+  rope_cos_sin_kernel<T, C, V, Interleaved><<<grid, kRopeCsThreads, 0, stream>>>(p);
+  check_launch(op);
+}
+
+template <typename T, typename C>
+void dispatch_layout(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = l.access == RopeCosSinAccess::Vec16;
+  if (l.interleaved) {
+    if (vec) launch<T, C, kVec, true>(l, stream, op);
+    else launch<T, C, 1, true>(l, stream, op);
+  } else {
+    if (vec) launch<T, C, kVec, false>(l, stream, op);
+    else launch<T, C, 1, false>(l, stream, op);
+  }
+}
+
+}  // namespace cuda
+
+void rope_cos_sin_cuda(const RopeCosSinLaunch& l, void* stream) {
+  const char* op = l.backward ? "rope_qk_cos_sin_backward" : "rope_qk_cos_sin";
+  auto st = static_cast<cudaStream_t>(stream);
+  cuda::dispatch_floating(l.element, [&](auto tag) {
+    using T = decltype(tag);
+    if (l.table_element == l.element)
+      cuda::dispatch_layout<T, T>(l, st, op);
+    else if constexpr (!std::is_same_v<T, float>) {
+      if (l.table_element == ElementKind::F32)
+        cuda::dispatch_layout<T, float>(l, st, op);
+      else
+        fail(PlanErrorKind::Internal, op, "cos/sin dtype is neither float32 nor the data's");
+    } else {
+      fail(PlanErrorKind::Internal, op, "cos/sin dtype is neither float32 nor the data's");
+    }
+  });
+}
+
+}  // namespace baracuda::kernels
