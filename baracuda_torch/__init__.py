@@ -15,6 +15,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
 from . import functional, nn, reference
 # torch.func rules (grad, vjp, jacrev, jacfwd, vmap) of every op; see _autograd.py.
+from . import _grad_gated_activation  # noqa: F401
 from . import _grad_gather  # noqa: F401
 from . import _grad_lerp  # noqa: F401
 from ._plan import PlanInfo, explain, get_preference, preference, set_preference
