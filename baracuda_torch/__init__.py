@@ -19,6 +19,7 @@ from . import _grad_gated_activation  # noqa: F401
 from . import _grad_gather  # noqa: F401
 from . import _grad_lerp  # noqa: F401
 from . import _grad_rope  # noqa: F401
+from . import _grad_ssd_chunk_scan  # noqa: F401
 from ._plan import PlanInfo, explain, get_preference, preference, set_preference
 from .functional import *  # noqa: F401,F403  (every wrapper in functional.__all__)
 
