@@ -1,49 +1,54 @@
-"""Autograd, forward-mode AD and vmap rules of the ``torch.ops.baracuda`` ops.
+"""torch.func support of the ``torch.ops.baracuda`` ops: autograd, forward-mode AD and
+vmap rules in Python.
 
-Every op's derivative is a Python :class:`torch.autograd.Function` (forward without
-``ctx`` plus ``setup_context``, the form ``torch.func`` accepts) registered as the op's
-``Autograd`` kernel, with a batching rule registered by ``torch.library.register_vmap``.
-That makes ``torch.func.grad`` / ``vjp`` / ``jacrev`` / ``jacfwd`` / ``jvp`` / ``vmap``
-work on the ops (a C++ ``torch::autograd::Function`` cannot run under them), while the
-computation stays in the C++ forward and backward ops: the rules below only call
-``torch.ops.baracuda.*`` and reshape. ``torch.compile`` traces through the same
-kernel (as for ``torch.library.register_autograd``), and nothing here synchronizes.
+The ops' autograd kernels are C++ ``torch::autograd::Function``s (csrc/torch/*_ops.cpp),
+which torch.func transforms refuse to run. So every op also gets a kernel for the
+``FuncTorchDynamicLayerFrontMode`` dispatch key, which the dispatcher reaches only
+while a torch.func transform (grad, vjp, jacrev, jacfwd, jvp, vmap, hessian, ...) is
+active: it applies a Python :class:`torch.autograd.Function` (forward without ``ctx``
+plus ``setup_context``, the form torch.func accepts) whose forward, backward, jvp and
+vmap call the same C++ ops (forward below autograd) and only reshape. Outside
+transforms nothing changes: eager autograd, ``torch.compile``, ``opcheck`` and CUDA
+graphs run the C++ autograd kernels, without Python overhead. Nothing here
+synchronizes.
 
-Hooking a new op (after its schema, CPU/CUDA and Meta kernels exist in C++, with no
-C++ ``Autograd`` kernel)::
+Hooking a new op (its schema, CPU/CUDA/Meta kernels and C++ autograd kernel exist)::
 
-    def _foo_setup(ctx, inputs, output):         # inputs: every schema argument
+    def _foo_setup(ctx, inputs, output):        # inputs: every schema argument
         x, alpha = inputs
         ctx.save_for_backward(x)
         ctx.alpha = alpha
 
-    def _foo_backward(ctx, dy):                   # one gradient per schema argument
+    def _foo_backward(ctx, dy):                  # one gradient (or None) per argument
         (x,) = ctx.saved_tensors
         return ops.foo_backward(dy, x, ctx.alpha), None
 
-    def _foo_vmap(info, in_dims, x, alpha):       # batch dim in_dims[0] of x
+    def _foo_vmap(info, in_dims, x, alpha):      # in_dims[0]: x's vmapped dim
         return ops.foo(x.movedim(in_dims[0], 0), alpha), 0
 
     register("foo", setup_context=_foo_setup, backward=_foo_backward, vmap=_foo_vmap)
 
-``jvp=`` (forward-mode AD, ``ctx`` with tensors saved by ``ctx.save_for_forward``) is
-optional: without it ``torch.func.jvp`` / ``jacfwd`` raise ``NotImplementedError``
-naming the op; without ``vmap=`` so does ``torch.vmap``. A backward op whose own
-derivative is not implemented is hooked with ``not_differentiable("foo_backward",
-"baracuda::foo: double backward is not implemented", vmap=...)`` (it still gets a vmap rule, so that ``vmap(grad(f))``
-works).
+and the same for ``foo_backward`` (``register`` again if it is differentiable, else
+``not_differentiable("foo_backward", "baracuda::foo: double backward is not
+implemented", vmap=...)``), then import the module from ``__init__.py``. ``jvp=``
+(forward-mode AD; tensors it needs saved with ``ctx.save_for_forward``) is optional:
+without it torch.func.jvp / jacfwd raise NotImplementedError naming the op. An op
+left unhooked raises NotImplementedError naming it under every transform
+(:func:`name_unhooked_ops`), and tests/test_func.py fails until it is hooked.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
 ops = torch.ops.baracuda
 _LIB = torch.library.Library("baracuda", "IMPL")  # noqa: TOR901 (kept alive for the process)
+#: Every op hooked by :func:`register` ("baracuda::name" or "baracuda::name.overload").
+HOOKED: set = set()
 
-__all__ = ["register", "not_differentiable"]
+__all__ = ["register", "not_differentiable", "name_unhooked_ops"]
 
 
 def _full_args(schema, args: tuple) -> tuple:
@@ -61,7 +66,7 @@ def _unsupported(qualname: str, what: str) -> Callable:
 
 def register(op: str, *, setup_context: Callable, backward: Callable,
              jvp: Optional[Callable] = None, vmap: Optional[Callable] = None) -> type:
-    """Make ``torch.ops.baracuda.<op>`` differentiable under autograd and torch.func.
+    """Make ``torch.ops.baracuda.<op>`` work under torch.func transforms.
 
     Args:
         op: ``"name"`` or ``"name.overload"``.
@@ -71,10 +76,11 @@ def register(op: str, *, setup_context: Callable, backward: Callable,
             a grad output is None when that output's gradient is zero.
         jvp: ``(ctx, *tangents) -> tangent of each output``; a tangent is None when that
             input has none. None: forward-mode AD raises NotImplementedError.
-        vmap: a ``torch.library.register_vmap`` rule ``(info, in_dims, *args) ->
-            (output, out_dims)``. None: vmap raises NotImplementedError.
+        vmap: ``(info, in_dims, *args) -> (output, out_dims)``, the
+            ``torch.autograd.Function.vmap`` staticmethod (``in_dims[i]`` is None for an
+            unbatched argument). None: vmap raises NotImplementedError.
 
-    Returns the generated ``torch.autograd.Function`` (for tests).
+    Returns the generated ``torch.autograd.Function``.
     """
     name, _, overload = op.partition(".")
     overload_packet = getattr(ops, name)
@@ -85,8 +91,7 @@ def register(op: str, *, setup_context: Callable, backward: Callable,
     vmap_fn = vmap or _unsupported(qualname, f"vmap of {op}")
 
     def forward(*args):
-        # Below autograd: this Function records the graph; the op's CPU/CUDA/Meta
-        # (or functorch batching) kernel computes.
+        # Below autograd (this Function is the derivative): the op's CPU/CUDA/Meta kernel.
         with torch._C._AutoDispatchBelowAutograd():
             return opo(*args)
 
@@ -117,16 +122,8 @@ def register(op: str, *, setup_context: Callable, backward: Callable,
         return fn_cls.apply(*_full_args(schema, args))
 
     _LIB.impl(op, functorch_kernel, "FuncTorchDynamicLayerFrontMode")
+    HOOKED.add(f"baracuda::{op}" if overload else qualname)
     return fn_cls
-
-
-def _has_tangent(args: Sequence[Any]) -> bool:
-    """Forward-mode AD of torch.autograd.forward_ad (outside torch.func) is active and an
-    input carries a tangent."""
-    if torch.autograd.forward_ad._current_level < 0:
-        return False
-    return any(isinstance(a, Tensor) and torch.autograd.forward_ad.unpack_dual(a).tangent is not None
-               for a in args)
 
 
 def not_differentiable(op: str, message: str, vmap: Optional[Callable] = None) -> type:
@@ -154,3 +151,24 @@ def move_bdim(t: Optional[Tensor], bdim: Optional[int], size: int) -> Optional[T
 
 def logical_rank(t: Optional[Tensor], bdim: Optional[int]) -> int:
     return 0 if t is None else t.dim() - (bdim is not None)
+
+
+def name_unhooked_ops() -> list:
+    """Give every ``baracuda::`` op without rules a functorch kernel that raises
+    ``NotImplementedError("baracuda::<op>: torch.func transforms are not supported ...")``
+    (instead of PyTorch's error about C++ autograd Functions, which names no op).
+    Returns the names of those ops."""
+    unhooked = []
+    for qualname in torch._C._dispatch_get_all_op_names():
+        if not qualname.startswith("baracuda::") or torch._C._dispatch_has_kernel_for_dispatch_key(
+                qualname, "FuncTorchDynamicLayerFrontMode"):
+            continue
+        message = (f"{qualname}: torch.func transforms (grad, vjp, jacrev, jacfwd, vmap) are not "
+                   "supported for this op yet (see baracuda_torch/_autograd.py)")
+
+        def raiser(*args: Any, _message: str = message, **kwargs: Any):
+            raise NotImplementedError(_message)
+
+        _LIB.impl(qualname.split("::", 1)[1], raiser, "FuncTorchDynamicLayerFrontMode")
+        unhooked.append(qualname)
+    return unhooked
