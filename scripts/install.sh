@@ -12,7 +12,7 @@ if ! $PY -c "import torch" >/dev/null 2>&1; then
   # PyPI's default Linux wheel is a CUDA 13 build; nvcc's major version must match it.
   $PY -m pip install --quiet "torch>=2.4"
 fi
-$PY -m pip install --quiet pytest numpy expecttest
+$PY -m pip install --quiet pytest numpy expecttest hypothesis
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| GPU:', torch.cuda.is_available())"
 
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
