@@ -134,6 +134,8 @@ def _rss_bytes() -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc/self/statm")
+@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
+                    reason="AddressSanitizer's quarantine keeps freed memory resident (scripts/sanitize.sh)")
 def test_forward_backward_loop_does_not_grow_resident_memory():
     """1200 iterations of every op's forward and backward (dozens of tensors of up to
     256 KiB allocated and freed per iteration). A leak of even one 64 KiB tensor per
