@@ -303,3 +303,13 @@ def test_unhooked_op_raises_naming_it():
         grad(lambda t: op(t).sum())(torch.ones(2))
     # And the real fallback has nothing left to name in this build.
     assert _autograd.name_unhooked_ops() == []
+
+
+def test_transforms_compile_fullgraph():
+    """torch.compile(fullgraph=True) of a torch.func transform of the ops."""
+    torch._dynamo.reset()
+    x = torch.randn(3, 8, dtype=D64)
+    g = grad(lambda t: bt.swiglu(t).sin().sum())
+    v = vmap(lambda t: bt.lerp(t, t * 2, 0.3))
+    _close(torch.compile(g, fullgraph=True)(x), g(x))
+    _close(torch.compile(v, fullgraph=True)(x), v(x))
