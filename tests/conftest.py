@@ -3,6 +3,17 @@ import zlib
 import pytest
 import torch
 
+try:  # property-based tests (test_fuzz.py): seeded and bounded, the same examples on every run
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "baracuda", derandomize=True, deadline=None, max_examples=20, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                               HealthCheck.function_scoped_fixture])
+    settings.load_profile("baracuda")
+except ImportError:  # test_fuzz.py is skipped without hypothesis
+    pass
+
 
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):

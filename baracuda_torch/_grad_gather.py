@@ -1,0 +1,85 @@
+"""Derivatives and batching rules of gather and gather_backward (see _autograd.py).
+gather is linear in src and gather_backward linear in dout, each the other's adjoint,
+so both are differentiable to any order."""
+from __future__ import annotations
+
+import torch
+
+from ._autograd import logical_rank, move_bdim, register
+
+ops = torch.ops.baracuda
+
+
+def _gather_setup(ctx, inputs, output):
+    src, dim, index = inputs
+    ctx.dim = dim
+    ctx.src_sizes = list(src.shape)
+    ctx.save_for_backward(index)
+    ctx.save_for_forward(index)
+
+
+def _gather_backward(ctx, dout):
+    (index,) = ctx.saved_tensors
+    if not ctx.needs_input_grad[0]:
+        return None, None, None
+    return ops.gather_backward(dout, ctx.dim, index, ctx.src_sizes), None, None
+
+
+def _gather_jvp(ctx, tsrc, _tdim, _tindex):
+    (index,) = ctx.saved_tensors
+    return None if tsrc is None else ops.gather(tsrc, ctx.dim, index)
+
+
+def _batched_dim(dim, rank):
+    """`dim` of a logical tensor of rank `rank` (0-dim counts as 1-d) with a batch dim in front."""
+    r = max(rank, 1)
+    return (dim % r if -r <= dim < r else dim) + 1
+
+
+def _gather_vmap(info, in_dims, src, dim, index):
+    n = info.batch_size
+    rs, ri = logical_rank(src, in_dims[0]), logical_rank(index, in_dims[2])
+    src, index = move_bdim(src, in_dims[0], n), move_bdim(index, in_dims[2], n)
+    if rs == 0:
+        src = src.unsqueeze(1)
+    if ri == 0:
+        index = index.unsqueeze(1)
+    out = ops.gather(src, _batched_dim(dim, rs), index)
+    return (out.squeeze(1) if ri == 0 else out), 0
+
+
+register("gather", setup_context=_gather_setup, backward=_gather_backward, jvp=_gather_jvp,
+         vmap=_gather_vmap)
+
+
+def _gather_backward_setup(ctx, inputs, output):
+    _dout, dim, index, _sizes = inputs
+    ctx.dim = dim
+    ctx.src_sizes = list(_sizes)
+    ctx.save_for_backward(index)
+    ctx.save_for_forward(index)
+
+
+def _gather_backward_backward(ctx, g):
+    (index,) = ctx.saved_tensors
+    return ops.gather(g, ctx.dim, index), None, None, None
+
+
+def _gather_backward_jvp(ctx, tdout, _tdim, _tindex, _tsizes):
+    (index,) = ctx.saved_tensors
+    return None if tdout is None else ops.gather_backward(tdout, ctx.dim, index, ctx.src_sizes)
+
+
+def _gather_backward_vmap(info, in_dims, dout, dim, index, src_sizes):
+    n = info.batch_size
+    rs, ri = len(src_sizes), logical_rank(index, in_dims[2])
+    dout, index = move_bdim(dout, in_dims[0], n), move_bdim(index, in_dims[2], n)
+    sizes = [n, *src_sizes] if rs else [n, 1]
+    if ri == 0:
+        dout, index = dout.unsqueeze(1), index.unsqueeze(1)
+    out = ops.gather_backward(dout, _batched_dim(dim, rs), index, sizes)
+    return (out.squeeze(1) if rs == 0 else out), 0
+
+
+register("gather_backward", setup_context=_gather_backward_setup,
+         backward=_gather_backward_backward, jvp=_gather_backward_jvp, vmap=_gather_backward_vmap)
