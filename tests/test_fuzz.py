@@ -33,7 +33,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import DEVICES, assert_close_to_reference
+from helpers import DEVICES, assert_close_to_reference, compute_eps
 
 Tensor = torch.Tensor
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -203,7 +203,8 @@ def rope_cases(draw, device):
         # Angles up to 1e6 rad: float32 sin/cos of a float64-reduced angle.
         floor_ulps=64,
         info=dict(shape=(B, H, S, D), rotary=rotary, interleaved=interleaved, base=base_f,
-                  positions=pkind))
+                  positions=pkind,
+                  max_angle=0 if positions is None else int(positions.abs().max()) if positions.numel() else 0))
 
 
 @st.composite
@@ -386,9 +387,13 @@ def check_matches_reference(case: Case, dtype, device):
     # PyTorch itself in the same dtype (CPU half-precision math), the 2x baseline.
     yl, gl = _grads(case.ref, case, dtype, "cpu", lambda y: dy.cpu())
     assert y.dtype == dtype and y.device.type == device
-    assert_close_to_reference(y, y64, yl, f"y of {case!r} {dtype}", case.floor_ulps)
+    # RoPE: the float64 angle p·ω has magnitude up to max|p| (ω ≤ 1), so a one-ulp
+    # difference between the device's and the host's pow/sin/cos moves the output by about
+    # max|p|·ε64 of its scale (measured on an H200: 7e-14 at p ~ 1e6, float64 output).
+    angle_ulps = 4 * case.info.get("max_angle", 0) * torch.finfo(torch.float64).eps / compute_eps(dtype)
+    assert_close_to_reference(y, y64, yl, f"y of {case!r} {dtype}", case.floor_ulps + angle_ulps)
     for k, (a, e, b) in enumerate(zip(g, g64, gl)):
-        floor = case.floor_ulps
+        floor = case.floor_ulps + angle_ulps
         if k in case.reduced_grads(out_shape) and dtype in (torch.float16, torch.bfloat16):
             # A broadcast input's gradient is the sum of per-element gradients that the
             # backward op rounds to the dtype first (lerp_backward writes dy-shaped
