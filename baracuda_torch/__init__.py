@@ -4,7 +4,7 @@ Importing the package registers the ops under ``torch.ops.baracuda`` (CPU, CUDA,
 and Autograd kernels) and exposes documented wrappers:
 
 * gated activations: :func:`gated_activation`, :func:`glu`, :func:`reglu`,
-  :func:`swiglu`, :func:`geglu`
+  :func:`swiglu`, :func:`geglu`; :func:`gated_activation_pair` (``act(gate) * up``)
 
 Plan introspection: :func:`explain` tells which kernel a call would run and what it
 guarantees, without running it; :func:`set_preference` / :func:`preference` choose
