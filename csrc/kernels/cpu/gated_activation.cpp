@@ -1,7 +1,10 @@
-// CPU gated-activation kernels (both ops): one strided loop for every layout (the plan's
-// coalesced index space makes contiguous inputs a unit-stride inner loop).
+// CPU gated-activation kernels (both ops): the AVX2 kernels of gated_activation_avx2.cpp
+// for the rows layout of float32/float16/bfloat16 on processors with AVX2; otherwise one
+// scalar strided loop for every layout (the plan's coalesced index space makes
+// contiguous inputs a unit-stride inner loop).
 #include "kernels/gated_activation.h"
 #include "kernels/gated_activation_math.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/loops.h"
 
 namespace baracuda::kernels {
@@ -78,6 +81,7 @@ void dispatch_kind(const GatedActivationLaunch& l) {
 }  // namespace
 
 void gated_activation_cpu(const GatedActivationLaunch& l) {
+  if (cpu::cpu_has_avx2() && cpu::gated_activation_avx2(l)) return;
   cpu::dispatch_floating(l.element, [&](auto tag) { dispatch_kind<decltype(tag)>(l); });
 }
 
