@@ -4,7 +4,7 @@ Importing the package registers the ops under ``torch.ops.baracuda`` (CPU, CUDA,
 and Autograd kernels) and exposes documented wrappers:
 
 * gated activations: :func:`gated_activation`, :func:`glu`, :func:`reglu`,
-  :func:`swiglu`, :func:`geglu`; modules :class:`nn.GatedActivation`,
+  :func:`swiglu`, :func:`geglu`; :func:`gated_activation_pair` (``act(gate) * up``); modules :class:`nn.GatedActivation`,
   :class:`nn.GatedMLP`
 * rotary position embedding: :func:`rope`, :func:`rope_qk` (angles from positions);
   :func:`rope_cos_sin`, :func:`rope_qk_cos_sin`, :func:`apply_rotary_pos_emb` (caller-given

@@ -133,6 +133,12 @@ def check_gated_activation(device: str, dtype: torch.dtype, big: bool) -> Iterat
         yield run_case(f"gated_activation[{kind}]", lambda t, k=kind: bt.gated_activation(t, k),
                        lambda t, k=kind: ref.gated_activation(t, k), [x],
                        ("gated_activation", (x, kind)))
+        g = torch.randn(shape, device=device, dtype=dtype) * 2
+        u = torch.randn(shape, device=device, dtype=dtype)
+        yield run_case(f"gated_activation_pair[{kind}]",
+                       lambda a, b, k=kind: bt.gated_activation_pair(a, b, k),
+                       lambda a, b, k=kind: ref.gated_activation_pair(a, b, k), [g, u],
+                       ("gated_activation_pair", (g, u, kind)))
 
 
 # ---- rope

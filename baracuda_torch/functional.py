@@ -72,6 +72,48 @@ def geglu(x: Tensor, dim: int = -1, approximate: Literal["none", "tanh"] = "none
     raise ValueError(f"baracuda_torch.geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
+__all__ += ["gated_activation_pair"]
+
+
+def gated_activation_pair(gate: Tensor, up: Tensor, kind: GatedKind = "swiglu") -> Tensor:
+    """Gated activation of two separate tensors: ``act(gate) * up``.
+
+    Exactly the feed-forward gate of Hugging Face models,
+    ``act_fn(gate_proj(x)) * up_proj(x)``, in one pass without concatenating the
+    projections::
+
+        kind          result
+        "swiglu"      silu(gate) * up
+        "geglu"       gelu(gate) * up                      (exact, erf-based GELU)
+        "geglu_tanh"  gelu(gate, approximate="tanh") * up
+        "reglu"       relu(gate) * up                      (NaN in gate propagates)
+        "glu"         sigmoid(gate) * up
+
+    ``gate`` and ``up`` may have any strides (transposed, sliced, expanded with stride 0);
+    the backward returns ``(dgate, dup)`` contiguous. Differentiable once (a second
+    derivative raises ``NotImplementedError``).
+
+    Args:
+        gate: the tensor the activation is applied to; float32, float16, bfloat16 or
+            float64 (half types compute in float32).
+        up: the multiplier, with ``gate``'s shape, dtype and device.
+        kind: the activation, see above.
+
+    Returns:
+        A new contiguous tensor of ``gate``'s shape and dtype.
+
+    Raises:
+        ValueError: ``gate`` and ``up`` of different shapes, unknown ``kind``.
+        TypeError: non-floating ``gate``, or ``up`` of another dtype.
+        RuntimeError: ``gate`` and ``up`` on different devices.
+
+    Example::
+
+        >>> h = baracuda_torch.gated_activation_pair(gate_proj(x), up_proj(x), "swiglu")
+    """
+    return torch.ops.baracuda.gated_activation_pair(gate, up, kind)
+
+
 # ---- rope -------------------------------------------------------------------------
 
 __all__ += ["rope", "rope_qk"]

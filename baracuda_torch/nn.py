@@ -29,24 +29,47 @@ class GatedActivation(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """Transformer feed-forward block ``down(act(up_gate(x)))`` with one fused up/gate
-    projection to ``2 * hidden_features`` and a baracuda gated activation.
+    """Transformer feed-forward block with a gated activation, laid out as Hugging Face's
+    LLaMA/Mistral/Qwen/Gemma MLPs so their checkpoints load as they are::
 
-    With ``gate_first=True`` (the default, as in LLaMA-style checkpoints) the first half
-    of the projection is the gate: ``down(silu(x @ W_gate) * (x @ W_up))``.
+        forward(x) = down_proj(gated_activation_pair(gate_proj(x), up_proj(x), kind))
+                   = down_proj(act(gate_proj(x)) * up_proj(x))
+
+    Parameters (``nn.Linear`` each, with a bias only when ``bias=True``):
+    ``gate_proj`` (in_features -> hidden_features), ``up_proj`` (in_features ->
+    hidden_features) and ``down_proj`` (hidden_features -> out_features), so
+    ``load_state_dict`` takes the ``mlp.*`` entries of such a checkpoint (``kind="swiglu"``
+    for ``hidden_act="silu"``, ``"geglu_tanh"`` for ``"gelu_pytorch_tanh"``, ``"geglu"``
+    for ``"gelu"``). The activation is :func:`baracuda_torch.gated_activation_pair`: one
+    fused pass over the two projections, forward and backward.
+
+    Args:
+        in_features: model width.
+        hidden_features: intermediate width.
+        out_features: output width (``in_features`` when None).
+        kind: ``"swiglu"``, ``"geglu"``, ``"geglu_tanh"``, ``"reglu"`` or ``"glu"``.
+        bias: give the three projections a bias.
+        device, dtype: for the parameters.
     """
 
     def __init__(self, in_features: int, hidden_features: int, out_features: Optional[int] = None,
-                 kind: GatedKind = "swiglu", gate_first: bool = True, bias: bool = False,
+                 kind: GatedKind = "swiglu", bias: bool = False,
                  device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
+        if kind not in ("glu", "reglu", "swiglu", "geglu", "geglu_tanh"):
+            raise ValueError("baracuda_torch.nn.GatedMLP: kind must be one of 'glu', 'reglu', "
+                             f"'swiglu', 'geglu', 'geglu_tanh', got {kind!r}")
         factory = {"device": device, "dtype": dtype}
-        self.up_gate = nn.Linear(in_features, 2 * hidden_features, bias=bias, **factory)
-        self.act = GatedActivation(kind, dim=-1, gate_first=gate_first)
-        self.down = nn.Linear(hidden_features, out_features or in_features, bias=bias, **factory)
+        self.kind = kind
+        self.gate_proj = nn.Linear(in_features, hidden_features, bias=bias, **factory)
+        self.up_proj = nn.Linear(in_features, hidden_features, bias=bias, **factory)
+        self.down_proj = nn.Linear(hidden_features, out_features or in_features, bias=bias, **factory)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.act(self.up_gate(x)))
+        return self.down_proj(bf.gated_activation_pair(self.gate_proj(x), self.up_proj(x), self.kind))
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}"
 
 
 # ---- rope -------------------------------------------------------------------------

@@ -34,6 +34,15 @@ def gated_activation(x: Tensor, kind: str, dim: int = -1, gate_first: bool = Fal
     return a * gate
 
 
+def gated_activation_pair(gate: Tensor, up: Tensor, kind: str = "swiglu") -> Tensor:
+    """``act(gate) * up``, as Hugging Face's ``act_fn(gate_proj(x)) * up_proj(x)``."""
+    acts = {"glu": torch.sigmoid, "reglu": F.relu, "swiglu": F.silu, "geglu": F.gelu,
+            "geglu_tanh": lambda t: F.gelu(t, approximate="tanh")}
+    if kind not in acts:
+        raise ValueError(f"unknown kind {kind!r}")
+    return acts[kind](gate) * up
+
+
 # ---- rope -------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from harness import Row, backward_fn, format_table, full_fn, measure
+from harness import Row, backward_fn, format_table, full_fn, measure, measure_interleaved
 
 FAMILY = "gated_activation"
 
@@ -44,6 +44,37 @@ def run(kinds=("swiglu", "geglu", "geglu_tanh"), dtypes=(torch.bfloat16, torch.f
             torch.cuda.empty_cache()
         del x, dy
         torch.cuda.empty_cache()
+    return rows
+
+
+def run_cpu(kinds=("swiglu", "geglu", "geglu_tanh"), dtypes=(torch.float32, torch.bfloat16),
+            shape=(4096, 8192), repeats=15) -> list[Row]:
+    """CPU: baracuda against eager PyTorch (reference.py), timed alternately on the same
+    tensors, forward and backward: the single-tensor op on x of `shape` (split on the
+    last dim, gate_first as in LLaMA) and the pair op on gate, up of half that width."""
+    rows: list[Row] = []
+    T, F2 = shape
+    F = F2 // 2
+    for dtype in dtypes:
+        elt = torch.finfo(dtype).bits // 8
+        x = torch.randn(shape, dtype=dtype).requires_grad_()
+        gate = torch.randn(T, F, dtype=dtype).requires_grad_()
+        up = torch.randn(T, F, dtype=dtype).requires_grad_()
+        dy = torch.randn(T, F, dtype=dtype)
+        for kind in kinds:
+            single = {"baracuda": lambda k=kind: bt.gated_activation(x, k, -1, True),
+                      "torch": lambda k=kind: ref.gated_activation(x, k, -1, True)}
+            pair = {"baracuda": lambda k=kind: bt.gated_activation_pair(gate, up, k),
+                    "torch": lambda k=kind: ref.gated_activation_pair(gate, up, k)}
+            for name, fwd, inputs in ((f"{kind} x [{T}, {F2}]", single, [x]),
+                                      (f"{kind} pair [{T}, {F}]", pair, [gate, up])):
+                with torch.no_grad():
+                    rows += measure_interleaved(FAMILY, name, dtype, "forward", fwd,
+                                                nbytes=3 * T * F * elt, repeats=repeats)
+                bwd = {p: backward_fn(f, inputs, dy) for p, f in fwd.items()}
+                rows += measure_interleaved(FAMILY, name, dtype, "backward", bwd,
+                                            nbytes=5 * T * F * elt, repeats=repeats)
+        del x, gate, up, dy
     return rows
 
 

@@ -15,7 +15,7 @@ import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from harness import Row, backward_fn, format_table, measure
+from harness import Row, backward_fn, format_table, measure, measure_interleaved
 
 FAMILY = "gather"
 
@@ -72,6 +72,33 @@ def run(dtypes=(torch.float32, torch.bfloat16), src_shape=(16384, 8192),
             torch.cuda.empty_cache()
         del src
         torch.cuda.empty_cache()
+    return rows
+
+
+def run_cpu(dtypes=(torch.float32, torch.bfloat16), src_shape=(4096, 4096),
+            cases=((0, (4096, 4096)), (1, (4096, 1024))), repeats=15) -> list[Row]:
+    """CPU: baracuda against eager torch.gather (backward: zero fill + scatter_add),
+    timed alternately on the same tensors, forward and backward."""
+    rows: list[Row] = []
+    for dtype in dtypes:
+        elt = torch.finfo(dtype).bits // 8
+        src = torch.randn(src_shape, dtype=dtype).requires_grad_()
+        for dim, index_shape in cases:
+            index = torch.randint(0, src_shape[dim], index_shape)
+            dout = torch.randn(index_shape, dtype=dtype)
+            n, m = index.numel(), src.numel()
+            case = f"dim={dim} src {list(src_shape)} index {list(index_shape)}"
+            fwd = {"baracuda": lambda d=dim, i=index: bt.gather(src, d, i),
+                   "torch": lambda d=dim, i=index: ref.gather(src, d, i)}
+            with torch.no_grad():
+                rows += measure_interleaved(FAMILY, case, dtype, "forward", fwd,
+                                            nbytes=n * index.element_size() + 2 * n * elt,
+                                            repeats=repeats)
+            bwd = {p: backward_fn(f, [src], dout) for p, f in fwd.items()}
+            rows += measure_interleaved(FAMILY, case, dtype, "backward", bwd,
+                                        nbytes=n * elt + n * index.element_size() + m * elt,
+                                        repeats=repeats)
+        del src
     return rows
 
 

@@ -11,7 +11,7 @@ import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from harness import Row, backward_fn, format_table, full_fn, measure
+from harness import Row, backward_fn, format_table, full_fn, measure, measure_interleaved
 
 FAMILY = "lerp"
 WEIGHT = 0.3
@@ -66,6 +66,33 @@ def run(n=2**28, dtypes=(torch.bfloat16, torch.float32), tensor_weight_dtypes=(t
             del w
         del a, b, dy
         torch.cuda.empty_cache()
+    return rows
+
+
+def run_cpu(n=2**24, dtypes=(torch.float32, torch.bfloat16), repeats=15) -> list[Row]:
+    """CPU: baracuda against eager torch.lerp, timed alternately on the same tensors,
+    forward and backward, scalar weight and a tensor weight of the same shape."""
+    rows: list[Row] = []
+    for dtype in dtypes:
+        elt = torch.finfo(dtype).bits // 8
+        a = torch.randn(n, dtype=dtype).requires_grad_()
+        b = torch.randn(n, dtype=dtype).requires_grad_()
+        w = (torch.rand(n, dtype=dtype) * 1.5 - 0.25).requires_grad_()
+        dy = torch.randn(n, dtype=dtype)
+        cases = (
+            (f"scalar w={WEIGHT} [2^{n.bit_length() - 1}]", [a, b], (3, 3),
+             {"baracuda": lambda: bt.lerp(a, b, WEIGHT), "torch": lambda: ref.lerp(a, b, WEIGHT)}),
+            (f"tensor w [2^{n.bit_length() - 1}]", [a, b, w], (4, 7),
+             {"baracuda": lambda: bt.lerp(a, b, w), "torch": lambda: ref.lerp(a, b, w)}),
+        )
+        for case, inputs, (fb, bb), fwd in cases:
+            with torch.no_grad():
+                rows += measure_interleaved(FAMILY, case, dtype, "forward", fwd,
+                                            nbytes=fb * n * elt, repeats=repeats)
+            bwd = {p: backward_fn(f, inputs, dy) for p, f in fwd.items()}
+            rows += measure_interleaved(FAMILY, case, dtype, "backward", bwd,
+                                        nbytes=bb * n * elt, repeats=repeats)
+        del a, b, w, dy
     return rows
 
 

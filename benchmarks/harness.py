@@ -1,7 +1,12 @@
 """Benchmark harness shared by every family's script.
 
 Providers: ``baracuda`` | ``torch`` (eager reference.py) | ``compile`` (torch.compile of
-the same reference). Modes: ``forward`` | ``backward`` (the backward pass alone, through
+the same reference).
+
+CPU mode (``run_all.py --device cpu``, each family's ``run_cpu``): ``baracuda`` against
+``torch`` eager on the same tensors, timed alternately call by call
+(:func:`measure_interleaved`), so that load from other processes on a shared machine
+falls on both providers alike; each row is the median (p20/p80) over the repeats. Modes: ``forward`` | ``backward`` (the backward pass alone, through
 autograd with a retained graph) | ``full`` (both). Each row carries the median and
 p20/p80 time (``triton.testing.do_bench``, which flushes L2 between runs; CUDA events
 otherwise), GB/s from the fewest bytes the op must move or TFLOP/s from its FLOPs, the
@@ -103,6 +108,47 @@ def measure(family: str, case: str, dtype: torch.dtype, provider: str, mode: str
     return row
 
 
+def time_interleaved_cpu(fns: dict, repeats: int = 15, warmup: int = 2) -> dict:
+    """CPU timing of several callables on the same inputs, alternating call by call
+    (provider order rotating every round): {name: (median, p20, p80)} in microseconds."""
+    import time
+
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    times: dict = {n: [] for n in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            t0 = time.perf_counter()
+            fns[n]()
+            times[n].append((time.perf_counter() - t0) * 1e6)
+    out = {}
+    for n in names:
+        t = torch.tensor(times[n], dtype=torch.float64)
+        out[n] = (t.quantile(0.5).item(), t.quantile(0.2).item(), t.quantile(0.8).item())
+    return out
+
+
+def measure_interleaved(family: str, case: str, dtype: torch.dtype, mode: str, fns: dict,
+                        nbytes: Optional[int] = None, repeats: int = 15) -> List[Row]:
+    """One Row per provider of ``fns`` ({provider: callable}), timed alternately on the CPU
+    (:func:`time_interleaved_cpu`); each row's note is its median over the first
+    provider's ("× baracuda")."""
+    res = time_interleaved_cpu(fns, repeats)
+    first = next(iter(fns))
+    rows = []
+    for provider, (med, p20, p80) in res.items():
+        row = Row(family, case, str(dtype).replace("torch.", ""), provider, mode, med, p20, p80)
+        if nbytes:
+            row.gbps = nbytes / (med * 1e-6) / 1e9
+        if provider != first:
+            row.note = f"{med / res[first][0]:.2f}x {first}"
+        rows.append(row)
+    return rows
+
+
 def backward_fn(make_output: Callable[[], torch.Tensor], inputs: List[torch.Tensor],
                 grad: torch.Tensor) -> Callable[[], object]:
     """The backward pass alone: one forward with the graph kept, then repeated backward."""
@@ -147,4 +193,26 @@ def format_table(rows: Iterable[Row]) -> str:
             f"| {r.family} | {r.case} | {r.dtype} | {r.provider} | {r.mode} | {r.median_us:.1f} | "
             f"{r.p20_us:.1f}–{r.p80_us:.1f} | {_fmt(r.gbps, '.0f')} | {_fmt(r.tflops, '.1f')} | "
             f"{_fmt(r.ratio_to_copy, '.3f')} | {_fmt(r.peak_mem_mb, '.0f')} |")
+    return "\n".join(lines)
+
+
+def format_cpu_table(rows: Iterable[Row]) -> str:
+    """CPU comparison table: one line per (family, case, dtype, mode) with the baracuda and
+    torch medians (p20–p80) and their ratio (below 1: baracuda is faster)."""
+    rows = list(rows)
+    keys = []
+    for r in rows:
+        k = (r.family, r.case, r.dtype, r.mode)
+        if k not in keys:
+            keys.append(k)
+    lines = ["| family | case | dtype | mode | baracuda ms (p20–p80) | torch eager ms (p20–p80) | baracuda / torch |",
+             "|---|---|---|---|---:|---:|---:|"]
+    for k in keys:
+        by = {r.provider: r for r in rows if (r.family, r.case, r.dtype, r.mode) == k}
+        if "baracuda" not in by or "torch" not in by:
+            continue
+        b, t = by["baracuda"], by["torch"]
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {b.median_us / 1e3:.2f} "
+                     f"({b.p20_us / 1e3:.2f}–{b.p80_us / 1e3:.2f}) | {t.median_us / 1e3:.2f} "
+                     f"({t.p20_us / 1e3:.2f}–{t.p80_us / 1e3:.2f}) | {b.median_us / t.median_us:.2f} |")
     return "\n".join(lines)

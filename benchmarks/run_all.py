@@ -1,6 +1,13 @@
 """Run every family's benchmark on the current GPU; write a CSV and a markdown table.
 
     python benchmarks/run_all.py --out OUTDIR [--families gated_activation,rope]
+
+With ``--device cpu``, the CPU comparison of the families that have one (a ``run_cpu``
+in their bench_<family>.py: gated_activation, lerp, gather): baracuda against eager
+PyTorch on the same tensors, timed alternately (``--repeats`` rounds; medians), at
+PyTorch's current thread count (``--threads`` sets it)::
+
+    python benchmarks/run_all.py --device cpu --out OUTDIR [--threads 2] [--repeats 15]
 """
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import format_table, write_csv  # noqa: E402
+from harness import format_cpu_table, format_table, write_csv  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILIES = sorted(os.path.basename(p)[len("bench_"):-3] for p in glob.glob(os.path.join(HERE, "bench_*.py")))
@@ -23,12 +30,19 @@ FAMILIES = sorted(os.path.basename(p)[len("bench_"):-3] for p in glob.glob(os.pa
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_out")
-    p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--families", default=None)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--threads", type=int, default=None, help="CPU: torch.set_num_threads")
+    p.add_argument("--repeats", type=int, default=15, help="CPU: alternating rounds per case")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     csv_path = os.path.join(args.out, "bench.csv")
     if os.path.exists(csv_path):
         os.remove(csv_path)
+    if args.device == "cpu":
+        run_cpu(args, csv_path)
+        return
+    args.families = args.families or ",".join(FAMILIES)
     props = torch.cuda.get_device_properties(0)
     header = (f"GPU: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
               f"CUDA {torch.version.cuda}, date {time.strftime('%Y-%m-%d')}")
@@ -45,6 +59,36 @@ def main() -> None:
     with open(os.path.join(args.out, "bench.md"), "w") as f:
         f.write(header + "\n\n" + format_table(all_rows) + "\n")
     plot(all_rows, os.path.join(args.out, "bench.png"), header)
+
+
+def run_cpu(args, csv_path: str) -> None:
+    import platform
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cpu_families = [f for f in FAMILIES if hasattr(importlib.import_module(f"bench_{f}"), "run_cpu")]
+    families = args.families.split(",") if args.families else cpu_families
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    header = (f"CPU: {model}, {os.cpu_count()} logical cores, torch {torch.__version__} with "
+              f"{torch.get_num_threads()} threads (CPU capability "
+              f"{torch.backends.cpu.get_cpu_capability()}), date {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+              f"{args.repeats} alternating rounds per case")
+    print(header, flush=True)
+    all_rows = []
+    for fam in families:
+        t0 = time.time()
+        rows = importlib.import_module(f"bench_{fam}").run_cpu(repeats=args.repeats)
+        write_csv(rows, csv_path)
+        all_rows += rows
+        print(f"[{fam}: {len(rows)} rows in {time.time() - t0:.0f} s]", flush=True)
+        print(format_cpu_table(rows), flush=True)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(header + "\n\n" + format_cpu_table(all_rows) + "\n")
 
 
 def plot(rows, path, title) -> None:

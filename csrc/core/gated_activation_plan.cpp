@@ -8,6 +8,7 @@ namespace baracuda {
 
 namespace {
 constexpr const char* kFamily = "gated_activation";
+constexpr const char* kPairFamily = "gated_activation_pair";
 constexpr const char* kKinds[] = {"glu", "reglu", "swiglu", "geglu", "geglu_tanh"};
 
 // Validation shared by the forward and backward plans; returns the normalized dim.
@@ -23,8 +24,36 @@ TensorLayout dense_layout(const TensorLayout& like, int64_t split_dim, bool halv
   return out;
 }
 
-// Picks the layout variant and fills the launch description. `dy` is null in the
-// forward. `out` is y (forward) or dx (backward), both dense.
+// Coalesces the index space over the operands' strides, picks the layout variant (rows
+// when every operand has a unit inner stride over at most 2 dims; 16-byte vectors on the
+// GPU when sizes, row strides, half offsets and alignments allow) and the index width.
+// `min_alignment` is the smallest data alignment of the inputs (outputs are 16-aligned);
+// `extent` bounds every element offset + 1.
+void finish_launch(GatedActivationLaunch& l, const DeviceInfo& device, int rank,
+                   const std::array<int64_t, kMaxRank>& space,
+                   const std::array<int64_t, kMaxRank>* const* operands, int num_operands,
+                   int min_alignment, int64_t extent) {
+  l.dims = coalesce_dims(rank, space, operands, num_operands);
+  const int last = l.dims.rank - 1;
+  bool rows = l.dims.rank <= 2;
+  for (int k = 0; k < num_operands; ++k) rows = rows && l.dims.strides[k][last] == 1;
+  l.layout = rows ? GatedLayout::Rows : GatedLayout::Strided;
+  l.index64 = !fits_int32(extent);
+
+  // 16-byte vectors on the GPU; the CPU kernels pick their own vector width.
+  if (rows && device.backend == Backend::Cuda) {
+    const int vec = 16 / element_size(l.element);
+    bool ok = l.dims.sizes[last] % vec == 0 && min_alignment >= 16;
+    if (l.dims.rank == 2)
+      for (int k = 0; k < num_operands; ++k) ok = ok && l.dims.strides[k][0] % vec == 0;
+    for (int64_t off : {l.x_a_offset, l.x_b_offset, l.out_a_offset, l.out_b_offset})
+      ok = ok && off % vec == 0;
+    l.vec = ok ? vec : 1;
+  }
+}
+
+// The single-tensor op's launch. `dy` is null in the forward. `out` is y (forward) or dx
+// (backward), both dense.
 GatedActivationLaunch plan_launch(const GatedActivationDescriptor& desc, int dim,
                                   const TensorLayout& out, const TensorLayout* dy) {
   const TensorLayout& x = desc.x;
@@ -50,28 +79,34 @@ GatedActivationLaunch plan_launch(const GatedActivationDescriptor& desc, int dim
   std::array<int64_t, kMaxRank> y_strides = contiguous_strides(space, x.rank);
   const std::array<int64_t, kMaxRank>* operands[3] = {
       &x.strides, backward ? &out.strides : &y_strides, backward ? &dy->strides : nullptr};
-  l.dims = coalesce_dims(x.rank, space, operands, backward ? 3 : 2);
-
-  const int last = l.dims.rank - 1;
-  bool rows = l.dims.rank <= 2;
-  for (int k = 0; k < (backward ? 3 : 2); ++k) rows = rows && l.dims.strides[k][last] == 1;
-  l.layout = rows ? GatedLayout::Rows : GatedLayout::Strided;
-
   int64_t extent = std::max<int64_t>(x.max_offset(), out.numel()) + 1;
   if (backward) extent = std::max(extent, dy->max_offset() + 1);
-  l.index64 = !fits_int32(extent);
+  const int align = backward ? std::min(x.alignment, dy->alignment) : x.alignment;
+  finish_launch(l, desc.device, x.rank, space, operands, backward ? 3 : 2, align, extent);
+  return l;
+}
 
-  // 16-byte vectors on the GPU; the CPU loop is vectorized by the compiler, if at all.
-  if (rows && desc.device.backend == Backend::Cuda) {
-    const int vec = 16 / element_size(x.dtype);
-    bool ok = l.dims.sizes[last] % vec == 0 && x.alignment >= 16 &&
-              (!backward || dy->alignment >= 16);
-    if (l.dims.rank == 2)
-      for (int k = 0; k < (backward ? 3 : 2); ++k) ok = ok && l.dims.strides[k][0] % vec == 0;
-    for (int64_t off : {l.x_a_offset, l.x_b_offset, l.out_a_offset, l.out_b_offset})
-      ok = ok && off % vec == 0;
-    l.vec = ok ? vec : 1;
+// The pair op's launch: operands gate (0), out (1), dy (2; out's strides as a
+// placeholder in the forward), up (3).
+GatedActivationLaunch plan_pair_launch(const GatedPairDescriptor& desc, const TensorLayout& out,
+                                       const TensorLayout* dy) {
+  const bool backward = dy != nullptr;
+  GatedActivationLaunch l;
+  l.kind = desc.kind;
+  l.element = desc.gate.dtype;
+  l.backward = backward;
+  l.pair = true;
+  const std::array<int64_t, kMaxRank>* operands[4] = {
+      &desc.gate.strides, &out.strides, backward ? &dy->strides : &out.strides,
+      &desc.up.strides};
+  int64_t extent =
+      std::max({desc.gate.max_offset(), desc.up.max_offset(), out.numel()}) + 1;
+  int align = std::min(desc.gate.alignment, desc.up.alignment);
+  if (backward) {
+    extent = std::max(extent, dy->max_offset() + 1);
+    align = std::min(align, dy->alignment);
   }
+  finish_launch(l, desc.device, desc.gate.rank, desc.gate.sizes, operands, 4, align, extent);
   return l;
 }
 
@@ -82,16 +117,16 @@ std::string variant_name(const GatedActivationLaunch& l) {
   return l.index64 ? v + "_i64" : v;
 }
 
-KernelSku make_sku(const GatedActivationDescriptor& desc, const GatedActivationLaunch& l,
-                   bool backward) {
+KernelSku make_sku(const char* family, GatedKind kind, ElementKind element,
+                   const DeviceInfo& device, const GatedActivationLaunch& l, bool backward) {
   KernelSku sku;
-  sku.family = kFamily;
-  sku.op = std::string(gated_kind_name(desc.kind)) + (backward ? "_backward" : "");
-  sku.element = desc.x.dtype;
+  sku.family = family;
+  sku.op = std::string(gated_kind_name(kind)) + (backward ? "_backward" : "");
+  sku.element = element;
   sku.variant = variant_name(l);
-  sku.backend = desc.device.backend;
-  sku.arch = desc.device.arch;
-  const bool f64 = desc.x.dtype == ElementKind::F64;
+  sku.backend = device.backend;
+  sku.arch = device.arch;
+  const bool f64 = element == ElementKind::F64;
   // Elementwise: no reduction, so every kernel is deterministic and bit-stable.
   sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
                    f64 ? ElementKind::F64 : ElementKind::F32, true, true};
@@ -131,7 +166,7 @@ GatedActivationPlan GatedActivationPlan::select(const GatedActivationDescriptor&
   p.desc_ = desc;
   p.out_ = dense_layout(desc.x, dim, /*halve=*/true);
   p.launch_ = plan_launch(desc, dim, p.out_, nullptr);
-  p.sku_ = make_sku(desc, p.launch_, false);
+  p.sku_ = make_sku(kFamily, desc.kind, desc.x.dtype, desc.device, p.launch_, false);
   return p;
 }
 
@@ -148,7 +183,9 @@ void GatedActivationPlan::run(void* stream, Workspace workspace,
   if (out_.numel() == 0) return;
   GatedActivationLaunch l = launch_;
   l.x = args.x.data;
+  l.a = args.x.data;
   l.out = args.y.data;
+  l.out_a = args.y.data;
   launch(desc_.device.backend, l, stream, kFamily);
 }
 
@@ -163,7 +200,8 @@ GatedActivationBackwardPlan GatedActivationBackwardPlan::select(
   p.desc_ = desc;
   p.out_ = dense_layout(desc.forward.x, dim, /*halve=*/false);
   p.launch_ = plan_launch(desc.forward, dim, p.out_, &desc.dy);
-  p.sku_ = make_sku(desc.forward, p.launch_, true);
+  p.sku_ = make_sku(kFamily, desc.forward.kind, desc.forward.x.dtype, desc.forward.device,
+                     p.launch_, true);
   return p;
 }
 
@@ -181,9 +219,87 @@ void GatedActivationBackwardPlan::run(void* stream, Workspace workspace,
   if (out_.numel() == 0) return;
   GatedActivationLaunch l = launch_;
   l.x = args.x.data;
+  l.a = args.x.data;
   l.dy = args.dy.data;
   l.out = args.dx.data;
+  l.out_a = args.dx.data;
   launch(desc_.forward.device.backend, l, stream, std::string(kFamily) + "_backward");
+}
+
+// ---- gated_activation_pair ----------------------------------------------------------
+
+namespace {
+void validate_pair_problem(const GatedPairDescriptor& desc, const std::string& op) {
+  check_gated_pair_problem(op, desc.gate.dtype, desc.gate.rank, desc.gate.sizes.data(),
+                           desc.up.dtype, desc.up.rank, desc.up.sizes.data());
+}
+}  // namespace
+
+GatedPairPlan GatedPairPlan::select(const GatedPairDescriptor& desc, PlanPreference) {
+  validate_pair_problem(desc, kPairFamily);
+  GatedPairPlan p;
+  p.desc_ = desc;
+  p.out_ = dense_layout(desc.gate, 0, /*halve=*/false);
+  p.launch_ = plan_pair_launch(desc, p.out_, nullptr);
+  p.sku_ = make_sku(kPairFamily, desc.kind, desc.gate.dtype, desc.device, p.launch_, false);
+  return p;
+}
+
+void GatedPairPlan::can_implement(const GatedPairArgs& args) const {
+  check_same_layout(kPairFamily, "gate", desc_.gate, args.gate.layout);
+  check_same_layout(kPairFamily, "up", desc_.up, args.up.layout);
+  check_output(kPairFamily, "y", out_, args.y);
+}
+
+void GatedPairPlan::run(void* stream, Workspace workspace, const GatedPairArgs& args) const {
+  can_implement(args);
+  check_workspace(kPairFamily, workspace_size(), workspace);
+  if (out_.numel() == 0) return;
+  GatedActivationLaunch l = launch_;
+  l.x = args.gate.data;
+  l.a = args.up.data;
+  l.out = args.y.data;
+  l.out_a = args.y.data;
+  launch(desc_.device.backend, l, stream, kPairFamily);
+}
+
+GatedPairBackwardPlan GatedPairBackwardPlan::select(const GatedPairBackwardDescriptor& desc,
+                                                    PlanPreference) {
+  const std::string op = std::string(kPairFamily) + "_backward";
+  validate_pair_problem(desc.forward, op);
+  const TensorLayout& g = desc.forward.gate;
+  check_gated_pair_dy(op, g.rank, g.sizes.data(), g.dtype, desc.dy.rank, desc.dy.sizes.data(),
+                      desc.dy.dtype);
+  GatedPairBackwardPlan p;
+  p.desc_ = desc;
+  p.out_ = dense_layout(g, 0, /*halve=*/false);
+  p.launch_ = plan_pair_launch(desc.forward, p.out_, &desc.dy);
+  p.sku_ = make_sku(kPairFamily, desc.forward.kind, g.dtype, desc.forward.device, p.launch_, true);
+  return p;
+}
+
+void GatedPairBackwardPlan::can_implement(const GatedPairBackwardArgs& args) const {
+  const std::string op = std::string(kPairFamily) + "_backward";
+  check_same_layout(op, "dy", desc_.dy, args.dy.layout);
+  check_same_layout(op, "gate", desc_.forward.gate, args.gate.layout);
+  check_same_layout(op, "up", desc_.forward.up, args.up.layout);
+  check_output(op, "dgate", out_, args.dgate);
+  check_output(op, "dup", out_, args.dup);
+}
+
+void GatedPairBackwardPlan::run(void* stream, Workspace workspace,
+                                const GatedPairBackwardArgs& args) const {
+  const std::string op = std::string(kPairFamily) + "_backward";
+  can_implement(args);
+  check_workspace(op, workspace_size(), workspace);
+  if (out_.numel() == 0) return;
+  GatedActivationLaunch l = launch_;
+  l.x = args.gate.data;
+  l.a = args.up.data;
+  l.dy = args.dy.data;
+  l.out = args.dgate.data;
+  l.out_a = args.dup.data;
+  launch(desc_.forward.device.backend, l, stream, op);
 }
 
 }  // namespace baracuda

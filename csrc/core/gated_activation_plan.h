@@ -28,21 +28,34 @@ GatedKind parse_gated_kind(const std::string& kind, const std::string& op);
 enum class GatedLayout : uint8_t { Rows, Strided };
 
 // Everything a kernel needs; filled by the plan, consumed by the CPU and CUDA launchers.
-// The index space is the output's (the half-size shape), coalesced. Operand 0 is x,
-// operand 1 the dense output (y, or dx in the backward), operand 2 dy (backward only).
+// The index space is the output's (the half-size shape), coalesced. Operand 0 is x (the
+// gate b; the split tensor in the single-tensor op), operand 1 the dense output (y, or
+// dx/dgate in the backward), operand 2 dy (backward only), operand 3 the value a in the
+// two-tensor (pair) op; the single-tensor op reads a from x, at x_a_offset.
+//
+// Element (i) of the index space, with off_k its offset in operand k:
+//   a = a_ptr[off_{a_op} + x_a_offset]     b = x[off_0 + x_b_offset]
+//   y = out[off_1]                          (forward)
+//   da -> out_a[off_1 + out_a_offset]       db -> out[off_1 + out_b_offset]   (backward)
+// where a_op = 3 for the pair op and 0 otherwise, a_ptr = a (pair) or x, and out_a =
+// the second output (pair backward: dup) or out.
 struct GatedActivationLaunch {
   GatedKind kind = GatedKind::Swiglu;
   ElementKind element = ElementKind::F32;
   bool backward = false;
+  bool pair = false;     // a and b are separate tensors (gated_activation_pair)
   GatedLayout layout = GatedLayout::Strided;
   int vec = 1;           // elements per vector access
   bool index64 = false;  // offsets need 64 bits
-  CoalescedDims dims;    // index space and strides of x, out, dy
+  CoalescedDims dims;    // index space and strides of x, out, dy, a
   int64_t x_a_offset = 0, x_b_offset = 0;      // element offsets of the halves in x
   int64_t out_a_offset = 0, out_b_offset = 0;  // ... and in dx (backward); y: 0, 0
   const void* x = nullptr;
+  const void* a = nullptr;  // the value operand's base: x, or up in the pair op
   const void* dy = nullptr;
   void* out = nullptr;
+  void* out_a = nullptr;    // where da goes: out, or dup in the pair op's backward
+  int a_operand() const { return pair ? 3 : 0; }
 };
 
 // Problem checks shared by the plans and the shape-only (meta) kernels, so that a
@@ -84,6 +97,45 @@ void check_gated_dy(const std::string& op, int rank, const Int* x_sizes, int dim
   if (dy_dtype != x_dtype)
     fail(PlanErrorKind::UnsupportedDtype, op,
          std::string("dy must have x's dtype ") + element_name(x_dtype) + ", got " +
+             element_name(dy_dtype));
+}
+
+// gated_activation_pair: gate and up must have the same sizes and one floating dtype
+// (any strides, stride 0 included).
+template <class Int>
+void check_gated_pair_problem(const std::string& op, ElementKind gate_dtype, int gate_rank,
+                              const Int* gate_sizes, ElementKind up_dtype, int up_rank,
+                              const Int* up_sizes) {
+  if (!is_floating(gate_dtype))
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("gate must be float32, float16, bfloat16 or float64, got ") +
+             element_name(gate_dtype));
+  if (up_dtype != gate_dtype)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("up must have gate's dtype ") + element_name(gate_dtype) + ", got " +
+             element_name(up_dtype));
+  bool same = up_rank == gate_rank;
+  for (int d = 0; same && d < gate_rank; ++d) same = up_sizes[d] == gate_sizes[d];
+  if (!same)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "gate and up must have the same sizes, got gate " + sizes_str(gate_sizes, gate_rank) +
+             " and up " + sizes_str(up_sizes, up_rank));
+  check_rank(op, "gate", gate_rank);
+}
+
+// The pair backward's dy must have gate's sizes and dtype.
+template <class Int>
+void check_gated_pair_dy(const std::string& op, int rank, const Int* sizes, ElementKind dtype,
+                         int dy_rank, const Int* dy_sizes, ElementKind dy_dtype) {
+  bool same = dy_rank == rank;
+  for (int d = 0; same && d < rank; ++d) same = dy_sizes[d] == sizes[d];
+  if (!same)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "dy must have gate's sizes " + sizes_str(sizes, rank) + ", got " +
+             sizes_str(dy_sizes, dy_rank));
+  if (dy_dtype != dtype)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("dy must have gate's dtype ") + element_name(dtype) + ", got " +
              element_name(dy_dtype));
 }
 
@@ -144,6 +196,72 @@ class GatedActivationBackwardPlan {
 
  private:
   GatedActivationBackwardDescriptor desc_;
+  TensorLayout out_;
+  GatedActivationLaunch launch_;
+  KernelSku sku_;
+};
+
+// ---- gated_activation_pair: y = act(gate) * up, gate and up separate tensors ----------
+// The same kernels with b = gate and a = up read from two tensors (see the launch above).
+
+struct GatedPairDescriptor {
+  GatedKind kind = GatedKind::Swiglu;
+  TensorLayout gate;
+  TensorLayout up;
+  DeviceInfo device;
+};
+
+struct GatedPairBackwardDescriptor {
+  GatedPairDescriptor forward;
+  TensorLayout dy;
+};
+
+struct GatedPairArgs {
+  TensorRef gate;
+  TensorRef up;
+  MutTensorRef y;
+};
+
+struct GatedPairBackwardArgs {
+  TensorRef dy;
+  TensorRef gate;
+  TensorRef up;
+  MutTensorRef dgate;
+  MutTensorRef dup;
+};
+
+class GatedPairPlan {
+ public:
+  static GatedPairPlan select(const GatedPairDescriptor& desc, PlanPreference pref);
+  // y's layout: gate's sizes, contiguous.
+  const TensorLayout& output_layout() const { return out_; }
+  void can_implement(const GatedPairArgs& args) const;
+  size_t workspace_size() const { return 0; }
+  const KernelSku& sku() const { return sku_; }
+  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  void run(void* stream, Workspace workspace, const GatedPairArgs& args) const;
+
+ private:
+  GatedPairDescriptor desc_;
+  TensorLayout out_;
+  GatedActivationLaunch launch_;
+  KernelSku sku_;
+};
+
+class GatedPairBackwardPlan {
+ public:
+  static GatedPairBackwardPlan select(const GatedPairBackwardDescriptor& desc,
+                                      PlanPreference pref);
+  // The layout of dgate and of dup: gate's sizes, contiguous.
+  const TensorLayout& output_layout() const { return out_; }
+  void can_implement(const GatedPairBackwardArgs& args) const;
+  size_t workspace_size() const { return 0; }
+  const KernelSku& sku() const { return sku_; }
+  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  void run(void* stream, Workspace workspace, const GatedPairBackwardArgs& args) const;
+
+ private:
+  GatedPairBackwardDescriptor desc_;
   TensorLayout out_;
   GatedActivationLaunch launch_;
   KernelSku sku_;

@@ -76,6 +76,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("dim") = -1, py::arg("gate_first") = false, pref);
   m.def("explain_gated_activation_backward", &explain_gated_activation_backward, py::arg("dy"),
         py::arg("x"), py::arg("kind"), py::arg("dim") = -1, py::arg("gate_first") = false, pref);
+  m.def("explain_gated_activation_pair", &explain_gated_activation_pair, py::arg("gate"),
+        py::arg("up"), py::arg("kind") = "swiglu", pref);
+  m.def("explain_gated_activation_pair_backward", &explain_gated_activation_pair_backward,
+        py::arg("dy"), py::arg("gate"), py::arg("up"), py::arg("kind") = "swiglu", pref);
 
   // ---- rope
   m.def("explain_rope", &explain_rope, py::arg("x"), py::arg("positions") = py::none(),

@@ -18,6 +18,12 @@ PlanInfo explain_gated_activation(const at::Tensor& x, const std::string& kind, 
 PlanInfo explain_gated_activation_backward(const at::Tensor& dy, const at::Tensor& x,
                                            const std::string& kind, int64_t dim, bool gate_first,
                                            const std::optional<std::string>& preference);
+PlanInfo explain_gated_activation_pair(const at::Tensor& gate, const at::Tensor& up,
+                                       const std::string& kind,
+                                       const std::optional<std::string>& preference);
+PlanInfo explain_gated_activation_pair_backward(const at::Tensor& dy, const at::Tensor& gate,
+                                                const at::Tensor& up, const std::string& kind,
+                                                const std::optional<std::string>& preference);
 
 // ---- rope
 PlanInfo explain_rope(const at::Tensor& x, const std::optional<at::Tensor>& positions,

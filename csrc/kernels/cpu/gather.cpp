@@ -55,6 +55,51 @@ void backward(const GatherLaunch& l) {
   const int64_t si = l.lines.strides[0][last], sd = l.lines.strides[1][last],
                 sx = l.lines.strides[2][last];
   const int64_t size = l.dim_size;
+  const int64_t lines_inner = l.lines.sizes[last];
+  constexpr int64_t kBlock = 16;  // lines per block: one 64-byte float32 accumulator row
+  const bool blocked = lines_inner > 1 && si == 1 && sd == 1 && sx == 1 &&
+                       size * kBlock * static_cast<int64_t>(sizeof(Acc)) <= (int64_t(4) << 20);
+  if (blocked) {
+    // Adjacent lines are adjacent in memory (gather along a dim that is not the innermost,
+    // e.g. dim 0 of a row-major matrix): kBlock lines at a time, walking index and dout
+    // row by row (contiguous runs of kBlock) into a [size, kBlock] accumulator that stays
+    // in cache, then writing kBlock-wide runs of dsrc. Each dsrc element still sums its
+    // contributions in ascending position along dim, as the per-line loop below does.
+    const int64_t blocks_per_row = (lines_inner + kBlock - 1) / kBlock;
+    const int64_t outer = num_lines / lines_inner;
+    const int64_t grain =
+        std::max<int64_t>(1, cpu::kGrain / std::max<int64_t>(l.line_len * kBlock, 1));
+    at::parallel_for(0, outer * blocks_per_row, grain, [&](int64_t begin, int64_t end) {
+      std::vector<Acc> acc(static_cast<size_t>(size * kBlock));
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t r = t / blocks_per_row;
+        const int64_t c0 = (t % blocks_per_row) * kBlock;
+        const int64_t w = std::min(kBlock, lines_inner - c0);
+        int64_t off[3] = {c0, c0, c0};
+        int64_t rest = r;
+        for (int d = last - 1; d >= 0; --d) {
+          const int64_t c = rest % l.lines.sizes[d];
+          rest /= l.lines.sizes[d];
+          for (int k = 0; k < 3; ++k) off[k] += c * l.lines.strides[k][d];
+        }
+        std::fill(acc.begin(), acc.end(), Acc(0));
+        for (int64_t j = 0; j < l.line_len; ++j) {
+          const I* idx = index + off[0] + j * l.index_line_stride;
+          const T* g = dout + off[1] + j * l.dout_line_stride;
+          for (int64_t c = 0; c < w; ++c) {
+            const int64_t v = static_cast<int64_t>(idx[c]);
+            if (!in_range(v, size)) fail_index_out_of_bounds("gather_backward", v, l.dim, size);
+            acc[v * kBlock + c] += static_cast<Acc>(g[c]);
+          }
+        }
+        for (int64_t s = 0; s < size; ++s) {
+          T* dst = dsrc + off[2] + s * l.dim_stride;
+          for (int64_t c = 0; c < w; ++c) dst[c] = T(acc[s * kBlock + c]);
+        }
+      }
+    });
+    return;
+  }
   const int64_t grain = std::max<int64_t>(1, cpu::kGrain / std::max<int64_t>(l.line_len, 1));
   at::parallel_for(0, num_lines, grain, [&](int64_t begin, int64_t end) {
     std::vector<Acc> acc(static_cast<size_t>(size));

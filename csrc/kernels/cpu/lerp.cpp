@@ -1,8 +1,11 @@
-// CPU lerp kernels: one strided loop for every op and layout (the plan's coalesced index
+// CPU lerp kernels: the AVX2 kernels of lerp_avx2.cpp for the rows layout of
+// float32/float16/bfloat16 on processors with AVX2; otherwise one scalar strided loop for
+// every op and layout (the plan's coalesced index
 // space makes contiguous inputs a unit-stride inner loop). Outputs are dense over the
 // index space, so their offset is the running linear index.
 #include "kernels/lerp.h"
 #include "kernels/lerp_math.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/loops.h"
 
 namespace baracuda::kernels {
@@ -54,6 +57,7 @@ void dispatch_op(const LerpLaunch& l) {
 }  // namespace
 
 void lerp_cpu(const LerpLaunch& l) {
+  if (cpu::cpu_has_avx2() && cpu::lerp_avx2(l)) return;
   cpu::dispatch_floating(l.element, [&](auto tag) { dispatch_op<decltype(tag)>(l); });
 }
 

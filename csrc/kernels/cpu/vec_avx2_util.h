@@ -1,0 +1,61 @@
+// Loads and stores between memory of a floating type T and float32 Vectorized registers,
+// for the AVX2 sections of the CPU kernels (include after vec_avx2_begin.h). float32
+// moves one register of 8 lanes per step; float16/bfloat16 move 16 elements per step as
+// two float32 registers (converted in registers, as ATen's reduced-precision kernels do).
+#pragma once
+
+#if BARACUDA_CPU_AVX2
+#include <type_traits>
+
+namespace baracuda::kernels::cpu::avx2 {
+
+using FVec = at::vec::Vectorized<float>;
+
+// float32 registers per step, and elements per step.
+template <typename T>
+constexpr int kLanes = std::is_same_v<T, float> ? 1 : 2;
+template <typename T>
+constexpr int64_t kStep = kLanes<T> * FVec::size();
+
+// Loads `count` (<= kStep<T>) elements from p into kLanes<T> registers; lanes past count
+// are zero.
+template <typename T>
+inline void load(const T* p, int64_t count, FVec* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    out[0] = count == FVec::size() ? FVec::loadu(p) : FVec::loadu(p, count);
+  } else {
+    using TVec = at::vec::Vectorized<T>;
+    const TVec t = count == TVec::size() ? TVec::loadu(p) : TVec::loadu(p, count);
+    std::tie(out[0], out[1]) = at::vec::convert_to_float<T>(t);
+  }
+}
+
+// Stores the first `count` (<= kStep<T>) elements of kLanes<T> registers to p, rounding
+// to T (round to nearest even).
+template <typename T>
+inline void store(T* p, int64_t count, const FVec* in) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (count == FVec::size())
+      in[0].store(p);
+    else
+      in[0].store(p, count);
+  } else {
+    const auto t = at::vec::convert_from_float<T>(in[0], in[1]);
+    if (count == decltype(t)::size())
+      t.store(p);
+    else
+      t.store(p, count);
+  }
+}
+
+// Calls body(i, count) for i = 0, kStep, 2·kStep, ... < n, with count = kStep except for
+// a shorter last step.
+template <typename T, typename Body>
+inline void for_steps(int64_t n, Body&& body) {
+  int64_t i = 0;
+  for (; i + kStep<T> <= n; i += kStep<T>) body(i, kStep<T>);
+  if (i < n) body(i, n - i);
+}
+
+}  // namespace baracuda::kernels::cpu::avx2
+#endif

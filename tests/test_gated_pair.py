@@ -1,0 +1,336 @@
+"""gated_activation_pair: act(gate) * up with gate and up separate tensors. Forward and
+gradients against reference.py (float64) for every kind, dtype and layout (strided,
+transposed, stride-0 broadcast); gradcheck; poisoned outputs; NaN/Inf; empty and 0-dim
+tensors; bad inputs; opcheck; torch.compile; nn.GatedMLP against Hugging Face's MLP."""
+import pytest
+import torch
+
+import baracuda_torch as bt
+from baracuda_torch import reference as ref
+from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, check_compiled,
+                     expect_bad_case, randn, requires_cuda)
+
+ops = torch.ops.baracuda
+KINDS = ["glu", "reglu", "swiglu", "geglu", "geglu_tanh"]
+SHAPES = [(8, 64), (3, 5, 14), (7,), (33, 528), (2, 3, 4, 10), (1, 1), ()]
+
+
+def run_and_check(gate, up, kind, dy=None):
+    """Our forward and backward against reference.py in float64 and in the inputs' dtype."""
+    gate = gate.detach().requires_grad_()
+    up = up.detach().requires_grad_()
+    y = bt.gated_activation_pair(gate, up, kind)
+    if dy is None:
+        dy = randn(y.shape, gate.dtype, gate.device)
+    dg, du = torch.autograd.grad(y, (gate, up), dy)
+
+    g64 = gate.detach().double().requires_grad_()
+    u64 = up.detach().double().requires_grad_()
+    y64 = ref.gated_activation_pair(g64, u64, kind)
+    dg64, du64 = torch.autograd.grad(y64, (g64, u64), dy.double())
+
+    gl = gate.detach().clone().requires_grad_()
+    ul = up.detach().clone().requires_grad_()
+    yl = ref.gated_activation_pair(gl, ul, kind)
+    dgl, dul = torch.autograd.grad(yl, (gl, ul), dy)
+
+    what = f"{kind} {gate.dtype} {tuple(gate.shape)} strides {gate.stride()}/{up.stride()}"
+    assert y.dtype == gate.dtype and y.device == gate.device and y.is_contiguous()
+    assert dg.is_contiguous() and du.is_contiguous()
+    assert_close_to_reference(y, y64, yl, "y of " + what)
+    assert_close_to_reference(dg, dg64, dgl, "dgate of " + what)
+    assert_close_to_reference(du, du64, dul, "dup of " + what)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_reference(device, dtype, kind):
+    for shape in SHAPES:
+        run_and_check(randn(shape, dtype, device, 3.0), randn(shape, dtype, device, 2.0), kind)
+
+
+def layouts(device, dtype, rows=12, cols=40):
+    """Tensors of logical shape [rows, cols] in several memory layouts."""
+    def r(shape):
+        return randn(shape, dtype, device, 3.0)
+    return {
+        "contiguous": r((rows, cols)),
+        "transposed": r((cols, rows)).t(),
+        "row_slice_aligned": r((rows, cols + 16))[:, :cols],
+        "row_slice_offset": r((rows, cols + 6))[:, 3:cols + 3],
+        "every_other_row": r((2 * rows, cols))[::2],
+        "inner_stride_2": r((rows, 2 * cols))[:, ::2],
+        "broadcast_rows": r((1, cols)).expand(rows, cols),
+        "broadcast_cols": r((rows, 1)).expand(rows, cols),
+        "scalar_broadcast": r(()).expand(rows, cols),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_strided_inputs(device, dtype):
+    gates = layouts(device, dtype)
+    ups = layouts(device, dtype)
+    names = list(gates)
+    for i, name in enumerate(names):
+        # every layout as gate against a different layout as up, and against itself
+        other = names[(i + 3) % len(names)]
+        for kind in ("swiglu", "geglu"):
+            run_and_check(gates[name], ups[other], kind)
+            run_and_check(gates[other], ups[name], kind)
+        run_and_check(gates[name], ups[name], "geglu_tanh")
+    g, u = gates["contiguous"], ups["transposed"]
+    run_and_check(g, u, "swiglu", dy=randn((40, 12), dtype, device).t())
+    run_and_check(g, u, "reglu", dy=randn((1, 40), dtype, device).expand(12, 40))
+    # gate and up as two column halves of one projection (a fused gate_up output)
+    h = randn((12, 80), dtype, device, 3.0)
+    run_and_check(h[:, :40], h[:, 40:], "swiglu")
+    # the same storage as gate and up
+    run_and_check(h, h, "glu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradcheck_float64(device, kind):
+    g = randn((3, 8), torch.float64, device, 2.0).requires_grad_()
+    u = randn((3, 8), torch.float64, device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: bt.gated_activation_pair(a, b, kind), (g, u))
+    gt = randn((8, 5), torch.float64, device, 2.0).t().requires_grad_()
+    ub = randn((1, 8), torch.float64, device).requires_grad_()  # the op sees stride 0
+    assert torch.autograd.gradcheck(lambda a, b: bt.gated_activation_pair(a, b.expand(5, 8), kind), (gt, ub))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_raises_clearly(device):
+    g = randn((4, 8), torch.float64, device).requires_grad_()
+    u = randn((4, 8), torch.float64, device).requires_grad_()
+    (dg,) = torch.autograd.grad(bt.gated_activation_pair(g, u).sum(), g, create_graph=True)
+    with pytest.raises(NotImplementedError, match="baracuda::gated_activation_pair: double backward"):
+        dg.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_of_one_input_only(device):
+    g = randn((4, 8), torch.float32, device).requires_grad_()
+    u = randn((4, 8), torch.float32, device)
+    (dg,) = torch.autograd.grad(bt.gated_activation_pair(g, u, "geglu").sum(), g)
+    g64 = g.detach().double().requires_grad_()
+    (dg64,) = torch.autograd.grad(ref.gated_activation_pair(g64, u.double(), "geglu").sum(), g64)
+    assert_close_to_reference(dg, dg64, None, "dgate")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_nan_inf_propagate_like_reference(device, kind):
+    g = randn((4, 8), torch.float32, device, 3.0)
+    u = randn((4, 8), torch.float32, device)
+    g[0, 0] = float("nan")
+    u[1, 1] = float("nan")
+    g[2, 2] = float("inf")
+    g[3, 3] = float("-inf")
+    u[2, 4] = float("inf")
+    # against the float64 reference: eager float32 GELU's vectorized and scalar paths
+    # disagree at ±inf (NaN or inf, depending on the element's position)
+    expected = ref.gated_activation_pair(g.double(), u.double(), kind).float()
+    torch.testing.assert_close(bt.gated_activation_pair(g, u, kind), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_tensors(device):
+    for shape in [(0, 8), (4, 0), (2, 0, 6), (0,)]:
+        g = torch.empty(shape, device=device).requires_grad_()
+        u = torch.empty(shape, device=device).requires_grad_()
+        y = bt.gated_activation_pair(g, u)
+        assert y.shape == g.shape
+        dg, du = torch.autograd.grad(y, (g, u), torch.empty_like(y))
+        assert dg.shape == g.shape and du.shape == u.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_every_output_element_written(device, dtype):
+    """With deterministic algorithms on, fresh outputs are NaN-filled: a skipped element shows."""
+    torch.use_deterministic_algorithms(True)
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    gates = layouts(device, dtype)
+    for name, g in gates.items():
+        for u in (randn((12, 40), dtype, device), gates["transposed"]):
+            g = g.detach().requires_grad_()
+            u = u.detach().requires_grad_()
+            y = bt.gated_activation_pair(g, u, "geglu")
+            dg, du = torch.autograd.grad(y, (g, u), torch.ones_like(y))
+            assert torch.isfinite(y).all() and torch.isfinite(dg).all() and torch.isfinite(du).all(), name
+
+
+def pair_bad_cases(device):
+    g = torch.randn(3, 8, device=device)
+    dy = torch.randn(3, 8, device=device)
+    return [
+        ("shape mismatch", lambda: bt.gated_activation_pair(g, torch.randn(3, 7, device=device)), ValueError,
+         r"baracuda::gated_activation_pair: gate and up must have the same sizes, got gate \[3, 8\] and up \[3, 7\]"),
+        ("rank mismatch", lambda: bt.gated_activation_pair(g, torch.randn(8, device=device)), ValueError,
+         r"gate and up must have the same sizes"),
+        ("dtype mismatch", lambda: bt.gated_activation_pair(g, g.double()), TypeError,
+         r"baracuda::gated_activation_pair: up must have gate's dtype float32, got float64"),
+        ("integer gate", lambda: bt.gated_activation_pair(g.int(), g.int()), TypeError,
+         r"baracuda::gated_activation_pair: gate must be float32, float16, bfloat16 or float64, got int32"),
+        ("bool gate", lambda: bt.gated_activation_pair(g.bool(), g.bool()), TypeError,
+         r"baracuda::gated_activation_pair: gate has dtype Bool"),
+        ("unknown kind", lambda: bt.gated_activation_pair(g, g, "gelu"), ValueError,
+         r"baracuda::gated_activation_pair: kind must be one of .* got 'gelu'"),
+        ("rank 9", lambda: bt.gated_activation_pair(torch.randn([1] * 9, device=device),
+                                                    torch.randn([1] * 9, device=device)),
+         NotImplementedError, r"baracuda::gated_activation_pair: gate has 9 dims, at most 8"),
+        ("dy wrong shape", lambda: ops.gated_activation_pair_backward(torch.randn(3, 4, device=device), g, g, "swiglu"),
+         ValueError, r"baracuda::gated_activation_pair_backward: dy must have gate's sizes \[3, 8\], got \[3, 4\]"),
+        ("dy wrong dtype", lambda: ops.gated_activation_pair_backward(dy.double(), g, g, "swiglu"), TypeError,
+         r"baracuda::gated_activation_pair_backward: dy must have gate's dtype float32, got float64"),
+        ("backward unknown kind", lambda: ops.gated_activation_pair_backward(dy, g, g, "silu"), ValueError,
+         r"baracuda::gated_activation_pair_backward: kind must be one of"),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("case", [c[0] for c in pair_bad_cases("cpu")])
+def test_bad_inputs(device, case):
+    """The same errors from the CPU/CUDA kernels and from the meta kernels (what a
+    compiled graph sees)."""
+    expect_bad_case(pair_bad_cases(device), case)
+
+
+@requires_cuda
+def test_device_mismatch():
+    g = torch.randn(3, 8, device="cuda")
+    with pytest.raises(RuntimeError, match="baracuda::gated_activation_pair: expected all tensors on one device"):
+        bt.gated_activation_pair(g, g.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    g = torch.randn(4, 6, 8, device=device)
+    u = torch.randn(4, 6, 8, device=device)
+    samples = [
+        (ops.gated_activation_pair.default, (g.clone().requires_grad_(), u.clone().requires_grad_(), "swiglu")),
+        (ops.gated_activation_pair.default, (torch.randn(8, 5, device=device).t().requires_grad_(),
+                                             torch.randn(1, 8, device=device).expand(5, 8), "geglu")),
+        (ops.gated_activation_pair.default, (g.double(), u.double(), "glu")),
+        (ops.gated_activation_pair_backward.default, (torch.randn_like(g), g, u, "geglu_tanh")),
+        (ops.gated_activation_pair_backward.default, (torch.randn_like(g).half(), g.half(), u.half(), "reglu")),
+    ]
+    for op, args in samples:
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph(device, dynamic):
+    def fn(x, wg, wu):
+        return bt.gated_activation_pair(x @ wg, x @ wu, "swiglu") * 2 + bt.gated_activation_pair(x, x, "geglu")
+
+    inputs = [(torch.randn(s, 16, device=device, requires_grad=True),
+               torch.randn(16, 16, device=device, requires_grad=True),
+               torch.randn(16, 16, device=device, requires_grad=True)) for s in (6, 10)]
+    check_compiled(fn, inputs, dynamic)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_explain(device):
+    g = torch.randn(4, 64, device=device)
+    info = bt.explain("gated_activation_pair", g, g, "swiglu")
+    assert info.family == "gated_activation_pair" and info.op == "swiglu"
+    assert info.variant.startswith("rows")
+    assert bt.explain("gated_activation_pair", g, torch.randn(64, 4, device=device).t()).variant == "strided"
+    info = bt.explain("gated_activation_pair_backward", g, g, g, "geglu")
+    assert info.op == "geglu_backward" and info.deterministic
+    with pytest.raises(ValueError, match="gate and up must have the same sizes"):
+        bt.explain("gated_activation_pair", g, g[:, :3])
+
+
+@requires_cuda
+def test_cuda_variants_chosen():
+    x = layouts("cuda", torch.bfloat16)
+    c = x["contiguous"]
+    expect = {"contiguous": "rows_vec16", "row_slice_aligned": "rows_vec16", "row_slice_offset": "rows",
+              "every_other_row": "rows_vec16", "transposed": "strided", "inner_stride_2": "strided"}
+    for name, variant in expect.items():
+        assert bt.explain("gated_activation_pair", x[name], c).variant == variant, name
+        assert bt.explain("gated_activation_pair", c, x[name]).variant == variant, name
+        assert bt.explain("gated_activation_pair_backward", c, c, x[name]).variant == variant, name
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_cpu_cuda_agree(dtype):
+    g = randn((64, 200), dtype, "cpu", 3.0)
+    u = randn((200, 64), dtype, "cpu").t()
+    dy = randn((64, 200), dtype, "cpu")
+    for kind in KINDS:
+        yc = bt.gated_activation_pair(g, u, kind)
+        yg = bt.gated_activation_pair(g.cuda(), u.cuda(), kind)
+        dc = ops.gated_activation_pair_backward(dy, g, u, kind)
+        dg = ops.gated_activation_pair_backward(dy.cuda(), g.cuda(), u.cuda(), kind)
+        tol = dict(atol=1e-5, rtol=1e-5) if dtype in (torch.float32, torch.float64) else {}
+        torch.testing.assert_close(yg.cpu(), yc, **tol)
+        for a, b in zip(dg, dc):
+            torch.testing.assert_close(a.cpu(), b, **tol)
+
+
+@requires_cuda
+def test_cuda_graph_capture():
+    g = randn((64, 256), torch.bfloat16, "cuda").requires_grad_()
+    u = randn((64, 256), torch.bfloat16, "cuda").requires_grad_()
+    dy = randn((64, 256), torch.bfloat16, "cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            torch.autograd.grad(bt.gated_activation_pair(g, u), (g, u), dy)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = bt.gated_activation_pair(g, u)
+        dg, du = torch.autograd.grad(y, (g, u), dy)
+    with torch.no_grad():
+        g.copy_(randn((64, 256), torch.bfloat16, "cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, bt.gated_activation_pair(g.detach(), u.detach()))
+    ref_dg, ref_du = ops.gated_activation_pair_backward(dy, g.detach(), u.detach(), "swiglu")
+    torch.testing.assert_close(dg, ref_dg)
+    torch.testing.assert_close(du, ref_du)
+
+
+# ---- nn.GatedMLP -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gated_mlp(device, bias):
+    mlp = bt.nn.GatedMLP(16, 24, kind="geglu_tanh", bias=bias, device=device, dtype=torch.float64)
+    assert sorted(n for n, _ in mlp.named_parameters()) == sorted(
+        f"{p}.{w}" for p in ("gate_proj", "up_proj", "down_proj") for w in (["weight", "bias"] if bias else ["weight"]))
+    x = randn((3, 5, 16), torch.float64, device).requires_grad_()
+    expected = mlp.down_proj(ref.gated_activation_pair(mlp.gate_proj(x), mlp.up_proj(x), "geglu_tanh"))
+    torch.testing.assert_close(mlp(x), expected)
+    mlp(x).sum().backward()
+    assert mlp.gate_proj.weight.grad is not None and mlp.up_proj.weight.grad is not None
+    assert x.grad is not None
+    assert "geglu_tanh" in repr(mlp)
+    with pytest.raises(ValueError, match="baracuda_torch.nn.GatedMLP: kind must be one of"):
+        bt.nn.GatedMLP(16, 24, kind="silu")
+
+
+@pytest.mark.parametrize("hidden_act,kind", [("silu", "swiglu"), ("gelu_pytorch_tanh", "geglu_tanh"),
+                                             ("gelu", "geglu"), ("relu", "reglu"), ("sigmoid", "glu")])
+def test_gated_mlp_loads_hf_llama_mlp(hidden_act, kind):
+    """A Hugging Face LlamaMLP's state dict loads into GatedMLP unchanged and gives its outputs."""
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=48, hidden_act=hidden_act, mlp_bias=False)
+    hf = llama.LlamaMLP(cfg).double()
+    mlp = bt.nn.GatedMLP(32, 48, kind=kind, dtype=torch.float64)
+    mlp.load_state_dict(hf.state_dict())
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    torch.testing.assert_close(mlp(x), hf(x))
