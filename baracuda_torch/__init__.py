@@ -28,6 +28,7 @@ from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
 from . import functional, mamba, nn, reference
 # torch.func rules (grad, vjp, jacrev, jacfwd, vmap) of every op; see _autograd.py.
 from . import _grad_gated_activation  # noqa: F401
+from . import _grad_gated_activation_pair  # noqa: F401
 from . import _grad_gather  # noqa: F401
 from . import _grad_lerp  # noqa: F401
 from . import _grad_rope  # noqa: F401
