@@ -523,6 +523,27 @@ def test_ssd_combined_per_sample_grads_with_batched_seq_idx(device):
         _close(expected, theirs)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_ssd_combined_state_dtype_grads_match_eager(device):
+    """float32 final_states of float64 inputs (state_dtype): grad and vmap(grad) give
+    the eager C++ autograd kernel's gradients (the same backward op)."""
+    def loss(x, dt, A, B, C, D, z, dt_bias, init):
+        out, fin = bt.mamba.mamba_chunk_scan_combined(
+            x, dt, A, B, C, 2, D=D, z=z, dt_bias=dt_bias, initial_states=init, dt_softplus=True,
+            return_final_states=True, state_dtype=torch.float32)
+        assert fin.dtype == torch.float32
+        return out.sin().sum() + fin.double().cos().sum()
+
+    an = tuple(range(9))
+    inputs = _ssd_inputs(device, ())
+    _close(grad(loss, argnums=an)(*inputs), _autograd_grads(loss, inputs, torch.tensor(1.0, dtype=D64)))
+    batched = _ssd_inputs(device, (2,))
+    got = vmap(grad(loss, argnums=an))(*batched)
+    for k in range(2):
+        expected = _autograd_grads(loss, [t[k] for t in batched], torch.tensor(1.0, dtype=D64))
+        _close([g[k] for g in got], expected)
+
+
 def test_autograd_outside_transforms_stays_in_cpp():
     """Without a torch.func transform the ops keep their C++ autograd kernels (the
     Python rules are registered for the functorch key only)."""
