@@ -598,3 +598,17 @@ def test_transforms_compile_fullgraph():
     v = vmap(lambda t: bt.lerp(t, t * 2, 0.3))
     _close(torch.compile(g, fullgraph=True)(x), g(x))
     _close(torch.compile(v, fullgraph=True)(x), v(x))
+    # The ops that came later: rope from cos/sin (tables differentiated) and the Mamba scan.
+    xr = torch.randn(2, 2, 3, 6, dtype=D64)
+    c, s = torch.randn(2, 3, 4, dtype=D64), torch.randn(2, 3, 4, dtype=D64)
+    cases = [
+        (grad(_loss(lambda t, c, s: bt.rope_cos_sin(t, c, s)), argnums=(0, 1, 2)), (xr, c, s)),
+        (vmap(lambda t: bt.rope_qk_cos_sin(t, t, c, s)[0]), (torch.randn(3, 2, 2, 3, 6, dtype=D64),)),
+    ]
+    ssd = _ssd_inputs("cpu", ())
+    cases.append((grad(lambda *t: bt.mamba.mamba_chunk_scan_combined(
+        *t[:5], 2, D=t[5], z=t[6], dt_bias=t[7], initial_states=t[8], dt_softplus=True,
+        return_final_states=True)[1].sin().sum(), argnums=tuple(range(9))), ssd))
+    for fn, args in cases:
+        torch._dynamo.reset()
+        _close(torch.compile(fn, fullgraph=True)(*args), fn(*args))
