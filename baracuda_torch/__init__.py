@@ -32,7 +32,9 @@ from . import _grad_gated_activation_pair  # noqa: F401
 from . import _grad_gather  # noqa: F401
 from . import _grad_lerp  # noqa: F401
 from . import _grad_rope  # noqa: F401
+from . import _grad_rope_cos_sin  # noqa: F401
 from . import _grad_ssd_chunk_scan  # noqa: F401
+from . import _grad_ssd_chunk_scan_combined  # noqa: F401
 from ._autograd import name_unhooked_ops as _name_unhooked_ops
 
 _name_unhooked_ops()  # any op still without rules raises an error naming it under torch.func

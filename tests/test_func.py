@@ -12,6 +12,10 @@ Support matrix (README, Limitations):
   lerp.Tensor        yes              yes         yes              NotImplementedError
   gather             yes              yes         yes              yes
   ssd_chunk_scan     yes              NotImplementedError  yes     NotImplementedError
+  rope_cos_sin, rope_qk_cos_sin (and their backward ops; x/q/k and cos/sin gradients)
+                     yes              yes         yes              yes
+  ssd_chunk_scan_combined (D, z, dt_bias, initial_states, seq_idx, dt_softplus)
+                     yes              NotImplementedError  yes     NotImplementedError
 """
 from __future__ import annotations
 
@@ -45,6 +49,98 @@ def _r(device, *shape, low=None, high=None):
     if low is not None:
         return torch.rand(shape, dtype=D64, device=device) * (high - low) + low
     return torch.randn(shape, dtype=D64, device=device)
+
+
+def _flat(*ts):
+    return torch.cat([t.reshape(-1) for t in ts])
+
+
+def _rope_cos_sin_cases(device):
+    """x [B, H, S, D] with cos/sin [Bc, S, R] (Bc = B or 1, R <= D) or [S, R/2]; every
+    input (tables included) differentiable."""
+    def ref_qk(q, k, cos, sin, interleaved=False, backward=False):
+        return _flat(ref.rope_cos_sin(q, cos, sin, interleaved, backward),
+                     ref.rope_cos_sin(k, cos, sin, interleaved, backward))
+
+    def hf_ref(q, k, cos, sin):  # transformers' apply_rotary_pos_emb, unsqueeze_dim=2
+        c, s = cos.unsqueeze(2), sin.unsqueeze(2)
+        return _flat(q * c + ref.rotate_half(q) * s, k * c + ref.rotate_half(k) * s)
+
+    return [
+        FuncCase("rope_cos_sin_table_per_row_partial", lambda x, c, s: bt.rope_cos_sin(x, c, s),
+                 lambda x, c, s: ref.rope_cos_sin(x, c, s),
+                 lambda dev, b: [_r(dev, *b, 2, 2, 3, 6), _r(dev, *b, 2, 3, 4), _r(dev, *b, 2, 3, 4)]),
+        FuncCase("rope_cos_sin_shared_table_interleaved",
+                 lambda x, c, s: bt.rope_cos_sin(x, c, s, interleaved=True),
+                 lambda x, c, s: ref.rope_cos_sin(x, c, s, True),
+                 lambda dev, b: [_r(dev, *b, 2, 1, 3, 4), _r(dev, *b, 1, 3, 4), _r(dev, *b, 1, 3, 4)]),
+        FuncCase("rope_cos_sin_pair_table",
+                 lambda x, c, s: bt.rope_cos_sin(x, c, s),
+                 lambda x, c, s: ref.rope_cos_sin(x, c, s),
+                 lambda dev, b: [_r(dev, *b, 1, 2, 3, 6), _r(dev, *b, 3, 2), _r(dev, *b, 3, 2)]),
+        FuncCase("rope_cos_sin_backward_pair_table_interleaved",
+                 lambda g, c, s: ops.rope_cos_sin_backward(g, c, s, True),
+                 lambda g, c, s: ref.rope_cos_sin(g, c, s, True, backward=True),
+                 lambda dev, b: [_r(dev, *b, 2, 1, 3, 4), _r(dev, *b, 3, 2), _r(dev, *b, 3, 2)]),
+        FuncCase("rope_qk_cos_sin_gqa", lambda q, k, c, s: _flat(*bt.rope_qk_cos_sin(q, k, c, s)),
+                 ref_qk,
+                 lambda dev, b: [_r(dev, *b, 2, 3, 3, 4), _r(dev, *b, 2, 1, 3, 4), _r(dev, *b, 2, 3, 2),
+                                 _r(dev, *b, 2, 3, 2)]),
+        FuncCase("rope_qk_cos_sin_backward",
+                 lambda q, k, c, s: _flat(*ops.rope_qk_cos_sin_backward(q, k, c, s, True)),
+                 lambda q, k, c, s: ref_qk(q, k, c, s, True, True),
+                 lambda dev, b: [_r(dev, *b, 1, 2, 3, 6), _r(dev, *b, 1, 1, 3, 6), _r(dev, *b, 1, 3, 4),
+                                 _r(dev, *b, 1, 3, 4)]),
+        FuncCase("apply_rotary_pos_emb_bshd",
+                 lambda q, k, c, s: _flat(*bt.apply_rotary_pos_emb(q, k, c, s, unsqueeze_dim=2)),
+                 hf_ref,
+                 lambda dev, b: [_r(dev, *b, 2, 3, 2, 4), _r(dev, *b, 2, 3, 1, 4), _r(dev, *b, 1, 3, 4),
+                                 _r(dev, *b, 1, 3, 4)]),
+    ]
+
+
+def _ssd_inputs(dev, b, *, hdim_D=True):
+    """x, dt (raw: dt_softplus), A, B, C, D, z, dt_bias, initial_states of a
+    [B=2, L=5, H=4, P=2] problem with G=2 groups of N=3 (leading `b` batch dims)."""
+    return [_r(dev, *b, 2, 5, 4, 2), _r(dev, *b, 2, 5, 4, low=-2.0, high=0.5),
+            _r(dev, *b, 4, low=-1.0, high=-0.1), _r(dev, *b, 2, 5, 2, 3), _r(dev, *b, 2, 5, 2, 3),
+            _r(dev, *b, *((4, 2) if hdim_D else (4,))), _r(dev, *b, 2, 5, 4, 2),
+            _r(dev, *b, 4, low=-0.3, high=0.3), _r(dev, *b, 2, 4, 2, 3)]
+
+
+def _ssd_combined_cases(device):
+    seq_idx = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 2, 2]], dtype=torch.int32, device=device)
+
+    def ours(x, dt, A, B, C, D, z, dt_bias, init):  # (out, final_states), flattened
+        return _flat(*bt.mamba.mamba_chunk_scan_combined(
+            x, dt, A, B, C, 2, D=D, z=z, dt_bias=dt_bias, initial_states=init, seq_idx=seq_idx,
+            dt_softplus=True, return_final_states=True))
+
+    def ours_op(x, dt, A, B, C, D, dt_bias):  # the op itself: D [H], no z / states / seq_idx
+        out, final, _ = ops.ssd_chunk_scan_combined(x, dt, A, B, C, 4, D, None, dt_bias, None,
+                                                    None, False, 0.02, 0.9)
+        return _flat(out, final)
+
+    def theirs(x, dt, A, B, C, D, z, dt_bias, init):
+        return _flat(*ref.ssd_chunk_scan_combined(
+            x, dt, A, B, C, 2, D=D, z=z, dt_bias=dt_bias, initial_states=init, seq_idx=seq_idx,
+            dt_softplus=True, return_final_states=True))
+
+    def theirs_op(x, dt, A, B, C, D, dt_bias):
+        return _flat(*ref.ssd_chunk_scan_combined(x, dt, A, B, C, D=D, dt_bias=dt_bias,
+                                                  dt_limit=(0.02, 0.9), return_final_states=True))
+
+    def make_op(dev, b):
+        x, dt, A, B, C, D, _, dt_bias, _ = _ssd_inputs(dev, b, hdim_D=False)
+        return [x, dt.abs(), A, B, C, D, dt_bias]
+
+    return [
+        FuncCase("ssd_chunk_scan_combined_all_options", ours, theirs, _ssd_inputs,
+                 forward_ad=False, double=False, error="baracuda::ssd_chunk_scan_combined"),
+        FuncCase("ssd_chunk_scan_combined_op_dt_limit", ours_op,
+                 lambda x, dt, *t: theirs_op(x, dt, *t), make_op,
+                 forward_ad=False, double=False, error="baracuda::ssd_chunk_scan_combined"),
+    ]
 
 
 def _cases(device):
@@ -84,6 +180,8 @@ def _cases(device):
                  double=False, error="baracuda::lerp"),
         FuncCase("gather", lambda s: bt.gather(s, 1, idx), lambda s: torch.gather(s, 1, idx),
                  lambda dev, b: [_r(dev, *b, 3, 5)]),
+        *_rope_cos_sin_cases(device),
+        *_ssd_combined_cases(device),
         FuncCase("ssd_chunk_scan", lambda x, dt, A, B, C: bt.ssd_chunk_scan(x, dt, A, B, C, chunk_size=2),
                  lambda *t: ref.ssd_chunk_scan(*t),
                  lambda dev, b: [_r(dev, *b, 1, 5, 4, 2), _r(dev, *b, 1, 5, 4, low=0.05, high=0.5),
@@ -261,10 +359,197 @@ def test_the_cpp_ops_do_the_work():
         grad(lambda s: bt.gather(s, 1, torch.zeros(3, 2, dtype=torch.long)).sum())(x)
         jacfwd(lambda t: bt.rope(t))(torch.randn(1, 1, 2, 2, dtype=D64))
         grad(lambda t: bt.ssd_chunk_scan(t, dt, A, Bm, Bm, 4).sum())(xs)
+        grad(lambda t: bt.mamba.mamba_chunk_scan_combined(t, dt, A, Bm, Bm, 4, D=A).sum())(xs)
+        cs = torch.randn(2, 1, dtype=D64)
+        jacfwd(lambda t, c: bt.rope_cos_sin(t, c, cs), argnums=(0, 1))(torch.randn(1, 1, 2, 2, dtype=D64), cs)
+        grad(lambda t, c: bt.rope_cos_sin(t, c, cs).sum(), argnums=(0, 1))(torch.randn(1, 1, 2, 2, dtype=D64), cs)
+        vmap(grad(lambda q: bt.rope_qk_cos_sin(q, q, cs, cs)[1].sum()))(torch.randn(2, 1, 1, 2, 2, dtype=D64))
     names = {e.name for e in prof.events()}
     for op in ["gated_activation", "gated_activation_backward", "lerp", "lerp_backward", "gather",
-               "gather_backward", "rope", "ssd_chunk_scan", "ssd_chunk_scan_backward"]:
+               "gather_backward", "rope", "ssd_chunk_scan", "ssd_chunk_scan_backward",
+               "ssd_chunk_scan_combined", "ssd_chunk_scan_combined_backward", "rope_cos_sin",
+               "rope_cos_sin_backward", "rope_qk_cos_sin", "rope_qk_cos_sin_backward"]:
         assert f"baracuda::{op}" in names, op
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_cos_sin_hessian_in_every_input(device):
+    """Second derivatives through the cos/sin gradient (ATen ops) as well as through x's
+    (the adjoint op), against the reference's."""
+    cases = [((2, 1, 3, 6), (2, 3, 4), False), ((1, 2, 3, 4), (3, 2), True), ((2, 2, 2, 4), (1, 2, 4), True)]
+    for xs, ts, il in cases:
+        inputs = (_r(device, *xs), _r(device, *ts), _r(device, *ts))
+        an = (0, 1, 2)
+        h = hessian(_loss(lambda x, c, s: bt.rope_cos_sin(x, c, s, il)), argnums=an)(*inputs)
+        h_ref = hessian(_loss(lambda x, c, s: ref.rope_cos_sin(x, c, s, il)), argnums=an)(*inputs)
+        _close(h, h_ref)
+        hb = hessian(_loss(lambda x, c, s: ops.rope_cos_sin_backward(x, c, s, il)), argnums=an)(*inputs)
+        hb_ref = hessian(_loss(lambda x, c, s: ref.rope_cos_sin(x, c, s, il, True)), argnums=an)(*inputs)
+        _close(hb, hb_ref)
+        ks = (xs[0], 1) + xs[2:]
+        qk_inputs = inputs[:1] + (_r(device, *ks),) + inputs[1:]
+        f = _loss(lambda q, k, c, s: _flat(*ops.rope_qk_cos_sin(q, k, c, s, il)))
+        f_ref = _loss(lambda q, k, c, s: _flat(ref.rope_cos_sin(q, c, s, il), ref.rope_cos_sin(k, c, s, il)))
+        _close(hessian(f, argnums=(0, 1, 2, 3))(*qk_inputs), hessian(f_ref, argnums=(0, 1, 2, 3))(*qk_inputs))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rope_cos_sin_grads_match_eager_in_low_precision(device, dtype):
+    """x in a low precision with float32 tables: the torch.func gradients (x, q, k, cos,
+    sin) are the eager C++ autograd kernel's (same ops, same float32 sums)."""
+    x = torch.randn(2, 3, 4, 8, device=device).to(dtype)
+    k = torch.randn(2, 1, 4, 8, device=device).to(dtype)
+    cos, sin = torch.randn(2, 4, 6, device=device), torch.randn(2, 4, 6, device=device)
+    pair_cos, pair_sin = torch.randn(4, 3, device=device), torch.randn(4, 3, device=device)
+    for c, s, il in [(cos, sin, False), (pair_cos, pair_sin, True)]:
+        def f(x, c, s):
+            return bt.rope_cos_sin(x, c, s, il).float().square().sum()
+
+        def fqk(q, k, c, s):
+            yq, yk = bt.rope_qk_cos_sin(q, k, c, s, il)
+            return yq.float().square().sum() + yk.float().sin().sum()
+
+        for fn, inputs in [(f, (x, c, s)), (fqk, (x, k, c, s))]:
+            got = grad(fn, argnums=tuple(range(len(inputs))))(*inputs)
+            leaves = [t.detach().requires_grad_() for t in inputs]
+            expected = torch.autograd.grad(fn(*leaves), leaves)
+            for g, e, t in zip(got, expected, inputs):
+                assert g.dtype == t.dtype and g.shape == t.shape
+                torch.testing.assert_close(g, e)
+
+
+_ROPE_TABLE_CASES = [c.name for c in _rope_cos_sin_cases("cpu")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", _ROPE_TABLE_CASES)
+def test_rope_cos_sin_vmap_every_subset_batched(name, device):
+    """vmap of the forward and of grad with every subset of (x/q/k, cos, sin) batched:
+    tables shared, per row, per pair, batched or not (folded into x's batch dim)."""
+    import itertools
+
+    c = _case(name, device)
+    single, batched = c.make(device, ()), c.make(device, (2,))
+    an = _argnums(single)
+    for mask in itertools.product((False, True), repeat=len(single)):
+        if not any(mask):
+            continue
+        args = [b if m else s for m, b, s in zip(mask, batched, single)]
+        dims = tuple(0 if m else None for m in mask)
+        samples = [[t[k] if m else t for t, m in zip(args, mask)] for k in range(2)]
+        _close(vmap(c.ours, in_dims=dims)(*args), torch.stack([c.ours(*t) for t in samples]))
+        got = vmap(grad(_loss(c.ours), argnums=an), in_dims=dims)(*args)
+        expected = [_autograd_grads(c.ref, t) for t in samples]
+        for i in range(len(single)):
+            _close(got[i], torch.stack([e[i] for e in expected]))
+
+
+def _ssd_per_sample(fn, batched, in_dims, n):
+    outs = [fn(*[t if d is None else t.select(d, k) for t, d in zip(batched, in_dims)]) for k in range(n)]
+    return [torch.stack(o) for o in zip(*outs)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ssd_combined_vmap_every_folding(device):
+    """vmap of the op's three outputs (final_states and y_pre included) and of its
+    backward op's nine: the vmapped dim folded into the batch (per-head parameters not
+    batched), into the heads (per-head parameters batched), and one call per sample (a
+    batched seq_idx with batched per-head parameters)."""
+    n = 3
+    single = _ssd_inputs(device, ())
+    batched = _ssd_inputs(device, (n,))
+    seq = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 2, 2]], dtype=torch.int32, device=device)
+    seqs = torch.stack([seq, seq.roll(1, 1).cummax(1).values, torch.zeros_like(seq)])
+
+    def fwd(x, dt, A, B, C, D, z, dt_bias, init, seq_idx):
+        return ops.ssd_chunk_scan_combined(x, dt, A, B, C, 2, D, z, dt_bias, init, seq_idx, True)
+
+    names = ["x", "dt", "A", "B", "C", "D", "z", "dt_bias", "init", "seq_idx"]
+    layouts = {
+        "batch": {"x", "B", "z", "init", "seq_idx"},      # per-head parameters shared
+        "heads": {"x", "A", "D", "dt_bias", "C"},         # seq_idx shared
+        "loop": {"A", "dt", "seq_idx"},                   # neither
+        "all": set(names),
+    }
+    for what, which in layouts.items():
+        args = [b if nm in which else s for nm, b, s in zip(names, batched + [seqs], single + [seq])]
+        dims = [0 if nm in which else None for nm in names]
+        got = vmap(fwd, in_dims=tuple(dims))(*args)
+        expected = _ssd_per_sample(fwd, args, dims, n)
+        _close(got, expected)
+        assert got[2].shape == (n, 2, 5, 4, 2), what
+        # The backward op, every operand batched as the forward's, plus dout/dfinal.
+        out, final, y_pre = got
+        dout, dfinal = torch.randn_like(out), torch.randn_like(final)
+
+        def bwd(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, init, seq_idx, y_pre):
+            return ops.ssd_chunk_scan_combined_backward(dout, dfinal, x, dt, A, B, C, 2, D, z,
+                                                        dt_bias, init, seq_idx, y_pre, True)
+
+        bargs = [dout, dfinal] + args + [y_pre]
+        bdims = (0, 0, *dims, 0)
+        _close(vmap(bwd, in_dims=bdims)(*bargs), _ssd_per_sample(bwd, bargs, bdims, n))
+    # Without the options: y_pre and the absent gradients are empty in every sample.
+    plain = lambda x: ops.ssd_chunk_scan_combined(x, *single[1:5], 2)  # noqa: E731
+    out, final, y_pre = vmap(plain)(batched[0])
+    _close((out, final), _ssd_per_sample(lambda x: plain(x)[:2], [batched[0]], [0], n))
+    assert y_pre.numel() == 0
+    plain_bwd = lambda d: ops.ssd_chunk_scan_combined_backward(d, None, *single[:5], 2)  # noqa: E731
+    douts = torch.randn_like(out)
+    grads = vmap(plain_bwd)(douts)
+    assert [g.numel() for g in grads[5:]] == [0] * 4
+    _close(grads[:5], _ssd_per_sample(lambda d: plain_bwd(d)[:5], [douts], [0], n))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ssd_combined_per_sample_grads_with_batched_seq_idx(device):
+    """vmap(grad) with a per-sample seq_idx: the backward runs once per sample."""
+    n = 3
+    batched = _ssd_inputs(device, (n,))
+    seq = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 2, 2]], dtype=torch.int32, device=device)
+    seqs = torch.stack([seq, torch.zeros_like(seq), seq.flip(1).neg().add(2)])
+
+    def loss(x, dt, A, B, C, D, z, dt_bias, init, seq_idx):
+        out, final = bt.mamba.mamba_chunk_scan_combined(
+            x, dt, A, B, C, 2, D=D, z=z, dt_bias=dt_bias, initial_states=init, seq_idx=seq_idx,
+            dt_softplus=True, return_final_states=True)
+        return _flat(out, final).sin().sum()
+
+    an = tuple(range(9))
+    got = vmap(grad(loss, argnums=an))(*batched, seqs)
+    for k in range(n):
+        sample = [t[k] for t in batched]
+        leaves = [t.detach().requires_grad_() for t in sample]
+        ref_leaves = [t.detach().requires_grad_() for t in sample]
+        expected = torch.autograd.grad(loss(*leaves, seqs[k]), leaves)
+        out, final = ref.ssd_chunk_scan_combined(
+            *ref_leaves[:5], D=ref_leaves[5], z=ref_leaves[6], dt_bias=ref_leaves[7],
+            initial_states=ref_leaves[8], seq_idx=seqs[k], dt_softplus=True, return_final_states=True)
+        theirs = torch.autograd.grad(_flat(out, final).sin().sum(), ref_leaves)
+        _close([g[k] for g in got], expected)
+        _close(expected, theirs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ssd_combined_state_dtype_grads_match_eager(device):
+    """float32 final_states of float64 inputs (state_dtype): grad and vmap(grad) give
+    the eager C++ autograd kernel's gradients (the same backward op)."""
+    def loss(x, dt, A, B, C, D, z, dt_bias, init):
+        out, fin = bt.mamba.mamba_chunk_scan_combined(
+            x, dt, A, B, C, 2, D=D, z=z, dt_bias=dt_bias, initial_states=init, dt_softplus=True,
+            return_final_states=True, state_dtype=torch.float32)
+        assert fin.dtype == torch.float32
+        return out.sin().sum() + fin.double().cos().sum()
+
+    an = tuple(range(9))
+    inputs = _ssd_inputs(device, ())
+    _close(grad(loss, argnums=an)(*inputs), _autograd_grads(loss, inputs, torch.tensor(1.0, dtype=D64)))
+    batched = _ssd_inputs(device, (2,))
+    got = vmap(grad(loss, argnums=an))(*batched)
+    for k in range(2):
+        expected = _autograd_grads(loss, [t[k] for t in batched], torch.tensor(1.0, dtype=D64))
+        _close([g[k] for g in got], expected)
 
 
 def test_autograd_outside_transforms_stays_in_cpp():
@@ -321,3 +606,17 @@ def test_transforms_compile_fullgraph():
     v = vmap(lambda t: bt.lerp(t, t * 2, 0.3))
     _close(torch.compile(g, fullgraph=True)(x), g(x))
     _close(torch.compile(v, fullgraph=True)(x), v(x))
+    # The ops that came later: rope from cos/sin (tables differentiated) and the Mamba scan.
+    xr = torch.randn(2, 2, 3, 6, dtype=D64)
+    c, s = torch.randn(2, 3, 4, dtype=D64), torch.randn(2, 3, 4, dtype=D64)
+    cases = [
+        (grad(_loss(lambda t, c, s: bt.rope_cos_sin(t, c, s)), argnums=(0, 1, 2)), (xr, c, s)),
+        (vmap(lambda t: bt.rope_qk_cos_sin(t, t, c, s)[0]), (torch.randn(3, 2, 2, 3, 6, dtype=D64),)),
+    ]
+    ssd = _ssd_inputs("cpu", ())
+    cases.append((grad(lambda *t: bt.mamba.mamba_chunk_scan_combined(
+        *t[:5], 2, D=t[5], z=t[6], dt_bias=t[7], initial_states=t[8], dt_softplus=True,
+        return_final_states=True)[1].sin().sum(), argnums=tuple(range(9))), ssd))
+    for fn, args in cases:
+        torch._dynamo.reset()
+        _close(torch.compile(fn, fullgraph=True)(*args), fn(*args))
