@@ -3,7 +3,11 @@
   B2 L8192 H32 D64 N64 G32   (per-head B/C, the seed's layout)
 Providers: baracuda; torch = reference.ssd_chunk_scan_chunked in eager PyTorch (the
 chunked SSD recipe: what users have without mamba_ssm); compile = torch.compile of the
-same, tried once (Inductor has failed on it) and recorded as a note if it fails.
+same, tried once (Inductor has failed on it) and recorded as a note if it fails;
+mamba_ssm = its Triton mamba_chunk_scan_combined when peers/ has it (benchmarks/peers.py),
+after a check that its output agrees with ours on the same inputs. Each shape also gets a
+"+options" case (D, z, dt_bias with softplus, float32 initial states, A, D and dt_bias in
+float32, as Mamba2 calls it) for baracuda.mamba and mamba_ssm.
 Modes: forward, backward (the backward pass alone). Peak memory per row.
 
 FLOPs, the project's count of the chunked algorithm's matmuls (Q = chunk, nc = ⌈L/Q⌉),
@@ -26,7 +30,9 @@ import torch.nn.functional as F
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
+from baracuda_torch.mamba import mamba_chunk_scan_combined
 from harness import Row, backward_fn, format_table, measure
+import peers
 
 FAMILY = "ssd_chunk_scan"
 SHAPES = [(4, 4096, 80, 64, 128, 1), (2, 8192, 32, 64, 64, 32)]  # B, L, H, D, N, G
@@ -61,8 +67,48 @@ def check_output(inputs) -> str:
     return f"rel err vs float32 reference {err:.1e}" + ("" if err < 2e-2 else " CHECK FAILED")
 
 
-def run(shapes=SHAPES, dtype=torch.bfloat16, providers=("baracuda", "torch", "compile")) -> list[Row]:
+def option_rows(b, L, H, D, N, G, dtype) -> list[Row]:
+    """The "+options" case: ours and mamba_ssm's with the options a Mamba2 layer passes."""
+    case = f"B{b} L{L} H{H} D{D} N{N} G{G} Q{CHUNK} +options"
+    x, dt, _, B, C = [t.detach() for t in make_inputs(b, L, H, D, N, G, dtype)]
+    f32 = dict(device="cuda", dtype=torch.float32)
+    inputs = [x, (dt.float() - 1).to(dtype), -torch.exp(0.5 * torch.randn(H, **f32)), B, C,
+              torch.randn(H, **f32), torch.randn_like(x), torch.randn(H, **f32) * 0.1,
+              torch.randn(b, H, D, N, **f32)]
+    inputs = [t.requires_grad_() for t in inputs]
+    dy = torch.randn_like(x)
+    flops = forward_flops(b, L, H, D, N, CHUNK)
+
+    def call(fn):
+        def f():
+            x, dt, A, B, C, Dp, z, dt_bias, init = inputs
+            return fn(x, dt, A, B, C, CHUNK, D=Dp, z=z, dt_bias=dt_bias, initial_states=init,
+                      dt_softplus=True)
+        return f
+    impls = {"baracuda": call(mamba_chunk_scan_combined)}
+    theirs = peers.mamba_chunk_scan_combined()
+    note = ""
+    if theirs is not None:
+        impls["mamba_ssm"] = call(theirs)
+        with torch.no_grad():
+            note = peers.agree(impls["baracuda"](), impls["mamba_ssm"](), case, rtol=2e-2)
+    rows = []
+    for provider, f in impls.items():
+        with torch.no_grad():
+            rows.append(measure(FAMILY, case, dtype, provider, "forward", f, flops=flops,
+                                with_memory=True, note=note))
+        rows.append(measure(FAMILY, case, dtype, provider, "backward", backward_fn(f, inputs, dy),
+                            flops=2 * flops, with_memory=True, note=note))
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run(shapes=SHAPES, dtype=torch.bfloat16,
+        providers=("baracuda", "mamba_ssm", "torch", "compile")) -> list[Row]:
     rows: list[Row] = []
+    mamba = peers.mamba_chunk_scan_combined() if "mamba_ssm" in providers else None
+    if mamba is None:
+        providers = tuple(p for p in providers if p != "mamba_ssm")
     compile_failed = None
     t_start = time.time()
     for b, L, H, D, N, G in shapes:
@@ -75,6 +121,11 @@ def run(shapes=SHAPES, dtype=torch.bfloat16, providers=("baracuda", "torch", "co
             "baracuda": lambda: bt.ssd_chunk_scan(*inputs, chunk_size=CHUNK),
             "torch": lambda: ref.ssd_chunk_scan_chunked(*inputs, chunk_size=CHUNK),
         }
+        if mamba is not None:
+            fwd["mamba_ssm"] = lambda: mamba(*inputs, chunk_size=CHUNK)
+            with torch.no_grad():
+                note += "; mamba_ssm " + peers.agree(fwd["baracuda"](), fwd["mamba_ssm"](),
+                                                     case, rtol=2e-2)
 
         def measure_both(provider, f):
             row_note = note if provider == "baracuda" else ""
@@ -115,6 +166,7 @@ def run(shapes=SHAPES, dtype=torch.bfloat16, providers=("baracuda", "torch", "co
                 measure_both("compile", lambda c=compiled: c(*inputs, chunk_size=CHUNK))
         del inputs, dy, fwd
         torch.cuda.empty_cache()
+        rows += option_rows(b, L, H, D, N, G, dtype)
     return rows
 
 

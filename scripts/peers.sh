@@ -29,8 +29,9 @@ PYEOF
   install)
     site=peers/site
     rm -rf "$site" && mkdir -p "$site"
-    $PY -m pip install --quiet --no-deps --no-index --target "$site" \
-      peers/liger_kernel-*.whl peers/einops-*.whl peers/packaging-*.whl
+    # wheels are zip files: unpacked without pip (the device's environment may lack it)
+    $PY -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" \
+      "$site" peers/liger_kernel-*.whl peers/einops-*.whl peers/packaging-*.whl
     # mamba_ssm: the Python package without its CUDA extensions; the Triton SSD path
     # imports only torch, triton and einops-free modules of ops/triton.
     tar -xzf peers/mamba_ssm-*.tar.gz -C peers --wildcards '*/mamba_ssm/*.py'
