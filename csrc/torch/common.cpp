@@ -62,7 +62,7 @@ MutTensorRef mut_ref_of(at::Tensor& t, const std::string& op, const char* what) 
   return MutTensorRef{layout_of(t, op, what), t.data_ptr()};
 }
 
-DeviceInfo device_info(const at::Tensor& t, const char* op) {
+DeviceInfo device_info(const at::Tensor& t, const std::string& op) {
   DeviceInfo info;
   if (t.is_cuda()) {
     info.backend = Backend::Cuda;
@@ -74,20 +74,19 @@ DeviceInfo device_info(const at::Tensor& t, const char* op) {
     info.l2_bytes = prop->l2CacheSize;
     // An older GPU than the kernels are written for, or one this build has no code for,
     // fails here with the reason instead of a "no kernel image" error inside a launch.
-    const std::string who = op ? op : "device";
     const std::string gpu = std::string(prop->name) + " (sm_" + std::to_string(info.arch) + ")";
     if (info.arch < kMinCudaArch)
-      fail(PlanErrorKind::Unsupported, who,
+      fail(PlanErrorKind::Unsupported, op,
            "CUDA device " + std::to_string(info.index) + " is a " + gpu +
                "; baracuda's CUDA kernels need sm_80 or newer (use CPU tensors on this machine)");
     if (!kernels::cuda_kernels_run_on(info.index))
-      fail(PlanErrorKind::Unsupported, who,
+      fail(PlanErrorKind::Unsupported, op,
            "this build has no kernels for CUDA device " + std::to_string(info.index) + ", a " +
                gpu + " (built for " + kernels::cuda_arch_list() +
                "); rebuild with TORCH_CUDA_ARCH_LIST including " +
                std::to_string(info.arch / 10) + "." + std::to_string(info.arch % 10));
 #else
-    fail(PlanErrorKind::Unsupported, op ? op : "device",
+    fail(PlanErrorKind::Unsupported, op,
          "this build of baracuda_torch has no CUDA kernels (it was built CPU-only); "
          "rebuild where nvcc matches torch's CUDA version");
 #endif

@@ -29,7 +29,7 @@ constexpr int kMinCudaArch = 80;
 
 // Backend and properties of t's device. For a CUDA tensor, fails (NotImplementedError
 // naming `op`) when the GPU is older than kMinCudaArch or this build has no code for it.
-DeviceInfo device_info(const at::Tensor& t, const char* op = nullptr);
+DeviceInfo device_info(const at::Tensor& t, const std::string& op);
 
 // The cudaStream_t (as void*) of the current stream on t's device; nullptr on the CPU.
 void* current_stream(const at::Tensor& t);

@@ -26,7 +26,7 @@ GatedActivationDescriptor describe_forward(const at::Tensor& x, const std::strin
   desc.dim = dim;
   desc.gate_first = gate_first;
   desc.x = layout_of(x, op, "x");
-  desc.device = device_info(x);
+  desc.device = device_info(x, op);
   return desc;
 }
 
@@ -189,7 +189,7 @@ GatedPairDescriptor describe_pair(const at::Tensor& gate, const at::Tensor& up,
   desc.kind = parse_gated_kind(kind, op);
   desc.gate = layout_of(gate, op, "gate");
   desc.up = layout_of(up, op, "up");
-  desc.device = device_info(gate);
+  desc.device = device_info(gate, op);
   return desc;
 }
 

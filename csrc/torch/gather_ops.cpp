@@ -42,7 +42,7 @@ GatherPlan forward_plan(const at::Tensor& src, int64_t dim, const at::Tensor& in
   desc.dim = dim;
   desc.src = layout_of(src, kOp, "src");
   desc.index = layout_of(index, kOp, "index");
-  desc.device = device_info(src);
+  desc.device = device_info(src, kOp);
   return GatherPlan::select(desc, pref);
 }
 
@@ -56,7 +56,7 @@ GatherBackwardPlan backward_plan(const at::Tensor& dout, int64_t dim, const at::
   desc.src_rank = static_cast<int>(src_sizes.size());
   check_rank(kBackwardOp, "src_sizes", desc.src_rank);  // before filling the fixed-size array
   for (int d = 0; d < desc.src_rank; ++d) desc.src_sizes[d] = src_sizes[d];
-  desc.device = device_info(dout);
+  desc.device = device_info(dout, kBackwardOp);
   // The sorted plan asks CUB for its temp-storage size on the current device.
   c10::OptionalDeviceGuard guard;
   if (dout.is_cuda()) guard.reset_device(dout.device());

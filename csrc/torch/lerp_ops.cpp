@@ -34,7 +34,7 @@ LerpPlan forward_plan(const at::Tensor& a, const at::Tensor& b, const at::Tensor
   desc.tensor_weight = w != nullptr;
   if (w) desc.w = layout_of(*w, kOp, "weight");
   desc.weight = weight;
-  desc.device = device_info(a);
+  desc.device = device_info(a, kOp);
   return LerpPlan::select(desc, pref);
 }
 
@@ -54,7 +54,7 @@ LerpBackwardPlan backward_plan(const at::Tensor& dy, const at::Tensor* a, const 
     desc.w = layout_of(*w, kBackwardOp, "weight");
   }
   desc.weight = weight;
-  desc.device = device_info(dy);
+  desc.device = device_info(dy, kBackwardOp);
   return LerpBackwardPlan::select(desc, pref);
 }
 

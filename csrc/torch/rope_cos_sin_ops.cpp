@@ -72,7 +72,7 @@ RopeCosSinPlan make_plan(bool backward, const at::Tensor& q, const at::Tensor* k
   d.cos = layout_of(cos, op, "cos");
   d.sin = layout_of(sin, op, "sin");
   d.interleaved = interleaved;
-  d.device = device_info(q);
+  d.device = device_info(q, op);
   return RopeCosSinPlan::select(d, current_preference());
 }
 

@@ -56,7 +56,7 @@ RopePlan make_plan(const at::Tensor& x, const OptTensor& positions_opt, double b
   desc.base = base;
   desc.interleaved = interleaved;
   desc.rotary_dim = rotary_dim;
-  desc.device = device_info(x);
+  desc.device = device_info(x, op);
   return RopePlan::select(desc, pref);
 }
 

@@ -148,7 +148,7 @@ Prepared prepare(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                  const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const Options& o,
                  bool strict, bool want_final, const std::string& op,
                  const BackwardExtras* bwd) {
-  const DeviceInfo device = device_info(x);
+  const DeviceInfo device = device_info(x, op);
   check_problem<int64_t>(op, x, dt, A, B, C, chunk_size, device.backend == Backend::Cuda, strict,
                          o, bwd, concrete_sizes);
   const at::ScalarType ck = compute_type_of(x);
