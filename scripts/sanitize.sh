@@ -36,7 +36,10 @@ echo "== build: $(( $(date +%s) - start )) s"
 # A package folder of its own: the Python sources plus the sanitized _C, so that the
 # worktree's in-place _C (if any) can never be the one imported.
 mkdir -p "$DIR/pkg/baracuda_torch"
-cp "$ROOT"/baracuda_torch/*.py "$ROOT"/baracuda_torch/py.typed "$DIR/pkg/baracuda_torch/"
+# the package's Python files, subpackages included, without the in-place build's _C
+(cd "$ROOT" && find baracuda_torch -name "*.py" -o -name py.typed) | while read -r f; do
+  mkdir -p "$DIR/pkg/$(dirname "$f")" && cp "$ROOT/$f" "$DIR/pkg/$f"
+done
 cp "$DIR"/lib/baracuda_torch/_C*.so "$DIR/pkg/baracuda_torch/"
 
 LIBASAN=$("$CXX_BIN" -print-file-name=libasan.so)
