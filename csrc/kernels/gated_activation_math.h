@@ -2,10 +2,25 @@
 // float32/float16/bfloat16 inputs and double for float64.
 #pragma once
 
+#include <type_traits>
+
 #include "core/gated_activation_plan.h"
 #include "kernels/common.h"
 
 namespace baracuda::kernels {
+
+// Calls f(std::integral_constant<GatedKind, K>{}) for the runtime kind k, so that each
+// kernel is instantiated once per kind (host code: the CPU loops and the CUDA launchers).
+template <class F>
+inline void with_gated_kind(GatedKind k, F&& f) {
+  switch (k) {
+    case GatedKind::Glu: f(std::integral_constant<GatedKind, GatedKind::Glu>{}); break;
+    case GatedKind::Reglu: f(std::integral_constant<GatedKind, GatedKind::Reglu>{}); break;
+    case GatedKind::Swiglu: f(std::integral_constant<GatedKind, GatedKind::Swiglu>{}); break;
+    case GatedKind::Geglu: f(std::integral_constant<GatedKind, GatedKind::Geglu>{}); break;
+    case GatedKind::GegluTanh: f(std::integral_constant<GatedKind, GatedKind::GegluTanh>{}); break;
+  }
+}
 
 // Fast = true for float16/bfloat16 data on the GPU: exp and reciprocal use the hardware
 // approximations (ex2.approx, rcp.approx; ~2 float32 ulp), far below the output's own

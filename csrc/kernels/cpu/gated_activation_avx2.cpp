@@ -127,15 +127,7 @@ void dispatch_kind(const GatedActivationLaunch& l) {
     else
       forward<T, K>(l);
   };
-  switch (l.kind) {
-    case GatedKind::Glu: go(std::integral_constant<GatedKind, GatedKind::Glu>{}); break;
-    case GatedKind::Reglu: go(std::integral_constant<GatedKind, GatedKind::Reglu>{}); break;
-    case GatedKind::Swiglu: go(std::integral_constant<GatedKind, GatedKind::Swiglu>{}); break;
-    case GatedKind::Geglu: go(std::integral_constant<GatedKind, GatedKind::Geglu>{}); break;
-    case GatedKind::GegluTanh:
-      go(std::integral_constant<GatedKind, GatedKind::GegluTanh>{});
-      break;
-  }
+  with_gated_kind(l.kind, go);
 }
 }  // namespace
 

@@ -221,15 +221,7 @@ void launch_gated_activation(const GatedActivationLaunch& l, cudaStream_t stream
           launch_strided<T, K, BW, uint32_t>(l, stream);
       }
     };
-    switch (l.kind) {
-      case GatedKind::Glu: go(std::integral_constant<GatedKind, GatedKind::Glu>{}); break;
-      case GatedKind::Reglu: go(std::integral_constant<GatedKind, GatedKind::Reglu>{}); break;
-      case GatedKind::Swiglu: go(std::integral_constant<GatedKind, GatedKind::Swiglu>{}); break;
-      case GatedKind::Geglu: go(std::integral_constant<GatedKind, GatedKind::Geglu>{}); break;
-      case GatedKind::GegluTanh:
-        go(std::integral_constant<GatedKind, GatedKind::GegluTanh>{});
-        break;
-    }
+    with_gated_kind(l.kind, go);
   });
   check_launch(l.pair ? (BW ? "gated_activation_pair_backward" : "gated_activation_pair")
                       : (BW ? "gated_activation_backward" : "gated_activation"));
