@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kernels/ssd_chunk_scan.h"
+
 namespace baracuda {
 
 namespace {
