@@ -135,16 +135,8 @@ KernelSku make_sku(const char* family, GatedKind kind, ElementKind element,
 
 void launch(const Backend backend, const GatedActivationLaunch& l, void* stream,
             const std::string& op) {
-  if (backend == Backend::Cpu) {
-    kernels::gated_activation_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::gated_activation_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(backend, op, kernels::gated_activation_cpu,
+                 BARACUDA_CUDA_ENTRY(kernels::gated_activation_cuda), l, stream);
 }
 }  // namespace
 

@@ -194,16 +194,8 @@ KernelSku make_sku(const GatherLaunch& l, const DeviceInfo& device) {
 }
 
 void launch(const Backend backend, const GatherLaunch& l, void* stream, const std::string& op) {
-  if (backend == Backend::Cpu) {
-    kernels::gather_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::gather_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(backend, op, kernels::gather_cpu, BARACUDA_CUDA_ENTRY(kernels::gather_cuda), l,
+                 stream);
 }
 }  // namespace
 

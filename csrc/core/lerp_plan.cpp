@@ -110,16 +110,8 @@ KernelSku make_sku(const DeviceInfo& device, const LerpLaunch& l) {
 }
 
 void launch(const Backend backend, const LerpLaunch& l, void* stream, const std::string& op) {
-  if (backend == Backend::Cpu) {
-    kernels::lerp_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::lerp_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(backend, op, kernels::lerp_cpu, BARACUDA_CUDA_ENTRY(kernels::lerp_cuda), l,
+                 stream);
 }
 }  // namespace
 

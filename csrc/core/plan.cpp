@@ -46,6 +46,10 @@ void fail(PlanErrorKind kind, const std::string& op, const std::string& rule) {
   throw PlanError(kind, "baracuda::" + op + ": " + rule);
 }
 
+void fail_no_cuda_kernels(const std::string& op) {
+  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
+}
+
 int64_t TensorLayout::numel() const {
   int64_t n = 1;
   for (int d = 0; d < rank; ++d) n *= sizes[d];

@@ -173,4 +173,49 @@ CoalescedDims coalesce_dims(int rank, const std::array<int64_t, kMaxRank>& sizes
                             const std::array<int64_t, kMaxRank>* const* operand_strides,
                             int num_operands);
 
+// ---- The plan -> kernel boundary -------------------------------------------------------
+// A family's launch description `<Family>Launch` lives in its plan header
+// (core/<family>_plan.h), next to the constants that both the plan's work decomposition
+// and the kernels rely on. kernels/<family>.h declares the entry points that take it:
+// `<family>_cpu(const Launch&)` always, `<family>_cuda(const Launch&, void* stream)` only
+// in CUDA builds (under BARACUDA_WITH_CUDA). A plan's run() hands its launch to both
+// through run_on_backend, naming the CUDA entry with BARACUDA_CUDA_ENTRY, which is
+// nullptr in a CPU-only build, so the plan needs no #ifdef and a CPU-only build links.
+#ifdef BARACUDA_WITH_CUDA
+#define BARACUDA_CUDA_ENTRY(fn) (fn)
+#else
+#define BARACUDA_CUDA_ENTRY(fn) nullptr
+#endif
+
+// NotImplementedError naming the op: a CUDA problem reached a build without CUDA kernels.
+[[noreturn]] void fail_no_cuda_kernels(const std::string& op);
+
+namespace detail {
+template <class T>
+struct no_deduce {
+  using type = T;
+};
+}  // namespace detail
+
+// cpu(launch) on the CPU, cuda(launch, stream) on CUDA (stream: a cudaStream_t).
+template <class Launch>
+void run_on_backend(Backend backend, const std::string& op, void (*cpu)(const Launch&),
+                    typename detail::no_deduce<void (*)(const Launch&, void*)>::type cuda,
+                    const Launch& launch, void* stream) {
+  if (backend == Backend::Cpu) return cpu(launch);
+  if (cuda == nullptr) fail_no_cuda_kernels(op);
+  cuda(launch, stream);
+}
+
+// The same for a host query of the kernels (a workspace size, ...): cpu(launch) or
+// cuda(launch).
+template <class R, class Launch>
+R query_backend(Backend backend, const std::string& op, R (*cpu)(const Launch&),
+                typename detail::no_deduce<R (*)(const Launch&)>::type cuda,
+                const Launch& launch) {
+  if (backend == Backend::Cpu) return cpu(launch);
+  if (cuda == nullptr) fail_no_cuda_kernels(op);
+  return cuda(launch);
+}
+
 }  // namespace baracuda

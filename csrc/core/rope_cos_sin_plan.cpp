@@ -164,16 +164,8 @@ void RopeCosSinPlan::run(void* stream, Workspace, const RopeCosSinArgs& args) co
   l.sin = args.sin.data;
   l.yq = args.yq.data;
   l.yk = desc_.has_k ? args.yk.data : nullptr;
-  if (desc_.device.backend == Backend::Cpu) {
-    kernels::rope_cos_sin_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::rope_cos_sin_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(desc_.device.backend, op, kernels::rope_cos_sin_cpu,
+                 BARACUDA_CUDA_ENTRY(kernels::rope_cos_sin_cuda), l, stream);
 }
 
 }  // namespace baracuda

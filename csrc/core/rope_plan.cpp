@@ -156,18 +156,6 @@ KernelSku make_sku(const RopeDescriptor& desc, const RopeLaunch& l) {
   return sku;
 }
 
-void launch(Backend backend, const RopeLaunch& l, void* stream, const std::string& op) {
-  if (backend == Backend::Cpu) {
-    kernels::rope_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::rope_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
-}
 }  // namespace
 
 bool is_non_overlapping_and_dense(const TensorLayout& t) {
@@ -236,7 +224,8 @@ void RopePlan::run(void* stream, Workspace workspace, const RopeArgs& args) cons
     const auto addr = reinterpret_cast<uintptr_t>(workspace.data);
     l.table = reinterpret_cast<void*>((addr + kTableAlign - 1) / kTableAlign * kTableAlign);
   }
-  launch(desc_.device.backend, l, stream, op);
+  run_on_backend(desc_.device.backend, op, kernels::rope_cpu,
+                 BARACUDA_CUDA_ENTRY(kernels::rope_cuda), l, stream);
 }
 
 }  // namespace baracuda

@@ -150,19 +150,12 @@ size_t kernel_workspace(SsdVariant v, const SsdChunkScanLaunch& l, bool backward
                         const std::string& op) {
   if (v == SsdVariant::Zeros) return 0;
   check_workspace_addressable(l, op);
-  size_t bytes = 0;
-  if (v == SsdVariant::Sequential) {
-    bytes = backward ? kernels::ssd_chunk_scan_cpu_backward_workspace(l)
-                     : kernels::ssd_chunk_scan_cpu_forward_workspace(l);
-  } else {
-#ifdef BARACUDA_WITH_CUDA
-    bytes = backward ? kernels::ssd_chunk_scan_cuda_backward_workspace(l)
-                     : kernels::ssd_chunk_scan_cuda_forward_workspace(l);
-#else
-    fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
-  }
-  return bytes;
+  const Backend b = v == SsdVariant::Sequential ? Backend::Cpu : Backend::Cuda;
+  if (backward)
+    return query_backend(b, op, kernels::ssd_chunk_scan_cpu_backward_workspace,
+                         BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_backward_workspace), l);
+  return query_backend(b, op, kernels::ssd_chunk_scan_cpu_forward_workspace,
+                       BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward_workspace), l);
 }
 
 size_t with_alignment_slack(size_t bytes) { return bytes ? bytes + kWorkspaceAlign - 1 : 0; }
@@ -213,30 +206,15 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
 }
 
 void launch_forward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
-  if (v == SsdVariant::Sequential) {
-    kernels::ssd_chunk_scan_cpu_forward(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::ssd_chunk_scan_cuda_forward(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, kOp, "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(v == SsdVariant::Sequential ? Backend::Cpu : Backend::Cuda, kOp,
+                 kernels::ssd_chunk_scan_cpu_forward,
+                 BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward), l, stream);
 }
 
 void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
-  if (v == SsdVariant::Sequential) {
-    kernels::ssd_chunk_scan_cpu_backward(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::ssd_chunk_scan_cuda_backward(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, kBackwardOp,
-       "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(v == SsdVariant::Sequential ? Backend::Cpu : Backend::Cuda, kBackwardOp,
+                 kernels::ssd_chunk_scan_cpu_backward,
+                 BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_backward), l, stream);
 }
 }  // namespace
 
