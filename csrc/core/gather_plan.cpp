@@ -8,7 +8,7 @@ namespace {
 constexpr const char* kFamily = "gather";
 constexpr const char* kOp = "gather";
 constexpr const char* kBackwardOp = "gather_backward";
-constexpr int kGroup = 4;  // elements per group on the RowsVec path
+constexpr int kGroup = kGatherGroup;  // elements per group on the vector paths
 
 // torch.gather treats a 0-dim tensor as 1-d of size 1; the kernels always see rank >= 1.
 TensorLayout at_least_1d(TensorLayout t) {

@@ -159,6 +159,9 @@ int normalize_dim(const std::string& op, const char* what, int64_t dim, int rank
 
 inline bool fits_int32(int64_t v) { return v <= INT32_MAX; }
 
+// CUDA's limit on gridDim.y (and .z), which plans that put work on y respect.
+constexpr int64_t kCudaMaxGridY = 65535;
+
 // Dims of an index space, each operand's strides over it, after merging every pair of
 // adjacent dims across which all operands' offsets stay linear and dropping size-1
 // dims. Row-major enumeration order and every operand's offsets are unchanged, so a

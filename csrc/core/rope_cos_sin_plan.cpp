@@ -10,12 +10,11 @@ namespace baracuda {
 
 namespace {
 constexpr const char* kFamily = "rope_cos_sin";
-// CUDA: 256 threads a block; a thread walks up to kRowsPerThread heads of its column
-// (fewer when that would leave fewer than kMinBlocksPerSm blocks per SM), as rope's plan.
-constexpr int64_t kThreads = 256;
+// CUDA: kRopeCosSinThreads a block; a thread walks up to kRowsPerThread heads of its
+// column (fewer when that would leave fewer than kMinBlocksPerSm blocks per SM), as rope's
+// plan.
 constexpr int64_t kRowsPerThread = 8;
 constexpr int64_t kMinBlocksPerSm = 8;
-constexpr int64_t kMaxGridY = 65535;
 
 std::string op_name(const RopeCosSinDescriptor& d) {
   return d.backward ? "rope_qk_cos_sin_backward" : (d.has_k ? "rope_qk_cos_sin" : "rope_cos_sin");
@@ -100,7 +99,7 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
   if (d.device.backend != Backend::Cuda || l.n_cols == 0) return l;
 
   const int64_t rows = l.Hq + l.Hk;
-  const int64_t grid_x = ceil_div(l.n_cols, kThreads);
+  const int64_t grid_x = ceil_div(l.n_cols, int64_t{kRopeCosSinThreads});
   if (grid_x > INT32_MAX)
     fail(PlanErrorKind::Unsupported, op_name(d),
          "too many (batch, position, feature) columns for one launch, got " +
@@ -108,7 +107,7 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
   int64_t rpt = std::min(kRowsPerThread, std::max<int64_t>(rows, 1));
   const int64_t target = kMinBlocksPerSm * std::max(d.device.sm_count, 1);
   while (rpt > 1 && grid_x * ceil_div(rows, rpt) < target) rpt = (rpt + 1) / 2;
-  rpt = std::max(rpt, ceil_div(rows, kMaxGridY));
+  rpt = std::max(rpt, ceil_div(rows, kCudaMaxGridY));
   l.rows_per_thread = rpt;
   return l;
 }

@@ -35,6 +35,9 @@ namespace baracuda {
 //          half-split rows itself).
 enum class RopeCosSinAccess : uint8_t { Vec16, Scalar };
 
+// Threads a block of the CUDA kernel; the plan's grid (columns per block) rests on it.
+constexpr int kRopeCosSinThreads = 256;
+
 // Everything a kernel needs; filled by the plan.
 //
 // CUDA decomposition: a *column* is (b, s, row item), the item fastest; a *row* is one

@@ -12,7 +12,7 @@ namespace baracuda {
 namespace {
 constexpr const char* kFamily = "rope";
 
-// CUDA decomposition (256 threads a block; see RopeLaunch):
+// CUDA decomposition (kRopeThreads a block; see RopeLaunch):
 //  - a thread walks up to kRowsPerThread rows of its column (kRowsPerThreadPerBatch with
 //    per-batch positions, whose table is B times larger), so that its table entries
 //    (loaded once, from L2) cost at most 1/rows of a load per row item; measured on an
@@ -22,11 +22,9 @@ constexpr const char* kFamily = "rope";
 //  - fewer rows per thread when that would leave fewer than kMinBlocksPerSm blocks per
 //    SM (8 blocks of 256 threads fill an SM once), down to one;
 //  - the workspace is aligned to kTableAlign by the plan itself (any allocator will do).
-constexpr int kThreads = 256;
 constexpr int64_t kRowsPerThread = 4;
 constexpr int64_t kRowsPerThreadPerBatch = 16;
 constexpr int64_t kMinBlocksPerSm = 8;
-constexpr int64_t kMaxGridY = 65535;
 constexpr size_t kTableAlign = 16;
 
 std::string op_name(const RopeDescriptor& desc) { return desc.backward ? "rope_backward" : "rope"; }
@@ -103,8 +101,8 @@ RopeLaunch plan_launch(const RopeDescriptor& desc, const TensorLayout& out) {
   l.n_cols = l.table_groups * l.S * (l.n_rot + l.n_pass);
   const int64_t nrows = l.per_batch ? l.H : l.B * l.H;
   l.col_shift = 0;  // columns per block: the smallest power of two >= n_cols, at most 256
-  while ((int64_t{1} << l.col_shift) < std::min<int64_t>(l.n_cols, kThreads)) ++l.col_shift;
-  const int64_t row_slots = kThreads >> l.col_shift;  // row chunks per block
+  while ((int64_t{1} << l.col_shift) < std::min<int64_t>(l.n_cols, kRopeThreads)) ++l.col_shift;
+  const int64_t row_slots = kRopeThreads >> l.col_shift;  // row chunks per block
   const int64_t grid_x = ceil_div(l.n_cols, int64_t{1} << l.col_shift);
   if (grid_x > INT32_MAX)
     fail(PlanErrorKind::Unsupported, desc.backward ? "rope_backward" : "rope",
@@ -114,7 +112,7 @@ RopeLaunch plan_launch(const RopeDescriptor& desc, const TensorLayout& out) {
   const int64_t target = kMinBlocksPerSm * std::max(desc.device.sm_count, 1);
   while (rpt > 1 && blocks(rpt) < target) rpt = (rpt + 1) / 2;
   // gridDim.y is at most 65535.
-  rpt = std::max(rpt, ceil_div(ceil_div(nrows, kMaxGridY), row_slots));
+  rpt = std::max(rpt, ceil_div(ceil_div(nrows, kCudaMaxGridY), row_slots));
   l.rows_per_thread = rpt;
 
   // The linear traversal (items in memory order, a table lookup per item) measured faster
@@ -128,7 +126,7 @@ RopeLaunch plan_launch(const RopeDescriptor& desc, const TensorLayout& out) {
   };
   const int64_t items = l.B * l.H * l.S * (l.n_rot + l.n_pass);
   l.linear = desc.interleaved && l.access == RopeAccess::Vec16 && !l.per_batch &&
-             s_inside_h(x) && s_inside_h(out) && ceil_div(items, kThreads) <= INT32_MAX;
+             s_inside_h(x) && s_inside_h(out) && ceil_div(items, kRopeThreads) <= INT32_MAX;
   return l;
 }
 

@@ -32,6 +32,11 @@ namespace baracuda {
 //  Strided: any feature stride, one element at a time.
 enum class RopeAccess : uint8_t { Vec16, Rows, Strided };
 
+// Threads a block of every CUDA RoPE kernel (table, streaming, linear): the plan's
+// decomposition below (columns per block, row chunks per block) and the kernels' indexing
+// both rest on it.
+constexpr int kRopeThreads = 256;
+
 // Everything a kernel needs; filled by the plan, consumed by the CPU and CUDA launchers.
 //
 // CUDA runs two kernels (the CPU kernel walks rows and keeps its own per-position table):
@@ -43,9 +48,9 @@ enum class RopeAccess : uint8_t { Vec16, Rows, Strided };
 //     column is one (g, s, row item), a row one (b, h) (H rows when positions are
 //     per-batch, B·H otherwise). A thread takes one column, loads the column's table
 //     entries once, then walks `rows_per_thread` consecutive rows, so the table is read
-//     from L2 once per rows_per_thread row items. A block of 256 threads covers
-//     2^col_shift consecutive columns (coalesced across a warp) × 256 / 2^col_shift row
-//     chunks (so that narrow problems, e.g. one position, still fill the block).
+//     from L2 once per rows_per_thread row items. A block of kRopeThreads threads covers
+//     2^col_shift consecutive columns (coalesced across a warp) × kRopeThreads /
+//     2^col_shift row chunks (so that narrow problems, e.g. one position, still fill the block).
 //     With `linear` (Vec16 only) the streaming kernel instead walks every (b, h, s, item)
 //     in that order, one item per thread, each reading its own table entries.
 //

@@ -19,6 +19,8 @@ namespace baracuda::kernels::cuda {
 
 constexpr int kGatherThreads = 256;
 constexpr int kGatherUnroll = 4;
+// The vector paths below are written for the plan's groups of 4 elements (G = 4).
+static_assert(kGatherGroup == 4, "the gather kernels' vector groups are 4 elements");
 
 enum class WalkMode { Forward, Scatter, Keys };
 

@@ -36,7 +36,7 @@
 
 namespace baracuda::kernels::cuda {
 
-constexpr int kRopeThreads = 256;
+// kRopeThreads (core/rope_plan.h): threads a block, shared with the plan.
 // Positions per table-kernel thread (they share the thread's float64 pow).
 constexpr int kRopeTableS = 4;
 
