@@ -19,9 +19,7 @@ int validate_forward_problem(const GatedActivationDescriptor& desc, const std::s
 TensorLayout dense_layout(const TensorLayout& like, int64_t split_dim, bool halve) {
   TensorLayout out = like;
   if (halve) out.sizes[split_dim] /= 2;
-  out.strides = contiguous_strides(out.sizes, out.rank);
-  out.alignment = 16;  // the torch layer allocates outputs through the caching allocator
-  return out;
+  return dense_output_layout(out);
 }
 
 // Coalesces the index space over the operands' strides, picks the layout variant (rows

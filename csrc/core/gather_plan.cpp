@@ -20,16 +20,6 @@ TensorLayout at_least_1d(TensorLayout t) {
   return t;
 }
 
-TensorLayout dense_layout(ElementKind dtype, int rank, const std::array<int64_t, kMaxRank>& sizes) {
-  TensorLayout t;
-  t.dtype = dtype;
-  t.rank = rank;
-  t.sizes = sizes;
-  t.strides = contiguous_strides(sizes, rank);
-  t.alignment = 16;  // the torch layer allocates outputs through the caching allocator
-  return t;
-}
-
 // Coalesces the index space and picks the layout variant. `index`, `value` (out or dout)
 // and `target` (src or dense dsrc) are at least 1-d, of one rank; `target` may be larger
 // than the index space in every dim.
@@ -212,10 +202,10 @@ GatherPlan GatherPlan::select(const GatherDescriptor& desc, PlanPreference) {
                                       desc.index.rank, desc.index.sizes.data(), desc.dim);
   GatherPlan p;
   p.desc_ = desc;
-  p.out_ = dense_layout(desc.src.dtype, desc.index.rank, desc.index.sizes);
+  p.out_ = dense_output_layout(desc.src.dtype, desc.index.rank, desc.index.sizes.data());
 
   const TensorLayout index = at_least_1d(desc.index);
-  const TensorLayout out = dense_layout(desc.src.dtype, index.rank, index.sizes);
+  const TensorLayout out = dense_output_layout(desc.src.dtype, index.rank, index.sizes.data());
   GatherLaunch& l = p.launch_;
   l.element = desc.src.dtype;
   l.index_element = desc.index.dtype;
@@ -263,7 +253,7 @@ GatherBackwardPlan GatherBackwardPlan::select(const GatherBackwardDescriptor& de
                     desc.dout.sizes.data());
   GatherBackwardPlan p;
   p.desc_ = desc;
-  p.out_ = dense_layout(desc.dout.dtype, desc.src_rank, desc.src_sizes);
+  p.out_ = dense_output_layout(desc.dout.dtype, desc.src_rank, desc.src_sizes.data());
 
   const TensorLayout index = at_least_1d(desc.index);
   const TensorLayout dout = at_least_1d(desc.dout);

@@ -23,16 +23,6 @@ std::array<int64_t, kMaxRank> broadcast_strides(const TensorLayout& t, const Ten
   return st;
 }
 
-TensorLayout dense_layout(ElementKind dtype, int rank, const int64_t* sizes) {
-  TensorLayout out;
-  out.dtype = dtype;
-  out.rank = rank;
-  for (int d = 0; d < rank; ++d) out.sizes[d] = sizes[d];
-  out.strides = contiguous_strides(out.sizes, rank);
-  out.alignment = 16;  // the torch layer allocates outputs through the caching allocator
-  return out;
-}
-
 // Picks the layout variant and fills the launch description for the index space
 // `space` (the dense output) and the inputs, in LerpOp's order.
 LerpLaunch plan_launch(LerpOp op, const DeviceInfo& device, const TensorLayout& space,
@@ -147,7 +137,7 @@ LerpPlan LerpPlan::select(const LerpDescriptor& desc, PlanPreference) {
 
   LerpPlan p;
   p.desc_ = desc;
-  p.out_ = dense_layout(desc.a.dtype, static_cast<int>(shape.size()), shape.data());
+  p.out_ = dense_output_layout(desc.a.dtype, static_cast<int>(shape.size()), shape.data());
   p.launch_ = plan_launch(desc.tensor_weight ? LerpOp::ForwardTensor : LerpOp::Forward,
                           desc.device, p.out_, inputs);
   p.launch_.weight = desc.weight;
@@ -192,7 +182,7 @@ LerpBackwardPlan LerpBackwardPlan::select(const LerpBackwardDescriptor& desc, Pl
 
   LerpBackwardPlan p;
   p.desc_ = desc;
-  p.out_ = dense_layout(desc.dy.dtype, desc.dy.rank, desc.dy.sizes.data());
+  p.out_ = dense_output_layout(desc.dy.dtype, desc.dy.rank, desc.dy.sizes.data());
   p.launch_ = plan_launch(desc.tensor_weight ? LerpOp::BackwardTensor : LerpOp::Backward,
                           desc.device, p.out_, inputs);
   p.launch_.weight = desc.weight;

@@ -109,6 +109,9 @@ struct TensorLayout {
   bool is_contiguous() const;  // row-major, size-1 dims' strides ignored
   // Largest element offset reachable from the data pointer (0 for empty tensors).
   int64_t max_offset() const;
+  // torch's rule for "non-overlapping and dense" (c10/core/Contiguity.h): every element
+  // has its own offset and the offsets fill a range, in some order of the dims.
+  bool is_non_overlapping_and_dense() const;
 };
 
 // An operand: its layout plus its data pointer.
@@ -138,6 +141,15 @@ void check_workspace(const std::string& op, size_t needed, const Workspace& ws);
 // Row-major contiguous strides for `sizes`.
 std::array<int64_t, kMaxRank> contiguous_strides(const std::array<int64_t, kMaxRank>& sizes,
                                                  int rank);
+
+// Layouts of the outputs a plan asks the torch layer for. Outputs come from PyTorch's
+// allocator, so they are 16-byte aligned.
+//  - dense_output_layout: `sizes` (or like's dtype and sizes), contiguous;
+//  - output_layout_like: like's sizes and, when like is non-overlapping and dense, its
+//    strides (as torch's empty_like with preserve_format), else contiguous.
+TensorLayout dense_output_layout(ElementKind dtype, int rank, const int64_t* sizes);
+TensorLayout dense_output_layout(const TensorLayout& like);
+TensorLayout output_layout_like(const TensorLayout& like);
 
 // Text of a size: int64_t, or a symbolic integer in a meta kernel (defined by the torch
 // layer). No iostreams anywhere in the library: some toolchains link a static libstdc++

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <climits>
 
-#include "core/rope_plan.h"  // is_non_overlapping_and_dense
 #include "kernels/rope_cos_sin.h"
 
 namespace baracuda {
@@ -27,13 +26,6 @@ void validate(const RopeCosSinDescriptor& d, const std::string& op) {
       op, d.backward ? "dq" : (d.has_k ? "q" : "x"), d.backward ? "dk" : "k", d.q.dtype, d.q.rank,
       d.q.sizes.data(), d.k.dtype, d.has_k ? d.k.rank : -1, d.k.sizes.data(), d.cos.dtype,
       d.cos.rank, d.cos.sizes.data(), d.sin.dtype, d.sin.rank, d.sin.sizes.data());
-}
-
-TensorLayout output_of(const TensorLayout& x) {
-  TensorLayout out = x;
-  if (!is_non_overlapping_and_dense(x)) out.strides = contiguous_strides(x.sizes, x.rank);
-  out.alignment = 16;  // the torch layer allocates outputs through the caching allocator
-  return out;
 }
 
 void table_strides(const TensorLayout& t, int64_t B, int64_t out[3]) {
@@ -135,8 +127,8 @@ RopeCosSinPlan RopeCosSinPlan::select(const RopeCosSinDescriptor& desc, PlanPref
   validate(desc, op);
   RopeCosSinPlan p;
   p.desc_ = desc;
-  p.out_q_ = output_of(desc.q);
-  if (desc.has_k) p.out_k_ = output_of(desc.k);
+  p.out_q_ = output_layout_like(desc.q);
+  if (desc.has_k) p.out_k_ = output_layout_like(desc.k);
   p.launch_ = plan_launch(desc, p.out_q_, p.out_k_);
   p.sku_ = make_sku(desc, p.launch_);
   return p;

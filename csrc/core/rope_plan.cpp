@@ -156,39 +156,11 @@ KernelSku make_sku(const RopeDescriptor& desc, const RopeLaunch& l) {
 
 }  // namespace
 
-bool is_non_overlapping_and_dense(const TensorLayout& t) {
-  if (t.is_contiguous()) return true;  // includes every empty tensor, as in torch
-  if (t.rank == 1) return t.sizes[0] < 2 || t.strides[0] == 1;
-  // Dims by increasing stride, size-0 and size-1 dims last (insertion sort: rank <= 8).
-  const auto before = [&](int a, int b) {
-    if (t.sizes[a] < 2) return false;
-    if (t.sizes[b] < 2) return true;
-    return t.strides[a] < t.strides[b];
-  };
-  int perm[kMaxRank];
-  for (int i = 0; i < t.rank; ++i) {
-    int j = i;
-    for (; j > 0 && before(i, perm[j - 1]); --j) perm[j] = perm[j - 1];
-    perm[j] = i;
-  }
-  int64_t required = 1;
-  for (int i = 0; i < t.rank; ++i) {
-    const int d = perm[i];
-    if (t.sizes[d] < 2) return true;
-    if (t.strides[d] != required) return false;
-    required *= t.sizes[d];
-  }
-  return true;
-}
-
 RopePlan RopePlan::select(const RopeDescriptor& desc, PlanPreference) {
   validate(desc, op_name(desc));
   RopePlan p;
   p.desc_ = desc;
-  p.out_ = desc.x;
-  if (!is_non_overlapping_and_dense(desc.x))
-    p.out_.strides = contiguous_strides(desc.x.sizes, desc.x.rank);
-  p.out_.alignment = 16;  // the torch layer allocates outputs through the caching allocator
+  p.out_ = output_layout_like(desc.x);
   p.launch_ = plan_launch(desc, p.out_);
   p.workspace_ = p.launch_.table_bytes ? p.launch_.table_bytes + kTableAlign - 1 : 0;
   p.sku_ = make_sku(desc, p.launch_);

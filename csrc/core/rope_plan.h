@@ -140,10 +140,6 @@ void check_rope_problem(const std::string& op, const char* what, ElementKind dty
              sizes_str(pos_sizes, pos_rank));
 }
 
-// torch's rule for "non-overlapping and dense" (c10/core/Contiguity.h), which decides
-// whether an output may keep its input's strides (as empty_like(preserve_format) does).
-bool is_non_overlapping_and_dense(const TensorLayout& t);
-
 struct RopeDescriptor {
   bool backward = false;  // rope_backward: x is dy, the rotation is by −θ
   TensorLayout x;         // [B, H, S, D]

@@ -63,13 +63,6 @@ SsdSizes<int64_t> validate(const SsdChunkScanDescriptor& desc, const std::string
   return s;
 }
 
-TensorLayout dense_layout(const TensorLayout& like) {
-  TensorLayout out = like;
-  out.strides = contiguous_strides(out.sizes, out.rank);
-  out.alignment = 16;  // the torch layer allocates outputs through PyTorch's allocator
-  return out;
-}
-
 SsdVariant pick_variant(const SsdSizes<int64_t>& s, const DeviceInfo& device) {
   if (s.batch == 0 || s.seqlen == 0 || s.heads == 0 || s.head_dim == 0 || s.state_dim == 0)
     return SsdVariant::Zeros;
@@ -125,14 +118,7 @@ SsdChunkScanLaunch plan_launch(const SsdChunkScanDescriptor& desc, const SsdSize
 }
 
 TensorLayout dense_of(ElementKind dtype, std::initializer_list<int64_t> sizes) {
-  TensorLayout t;
-  t.dtype = dtype;
-  t.rank = static_cast<int>(sizes.size());
-  int d = 0;
-  for (int64_t v : sizes) t.sizes[d++] = v;
-  t.strides = contiguous_strides(t.sizes, t.rank);
-  t.alignment = 16;
-  return t;
+  return dense_output_layout(dtype, static_cast<int>(sizes.size()), sizes.begin());
 }
 
 // NotImplementedError instead of a wrapped-around size when B·H·⌈L/Q⌉·D·N·8 bytes of
@@ -223,7 +209,7 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc, Pl
   SsdChunkScanPlan p;
   p.desc_ = desc;
   p.variant_ = pick_variant(s, desc.device);
-  p.out_ = dense_layout(desc.x);
+  p.out_ = dense_output_layout(desc.x);
   p.final_ = dense_of(ssd_compute_type(desc.x.dtype),
                       {s.batch, s.heads, s.head_dim, s.state_dim});
   p.launch_ = plan_launch(desc, s, nullptr);
@@ -284,13 +270,13 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.desc_ = desc;
   p.variant_ = pick_variant(s, desc.forward.device);
   const SsdChunkScanDescriptor& f = desc.forward;
-  p.out_ = {dense_layout(f.x), dense_layout(f.dt), dense_layout(f.A), dense_layout(f.B),
-            dense_layout(f.C)};
+  p.out_ = {dense_output_layout(f.x), dense_output_layout(f.dt), dense_output_layout(f.A),
+            dense_output_layout(f.B), dense_output_layout(f.C)};
   const SsdChunkScanOptions& o = f.options;
-  if (o.has_D) p.opt_out_[0] = dense_layout(o.D);
-  if (o.has_z) p.opt_out_[1] = dense_layout(f.x);
-  if (o.has_dt_bias) p.opt_out_[2] = dense_layout(o.dt_bias);
-  if (o.has_initial_states) p.opt_out_[3] = dense_layout(o.initial_states);
+  if (o.has_D) p.opt_out_[0] = dense_output_layout(o.D);
+  if (o.has_z) p.opt_out_[1] = dense_output_layout(f.x);
+  if (o.has_dt_bias) p.opt_out_[2] = dense_output_layout(o.dt_bias);
+  if (o.has_initial_states) p.opt_out_[3] = dense_output_layout(o.initial_states);
   p.launch_ = plan_launch(f, s, &desc);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
