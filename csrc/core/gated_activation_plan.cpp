@@ -117,18 +117,9 @@ std::string variant_name(const GatedActivationLaunch& l) {
 
 KernelSku make_sku(const char* family, GatedKind kind, ElementKind element,
                    const DeviceInfo& device, const GatedActivationLaunch& l, bool backward) {
-  KernelSku sku;
-  sku.family = family;
-  sku.op = std::string(gated_kind_name(kind)) + (backward ? "_backward" : "");
-  sku.element = element;
-  sku.variant = variant_name(l);
-  sku.backend = device.backend;
-  sku.arch = device.arch;
-  const bool f64 = element == ElementKind::F64;
   // Elementwise: no reduction, so every kernel is deterministic and bit-stable.
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
-  return sku;
+  return kernel_sku(family, std::string(gated_kind_name(kind)) + (backward ? "_backward" : ""),
+                    element, variant_name(l), device);
 }
 
 void launch(const Backend backend, const GatedActivationLaunch& l, void* stream,

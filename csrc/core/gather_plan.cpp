@@ -166,20 +166,12 @@ std::string variant_name(const GatherLaunch& l) {
 }
 
 KernelSku make_sku(const GatherLaunch& l, const DeviceInfo& device) {
-  KernelSku sku;
-  sku.family = kFamily;
-  sku.op = l.backward ? kBackwardOp : kOp;
-  sku.element = l.element;
-  sku.index_element = l.index_element;
-  sku.variant = variant_name(l);
-  sku.backend = device.backend;
-  sku.arch = device.arch;
-  const bool f64 = l.element == ElementKind::F64;
   // The forward is a copy; every backward except the atomic ones sums in a fixed order.
   const bool fixed_order = !l.backward || l.algo == GatherBackwardAlgo::CpuLines ||
                            l.algo == GatherBackwardAlgo::Sorted;
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, fixed_order, fixed_order};
+  KernelSku sku = kernel_sku(kFamily, l.backward ? kBackwardOp : kOp, l.element,
+                             variant_name(l), device, fixed_order);
+  sku.index_element = l.index_element;
   return sku;
 }
 

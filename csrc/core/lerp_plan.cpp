@@ -85,18 +85,8 @@ const char* op_name(LerpOp op) {
 }
 
 KernelSku make_sku(const DeviceInfo& device, const LerpLaunch& l) {
-  KernelSku sku;
-  sku.family = kFamily;
-  sku.op = op_name(l.op);
-  sku.element = l.element;
-  sku.variant = variant_name(l);
-  sku.backend = device.backend;
-  sku.arch = device.arch;
-  const bool f64 = l.element == ElementKind::F64;
   // Elementwise: no reduction, so every kernel is deterministic and bit-stable.
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
-  return sku;
+  return kernel_sku(kFamily, op_name(l.op), l.element, variant_name(l), device);
 }
 
 void launch(const Backend backend, const LerpLaunch& l, void* stream, const std::string& op) {

@@ -1,6 +1,7 @@
 #include "core/plan.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace baracuda {
 
@@ -40,6 +41,21 @@ std::string KernelSku::name() const {
   s += "/" + variant + "/" + backend_name(backend);
   if (backend == Backend::Cuda) s += "_sm" + std::to_string(arch);
   return s;
+}
+
+KernelSku kernel_sku(std::string family, std::string op, ElementKind element,
+                     std::string variant, const DeviceInfo& device, bool fixed_order) {
+  KernelSku sku;
+  sku.family = std::move(family);
+  sku.op = std::move(op);
+  sku.element = element;
+  sku.variant = std::move(variant);
+  sku.backend = device.backend;
+  sku.arch = device.arch;
+  const bool f64 = element == ElementKind::F64;
+  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
+                   f64 ? ElementKind::F64 : ElementKind::F32, fixed_order, fixed_order};
+  return sku;
 }
 
 void fail(PlanErrorKind kind, const std::string& op, const std::string& rule) {

@@ -74,6 +74,12 @@ struct KernelSku {
   std::string name() const;
 };
 
+// The KernelSku of a kernel that computes in float32 (float64 for float64 data), with an
+// accumulator of the same type. `fixed_order`: every reduction it does (if any) has a
+// fixed order, so it is deterministic and bit-stable on the same hardware.
+KernelSku kernel_sku(std::string family, std::string op, ElementKind element,
+                     std::string variant, const DeviceInfo& device, bool fixed_order = true);
+
 enum class PlanErrorKind : uint8_t {
   InvalidProblem,    // bad shape, axis or scalar            -> ValueError
   IndexOutOfRange,   // dim or index out of range            -> IndexError

@@ -105,20 +105,15 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
 }
 
 KernelSku make_sku(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
-  KernelSku sku;
-  sku.family = kFamily;
-  sku.op = std::string(d.interleaved ? "interleaved" : "half_split") +
-           (l.full_table ? "_full_table" : "_half_table") + (d.backward ? "_backward" : "");
-  sku.element = d.q.dtype;
-  sku.variant = l.access == RopeCosSinAccess::Vec16 ? "vec16" : "scalar";
+  const char* variant = l.access == RopeCosSinAccess::Vec16 ? "vec16" : "scalar";
   if (d.device.backend == Backend::Cpu)
-    sku.variant = (!d.interleaved && d.q.strides[3] == 1) ? "rows_simd" : "rows";
-  sku.backend = d.device.backend;
-  sku.arch = d.device.arch;
-  const bool f64 = d.q.dtype == ElementKind::F64;
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
-  return sku;
+    variant = (!d.interleaved && d.q.strides[3] == 1) ? "rows_simd" : "rows";
+  // Elementwise, no reduction: deterministic and bit-stable.
+  return kernel_sku(kFamily,
+                    std::string(d.interleaved ? "interleaved" : "half_split") +
+                        (l.full_table ? "_full_table" : "_half_table") +
+                        (d.backward ? "_backward" : ""),
+                    d.q.dtype, variant, d.device);
 }
 }  // namespace
 

@@ -138,19 +138,13 @@ std::string variant_name(const RopeLaunch& l) {
 }
 
 KernelSku make_sku(const RopeDescriptor& desc, const RopeLaunch& l) {
-  KernelSku sku;
-  sku.family = kFamily;
-  sku.op = std::string(desc.interleaved ? "interleaved" : "half_split") +
-           (desc.backward ? "_backward" : "");
-  sku.element = desc.x.dtype;
-  if (desc.has_positions) sku.index_element = ElementKind::I64;
-  sku.variant = variant_name(l);
-  sku.backend = desc.device.backend;
-  sku.arch = desc.device.arch;
-  const bool f64 = desc.x.dtype == ElementKind::F64;
   // Elementwise rotation, no reduction: deterministic and bit-stable.
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
+  KernelSku sku = kernel_sku(
+      kFamily,
+      std::string(desc.interleaved ? "interleaved" : "half_split") +
+          (desc.backward ? "_backward" : ""),
+      desc.x.dtype, variant_name(l), desc.device);
+  if (desc.has_positions) sku.index_element = ElementKind::I64;
   return sku;
 }
 
