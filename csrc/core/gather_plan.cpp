@@ -306,6 +306,7 @@ GatherBackwardPlan GatherBackwardPlan::select(const GatherBackwardDescriptor& de
                                                         desc.device.l2_bytes);
   }
   p.sku_ = make_sku(l, desc.device);
+  p.workspace_ = l.workspace_bytes;
   return p;
 }
 

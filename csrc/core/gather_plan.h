@@ -352,43 +352,23 @@ struct GatherBackwardArgs {
   MutTensorRef dsrc;
 };
 
-class GatherPlan {
+class GatherPlan : public OneOutputPlanOf<GatherDescriptor, GatherLaunch> {
  public:
   static GatherPlan select(const GatherDescriptor& desc, PlanPreference pref);
-  // out's layout: index's sizes, src's dtype, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (out): index's sizes, src's dtype, contiguous.
   void can_implement(const GatherArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const GatherArgs& args) const;
-
- private:
-  GatherDescriptor desc_;
-  TensorLayout out_;
-  GatherLaunch launch_;
-  KernelSku sku_;
 };
 
-class GatherBackwardPlan {
+class GatherBackwardPlan : public OneOutputPlanOf<GatherBackwardDescriptor, GatherLaunch> {
  public:
   static GatherBackwardPlan select(const GatherBackwardDescriptor& desc, PlanPreference pref);
-  // dsrc's layout: src_sizes, dout's dtype, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (dsrc): src_sizes, dout's dtype, contiguous.
   void can_implement(const GatherBackwardArgs& args) const;
-  // Atomic float16/bfloat16: a float32 accumulator of dsrc's size (atomic_slab: a ring of
-  // a few float32 slabs, plus the slab counters). Sorted: keys and values double buffers
-  // plus CUB's temp storage. Otherwise 0.
-  size_t workspace_size() const { return launch_.workspace_bytes; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  // workspace_size() (GatherLaunch::workspace_bytes): atomic float16/bfloat16: a float32
+  // accumulator of dsrc's size (atomic_slab: a ring of a few float32 slabs, plus the slab
+  // counters). Sorted: keys and values double buffers plus CUB's temp storage. Otherwise 0.
   void run(void* stream, Workspace workspace, const GatherBackwardArgs& args) const;
-
- private:
-  GatherBackwardDescriptor desc_;
-  TensorLayout out_;
-  GatherLaunch launch_;
-  KernelSku sku_;
 };
 
 }  // namespace baracuda

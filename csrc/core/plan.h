@@ -136,6 +136,37 @@ struct Workspace {
   size_t bytes = 0;
 };
 
+// The members every plan class shares (`class GatherPlan : public PlanOf<GatherDescriptor,
+// GatherLaunch>`). select() fills desc_ (the problem it validated), launch_ (the launch
+// description, without data pointers), sku_ (the kernel it picked) and, when run() needs
+// scratch memory, workspace_ (bytes; 0 otherwise).
+template <class Descriptor, class Launch>
+class PlanOf {
+ public:
+  const KernelSku& sku() const { return sku_; }
+  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  size_t workspace_size() const { return workspace_; }
+  // For dev tools that time a kernel without PyTorch (benchmarks/tune).
+  const Launch& launch_description() const { return launch_; }
+
+ protected:
+  Descriptor desc_;
+  Launch launch_;
+  KernelSku sku_;
+  size_t workspace_ = 0;
+};
+
+// PlanOf for a plan whose outputs have one layout, out_ (filled by select()).
+template <class Descriptor, class Launch>
+class OneOutputPlanOf : public PlanOf<Descriptor, Launch> {
+ public:
+  // What the caller allocates for each output (each plan class says which layout).
+  const TensorLayout& output_layout() const { return out_; }
+
+ protected:
+  TensorLayout out_;
+};
+
 // Checks shared by every family's `can_implement`.
 void check_same_layout(const std::string& op, const char* what, const TensorLayout& expected,
                        const TensorLayout& got);

@@ -149,7 +149,7 @@ struct RopeCosSinArgs {
   MutTensorRef yq, yk;
 };
 
-class RopeCosSinPlan {
+class RopeCosSinPlan : public PlanOf<RopeCosSinDescriptor, RopeCosSinLaunch> {
  public:
   static RopeCosSinPlan select(const RopeCosSinDescriptor& desc, PlanPreference pref);
   // Outputs keep their input's strides when it is non-overlapping and dense, else are
@@ -157,17 +157,10 @@ class RopeCosSinPlan {
   const TensorLayout& q_output_layout() const { return out_q_; }
   const TensorLayout& k_output_layout() const { return out_k_; }
   void can_implement(const RopeCosSinArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const RopeCosSinArgs& args) const;
-  const RopeCosSinLaunch& launch_description() const { return launch_; }
 
  private:
-  RopeCosSinDescriptor desc_;
   TensorLayout out_q_, out_k_;
-  RopeCosSinLaunch launch_;
-  KernelSku sku_;
 };
 
 }  // namespace baracuda

@@ -158,28 +158,16 @@ struct RopeArgs {
 };
 
 // One plan for both directions: the backward is the forward's kernel with −θ.
-class RopePlan {
+class RopePlan : public OneOutputPlanOf<RopeDescriptor, RopeLaunch> {
  public:
   static RopePlan select(const RopeDescriptor& desc, PlanPreference pref);
-  // y's layout: x's sizes, and x's strides when x is non-overlapping and dense (so y of
-  // a [B, S, H, D] tensor's transpose(1, 2) is laid out [B, S, H, D] too), else
+  // output_layout() (y): x's sizes, and x's strides when x is non-overlapping and dense
+  // (so y of a [B, S, H, D] tensor's transpose(1, 2) is laid out [B, S, H, D] too), else
   // contiguous.
-  const TensorLayout& output_layout() const { return out_; }
   void can_implement(const RopeArgs& args) const;
-  // CUDA: the cos/sin table (RopeLaunch::table_bytes) plus alignment slack; CPU: 0.
-  size_t workspace_size() const { return workspace_; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  // workspace_size(): CUDA: the cos/sin table (RopeLaunch::table_bytes) plus alignment
+  // slack; CPU: 0.
   void run(void* stream, Workspace workspace, const RopeArgs& args) const;
-  // The launch description without data pointers (for dev tools: benchmarks/tune).
-  const RopeLaunch& launch_description() const { return launch_; }
-
- private:
-  RopeDescriptor desc_;
-  TensorLayout out_;
-  RopeLaunch launch_;
-  size_t workspace_ = 0;
-  KernelSku sku_;
 };
 
 }  // namespace baracuda

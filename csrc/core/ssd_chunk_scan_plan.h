@@ -401,33 +401,26 @@ struct SsdChunkScanBackwardArgs {
 
 enum class SsdVariant : uint8_t { Sequential, Chunked, Zeros };
 
-class SsdChunkScanPlan {
+class SsdChunkScanPlan : public OneOutputPlanOf<SsdChunkScanDescriptor, SsdChunkScanLaunch> {
  public:
   static SsdChunkScanPlan select(const SsdChunkScanDescriptor& desc, PlanPreference pref);
-  // y's layout: x's sizes, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (y): x's sizes, contiguous.
   // final_states [B, H, D, N] in the compute type, contiguous.
   const TensorLayout& final_states_layout() const { return final_; }
   // True for the "zeros" variant: run() launches nothing and y must be zero-filled by
   // the caller (y is empty, or N == 0 and y is a sum over an empty state).
   bool zero_fill_outputs() const { return variant_ == SsdVariant::Zeros; }
   void can_implement(const SsdChunkScanArgs& args) const;
-  size_t workspace_size() const { return workspace_; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const SsdChunkScanArgs& args) const;
 
  private:
-  SsdChunkScanDescriptor desc_;
   SsdVariant variant_ = SsdVariant::Sequential;
-  TensorLayout out_, final_;
-  SsdChunkScanLaunch launch_;
-  size_t kernel_workspace_ = 0;  // what the kernel needs
-  size_t workspace_ = 0;         // ... plus slack to align it
-  KernelSku sku_;
+  TensorLayout final_;
+  size_t kernel_workspace_ = 0;  // what the kernel needs; workspace_ adds slack to align it
 };
 
-class SsdChunkScanBackwardPlan {
+class SsdChunkScanBackwardPlan
+    : public PlanOf<SsdChunkScanBackwardDescriptor, SsdChunkScanLaunch> {
  public:
   static SsdChunkScanBackwardPlan select(const SsdChunkScanBackwardDescriptor& desc,
                                          PlanPreference pref);
@@ -439,21 +432,14 @@ class SsdChunkScanBackwardPlan {
   // launches nothing and the caller zero-fills the outputs.
   bool zero_fill_outputs() const { return variant_ == SsdVariant::Zeros; }
   void can_implement(const SsdChunkScanBackwardArgs& args) const;
-  // O(B·H·⌈L/Q⌉·D·N): states at chunk boundaries, never per-step states.
-  size_t workspace_size() const { return workspace_; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  // workspace_size(): O(B·H·⌈L/Q⌉·D·N): states at chunk boundaries, never per-step states.
   void run(void* stream, Workspace workspace, const SsdChunkScanBackwardArgs& args) const;
 
  private:
-  SsdChunkScanBackwardDescriptor desc_;
   SsdVariant variant_ = SsdVariant::Sequential;
   std::array<TensorLayout, 5> out_;
   std::array<TensorLayout, 4> opt_out_;
-  SsdChunkScanLaunch launch_;
-  size_t kernel_workspace_ = 0;  // what the kernel needs
-  size_t workspace_ = 0;         // ... plus slack to align it
-  KernelSku sku_;
+  size_t kernel_workspace_ = 0;  // what the kernel needs; workspace_ adds slack to align it
 };
 
 }  // namespace baracuda
