@@ -85,6 +85,17 @@ inline PlanPreference preference_or_current(const std::optional<std::string>& p)
   return p ? parse_preference(*p) : current_preference();
 }
 
+// Whether a defined tensor among `tensors` (null entries skipped) has more dims than a
+// TensorLayout holds (kMaxRank). A plan validates its problem once, in select(), from
+// layouts; a make_plan function runs the problem's shared checks itself only for such
+// inputs, so that they get the problem's error (ValueError "must be 4-D ...") rather
+// than layout_of's rank limit.
+inline bool exceeds_layout_rank(std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors)
+    if (t && t->defined() && t->dim() > kMaxRank) return true;
+  return false;
+}
+
 // Symbolic sizes of a tensor in a meta kernel, as a vector the core's templated shape
 // checks accept.
 inline std::vector<c10::SymInt> sym_sizes_of(const at::Tensor& t) {

@@ -40,6 +40,18 @@ const char* q_name(bool has_k, bool backward) {
   return backward ? "dy" : "x";
 }
 
+void check_devices(bool has_k, bool backward, const at::Tensor& q, const at::Tensor* k,
+                   const at::Tensor& cos, const at::Tensor& sin) {
+  const char* op = op_name(has_k, backward);
+  const char* qn = q_name(has_k, backward);
+  if (k)
+    check_same_device(op, {{qn, &q}, {backward ? "dk" : "k", k}, {"cos", &cos}, {"sin", &sin}});
+  else
+    check_same_device(op, {{qn, &q}, {"cos", &cos}, {"sin", &sin}});
+}
+
+// The meta kernels' checks: devices, then the problem on (possibly symbolic) sizes, as
+// RopeCosSinPlan::select checks it.
 template <class Int>
 void check_problem(bool has_k, bool backward, const at::Tensor& q, const at::Tensor* k,
                    const at::Tensor& cos, const at::Tensor& sin, c10::ArrayRef<Int> qs,
@@ -47,10 +59,7 @@ void check_problem(bool has_k, bool backward, const at::Tensor& q, const at::Ten
   const char* op = op_name(has_k, backward);
   const char* qn = q_name(has_k, backward);
   const char* kn = backward ? "dk" : "k";
-  if (k)
-    check_same_device(op, {{qn, &q}, {kn, k}, {"cos", &cos}, {"sin", &sin}});
-  else
-    check_same_device(op, {{qn, &q}, {"cos", &cos}, {"sin", &sin}});
+  check_devices(has_k, backward, q, k, cos, sin);
   check_rope_cos_sin_problem<Int>(
       op, qn, kn, element_of(q, op, qn), static_cast<int>(qs.size()), qs.data(),
       k ? element_of(*k, op, kn) : ElementKind::F32, k ? static_cast<int>(ks.size()) : -1,
@@ -61,8 +70,11 @@ void check_problem(bool has_k, bool backward, const at::Tensor& q, const at::Ten
 RopeCosSinPlan make_plan(bool backward, const at::Tensor& q, const at::Tensor* k,
                          const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
   const bool has_k = k != nullptr;
-  check_problem<int64_t>(has_k, backward, q, k, cos, sin, q.sizes(),
-                         k ? k->sizes() : c10::IntArrayRef(), cos.sizes(), sin.sizes());
+  // The problem is validated once, by RopeCosSinPlan::select (see exceeds_layout_rank).
+  if (exceeds_layout_rank({&q, k, &cos, &sin}))
+    check_problem<int64_t>(has_k, backward, q, k, cos, sin, q.sizes(),
+                           k ? k->sizes() : c10::IntArrayRef(), cos.sizes(), sin.sizes());
+  check_devices(has_k, backward, q, k, cos, sin);
   const char* op = op_name(has_k, backward);
   RopeCosSinDescriptor d;
   d.backward = backward;

@@ -25,15 +25,21 @@ const at::Tensor* positions_ptr(const OptTensor& positions) {
   return positions && positions->defined() ? &*positions : nullptr;
 }
 
-// The checks every kernel (real and meta) starts with: devices, then the problem on
-// (possibly symbolic) sizes. `Int` is int64_t or c10::SymInt.
+void check_devices(const at::Tensor& x, const at::Tensor* positions, bool backward) {
+  if (positions)
+    check_same_device(backward ? kBackwardOp : kOp,
+                      {{backward ? "dy" : "x", &x}, {"positions", positions}});
+}
+
+// The meta kernels' checks: devices, then the problem on (possibly symbolic) sizes, as
+// RopePlan::select checks it. `Int` is int64_t or c10::SymInt.
 template <class Int>
 void check_problem(const at::Tensor& x, const at::Tensor* positions, double base,
                    int64_t rotary_dim, bool backward, c10::ArrayRef<Int> sizes,
                    c10::ArrayRef<Int> pos_sizes) {
   const char* op = backward ? kBackwardOp : kOp;
   const char* what = backward ? "dy" : "x";
-  if (positions) check_same_device(op, {{what, &x}, {"positions", positions}});
+  check_devices(x, positions, backward);
   check_rope_problem(op, what, element_of(x, op, what), static_cast<int>(sizes.size()),
                      sizes.data(), base, rotary_dim,
                      positions ? static_cast<int>(pos_sizes.size()) : -1,
@@ -44,9 +50,11 @@ void check_problem(const at::Tensor& x, const at::Tensor* positions, double base
 RopePlan make_plan(const at::Tensor& x, const OptTensor& positions_opt, double base,
                    bool interleaved, int64_t rotary_dim, bool backward, PlanPreference pref) {
   const at::Tensor* positions = positions_ptr(positions_opt);
-  // Problem checks first: a 9-d x is a ValueError here, not layout_of's rank error.
-  check_problem<int64_t>(x, positions, base, rotary_dim, backward, x.sizes(),
-                         positions ? positions->sizes() : c10::IntArrayRef());
+  // The problem is validated once, by RopePlan::select (see exceeds_layout_rank).
+  if (exceeds_layout_rank({&x, positions}))
+    check_problem<int64_t>(x, positions, base, rotary_dim, backward, x.sizes(),
+                           positions ? positions->sizes() : c10::IntArrayRef());
+  check_devices(x, positions, backward);
   const char* op = backward ? kBackwardOp : kOp;
   RopeDescriptor desc;
   desc.backward = backward;
