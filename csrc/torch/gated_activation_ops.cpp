@@ -380,34 +380,14 @@ PlanInfo explain_gated_activation_pair_backward(const at::Tensor& dy, const at::
   });
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("gated_activation", &gated_activation_kernel);
-  m.impl("gated_activation_backward", &gated_activation_backward_kernel);
-  m.impl("gated_activation_pair", &gated_activation_pair_kernel);
-  m.impl("gated_activation_pair_backward", &gated_activation_pair_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("gated_activation", &gated_activation_kernel);
-  m.impl("gated_activation_backward", &gated_activation_backward_kernel);
-  m.impl("gated_activation_pair", &gated_activation_pair_kernel);
-  m.impl("gated_activation_pair_backward", &gated_activation_pair_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("gated_activation", &gated_activation_meta);
-  m.impl("gated_activation_backward", &gated_activation_backward_meta);
-  m.impl("gated_activation_pair", &gated_activation_pair_meta);
-  m.impl("gated_activation_pair_backward", &gated_activation_pair_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("gated_activation", &gated_activation_autograd);
-  m.impl("gated_activation_backward", &gated_activation_backward_autograd);
-  m.impl("gated_activation_pair", &gated_activation_pair_autograd);
-  m.impl("gated_activation_pair_backward", &gated_activation_pair_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("gated_activation", &gated_activation_kernel,
+             &gated_activation_meta, &gated_activation_autograd),
+    op_impls("gated_activation_backward", &gated_activation_backward_kernel,
+             &gated_activation_backward_meta, &gated_activation_backward_autograd),
+    op_impls("gated_activation_pair", &gated_activation_pair_kernel,
+             &gated_activation_pair_meta, &gated_activation_pair_autograd),
+    op_impls("gated_activation_pair_backward", &gated_activation_pair_backward_kernel,
+             &gated_activation_pair_backward_meta, &gated_activation_pair_backward_autograd))
 
 }  // namespace baracuda::torch_ops

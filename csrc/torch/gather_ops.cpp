@@ -276,26 +276,9 @@ void set_index_checks(const std::string& mode) {
 
 std::string get_index_checks() { return g_sync_index_checks.load() ? "sync" : "async"; }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("gather", &gather_kernel);
-  m.impl("gather_backward", &gather_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("gather", &gather_kernel);
-  m.impl("gather_backward", &gather_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("gather", &gather_meta);
-  m.impl("gather_backward", &gather_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("gather", &gather_autograd);
-  m.impl("gather_backward", &gather_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("gather", &gather_kernel, &gather_meta, &gather_autograd),
+    op_impls("gather_backward", &gather_backward_kernel,
+             &gather_backward_meta, &gather_backward_autograd))
 
 }  // namespace baracuda::torch_ops

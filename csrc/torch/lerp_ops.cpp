@@ -378,34 +378,11 @@ PlanInfo explain_lerp_backward_tensor(const at::Tensor& dy, const at::Tensor& a,
   });
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("lerp", &lerp_kernel);
-  m.impl("lerp.Tensor", &lerp_tensor_kernel);
-  m.impl("lerp_backward", &lerp_backward_kernel);
-  m.impl("lerp_backward.Tensor", &lerp_backward_tensor_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("lerp", &lerp_kernel);
-  m.impl("lerp.Tensor", &lerp_tensor_kernel);
-  m.impl("lerp_backward", &lerp_backward_kernel);
-  m.impl("lerp_backward.Tensor", &lerp_backward_tensor_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("lerp", &lerp_meta);
-  m.impl("lerp.Tensor", &lerp_tensor_meta);
-  m.impl("lerp_backward", &lerp_backward_meta);
-  m.impl("lerp_backward.Tensor", &lerp_backward_tensor_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("lerp", &lerp_autograd);
-  m.impl("lerp.Tensor", &lerp_tensor_autograd);
-  m.impl("lerp_backward", &lerp_backward_autograd);
-  m.impl("lerp_backward.Tensor", &lerp_backward_tensor_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("lerp", &lerp_kernel, &lerp_meta, &lerp_autograd),
+    op_impls("lerp.Tensor", &lerp_tensor_kernel, &lerp_tensor_meta, &lerp_tensor_autograd),
+    op_impls("lerp_backward", &lerp_backward_kernel, &lerp_backward_meta, &lerp_backward_autograd),
+    op_impls("lerp_backward.Tensor", &lerp_backward_tensor_kernel,
+             &lerp_backward_tensor_meta, &lerp_backward_tensor_autograd))
 
 }  // namespace baracuda::torch_ops

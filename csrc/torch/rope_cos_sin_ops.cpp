@@ -354,34 +354,12 @@ PlanInfo explain_rope_qk_cos_sin(const at::Tensor& q, const std::optional<at::Te
   });
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("rope_cos_sin", &one_kernel);
-  m.impl("rope_cos_sin_backward", &one_backward_kernel);
-  m.impl("rope_qk_cos_sin", &qk_kernel);
-  m.impl("rope_qk_cos_sin_backward", &qk_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("rope_cos_sin", &one_kernel);
-  m.impl("rope_cos_sin_backward", &one_backward_kernel);
-  m.impl("rope_qk_cos_sin", &qk_kernel);
-  m.impl("rope_qk_cos_sin_backward", &qk_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("rope_cos_sin", &one_meta);
-  m.impl("rope_cos_sin_backward", &one_backward_meta);
-  m.impl("rope_qk_cos_sin", &qk_meta);
-  m.impl("rope_qk_cos_sin_backward", &qk_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("rope_cos_sin", &one_autograd);
-  m.impl("rope_cos_sin_backward", &one_backward_autograd);
-  m.impl("rope_qk_cos_sin", &qk_autograd);
-  m.impl("rope_qk_cos_sin_backward", &qk_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("rope_cos_sin", &one_kernel, &one_meta, &one_autograd),
+    op_impls("rope_cos_sin_backward", &one_backward_kernel,
+             &one_backward_meta, &one_backward_autograd),
+    op_impls("rope_qk_cos_sin", &qk_kernel, &qk_meta, &qk_autograd),
+    op_impls("rope_qk_cos_sin_backward", &qk_backward_kernel,
+             &qk_backward_meta, &qk_backward_autograd))
 
 }  // namespace baracuda::torch_ops

@@ -200,26 +200,8 @@ PlanInfo explain_rope_backward(const at::Tensor& dy, const std::optional<at::Ten
   return explain(dy, positions, base, interleaved, rotary_dim, true, preference);
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("rope", &rope_kernel);
-  m.impl("rope_backward", &rope_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("rope", &rope_kernel);
-  m.impl("rope_backward", &rope_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("rope", &rope_meta);
-  m.impl("rope_backward", &rope_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("rope", &rope_autograd);
-  m.impl("rope_backward", &rope_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("rope", &rope_kernel, &rope_meta, &rope_autograd),
+    op_impls("rope_backward", &rope_backward_kernel, &rope_backward_meta, &rope_backward_autograd))
 
 }  // namespace baracuda::torch_ops

@@ -759,34 +759,14 @@ PlanInfo explain_ssd_chunk_scan_combined_backward(
   });
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("ssd_chunk_scan", &ssd_chunk_scan_kernel);
-  m.impl("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_kernel);
-  m.impl("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_kernel);
-  m.impl("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("ssd_chunk_scan", &ssd_chunk_scan_kernel);
-  m.impl("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_kernel);
-  m.impl("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_kernel);
-  m.impl("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("ssd_chunk_scan", &ssd_chunk_scan_meta);
-  m.impl("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_meta);
-  m.impl("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_meta);
-  m.impl("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("ssd_chunk_scan", &ssd_chunk_scan_autograd);
-  m.impl("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_autograd);
-  m.impl("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_autograd);
-  m.impl("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("ssd_chunk_scan", &ssd_chunk_scan_kernel,
+             &ssd_chunk_scan_meta, &ssd_chunk_scan_autograd),
+    op_impls("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_kernel,
+             &ssd_chunk_scan_backward_meta, &ssd_chunk_scan_backward_autograd),
+    op_impls("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_kernel,
+             &ssd_chunk_scan_combined_meta, &ssd_chunk_scan_combined_autograd),
+    op_impls("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_kernel,
+             &ssd_chunk_scan_combined_backward_meta, &ssd_chunk_scan_combined_backward_autograd))
 
 }  // namespace baracuda::torch_ops
