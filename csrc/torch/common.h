@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/SymInt.h>
 #include <torch/library.h>
 
@@ -70,6 +71,13 @@ auto translate_errors(F&& f) -> decltype(f()) {
   }
 }
 
+// The typed dispatcher handle of an op ("baracuda::rope"; overload "" or "Tensor"), to call
+// it through the dispatcher (from an autograd Function, so that every key below runs).
+template <class Signature>
+c10::TypedOperatorHandle<Signature> op_handle(const char* name, const char* overload = "") {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).typed<Signature>();
+}
+
 // What `baracuda_torch.explain` returns: the plan's choice and its guarantees.
 struct PlanInfo {
   KernelSku sku;
@@ -84,6 +92,16 @@ PlanInfo plan_info(const Plan& plan, PlanPreference pref) {
 
 inline PlanPreference preference_or_current(const std::optional<std::string>& p) {
   return p ? parse_preference(*p) : current_preference();
+}
+
+// What an explain_<op> function returns: the plan make_plan(pref) builds under the given
+// preference (the current one when absent), PlanErrors translated.
+template <typename MakePlan>
+PlanInfo explain_plan(const std::optional<std::string>& preference, MakePlan&& make_plan) {
+  return translate_errors([&] {
+    const PlanPreference pref = preference_or_current(preference);
+    return plan_info(make_plan(pref), pref);
+  });
 }
 
 // ---- Registration -------------------------------------------------------------------

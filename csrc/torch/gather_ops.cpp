@@ -166,18 +166,16 @@ at::Tensor gather_backward_meta(const at::Tensor& dout, int64_t dim, const at::T
 // ---- autograd --------------------------------------------------------------------
 
 at::Tensor call_forward(const at::Tensor& src, int64_t dim, const at::Tensor& index) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("baracuda::gather", "")
-                       .typed<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&)>();
+  static auto op =
+      op_handle<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&)>("baracuda::gather");
   return op.call(src, dim, index);
 }
 
 at::Tensor call_backward(const at::Tensor& dout, int64_t dim, const at::Tensor& index,
                          c10::SymIntArrayRef src_sizes) {
   static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("baracuda::gather_backward", "")
-          .typed<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&, c10::SymIntArrayRef)>();
+      op_handle<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&, c10::SymIntArrayRef)>(
+          "baracuda::gather_backward");
   return op.call(dout, dim, index, src_sizes);
 }
 
@@ -238,18 +236,16 @@ at::Tensor gather_backward_autograd(const at::Tensor& dout, int64_t dim, const a
 
 PlanInfo explain_gather(const at::Tensor& src, int64_t dim, const at::Tensor& index,
                         const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(forward_plan(src, dim, index, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return forward_plan(src, dim, index, pref);
   });
 }
 
 PlanInfo explain_gather_backward(const at::Tensor& dout, int64_t dim, const at::Tensor& index,
                                  const std::vector<int64_t>& src_sizes,
                                  const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(backward_plan(dout, dim, index, src_sizes, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return backward_plan(dout, dim, index, src_sizes, pref);
   });
 }
 

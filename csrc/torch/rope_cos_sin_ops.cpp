@@ -170,23 +170,15 @@ using QkSignature = TensorPair(const at::Tensor&, const at::Tensor&, const at::T
 
 at::Tensor call_one(bool backward, const at::Tensor& x, const at::Tensor& cos,
                     const at::Tensor& sin, bool interleaved) {
-  static auto fwd = c10::Dispatcher::singleton()
-                        .findSchemaOrThrow("baracuda::rope_cos_sin", "")
-                        .typed<OneSignature>();
-  static auto bwd = c10::Dispatcher::singleton()
-                        .findSchemaOrThrow("baracuda::rope_cos_sin_backward", "")
-                        .typed<OneSignature>();
+  static auto fwd = op_handle<OneSignature>("baracuda::rope_cos_sin");
+  static auto bwd = op_handle<OneSignature>("baracuda::rope_cos_sin_backward");
   return (backward ? bwd : fwd).call(x, cos, sin, interleaved);
 }
 
 TensorPair call_qk(bool backward, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                    const at::Tensor& sin, bool interleaved) {
-  static auto fwd = c10::Dispatcher::singleton()
-                        .findSchemaOrThrow("baracuda::rope_qk_cos_sin", "")
-                        .typed<QkSignature>();
-  static auto bwd = c10::Dispatcher::singleton()
-                        .findSchemaOrThrow("baracuda::rope_qk_cos_sin_backward", "")
-                        .typed<QkSignature>();
+  static auto fwd = op_handle<QkSignature>("baracuda::rope_qk_cos_sin");
+  static auto bwd = op_handle<QkSignature>("baracuda::rope_qk_cos_sin_backward");
   return (backward ? bwd : fwd).call(q, k, cos, sin, interleaved);
 }
 
@@ -347,10 +339,9 @@ TensorPair qk_backward_autograd(const at::Tensor& dq, const at::Tensor& dk, cons
 PlanInfo explain_rope_qk_cos_sin(const at::Tensor& q, const std::optional<at::Tensor>& k,
                                  const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                                  bool backward, const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
+  return explain_plan(preference, [&](PlanPreference pref) {
     const at::Tensor* kp = k && k->defined() ? &*k : nullptr;
-    return plan_info(make_plan(backward, q, kp, cos, sin, interleaved), pref);
+    return make_plan(backward, q, kp, cos, sin, interleaved);
   });
 }
 

@@ -128,12 +128,8 @@ using RopeSignature = at::Tensor(const at::Tensor&, const OptTensor&, double, bo
 // Calls rope (backward = false) or rope_backward through the dispatcher.
 at::Tensor call_op(bool backward, const at::Tensor& x, const OptTensor& positions, double base,
                    bool interleaved, int64_t rotary_dim) {
-  static auto forward_op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("baracuda::rope", "")
-                               .typed<RopeSignature>();
-  static auto backward_op = c10::Dispatcher::singleton()
-                                .findSchemaOrThrow("baracuda::rope_backward", "")
-                                .typed<RopeSignature>();
+  static auto forward_op = op_handle<RopeSignature>("baracuda::rope");
+  static auto backward_op = op_handle<RopeSignature>("baracuda::rope_backward");
   return (backward ? backward_op : forward_op).call(x, positions, base, interleaved, rotary_dim);
 }
 
@@ -181,9 +177,8 @@ at::Tensor rope_backward_autograd(const at::Tensor& dy, const OptTensor& positio
 
 PlanInfo explain(const at::Tensor& x, const OptTensor& positions, double base, bool interleaved,
                  int64_t rotary_dim, bool backward, const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(make_plan(x, positions, base, interleaved, rotary_dim, backward, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return make_plan(x, positions, base, interleaved, rotary_dim, backward, pref);
   });
 }
 }  // namespace
