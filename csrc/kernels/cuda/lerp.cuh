@@ -218,4 +218,8 @@ void launch_lerp(const LerpLaunch& l, cudaStream_t stream) {
   check_launch(BW ? "lerp_backward" : "lerp");
 }
 
+// The backward ops' instantiations, compiled in their own translation unit
+// (lerp_backward.cu).
+void launch_lerp_backward(const LerpLaunch& l, cudaStream_t stream);
+
 }  // namespace baracuda::kernels::cuda

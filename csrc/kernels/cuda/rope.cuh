@@ -540,4 +540,8 @@ void launch_rope_layout(const RopeLaunch& l, cudaStream_t stream) {
   });
 }
 
+// The half-split instantiations, compiled in their own translation unit
+// (rope_half_split.cu).
+void launch_rope_half_split(const RopeLaunch& l, cudaStream_t stream);
+
 }  // namespace baracuda::kernels::cuda
