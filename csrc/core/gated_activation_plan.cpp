@@ -19,9 +19,7 @@ int validate_forward_problem(const GatedActivationDescriptor& desc, const std::s
 TensorLayout dense_layout(const TensorLayout& like, int64_t split_dim, bool halve) {
   TensorLayout out = like;
   if (halve) out.sizes[split_dim] /= 2;
-  out.strides = contiguous_strides(out.sizes, out.rank);
-  out.alignment = 16;  // the torch layer allocates outputs through the caching allocator
-  return out;
+  return dense_output_layout(out);
 }
 
 // Coalesces the index space over the operands' strides, picks the layout variant (rows
@@ -119,32 +117,34 @@ std::string variant_name(const GatedActivationLaunch& l) {
 
 KernelSku make_sku(const char* family, GatedKind kind, ElementKind element,
                    const DeviceInfo& device, const GatedActivationLaunch& l, bool backward) {
-  KernelSku sku;
-  sku.family = family;
-  sku.op = std::string(gated_kind_name(kind)) + (backward ? "_backward" : "");
-  sku.element = element;
-  sku.variant = variant_name(l);
-  sku.backend = device.backend;
-  sku.arch = device.arch;
-  const bool f64 = element == ElementKind::F64;
   // Elementwise: no reduction, so every kernel is deterministic and bit-stable.
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
-  return sku;
+  return kernel_sku(family, std::string(gated_kind_name(kind)) + (backward ? "_backward" : ""),
+                    element, variant_name(l), device);
 }
 
-void launch(const Backend backend, const GatedActivationLaunch& l, void* stream,
-            const std::string& op) {
-  if (backend == Backend::Cpu) {
-    kernels::gated_activation_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::gated_activation_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
+// The data pointers of one run (see GatedActivationLaunch): x is the gate operand b, a the
+// value operand's base, out and out_a where db and da (or y) go; dy null in the forward.
+struct GatedPointers {
+  const void* x;
+  const void* a;
+  const void* dy;
+  void* out;
+  void* out_a;
+};
+
+// run() of every gated plan after can_implement: the workspace check (the kernels take
+// none), then the planned launch with the run's pointers, unless the output is empty.
+void launch(GatedActivationLaunch l, const TensorLayout& out, const Workspace& workspace,
+            Backend backend, void* stream, const std::string& op, const GatedPointers& p) {
+  check_workspace(op, 0, workspace);
+  if (out.numel() == 0) return;
+  l.x = p.x;
+  l.a = p.a;
+  l.dy = p.dy;
+  l.out = p.out;
+  l.out_a = p.out_a;
+  run_on_backend(backend, op, kernels::gated_activation_cpu,
+                 BARACUDA_CUDA_ENTRY(kernels::gated_activation_cuda), l, stream);
 }
 }  // namespace
 
@@ -179,14 +179,8 @@ void GatedActivationPlan::can_implement(const GatedActivationArgs& args) const {
 void GatedActivationPlan::run(void* stream, Workspace workspace,
                               const GatedActivationArgs& args) const {
   can_implement(args);
-  check_workspace(kFamily, workspace_size(), workspace);
-  if (out_.numel() == 0) return;
-  GatedActivationLaunch l = launch_;
-  l.x = args.x.data;
-  l.a = args.x.data;
-  l.out = args.y.data;
-  l.out_a = args.y.data;
-  launch(desc_.device.backend, l, stream, kFamily);
+  launch(launch_, out_, workspace, desc_.device.backend, stream, kFamily,
+         {args.x.data, args.x.data, nullptr, args.y.data, args.y.data});
 }
 
 GatedActivationBackwardPlan GatedActivationBackwardPlan::select(
@@ -215,15 +209,9 @@ void GatedActivationBackwardPlan::can_implement(const GatedActivationBackwardArg
 void GatedActivationBackwardPlan::run(void* stream, Workspace workspace,
                                       const GatedActivationBackwardArgs& args) const {
   can_implement(args);
-  check_workspace(std::string(kFamily) + "_backward", workspace_size(), workspace);
-  if (out_.numel() == 0) return;
-  GatedActivationLaunch l = launch_;
-  l.x = args.x.data;
-  l.a = args.x.data;
-  l.dy = args.dy.data;
-  l.out = args.dx.data;
-  l.out_a = args.dx.data;
-  launch(desc_.forward.device.backend, l, stream, std::string(kFamily) + "_backward");
+  launch(launch_, out_, workspace, desc_.forward.device.backend, stream,
+         std::string(kFamily) + "_backward",
+         {args.x.data, args.x.data, args.dy.data, args.dx.data, args.dx.data});
 }
 
 // ---- gated_activation_pair ----------------------------------------------------------
@@ -253,14 +241,8 @@ void GatedPairPlan::can_implement(const GatedPairArgs& args) const {
 
 void GatedPairPlan::run(void* stream, Workspace workspace, const GatedPairArgs& args) const {
   can_implement(args);
-  check_workspace(kPairFamily, workspace_size(), workspace);
-  if (out_.numel() == 0) return;
-  GatedActivationLaunch l = launch_;
-  l.x = args.gate.data;
-  l.a = args.up.data;
-  l.out = args.y.data;
-  l.out_a = args.y.data;
-  launch(desc_.device.backend, l, stream, kPairFamily);
+  launch(launch_, out_, workspace, desc_.device.backend, stream, kPairFamily,
+         {args.gate.data, args.up.data, nullptr, args.y.data, args.y.data});
 }
 
 GatedPairBackwardPlan GatedPairBackwardPlan::select(const GatedPairBackwardDescriptor& desc,
@@ -289,17 +271,10 @@ void GatedPairBackwardPlan::can_implement(const GatedPairBackwardArgs& args) con
 
 void GatedPairBackwardPlan::run(void* stream, Workspace workspace,
                                 const GatedPairBackwardArgs& args) const {
-  const std::string op = std::string(kPairFamily) + "_backward";
   can_implement(args);
-  check_workspace(op, workspace_size(), workspace);
-  if (out_.numel() == 0) return;
-  GatedActivationLaunch l = launch_;
-  l.x = args.gate.data;
-  l.a = args.up.data;
-  l.dy = args.dy.data;
-  l.out = args.dgate.data;
-  l.out_a = args.dup.data;
-  launch(desc_.forward.device.backend, l, stream, op);
+  launch(launch_, out_, workspace, desc_.forward.device.backend, stream,
+         std::string(kPairFamily) + "_backward",
+         {args.gate.data, args.up.data, args.dy.data, args.dgate.data, args.dup.data});
 }
 
 }  // namespace baracuda

@@ -163,42 +163,24 @@ struct GatedActivationBackwardArgs {
   MutTensorRef dx;
 };
 
-class GatedActivationPlan {
+class GatedActivationPlan
+    : public OneOutputPlanOf<GatedActivationDescriptor, GatedActivationLaunch> {
  public:
   static GatedActivationPlan select(const GatedActivationDescriptor& desc,
                                     PlanPreference pref);
-  // y's layout: x's sizes with size(dim) halved, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (y): x's sizes with size(dim) halved, contiguous.
   void can_implement(const GatedActivationArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const GatedActivationArgs& args) const;
-
- private:
-  GatedActivationDescriptor desc_;
-  TensorLayout out_;
-  GatedActivationLaunch launch_;
-  KernelSku sku_;
 };
 
-class GatedActivationBackwardPlan {
+class GatedActivationBackwardPlan
+    : public OneOutputPlanOf<GatedActivationBackwardDescriptor, GatedActivationLaunch> {
  public:
   static GatedActivationBackwardPlan select(const GatedActivationBackwardDescriptor& desc,
                                             PlanPreference pref);
-  // dx's layout: x's sizes, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (dx): x's sizes, contiguous.
   void can_implement(const GatedActivationBackwardArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const GatedActivationBackwardArgs& args) const;
-
- private:
-  GatedActivationBackwardDescriptor desc_;
-  TensorLayout out_;
-  GatedActivationLaunch launch_;
-  KernelSku sku_;
 };
 
 // ---- gated_activation_pair: y = act(gate) * up, gate and up separate tensors ----------
@@ -230,41 +212,22 @@ struct GatedPairBackwardArgs {
   MutTensorRef dup;
 };
 
-class GatedPairPlan {
+class GatedPairPlan : public OneOutputPlanOf<GatedPairDescriptor, GatedActivationLaunch> {
  public:
   static GatedPairPlan select(const GatedPairDescriptor& desc, PlanPreference pref);
-  // y's layout: gate's sizes, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (y): gate's sizes, contiguous.
   void can_implement(const GatedPairArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const GatedPairArgs& args) const;
-
- private:
-  GatedPairDescriptor desc_;
-  TensorLayout out_;
-  GatedActivationLaunch launch_;
-  KernelSku sku_;
 };
 
-class GatedPairBackwardPlan {
+class GatedPairBackwardPlan
+    : public OneOutputPlanOf<GatedPairBackwardDescriptor, GatedActivationLaunch> {
  public:
   static GatedPairBackwardPlan select(const GatedPairBackwardDescriptor& desc,
                                       PlanPreference pref);
-  // The layout of dgate and of dup: gate's sizes, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (dgate and dup): gate's sizes, contiguous.
   void can_implement(const GatedPairBackwardArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const GatedPairBackwardArgs& args) const;
-
- private:
-  GatedPairBackwardDescriptor desc_;
-  TensorLayout out_;
-  GatedActivationLaunch launch_;
-  KernelSku sku_;
 };
 
 }  // namespace baracuda

@@ -8,7 +8,7 @@ namespace {
 constexpr const char* kFamily = "gather";
 constexpr const char* kOp = "gather";
 constexpr const char* kBackwardOp = "gather_backward";
-constexpr int kGroup = 4;  // elements per group on the RowsVec path
+constexpr int kGroup = kGatherGroup;  // elements per group on the vector paths
 
 // torch.gather treats a 0-dim tensor as 1-d of size 1; the kernels always see rank >= 1.
 TensorLayout at_least_1d(TensorLayout t) {
@@ -17,16 +17,6 @@ TensorLayout at_least_1d(TensorLayout t) {
     t.sizes[0] = 1;
     t.strides[0] = 1;
   }
-  return t;
-}
-
-TensorLayout dense_layout(ElementKind dtype, int rank, const std::array<int64_t, kMaxRank>& sizes) {
-  TensorLayout t;
-  t.dtype = dtype;
-  t.rank = rank;
-  t.sizes = sizes;
-  t.strides = contiguous_strides(sizes, rank);
-  t.alignment = 16;  // the torch layer allocates outputs through the caching allocator
   return t;
 }
 
@@ -176,34 +166,18 @@ std::string variant_name(const GatherLaunch& l) {
 }
 
 KernelSku make_sku(const GatherLaunch& l, const DeviceInfo& device) {
-  KernelSku sku;
-  sku.family = kFamily;
-  sku.op = l.backward ? kBackwardOp : kOp;
-  sku.element = l.element;
-  sku.index_element = l.index_element;
-  sku.variant = variant_name(l);
-  sku.backend = device.backend;
-  sku.arch = device.arch;
-  const bool f64 = l.element == ElementKind::F64;
   // The forward is a copy; every backward except the atomic ones sums in a fixed order.
   const bool fixed_order = !l.backward || l.algo == GatherBackwardAlgo::CpuLines ||
                            l.algo == GatherBackwardAlgo::Sorted;
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, fixed_order, fixed_order};
+  KernelSku sku = kernel_sku(kFamily, l.backward ? kBackwardOp : kOp, l.element,
+                             variant_name(l), device, fixed_order);
+  sku.index_element = l.index_element;
   return sku;
 }
 
 void launch(const Backend backend, const GatherLaunch& l, void* stream, const std::string& op) {
-  if (backend == Backend::Cpu) {
-    kernels::gather_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::gather_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(backend, op, kernels::gather_cpu, BARACUDA_CUDA_ENTRY(kernels::gather_cuda), l,
+                 stream);
 }
 }  // namespace
 
@@ -220,10 +194,10 @@ GatherPlan GatherPlan::select(const GatherDescriptor& desc, PlanPreference) {
                                       desc.index.rank, desc.index.sizes.data(), desc.dim);
   GatherPlan p;
   p.desc_ = desc;
-  p.out_ = dense_layout(desc.src.dtype, desc.index.rank, desc.index.sizes);
+  p.out_ = dense_output_layout(desc.src.dtype, desc.index.rank, desc.index.sizes.data());
 
   const TensorLayout index = at_least_1d(desc.index);
-  const TensorLayout out = dense_layout(desc.src.dtype, index.rank, index.sizes);
+  const TensorLayout out = dense_output_layout(desc.src.dtype, index.rank, index.sizes.data());
   GatherLaunch& l = p.launch_;
   l.element = desc.src.dtype;
   l.index_element = desc.index.dtype;
@@ -271,7 +245,7 @@ GatherBackwardPlan GatherBackwardPlan::select(const GatherBackwardDescriptor& de
                     desc.dout.sizes.data());
   GatherBackwardPlan p;
   p.desc_ = desc;
-  p.out_ = dense_layout(desc.dout.dtype, desc.src_rank, desc.src_sizes);
+  p.out_ = dense_output_layout(desc.dout.dtype, desc.src_rank, desc.src_sizes.data());
 
   const TensorLayout index = at_least_1d(desc.index);
   const TensorLayout dout = at_least_1d(desc.dout);
@@ -332,6 +306,7 @@ GatherBackwardPlan GatherBackwardPlan::select(const GatherBackwardDescriptor& de
                                                         desc.device.l2_bytes);
   }
   p.sku_ = make_sku(l, desc.device);
+  p.workspace_ = l.workspace_bytes;
   return p;
 }
 

@@ -64,6 +64,14 @@ enum class GatherBackwardAlgo : uint8_t { CpuLines, Atomic, AtomicLines, Sorted 
 // memory.
 constexpr int64_t kGatherLinesSmemBytes = 44 * 1024;
 
+// Elements per group on the vector paths (GatherLaunch::vec and lines_vec are 1 or this):
+// the plan checks sizes, strides and alignments against it, the kernels load and store
+// groups of it.
+constexpr int kGatherGroup = 4;
+// Alignment of the buffers the kernels carve out of the workspace (slab counters and
+// ring, sort keys and values), in bytes.
+constexpr size_t kGatherWorkspaceAlign = 256;
+
 // ---- column slabs -------------------------------------------------------------------
 // The slab kernels' tile: kGatherSlabThreads threads × kGatherSlabGroups groups of G
 // elements (G = 4 on SlabVec, else 1); a tile is 2^k index rows × W columns of one slab.
@@ -175,7 +183,9 @@ inline size_t gather_slab_backward_schedule(GatherSlab& s, bool half, bool f64, 
   s.ring = s.convert ? 2 * s.lead + 2 : 0;
   const int64_t steps = s.slabs + (s.zero_slabs ? s.lead : 0) + (s.convert ? s.lead : 0);
   s.blocks = static_cast<int>(std::min<int64_t>(s.blocks, steps * per_step));
-  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  auto up = [](size_t b) {
+    return (b + kGatherWorkspaceAlign - 1) / kGatherWorkspaceAlign * kGatherWorkspaceAlign;
+  };
   s.counter_bytes = 8 + 3 * sizeof(uint32_t) * static_cast<size_t>(s.slabs);
   s.ring_offset = up(s.counter_bytes);
   s.ring_slab_bytes = s.convert ? static_cast<size_t>(region) : 0;
@@ -233,7 +243,9 @@ struct GatherSortWorkspace {
   size_t keys[2] = {0, 0}, values[2] = {0, 0}, temp = 0, total = 0;
 };
 inline GatherSortWorkspace gather_sort_workspace(int64_t n, bool index64, size_t temp_bytes) {
-  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  auto up = [](size_t b) {
+    return (b + kGatherWorkspaceAlign - 1) / kGatherWorkspaceAlign * kGatherWorkspaceAlign;
+  };
   const size_t buf = up(static_cast<size_t>(n) * (index64 ? 8 : 4));
   GatherSortWorkspace w;
   w.keys[0] = 0;
@@ -340,43 +352,23 @@ struct GatherBackwardArgs {
   MutTensorRef dsrc;
 };
 
-class GatherPlan {
+class GatherPlan : public OneOutputPlanOf<GatherDescriptor, GatherLaunch> {
  public:
   static GatherPlan select(const GatherDescriptor& desc, PlanPreference pref);
-  // out's layout: index's sizes, src's dtype, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (out): index's sizes, src's dtype, contiguous.
   void can_implement(const GatherArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const GatherArgs& args) const;
-
- private:
-  GatherDescriptor desc_;
-  TensorLayout out_;
-  GatherLaunch launch_;
-  KernelSku sku_;
 };
 
-class GatherBackwardPlan {
+class GatherBackwardPlan : public OneOutputPlanOf<GatherBackwardDescriptor, GatherLaunch> {
  public:
   static GatherBackwardPlan select(const GatherBackwardDescriptor& desc, PlanPreference pref);
-  // dsrc's layout: src_sizes, dout's dtype, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (dsrc): src_sizes, dout's dtype, contiguous.
   void can_implement(const GatherBackwardArgs& args) const;
-  // Atomic float16/bfloat16: a float32 accumulator of dsrc's size (atomic_slab: a ring of
-  // a few float32 slabs, plus the slab counters). Sorted: keys and values double buffers
-  // plus CUB's temp storage. Otherwise 0.
-  size_t workspace_size() const { return launch_.workspace_bytes; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  // workspace_size() (GatherLaunch::workspace_bytes): atomic float16/bfloat16: a float32
+  // accumulator of dsrc's size (atomic_slab: a ring of a few float32 slabs, plus the slab
+  // counters). Sorted: keys and values double buffers plus CUB's temp storage. Otherwise 0.
   void run(void* stream, Workspace workspace, const GatherBackwardArgs& args) const;
-
- private:
-  GatherBackwardDescriptor desc_;
-  TensorLayout out_;
-  GatherLaunch launch_;
-  KernelSku sku_;
 };
 
 }  // namespace baracuda

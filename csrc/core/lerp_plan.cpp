@@ -23,16 +23,6 @@ std::array<int64_t, kMaxRank> broadcast_strides(const TensorLayout& t, const Ten
   return st;
 }
 
-TensorLayout dense_layout(ElementKind dtype, int rank, const int64_t* sizes) {
-  TensorLayout out;
-  out.dtype = dtype;
-  out.rank = rank;
-  for (int d = 0; d < rank; ++d) out.sizes[d] = sizes[d];
-  out.strides = contiguous_strides(out.sizes, rank);
-  out.alignment = 16;  // the torch layer allocates outputs through the caching allocator
-  return out;
-}
-
 // Picks the layout variant and fills the launch description for the index space
 // `space` (the dense output) and the inputs, in LerpOp's order.
 LerpLaunch plan_launch(LerpOp op, const DeviceInfo& device, const TensorLayout& space,
@@ -95,31 +85,13 @@ const char* op_name(LerpOp op) {
 }
 
 KernelSku make_sku(const DeviceInfo& device, const LerpLaunch& l) {
-  KernelSku sku;
-  sku.family = kFamily;
-  sku.op = op_name(l.op);
-  sku.element = l.element;
-  sku.variant = variant_name(l);
-  sku.backend = device.backend;
-  sku.arch = device.arch;
-  const bool f64 = l.element == ElementKind::F64;
   // Elementwise: no reduction, so every kernel is deterministic and bit-stable.
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
-  return sku;
+  return kernel_sku(kFamily, op_name(l.op), l.element, variant_name(l), device);
 }
 
 void launch(const Backend backend, const LerpLaunch& l, void* stream, const std::string& op) {
-  if (backend == Backend::Cpu) {
-    kernels::lerp_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::lerp_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(backend, op, kernels::lerp_cpu, BARACUDA_CUDA_ENTRY(kernels::lerp_cuda), l,
+                 stream);
 }
 }  // namespace
 
@@ -155,7 +127,7 @@ LerpPlan LerpPlan::select(const LerpDescriptor& desc, PlanPreference) {
 
   LerpPlan p;
   p.desc_ = desc;
-  p.out_ = dense_layout(desc.a.dtype, static_cast<int>(shape.size()), shape.data());
+  p.out_ = dense_output_layout(desc.a.dtype, static_cast<int>(shape.size()), shape.data());
   p.launch_ = plan_launch(desc.tensor_weight ? LerpOp::ForwardTensor : LerpOp::Forward,
                           desc.device, p.out_, inputs);
   p.launch_.weight = desc.weight;
@@ -200,7 +172,7 @@ LerpBackwardPlan LerpBackwardPlan::select(const LerpBackwardDescriptor& desc, Pl
 
   LerpBackwardPlan p;
   p.desc_ = desc;
-  p.out_ = dense_layout(desc.dy.dtype, desc.dy.rank, desc.dy.sizes.data());
+  p.out_ = dense_output_layout(desc.dy.dtype, desc.dy.rank, desc.dy.sizes.data());
   p.launch_ = plan_launch(desc.tensor_weight ? LerpOp::BackwardTensor : LerpOp::Backward,
                           desc.device, p.out_, inputs);
   p.launch_.weight = desc.weight;

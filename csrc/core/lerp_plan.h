@@ -141,40 +141,20 @@ struct LerpBackwardArgs {
   MutTensorRef dw;  // tensor weight only
 };
 
-class LerpPlan {
+class LerpPlan : public OneOutputPlanOf<LerpDescriptor, LerpLaunch> {
  public:
   static LerpPlan select(const LerpDescriptor& desc, PlanPreference pref);
-  // y's layout: the broadcast shape of a, b (and w), contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (y): the broadcast shape of a, b (and w), contiguous.
   void can_implement(const LerpArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const LerpArgs& args) const;
-
- private:
-  LerpDescriptor desc_;
-  TensorLayout out_;
-  LerpLaunch launch_;
-  KernelSku sku_;
 };
 
-class LerpBackwardPlan {
+class LerpBackwardPlan : public OneOutputPlanOf<LerpBackwardDescriptor, LerpLaunch> {
  public:
   static LerpBackwardPlan select(const LerpBackwardDescriptor& desc, PlanPreference pref);
-  // da's, db's (and dw's) layout: dy's shape, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (da, db, and dw with a tensor weight): dy's shape, contiguous.
   void can_implement(const LerpBackwardArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const LerpBackwardArgs& args) const;
-
- private:
-  LerpBackwardDescriptor desc_;
-  TensorLayout out_;
-  LerpLaunch launch_;
-  KernelSku sku_;
 };
 
 }  // namespace baracuda

@@ -1,6 +1,7 @@
 #include "core/plan.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace baracuda {
 
@@ -42,8 +43,27 @@ std::string KernelSku::name() const {
   return s;
 }
 
+KernelSku kernel_sku(std::string family, std::string op, ElementKind element,
+                     std::string variant, const DeviceInfo& device, bool fixed_order) {
+  KernelSku sku;
+  sku.family = std::move(family);
+  sku.op = std::move(op);
+  sku.element = element;
+  sku.variant = std::move(variant);
+  sku.backend = device.backend;
+  sku.arch = device.arch;
+  const bool f64 = element == ElementKind::F64;
+  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
+                   f64 ? ElementKind::F64 : ElementKind::F32, fixed_order, fixed_order};
+  return sku;
+}
+
 void fail(PlanErrorKind kind, const std::string& op, const std::string& rule) {
   throw PlanError(kind, "baracuda::" + op + ": " + rule);
+}
+
+void fail_no_cuda_kernels(const std::string& op) {
+  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
 }
 
 int64_t TensorLayout::numel() const {
@@ -70,6 +90,31 @@ int64_t TensorLayout::max_offset() const {
     off += (sizes[d] - 1) * strides[d];
   }
   return off;
+}
+
+bool TensorLayout::is_non_overlapping_and_dense() const {
+  if (is_contiguous()) return true;  // includes every empty tensor, as in torch
+  if (rank == 1) return sizes[0] < 2 || strides[0] == 1;
+  // Dims by increasing stride, size-0 and size-1 dims last (insertion sort: rank <= 8).
+  const auto before = [&](int a, int b) {
+    if (sizes[a] < 2) return false;
+    if (sizes[b] < 2) return true;
+    return strides[a] < strides[b];
+  };
+  int perm[kMaxRank];
+  for (int i = 0; i < rank; ++i) {
+    int j = i;
+    for (; j > 0 && before(i, perm[j - 1]); --j) perm[j] = perm[j - 1];
+    perm[j] = i;
+  }
+  int64_t required = 1;
+  for (int i = 0; i < rank; ++i) {
+    const int d = perm[i];
+    if (sizes[d] < 2) return true;
+    if (strides[d] != required) return false;
+    required *= sizes[d];
+  }
+  return true;
 }
 
 namespace {
@@ -129,6 +174,26 @@ std::array<int64_t, kMaxRank> contiguous_strides(const std::array<int64_t, kMaxR
     s *= std::max<int64_t>(sizes[d], 1);
   }
   return st;
+}
+
+TensorLayout dense_output_layout(ElementKind dtype, int rank, const int64_t* sizes) {
+  TensorLayout t;
+  t.dtype = dtype;
+  t.rank = rank;
+  for (int d = 0; d < rank; ++d) t.sizes[d] = sizes[d];
+  t.strides = contiguous_strides(t.sizes, rank);
+  t.alignment = 16;
+  return t;
+}
+
+TensorLayout dense_output_layout(const TensorLayout& like) {
+  return dense_output_layout(like.dtype, like.rank, like.sizes.data());
+}
+
+TensorLayout output_layout_like(const TensorLayout& like) {
+  TensorLayout t = like.is_non_overlapping_and_dense() ? like : dense_output_layout(like);
+  t.alignment = 16;
+  return t;
 }
 
 CoalescedDims coalesce_dims(int rank, const std::array<int64_t, kMaxRank>& sizes,

@@ -74,6 +74,12 @@ struct KernelSku {
   std::string name() const;
 };
 
+// The KernelSku of a kernel that computes in float32 (float64 for float64 data), with an
+// accumulator of the same type. `fixed_order`: every reduction it does (if any) has a
+// fixed order, so it is deterministic and bit-stable on the same hardware.
+KernelSku kernel_sku(std::string family, std::string op, ElementKind element,
+                     std::string variant, const DeviceInfo& device, bool fixed_order = true);
+
 enum class PlanErrorKind : uint8_t {
   InvalidProblem,    // bad shape, axis or scalar            -> ValueError
   IndexOutOfRange,   // dim or index out of range            -> IndexError
@@ -109,6 +115,9 @@ struct TensorLayout {
   bool is_contiguous() const;  // row-major, size-1 dims' strides ignored
   // Largest element offset reachable from the data pointer (0 for empty tensors).
   int64_t max_offset() const;
+  // torch's rule for "non-overlapping and dense" (c10/core/Contiguity.h): every element
+  // has its own offset and the offsets fill a range, in some order of the dims.
+  bool is_non_overlapping_and_dense() const;
 };
 
 // An operand: its layout plus its data pointer.
@@ -127,6 +136,37 @@ struct Workspace {
   size_t bytes = 0;
 };
 
+// The members every plan class shares (`class GatherPlan : public PlanOf<GatherDescriptor,
+// GatherLaunch>`). select() fills desc_ (the problem it validated), launch_ (the launch
+// description, without data pointers), sku_ (the kernel it picked) and, when run() needs
+// scratch memory, workspace_ (bytes; 0 otherwise).
+template <class Descriptor, class Launch>
+class PlanOf {
+ public:
+  const KernelSku& sku() const { return sku_; }
+  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  size_t workspace_size() const { return workspace_; }
+  // For dev tools that time a kernel without PyTorch (benchmarks/tune).
+  const Launch& launch_description() const { return launch_; }
+
+ protected:
+  Descriptor desc_;
+  Launch launch_;
+  KernelSku sku_;
+  size_t workspace_ = 0;
+};
+
+// PlanOf for a plan whose outputs have one layout, out_ (filled by select()).
+template <class Descriptor, class Launch>
+class OneOutputPlanOf : public PlanOf<Descriptor, Launch> {
+ public:
+  // What the caller allocates for each output (each plan class says which layout).
+  const TensorLayout& output_layout() const { return out_; }
+
+ protected:
+  TensorLayout out_;
+};
+
 // Checks shared by every family's `can_implement`.
 void check_same_layout(const std::string& op, const char* what, const TensorLayout& expected,
                        const TensorLayout& got);
@@ -138,6 +178,15 @@ void check_workspace(const std::string& op, size_t needed, const Workspace& ws);
 // Row-major contiguous strides for `sizes`.
 std::array<int64_t, kMaxRank> contiguous_strides(const std::array<int64_t, kMaxRank>& sizes,
                                                  int rank);
+
+// Layouts of the outputs a plan asks the torch layer for. Outputs come from PyTorch's
+// allocator, so they are 16-byte aligned.
+//  - dense_output_layout: `sizes` (or like's dtype and sizes), contiguous;
+//  - output_layout_like: like's sizes and, when like is non-overlapping and dense, its
+//    strides (as torch's empty_like with preserve_format), else contiguous.
+TensorLayout dense_output_layout(ElementKind dtype, int rank, const int64_t* sizes);
+TensorLayout dense_output_layout(const TensorLayout& like);
+TensorLayout output_layout_like(const TensorLayout& like);
 
 // Text of a size: int64_t, or a symbolic integer in a meta kernel (defined by the torch
 // layer). No iostreams anywhere in the library: some toolchains link a static libstdc++
@@ -159,6 +208,9 @@ int normalize_dim(const std::string& op, const char* what, int64_t dim, int rank
 
 inline bool fits_int32(int64_t v) { return v <= INT32_MAX; }
 
+// CUDA's limit on gridDim.y (and .z), which plans that put work on y respect.
+constexpr int64_t kCudaMaxGridY = 65535;
+
 // Dims of an index space, each operand's strides over it, after merging every pair of
 // adjacent dims across which all operands' offsets stay linear and dropping size-1
 // dims. Row-major enumeration order and every operand's offsets are unchanged, so a
@@ -172,5 +224,50 @@ struct CoalescedDims {
 CoalescedDims coalesce_dims(int rank, const std::array<int64_t, kMaxRank>& sizes,
                             const std::array<int64_t, kMaxRank>* const* operand_strides,
                             int num_operands);
+
+// ---- The plan -> kernel boundary -------------------------------------------------------
+// A family's launch description `<Family>Launch` lives in its plan header
+// (core/<family>_plan.h), next to the constants that both the plan's work decomposition
+// and the kernels rely on. kernels/<family>.h declares the entry points that take it:
+// `<family>_cpu(const Launch&)` always, `<family>_cuda(const Launch&, void* stream)` only
+// in CUDA builds (under BARACUDA_WITH_CUDA). A plan's run() hands its launch to both
+// through run_on_backend, naming the CUDA entry with BARACUDA_CUDA_ENTRY, which is
+// nullptr in a CPU-only build, so the plan needs no #ifdef and a CPU-only build links.
+#ifdef BARACUDA_WITH_CUDA
+#define BARACUDA_CUDA_ENTRY(fn) (fn)
+#else
+#define BARACUDA_CUDA_ENTRY(fn) nullptr
+#endif
+
+// NotImplementedError naming the op: a CUDA problem reached a build without CUDA kernels.
+[[noreturn]] void fail_no_cuda_kernels(const std::string& op);
+
+namespace detail {
+template <class T>
+struct no_deduce {
+  using type = T;
+};
+}  // namespace detail
+
+// cpu(launch) on the CPU, cuda(launch, stream) on CUDA (stream: a cudaStream_t).
+template <class Launch>
+void run_on_backend(Backend backend, const std::string& op, void (*cpu)(const Launch&),
+                    typename detail::no_deduce<void (*)(const Launch&, void*)>::type cuda,
+                    const Launch& launch, void* stream) {
+  if (backend == Backend::Cpu) return cpu(launch);
+  if (cuda == nullptr) fail_no_cuda_kernels(op);
+  cuda(launch, stream);
+}
+
+// The same for a host query of the kernels (a workspace size, ...): cpu(launch) or
+// cuda(launch).
+template <class R, class Launch>
+R query_backend(Backend backend, const std::string& op, R (*cpu)(const Launch&),
+                typename detail::no_deduce<R (*)(const Launch&)>::type cuda,
+                const Launch& launch) {
+  if (backend == Backend::Cpu) return cpu(launch);
+  if (cuda == nullptr) fail_no_cuda_kernels(op);
+  return cuda(launch);
+}
 
 }  // namespace baracuda

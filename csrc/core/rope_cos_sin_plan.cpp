@@ -3,19 +3,17 @@
 #include <algorithm>
 #include <climits>
 
-#include "core/rope_plan.h"  // is_non_overlapping_and_dense
 #include "kernels/rope_cos_sin.h"
 
 namespace baracuda {
 
 namespace {
 constexpr const char* kFamily = "rope_cos_sin";
-// CUDA: 256 threads a block; a thread walks up to kRowsPerThread heads of its column
-// (fewer when that would leave fewer than kMinBlocksPerSm blocks per SM), as rope's plan.
-constexpr int64_t kThreads = 256;
+// CUDA: kRopeCosSinThreads a block; a thread walks up to kRowsPerThread heads of its
+// column (fewer when that would leave fewer than kMinBlocksPerSm blocks per SM), as rope's
+// plan.
 constexpr int64_t kRowsPerThread = 8;
 constexpr int64_t kMinBlocksPerSm = 8;
-constexpr int64_t kMaxGridY = 65535;
 
 std::string op_name(const RopeCosSinDescriptor& d) {
   return d.backward ? "rope_qk_cos_sin_backward" : (d.has_k ? "rope_qk_cos_sin" : "rope_cos_sin");
@@ -28,13 +26,6 @@ void validate(const RopeCosSinDescriptor& d, const std::string& op) {
       op, d.backward ? "dq" : (d.has_k ? "q" : "x"), d.backward ? "dk" : "k", d.q.dtype, d.q.rank,
       d.q.sizes.data(), d.k.dtype, d.has_k ? d.k.rank : -1, d.k.sizes.data(), d.cos.dtype,
       d.cos.rank, d.cos.sizes.data(), d.sin.dtype, d.sin.rank, d.sin.sizes.data());
-}
-
-TensorLayout output_of(const TensorLayout& x) {
-  TensorLayout out = x;
-  if (!is_non_overlapping_and_dense(x)) out.strides = contiguous_strides(x.sizes, x.rank);
-  out.alignment = 16;  // the torch layer allocates outputs through the caching allocator
-  return out;
 }
 
 void table_strides(const TensorLayout& t, int64_t B, int64_t out[3]) {
@@ -100,7 +91,7 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
   if (d.device.backend != Backend::Cuda || l.n_cols == 0) return l;
 
   const int64_t rows = l.Hq + l.Hk;
-  const int64_t grid_x = ceil_div(l.n_cols, kThreads);
+  const int64_t grid_x = ceil_div(l.n_cols, int64_t{kRopeCosSinThreads});
   if (grid_x > INT32_MAX)
     fail(PlanErrorKind::Unsupported, op_name(d),
          "too many (batch, position, feature) columns for one launch, got " +
@@ -108,26 +99,21 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
   int64_t rpt = std::min(kRowsPerThread, std::max<int64_t>(rows, 1));
   const int64_t target = kMinBlocksPerSm * std::max(d.device.sm_count, 1);
   while (rpt > 1 && grid_x * ceil_div(rows, rpt) < target) rpt = (rpt + 1) / 2;
-  rpt = std::max(rpt, ceil_div(rows, kMaxGridY));
+  rpt = std::max(rpt, ceil_div(rows, kCudaMaxGridY));
   l.rows_per_thread = rpt;
   return l;
 }
 
 KernelSku make_sku(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
-  KernelSku sku;
-  sku.family = kFamily;
-  sku.op = std::string(d.interleaved ? "interleaved" : "half_split") +
-           (l.full_table ? "_full_table" : "_half_table") + (d.backward ? "_backward" : "");
-  sku.element = d.q.dtype;
-  sku.variant = l.access == RopeCosSinAccess::Vec16 ? "vec16" : "scalar";
+  const char* variant = l.access == RopeCosSinAccess::Vec16 ? "vec16" : "scalar";
   if (d.device.backend == Backend::Cpu)
-    sku.variant = (!d.interleaved && d.q.strides[3] == 1) ? "rows_simd" : "rows";
-  sku.backend = d.device.backend;
-  sku.arch = d.device.arch;
-  const bool f64 = d.q.dtype == ElementKind::F64;
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
-  return sku;
+    variant = (!d.interleaved && d.q.strides[3] == 1) ? "rows_simd" : "rows";
+  // Elementwise, no reduction: deterministic and bit-stable.
+  return kernel_sku(kFamily,
+                    std::string(d.interleaved ? "interleaved" : "half_split") +
+                        (l.full_table ? "_full_table" : "_half_table") +
+                        (d.backward ? "_backward" : ""),
+                    d.q.dtype, variant, d.device);
 }
 }  // namespace
 
@@ -136,8 +122,8 @@ RopeCosSinPlan RopeCosSinPlan::select(const RopeCosSinDescriptor& desc, PlanPref
   validate(desc, op);
   RopeCosSinPlan p;
   p.desc_ = desc;
-  p.out_q_ = output_of(desc.q);
-  if (desc.has_k) p.out_k_ = output_of(desc.k);
+  p.out_q_ = output_layout_like(desc.q);
+  if (desc.has_k) p.out_k_ = output_layout_like(desc.k);
   p.launch_ = plan_launch(desc, p.out_q_, p.out_k_);
   p.sku_ = make_sku(desc, p.launch_);
   return p;
@@ -164,16 +150,8 @@ void RopeCosSinPlan::run(void* stream, Workspace, const RopeCosSinArgs& args) co
   l.sin = args.sin.data;
   l.yq = args.yq.data;
   l.yk = desc_.has_k ? args.yk.data : nullptr;
-  if (desc_.device.backend == Backend::Cpu) {
-    kernels::rope_cos_sin_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::rope_cos_sin_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(desc_.device.backend, op, kernels::rope_cos_sin_cpu,
+                 BARACUDA_CUDA_ENTRY(kernels::rope_cos_sin_cuda), l, stream);
 }
 
 }  // namespace baracuda

@@ -35,6 +35,9 @@ namespace baracuda {
 //          half-split rows itself).
 enum class RopeCosSinAccess : uint8_t { Vec16, Scalar };
 
+// Threads a block of the CUDA kernel; the plan's grid (columns per block) rests on it.
+constexpr int kRopeCosSinThreads = 256;
+
 // Everything a kernel needs; filled by the plan.
 //
 // CUDA decomposition: a *column* is (b, s, row item), the item fastest; a *row* is one
@@ -146,7 +149,7 @@ struct RopeCosSinArgs {
   MutTensorRef yq, yk;
 };
 
-class RopeCosSinPlan {
+class RopeCosSinPlan : public PlanOf<RopeCosSinDescriptor, RopeCosSinLaunch> {
  public:
   static RopeCosSinPlan select(const RopeCosSinDescriptor& desc, PlanPreference pref);
   // Outputs keep their input's strides when it is non-overlapping and dense, else are
@@ -154,17 +157,10 @@ class RopeCosSinPlan {
   const TensorLayout& q_output_layout() const { return out_q_; }
   const TensorLayout& k_output_layout() const { return out_k_; }
   void can_implement(const RopeCosSinArgs& args) const;
-  size_t workspace_size() const { return 0; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const RopeCosSinArgs& args) const;
-  const RopeCosSinLaunch& launch_description() const { return launch_; }
 
  private:
-  RopeCosSinDescriptor desc_;
   TensorLayout out_q_, out_k_;
-  RopeCosSinLaunch launch_;
-  KernelSku sku_;
 };
 
 }  // namespace baracuda

@@ -12,7 +12,7 @@ namespace baracuda {
 namespace {
 constexpr const char* kFamily = "rope";
 
-// CUDA decomposition (256 threads a block; see RopeLaunch):
+// CUDA decomposition (kRopeThreads a block; see RopeLaunch):
 //  - a thread walks up to kRowsPerThread rows of its column (kRowsPerThreadPerBatch with
 //    per-batch positions, whose table is B times larger), so that its table entries
 //    (loaded once, from L2) cost at most 1/rows of a load per row item; measured on an
@@ -22,11 +22,9 @@ constexpr const char* kFamily = "rope";
 //  - fewer rows per thread when that would leave fewer than kMinBlocksPerSm blocks per
 //    SM (8 blocks of 256 threads fill an SM once), down to one;
 //  - the workspace is aligned to kTableAlign by the plan itself (any allocator will do).
-constexpr int kThreads = 256;
 constexpr int64_t kRowsPerThread = 4;
 constexpr int64_t kRowsPerThreadPerBatch = 16;
 constexpr int64_t kMinBlocksPerSm = 8;
-constexpr int64_t kMaxGridY = 65535;
 constexpr size_t kTableAlign = 16;
 
 std::string op_name(const RopeDescriptor& desc) { return desc.backward ? "rope_backward" : "rope"; }
@@ -103,8 +101,8 @@ RopeLaunch plan_launch(const RopeDescriptor& desc, const TensorLayout& out) {
   l.n_cols = l.table_groups * l.S * (l.n_rot + l.n_pass);
   const int64_t nrows = l.per_batch ? l.H : l.B * l.H;
   l.col_shift = 0;  // columns per block: the smallest power of two >= n_cols, at most 256
-  while ((int64_t{1} << l.col_shift) < std::min<int64_t>(l.n_cols, kThreads)) ++l.col_shift;
-  const int64_t row_slots = kThreads >> l.col_shift;  // row chunks per block
+  while ((int64_t{1} << l.col_shift) < std::min<int64_t>(l.n_cols, kRopeThreads)) ++l.col_shift;
+  const int64_t row_slots = kRopeThreads >> l.col_shift;  // row chunks per block
   const int64_t grid_x = ceil_div(l.n_cols, int64_t{1} << l.col_shift);
   if (grid_x > INT32_MAX)
     fail(PlanErrorKind::Unsupported, desc.backward ? "rope_backward" : "rope",
@@ -114,7 +112,7 @@ RopeLaunch plan_launch(const RopeDescriptor& desc, const TensorLayout& out) {
   const int64_t target = kMinBlocksPerSm * std::max(desc.device.sm_count, 1);
   while (rpt > 1 && blocks(rpt) < target) rpt = (rpt + 1) / 2;
   // gridDim.y is at most 65535.
-  rpt = std::max(rpt, ceil_div(ceil_div(nrows, kMaxGridY), row_slots));
+  rpt = std::max(rpt, ceil_div(ceil_div(nrows, kCudaMaxGridY), row_slots));
   l.rows_per_thread = rpt;
 
   // The linear traversal (items in memory order, a table lookup per item) measured faster
@@ -128,7 +126,7 @@ RopeLaunch plan_launch(const RopeDescriptor& desc, const TensorLayout& out) {
   };
   const int64_t items = l.B * l.H * l.S * (l.n_rot + l.n_pass);
   l.linear = desc.interleaved && l.access == RopeAccess::Vec16 && !l.per_batch &&
-             s_inside_h(x) && s_inside_h(out) && ceil_div(items, kThreads) <= INT32_MAX;
+             s_inside_h(x) && s_inside_h(out) && ceil_div(items, kRopeThreads) <= INT32_MAX;
   return l;
 }
 
@@ -140,69 +138,23 @@ std::string variant_name(const RopeLaunch& l) {
 }
 
 KernelSku make_sku(const RopeDescriptor& desc, const RopeLaunch& l) {
-  KernelSku sku;
-  sku.family = kFamily;
-  sku.op = std::string(desc.interleaved ? "interleaved" : "half_split") +
-           (desc.backward ? "_backward" : "");
-  sku.element = desc.x.dtype;
-  if (desc.has_positions) sku.index_element = ElementKind::I64;
-  sku.variant = variant_name(l);
-  sku.backend = desc.device.backend;
-  sku.arch = desc.device.arch;
-  const bool f64 = desc.x.dtype == ElementKind::F64;
   // Elementwise rotation, no reduction: deterministic and bit-stable.
-  sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
-                   f64 ? ElementKind::F64 : ElementKind::F32, true, true};
+  KernelSku sku = kernel_sku(
+      kFamily,
+      std::string(desc.interleaved ? "interleaved" : "half_split") +
+          (desc.backward ? "_backward" : ""),
+      desc.x.dtype, variant_name(l), desc.device);
+  if (desc.has_positions) sku.index_element = ElementKind::I64;
   return sku;
 }
 
-void launch(Backend backend, const RopeLaunch& l, void* stream, const std::string& op) {
-  if (backend == Backend::Cpu) {
-    kernels::rope_cpu(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::rope_cuda(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
-}
 }  // namespace
-
-bool is_non_overlapping_and_dense(const TensorLayout& t) {
-  if (t.is_contiguous()) return true;  // includes every empty tensor, as in torch
-  if (t.rank == 1) return t.sizes[0] < 2 || t.strides[0] == 1;
-  // Dims by increasing stride, size-0 and size-1 dims last (insertion sort: rank <= 8).
-  const auto before = [&](int a, int b) {
-    if (t.sizes[a] < 2) return false;
-    if (t.sizes[b] < 2) return true;
-    return t.strides[a] < t.strides[b];
-  };
-  int perm[kMaxRank];
-  for (int i = 0; i < t.rank; ++i) {
-    int j = i;
-    for (; j > 0 && before(i, perm[j - 1]); --j) perm[j] = perm[j - 1];
-    perm[j] = i;
-  }
-  int64_t required = 1;
-  for (int i = 0; i < t.rank; ++i) {
-    const int d = perm[i];
-    if (t.sizes[d] < 2) return true;
-    if (t.strides[d] != required) return false;
-    required *= t.sizes[d];
-  }
-  return true;
-}
 
 RopePlan RopePlan::select(const RopeDescriptor& desc, PlanPreference) {
   validate(desc, op_name(desc));
   RopePlan p;
   p.desc_ = desc;
-  p.out_ = desc.x;
-  if (!is_non_overlapping_and_dense(desc.x))
-    p.out_.strides = contiguous_strides(desc.x.sizes, desc.x.rank);
-  p.out_.alignment = 16;  // the torch layer allocates outputs through the caching allocator
+  p.out_ = output_layout_like(desc.x);
   p.launch_ = plan_launch(desc, p.out_);
   p.workspace_ = p.launch_.table_bytes ? p.launch_.table_bytes + kTableAlign - 1 : 0;
   p.sku_ = make_sku(desc, p.launch_);
@@ -236,7 +188,8 @@ void RopePlan::run(void* stream, Workspace workspace, const RopeArgs& args) cons
     const auto addr = reinterpret_cast<uintptr_t>(workspace.data);
     l.table = reinterpret_cast<void*>((addr + kTableAlign - 1) / kTableAlign * kTableAlign);
   }
-  launch(desc_.device.backend, l, stream, op);
+  run_on_backend(desc_.device.backend, op, kernels::rope_cpu,
+                 BARACUDA_CUDA_ENTRY(kernels::rope_cuda), l, stream);
 }
 
 }  // namespace baracuda

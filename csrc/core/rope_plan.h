@@ -32,6 +32,11 @@ namespace baracuda {
 //  Strided: any feature stride, one element at a time.
 enum class RopeAccess : uint8_t { Vec16, Rows, Strided };
 
+// Threads a block of every CUDA RoPE kernel (table, streaming, linear): the plan's
+// decomposition below (columns per block, row chunks per block) and the kernels' indexing
+// both rest on it.
+constexpr int kRopeThreads = 256;
+
 // Everything a kernel needs; filled by the plan, consumed by the CPU and CUDA launchers.
 //
 // CUDA runs two kernels (the CPU kernel walks rows and keeps its own per-position table):
@@ -43,9 +48,9 @@ enum class RopeAccess : uint8_t { Vec16, Rows, Strided };
 //     column is one (g, s, row item), a row one (b, h) (H rows when positions are
 //     per-batch, B·H otherwise). A thread takes one column, loads the column's table
 //     entries once, then walks `rows_per_thread` consecutive rows, so the table is read
-//     from L2 once per rows_per_thread row items. A block of 256 threads covers
-//     2^col_shift consecutive columns (coalesced across a warp) × 256 / 2^col_shift row
-//     chunks (so that narrow problems, e.g. one position, still fill the block).
+//     from L2 once per rows_per_thread row items. A block of kRopeThreads threads covers
+//     2^col_shift consecutive columns (coalesced across a warp) × kRopeThreads /
+//     2^col_shift row chunks (so that narrow problems, e.g. one position, still fill the block).
 //     With `linear` (Vec16 only) the streaming kernel instead walks every (b, h, s, item)
 //     in that order, one item per thread, each reading its own table entries.
 //
@@ -135,10 +140,6 @@ void check_rope_problem(const std::string& op, const char* what, ElementKind dty
              sizes_str(pos_sizes, pos_rank));
 }
 
-// torch's rule for "non-overlapping and dense" (c10/core/Contiguity.h), which decides
-// whether an output may keep its input's strides (as empty_like(preserve_format) does).
-bool is_non_overlapping_and_dense(const TensorLayout& t);
-
 struct RopeDescriptor {
   bool backward = false;  // rope_backward: x is dy, the rotation is by −θ
   TensorLayout x;         // [B, H, S, D]
@@ -157,28 +158,16 @@ struct RopeArgs {
 };
 
 // One plan for both directions: the backward is the forward's kernel with −θ.
-class RopePlan {
+class RopePlan : public OneOutputPlanOf<RopeDescriptor, RopeLaunch> {
  public:
   static RopePlan select(const RopeDescriptor& desc, PlanPreference pref);
-  // y's layout: x's sizes, and x's strides when x is non-overlapping and dense (so y of
-  // a [B, S, H, D] tensor's transpose(1, 2) is laid out [B, S, H, D] too), else
+  // output_layout() (y): x's sizes, and x's strides when x is non-overlapping and dense
+  // (so y of a [B, S, H, D] tensor's transpose(1, 2) is laid out [B, S, H, D] too), else
   // contiguous.
-  const TensorLayout& output_layout() const { return out_; }
   void can_implement(const RopeArgs& args) const;
-  // CUDA: the cos/sin table (RopeLaunch::table_bytes) plus alignment slack; CPU: 0.
-  size_t workspace_size() const { return workspace_; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  // workspace_size(): CUDA: the cos/sin table (RopeLaunch::table_bytes) plus alignment
+  // slack; CPU: 0.
   void run(void* stream, Workspace workspace, const RopeArgs& args) const;
-  // The launch description without data pointers (for dev tools: benchmarks/tune).
-  const RopeLaunch& launch_description() const { return launch_; }
-
- private:
-  RopeDescriptor desc_;
-  TensorLayout out_;
-  RopeLaunch launch_;
-  size_t workspace_ = 0;
-  KernelSku sku_;
 };
 
 }  // namespace baracuda

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kernels/ssd_chunk_scan.h"
+
 namespace baracuda {
 
 namespace {
@@ -61,13 +63,6 @@ SsdSizes<int64_t> validate(const SsdChunkScanDescriptor& desc, const std::string
   return s;
 }
 
-TensorLayout dense_layout(const TensorLayout& like) {
-  TensorLayout out = like;
-  out.strides = contiguous_strides(out.sizes, out.rank);
-  out.alignment = 16;  // the torch layer allocates outputs through PyTorch's allocator
-  return out;
-}
-
 SsdVariant pick_variant(const SsdSizes<int64_t>& s, const DeviceInfo& device) {
   if (s.batch == 0 || s.seqlen == 0 || s.heads == 0 || s.head_dim == 0 || s.state_dim == 0)
     return SsdVariant::Zeros;
@@ -123,14 +118,7 @@ SsdChunkScanLaunch plan_launch(const SsdChunkScanDescriptor& desc, const SsdSize
 }
 
 TensorLayout dense_of(ElementKind dtype, std::initializer_list<int64_t> sizes) {
-  TensorLayout t;
-  t.dtype = dtype;
-  t.rank = static_cast<int>(sizes.size());
-  int d = 0;
-  for (int64_t v : sizes) t.sizes[d++] = v;
-  t.strides = contiguous_strides(t.sizes, t.rank);
-  t.alignment = 16;
-  return t;
+  return dense_output_layout(dtype, static_cast<int>(sizes.size()), sizes.begin());
 }
 
 // NotImplementedError instead of a wrapped-around size when B·H·⌈L/Q⌉·D·N·8 bytes of
@@ -148,19 +136,12 @@ size_t kernel_workspace(SsdVariant v, const SsdChunkScanLaunch& l, bool backward
                         const std::string& op) {
   if (v == SsdVariant::Zeros) return 0;
   check_workspace_addressable(l, op);
-  size_t bytes = 0;
-  if (v == SsdVariant::Sequential) {
-    bytes = backward ? kernels::ssd_chunk_scan_cpu_backward_workspace(l)
-                     : kernels::ssd_chunk_scan_cpu_forward_workspace(l);
-  } else {
-#ifdef BARACUDA_WITH_CUDA
-    bytes = backward ? kernels::ssd_chunk_scan_cuda_backward_workspace(l)
-                     : kernels::ssd_chunk_scan_cuda_forward_workspace(l);
-#else
-    fail(PlanErrorKind::Unsupported, op, "this build of baracuda_torch has no CUDA kernels");
-#endif
-  }
-  return bytes;
+  const Backend b = v == SsdVariant::Sequential ? Backend::Cpu : Backend::Cuda;
+  if (backward)
+    return query_backend(b, op, kernels::ssd_chunk_scan_cpu_backward_workspace,
+                         BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_backward_workspace), l);
+  return query_backend(b, op, kernels::ssd_chunk_scan_cpu_forward_workspace,
+                       BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward_workspace), l);
 }
 
 size_t with_alignment_slack(size_t bytes) { return bytes ? bytes + kWorkspaceAlign - 1 : 0; }
@@ -211,30 +192,15 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
 }
 
 void launch_forward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
-  if (v == SsdVariant::Sequential) {
-    kernels::ssd_chunk_scan_cpu_forward(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::ssd_chunk_scan_cuda_forward(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, kOp, "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(v == SsdVariant::Sequential ? Backend::Cpu : Backend::Cuda, kOp,
+                 kernels::ssd_chunk_scan_cpu_forward,
+                 BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward), l, stream);
 }
 
 void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
-  if (v == SsdVariant::Sequential) {
-    kernels::ssd_chunk_scan_cpu_backward(l);
-    return;
-  }
-#ifdef BARACUDA_WITH_CUDA
-  kernels::ssd_chunk_scan_cuda_backward(l, stream);
-#else
-  (void)stream;
-  fail(PlanErrorKind::Unsupported, kBackwardOp,
-       "this build of baracuda_torch has no CUDA kernels");
-#endif
+  run_on_backend(v == SsdVariant::Sequential ? Backend::Cpu : Backend::Cuda, kBackwardOp,
+                 kernels::ssd_chunk_scan_cpu_backward,
+                 BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_backward), l, stream);
 }
 }  // namespace
 
@@ -243,7 +209,7 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc, Pl
   SsdChunkScanPlan p;
   p.desc_ = desc;
   p.variant_ = pick_variant(s, desc.device);
-  p.out_ = dense_layout(desc.x);
+  p.out_ = dense_output_layout(desc.x);
   p.final_ = dense_of(ssd_compute_type(desc.x.dtype),
                       {s.batch, s.heads, s.head_dim, s.state_dim});
   p.launch_ = plan_launch(desc, s, nullptr);
@@ -304,13 +270,13 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.desc_ = desc;
   p.variant_ = pick_variant(s, desc.forward.device);
   const SsdChunkScanDescriptor& f = desc.forward;
-  p.out_ = {dense_layout(f.x), dense_layout(f.dt), dense_layout(f.A), dense_layout(f.B),
-            dense_layout(f.C)};
+  p.out_ = {dense_output_layout(f.x), dense_output_layout(f.dt), dense_output_layout(f.A),
+            dense_output_layout(f.B), dense_output_layout(f.C)};
   const SsdChunkScanOptions& o = f.options;
-  if (o.has_D) p.opt_out_[0] = dense_layout(o.D);
-  if (o.has_z) p.opt_out_[1] = dense_layout(f.x);
-  if (o.has_dt_bias) p.opt_out_[2] = dense_layout(o.dt_bias);
-  if (o.has_initial_states) p.opt_out_[3] = dense_layout(o.initial_states);
+  if (o.has_D) p.opt_out_[0] = dense_output_layout(o.D);
+  if (o.has_z) p.opt_out_[1] = dense_output_layout(f.x);
+  if (o.has_dt_bias) p.opt_out_[2] = dense_output_layout(o.dt_bias);
+  if (o.has_initial_states) p.opt_out_[3] = dense_output_layout(o.initial_states);
   p.launch_ = plan_launch(f, s, &desc);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);

@@ -6,10 +6,10 @@
 // Per batch b and head h (group g = h / (H/G)), with h_{-1} = 0:
 //   decay_t = exp(dt_t · A_h),  h_t = decay_t · h_{t-1} + dt_t · x_t ⊗ B_t,
 //   y_t[d]  = Σ_n C_t[n] · h_t[d, n]
-// (kernels/ssd_chunk_scan.h gives the backward's formulas with the kernels).
+// (SsdChunkScanLaunch below gives the backward's formulas).
 //
 // With the options of mamba_chunk_scan_combined (D, z, dt_bias, dt_softplus, dt
-// limits, initial and final states, seq_idx; kernels/ssd_chunk_scan.h) the same plans
+// limits, initial and final states, seq_idx; SsdChunkScanLaunch below) the same plans
 // cover ssd_chunk_scan_combined and its backward.
 //
 // Variants: "sequential" (CPU: the exact recurrence in float64), "chunked" (CUDA: the
@@ -29,9 +29,101 @@
 #include <string>
 
 #include "core/plan.h"
-#include "kernels/ssd_chunk_scan.h"
 
 namespace baracuda {
+
+// The mamba_ssm `mamba_chunk_scan_combined` contract on top of the recurrence above
+// (every option is absent when its pointer is null / its flag is false, and then the
+// kernels compute exactly the plain scan):
+//   dt_t  <- dt_t + dt_bias_h;  dt_t <- softplus(dt_t) where dt_t <= 20 (dt_softplus);
+//   dt_t  <- min(max(dt_t, dt_min), dt_max)      (always: the default (0, inf) maps a
+//            negative dt to 0); computed in the compute type, before anything else.
+//   h_{-1} = initial_states[b, h]; the state resets to 0 at every t > 0 where
+//            seq_idx[b, t] != seq_idx[b, t-1] (initial_states belong to the first
+//            sequence); final_states[b, h] = h_{L-1}.
+//   y_t   += D_h · x_t  (or D_{h,d} · x_t[d]);   then, with z: y_pre = y,
+//   out_t  = y_pre_t · silu(z_t).
+// Backward: ddt is the gradient of the *raw* dt: zero where the processed dt lies strictly
+// outside [dt_min, dt_max], times sigmoid(dt + dt_bias) where softplus applied;
+// ddt_bias[h] = Σ_{b,t} ddt; dD, dz, dinitial_states as the formulas give; the incoming
+// gradient of final_states (dfinal_states) seeds the reverse recurrence.
+// Reductions over b and t (dA, dD, ddt_bias) are in a fixed order: deterministic.
+struct SsdChunkScanLaunch {
+  ElementKind element = ElementKind::F32;  // dtype of x, B, C, z, dy, y, dx, dB, dC, dz
+  // The compute type: F32 for F16/BF16/F32 inputs, F64 for F64. A, D, dt_bias,
+  // initial_states, final_states, dfinal_states and dA, dD, ddt_bias, dinitial_states
+  // are in this type (the op layer converts the caller's small parameter tensors).
+  ElementKind compute = ElementKind::F32;
+  // dt's dtype (and ddt's): `element` or `compute`.
+  ElementKind dt_element = ElementKind::F32;
+  int64_t batch = 0, seqlen = 0, heads = 0, head_dim = 0, state_dim = 0, groups = 0;
+  int64_t chunk_size = 0;
+  int64_t nchunks() const { return chunk_size > 0 ? (seqlen + chunk_size - 1) / chunk_size : 0; }
+
+  // Element strides of the inputs, in the order of their dims (any value, 0 included):
+  //   x, dy [B, L, H, D]   dt [B, L, H]   A [H] (compute)   B, C [B, L, G, N]
+  int64_t x_stride[4] = {}, dt_stride[3] = {}, A_stride = 0, B_stride[4] = {},
+          C_stride[4] = {}, dy_stride[4] = {};
+  const void* x = nullptr;
+  const void* dt = nullptr;
+  const void* A = nullptr;
+  const void* B = nullptr;
+  const void* C = nullptr;
+  const void* dy = nullptr;  // backward only
+
+  // Outputs, dense and contiguous:
+  //   forward:  y [B, L, H, D] (element: `out` above, after D and the z gate)
+  //   backward: dx [B, L, H, D], dB, dC [B, L, G, N] (element), ddt [B, L, H]
+  //             (dt_element), dA [H] (compute)
+  // Every element of every output is written (no zero-initialisation is assumed).
+  void* y = nullptr;
+  void* dx = nullptr;
+  void* ddt = nullptr;
+  void* dA = nullptr;
+  void* dB = nullptr;
+  void* dC = nullptr;
+
+  // ---- mamba_chunk_scan_combined options ----------------------------------------
+  // Inputs (any strides, in the order of their dims):
+  //   D [H] (D_per_dim false) or [H, D] (true)   z [B, L, H, D] (element)
+  //   dt_bias [H]   initial_states [B, H, D, N]   seq_idx [B, L] (int32, or int64)
+  //   dfinal_states [B, H, D, N] (backward; null: zero gradient)
+  //   y_pre [B, L, H, D] (backward with z: the forward's pre-gate output)
+  const void* D = nullptr;
+  bool D_per_dim = false;
+  int64_t D_stride[2] = {};
+  const void* z = nullptr;
+  int64_t z_stride[4] = {};
+  const void* dt_bias = nullptr;
+  int64_t dt_bias_stride = 0;
+  bool dt_softplus = false;
+  double dt_min = 0.0, dt_max = __builtin_inf();
+  const void* initial_states = nullptr;
+  int64_t init_stride[4] = {};
+  const void* seq_idx = nullptr;
+  bool seq_idx_int64 = false;
+  int64_t seq_idx_stride[2] = {};
+  const void* dfinal_states = nullptr;
+  int64_t dfinal_stride[4] = {};
+  const void* y_pre = nullptr;
+  int64_t y_pre_stride[4] = {};
+  // Outputs, dense and contiguous, written in full when non-null:
+  //   forward:  final_states [B, H, D, N] (compute), y_pre [B, L, H, D] (element; only
+  //             with z, to be saved for the backward)
+  //   backward: dD (D's shape), ddt_bias [H], dinitial_states [B, H, D, N] (compute),
+  //             dz [B, L, H, D] (element). Each is non-null exactly when its input is.
+  void* final_states = nullptr;
+  void* y_pre_out = nullptr;
+  void* dD = nullptr;
+  void* ddt_bias = nullptr;
+  void* dinitial_states = nullptr;
+  void* dz = nullptr;
+
+  // Scratch of at least the matching *_workspace() bytes, 256-byte aligned, contents
+  // undefined on entry.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
 
 // Largest D and N the CUDA kernels are wired for (the CPU has no limit).
 constexpr int64_t kSsdCudaMaxDim = 256;
@@ -263,7 +355,7 @@ void check_ssd_options(const std::string& op, const SsdOperand<Int>& x, const Ss
   }
 }
 
-// The options of mamba_chunk_scan_combined (kernels/ssd_chunk_scan.h gives their
+// The options of mamba_chunk_scan_combined (SsdChunkScanLaunch gives their
 // semantics). The layouts of absent operands (has_* false) are not read.
 struct SsdChunkScanOptions {
   TensorLayout D, z, dt_bias, initial_states, seq_idx;
@@ -309,33 +401,26 @@ struct SsdChunkScanBackwardArgs {
 
 enum class SsdVariant : uint8_t { Sequential, Chunked, Zeros };
 
-class SsdChunkScanPlan {
+class SsdChunkScanPlan : public OneOutputPlanOf<SsdChunkScanDescriptor, SsdChunkScanLaunch> {
  public:
   static SsdChunkScanPlan select(const SsdChunkScanDescriptor& desc, PlanPreference pref);
-  // y's layout: x's sizes, contiguous.
-  const TensorLayout& output_layout() const { return out_; }
+  // output_layout() (y): x's sizes, contiguous.
   // final_states [B, H, D, N] in the compute type, contiguous.
   const TensorLayout& final_states_layout() const { return final_; }
   // True for the "zeros" variant: run() launches nothing and y must be zero-filled by
   // the caller (y is empty, or N == 0 and y is a sum over an empty state).
   bool zero_fill_outputs() const { return variant_ == SsdVariant::Zeros; }
   void can_implement(const SsdChunkScanArgs& args) const;
-  size_t workspace_size() const { return workspace_; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
   void run(void* stream, Workspace workspace, const SsdChunkScanArgs& args) const;
 
  private:
-  SsdChunkScanDescriptor desc_;
   SsdVariant variant_ = SsdVariant::Sequential;
-  TensorLayout out_, final_;
-  SsdChunkScanLaunch launch_;
-  size_t kernel_workspace_ = 0;  // what the kernel needs
-  size_t workspace_ = 0;         // ... plus slack to align it
-  KernelSku sku_;
+  TensorLayout final_;
+  size_t kernel_workspace_ = 0;  // what the kernel needs; workspace_ adds slack to align it
 };
 
-class SsdChunkScanBackwardPlan {
+class SsdChunkScanBackwardPlan
+    : public PlanOf<SsdChunkScanBackwardDescriptor, SsdChunkScanLaunch> {
  public:
   static SsdChunkScanBackwardPlan select(const SsdChunkScanBackwardDescriptor& desc,
                                          PlanPreference pref);
@@ -347,21 +432,14 @@ class SsdChunkScanBackwardPlan {
   // launches nothing and the caller zero-fills the outputs.
   bool zero_fill_outputs() const { return variant_ == SsdVariant::Zeros; }
   void can_implement(const SsdChunkScanBackwardArgs& args) const;
-  // O(B·H·⌈L/Q⌉·D·N): states at chunk boundaries, never per-step states.
-  size_t workspace_size() const { return workspace_; }
-  const KernelSku& sku() const { return sku_; }
-  const PrecisionGuarantee& precision_guarantee() const { return sku_.precision; }
+  // workspace_size(): O(B·H·⌈L/Q⌉·D·N): states at chunk boundaries, never per-step states.
   void run(void* stream, Workspace workspace, const SsdChunkScanBackwardArgs& args) const;
 
  private:
-  SsdChunkScanBackwardDescriptor desc_;
   SsdVariant variant_ = SsdVariant::Sequential;
   std::array<TensorLayout, 5> out_;
   std::array<TensorLayout, 4> opt_out_;
-  SsdChunkScanLaunch launch_;
-  size_t kernel_workspace_ = 0;  // what the kernel needs
-  size_t workspace_ = 0;         // ... plus slack to align it
-  KernelSku sku_;
+  size_t kernel_workspace_ = 0;  // what the kernel needs; workspace_ adds slack to align it
 };
 
 }  // namespace baracuda

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/SymInt.h>
+#include <torch/library.h>
 
 #include <optional>
 #include <string>
@@ -69,6 +71,13 @@ auto translate_errors(F&& f) -> decltype(f()) {
   }
 }
 
+// The typed dispatcher handle of an op ("baracuda::rope"; overload "" or "Tensor"), to call
+// it through the dispatcher (from an autograd Function, so that every key below runs).
+template <class Signature>
+c10::TypedOperatorHandle<Signature> op_handle(const char* name, const char* overload = "") {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).typed<Signature>();
+}
+
 // What `baracuda_torch.explain` returns: the plan's choice and its guarantees.
 struct PlanInfo {
   KernelSku sku;
@@ -83,6 +92,78 @@ PlanInfo plan_info(const Plan& plan, PlanPreference pref) {
 
 inline PlanPreference preference_or_current(const std::optional<std::string>& p) {
   return p ? parse_preference(*p) : current_preference();
+}
+
+// What an explain_<op> function returns: the plan make_plan(pref) builds under the given
+// preference (the current one when absent), PlanErrors translated.
+template <typename MakePlan>
+PlanInfo explain_plan(const std::optional<std::string>& preference, MakePlan&& make_plan) {
+  return translate_errors([&] {
+    const PlanPreference pref = preference_or_current(preference);
+    return plan_info(make_plan(pref), pref);
+  });
+}
+
+// ---- Registration -------------------------------------------------------------------
+// One op's implementations: `kernel` for the CPU and CUDA keys (its plan picks the
+// backend from the tensors' device), `meta` for fake tensors, `autograd` for Autograd.
+template <class Kernel, class Meta, class Autograd>
+struct OpImpls {
+  const char* name;
+  Kernel kernel;
+  Meta meta;
+  Autograd autograd;
+};
+template <class Kernel, class Meta, class Autograd>
+OpImpls<Kernel, Meta, Autograd> op_impls(const char* name, Kernel kernel, Meta meta,
+                                         Autograd autograd) {
+  return {name, kernel, meta, autograd};
+}
+
+enum class ImplKey : uint8_t { Kernel, Meta, Autograd };
+
+template <class... Ops>
+void impl_ops(torch::Library& m, ImplKey key, const Ops&... ops) {
+  const auto one = [&](const auto& op) {
+    if (key == ImplKey::Kernel) m.impl(op.name, op.kernel);
+    else if (key == ImplKey::Meta) m.impl(op.name, op.meta);
+    else m.impl(op.name, op.autograd);
+  };
+  (one(ops), ...);
+}
+
+#ifdef BARACUDA_WITH_CUDA
+#define BARACUDA_IF_CUDA(...) __VA_ARGS__
+#else
+#define BARACUDA_IF_CUDA(...)
+#endif
+
+// Registers a family's ops (op_impls(...) values) for CPU, CUDA (CUDA builds), Meta and
+// Autograd. Use once per family, at the end of its <family>_ops.cpp, inside namespace
+// baracuda::torch_ops.
+#define BARACUDA_IMPL_OPS(...)                                    \
+  TORCH_LIBRARY_IMPL(baracuda, CPU, m) {                          \
+    impl_ops(m, ImplKey::Kernel, __VA_ARGS__);                    \
+  }                                                               \
+  BARACUDA_IF_CUDA(TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {        \
+    impl_ops(m, ImplKey::Kernel, __VA_ARGS__);                    \
+  })                                                              \
+  TORCH_LIBRARY_IMPL(baracuda, Meta, m) {                         \
+    impl_ops(m, ImplKey::Meta, __VA_ARGS__);                      \
+  }                                                               \
+  TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {                     \
+    impl_ops(m, ImplKey::Autograd, __VA_ARGS__);                  \
+  }
+
+// Whether a defined tensor among `tensors` (null entries skipped) has more dims than a
+// TensorLayout holds (kMaxRank). A plan validates its problem once, in select(), from
+// layouts; a make_plan function runs the problem's shared checks itself only for such
+// inputs, so that they get the problem's error (ValueError "must be 4-D ...") rather
+// than layout_of's rank limit.
+inline bool exceeds_layout_rank(std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors)
+    if (t && t->defined() && t->dim() > kMaxRank) return true;
+  return false;
 }
 
 // Symbolic sizes of a tensor in a meta kernel, as a vector the core's templated shape

@@ -107,19 +107,16 @@ at::Tensor gated_activation_backward_meta(const at::Tensor& dy, const at::Tensor
 
 at::Tensor call_forward(const at::Tensor& x, const std::string& kind, int64_t dim,
                         bool gate_first) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("baracuda::gated_activation", "")
-                       .typed<at::Tensor(const at::Tensor&, c10::string_view, int64_t, bool)>();
+  static auto op = op_handle<at::Tensor(const at::Tensor&, c10::string_view, int64_t, bool)>(
+      "baracuda::gated_activation");
   return op.call(x, kind, dim, gate_first);
 }
 
 at::Tensor call_backward(const at::Tensor& dy, const at::Tensor& x, const std::string& kind,
                          int64_t dim, bool gate_first) {
   static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("baracuda::gated_activation_backward", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view, int64_t,
-                            bool)>();
+      op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view, int64_t, bool)>(
+          "baracuda::gated_activation_backward");
   return op.call(dy, x, kind, dim, gate_first);
 }
 
@@ -278,10 +275,8 @@ std::tuple<at::Tensor, at::Tensor> gated_activation_pair_backward_meta(const at:
 
 at::Tensor call_pair_forward(const at::Tensor& gate, const at::Tensor& up,
                              const std::string& kind) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("baracuda::gated_activation_pair", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>(
+      "baracuda::gated_activation_pair");
   return op.call(gate, up, kind);
 }
 
@@ -289,11 +284,9 @@ std::tuple<at::Tensor, at::Tensor> call_pair_backward(const at::Tensor& dy,
                                                       const at::Tensor& gate,
                                                       const at::Tensor& up,
                                                       const std::string& kind) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("baracuda::gated_activation_pair_backward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           c10::string_view)>();
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view)>(
+      "baracuda::gated_activation_pair_backward");
   return op.call(dy, gate, up, kind);
 }
 
@@ -347,67 +340,43 @@ std::tuple<at::Tensor, at::Tensor> gated_activation_pair_backward_autograd(
 
 PlanInfo explain_gated_activation(const at::Tensor& x, const std::string& kind, int64_t dim,
                                   bool gate_first, const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(forward_plan(x, kind, dim, gate_first, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return forward_plan(x, kind, dim, gate_first, pref);
   });
 }
 
 PlanInfo explain_gated_activation_backward(const at::Tensor& dy, const at::Tensor& x,
                                            const std::string& kind, int64_t dim, bool gate_first,
                                            const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(backward_plan(dy, x, kind, dim, gate_first, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return backward_plan(dy, x, kind, dim, gate_first, pref);
   });
 }
 
 PlanInfo explain_gated_activation_pair(const at::Tensor& gate, const at::Tensor& up,
                                        const std::string& kind,
                                        const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(pair_plan(gate, up, kind, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return pair_plan(gate, up, kind, pref);
   });
 }
 
 PlanInfo explain_gated_activation_pair_backward(const at::Tensor& dy, const at::Tensor& gate,
                                                 const at::Tensor& up, const std::string& kind,
                                                 const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(pair_backward_plan(dy, gate, up, kind, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return pair_backward_plan(dy, gate, up, kind, pref);
   });
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("gated_activation", &gated_activation_kernel);
-  m.impl("gated_activation_backward", &gated_activation_backward_kernel);
-  m.impl("gated_activation_pair", &gated_activation_pair_kernel);
-  m.impl("gated_activation_pair_backward", &gated_activation_pair_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("gated_activation", &gated_activation_kernel);
-  m.impl("gated_activation_backward", &gated_activation_backward_kernel);
-  m.impl("gated_activation_pair", &gated_activation_pair_kernel);
-  m.impl("gated_activation_pair_backward", &gated_activation_pair_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("gated_activation", &gated_activation_meta);
-  m.impl("gated_activation_backward", &gated_activation_backward_meta);
-  m.impl("gated_activation_pair", &gated_activation_pair_meta);
-  m.impl("gated_activation_pair_backward", &gated_activation_pair_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("gated_activation", &gated_activation_autograd);
-  m.impl("gated_activation_backward", &gated_activation_backward_autograd);
-  m.impl("gated_activation_pair", &gated_activation_pair_autograd);
-  m.impl("gated_activation_pair_backward", &gated_activation_pair_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("gated_activation", &gated_activation_kernel,
+             &gated_activation_meta, &gated_activation_autograd),
+    op_impls("gated_activation_backward", &gated_activation_backward_kernel,
+             &gated_activation_backward_meta, &gated_activation_backward_autograd),
+    op_impls("gated_activation_pair", &gated_activation_pair_kernel,
+             &gated_activation_pair_meta, &gated_activation_pair_autograd),
+    op_impls("gated_activation_pair_backward", &gated_activation_pair_backward_kernel,
+             &gated_activation_pair_backward_meta, &gated_activation_pair_backward_autograd))
 
 }  // namespace baracuda::torch_ops

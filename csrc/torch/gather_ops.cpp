@@ -166,18 +166,16 @@ at::Tensor gather_backward_meta(const at::Tensor& dout, int64_t dim, const at::T
 // ---- autograd --------------------------------------------------------------------
 
 at::Tensor call_forward(const at::Tensor& src, int64_t dim, const at::Tensor& index) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("baracuda::gather", "")
-                       .typed<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&)>();
+  static auto op =
+      op_handle<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&)>("baracuda::gather");
   return op.call(src, dim, index);
 }
 
 at::Tensor call_backward(const at::Tensor& dout, int64_t dim, const at::Tensor& index,
                          c10::SymIntArrayRef src_sizes) {
   static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("baracuda::gather_backward", "")
-          .typed<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&, c10::SymIntArrayRef)>();
+      op_handle<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&, c10::SymIntArrayRef)>(
+          "baracuda::gather_backward");
   return op.call(dout, dim, index, src_sizes);
 }
 
@@ -238,18 +236,16 @@ at::Tensor gather_backward_autograd(const at::Tensor& dout, int64_t dim, const a
 
 PlanInfo explain_gather(const at::Tensor& src, int64_t dim, const at::Tensor& index,
                         const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(forward_plan(src, dim, index, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return forward_plan(src, dim, index, pref);
   });
 }
 
 PlanInfo explain_gather_backward(const at::Tensor& dout, int64_t dim, const at::Tensor& index,
                                  const std::vector<int64_t>& src_sizes,
                                  const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(backward_plan(dout, dim, index, src_sizes, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return backward_plan(dout, dim, index, src_sizes, pref);
   });
 }
 
@@ -276,26 +272,9 @@ void set_index_checks(const std::string& mode) {
 
 std::string get_index_checks() { return g_sync_index_checks.load() ? "sync" : "async"; }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("gather", &gather_kernel);
-  m.impl("gather_backward", &gather_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("gather", &gather_kernel);
-  m.impl("gather_backward", &gather_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("gather", &gather_meta);
-  m.impl("gather_backward", &gather_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("gather", &gather_autograd);
-  m.impl("gather_backward", &gather_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("gather", &gather_kernel, &gather_meta, &gather_autograd),
+    op_impls("gather_backward", &gather_backward_kernel,
+             &gather_backward_meta, &gather_backward_autograd))
 
 }  // namespace baracuda::torch_ops

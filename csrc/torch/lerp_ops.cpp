@@ -196,33 +196,27 @@ Grads3 lerp_backward_tensor_meta(const at::Tensor& dy, const at::Tensor& a, cons
 // ---- autograd --------------------------------------------------------------------
 
 at::Tensor call_lerp(const at::Tensor& a, const at::Tensor& b, double weight) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("baracuda::lerp", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
+  static auto op =
+      op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("baracuda::lerp");
   return op.call(a, b, weight);
 }
 
 at::Tensor call_lerp_tensor(const at::Tensor& a, const at::Tensor& b, const at::Tensor& w) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("baracuda::lerp", "Tensor")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+      "baracuda::lerp", "Tensor");
   return op.call(a, b, w);
 }
 
 Grads2 call_lerp_backward(const at::Tensor& dy, double weight) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("baracuda::lerp_backward", "")
-                       .typed<Grads2(const at::Tensor&, double)>();
+  static auto op = op_handle<Grads2(const at::Tensor&, double)>("baracuda::lerp_backward");
   return op.call(dy, weight);
 }
 
 Grads3 call_lerp_backward_tensor(const at::Tensor& dy, const at::Tensor& a, const at::Tensor& b,
                                  const at::Tensor& w) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("baracuda::lerp_backward", "Tensor")
-                       .typed<Grads3(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                     const at::Tensor&)>();
+  static auto op =
+      op_handle<Grads3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+          "baracuda::lerp_backward", "Tensor");
   return op.call(dy, a, b, w);
 }
 
@@ -347,65 +341,38 @@ Grads3 lerp_backward_tensor_autograd(const at::Tensor& dy, const at::Tensor& a,
 
 PlanInfo explain_lerp(const at::Tensor& a, const at::Tensor& b, double weight,
                       const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(forward_plan(a, b, nullptr, weight, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return forward_plan(a, b, nullptr, weight, pref);
   });
 }
 
 PlanInfo explain_lerp_tensor(const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight,
                              const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(forward_plan(a, b, &weight, 0.0, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return forward_plan(a, b, &weight, 0.0, pref);
   });
 }
 
 PlanInfo explain_lerp_backward(const at::Tensor& dy, double weight,
                                const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(backward_plan(dy, nullptr, nullptr, nullptr, weight, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return backward_plan(dy, nullptr, nullptr, nullptr, weight, pref);
   });
 }
 
 PlanInfo explain_lerp_backward_tensor(const at::Tensor& dy, const at::Tensor& a,
                                       const at::Tensor& b, const at::Tensor& weight,
                                       const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(backward_plan(dy, &a, &b, &weight, 0.0, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return backward_plan(dy, &a, &b, &weight, 0.0, pref);
   });
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("lerp", &lerp_kernel);
-  m.impl("lerp.Tensor", &lerp_tensor_kernel);
-  m.impl("lerp_backward", &lerp_backward_kernel);
-  m.impl("lerp_backward.Tensor", &lerp_backward_tensor_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("lerp", &lerp_kernel);
-  m.impl("lerp.Tensor", &lerp_tensor_kernel);
-  m.impl("lerp_backward", &lerp_backward_kernel);
-  m.impl("lerp_backward.Tensor", &lerp_backward_tensor_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("lerp", &lerp_meta);
-  m.impl("lerp.Tensor", &lerp_tensor_meta);
-  m.impl("lerp_backward", &lerp_backward_meta);
-  m.impl("lerp_backward.Tensor", &lerp_backward_tensor_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("lerp", &lerp_autograd);
-  m.impl("lerp.Tensor", &lerp_tensor_autograd);
-  m.impl("lerp_backward", &lerp_backward_autograd);
-  m.impl("lerp_backward.Tensor", &lerp_backward_tensor_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("lerp", &lerp_kernel, &lerp_meta, &lerp_autograd),
+    op_impls("lerp.Tensor", &lerp_tensor_kernel, &lerp_tensor_meta, &lerp_tensor_autograd),
+    op_impls("lerp_backward", &lerp_backward_kernel, &lerp_backward_meta, &lerp_backward_autograd),
+    op_impls("lerp_backward.Tensor", &lerp_backward_tensor_kernel,
+             &lerp_backward_tensor_meta, &lerp_backward_tensor_autograd))
 
 }  // namespace baracuda::torch_ops

@@ -40,6 +40,18 @@ const char* q_name(bool has_k, bool backward) {
   return backward ? "dy" : "x";
 }
 
+void check_devices(bool has_k, bool backward, const at::Tensor& q, const at::Tensor* k,
+                   const at::Tensor& cos, const at::Tensor& sin) {
+  const char* op = op_name(has_k, backward);
+  const char* qn = q_name(has_k, backward);
+  if (k)
+    check_same_device(op, {{qn, &q}, {backward ? "dk" : "k", k}, {"cos", &cos}, {"sin", &sin}});
+  else
+    check_same_device(op, {{qn, &q}, {"cos", &cos}, {"sin", &sin}});
+}
+
+// The meta kernels' checks: devices, then the problem on (possibly symbolic) sizes, as
+// RopeCosSinPlan::select checks it.
 template <class Int>
 void check_problem(bool has_k, bool backward, const at::Tensor& q, const at::Tensor* k,
                    const at::Tensor& cos, const at::Tensor& sin, c10::ArrayRef<Int> qs,
@@ -47,10 +59,7 @@ void check_problem(bool has_k, bool backward, const at::Tensor& q, const at::Ten
   const char* op = op_name(has_k, backward);
   const char* qn = q_name(has_k, backward);
   const char* kn = backward ? "dk" : "k";
-  if (k)
-    check_same_device(op, {{qn, &q}, {kn, k}, {"cos", &cos}, {"sin", &sin}});
-  else
-    check_same_device(op, {{qn, &q}, {"cos", &cos}, {"sin", &sin}});
+  check_devices(has_k, backward, q, k, cos, sin);
   check_rope_cos_sin_problem<Int>(
       op, qn, kn, element_of(q, op, qn), static_cast<int>(qs.size()), qs.data(),
       k ? element_of(*k, op, kn) : ElementKind::F32, k ? static_cast<int>(ks.size()) : -1,
@@ -61,8 +70,11 @@ void check_problem(bool has_k, bool backward, const at::Tensor& q, const at::Ten
 RopeCosSinPlan make_plan(bool backward, const at::Tensor& q, const at::Tensor* k,
                          const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
   const bool has_k = k != nullptr;
-  check_problem<int64_t>(has_k, backward, q, k, cos, sin, q.sizes(),
-                         k ? k->sizes() : c10::IntArrayRef(), cos.sizes(), sin.sizes());
+  // The problem is validated once, by RopeCosSinPlan::select (see exceeds_layout_rank).
+  if (exceeds_layout_rank({&q, k, &cos, &sin}))
+    check_problem<int64_t>(has_k, backward, q, k, cos, sin, q.sizes(),
+                           k ? k->sizes() : c10::IntArrayRef(), cos.sizes(), sin.sizes());
+  check_devices(has_k, backward, q, k, cos, sin);
   const char* op = op_name(has_k, backward);
   RopeCosSinDescriptor d;
   d.backward = backward;
@@ -158,23 +170,15 @@ using QkSignature = TensorPair(const at::Tensor&, const at::Tensor&, const at::T
 
 at::Tensor call_one(bool backward, const at::Tensor& x, const at::Tensor& cos,
                     const at::Tensor& sin, bool interleaved) {
-  static auto fwd = c10::Dispatcher::singleton()
-                        .findSchemaOrThrow("baracuda::rope_cos_sin", "")
-                        .typed<OneSignature>();
-  static auto bwd = c10::Dispatcher::singleton()
-                        .findSchemaOrThrow("baracuda::rope_cos_sin_backward", "")
-                        .typed<OneSignature>();
+  static auto fwd = op_handle<OneSignature>("baracuda::rope_cos_sin");
+  static auto bwd = op_handle<OneSignature>("baracuda::rope_cos_sin_backward");
   return (backward ? bwd : fwd).call(x, cos, sin, interleaved);
 }
 
 TensorPair call_qk(bool backward, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                    const at::Tensor& sin, bool interleaved) {
-  static auto fwd = c10::Dispatcher::singleton()
-                        .findSchemaOrThrow("baracuda::rope_qk_cos_sin", "")
-                        .typed<QkSignature>();
-  static auto bwd = c10::Dispatcher::singleton()
-                        .findSchemaOrThrow("baracuda::rope_qk_cos_sin_backward", "")
-                        .typed<QkSignature>();
+  static auto fwd = op_handle<QkSignature>("baracuda::rope_qk_cos_sin");
+  static auto bwd = op_handle<QkSignature>("baracuda::rope_qk_cos_sin_backward");
   return (backward ? bwd : fwd).call(q, k, cos, sin, interleaved);
 }
 
@@ -335,41 +339,18 @@ TensorPair qk_backward_autograd(const at::Tensor& dq, const at::Tensor& dk, cons
 PlanInfo explain_rope_qk_cos_sin(const at::Tensor& q, const std::optional<at::Tensor>& k,
                                  const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                                  bool backward, const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
+  return explain_plan(preference, [&](PlanPreference pref) {
     const at::Tensor* kp = k && k->defined() ? &*k : nullptr;
-    return plan_info(make_plan(backward, q, kp, cos, sin, interleaved), pref);
+    return make_plan(backward, q, kp, cos, sin, interleaved);
   });
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("rope_cos_sin", &one_kernel);
-  m.impl("rope_cos_sin_backward", &one_backward_kernel);
-  m.impl("rope_qk_cos_sin", &qk_kernel);
-  m.impl("rope_qk_cos_sin_backward", &qk_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("rope_cos_sin", &one_kernel);
-  m.impl("rope_cos_sin_backward", &one_backward_kernel);
-  m.impl("rope_qk_cos_sin", &qk_kernel);
-  m.impl("rope_qk_cos_sin_backward", &qk_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("rope_cos_sin", &one_meta);
-  m.impl("rope_cos_sin_backward", &one_backward_meta);
-  m.impl("rope_qk_cos_sin", &qk_meta);
-  m.impl("rope_qk_cos_sin_backward", &qk_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("rope_cos_sin", &one_autograd);
-  m.impl("rope_cos_sin_backward", &one_backward_autograd);
-  m.impl("rope_qk_cos_sin", &qk_autograd);
-  m.impl("rope_qk_cos_sin_backward", &qk_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("rope_cos_sin", &one_kernel, &one_meta, &one_autograd),
+    op_impls("rope_cos_sin_backward", &one_backward_kernel,
+             &one_backward_meta, &one_backward_autograd),
+    op_impls("rope_qk_cos_sin", &qk_kernel, &qk_meta, &qk_autograd),
+    op_impls("rope_qk_cos_sin_backward", &qk_backward_kernel,
+             &qk_backward_meta, &qk_backward_autograd))
 
 }  // namespace baracuda::torch_ops

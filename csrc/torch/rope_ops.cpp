@@ -25,15 +25,21 @@ const at::Tensor* positions_ptr(const OptTensor& positions) {
   return positions && positions->defined() ? &*positions : nullptr;
 }
 
-// The checks every kernel (real and meta) starts with: devices, then the problem on
-// (possibly symbolic) sizes. `Int` is int64_t or c10::SymInt.
+void check_devices(const at::Tensor& x, const at::Tensor* positions, bool backward) {
+  if (positions)
+    check_same_device(backward ? kBackwardOp : kOp,
+                      {{backward ? "dy" : "x", &x}, {"positions", positions}});
+}
+
+// The meta kernels' checks: devices, then the problem on (possibly symbolic) sizes, as
+// RopePlan::select checks it. `Int` is int64_t or c10::SymInt.
 template <class Int>
 void check_problem(const at::Tensor& x, const at::Tensor* positions, double base,
                    int64_t rotary_dim, bool backward, c10::ArrayRef<Int> sizes,
                    c10::ArrayRef<Int> pos_sizes) {
   const char* op = backward ? kBackwardOp : kOp;
   const char* what = backward ? "dy" : "x";
-  if (positions) check_same_device(op, {{what, &x}, {"positions", positions}});
+  check_devices(x, positions, backward);
   check_rope_problem(op, what, element_of(x, op, what), static_cast<int>(sizes.size()),
                      sizes.data(), base, rotary_dim,
                      positions ? static_cast<int>(pos_sizes.size()) : -1,
@@ -44,9 +50,11 @@ void check_problem(const at::Tensor& x, const at::Tensor* positions, double base
 RopePlan make_plan(const at::Tensor& x, const OptTensor& positions_opt, double base,
                    bool interleaved, int64_t rotary_dim, bool backward, PlanPreference pref) {
   const at::Tensor* positions = positions_ptr(positions_opt);
-  // Problem checks first: a 9-d x is a ValueError here, not layout_of's rank error.
-  check_problem<int64_t>(x, positions, base, rotary_dim, backward, x.sizes(),
-                         positions ? positions->sizes() : c10::IntArrayRef());
+  // The problem is validated once, by RopePlan::select (see exceeds_layout_rank).
+  if (exceeds_layout_rank({&x, positions}))
+    check_problem<int64_t>(x, positions, base, rotary_dim, backward, x.sizes(),
+                           positions ? positions->sizes() : c10::IntArrayRef());
+  check_devices(x, positions, backward);
   const char* op = backward ? kBackwardOp : kOp;
   RopeDescriptor desc;
   desc.backward = backward;
@@ -120,12 +128,8 @@ using RopeSignature = at::Tensor(const at::Tensor&, const OptTensor&, double, bo
 // Calls rope (backward = false) or rope_backward through the dispatcher.
 at::Tensor call_op(bool backward, const at::Tensor& x, const OptTensor& positions, double base,
                    bool interleaved, int64_t rotary_dim) {
-  static auto forward_op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("baracuda::rope", "")
-                               .typed<RopeSignature>();
-  static auto backward_op = c10::Dispatcher::singleton()
-                                .findSchemaOrThrow("baracuda::rope_backward", "")
-                                .typed<RopeSignature>();
+  static auto forward_op = op_handle<RopeSignature>("baracuda::rope");
+  static auto backward_op = op_handle<RopeSignature>("baracuda::rope_backward");
   return (backward ? backward_op : forward_op).call(x, positions, base, interleaved, rotary_dim);
 }
 
@@ -173,9 +177,8 @@ at::Tensor rope_backward_autograd(const at::Tensor& dy, const OptTensor& positio
 
 PlanInfo explain(const at::Tensor& x, const OptTensor& positions, double base, bool interleaved,
                  int64_t rotary_dim, bool backward, const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(make_plan(x, positions, base, interleaved, rotary_dim, backward, pref), pref);
+  return explain_plan(preference, [&](PlanPreference pref) {
+    return make_plan(x, positions, base, interleaved, rotary_dim, backward, pref);
   });
 }
 }  // namespace
@@ -192,26 +195,8 @@ PlanInfo explain_rope_backward(const at::Tensor& dy, const std::optional<at::Ten
   return explain(dy, positions, base, interleaved, rotary_dim, true, preference);
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("rope", &rope_kernel);
-  m.impl("rope_backward", &rope_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("rope", &rope_kernel);
-  m.impl("rope_backward", &rope_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("rope", &rope_meta);
-  m.impl("rope_backward", &rope_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("rope", &rope_autograd);
-  m.impl("rope_backward", &rope_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("rope", &rope_kernel, &rope_meta, &rope_autograd),
+    op_impls("rope_backward", &rope_backward_kernel, &rope_backward_meta, &rope_backward_autograd))
 
 }  // namespace baracuda::torch_ops

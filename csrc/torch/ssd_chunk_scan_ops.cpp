@@ -475,21 +475,19 @@ Grads9 ssd_chunk_scan_combined_backward_meta(
 
 at::Tensor call_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                         const at::Tensor& B, const at::Tensor& C, int64_t chunk_size) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("baracuda::ssd_chunk_scan", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, const at::Tensor&, int64_t)>();
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        const at::Tensor&, const at::Tensor&, int64_t)>(
+      "baracuda::ssd_chunk_scan");
   return op.call(x, dt, A, B, C, chunk_size);
 }
 
 Grads call_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dt,
                     const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
                     int64_t chunk_size) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("baracuda::ssd_chunk_scan_backward", "")
-                       .typed<Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                    const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                    int64_t)>();
+  static auto op =
+      op_handle<Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const at::Tensor&, const at::Tensor&, int64_t)>(
+          "baracuda::ssd_chunk_scan_backward");
   return op.call(dy, x, dt, A, B, C, chunk_size);
 }
 
@@ -498,13 +496,10 @@ Outs3 call_combined(const at::Tensor& x, const at::Tensor& dt, const at::Tensor&
                     const OptT& z, const OptT& dt_bias, const OptT& init, const OptT& seq_idx,
                     bool dt_softplus, double dt_min, std::optional<double> dt_max,
                     std::optional<at::ScalarType> state_dtype) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("baracuda::ssd_chunk_scan_combined", "")
-          .typed<Outs3(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                       const at::Tensor&, const at::Tensor&, int64_t, const OptT&, const OptT&,
-                       const OptT&, const OptT&, const OptT&, bool, double,
-                       std::optional<double>, std::optional<at::ScalarType>)>();
+  static auto op = op_handle<Outs3(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      int64_t, const OptT&, const OptT&, const OptT&, const OptT&, const OptT&, bool, double,
+      std::optional<double>, std::optional<at::ScalarType>)>("baracuda::ssd_chunk_scan_combined");
   return op.call(x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_idx, dt_softplus, dt_min,
                  dt_max, state_dtype);
 }
@@ -515,13 +510,11 @@ Grads9 call_combined_backward(const at::Tensor& dout, const OptT& dfinal, const 
                               const OptT& z, const OptT& dt_bias, const OptT& init,
                               const OptT& seq_idx, const OptT& y_pre, bool dt_softplus,
                               double dt_min, std::optional<double> dt_max) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("baracuda::ssd_chunk_scan_combined_backward", "")
-          .typed<Grads9(const at::Tensor&, const OptT&, const at::Tensor&, const at::Tensor&,
-                        const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                        const OptT&, const OptT&, const OptT&, const OptT&, const OptT&,
-                        const OptT&, bool, double, std::optional<double>)>();
+  static auto op = op_handle<Grads9(
+      const at::Tensor&, const OptT&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, const at::Tensor&, int64_t, const OptT&, const OptT&, const OptT&,
+      const OptT&, const OptT&, const OptT&, bool, double, std::optional<double>)>(
+      "baracuda::ssd_chunk_scan_combined_backward");
   return op.call(dout, dfinal, x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_idx, y_pre,
                  dt_softplus, dt_min, dt_max);
 }
@@ -704,10 +697,9 @@ Grads9 ssd_chunk_scan_combined_backward_autograd(
 PlanInfo explain_ssd_chunk_scan(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                                 const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
                                 const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
+  return explain_plan(preference, [&](PlanPreference pref) {
     const Prepared p = prepare(x, dt, A, B, C, chunk_size, plain_options(), true, false, kOp, nullptr);
-    return plan_info(SsdChunkScanPlan::select(p.desc, pref), pref);
+    return SsdChunkScanPlan::select(p.desc, pref);
   });
 }
 
@@ -716,12 +708,10 @@ PlanInfo explain_ssd_chunk_scan_backward(const at::Tensor& dy, const at::Tensor&
                                          const at::Tensor& B, const at::Tensor& C,
                                          int64_t chunk_size,
                                          const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
+  return explain_plan(preference, [&](PlanPreference pref) {
     BackwardExtras e{dy, at::Tensor(), at::Tensor()};
     const Prepared p = prepare(x, dt, A, B, C, chunk_size, plain_options(), true, false, kBackwardOp, &e);
-    return plan_info(SsdChunkScanBackwardPlan::select(backward_descriptor(p, e, kBackwardOp), pref),
-                     pref);
+    return SsdChunkScanBackwardPlan::select(backward_descriptor(p, e, kBackwardOp), pref);
   });
 }
 
@@ -731,12 +721,11 @@ PlanInfo explain_ssd_chunk_scan_combined(
     const OptT& initial_states, const OptT& seq_idx, bool dt_softplus, double dt_min,
     std::optional<double> dt_max, std::optional<at::ScalarType> state_dtype,
     const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
+  return explain_plan(preference, [&](PlanPreference pref) {
     const Options o = make_options(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_min,
                                    dt_max, state_dtype);
     const Prepared p = prepare(x, dt, A, B, C, chunk_size, o, false, true, kCombinedOp, nullptr);
-    return plan_info(SsdChunkScanPlan::select(p.desc, pref), pref);
+    return SsdChunkScanPlan::select(p.desc, pref);
   });
 }
 
@@ -746,47 +735,24 @@ PlanInfo explain_ssd_chunk_scan_combined_backward(
     const OptT& D, const OptT& z, const OptT& dt_bias, const OptT& initial_states,
     const OptT& seq_idx, const OptT& y_pre, bool dt_softplus, double dt_min,
     std::optional<double> dt_max, const std::optional<std::string>& preference) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
+  return explain_plan(preference, [&](PlanPreference pref) {
     const Options o = make_options(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_min,
                                    dt_max, std::nullopt);
     BackwardExtras e{dout, value_or_undefined(dfinal_states), value_or_undefined(y_pre)};
     const Prepared p =
         prepare(x, dt, A, B, C, chunk_size, o, false, false, kCombinedBackwardOp, &e);
-    return plan_info(
-        SsdChunkScanBackwardPlan::select(backward_descriptor(p, e, kCombinedBackwardOp), pref),
-        pref);
+    return SsdChunkScanBackwardPlan::select(backward_descriptor(p, e, kCombinedBackwardOp), pref);
   });
 }
 
-TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("ssd_chunk_scan", &ssd_chunk_scan_kernel);
-  m.impl("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_kernel);
-  m.impl("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_kernel);
-  m.impl("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_kernel);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("ssd_chunk_scan", &ssd_chunk_scan_kernel);
-  m.impl("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_kernel);
-  m.impl("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_kernel);
-  m.impl("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_kernel);
-}
-#endif
-
-TORCH_LIBRARY_IMPL(baracuda, Meta, m) {
-  m.impl("ssd_chunk_scan", &ssd_chunk_scan_meta);
-  m.impl("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_meta);
-  m.impl("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_meta);
-  m.impl("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_meta);
-}
-
-TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("ssd_chunk_scan", &ssd_chunk_scan_autograd);
-  m.impl("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_autograd);
-  m.impl("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_autograd);
-  m.impl("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_autograd);
-}
+BARACUDA_IMPL_OPS(
+    op_impls("ssd_chunk_scan", &ssd_chunk_scan_kernel,
+             &ssd_chunk_scan_meta, &ssd_chunk_scan_autograd),
+    op_impls("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_kernel,
+             &ssd_chunk_scan_backward_meta, &ssd_chunk_scan_backward_autograd),
+    op_impls("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_kernel,
+             &ssd_chunk_scan_combined_meta, &ssd_chunk_scan_combined_autograd),
+    op_impls("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_kernel,
+             &ssd_chunk_scan_combined_backward_meta, &ssd_chunk_scan_combined_backward_autograd))
 
 }  // namespace baracuda::torch_ops

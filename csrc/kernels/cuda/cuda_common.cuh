@@ -96,6 +96,21 @@ struct FastDivmod {
   }
 };
 
+// One step of splitting a row-major linear index into coordinates, innermost dim first:
+// returns rest's coordinate along a dim of `size` and leaves rest / size in `rest`.
+// 32-bit indices divide with `div` (a FastDivmod of size), 64-bit ones with `/`.
+template <typename Idx>
+__device__ __forceinline__ Idx peel_coord(Idx& rest, const FastDivmod& div, Idx size) {
+  Idx q;
+  if constexpr (sizeof(Idx) == 4)
+    q = div.div(rest);
+  else
+    q = rest / size;
+  const Idx c = rest - q * size;
+  rest = q;
+  return c;
+}
+
 // Throws PlanError(Internal) naming the op if the last launch failed.
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();

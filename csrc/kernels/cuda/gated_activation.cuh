@@ -227,4 +227,8 @@ void launch_gated_activation(const GatedActivationLaunch& l, cudaStream_t stream
                       : (BW ? "gated_activation_backward" : "gated_activation"));
 }
 
+// The backward's instantiations, compiled in their own translation unit
+// (gated_activation_backward.cu).
+void launch_gated_activation_backward(const GatedActivationLaunch& l, cudaStream_t stream);
+
 }  // namespace baracuda::kernels::cuda

@@ -19,6 +19,8 @@ namespace baracuda::kernels::cuda {
 
 constexpr int kGatherThreads = 256;
 constexpr int kGatherUnroll = 4;
+// The vector paths below are written for the plan's groups of 4 elements (G = 4).
+static_assert(kGatherGroup == 4, "the gather kernels' vector groups are 4 elements");
 
 enum class WalkMode { Forward, Scatter, Keys };
 
@@ -149,13 +151,7 @@ __global__ void __launch_bounds__(kGatherThreads)
 #pragma unroll
       for (int d = kMaxRank - 2; d >= 0; --d) {
         if (d < p.outer_rank) {
-          Idx q;
-          if constexpr (sizeof(Idx) == 4)
-            q = p.outer_div[d].div(row);
-          else
-            q = row / p.outer_sizes[d];
-          const Idx c = row - q * p.outer_sizes[d];
-          row = q;
+          const Idx c = peel_coord(row, p.outer_div[d], p.outer_sizes[d]);
           o0 += c * p.outer_strides[0][d];
           o1 += c * p.outer_strides[1][d];
           o2 += c * p.outer_strides[2][d];

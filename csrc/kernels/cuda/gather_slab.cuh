@@ -542,7 +542,7 @@ template <typename Idx>
 GatherSlabParams<Idx> make_slab_backward_params(const GatherLaunch& l, cudaStream_t stream) {
   const GatherSlab& s = l.slab;
   char* ws = static_cast<char*>(l.workspace.data);
-  if (reinterpret_cast<uintptr_t>(ws) % 256 != 0)
+  if (reinterpret_cast<uintptr_t>(ws) % kGatherWorkspaceAlign != 0)
     fail(PlanErrorKind::Internal, "gather_backward", "the slab workspace must be 256-byte aligned");
   check_slab_cuda(cudaMemsetAsync(ws, 0, s.counter_bytes, stream), "gather_backward",
                   "zeroing the slab counters");

@@ -115,13 +115,7 @@ __global__ void __launch_bounds__(kLerpThreads)
 #pragma unroll
   for (int d = kMaxRank - 1; d >= 0; --d) {
     if (d < p.rank) {
-      Idx q;
-      if constexpr (sizeof(Idx) == 4)
-        q = p.divs[d].div(rest);
-      else
-        q = rest / p.sizes[d];
-      const Idx c = rest - q * p.sizes[d];
-      rest = q;
+      const Idx c = peel_coord(rest, p.divs[d], p.sizes[d]);
 #pragma unroll
       for (int k = 0; k < NI; ++k) off[k] += c * p.strides[k][d];
     }
@@ -223,5 +217,9 @@ void launch_lerp(const LerpLaunch& l, cudaStream_t stream) {
   });
   check_launch(BW ? "lerp_backward" : "lerp");
 }
+
+// The backward ops' instantiations, compiled in their own translation unit
+// (lerp_backward.cu).
+void launch_lerp_backward(const LerpLaunch& l, cudaStream_t stream);
 
 }  // namespace baracuda::kernels::cuda

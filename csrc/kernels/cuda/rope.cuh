@@ -36,7 +36,7 @@
 
 namespace baracuda::kernels::cuda {
 
-constexpr int kRopeThreads = 256;
+// kRopeThreads (core/rope_plan.h): threads a block, shared with the plan.
 // Positions per table-kernel thread (they share the thread's float64 pow).
 constexpr int kRopeTableS = 4;
 
@@ -539,5 +539,9 @@ void launch_rope_layout(const RopeLaunch& l, cudaStream_t stream) {
     check_launch(op);
   });
 }
+
+// The half-split instantiations, compiled in their own translation unit
+// (rope_half_split.cu).
+void launch_rope_half_split(const RopeLaunch& l, cudaStream_t stream);
 
 }  // namespace baracuda::kernels::cuda

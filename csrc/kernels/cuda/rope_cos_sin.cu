@@ -20,7 +20,7 @@
 namespace baracuda::kernels {
 namespace cuda {
 
-constexpr int kRopeCsThreads = 256;
+// kRopeCosSinThreads (core/rope_cos_sin_plan.h): threads a block, shared with the plan.
 constexpr int kRopeCsUnroll = 2;  // rows per step
 
 struct RopeCsParams {
@@ -57,11 +57,11 @@ __device__ __forceinline__ void store_pack_acc(T* p, const acc_t<T> (&v)[V]) {
 }
 
 template <typename T, typename C, int V, bool Interleaved>
-__global__ void __launch_bounds__(kRopeCsThreads) rope_cos_sin_kernel(const RopeCsParams p) {
+__global__ void __launch_bounds__(kRopeCosSinThreads) rope_cos_sin_kernel(const RopeCsParams p) {
   using Acc = acc_t<T>;
   constexpr bool kOnePack = Interleaved && V > 1;
   constexpr int P = Interleaved ? (V > 1 ? V / 2 : 1) : V;  // pairs per item
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kRopeCsThreads + threadIdx.x;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kRopeCosSinThreads + threadIdx.x;
   if (col >= p.n_cols) return;
   const int64_t rows = p.Hq + p.Hk;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * p.rows_per_thread;
@@ -223,9 +223,9 @@ void launch(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
   p.yq = l.yq;
   p.yk = l.yk;
   const int64_t rows = l.Hq + l.Hk;
-  const dim3 grid(blocks_for(l.n_cols, kRopeCsThreads),
+  const dim3 grid(blocks_for(l.n_cols, kRopeCosSinThreads),
                   static_cast<unsigned int>((rows + l.rows_per_thread - 1) / l.rows_per_thread));
-  rope_cos_sin_kernel<T, C, V, Interleaved><<<grid, kRopeCsThreads, 0, stream>>>(p);
+  rope_cos_sin_kernel<T, C, V, Interleaved><<<grid, kRopeCosSinThreads, 0, stream>>>(p);
   check_launch(op);
 }
 
