@@ -50,7 +50,7 @@ class OpInfo:
     name: str                                    # "lerp.Tensor": packet[.overload]
     sample_inputs: Callable[[str, torch.dtype, bool], list]  # (device, dtype, requires_grad)
     bad_inputs: Callable[[str], list]            # device -> [BadInput]
-    ref: Callable | None = None                  # float64 reference (forward ops; backward ops where reference.py has one)
+    ref: Callable | None = None                  # float64 reference (of a backward op: by autograd of the forward's)
     dtypes: tuple = tuple(FLOAT_DTYPES)
     supports_autograd: bool = True               # differentiable (gradcheck in float64)
     supports_gradgrad: bool = False              # twice differentiable (gradgradcheck)
@@ -117,7 +117,8 @@ def gated_bad(device):
             BadInput("unknown kind", lambda: args(x, "gelu"), ValueError,
                      r"baracuda::gated_activation: kind must be one of .* got 'gelu'"),
             BadInput("integer input", lambda: args(torch.ones(3, 8, dtype=torch.int32, device=device), "swiglu"),
-                     TypeError, r"baracuda::gated_activation: x must be float32, float16, bfloat16 or float64, got int32"),
+                     TypeError,
+                     r"baracuda::gated_activation: x must be float32, float16, bfloat16 or float64, got int32"),
             BadInput("bool input", lambda: args(torch.ones(3, 8, dtype=torch.bool, device=device), "swiglu"),
                      TypeError, r"baracuda::gated_activation: x has dtype Bool"),
             BadInput("complex input", lambda: args(torch.ones(3, 8, dtype=torch.complex64, device=device), "swiglu"),
@@ -283,7 +284,8 @@ def rope_bad(device):
             BadInput("backward positions shape", lambda: args(x, pos[:3]), ValueError,
                      r"baracuda::rope_backward: positions must have shape"),
             BadInput("backward integer dy", lambda: args(torch.ones(2, 3, 4, 8, dtype=torch.int64, device=device)),
-                     TypeError, r"baracuda::rope_backward: dy must be float32, float16, bfloat16 or float64, got int64"),
+                     TypeError,
+                     r"baracuda::rope_backward: dy must be float32, float16, bfloat16 or float64, got int64"),
         ],
     }
 
@@ -366,6 +368,22 @@ def rope_cos_sin_bad(device):
                      r"baracuda::rope_cos_sin: x must be float32"),
             BadInput("table rank 5", lambda: args(q, c[None, None], c[None, None]), ValueError,
                      r"baracuda_torch.rope_cos_sin: cos must be \[S, R/2\]", call=bt.rope_cos_sin),
+        ],
+        "rope_cos_sin_backward": [
+            BadInput("backward 3-d dy", lambda: args(q[0], c, c), ValueError,
+                     r"baracuda::rope_cos_sin_backward: dy must be 4-D \[B, H, S, D\], got a 3-d tensor"),
+            BadInput("backward integer dy", lambda: args(q.int(), c, c), TypeError,
+                     r"baracuda::rope_cos_sin_backward: dy must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("backward table S mismatch", lambda: args(q, c[:, :4], c[:, :4]), ValueError,
+                     r"baracuda::rope_cos_sin_backward: cos/sin of rank 3 must be \[1 or B, S, R\] = \[1 or 2, 5, R\]"),
+        ],
+        "rope_qk_cos_sin_backward": [
+            BadInput("backward dk dtype", lambda: args(q, k.double(), c, c), TypeError,
+                     r"baracuda::rope_qk_cos_sin_backward: dk must have dq's dtype float32, got float64"),
+            BadInput("backward dq and dk disagree", lambda: args(q, k[:, :, :4], c, c), ValueError,
+                     r"baracuda::rope_qk_cos_sin_backward: dq \[B, Hq, S, D\] and dk \[B, Hk, S, D\] must agree"),
+            BadInput("backward table R odd", lambda: args(q, k, c[..., :7], c[..., :7]), ValueError,
+                     r"baracuda::rope_qk_cos_sin_backward: cos/sin of rank 3 .* with R even"),
         ],
     }
 
@@ -465,7 +483,8 @@ def _index(device, high, *shape, dtype=torch.int64):
 def gather_samples(device, dtype, requires_grad):
     r = _rand(device, dtype)
     return [SampleInput("dim 1", (r(6, 9), 1, _index(device, 9, 6, 5))),
-            SampleInput("transposed src and int32 index", (r(9, 6).t(), 0, _index(device, 6, 9, 4, dtype=torch.int32).t())),
+            SampleInput("transposed src and int32 index",
+                        (r(9, 6).t(), 0, _index(device, 6, 9, 4, dtype=torch.int32).t())),
             SampleInput("dim -1", (r(6, 9), -1, _index(device, 9, 6, 5))),
             SampleInput("index larger along dim", (r(6, 9), 0, _index(device, 6, 8, 9))),
             SampleInput("3-d", (r(3, 5, 7), 1, _index(device, 5, 2, 9, 4))),
@@ -505,7 +524,8 @@ def gather_bad(device):
                      r"baracuda::gather: dim must be in \[-2, 1\] for a 2-d tensor, got 2"),
             BadInput("dim too small", lambda: args(src, -3, index), IndexError, r"got -3"),
             BadInput("index larger than src", lambda: args(src, 1, torch.zeros(5, 2, dtype=torch.long, device=device)),
-                     ValueError, r"baracuda::gather: index.size\(0\) must be <= src\[0\] for every dim but 1, got 5 > 3"),
+                     ValueError,
+                     r"baracuda::gather: index.size\(0\) must be <= src\[0\] for every dim but 1, got 5 > 3"),
             BadInput("rank 9", lambda: args(torch.randn([1] * 9, device=device), 0,
                                             torch.zeros([1] * 9, dtype=torch.long, device=device)),
                      NotImplementedError, r"baracuda::gather: src has 9 dims, at most 8"),
@@ -552,7 +572,8 @@ def ssd_problem(b, L, H, P, N, G, device, dtype, small=None):
          f(torch.randn(b, L, G, N, dtype=torch.float64)), f(torch.randn(b, L, G, N, dtype=torch.float64))]
     if small is None:
         return t
-    return t, dict(D=f(torch.randn(H, P, dtype=torch.float64), small), z=f(torch.randn(b, L, H, P, dtype=torch.float64)),
+    return t, dict(D=f(torch.randn(H, P, dtype=torch.float64), small),
+                   z=f(torch.randn(b, L, H, P, dtype=torch.float64)),
                    dt_bias=f(0.3 * torch.randn(H, dtype=torch.float64), small),
                    initial_states=f(torch.randn(b, H, P, N, dtype=torch.float64), small),
                    seq_idx=(torch.rand(b, L) < 0.2).cumsum(1).to(device))
@@ -751,6 +772,37 @@ def _qk_ref(q, k, cos, sin, interleaved=False):
     return ref.rope_cos_sin(q, cos, sin, interleaved), ref.rope_cos_sin(k, cos, sin, interleaved)
 
 
+def _vjp(fn, dy, *inputs):
+    """The gradients of fn(*inputs) (a reference) for the output gradient dy, by autograd."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    return torch.autograd.grad(fn(*leaves), leaves, dy)
+
+
+def _gated_backward_ref(dy, x, kind, dim=-1, gate_first=False):
+    return _vjp(lambda t: ref.gated_activation(t, kind, dim, gate_first), dy, x)[0]
+
+
+def _pair_backward_ref(dy, gate, up, kind):
+    return _vjp(lambda g, u: ref.gated_activation_pair(g, u, kind), dy, gate, up)
+
+
+def _lerp_backward_ref(dy, weight):
+    return dy * (1 - weight), dy * weight
+
+
+def _lerp_backward_tensor_ref(dy, a, b, weight):
+    """(da, db, dw) at dy's shape, before any reduction to the operands' shapes."""
+    return dy * (1 - weight), dy * weight, dy * (b - a)
+
+
+def _gather_backward_ref(dout, dim, index, src_sizes):
+    return dout.new_zeros(src_sizes).scatter_add(dim, index.long(), dout)
+
+
+def _ssd_backward_ref(dy, x, dt, A, B, C, chunk_size=256):
+    return _vjp(ref.ssd_chunk_scan, dy, x, dt, A, B, C)
+
+
 def _cos_sin_backward_ref(dy, cos, sin, interleaved=False):
     return ref.rope_cos_sin(dy, cos, sin, interleaved, backward=True)
 
@@ -762,29 +814,31 @@ def _qk_backward_ref(dq, dk, cos, sin, interleaved=False):
 OP_DB = [
     OpInfo("gated_activation", gated_samples, _family(gated_bad, "gated_activation"), ref=ref.gated_activation),
     OpInfo("gated_activation_backward", gated_backward_samples, _family(gated_bad, "gated_activation_backward"),
-           supports_autograd=False),
+           ref=_gated_backward_ref, supports_autograd=False),
     OpInfo("gated_activation_pair", pair_samples, _family(pair_bad, "gated_activation_pair"),
            ref=ref.gated_activation_pair),
     OpInfo("gated_activation_pair_backward", pair_backward_samples, _family(pair_bad, "gated_activation_pair_backward"),
-           supports_autograd=False),
+           ref=_pair_backward_ref, supports_autograd=False),
     OpInfo("rope", rope_samples, _family(rope_bad, "rope"), ref=ref.rope, supports_gradgrad=True),
     OpInfo("rope_backward", rope_backward_samples, _family(rope_bad, "rope_backward"), ref=ref.rope_backward,
            supports_gradgrad=True),
     OpInfo("rope_cos_sin", rope_cos_sin_samples, _family(rope_cos_sin_bad, "rope_cos_sin"), ref=ref.rope_cos_sin),
-    OpInfo("rope_cos_sin_backward", rope_cos_sin_samples, lambda device: [], ref=_cos_sin_backward_ref),
+    OpInfo("rope_cos_sin_backward", rope_cos_sin_samples, _family(rope_cos_sin_bad, "rope_cos_sin_backward"),
+           ref=_cos_sin_backward_ref),
     OpInfo("rope_qk_cos_sin", rope_qk_cos_sin_samples, _family(rope_cos_sin_bad, "rope_qk_cos_sin"), ref=_qk_ref),
-    OpInfo("rope_qk_cos_sin_backward", rope_qk_cos_sin_samples, lambda device: [], ref=_qk_backward_ref),
+    OpInfo("rope_qk_cos_sin_backward", rope_qk_cos_sin_samples, _family(rope_cos_sin_bad, "rope_qk_cos_sin_backward"),
+           ref=_qk_backward_ref),
     OpInfo("lerp", lerp_samples, _family(lerp_bad, "lerp"), ref=ref.lerp, supports_gradgrad=True),
     OpInfo("lerp.Tensor", lerp_tensor_samples, _family(lerp_bad, "lerp.Tensor"), ref=ref.lerp),
-    OpInfo("lerp_backward", lerp_backward_samples, _family(lerp_bad, "lerp_backward")),
+    OpInfo("lerp_backward", lerp_backward_samples, _family(lerp_bad, "lerp_backward"), ref=_lerp_backward_ref),
     OpInfo("lerp_backward.Tensor", lerp_backward_tensor_samples, _family(lerp_bad, "lerp_backward.Tensor"),
-           supports_autograd=False),
+           ref=_lerp_backward_tensor_ref, supports_autograd=False),
     OpInfo("gather", gather_samples, _family(gather_bad, "gather"), ref=ref.gather, supports_gradgrad=True),
     OpInfo("gather_backward", gather_backward_samples, _family(gather_bad, "gather_backward"),
-           supports_gradgrad=True),
+           ref=_gather_backward_ref, supports_gradgrad=True),
     OpInfo("ssd_chunk_scan", ssd_samples, _family(ssd_bad, "ssd_chunk_scan"), ref=ssd_chunk_scan_ref, rtol=ssd_rtol),
     OpInfo("ssd_chunk_scan_backward", ssd_backward_samples, _family(ssd_bad, "ssd_chunk_scan_backward"),
-           supports_autograd=False),
+           ref=_ssd_backward_ref, rtol=ssd_rtol, supports_autograd=False),
     OpInfo("ssd_chunk_scan_combined", combined_samples, _family(combined_bad, "ssd_chunk_scan_combined"),
            ref=combined_ref, rtol=ssd_rtol),
     OpInfo("ssd_chunk_scan_combined_backward", combined_backward_samples,
