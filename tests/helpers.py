@@ -43,6 +43,13 @@ def assert_close_to_reference(actual: torch.Tensor, expected64: torch.Tensor,
                         f"(PyTorch in {actual.dtype}: {base:.3g}; scale {scale:.3g})")
 
 
+def poison_fresh_outputs() -> None:
+    """Deterministic mode, in which PyTorch fills every fresh allocation with NaN: an output
+    element that a kernel skips stays NaN and shows (conftest.py restores the mode)."""
+    torch.use_deterministic_algorithms(True)
+    assert torch.utils.deterministic.fill_uninitialized_memory
+
+
 def randn(shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(shape, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
 
@@ -65,9 +72,19 @@ def check_compiled(fn, inputs, dynamic=False):
                 torch.testing.assert_close(a.grad, b.grad)
 
 
-def expect_bad_case(cases, name: str) -> None:
-    """Runs the case called `name` of a bad-input table (rows of name, thunk, exception
-    type, message regex) and checks that it raises that exception with that message."""
-    _, fn, exc, msg = next(c for c in cases if c[0] == name)
-    with pytest.raises(exc, match=msg):
-        fn()
+def layouts_2d(device, dtype, rows: int, cols: int, scale: float) -> dict[str, torch.Tensor]:
+    """Tensors of logical shape [rows, cols] in the memory layouts the plans tell apart:
+    contiguous, transposed, row slices at an aligned and an unaligned offset, every other
+    row, inner stride 2, and rows or columns broadcast with stride 0."""
+    def r(shape):
+        return randn(shape, dtype, device, scale)
+    return {
+        "contiguous": r((rows, cols)),
+        "transposed": r((cols, rows)).t(),
+        "row_slice_aligned": r((rows, cols + 16))[:, :cols],
+        "row_slice_offset": r((rows, cols + 6))[:, 3:cols + 3],
+        "every_other_row": r((2 * rows, cols))[::2],
+        "inner_stride_2": r((rows, 2 * cols))[:, ::2],
+        "broadcast_rows": r((1, cols)).expand(rows, cols),
+        "broadcast_cols": r((rows, 1)).expand(rows, cols),
+    }

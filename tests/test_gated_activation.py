@@ -1,12 +1,14 @@
 """Gated activations: forward and gradients against reference.py on every dtype,
-layout and kind; gradcheck; NaN/Inf; empty tensors; poisoned outputs; modules."""
+layout and kind; explain; gradcheck; NaN/Inf; empty tensors; poisoned outputs; mixed
+devices; modules. (Opcheck, torch.compile and the bad-input table: tests/op_db.py, run
+by tests/test_ops.py.)"""
 import pytest
 import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, randn,
-                     requires_cuda)
+from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, layouts_2d,
+                     poison_fresh_outputs, randn, requires_cuda)
 
 KINDS = ["glu", "reglu", "swiglu", "geglu", "geglu_tanh"]
 # (shape, dim): odd sizes, every split position, 1-d, vector-friendly rows.
@@ -47,16 +49,7 @@ def test_matches_reference(device, dtype, kind, gate_first):
 
 def layouts(device, dtype, rows=12, half=40):
     """x of logical shape [rows, 2*half] in several memory layouts; dim = -1."""
-    f = 2 * half
-    return {
-        "contiguous": randn((rows, f), dtype, device, 3.0),
-        "transposed": randn((f, rows), dtype, device, 3.0).t(),
-        "row_slice_aligned": randn((rows, f + 16), dtype, device, 3.0)[:, :f],
-        "row_slice_offset": randn((rows, f + 6), dtype, device, 3.0)[:, 3:f + 3],
-        "every_other_row": randn((2 * rows, f), dtype, device, 3.0)[::2],
-        "inner_stride_2": randn((rows, 2 * f), dtype, device, 3.0)[:, ::2],
-        "broadcast_rows": randn((1, f), dtype, device, 3.0).expand(rows, f),
-    }
+    return layouts_2d(device, dtype, rows, 2 * half, 3.0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -94,6 +87,38 @@ def test_cpu_variants_chosen(device):
     x = layouts(device, torch.float32)
     assert bt.explain("gated_activation", x["contiguous"], "swiglu").variant.startswith("rows")
     assert bt.explain("gated_activation", x["transposed"], "swiglu").variant == "strided"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_explain_gated(device):
+    x = torch.randn(4, 32, dtype=torch.bfloat16, device=device)
+    info = bt.explain("gated_activation", x, "swiglu")
+    assert isinstance(info, bt.PlanInfo)
+    assert info.family == "gated_activation"
+    assert info.op == "swiglu"
+    assert info.dtype == "bfloat16"
+    assert info.index_dtype is None
+    assert info.backend == device
+    assert (info.arch >= 50) if device == "cuda" else (info.arch == 0)
+    assert info.math_precision == "float32" and info.accumulator == "float32"
+    assert info.deterministic and info.bit_stable
+    assert info.workspace_bytes == 0
+    assert info.name.startswith("gated_activation.swiglu/bfloat16/")
+    assert "PlanInfo(gated_activation.swiglu" in repr(info)
+    # The op object and keyword arguments work too; nothing runs.
+    info2 = bt.explain(torch.ops.baracuda.gated_activation, x, kind="geglu_tanh", dim=0, gate_first=True)
+    assert info2.op == "geglu_tanh"
+    x64 = x.double()
+    info3 = bt.explain(torch.ops.baracuda.gated_activation_backward.default, x64[:, :16], x64, "glu")
+    assert info3.op == "glu_backward" and info3.math_precision == "float64"
+
+
+@requires_cuda
+def test_gated_mixed_devices():
+    with pytest.raises(RuntimeError, match=r"baracuda::gated_activation_backward: expected all tensors on one device"):
+        ops.gated_activation_backward(torch.randn(3, 4, device="cuda"), torch.randn(3, 8), "swiglu")
+    with pytest.raises(RuntimeError, match=r"expected all tensors on one device"):
+        ops.gated_activation_backward(torch.randn(3, 4), torch.randn(3, 8, device="cuda"), "swiglu")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -145,8 +170,7 @@ def test_empty_tensors(device):
 def test_every_output_element_written(device, dtype):
     """With deterministic algorithms on, PyTorch fills fresh outputs with NaN: a kernel that
     skips an element leaves a NaN behind."""
-    torch.use_deterministic_algorithms(True)
-    assert torch.utils.deterministic.fill_uninitialized_memory
+    poison_fresh_outputs()
     for x in list(layouts(device, dtype).values()) + [randn((3, 5, 14), dtype, device)]:
         x = x.detach().requires_grad_()
         y = bt.geglu(x, gate_first=True)

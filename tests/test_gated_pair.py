@@ -1,14 +1,15 @@
 """gated_activation_pair: act(gate) * up with gate and up separate tensors. Forward and
 gradients against reference.py (float64) for every kind, dtype and layout (strided,
 transposed, stride-0 broadcast); gradcheck; poisoned outputs; NaN/Inf; empty and 0-dim
-tensors; bad inputs; opcheck; torch.compile; nn.GatedMLP against Hugging Face's MLP."""
+tensors; nn.GatedMLP against Hugging Face's MLP. (Opcheck, torch.compile and the
+bad-input table: tests/op_db.py, run by tests/test_ops.py.)"""
 import pytest
 import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, check_compiled,
-                     expect_bad_case, randn, requires_cuda)
+from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, layouts_2d,
+                     poison_fresh_outputs, randn, requires_cuda)
 
 ops = torch.ops.baracuda
 KINDS = ["glu", "reglu", "swiglu", "geglu", "geglu_tanh"]
@@ -52,19 +53,8 @@ def test_matches_reference(device, dtype, kind):
 
 def layouts(device, dtype, rows=12, cols=40):
     """Tensors of logical shape [rows, cols] in several memory layouts."""
-    def r(shape):
-        return randn(shape, dtype, device, 3.0)
-    return {
-        "contiguous": r((rows, cols)),
-        "transposed": r((cols, rows)).t(),
-        "row_slice_aligned": r((rows, cols + 16))[:, :cols],
-        "row_slice_offset": r((rows, cols + 6))[:, 3:cols + 3],
-        "every_other_row": r((2 * rows, cols))[::2],
-        "inner_stride_2": r((rows, 2 * cols))[:, ::2],
-        "broadcast_rows": r((1, cols)).expand(rows, cols),
-        "broadcast_cols": r((rows, 1)).expand(rows, cols),
-        "scalar_broadcast": r(()).expand(rows, cols),
-    }
+    return {**layouts_2d(device, dtype, rows, cols, 3.0),
+            "scalar_broadcast": randn((), dtype, device, 3.0).expand(rows, cols)}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -151,8 +141,7 @@ def test_empty_tensors(device):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_every_output_element_written(device, dtype):
     """With deterministic algorithms on, fresh outputs are NaN-filled: a skipped element shows."""
-    torch.use_deterministic_algorithms(True)
-    assert torch.utils.deterministic.fill_uninitialized_memory
+    poison_fresh_outputs()
     gates = layouts(device, dtype)
     for name, g in gates.items():
         for u in (randn((12, 40), dtype, device), gates["transposed"]):
@@ -163,75 +152,11 @@ def test_every_output_element_written(device, dtype):
             assert torch.isfinite(y).all() and torch.isfinite(dg).all() and torch.isfinite(du).all(), name
 
 
-def pair_bad_cases(device):
-    g = torch.randn(3, 8, device=device)
-    dy = torch.randn(3, 8, device=device)
-    return [
-        ("shape mismatch", lambda: bt.gated_activation_pair(g, torch.randn(3, 7, device=device)), ValueError,
-         r"baracuda::gated_activation_pair: gate and up must have the same sizes, got gate \[3, 8\] and up \[3, 7\]"),
-        ("rank mismatch", lambda: bt.gated_activation_pair(g, torch.randn(8, device=device)), ValueError,
-         r"gate and up must have the same sizes"),
-        ("dtype mismatch", lambda: bt.gated_activation_pair(g, g.double()), TypeError,
-         r"baracuda::gated_activation_pair: up must have gate's dtype float32, got float64"),
-        ("integer gate", lambda: bt.gated_activation_pair(g.int(), g.int()), TypeError,
-         r"baracuda::gated_activation_pair: gate must be float32, float16, bfloat16 or float64, got int32"),
-        ("bool gate", lambda: bt.gated_activation_pair(g.bool(), g.bool()), TypeError,
-         r"baracuda::gated_activation_pair: gate has dtype Bool"),
-        ("unknown kind", lambda: bt.gated_activation_pair(g, g, "gelu"), ValueError,
-         r"baracuda::gated_activation_pair: kind must be one of .* got 'gelu'"),
-        ("rank 9", lambda: bt.gated_activation_pair(torch.randn([1] * 9, device=device),
-                                                    torch.randn([1] * 9, device=device)),
-         NotImplementedError, r"baracuda::gated_activation_pair: gate has 9 dims, at most 8"),
-        ("dy wrong shape", lambda: ops.gated_activation_pair_backward(torch.randn(3, 4, device=device), g, g, "swiglu"),
-         ValueError, r"baracuda::gated_activation_pair_backward: dy must have gate's sizes \[3, 8\], got \[3, 4\]"),
-        ("dy wrong dtype", lambda: ops.gated_activation_pair_backward(dy.double(), g, g, "swiglu"), TypeError,
-         r"baracuda::gated_activation_pair_backward: dy must have gate's dtype float32, got float64"),
-        ("backward unknown kind", lambda: ops.gated_activation_pair_backward(dy, g, g, "silu"), ValueError,
-         r"baracuda::gated_activation_pair_backward: kind must be one of"),
-    ]
-
-
-@pytest.mark.parametrize("device", DEVICES + ["meta"])
-@pytest.mark.parametrize("case", [c[0] for c in pair_bad_cases("cpu")])
-def test_bad_inputs(device, case):
-    """The same errors from the CPU/CUDA kernels and from the meta kernels (what a
-    compiled graph sees)."""
-    expect_bad_case(pair_bad_cases(device), case)
-
-
 @requires_cuda
 def test_device_mismatch():
     g = torch.randn(3, 8, device="cuda")
     with pytest.raises(RuntimeError, match="baracuda::gated_activation_pair: expected all tensors on one device"):
         bt.gated_activation_pair(g, g.cpu())
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    g = torch.randn(4, 6, 8, device=device)
-    u = torch.randn(4, 6, 8, device=device)
-    samples = [
-        (ops.gated_activation_pair.default, (g.clone().requires_grad_(), u.clone().requires_grad_(), "swiglu")),
-        (ops.gated_activation_pair.default, (torch.randn(8, 5, device=device).t().requires_grad_(),
-                                             torch.randn(1, 8, device=device).expand(5, 8), "geglu")),
-        (ops.gated_activation_pair.default, (g.double(), u.double(), "glu")),
-        (ops.gated_activation_pair_backward.default, (torch.randn_like(g), g, u, "geglu_tanh")),
-        (ops.gated_activation_pair_backward.default, (torch.randn_like(g).half(), g.half(), u.half(), "reglu")),
-    ]
-    for op, args in samples:
-        torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_compile_fullgraph(device, dynamic):
-    def fn(x, wg, wu):
-        return bt.gated_activation_pair(x @ wg, x @ wu, "swiglu") * 2 + bt.gated_activation_pair(x, x, "geglu")
-
-    inputs = [(torch.randn(s, 16, device=device, requires_grad=True),
-               torch.randn(16, 16, device=device, requires_grad=True),
-               torch.randn(16, 16, device=device, requires_grad=True)) for s in (6, 10)]
-    check_compiled(fn, inputs, dynamic)
 
 
 @pytest.mark.parametrize("device", DEVICES)

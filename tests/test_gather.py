@@ -2,15 +2,15 @@
 dtype, dim and layout; gradcheck and gradgradcheck; empty and 0-dim tensors; duplicate
 indices; out-of-range indices (CPU: IndexError at once; CUDA: recorded, raised by
 check_errors / the next call / sync mode, context still usable); the deterministic
-backward (bitwise stable, chosen under both deterministic switches); explain; opcheck;
-torch.compile; CUDA graphs; bad inputs (also through the meta kernels)."""
+backward (bitwise stable, chosen under both deterministic switches); explain; CUDA
+graphs; mixed devices. (Opcheck, torch.compile and the bad-input table: tests/op_db.py,
+run by tests/test_ops.py.)"""
 import pytest
 import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, expect_bad_case,
-                     randn, requires_cuda)
+from helpers import DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, randn, requires_cuda
 
 ops = torch.ops.baracuda
 INDEX_DTYPES = [torch.int64, torch.int32]
@@ -834,118 +834,6 @@ def test_cuda_slabs_more_than_2_31_elements():
     assert bool((err <= tol).all())
     del expected, err, tol
     torch.cuda.empty_cache()
-
-
-# ---- opcheck, torch.compile --------------------------------------------------------------
-
-
-def opcheck_samples(device):
-    src = torch.randn(6, 9, device=device)
-    index = torch.randint(0, 9, (6, 5), device=device)
-    src_t = torch.randn(9, 6, device=device).t()
-    index_t = torch.randint(0, 6, (9, 4), device=device).t()
-    return [
-        (ops.gather.default, (src.clone().requires_grad_(), 1, index)),
-        (ops.gather.default, (src_t.clone().requires_grad_(), 0, index_t.int())),
-        (ops.gather.default, (src.double().requires_grad_(), -1, index)),
-        (ops.gather.default, (src.bfloat16(), 0, torch.randint(0, 6, (8, 9), device=device))),
-        (ops.gather_backward.default, (torch.randn(6, 5, device=device), 1, index, [6, 9])),
-        (ops.gather_backward.default, (torch.randn(6, 5, device=device, dtype=torch.float64).requires_grad_(),
-                                       1, index.int(), [6, 9])),
-        (ops.gather_backward.default, (torch.randn(4, 9, device=device).half(), 0, index_t, [6, 9])),
-    ]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_samples(device):
-        torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_compile(device, dynamic):
-    def fn(x, w, index):
-        h = x @ w
-        return bt.gather(h, 1, index) * 2 + bt.gather(h.t(), 0, index.t()).t()
-
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-    for rows in (6, 10):
-        x = torch.randn(rows, 16, device=device)
-        w = torch.randn(16, 24, device=device)
-        index = torch.randint(0, 24, (rows, 30), device=device)
-        xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
-        xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
-        out_e, out_c = fn(xe, we, index), compiled(xc, wc, index)
-        torch.testing.assert_close(out_c, out_e)
-        out_e.sum().backward()
-        out_c.sum().backward()
-        torch.testing.assert_close(xc.grad, xe.grad)
-        torch.testing.assert_close(wc.grad, we.grad)
-
-
-# ---- bad inputs ----------------------------------------------------------------------------
-
-
-def bad_cases(device):
-    src = torch.randn(3, 8, device=device)
-    index = torch.zeros(3, 2, dtype=torch.long, device=device)
-    dout = torch.randn(3, 2, device=device)
-    g = lambda *a: bt.gather(*a)  # noqa: E731
-    b = lambda *a: ops.gather_backward(*a)  # noqa: E731
-    return [
-        ("float index", lambda: g(src, 1, index.float()), TypeError,
-         r"baracuda::gather: index must be int32 or int64, got float32"),
-        ("int16 index", lambda: g(src, 1, index.short()), TypeError,
-         r"baracuda::gather: index has dtype Short, which baracuda does not support"),
-        ("bool index", lambda: g(src, 1, index.bool()), TypeError, r"baracuda::gather: index has dtype Bool"),
-        ("integer src", lambda: g(src.int(), 1, index), TypeError,
-         r"baracuda::gather: src must be float32, float16, bfloat16 or float64, got int32"),
-        ("complex src", lambda: g(src.to(torch.complex64), 1, index), TypeError,
-         r"baracuda::gather: src has dtype ComplexFloat"),
-        ("rank mismatch", lambda: g(src, 1, index.view(3, 2, 1)), ValueError,
-         r"baracuda::gather: index must have as many dims as src \(2\), got 3"),
-        ("0-dim index on 2-d src", lambda: g(src, 1, index[0, 0]), ValueError,
-         r"index must have as many dims as src \(2\), got 0"),
-        ("dim too large", lambda: g(src, 2, index), IndexError,
-         r"baracuda::gather: dim must be in \[-2, 1\] for a 2-d tensor, got 2"),
-        ("dim too small", lambda: g(src, -3, index), IndexError, r"got -3"),
-        ("index larger than src", lambda: g(src, 1, torch.zeros(5, 2, dtype=torch.long, device=device)),
-         ValueError, r"baracuda::gather: index.size\(0\) must be <= src\[0\] for every dim but 1, got 5 > 3"),
-        ("rank 9", lambda: g(torch.randn([1] * 9, device=device), 0,
-                             torch.zeros([1] * 9, dtype=torch.long, device=device)),
-         NotImplementedError, r"baracuda::gather: src has 9 dims, at most 8"),
-        ("dout wrong shape", lambda: b(torch.randn(3, 3, device=device), 1, index, [3, 8]), ValueError,
-         r"baracuda::gather_backward: dout must have index's shape \[3, 2\], got \[3, 3\]"),
-        ("integer dout", lambda: b(dout.long(), 1, index, [3, 8]), TypeError,
-         r"baracuda::gather_backward: dout must be float32, float16, bfloat16 or float64, got int64"),
-        ("backward float index", lambda: b(dout, 1, index.double(), [3, 8]), TypeError,
-         r"baracuda::gather_backward: index must be int32 or int64, got float64"),
-        ("negative src_sizes", lambda: b(dout, 1, index, [3, -1]), ValueError,
-         r"baracuda::gather_backward: src_sizes must be non-negative, got \[3, -1\]"),
-        ("src_sizes rank", lambda: b(dout, 1, index, [3, 8, 2]), ValueError,
-         r"baracuda::gather_backward: index must have as many dims as src_sizes \(3\), got 2"),
-        ("src_sizes too small", lambda: b(dout, 1, index, [2, 8]), ValueError,
-         r"index.size\(0\) must be <= src_sizes\[0\] for every dim but 1, got 3 > 2"),
-        ("backward dim", lambda: b(dout, 5, index, [3, 8]), IndexError,
-         r"baracuda::gather_backward: dim must be in \[-2, 1\] for a 2-d tensor, got 5"),
-    ]
-
-
-BAD_NAMES = [c[0] for c in bad_cases("cpu")]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", BAD_NAMES)
-def test_bad_inputs(device, name):
-    expect_bad_case(bad_cases(device), name)
-
-
-@pytest.mark.parametrize("name", BAD_NAMES)
-def test_bad_inputs_meta(name):
-    """The meta (fake) kernels reject what the real ones reject, so torch.compile does too."""
-    expect_bad_case(bad_cases("meta"), name)
 
 
 @requires_cuda

@@ -1,14 +1,15 @@
 """Lerp (scalar and tensor weight): forward and every gradient against reference.py on
 every dtype, weight, broadcasting direction and layout; gradcheck and gradgradcheck;
-NaN/Inf; empty tensors; poisoned outputs; opcheck; torch.compile; bad inputs (also
-through the meta kernels); and, on a GPU, variants, CPU agreement, graphs, > 2^31."""
+NaN/Inf; empty tensors; poisoned outputs; and, on a GPU, variants, CPU agreement,
+graphs, > 2^31, mixed devices. (Opcheck, torch.compile and the bad-input table:
+tests/op_db.py, run by tests/test_ops.py.)"""
 import pytest
 import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, check_compiled,
-                     expect_bad_case, randn, requires_cuda)
+from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, layouts_2d,
+                     poison_fresh_outputs, randn, requires_cuda)
 
 ops = torch.ops.baracuda
 
@@ -109,16 +110,7 @@ def test_float32_matches_torch_closely(device):
 
 def layouts(device, dtype, rows=12, cols=40):
     """Tensors of logical shape [rows, cols] in several memory layouts."""
-    return {
-        "contiguous": randn((rows, cols), dtype, device, 2.0),
-        "transposed": randn((cols, rows), dtype, device, 2.0).t(),
-        "row_slice_aligned": randn((rows, cols + 16), dtype, device, 2.0)[:, :cols],
-        "row_slice_offset": randn((rows, cols + 6), dtype, device, 2.0)[:, 3:cols + 3],
-        "every_other_row": randn((2 * rows, cols), dtype, device, 2.0)[::2],
-        "inner_stride_2": randn((rows, 2 * cols), dtype, device, 2.0)[:, ::2],
-        "broadcast_rows": randn((1, cols), dtype, device, 2.0).expand(rows, cols),
-        "broadcast_cols": randn((rows, 1), dtype, device, 2.0).expand(rows, cols),
-    }
+    return layouts_2d(device, dtype, rows, cols, 2.0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -265,8 +257,7 @@ def test_empty_tensors(device):
 def test_every_output_element_written(device, dtype):
     """With deterministic algorithms on, PyTorch fills fresh outputs with NaN: a kernel that
     skips an element leaves a NaN behind."""
-    torch.use_deterministic_algorithms(True)
-    assert torch.utils.deterministic.fill_uninitialized_memory
+    poison_fresh_outputs()
     lay = layouts(device, dtype)
     cases = [(x, lay["contiguous"]) for x in lay.values()] + [
         (randn((3, 5, 17), dtype, device), randn((17,), dtype, device)),
@@ -454,109 +445,6 @@ def test_more_than_2_31_elements():
                lambda r: torch.lerp(a3[r], b3[0], 0.7), "strided y")
     del a, b, a3, b3, y3
     torch.cuda.empty_cache()
-
-
-# ---- opcheck and torch.compile ---------------------------------------------------------
-
-
-def opcheck_samples(device):
-    a = torch.randn(4, 6, 8, device=device)
-    b = torch.randn(6, 8, device=device)
-    w = torch.rand(4, 1, 8, device=device)
-    at = torch.randn(8, 6, device=device).t()  # strided
-    dy = torch.randn(4, 6, 8, device=device)
-    return [
-        (ops.lerp.default, (a.clone().requires_grad_(), b.clone().requires_grad_(), 0.3)),
-        (ops.lerp.default, (at.clone().requires_grad_(), at.clone(), 1.5)),
-        (ops.lerp.default, (a.double(), b.double().requires_grad_(), -0.5)),
-        (ops.lerp.Tensor, (a.clone().requires_grad_(), b.clone().requires_grad_(), w.clone().requires_grad_())),
-        (ops.lerp.Tensor, (at.half(), at.half(), torch.rand((), device=device).half())),
-        (ops.lerp_backward.default, (dy.clone().requires_grad_(), 0.7)),
-        (ops.lerp_backward.default, (dy.bfloat16(), 0.25)),
-        (ops.lerp_backward.Tensor, (dy, a, b, w)),
-        (ops.lerp_backward.Tensor, (dy.double().transpose(0, 2), b.double().t().unsqueeze(-1),
-                                    torch.randn(6, 1, device=device).double(),
-                                    torch.rand(8, 1, 1, device=device).double())),
-    ]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_samples(device):
-        torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_compile(device, dynamic):
-    def fn(a, b, w):
-        h = a @ b
-        return bt.lerp(h, b[0], 0.3) * 2 + bt.lerp(h, h.flip(0), w).sin()
-
-    inputs = [(torch.randn(m, 16, device=device, requires_grad=True),
-               torch.randn(16, 24, device=device, requires_grad=True),
-               torch.rand(m, 1, device=device, requires_grad=True)) for m in (6, 10)]
-    check_compiled(fn, inputs, dynamic)
-
-
-# ---- bad inputs ------------------------------------------------------------------------
-
-
-def bad_cases(device):
-    x = torch.randn(3, 4, device=device)
-    f64 = x.double()
-    i32 = torch.ones(3, 4, dtype=torch.int32, device=device)
-    return [
-        ("no broadcast", lambda: bt.lerp(x, torch.randn(5, device=device), 0.5), ValueError,
-         r"baracuda::lerp: a and b must broadcast to one shape, got \[3, 4\] and \[5\]"),
-        ("no broadcast inner", lambda: bt.lerp(torch.randn(2, 3, 4, device=device), torch.randn(3, 1, 2, device=device), 0.5),
-         ValueError, r"a and b must broadcast to one shape, got \[2, 3, 4\] and \[3, 1, 2\]"),
-        ("zero vs three", lambda: bt.lerp(torch.randn(0, device=device), torch.randn(3, device=device), 0.5),
-         ValueError, r"got \[0\] and \[3\]"),
-        ("weight no broadcast", lambda: bt.lerp(x, x, torch.rand(3, device=device)), ValueError,
-         r"baracuda::lerp: a, b and weight must broadcast to one shape, got \[3, 4\], \[3, 4\] and \[3\]"),
-        ("b dtype", lambda: bt.lerp(x, f64, 0.5), TypeError,
-         r"baracuda::lerp: b must have a's dtype float32, got float64"),
-        ("weight dtype", lambda: bt.lerp(x, x, torch.rand(4, device=device).half()), TypeError,
-         r"baracuda::lerp: weight must have a's dtype float32, got float16"),
-        ("integer input", lambda: bt.lerp(i32, i32, 0.5), TypeError,
-         r"baracuda::lerp: a must be float32, float16, bfloat16 or float64, got int32"),
-        ("bool input", lambda: bt.lerp(x, torch.ones(4, dtype=torch.bool, device=device), 0.5), TypeError,
-         r"baracuda::lerp: b has dtype Bool"),
-        ("complex input", lambda: bt.lerp(x.to(torch.complex64), x.to(torch.complex64), 0.5), TypeError,
-         r"baracuda::lerp: a has dtype ComplexFloat"),
-        ("rank 9", lambda: bt.lerp(torch.randn([1] * 9, device=device), x, 0.5), NotImplementedError,
-         r"baracuda::lerp: a has 9 dims, at most 8"),
-        ("weight rank 9", lambda: bt.lerp(x, x, torch.rand([1] * 9, device=device)), NotImplementedError,
-         r"baracuda::lerp: weight has 9 dims, at most 8"),
-        ("backward integer dy", lambda: ops.lerp_backward(i32, 0.5), TypeError,
-         r"baracuda::lerp_backward: dy must be float32, float16, bfloat16 or float64, got int32"),
-        ("backward rank 9", lambda: ops.lerp_backward(torch.randn([1] * 9, device=device), 0.5), NotImplementedError,
-         r"baracuda::lerp_backward: dy has 9 dims, at most 8"),
-        ("backward a too big", lambda: ops.lerp_backward.Tensor(x, torch.randn(2, 3, 4, device=device), x, x), ValueError,
-         r"baracuda::lerp_backward: a must broadcast to dy's shape \[3, 4\], got \[2, 3, 4\]"),
-        ("backward b mismatch", lambda: ops.lerp_backward.Tensor(x, x, torch.randn(5, device=device), x), ValueError,
-         r"baracuda::lerp_backward: b must broadcast to dy's shape \[3, 4\], got \[5\]"),
-        ("backward weight mismatch", lambda: ops.lerp_backward.Tensor(x, x, x, torch.rand(3, device=device)), ValueError,
-         r"baracuda::lerp_backward: weight must broadcast to dy's shape \[3, 4\], got \[3\]"),
-        ("backward dtype", lambda: ops.lerp_backward.Tensor(x, x, x, f64), TypeError,
-         r"baracuda::lerp_backward: weight must have dy's dtype float32, got float64"),
-    ]
-
-
-CASE_NAMES = [c[0] for c in bad_cases("cpu")]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", CASE_NAMES)
-def test_bad_inputs(device, name):
-    expect_bad_case(bad_cases(device), name)
-
-
-@pytest.mark.parametrize("name", CASE_NAMES)
-def test_bad_inputs_meta(name):
-    """The meta (fake) kernels reject what the real ones reject, so torch.compile does too."""
-    expect_bad_case(bad_cases("meta"), name)
 
 
 @requires_cuda

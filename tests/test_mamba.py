@@ -2,8 +2,8 @@
 baracuda_torch.mamba): every option (D [H] / [H, P], z, dt_bias, dt_softplus, dt_limit,
 initial and final states, seq_idx) and mixed dtypes, forward and all gradients against
 the float64 step-by-step reference (reference.ssd_chunk_scan_combined); gradcheck;
-degenerate extents; poisoned outputs; opcheck; torch.compile; explain; bad inputs
-(eager and meta); the Python wrapper's return conventions and varlen states;
+degenerate extents; poisoned outputs; explain (opcheck, torch.compile and the
+bad-input table: tests/op_db.py, run by tests/test_ops.py); the Python wrapper's return conventions and varlen states;
 mamba_split_conv1d_scan_combined against a pure-PyTorch composition; Mamba2's
 state_dict against mamba_ssm's names and shapes.
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import baracuda_torch as bt
 from baracuda_torch import mamba
 from baracuda_torch import reference as ref
-from helpers import DEVICES, FLOAT_DTYPES, expect_bad_case
+from helpers import DEVICES, FLOAT_DTYPES
 from test_ssd_chunk_scan import check, rtol_for
 
 ops = torch.ops.baracuda
@@ -282,7 +282,7 @@ def test_deterministic_bitwise(device):
         assert torch.equal(runs[0][2][k], runs[1][2][k]), k
 
 
-# ---- explain, opcheck, compile ------------------------------------------------------
+# ---- explain -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -303,160 +303,6 @@ def test_explain(device):
                        z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
                        seq_idx=t["seq_idx"], y_pre=y_pre, dt_softplus=True)
     assert binfo.op == "ssd_chunk_scan_backward" and binfo.workspace_bytes > 0
-
-
-def opcheck_samples(device):
-    rng = random.Random(31)
-    samples = []
-    for dtype, D, z, bias, init, seq, sp, mixed in [
-            (torch.float32, "h", True, True, True, True, True, False),
-            (torch.float32, "hdim", False, False, True, False, False, True),
-            (torch.float16, False, True, True, False, True, True, True),
-            (torch.float64, "h", False, True, False, False, True, True),
-            (torch.float32, False, False, False, False, False, False, False)]:
-        t, kw = make_case(rng, 2, 11, 4, 3, 5, 2, dtype, device, D=D, z=z, dt_bias=bias,
-                          init=init, seq_idx=seq, softplus=sp, limit=False, mixed=mixed)
-        args = tuple(t[k].detach().requires_grad_() for k in ("x", "dt", "A", "B", "C"))
-        opt = tuple(t[k].detach().requires_grad_() if k in t and k != "seq_idx" else t.get(k)
-                    for k in ("D", "z", "dt_bias", "initial_states", "seq_idx"))
-        samples.append((ops.ssd_chunk_scan_combined.default, args + (4,) + opt + (sp, 0.0, None, None)))
-        out, final, y_pre = ops.ssd_chunk_scan_combined(*[a.detach() for a in args], 4,
-                                                        *[o.detach() if o is not None else None
-                                                          for o in opt], sp)
-        bargs = (torch.randn_like(out), torch.randn_like(final)) + tuple(a.detach() for a in args)
-        bopt = tuple(o.detach() if o is not None else None for o in opt)
-        samples.append((ops.ssd_chunk_scan_combined_backward.default,
-                        bargs + (4,) + bopt + (y_pre if z else None, sp, 0.0, None)))
-    # dt_limit and state_dtype
-    t, _ = make_case(rng, 1, 9, 2, 3, 2, 1, torch.bfloat16, device, D=False, z=False,
-                     dt_bias=False, init=False, seq_idx=False, softplus=False, limit=False)
-    args = tuple(t[k] for k in ("x", "dt", "A", "B", "C"))
-    samples.append((ops.ssd_chunk_scan_combined.default,
-                    args + (3, None, None, None, None, None, False, 0.05, 0.5, torch.bfloat16)))
-    return samples
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_samples(device):
-        torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_compile_fullgraph(device, dynamic):
-    def fn(x, dt, A_log, B, C, D, z, bias, init, seq_idx):
-        out, final = mamba.mamba_chunk_scan_combined(
-            x * 2, dt, -torch.exp(A_log), B, C, 8, D=D, z=z, dt_bias=bias, initial_states=init,
-            seq_idx=seq_idx, dt_softplus=True, dt_limit=(0.0, 5.0), return_final_states=True)
-        return out.sum() + final.square().sum()
-
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-    rng = random.Random(17)
-    for L in (13, 21):
-        t, _ = make_case(rng, 2, L, 4, 3, 5, 2, torch.float32, device, D="hdim", z=True,
-                         dt_bias=True, init=True, seq_idx=True, softplus=True, limit=False,
-                         mixed=False)
-        t["A"] = t["A"].neg().log()
-        names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
-        eager = [t[k].clone().requires_grad_() for k in names]
-        comp = [t[k].clone().requires_grad_() for k in names]
-        out_e = fn(*eager, t["seq_idx"])
-        out_c = compiled(*comp, t["seq_idx"])
-        torch.testing.assert_close(out_c, out_e)
-        out_e.backward()
-        out_c.backward()
-        for a, e in zip(comp, eager):
-            torch.testing.assert_close(a.grad, e.grad)
-
-
-# ---- bad inputs ---------------------------------------------------------------------
-
-
-def bad_cases(device):
-    rng = random.Random(0)
-    t, _ = make_case(rng, 2, 10, 4, 8, 5, 2, torch.float32, "cpu", D="h", z=True, dt_bias=True,
-                     init=True, seq_idx=True, softplus=False, limit=False, mixed=False)
-    t = {k: v.to(device) for k, v in t.items()}
-    x, dt, A, B, C = (t[k] for k in ("x", "dt", "A", "B", "C"))
-    base = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
-                seq_idx=t["seq_idx"])
-
-    def f(**over):
-        kw = dict(base)
-        kw.update(over)
-        return ops.ssd_chunk_scan_combined(x, dt, A, B, C, 4, kw["D"], kw["z"], kw["dt_bias"],
-                                           kw["initial_states"], kw["seq_idx"], False,
-                                           kw.get("dt_min", 0.0), kw.get("dt_max"),
-                                           kw.get("state_dtype"))
-
-    def bwd(**over):
-        kw = dict(base, y_pre=x, dfinal=torch.zeros_like(base["initial_states"]))
-        kw.update(over)
-        return ops.ssd_chunk_scan_combined_backward(
-            x, kw["dfinal"], x, dt, A, B, C, 4, kw["D"], kw["z"], kw["dt_bias"],
-            kw["initial_states"], kw["seq_idx"], kw["y_pre"], False, 0.0, None)
-
-    op = r"baracuda::ssd_chunk_scan_combined: "
-    bop = r"baracuda::ssd_chunk_scan_combined_backward: "
-    init = base["initial_states"]
-    return [
-        ("D wrong size", lambda: f(D=t["D"][:3]), ValueError,
-         op + r"D must have shape \[H\] = \[4\] or \[H, D\] = \[4, 8\], got \[3\]"),
-        ("D 3-d", lambda: f(D=t["D"][:, None, None]), ValueError, r"D must have shape .* got \[4, 1, 1\]"),
-        ("D integer", lambda: f(D=t["D"].long()), TypeError,
-         op + r"D must be float32, float16, bfloat16 or float64, got int64"),
-        ("D float16 with float32 x", lambda: f(D=t["D"].half()), TypeError,
-         op + r"D must be float32 or x's dtype float32, got float16"),
-        ("z wrong shape", lambda: f(z=x[..., :7]), ValueError,
-         op + r"z must have shape \[B, L, H, D\] = \[2, 10, 4, 8\], got \[2, 10, 4, 7\]"),
-        ("z dtype", lambda: f(z=x.double()), TypeError, op + r"z must have x's dtype float32, got float64"),
-        ("dt_bias wrong size", lambda: f(dt_bias=t["dt_bias"][:2]), ValueError,
-         op + r"dt_bias must have shape \[H\] = \[4\], got \[2\]"),
-        ("dt_bias dtype", lambda: f(dt_bias=t["dt_bias"].bfloat16()), TypeError,
-         op + r"dt_bias must be float32 or x's dtype float32, got bfloat16"),
-        ("initial_states wrong shape", lambda: f(initial_states=init[..., :4]), ValueError,
-         op + r"initial_states must have shape \[B, H, D, N\] = \[2, 4, 8, 5\], got \[2, 4, 8, 4\]"),
-        ("initial_states dtype", lambda: f(initial_states=init.double()), TypeError,
-         op + r"initial_states must be float32 or x's dtype float32, got float64"),
-        ("seq_idx wrong shape", lambda: f(seq_idx=t["seq_idx"][:, :9]), ValueError,
-         op + r"seq_idx must have shape \[B, L\] = \[2, 10\], got \[2, 9\]"),
-        ("seq_idx float", lambda: f(seq_idx=t["seq_idx"].float()), TypeError,
-         op + r"seq_idx must be int32 or int64, got float32"),
-        ("dt_min > dt_max", lambda: f(dt_min=0.5, dt_max=0.1), ValueError,
-         op + r"dt_limit must satisfy dt_min <= dt_max"),
-        ("state_dtype integer", lambda: f(state_dtype=torch.int32), TypeError,
-         op + r"state_dtype must be a floating dtype"),
-        ("A float16 with float32 x", lambda: ops.ssd_chunk_scan_combined(x, dt, A.half(), B, C, 4),
-         TypeError, op + r"A must be float32 or x's dtype float32, got float16"),
-        ("dt shape", lambda: ops.ssd_chunk_scan_combined(x, dt[:, :9], A, B, C, 4), ValueError,
-         op + r"dt must have shape \[B, L, H\]"),
-        ("backward y_pre missing", lambda: bwd(y_pre=None), ValueError,
-         bop + r"y_pre \(the forward's pre-gate output\) is required when z is given"),
-        ("backward y_pre without z", lambda: bwd(z=None), ValueError,
-         bop + r"y_pre must be None when z is None"),
-        ("backward y_pre shape", lambda: bwd(y_pre=x[:1]), ValueError,
-         bop + r"y_pre must have shape \[B, L, H, D\] = \[2, 10, 4, 8\], got \[1, 10, 4, 8\]"),
-        ("backward dfinal_states shape", lambda: bwd(dfinal=init[:1]), ValueError,
-         bop + r"dfinal_states must have shape \[B, H, D, N\] = \[2, 4, 8, 5\], got \[1, 4, 8, 5\]"),
-        ("backward dfinal_states integer", lambda: bwd(dfinal=init.int()), TypeError,
-         bop + r"dfinal_states must be float32, float16, bfloat16 or float64, got int32"),
-    ]
-
-
-BAD_NAMES = [c[0] for c in bad_cases("cpu")]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", BAD_NAMES)
-def test_bad_inputs(device, name):
-    expect_bad_case(bad_cases(device), name)
-
-
-@pytest.mark.parametrize("name", BAD_NAMES)
-def test_bad_inputs_meta(name):
-    expect_bad_case(bad_cases("meta"), name)
 
 
 def test_device_mismatch_names_the_argument():

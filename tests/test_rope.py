@@ -1,7 +1,8 @@
 """RoPE (rope, rope_backward): forward and gradients against reference.py on every dtype,
 layout, pair convention, rotary_dim and positions form; angle accuracy for large
 positions; gradcheck and gradgradcheck; NaN/Inf; empty tensors; poisoned outputs;
-opcheck; torch.compile; bad inputs (eager and meta); plan variants; CUDA-only checks."""
+compiled double backward; plan variants; CUDA-only checks. (Opcheck, torch.compile and
+the bad-input table: tests/op_db.py, run by tests/test_ops.py.)"""
 import math
 
 import pytest
@@ -9,8 +10,7 @@ import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, expect_bad_case, randn,
-                     requires_cuda)
+from helpers import DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_close_to_reference, randn, requires_cuda
 
 ops = torch.ops.baracuda
 
@@ -419,54 +419,7 @@ def test_wrapper_defaults():
     assert "rope" in bt.__all__ and "rope_qk" in bt.__all__
 
 
-# ---- opcheck and torch.compile ----------------------------------------------------------
-
-def opcheck_samples(device):
-    x = torch.randn(2, 3, 5, 8, device=device)
-    xt = torch.randn(2, 5, 3, 8, device=device).transpose(1, 2)
-    pos = torch.randint(0, 1000, (5,), device=device)
-    pos_b = torch.randint(0, 1000, (2, 5), device=device)
-    return [
-        (ops.rope.default, (x.clone().requires_grad_(), pos, 10000.0, True, -1)),
-        (ops.rope.default, (xt.clone().requires_grad_(), None, 500.0, False, 4)),
-        (ops.rope.default, (x.double().requires_grad_(), pos_b, 10000.0, False, 6)),
-        (ops.rope.default, (x[..., :6].to(torch.bfloat16), None, 10000.0, True, 4)),
-        (ops.rope_backward.default, (x.clone().requires_grad_(), pos_b, 10000.0, True, -1)),
-        (ops.rope_backward.default, (xt.half(), pos, 10.0, False, 2)),
-        (ops.rope_backward.default, (x[..., ::2].double(), None, 10000.0, True, -1)),
-    ]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_samples(device):
-        torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_compile(device, dynamic):
-    torch._dynamo.reset()
-
-    def fn(q, k, pos, w):
-        q = q @ w
-        qr, kr = bt.rope_qk(q, k.transpose(1, 2), pos, interleaved=False, rotary_dim=8)
-        return (qr * kr.mean(1, keepdim=True)).sum(-1) + bt.rope(q, pos).square().mean(-1)
-
-    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-    for S in (6, 10):
-        args = (torch.randn(2, 4, S, 16, device=device), torch.randn(2, S, 2, 16, device=device),
-                torch.randint(0, 10**5, (2, S), device=device), torch.randn(16, 16, device=device))
-        ea = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
-        ca = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
-        out_e, out_c = fn(*ea), compiled(*ca)
-        torch.testing.assert_close(out_c, out_e)
-        out_e.sum().backward()
-        out_c.sum().backward()
-        for a, b in zip(ca, ea):
-            if a.requires_grad:
-                torch.testing.assert_close(a.grad, b.grad)
-
+# ---- torch.compile --------------------------------------------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_double_backward(device):
@@ -478,103 +431,6 @@ def test_compile_double_backward(device):
 
     x = randn((1, 2, 4, 8), torch.float64, device).requires_grad_()
     torch.testing.assert_close(torch.compile(fn)(x), fn(x))
-
-
-# ---- bad inputs ------------------------------------------------------------------------
-
-def bad_cases(device):
-    x = torch.randn(2, 3, 4, 8, device=device)
-    pos = torch.arange(4, device=device)
-    R = ops.rope
-    return [
-        ("3-d x", lambda: bt.rope(torch.randn(2, 3, 4, device=device)), ValueError,
-         r"baracuda::rope: x must be 4-D \[B, H, S, D\], got a 3-d tensor of sizes \[2, 3, 4\]"),
-        ("5-d x", lambda: bt.rope(torch.randn(1, 2, 3, 4, 8, device=device)), ValueError,
-         r"baracuda::rope: x must be 4-D .* got a 5-d tensor"),
-        ("9-d x", lambda: bt.rope(torch.randn([1] * 8 + [2], device=device)), ValueError,
-         r"got a 9-d tensor"),
-        ("0-d x", lambda: bt.rope(torch.tensor(1.0, device=device)), ValueError,
-         r"got a 0-d tensor of sizes \[\]"),
-        ("integer x", lambda: bt.rope(torch.ones(2, 3, 4, 8, dtype=torch.int32, device=device)), TypeError,
-         r"baracuda::rope: x must be float32, float16, bfloat16 or float64, got int32"),
-        ("bool x", lambda: bt.rope(torch.ones(2, 3, 4, 8, dtype=torch.bool, device=device)), TypeError,
-         r"baracuda::rope: x has dtype Bool"),
-        ("complex x", lambda: bt.rope(torch.ones(2, 3, 4, 8, dtype=torch.complex64, device=device)), TypeError,
-         r"baracuda::rope: x has dtype ComplexFloat"),
-        ("odd D", lambda: bt.rope(torch.randn(2, 3, 4, 7, device=device)), ValueError,
-         r"baracuda::rope: x.size\(-1\) must be even when rotary_dim is -1 \(all features rotate\), got 7"),
-        ("odd rotary_dim", lambda: bt.rope(x, rotary_dim=3), ValueError,
-         r"baracuda::rope: rotary_dim must be -1 or even with 0 < rotary_dim <= x.size\(-1\) = 8, got 3"),
-        ("rotary_dim 0", lambda: bt.rope(x, rotary_dim=0), ValueError, r"rotary_dim must be .* got 0"),
-        ("rotary_dim > D", lambda: bt.rope(x, rotary_dim=10), ValueError, r"<= x.size\(-1\) = 8, got 10"),
-        ("rotary_dim -2", lambda: R(x, None, 10000.0, True, -2), ValueError, r"rotary_dim must be .* got -2"),
-        ("rotary_dim == odd D", lambda: bt.rope(torch.randn(1, 1, 2, 7, device=device), rotary_dim=7),
-         ValueError, r"got 7"),
-        ("base 0", lambda: bt.rope(x, base=0.0), ValueError, r"baracuda::rope: base must be finite and > 0, got 0"),
-        ("base < 0", lambda: bt.rope(x, base=-10.0), ValueError, r"base must be finite and > 0, got -10"),
-        ("base nan", lambda: bt.rope(x, base=float("nan")), ValueError, r"base must be finite and > 0, got nan"),
-        ("base inf", lambda: bt.rope(x, base=float("inf")), ValueError, r"base must be finite and > 0, got inf"),
-        ("int32 positions", lambda: bt.rope(x, pos.int()), TypeError,
-         r"baracuda::rope: positions must be int64, got int32"),
-        ("float positions", lambda: bt.rope(x, pos.float()), TypeError, r"positions must be int64, got float32"),
-        ("bool positions", lambda: bt.rope(x, pos > 0), TypeError, r"baracuda::rope: positions has dtype Bool"),
-        ("positions too long", lambda: bt.rope(x, torch.arange(5, device=device)), ValueError,
-         r"baracuda::rope: positions must have shape \[S\] = \[4\] or \[B, S\] = \[2, 4\], got \[5\]"),
-        ("positions wrong B", lambda: bt.rope(x, torch.zeros(3, 4, dtype=torch.long, device=device)), ValueError,
-         r"positions must have shape .* got \[3, 4\]"),
-        ("positions [S, B]", lambda: bt.rope(x, torch.zeros(4, 2, dtype=torch.long, device=device)), ValueError,
-         r"got \[4, 2\]"),
-        ("positions 3-d", lambda: bt.rope(x, torch.zeros(2, 1, 4, dtype=torch.long, device=device)), ValueError,
-         r"got \[2, 1, 4\]"),
-        ("positions 0-d", lambda: bt.rope(x, torch.tensor(3, device=device)), ValueError, r"got \[\]"),
-        ("backward 3-d dy", lambda: ops.rope_backward(torch.randn(2, 3, 4, device=device)), ValueError,
-         r"baracuda::rope_backward: dy must be 4-D \[B, H, S, D\]"),
-        ("backward odd D", lambda: ops.rope_backward(torch.randn(2, 3, 4, 5, device=device)), ValueError,
-         r"baracuda::rope_backward: dy.size\(-1\) must be even"),
-        ("backward bad rotary_dim", lambda: ops.rope_backward(x, None, 10000.0, True, 12), ValueError,
-         r"baracuda::rope_backward: rotary_dim must be .* dy.size\(-1\) = 8, got 12"),
-        ("backward base", lambda: ops.rope_backward(x, None, -1.0), ValueError,
-         r"baracuda::rope_backward: base must be finite and > 0"),
-        ("backward positions dtype", lambda: ops.rope_backward(x, pos.int()), TypeError,
-         r"baracuda::rope_backward: positions must be int64, got int32"),
-        ("backward positions shape", lambda: ops.rope_backward(x, pos[:3]), ValueError,
-         r"baracuda::rope_backward: positions must have shape"),
-        ("backward integer dy", lambda: ops.rope_backward(torch.ones(2, 3, 4, 8, dtype=torch.int64, device=device)),
-         TypeError, r"baracuda::rope_backward: dy must be float32, float16, bfloat16 or float64, got int64"),
-    ]
-
-
-BAD_NAMES = [c[0] for c in bad_cases("cpu")]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", BAD_NAMES)
-def test_bad_inputs(device, name):
-    expect_bad_case(bad_cases(device), name)
-
-
-@pytest.mark.parametrize("name", BAD_NAMES)
-def test_bad_inputs_meta(name):
-    """The meta (fake) kernels reject what the real ones reject, so torch.compile does too."""
-    expect_bad_case(bad_cases("meta"), name)
-
-
-@pytest.mark.parametrize("name", ["odd rotary_dim", "positions too long", "int32 positions", "3-d x"])
-def test_bad_inputs_explain(name):
-    """explain raises what the op raises."""
-    x = torch.randn(2, 3, 4, 8)
-    args = {"odd rotary_dim": (x, None, 10000.0, True, 3), "positions too long": (x, torch.arange(5)),
-            "int32 positions": (x, torch.arange(4, dtype=torch.int32)), "3-d x": (x[0],)}[name]
-    exc = TypeError if name == "int32 positions" else ValueError
-    with pytest.raises(exc, match="baracuda::rope: "):
-        bt.explain("rope", *args)
-
-
-def test_bad_inputs_compiled():
-    torch._dynamo.reset()
-    f = torch.compile(lambda t: bt.rope(t, None, 10000.0, True, 3), fullgraph=True)
-    with pytest.raises(Exception, match="rotary_dim must be"):
-        f(torch.randn(1, 2, 3, 8))
 
 
 @requires_cuda

@@ -1,14 +1,15 @@
 """baracuda::rope_cos_sin / rope_qk_cos_sin (+ backwards): RoPE from caller-given cos/sin
 tables in Hugging Face's [Bc, S, R] and flash-attention's [S, R/2] layouts. Float64
 reference, every dtype and table dtype, both pair layouts, partial rotary, GQA, strided
-and [B, S, H, D] inputs, poisoned outputs, gradcheck (cos/sin included), opcheck,
-torch.compile, meta, and clear errors."""
+and [B, S, H, D] inputs, poisoned outputs, gradcheck (cos/sin included), Hugging Face's
+signature. (Opcheck, torch.compile, meta and the bad-input table: tests/op_db.py, run by
+tests/test_ops.py.)"""
 import pytest
 import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import DEVICES, FLOAT_DTYPES, assert_close_to_reference, check_compiled, randn
+from helpers import DEVICES, FLOAT_DTYPES, assert_close_to_reference, randn
 
 ops = torch.ops.baracuda
 
@@ -176,54 +177,6 @@ def test_no_table_gradient_unless_required(device):
     assert dc.shape == c.shape and ds.shape == s.shape
 
 
-def opcheck_samples(device):
-    B, Hq, Hk, S, D, R = 2, 4, 2, 5, 16, 8
-    q, k = torch.randn(B, Hq, S, D, device=device), torch.randn(B, Hk, S, D, device=device)
-    cf, sf = table(angles(B, S, R, True, device), "full", False, torch.float32)
-    ch, sh = table(angles(B, S, R, False, device), "half", True, torch.float32)
-    qt = torch.randn(B, S, Hq, D, device=device).transpose(1, 2)
-    return [
-        (ops.rope_qk_cos_sin.default, (q.clone().requires_grad_(), k.clone().requires_grad_(), cf, sf, False)),
-        (ops.rope_qk_cos_sin.default, (qt.requires_grad_(), k, ch, sh, True)),
-        (ops.rope_qk_cos_sin.default, (q.double(), k.double(), cf.double().requires_grad_(),
-                                       sf.double().requires_grad_(), False)),
-        (ops.rope_qk_cos_sin_backward.default, (q.bfloat16(), k.bfloat16(), cf, sf, False)),
-        (ops.rope_cos_sin.default, (q.half().requires_grad_(), ch.half(), sh.half(), True)),
-        (ops.rope_cos_sin_backward.default, (q, cf, sf, False)),
-    ]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_samples(device):
-        torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_compile_fullgraph(device, dynamic):
-    def fn(q, k, cos, sin):
-        a, b = bt.apply_rotary_pos_emb(q, k, cos, sin)
-        return a.sum(1) * 2 + b.mean(1) + bt.rope_cos_sin(q, cos[0, :, :4], sin[0, :, :4]).sum(1)
-
-    inputs = []
-    for S in (6, 10):
-        cos, sin = table(angles(2, S, 8, True, device), "full", False, torch.float32)
-        inputs.append((torch.randn(2, 4, S, 8, device=device, requires_grad=True),
-                       torch.randn(2, 2, S, 8, device=device, requires_grad=True), cos, sin))
-    check_compiled(fn, inputs, dynamic)
-
-
-def test_meta_shapes_and_strides():
-    q = torch.empty(2, 5, 4, 16, device="meta").transpose(1, 2)  # [B, H, S, D] view of BSHD
-    k = torch.empty(2, 3, 5, 16, device="meta")
-    cos = torch.empty(1, 5, 8, device="meta")
-    yq, yk = ops.rope_qk_cos_sin(q, k, cos, cos)
-    assert yq.shape == q.shape and yq.stride() == q.stride() and yk.shape == k.shape
-    with pytest.raises(ValueError, match="cos/sin of rank 3"):
-        ops.rope_qk_cos_sin(q, k, torch.empty(1, 6, 8, device="meta"), torch.empty(1, 6, 8, device="meta"))
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_hf_signature(device):
     """apply_rotary_pos_emb matches transformers' own function for [B, H, S, D] inputs,
@@ -246,36 +199,6 @@ def test_hf_signature(device):
     exp3 = hf_apply(q, k, table_c[0][pid], table_s[0][pid])
     for a, b in zip(got3, exp3):
         torch.testing.assert_close(a, b)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_errors(device):
-    q, k = torch.randn(2, 4, 5, 16, device=device), torch.randn(2, 2, 5, 16, device=device)
-    c = torch.randn(1, 5, 16, device=device)
-    cases = [
-        (lambda: bt.rope_qk_cos_sin(q, k, c[:, :4], c[:, :4]), ValueError,
-         r"baracuda::rope_qk_cos_sin: cos/sin of rank 3 must be \[1 or B, S, R\] = \[1 or 2, 5, R\]"),
-        (lambda: bt.rope_qk_cos_sin(q, k, torch.randn(1, 5, 18, device=device),
-                                    torch.randn(1, 5, 18, device=device)), ValueError, r"2 <= R <= D = 16"),
-        (lambda: bt.rope_qk_cos_sin(q, k, c[..., :7], c[..., :7]), ValueError, r"R even"),
-        (lambda: bt.rope_qk_cos_sin(q, k, torch.randn(3, 5, 16, device=device),
-                                    torch.randn(3, 5, 16, device=device)), ValueError, r"got \[3, 5, 16\]"),
-        (lambda: bt.rope_qk_cos_sin(q, k, c, c[..., :8]), ValueError, r"cos and sin must have the same shape"),
-        (lambda: bt.rope_qk_cos_sin(q, k, c[0, :, :9], c[0, :, :9]), ValueError, r"R <= D = 16, got \[5, 9\]"),
-        (lambda: bt.rope_qk_cos_sin(q, k, c[0, :4, :8], c[0, :4, :8]), ValueError, r"rank 2 must be \[S, R/2\]"),
-        (lambda: bt.rope_qk_cos_sin(q, k[:, :, :4], c, c), ValueError, r"must agree in B, S and D"),
-        (lambda: bt.rope_qk_cos_sin(q, k.double(), c, c), TypeError, r"k must have q's dtype"),
-        (lambda: bt.rope_qk_cos_sin(q.bfloat16(), k.bfloat16(), c.half(), c.half()), TypeError,
-         r"cos/sin must be float32 or q's dtype bfloat16"),
-        (lambda: bt.rope_qk_cos_sin(q, k, c, c.double()), TypeError, r"same dtype"),
-        (lambda: bt.rope_cos_sin(q[0], c, c), ValueError, r"baracuda::rope_cos_sin: x must be 4-D"),
-        (lambda: bt.rope_cos_sin(q.int(), c, c), TypeError, r"x must be float32"),
-        (lambda: bt.rope_cos_sin(q, c[None, None], c[None, None]), ValueError, r"must be \[S, R/2\]"),
-        (lambda: bt.apply_rotary_pos_emb(q, k, c[0, 0], c[0, 0]), ValueError, r"cos and sin must both be"),
-    ]
-    for fn, exc, msg in cases:
-        with pytest.raises(exc, match=msg):
-            fn()
 
 
 def test_explain_and_cpu_variant():

@@ -1,8 +1,8 @@
 """Mamba-2 SSD chunk scan: the forward and all five gradients against the float64
 sequential recurrence (reference.ssd_chunk_scan) on odd shapes, every dtype and
 layout; the chunked reference; gradcheck; empty problems; NaN; poisoned outputs;
-determinism; workspace bounds; opcheck; torch.compile; bad inputs (eager and meta);
-the Mamba-2 mixer module. CUDA only: CPU agreement, D = N = 256, long sequences,
+determinism; workspace bounds; the Mamba-2 mixer module (opcheck, torch.compile and
+the bad-input table: tests/op_db.py, run by tests/test_ops.py). CUDA only: CPU agreement, D = N = 256, long sequences,
 CUDA graphs, more than 2^31 elements.
 
 Tolerances: the largest absolute error of each output against the float64 reference,
@@ -28,8 +28,7 @@ import torch.nn.functional as F
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import (DEVICES, FLOAT_DTYPES, assert_close_to_reference, compute_eps, expect_bad_case,
-                     requires_cuda)
+from helpers import DEVICES, FLOAT_DTYPES, assert_close_to_reference, compute_eps, requires_cuda
 
 ops = torch.ops.baracuda
 NAMES = ("dx", "ddt", "dA", "dB", "dC")
@@ -358,124 +357,6 @@ def test_backward_workspace_is_per_chunk(device):
     assert 0 < ws <= bound, (ws, bound)
     assert ws < per_step_states / 16
     assert bt.explain("ssd_chunk_scan", x, dt, A, B, B, chunk_size=Q).workspace_bytes <= bound
-
-
-# ---- opcheck and torch.compile -------------------------------------------------------
-
-
-def opcheck_samples(device):
-    x, dt, A, B, C = ssd_inputs(2, 11, 4, 3, 5, 2, torch.float32, device)
-    dy = torch.randn_like(x)
-    _, strided = strided_layouts(1, 7, 2, 3, 2, 1, torch.float32, device)[0]
-    half = [t.half() for t in (dy, x, dt, A, B, C)]
-    return [
-        (ops.ssd_chunk_scan.default, tuple(t.clone().requires_grad_() for t in (x, dt, A, B, C)) + (4,)),
-        (ops.ssd_chunk_scan.default, tuple(t.detach().requires_grad_() for t in strided) + (3,)),
-        (ops.ssd_chunk_scan.default, tuple(t.double() for t in (x, dt, A, B, C)) + (256,)),
-        (ops.ssd_chunk_scan_backward.default, (dy, x, dt, A, B, C, 4)),
-        (ops.ssd_chunk_scan_backward.default, tuple(half) + (7,)),
-    ]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    for op, args in opcheck_samples(device):
-        torch.library.opcheck(op, args)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_compile_fullgraph(device, dynamic):
-    def fn(x, dt_raw, A_log, B, C):
-        y = bt.ssd_chunk_scan(x * 2, F.softplus(dt_raw), -torch.exp(A_log), B, C, chunk_size=8)
-        return y * 1.5 + x
-
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-    for L in (13, 21):
-        x, dt, A, B, C = ssd_inputs(2, L, 4, 3, 5, 2, torch.float32, device)
-        args = [x, dt, A.neg().log(), B, C]
-        eager = [a.clone().requires_grad_() for a in args]
-        comp = [a.clone().requires_grad_() for a in args]
-        out_e, out_c = fn(*eager), compiled(*comp)
-        torch.testing.assert_close(out_c, out_e)
-        out_e.sum().backward()
-        out_c.sum().backward()
-        for a, e in zip(comp, eager):
-            torch.testing.assert_close(a.grad, e.grad)
-
-
-# ---- bad inputs ---------------------------------------------------------------------
-
-
-def bad_cases(device):
-    x, dt, A, B, C = ssd_inputs(2, 10, 4, 8, 5, 2, torch.float32, "cpu")
-    x, dt, A, B, C = [t.to(device) for t in (x, dt, A, B, C)]
-    f = lambda *a, chunk=16: bt.ssd_chunk_scan(*a, chunk_size=chunk)  # noqa: E731
-    bwd = lambda *a, chunk=16: ops.ssd_chunk_scan_backward(*a, chunk)  # noqa: E731
-    B3 = torch.randn(2, 10, 3, 5, device=device)
-    op = r"baracuda::ssd_chunk_scan: "
-    return [
-        ("x 3-d", lambda: f(x[..., 0], dt, A, B, C), ValueError,
-         op + r"x must have shape \[B, L, H, D\] \(4 dims\), got \[2, 10, 4\]"),
-        ("x 0-d", lambda: f(x[0, 0, 0, 0], dt, A, B, C), ValueError, r"x must have shape .*, got \[\]"),
-        ("dt wrong length", lambda: f(x, dt[:, :9], A, B, C), ValueError,
-         op + r"dt must have shape \[B, L, H\] = \[2, 10, 4\], got \[2, 9, 4\]"),
-        ("dt 4-d", lambda: f(x, dt[..., None], A, B, C), ValueError, r"dt must have shape .* got \[2, 10, 4, 1\]"),
-        ("A wrong size", lambda: f(x, dt, A[:3], B, C), ValueError, op + r"A must have shape \[H\] = \[4\], got \[3\]"),
-        ("A 2-d", lambda: f(x, dt, A[None], B, C), ValueError, r"A must have shape \[H\] = \[4\], got \[1, 4\]"),
-        ("B wrong batch", lambda: f(x, dt, A, B[:1], C), ValueError,
-         op + r"B must have shape \[B, L, G, N\] = \[2, 10, G, N\], got \[1, 10, 2, 5\]"),
-        ("B 3-d", lambda: f(x, dt, A, B[..., 0], C), ValueError, r"B must have shape .* got \[2, 10, 2\]"),
-        ("C not B's shape", lambda: f(x, dt, A, B, C[..., :4]), ValueError,
-         op + r"C must have B's shape \[2, 10, 2, 5\], got \[2, 10, 2, 4\]"),
-        ("H % G", lambda: f(x, dt, A, B3, B3), ValueError,
-         op + r"the number of heads H = x.size\(2\) must be a multiple of the number of groups "
-              r"G = B.size\(2\), got H = 4 and G = 3"),
-        ("G = 0", lambda: f(x, dt, A, B[:, :, :0], C[:, :, :0]), ValueError, r"got H = 4 and G = 0"),
-        ("chunk 0", lambda: f(x, dt, A, B, C, chunk=0), ValueError, op + r"chunk_size must be at least 1, got 0"),
-        ("chunk -5", lambda: f(x, dt, A, B, C, chunk=-5), ValueError, r"chunk_size must be at least 1, got -5"),
-        ("integer x", lambda: f(x.long(), dt, A, B, C), TypeError,
-         op + r"x must be float32, float16, bfloat16 or float64, got int64"),
-        ("integer C", lambda: f(x, dt, A, B, C.int()), TypeError, r"C must be float32, float16, bfloat16 or float64, got int32"),
-        ("bool dt", lambda: f(x, dt.bool(), A, B, C), TypeError, op + r"dt has dtype Bool"),
-        ("mixed dtypes dt", lambda: f(x, dt.double(), A, B, C), TypeError,
-         op + r"x and dt must have the same dtype, got float32 and float64"),
-        ("mixed dtypes A", lambda: f(x, dt, A.half(), B, C), TypeError, r"x and A must have the same dtype, got float32 and float16"),
-        ("backward dy shape", lambda: bwd(x[..., :7], x, dt, A, B, C), ValueError,
-         r"baracuda::ssd_chunk_scan_backward: dy must have x's shape \[2, 10, 4, 8\], got \[2, 10, 4, 7\]"),
-        ("backward dy dtype", lambda: bwd(x.double(), x, dt, A, B, C), TypeError,
-         r"baracuda::ssd_chunk_scan_backward: dy must have x's dtype float32, got float64"),
-        ("backward H % G", lambda: bwd(x, x, dt, A, B3, B3), ValueError,
-         r"baracuda::ssd_chunk_scan_backward: the number of heads .* got H = 4 and G = 3"),
-        ("backward chunk 0", lambda: bwd(x, x, dt, A, B, C, chunk=0), ValueError,
-         r"baracuda::ssd_chunk_scan_backward: chunk_size must be at least 1, got 0"),
-        ("backward mixed dtypes", lambda: bwd(x, x, dt, A, B, C.half()), TypeError,
-         r"baracuda::ssd_chunk_scan_backward: x and C must have the same dtype"),
-    ]
-
-
-BAD_NAMES = [c[0] for c in bad_cases("cpu")]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", BAD_NAMES)
-def test_bad_inputs(device, name):
-    expect_bad_case(bad_cases(device), name)
-
-
-@pytest.mark.parametrize("name", BAD_NAMES)
-def test_bad_inputs_meta(name):
-    """The meta (fake) kernels reject what the real ones reject, so torch.compile does too."""
-    expect_bad_case(bad_cases("meta"), name)
-
-
-def test_explain_raises_what_the_op_raises():
-    x, dt, A, B, C = ssd_inputs(1, 4, 4, 2, 2, 1, torch.float32, "cpu")
-    with pytest.raises(ValueError, match="chunk_size must be at least 1"):
-        bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=0)
-    with pytest.raises(ValueError, match="multiple of the number of groups"):
-        bt.explain("ssd_chunk_scan_backward", x, x, dt, A, B.expand(1, 4, 3, 2), C.expand(1, 4, 3, 2))
 
 
 def test_cpu_has_no_dim_limit():

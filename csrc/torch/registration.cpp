@@ -3,7 +3,7 @@
 #include <ATen/core/enum_tag.h>
 #include <torch/library.h>
 
-// Every op passes torch.library.opcheck (tests/test_opcheck.py), so it is tagged as
+// Every op passes torch.library.opcheck (tests/test_ops.py), so it is tagged as
 // working with torch.compile.
 #define BARACUDA_DEF(schema) m.def(schema, {at::Tag::pt2_compliant_tag})
 

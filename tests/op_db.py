@@ -1,0 +1,879 @@
+"""One entry per op overload of ``torch.ops.baracuda``: its sample inputs, float64
+reference, dtypes, autograd support and bad-input table (in the style of PyTorch's
+OpInfo). ``tests/test_ops.py`` runs the generic checks over every entry; the deep
+per-family tests (layouts, options, properties, CUDA-only hazards) stay in
+``tests/test_<family>.py``.
+
+A new op (or overload) needs an :class:`OpInfo` here; ``test_every_op_has_an_entry``
+fails until it has one.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+import baracuda_torch as bt
+from baracuda_torch import reference as ref
+from helpers import FLOAT_DTYPES, randn
+
+ops = torch.ops.baracuda
+
+
+class SampleInput(NamedTuple):
+    """One call of the op: ``op(*args, **kwargs)``."""
+    desc: str
+    args: tuple
+    kwargs: dict = {}
+
+
+class BadInput(NamedTuple):
+    """A call that must raise ``exc`` with a message matching ``match``. ``args`` builds
+    the call's ``(args, kwargs)`` (tensors on the device the table was built for);
+    ``call`` replaces the op for a rule that a Python wrapper checks."""
+    name: str
+    args: Callable[[], tuple]
+    exc: type
+    match: str
+    call: Callable | None = None
+
+
+def args(*a: Any, **k: Any) -> tuple:
+    """The ``(args, kwargs)`` of a call, for :attr:`BadInput.args`."""
+    return a, k
+
+
+@dataclasses.dataclass
+class OpInfo:
+    name: str                                    # "lerp.Tensor": packet[.overload]
+    sample_inputs: Callable[[str, torch.dtype, bool], list]  # (device, dtype, requires_grad)
+    bad_inputs: Callable[[str], list]            # device -> [BadInput]
+    ref: Callable | None = None                  # float64 reference (of a backward op: by autograd of the forward's)
+    dtypes: tuple = tuple(FLOAT_DTYPES)
+    supports_autograd: bool = True               # differentiable (gradcheck in float64)
+    supports_gradgrad: bool = False              # twice differentiable (gradgradcheck)
+    floor_ulps: float = 32                       # assert_close_to_reference's floor
+    rtol: Callable | None = None                 # (dtype, device) -> relative bound, instead of the 2x rule
+
+    @property
+    def op(self) -> torch._ops.OpOverload:
+        packet, _, overload = self.name.partition(".")
+        return getattr(getattr(ops, packet), overload or "default")
+
+    def samples(self, device: str, dtype: torch.dtype, requires_grad: bool = False) -> list:
+        """The samples, with every floating tensor a leaf that requires grad if asked."""
+        def leaf(a):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                return a.detach().requires_grad_(requires_grad)
+            return a
+        return [SampleInput(s.desc, tuple(leaf(a) for a in s.args), {k: leaf(v) for k, v in s.kwargs.items()})
+                for s in self.sample_inputs(device, dtype, requires_grad)]
+
+
+def _rand(device, dtype):
+    """randn(*shape) in `dtype` on `device`, from float64 draws."""
+    return lambda *shape: randn(shape, dtype, device)
+
+
+def _positions(device, *shape):
+    return torch.randint(0, 1000, shape, device=device)
+
+
+# ---- gated activations ---------------------------------------------------------------------
+
+
+def gated_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    return [SampleInput("swiglu", (r(4, 6, 16), "swiglu", -1, False)),
+            SampleInput("geglu transposed dim 0 gate_first", (r(16, 12).t(), "geglu", 0, True)),
+            SampleInput("glu dim 1", (r(4, 6, 16), "glu", 1, False)),
+            SampleInput("geglu_tanh odd half", (r(3, 5, 14), "geglu_tanh", -1, True)),
+            SampleInput("reglu 4-d dim 2", (r(2, 3, 4, 10), "reglu", 2, False)),
+            SampleInput("empty", (r(0, 8), "swiglu", -1, False))]
+
+
+def gated_backward_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    return [SampleInput("geglu_tanh gate_first", (r(4, 6, 8), r(4, 6, 16), "geglu_tanh", -1, True)),
+            SampleInput("reglu", (r(4, 6, 8), r(4, 6, 16), "reglu", -1, False)),
+            SampleInput("glu transposed dim 0", (r(6, 16), r(16, 12).t(), "glu", 0, False)),
+            SampleInput("empty", (r(0, 4), r(0, 8), "swiglu", -1, False))]
+
+
+def gated_bad(device):
+    x = torch.randn(3, 8, device=device)
+    dy = torch.randn(3, 4, device=device)
+    return {
+        "gated_activation": [
+            BadInput("odd split", lambda: args(torch.randn(3, 7, device=device), "swiglu"), ValueError,
+                     r"baracuda::gated_activation: x.size\(-1\) must be even, got 7"),
+            BadInput("odd split dim 0", lambda: args(torch.randn(5, 4, device=device), "glu", 0), ValueError,
+                     r"x.size\(0\) must be even, got 5"),
+            BadInput("dim too large", lambda: args(x, "swiglu", 2), IndexError,
+                     r"baracuda::gated_activation: dim must be in \[-2, 1\] for a 2-d tensor, got 2"),
+            BadInput("dim too small", lambda: args(x, "swiglu", -3), IndexError, r"got -3"),
+            BadInput("unknown kind", lambda: args(x, "gelu"), ValueError,
+                     r"baracuda::gated_activation: kind must be one of .* got 'gelu'"),
+            BadInput("integer input", lambda: args(torch.ones(3, 8, dtype=torch.int32, device=device), "swiglu"),
+                     TypeError,
+                     r"baracuda::gated_activation: x must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("bool input", lambda: args(torch.ones(3, 8, dtype=torch.bool, device=device), "swiglu"),
+                     TypeError, r"baracuda::gated_activation: x has dtype Bool"),
+            BadInput("complex input", lambda: args(torch.ones(3, 8, dtype=torch.complex64, device=device), "swiglu"),
+                     TypeError, r"baracuda::gated_activation: x has dtype ComplexFloat"),
+            BadInput("0-dim input", lambda: args(torch.tensor(1.0, device=device), "swiglu"), ValueError,
+                     r"baracuda::gated_activation: x must have at least one dimension"),
+            BadInput("rank 9", lambda: args(torch.randn([1] * 8 + [4], device=device), "swiglu"), NotImplementedError,
+                     r"baracuda::gated_activation: x has 9 dims, at most 8"),
+        ],
+        "gated_activation_backward": [
+            BadInput("dy wrong shape", lambda: args(torch.randn(3, 5, device=device), x, "swiglu"), ValueError,
+                     r"baracuda::gated_activation_backward: dy must have x's sizes with size\(dim\) halved, "
+                     r"\[3, 4\], got \[3, 5\]"),
+            BadInput("dy wrong rank", lambda: args(torch.randn(12, device=device), x, "swiglu"), ValueError,
+                     r"dy must have x's sizes"),
+            BadInput("dy wrong dtype", lambda: args(dy.double(), x, "swiglu"), TypeError,
+                     r"baracuda::gated_activation_backward: dy must have x's dtype float32, got float64"),
+            BadInput("backward odd split", lambda: args(dy, torch.randn(3, 9, device=device), "swiglu"), ValueError,
+                     r"baracuda::gated_activation_backward: x.size\(-1\) must be even, got 9"),
+            BadInput("backward unknown kind", lambda: args(dy, x, "nope"), ValueError,
+                     r"baracuda::gated_activation_backward: kind must be one of"),
+        ],
+    }
+
+
+def pair_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    return [SampleInput("swiglu", (r(4, 6, 8), r(4, 6, 8), "swiglu")),
+            SampleInput("geglu transposed and expanded", (r(8, 5).t(), r(1, 8).expand(5, 8), "geglu")),
+            SampleInput("glu", (r(3, 5, 14), r(3, 5, 14), "glu")),
+            SampleInput("reglu 1-d", (r(7), r(7), "reglu")),
+            SampleInput("geglu_tanh 0-d", (r(), r(), "geglu_tanh")),
+            SampleInput("empty", (r(0, 4), r(0, 4), "swiglu"))]
+
+
+def pair_backward_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    return [SampleInput("geglu_tanh", (r(4, 6, 8), r(4, 6, 8), r(4, 6, 8), "geglu_tanh")),
+            SampleInput("reglu transposed", (r(5, 8), r(8, 5).t(), r(5, 8), "reglu")),
+            SampleInput("swiglu 1-d", (r(7), r(7), r(7), "swiglu"))]
+
+
+def pair_bad(device):
+    g = torch.randn(3, 8, device=device)
+    dy = torch.randn(3, 8, device=device)
+    return {
+        "gated_activation_pair": [
+            BadInput("shape mismatch", lambda: args(g, torch.randn(3, 7, device=device), "swiglu"), ValueError,
+                     r"baracuda::gated_activation_pair: gate and up must have the same sizes, "
+                     r"got gate \[3, 8\] and up \[3, 7\]"),
+            BadInput("rank mismatch", lambda: args(g, torch.randn(8, device=device), "swiglu"), ValueError,
+                     r"gate and up must have the same sizes"),
+            BadInput("dtype mismatch", lambda: args(g, g.double(), "swiglu"), TypeError,
+                     r"baracuda::gated_activation_pair: up must have gate's dtype float32, got float64"),
+            BadInput("integer gate", lambda: args(g.int(), g.int(), "swiglu"), TypeError,
+                     r"baracuda::gated_activation_pair: gate must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("bool gate", lambda: args(g.bool(), g.bool(), "swiglu"), TypeError,
+                     r"baracuda::gated_activation_pair: gate has dtype Bool"),
+            BadInput("unknown kind", lambda: args(g, g, "gelu"), ValueError,
+                     r"baracuda::gated_activation_pair: kind must be one of .* got 'gelu'"),
+            BadInput("rank 9", lambda: args(torch.randn([1] * 9, device=device), torch.randn([1] * 9, device=device),
+                                            "swiglu"),
+                     NotImplementedError, r"baracuda::gated_activation_pair: gate has 9 dims, at most 8"),
+        ],
+        "gated_activation_pair_backward": [
+            BadInput("dy wrong shape", lambda: args(torch.randn(3, 4, device=device), g, g, "swiglu"), ValueError,
+                     r"baracuda::gated_activation_pair_backward: dy must have gate's sizes \[3, 8\], got \[3, 4\]"),
+            BadInput("dy wrong dtype", lambda: args(dy.double(), g, g, "swiglu"), TypeError,
+                     r"baracuda::gated_activation_pair_backward: dy must have gate's dtype float32, got float64"),
+            BadInput("backward unknown kind", lambda: args(dy, g, g, "silu"), ValueError,
+                     r"baracuda::gated_activation_pair_backward: kind must be one of"),
+        ],
+    }
+
+
+# ---- RoPE ----------------------------------------------------------------------------------
+
+
+def rope_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    x = r(2, 3, 5, 8)
+    return [SampleInput("interleaved [S] positions", (x, _positions(device, 5), 10000.0, True, -1)),
+            SampleInput("BSHD view, partial", (r(2, 5, 3, 8).transpose(1, 2), None, 500.0, False, 4)),
+            SampleInput("[B, S] positions, partial", (x, _positions(device, 2, 5), 10000.0, False, 6)),
+            SampleInput("sliced features", (x[..., :6], None, 10000.0, True, 4)),
+            SampleInput("empty S", (r(2, 3, 0, 8), None, 10000.0, False, -1))]
+
+
+def rope_backward_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    x = r(2, 3, 5, 8)
+    return [SampleInput("interleaved [B, S] positions", (x, _positions(device, 2, 5), 10000.0, True, -1)),
+            SampleInput("BSHD view, rotary_dim 2", (r(2, 5, 3, 8).transpose(1, 2), _positions(device, 5), 10.0,
+                                                    False, 2)),
+            SampleInput("stride-2 features", (r(2, 3, 5, 16)[..., ::2], None, 10000.0, True, -1))]
+
+
+def rope_bad(device):
+    x = torch.randn(2, 3, 4, 8, device=device)
+    pos = torch.arange(4, device=device)
+    return {
+        "rope": [
+            BadInput("3-d x", lambda: args(torch.randn(2, 3, 4, device=device)), ValueError,
+                     r"baracuda::rope: x must be 4-D \[B, H, S, D\], got a 3-d tensor of sizes \[2, 3, 4\]"),
+            BadInput("5-d x", lambda: args(torch.randn(1, 2, 3, 4, 8, device=device)), ValueError,
+                     r"baracuda::rope: x must be 4-D .* got a 5-d tensor"),
+            BadInput("9-d x", lambda: args(torch.randn([1] * 8 + [2], device=device)), ValueError,
+                     r"got a 9-d tensor"),
+            BadInput("0-d x", lambda: args(torch.tensor(1.0, device=device)), ValueError,
+                     r"got a 0-d tensor of sizes \[\]"),
+            BadInput("integer x", lambda: args(torch.ones(2, 3, 4, 8, dtype=torch.int32, device=device)), TypeError,
+                     r"baracuda::rope: x must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("bool x", lambda: args(torch.ones(2, 3, 4, 8, dtype=torch.bool, device=device)), TypeError,
+                     r"baracuda::rope: x has dtype Bool"),
+            BadInput("complex x", lambda: args(torch.ones(2, 3, 4, 8, dtype=torch.complex64, device=device)),
+                     TypeError, r"baracuda::rope: x has dtype ComplexFloat"),
+            BadInput("odd D", lambda: args(torch.randn(2, 3, 4, 7, device=device)), ValueError,
+                     r"baracuda::rope: x.size\(-1\) must be even when rotary_dim is -1 \(all features rotate\), "
+                     r"got 7"),
+            BadInput("odd rotary_dim", lambda: args(x, rotary_dim=3), ValueError,
+                     r"baracuda::rope: rotary_dim must be -1 or even with 0 < rotary_dim <= x.size\(-1\) = 8, "
+                     r"got 3"),
+            BadInput("rotary_dim 0", lambda: args(x, rotary_dim=0), ValueError, r"rotary_dim must be .* got 0"),
+            BadInput("rotary_dim > D", lambda: args(x, rotary_dim=10), ValueError, r"<= x.size\(-1\) = 8, got 10"),
+            BadInput("rotary_dim -2", lambda: args(x, None, 10000.0, True, -2), ValueError,
+                     r"rotary_dim must be .* got -2"),
+            BadInput("rotary_dim == odd D", lambda: args(torch.randn(1, 1, 2, 7, device=device), rotary_dim=7),
+                     ValueError, r"got 7"),
+            BadInput("base 0", lambda: args(x, base=0.0), ValueError,
+                     r"baracuda::rope: base must be finite and > 0, got 0"),
+            BadInput("base < 0", lambda: args(x, base=-10.0), ValueError, r"base must be finite and > 0, got -10"),
+            BadInput("base nan", lambda: args(x, base=float("nan")), ValueError,
+                     r"base must be finite and > 0, got nan"),
+            BadInput("base inf", lambda: args(x, base=float("inf")), ValueError,
+                     r"base must be finite and > 0, got inf"),
+            BadInput("int32 positions", lambda: args(x, pos.int()), TypeError,
+                     r"baracuda::rope: positions must be int64, got int32"),
+            BadInput("float positions", lambda: args(x, pos.float()), TypeError,
+                     r"positions must be int64, got float32"),
+            BadInput("bool positions", lambda: args(x, pos > 0), TypeError,
+                     r"baracuda::rope: positions has dtype Bool"),
+            BadInput("positions too long", lambda: args(x, torch.arange(5, device=device)), ValueError,
+                     r"baracuda::rope: positions must have shape \[S\] = \[4\] or \[B, S\] = \[2, 4\], got \[5\]"),
+            BadInput("positions wrong B", lambda: args(x, torch.zeros(3, 4, dtype=torch.long, device=device)),
+                     ValueError, r"positions must have shape .* got \[3, 4\]"),
+            BadInput("positions [S, B]", lambda: args(x, torch.zeros(4, 2, dtype=torch.long, device=device)),
+                     ValueError, r"got \[4, 2\]"),
+            BadInput("positions 3-d", lambda: args(x, torch.zeros(2, 1, 4, dtype=torch.long, device=device)),
+                     ValueError, r"got \[2, 1, 4\]"),
+            BadInput("positions 0-d", lambda: args(x, torch.tensor(3, device=device)), ValueError, r"got \[\]"),
+        ],
+        "rope_backward": [
+            BadInput("backward 3-d dy", lambda: args(torch.randn(2, 3, 4, device=device)), ValueError,
+                     r"baracuda::rope_backward: dy must be 4-D \[B, H, S, D\]"),
+            BadInput("backward odd D", lambda: args(torch.randn(2, 3, 4, 5, device=device)), ValueError,
+                     r"baracuda::rope_backward: dy.size\(-1\) must be even"),
+            BadInput("backward bad rotary_dim", lambda: args(x, None, 10000.0, True, 12), ValueError,
+                     r"baracuda::rope_backward: rotary_dim must be .* dy.size\(-1\) = 8, got 12"),
+            BadInput("backward base", lambda: args(x, None, -1.0), ValueError,
+                     r"baracuda::rope_backward: base must be finite and > 0"),
+            BadInput("backward positions dtype", lambda: args(x, pos.int()), TypeError,
+                     r"baracuda::rope_backward: positions must be int64, got int32"),
+            BadInput("backward positions shape", lambda: args(x, pos[:3]), ValueError,
+                     r"baracuda::rope_backward: positions must have shape"),
+            BadInput("backward integer dy", lambda: args(torch.ones(2, 3, 4, 8, dtype=torch.int64, device=device)),
+                     TypeError,
+                     r"baracuda::rope_backward: dy must be float32, float16, bfloat16 or float64, got int64"),
+        ],
+    }
+
+
+# ---- RoPE from cos/sin ---------------------------------------------------------------------
+
+
+def cos_sin_table(B, S, R, layout, interleaved, device, dtype):
+    """(cos, sin) of random positions: "full" [B, S, R] (one entry per feature, Hugging
+    Face) or "half" [S, R/2] (one per pair, flash-attention)."""
+    pos = torch.randint(0, 4096, (B, S), dtype=torch.float64)
+    theta = pos[..., None] * 10000.0 ** (-torch.arange(0, R, 2, dtype=torch.float64) / R)
+    c, s = theta.cos(), theta.sin()
+    if layout == "half":
+        c, s = c[0], s[0]
+    elif interleaved:
+        c, s = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+    else:
+        c, s = torch.cat((c, c), -1), torch.cat((s, s), -1)
+    return c.to(device=device, dtype=dtype), s.to(device=device, dtype=dtype)
+
+
+def _tables(device, dtype):
+    """Tables in float32 (the usual case for half activations) and in x's dtype."""
+    t32 = dtype if dtype == torch.float64 else torch.float32
+    return (cos_sin_table(2, 5, 4, "full", False, device, t32), cos_sin_table(1, 5, 8, "half", True, device, dtype),
+            cos_sin_table(1, 5, 8, "full", True, device, dtype))
+
+
+def rope_cos_sin_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    full, half, full1 = _tables(device, dtype)
+    return [SampleInput("per-batch table, partial", (r(2, 3, 5, 8), *full, False)),
+            SampleInput("[S, R/2] table, BSHD view", (r(2, 5, 2, 8).transpose(1, 2), *half, True)),
+            SampleInput("[1, S, D] table", (r(1, 3, 5, 8), *full1, True))]
+
+
+def rope_qk_cos_sin_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    full, half, full1 = _tables(device, dtype)
+    return [SampleInput("GQA per-batch table", (r(2, 2, 5, 8), r(2, 1, 5, 8), *full, False)),
+            SampleInput("[S, R/2] table, BSHD q", (r(2, 5, 2, 8).transpose(1, 2), r(2, 1, 5, 8), *half, True)),
+            SampleInput("[1, S, D] table", (r(1, 3, 5, 8), r(1, 1, 5, 8), *full1, True))]
+
+
+def rope_cos_sin_bad(device):
+    q, k = torch.randn(2, 4, 5, 16, device=device), torch.randn(2, 2, 5, 16, device=device)
+    c = torch.randn(1, 5, 16, device=device)
+    op = r"baracuda::rope_qk_cos_sin: "
+    return {
+        "rope_qk_cos_sin": [
+            BadInput("table S mismatch", lambda: args(q, k, c[:, :4], c[:, :4]), ValueError,
+                     op + r"cos/sin of rank 3 must be \[1 or B, S, R\] = \[1 or 2, 5, R\]"),
+            BadInput("table R > D", lambda: args(q, k, torch.randn(1, 5, 18, device=device),
+                                                 torch.randn(1, 5, 18, device=device)), ValueError,
+                     op + r".*2 <= R <= D = 16"),
+            BadInput("table R odd", lambda: args(q, k, c[..., :7], c[..., :7]), ValueError, op + r".*R even"),
+            BadInput("table B mismatch", lambda: args(q, k, torch.randn(3, 5, 16, device=device),
+                                                      torch.randn(3, 5, 16, device=device)), ValueError,
+                     op + r".*got \[3, 5, 16\]"),
+            BadInput("cos and sin shapes differ", lambda: args(q, k, c, c[..., :8]), ValueError,
+                     op + r"cos and sin must have the same shape"),
+            BadInput("half table R > D", lambda: args(q, k, c[0, :, :9], c[0, :, :9]), ValueError,
+                     op + r".*R <= D = 16, got \[5, 9\]"),
+            BadInput("half table S mismatch", lambda: args(q, k, c[0, :4, :8], c[0, :4, :8]), ValueError,
+                     op + r".*rank 2 must be \[S, R/2\]"),
+            BadInput("q and k disagree", lambda: args(q, k[:, :, :4], c, c), ValueError,
+                     op + r".*must agree in B, S and D"),
+            BadInput("k dtype", lambda: args(q, k.double(), c, c), TypeError, op + r".*k must have q's dtype"),
+            BadInput("half table for bfloat16", lambda: args(q.bfloat16(), k.bfloat16(), c.half(), c.half()),
+                     TypeError, op + r".*cos/sin must be float32 or q's dtype bfloat16"),
+            BadInput("cos and sin dtypes differ", lambda: args(q, k, c, c.double()), TypeError,
+                     op + r".*same dtype"),
+            BadInput("hf table rank 1", lambda: args(q, k, c[0, 0], c[0, 0]), ValueError,
+                     r"cos and sin must both be", call=bt.apply_rotary_pos_emb),
+        ],
+        "rope_cos_sin": [
+            BadInput("3-d x", lambda: args(q[0], c, c), ValueError, r"baracuda::rope_cos_sin: x must be 4-D"),
+            BadInput("integer x", lambda: args(q.int(), c, c), TypeError,
+                     r"baracuda::rope_cos_sin: x must be float32"),
+            BadInput("table rank 5", lambda: args(q, c[None, None], c[None, None]), ValueError,
+                     r"baracuda_torch.rope_cos_sin: cos must be \[S, R/2\]", call=bt.rope_cos_sin),
+        ],
+        "rope_cos_sin_backward": [
+            BadInput("backward 3-d dy", lambda: args(q[0], c, c), ValueError,
+                     r"baracuda::rope_cos_sin_backward: dy must be 4-D \[B, H, S, D\], got a 3-d tensor"),
+            BadInput("backward integer dy", lambda: args(q.int(), c, c), TypeError,
+                     r"baracuda::rope_cos_sin_backward: dy must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("backward table S mismatch", lambda: args(q, c[:, :4], c[:, :4]), ValueError,
+                     r"baracuda::rope_cos_sin_backward: cos/sin of rank 3 must be \[1 or B, S, R\] = \[1 or 2, 5, R\]"),
+        ],
+        "rope_qk_cos_sin_backward": [
+            BadInput("backward dk dtype", lambda: args(q, k.double(), c, c), TypeError,
+                     r"baracuda::rope_qk_cos_sin_backward: dk must have dq's dtype float32, got float64"),
+            BadInput("backward dq and dk disagree", lambda: args(q, k[:, :, :4], c, c), ValueError,
+                     r"baracuda::rope_qk_cos_sin_backward: dq \[B, Hq, S, D\] and dk \[B, Hk, S, D\] must agree"),
+            BadInput("backward table R odd", lambda: args(q, k, c[..., :7], c[..., :7]), ValueError,
+                     r"baracuda::rope_qk_cos_sin_backward: cos/sin of rank 3 .* with R even"),
+        ],
+    }
+
+
+# ---- lerp ----------------------------------------------------------------------------------
+
+
+def lerp_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    at = r(8, 6).t()
+    return [SampleInput("b broadcast", (r(4, 6, 8), r(6, 8), 0.3)),
+            SampleInput("transposed", (at, r(6, 8), 1.5)),
+            SampleInput("a broadcast, negative weight", (r(5, 7), r(3, 5, 7), -0.5)),
+            SampleInput("empty", (r(0, 4), r(4), 0.7))]
+
+
+def lerp_tensor_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    w = lambda *s: torch.rand(s, dtype=torch.float64).to(device=device, dtype=dtype)  # noqa: E731
+    return [SampleInput("weight broadcast", (r(4, 6, 8), r(6, 8), w(4, 1, 8))),
+            SampleInput("transposed, 0-d weight", (r(8, 6).t(), r(8, 6).t(), w())),
+            SampleInput("column weight", (r(4, 16), r(4, 16), w(4, 1))),
+            SampleInput("empty", (r(0, 4), r(0, 4), w(4)))]
+
+
+def lerp_backward_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    return [SampleInput("3-d", (r(4, 6, 8), 0.7)), SampleInput("transposed", (r(8, 6).t(), 0.25)),
+            SampleInput("empty", (r(0, 3), -0.5))]
+
+
+def lerp_backward_tensor_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    w = lambda *s: torch.rand(s, dtype=torch.float64).to(device=device, dtype=dtype)  # noqa: E731
+    return [SampleInput("broadcast operands", (r(4, 6, 8), r(4, 6, 8), r(6, 8), w(4, 1, 8))),
+            SampleInput("transposed dy", (r(4, 6, 8).transpose(0, 2), r(6, 8).t().unsqueeze(-1), r(6, 1), w(8, 1, 1)))]
+
+
+def lerp_bad(device):
+    x = torch.randn(3, 4, device=device)
+    f64 = x.double()
+    i32 = torch.ones(3, 4, dtype=torch.int32, device=device)
+    return {
+        "lerp": [
+            BadInput("no broadcast", lambda: args(x, torch.randn(5, device=device), 0.5), ValueError,
+                     r"baracuda::lerp: a and b must broadcast to one shape, got \[3, 4\] and \[5\]"),
+            BadInput("no broadcast inner", lambda: args(torch.randn(2, 3, 4, device=device),
+                                                        torch.randn(3, 1, 2, device=device), 0.5),
+                     ValueError, r"a and b must broadcast to one shape, got \[2, 3, 4\] and \[3, 1, 2\]"),
+            BadInput("zero vs three", lambda: args(torch.randn(0, device=device), torch.randn(3, device=device), 0.5),
+                     ValueError, r"got \[0\] and \[3\]"),
+            BadInput("b dtype", lambda: args(x, f64, 0.5), TypeError,
+                     r"baracuda::lerp: b must have a's dtype float32, got float64"),
+            BadInput("integer input", lambda: args(i32, i32, 0.5), TypeError,
+                     r"baracuda::lerp: a must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("bool input", lambda: args(x, torch.ones(4, dtype=torch.bool, device=device), 0.5), TypeError,
+                     r"baracuda::lerp: b has dtype Bool"),
+            BadInput("complex input", lambda: args(x.to(torch.complex64), x.to(torch.complex64), 0.5), TypeError,
+                     r"baracuda::lerp: a has dtype ComplexFloat"),
+            BadInput("rank 9", lambda: args(torch.randn([1] * 9, device=device), x, 0.5), NotImplementedError,
+                     r"baracuda::lerp: a has 9 dims, at most 8"),
+        ],
+        "lerp.Tensor": [
+            BadInput("weight no broadcast", lambda: args(x, x, torch.rand(3, device=device)), ValueError,
+                     r"baracuda::lerp: a, b and weight must broadcast to one shape, got \[3, 4\], \[3, 4\] and \[3\]"),
+            BadInput("weight dtype", lambda: args(x, x, torch.rand(4, device=device).half()), TypeError,
+                     r"baracuda::lerp: weight must have a's dtype float32, got float16"),
+            BadInput("weight rank 9", lambda: args(x, x, torch.rand([1] * 9, device=device)), NotImplementedError,
+                     r"baracuda::lerp: weight has 9 dims, at most 8"),
+        ],
+        "lerp_backward": [
+            BadInput("backward integer dy", lambda: args(i32, 0.5), TypeError,
+                     r"baracuda::lerp_backward: dy must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("backward rank 9", lambda: args(torch.randn([1] * 9, device=device), 0.5), NotImplementedError,
+                     r"baracuda::lerp_backward: dy has 9 dims, at most 8"),
+        ],
+        "lerp_backward.Tensor": [
+            BadInput("backward a too big", lambda: args(x, torch.randn(2, 3, 4, device=device), x, x), ValueError,
+                     r"baracuda::lerp_backward: a must broadcast to dy's shape \[3, 4\], got \[2, 3, 4\]"),
+            BadInput("backward b mismatch", lambda: args(x, x, torch.randn(5, device=device), x), ValueError,
+                     r"baracuda::lerp_backward: b must broadcast to dy's shape \[3, 4\], got \[5\]"),
+            BadInput("backward weight mismatch", lambda: args(x, x, x, torch.rand(3, device=device)), ValueError,
+                     r"baracuda::lerp_backward: weight must broadcast to dy's shape \[3, 4\], got \[3\]"),
+            BadInput("backward dtype", lambda: args(x, x, x, f64), TypeError,
+                     r"baracuda::lerp_backward: weight must have dy's dtype float32, got float64"),
+        ],
+    }
+
+
+# ---- gather --------------------------------------------------------------------------------
+
+
+def _index(device, high, *shape, dtype=torch.int64):
+    return torch.randint(0, high, shape, device=device, dtype=dtype)
+
+
+def gather_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    return [SampleInput("dim 1", (r(6, 9), 1, _index(device, 9, 6, 5))),
+            SampleInput("transposed src and int32 index",
+                        (r(9, 6).t(), 0, _index(device, 6, 9, 4, dtype=torch.int32).t())),
+            SampleInput("dim -1", (r(6, 9), -1, _index(device, 9, 6, 5))),
+            SampleInput("index larger along dim", (r(6, 9), 0, _index(device, 6, 8, 9))),
+            SampleInput("3-d", (r(3, 5, 7), 1, _index(device, 5, 2, 9, 4))),
+            SampleInput("0-d", (r(), 0, torch.zeros((), dtype=torch.int64, device=device))),
+            SampleInput("empty index", (r(6, 9), 1, _index(device, 9, 6, 0)))]
+
+
+def gather_backward_samples(device, dtype, requires_grad):
+    r = _rand(device, dtype)
+    return [SampleInput("dim 1", (r(6, 5), 1, _index(device, 9, 6, 5), [6, 9])),
+            SampleInput("int32 index", (r(6, 5), 1, _index(device, 9, 6, 5, dtype=torch.int32), [6, 9])),
+            SampleInput("transposed index", (r(4, 9), 0, _index(device, 6, 9, 4).t(), [6, 9])),
+            SampleInput("empty", (r(6, 0), 1, _index(device, 9, 6, 0), [6, 9]))]
+
+
+def gather_bad(device):
+    src = torch.randn(3, 8, device=device)
+    index = torch.zeros(3, 2, dtype=torch.long, device=device)
+    dout = torch.randn(3, 2, device=device)
+    return {
+        "gather": [
+            BadInput("float index", lambda: args(src, 1, index.float()), TypeError,
+                     r"baracuda::gather: index must be int32 or int64, got float32"),
+            BadInput("int16 index", lambda: args(src, 1, index.short()), TypeError,
+                     r"baracuda::gather: index has dtype Short, which baracuda does not support"),
+            BadInput("bool index", lambda: args(src, 1, index.bool()), TypeError,
+                     r"baracuda::gather: index has dtype Bool"),
+            BadInput("integer src", lambda: args(src.int(), 1, index), TypeError,
+                     r"baracuda::gather: src must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("complex src", lambda: args(src.to(torch.complex64), 1, index), TypeError,
+                     r"baracuda::gather: src has dtype ComplexFloat"),
+            BadInput("rank mismatch", lambda: args(src, 1, index.view(3, 2, 1)), ValueError,
+                     r"baracuda::gather: index must have as many dims as src \(2\), got 3"),
+            BadInput("0-dim index on 2-d src", lambda: args(src, 1, index[0, 0]), ValueError,
+                     r"index must have as many dims as src \(2\), got 0"),
+            BadInput("dim too large", lambda: args(src, 2, index), IndexError,
+                     r"baracuda::gather: dim must be in \[-2, 1\] for a 2-d tensor, got 2"),
+            BadInput("dim too small", lambda: args(src, -3, index), IndexError, r"got -3"),
+            BadInput("index larger than src", lambda: args(src, 1, torch.zeros(5, 2, dtype=torch.long, device=device)),
+                     ValueError,
+                     r"baracuda::gather: index.size\(0\) must be <= src\[0\] for every dim but 1, got 5 > 3"),
+            BadInput("rank 9", lambda: args(torch.randn([1] * 9, device=device), 0,
+                                            torch.zeros([1] * 9, dtype=torch.long, device=device)),
+                     NotImplementedError, r"baracuda::gather: src has 9 dims, at most 8"),
+        ],
+        "gather_backward": [
+            BadInput("dout wrong shape", lambda: args(torch.randn(3, 3, device=device), 1, index, [3, 8]), ValueError,
+                     r"baracuda::gather_backward: dout must have index's shape \[3, 2\], got \[3, 3\]"),
+            BadInput("integer dout", lambda: args(dout.long(), 1, index, [3, 8]), TypeError,
+                     r"baracuda::gather_backward: dout must be float32, float16, bfloat16 or float64, got int64"),
+            BadInput("backward float index", lambda: args(dout, 1, index.double(), [3, 8]), TypeError,
+                     r"baracuda::gather_backward: index must be int32 or int64, got float64"),
+            BadInput("negative src_sizes", lambda: args(dout, 1, index, [3, -1]), ValueError,
+                     r"baracuda::gather_backward: src_sizes must be non-negative, got \[3, -1\]"),
+            BadInput("src_sizes rank", lambda: args(dout, 1, index, [3, 8, 2]), ValueError,
+                     r"baracuda::gather_backward: index must have as many dims as src_sizes \(3\), got 2"),
+            BadInput("src_sizes too small", lambda: args(dout, 1, index, [2, 8]), ValueError,
+                     r"index.size\(0\) must be <= src_sizes\[0\] for every dim but 1, got 3 > 2"),
+            BadInput("backward dim", lambda: args(dout, 5, index, [3, 8]), IndexError,
+                     r"baracuda::gather_backward: dim must be in \[-2, 1\] for a 2-d tensor, got 5"),
+        ],
+    }
+
+
+# ---- SSD chunk scan ------------------------------------------------------------------------
+
+
+def ssd_rtol(dtype, device):
+    """The SSD files' bound on max|error| / max|reference| (tests/test_ssd_chunk_scan.py's
+    docstring says why): float32 takes the CUDA bound on both devices."""
+    if dtype == torch.float64:
+        return 1e-10
+    if dtype == torch.float32:
+        return 1e-4
+    return 2 * torch.finfo(dtype).eps
+
+
+def ssd_problem(b, L, H, P, N, G, device, dtype, small=None):
+    """x, dt > 0, A < 0, B, C (and with `small`: D, z, dt_bias, initial_states, seq_idx,
+    with D, dt_bias and initial_states in `small`'s dtype)."""
+    f = lambda t, dt=dtype: t.to(device=device, dtype=dt)  # noqa: E731
+    t = [f(torch.randn(b, L, H, P, dtype=torch.float64)),
+         f(F.softplus(torch.randn(b, L, H, dtype=torch.float64) - 1)),
+         f(-torch.exp(0.5 * torch.randn(H, dtype=torch.float64))),
+         f(torch.randn(b, L, G, N, dtype=torch.float64)), f(torch.randn(b, L, G, N, dtype=torch.float64))]
+    if small is None:
+        return t
+    return t, dict(D=f(torch.randn(H, P, dtype=torch.float64), small),
+                   z=f(torch.randn(b, L, H, P, dtype=torch.float64)),
+                   dt_bias=f(0.3 * torch.randn(H, dtype=torch.float64), small),
+                   initial_states=f(torch.randn(b, H, P, N, dtype=torch.float64), small),
+                   seq_idx=(torch.rand(b, L) < 0.2).cumsum(1).to(device))
+
+
+def ssd_samples(device, dtype, requires_grad):
+    x, dt, A, _, _ = ssd_problem(1, 7, 4, 6, 2, 2, device, dtype)
+    wide = randn((1, 7, 2, 4), dtype, device)
+    strided = [x[..., ::2], dt.transpose(1, 2).contiguous().transpose(1, 2), A, wide[..., :2], wide[..., 2:]]
+    return [SampleInput("chunk 4, 1 < G < H", tuple(ssd_problem(2, 11, 4, 3, 5, 2, device, dtype)) + (4,)),
+            SampleInput("strided", tuple(strided) + (3,)),
+            SampleInput("L < chunk, G = 1", tuple(ssd_problem(1, 6, 2, 2, 3, 1, device, dtype)) + (256,)),
+            SampleInput("chunk 1", tuple(ssd_problem(1, 5, 2, 3, 2, 2, device, dtype)) + (1,)),
+            SampleInput("L = 0", tuple(ssd_problem(1, 0, 2, 3, 2, 1, device, dtype)) + (4,))]
+
+
+def ssd_backward_samples(device, dtype, requires_grad):
+    x, dt, A, B, C = ssd_problem(2, 11, 4, 3, 5, 2, device, dtype)
+    return [SampleInput("chunk 4", (randn(x.shape, dtype, device), x, dt, A, B, C, 4)),
+            SampleInput("chunk 7 transposed dy", (randn((2, 4, 11, 3), dtype, device).transpose(1, 2),
+                                                  x, dt, A, B, C, 7))]
+
+
+def ssd_chunk_scan_ref(x, dt, A, B, C, chunk_size=256):
+    return ref.ssd_chunk_scan(x, dt, A, B, C, chunk_size)
+
+
+def combined_samples(device, dtype, requires_grad):
+    small = dtype if dtype == torch.float64 else torch.float32
+    (x, dt, A, B, C), o = ssd_problem(2, 11, 4, 3, 5, 2, device, dtype, small)
+    D_h = o["D"][:, 0]
+    (x1, dt1, A1, B1, C1) = ssd_problem(1, 9, 2, 3, 2, 1, device, dtype)
+    return [SampleInput("every option", (x, dt, A, B, C, 4, o["D"], o["z"], o["dt_bias"], o["initial_states"],
+                                         o["seq_idx"], True)),
+            SampleInput("D [H], seq_idx int32", (x, dt, A, B, C, 4, D_h, None, None, o["initial_states"],
+                                                 o["seq_idx"].int(), False)),
+            SampleInput("z, dt_bias, softplus", (x, dt, A, B, C, 5, None, o["z"], o["dt_bias"], None, None, True)),
+            SampleInput("no options", (x, dt, A, B, C, 4)),
+            SampleInput("dt_limit", (x1, dt1, A1, B1, C1, 3), dict(dt_min=0.05, dt_max=0.5))]
+
+
+def combined_backward_samples(device, dtype, requires_grad):
+    out = []
+    for s in combined_samples(device, dtype, False)[:4]:
+        a = s.args
+        fwd = ops.ssd_chunk_scan_combined(*a)
+        z = a[7] if len(a) > 7 else None
+        y_pre = fwd[2] if z is not None else None
+        tail = tuple(a[6:11]) + (None,) * (11 - len(a))
+        sp = a[11] if len(a) > 11 else False
+        out.append(SampleInput(s.desc, (randn(fwd[0].shape, dtype, device), randn(fwd[1].shape, fwd[1].dtype, device))
+                               + a[:6] + tail + (y_pre, sp)))
+    return out
+
+
+def combined_ref(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                 dt_softplus=False, dt_min=0.0, dt_max=None, state_dtype=None):
+    """(out, final_states) of the step-by-step reference (y_pre is an implementation detail)."""
+    return ref.ssd_chunk_scan_combined(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                       dt_softplus, (dt_min, float("inf") if dt_max is None else dt_max),
+                                       return_final_states=True)
+
+
+def ssd_bad(device):
+    x, dt, A, B, C = ssd_problem(2, 10, 4, 8, 5, 2, "cpu", torch.float32)
+    x, dt, A, B, C = [t.to(device) for t in (x, dt, A, B, C)]
+    B3 = torch.randn(2, 10, 3, 5, device=device)
+    op = r"baracuda::ssd_chunk_scan: "
+    return {
+        "ssd_chunk_scan": [
+            BadInput("x 3-d", lambda: args(x[..., 0], dt, A, B, C, 16), ValueError,
+                     op + r"x must have shape \[B, L, H, D\] \(4 dims\), got \[2, 10, 4\]"),
+            BadInput("x 0-d", lambda: args(x[0, 0, 0, 0], dt, A, B, C, 16), ValueError,
+                     r"x must have shape .*, got \[\]"),
+            BadInput("dt wrong length", lambda: args(x, dt[:, :9], A, B, C, 16), ValueError,
+                     op + r"dt must have shape \[B, L, H\] = \[2, 10, 4\], got \[2, 9, 4\]"),
+            BadInput("dt 4-d", lambda: args(x, dt[..., None], A, B, C, 16), ValueError,
+                     r"dt must have shape .* got \[2, 10, 4, 1\]"),
+            BadInput("A wrong size", lambda: args(x, dt, A[:3], B, C, 16), ValueError,
+                     op + r"A must have shape \[H\] = \[4\], got \[3\]"),
+            BadInput("A 2-d", lambda: args(x, dt, A[None], B, C, 16), ValueError,
+                     r"A must have shape \[H\] = \[4\], got \[1, 4\]"),
+            BadInput("B wrong batch", lambda: args(x, dt, A, B[:1], C, 16), ValueError,
+                     op + r"B must have shape \[B, L, G, N\] = \[2, 10, G, N\], got \[1, 10, 2, 5\]"),
+            BadInput("B 3-d", lambda: args(x, dt, A, B[..., 0], C, 16), ValueError,
+                     r"B must have shape .* got \[2, 10, 2\]"),
+            BadInput("C not B's shape", lambda: args(x, dt, A, B, C[..., :4], 16), ValueError,
+                     op + r"C must have B's shape \[2, 10, 2, 5\], got \[2, 10, 2, 4\]"),
+            BadInput("H % G", lambda: args(x, dt, A, B3, B3, 16), ValueError,
+                     op + r"the number of heads H = x.size\(2\) must be a multiple of the number of groups "
+                          r"G = B.size\(2\), got H = 4 and G = 3"),
+            BadInput("G = 0", lambda: args(x, dt, A, B[:, :, :0], C[:, :, :0], 16), ValueError,
+                     r"got H = 4 and G = 0"),
+            BadInput("chunk 0", lambda: args(x, dt, A, B, C, 0), ValueError,
+                     op + r"chunk_size must be at least 1, got 0"),
+            BadInput("chunk -5", lambda: args(x, dt, A, B, C, -5), ValueError,
+                     r"chunk_size must be at least 1, got -5"),
+            BadInput("integer x", lambda: args(x.long(), dt, A, B, C, 16), TypeError,
+                     op + r"x must be float32, float16, bfloat16 or float64, got int64"),
+            BadInput("integer C", lambda: args(x, dt, A, B, C.int(), 16), TypeError,
+                     r"C must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("bool dt", lambda: args(x, dt.bool(), A, B, C, 16), TypeError, op + r"dt has dtype Bool"),
+            BadInput("mixed dtypes dt", lambda: args(x, dt.double(), A, B, C, 16), TypeError,
+                     op + r"x and dt must have the same dtype, got float32 and float64"),
+            BadInput("mixed dtypes A", lambda: args(x, dt, A.half(), B, C, 16), TypeError,
+                     r"x and A must have the same dtype, got float32 and float16"),
+        ],
+        "ssd_chunk_scan_backward": [
+            BadInput("backward dy shape", lambda: args(x[..., :7], x, dt, A, B, C, 16), ValueError,
+                     r"baracuda::ssd_chunk_scan_backward: dy must have x's shape \[2, 10, 4, 8\], got \[2, 10, 4, 7\]"),
+            BadInput("backward dy dtype", lambda: args(x.double(), x, dt, A, B, C, 16), TypeError,
+                     r"baracuda::ssd_chunk_scan_backward: dy must have x's dtype float32, got float64"),
+            BadInput("backward H % G", lambda: args(x, x, dt, A, B3, B3, 16), ValueError,
+                     r"baracuda::ssd_chunk_scan_backward: the number of heads .* got H = 4 and G = 3"),
+            BadInput("backward chunk 0", lambda: args(x, x, dt, A, B, C, 0), ValueError,
+                     r"baracuda::ssd_chunk_scan_backward: chunk_size must be at least 1, got 0"),
+            BadInput("backward mixed dtypes", lambda: args(x, x, dt, A, B, C.half(), 16), TypeError,
+                     r"baracuda::ssd_chunk_scan_backward: x and C must have the same dtype"),
+        ],
+    }
+
+
+def combined_bad(device):
+    (x, dt, A, B, C), o = ssd_problem(2, 10, 4, 8, 5, 2, "cpu", torch.float32, torch.float32)
+    x, dt, A, B, C = [t.to(device) for t in (x, dt, A, B, C)]
+    base = {k: v.to(device) for k, v in o.items()}
+    base["D"] = base["D"][:, 0].contiguous()
+
+    def f(**over):
+        return args(x, dt, A, B, C, 4, **(dict(base, dt_softplus=False) | over))
+
+    def bwd(**over):
+        dfinal = over.pop("dfinal", torch.zeros_like(base["initial_states"]))
+        return args(x, dfinal, x, dt, A, B, C, 4, **(dict(base, y_pre=x, dt_softplus=False) | over))
+
+    op = r"baracuda::ssd_chunk_scan_combined: "
+    bop = r"baracuda::ssd_chunk_scan_combined_backward: "
+    init = base["initial_states"]
+    return {
+        "ssd_chunk_scan_combined": [
+            BadInput("D wrong size", lambda: f(D=base["D"][:3]), ValueError,
+                     op + r"D must have shape \[H\] = \[4\] or \[H, D\] = \[4, 8\], got \[3\]"),
+            BadInput("D 3-d", lambda: f(D=base["D"][:, None, None]), ValueError,
+                     r"D must have shape .* got \[4, 1, 1\]"),
+            BadInput("D integer", lambda: f(D=base["D"].long()), TypeError,
+                     op + r"D must be float32, float16, bfloat16 or float64, got int64"),
+            BadInput("D float16 with float32 x", lambda: f(D=base["D"].half()), TypeError,
+                     op + r"D must be float32 or x's dtype float32, got float16"),
+            BadInput("z wrong shape", lambda: f(z=x[..., :7]), ValueError,
+                     op + r"z must have shape \[B, L, H, D\] = \[2, 10, 4, 8\], got \[2, 10, 4, 7\]"),
+            BadInput("z dtype", lambda: f(z=x.double()), TypeError, op + r"z must have x's dtype float32, got float64"),
+            BadInput("dt_bias wrong size", lambda: f(dt_bias=base["dt_bias"][:2]), ValueError,
+                     op + r"dt_bias must have shape \[H\] = \[4\], got \[2\]"),
+            BadInput("dt_bias dtype", lambda: f(dt_bias=base["dt_bias"].bfloat16()), TypeError,
+                     op + r"dt_bias must be float32 or x's dtype float32, got bfloat16"),
+            BadInput("initial_states wrong shape", lambda: f(initial_states=init[..., :4]), ValueError,
+                     op + r"initial_states must have shape \[B, H, D, N\] = \[2, 4, 8, 5\], got \[2, 4, 8, 4\]"),
+            BadInput("initial_states dtype", lambda: f(initial_states=init.double()), TypeError,
+                     op + r"initial_states must be float32 or x's dtype float32, got float64"),
+            BadInput("seq_idx wrong shape", lambda: f(seq_idx=base["seq_idx"][:, :9]), ValueError,
+                     op + r"seq_idx must have shape \[B, L\] = \[2, 10\], got \[2, 9\]"),
+            BadInput("seq_idx float", lambda: f(seq_idx=base["seq_idx"].float()), TypeError,
+                     op + r"seq_idx must be int32 or int64, got float32"),
+            BadInput("dt_min > dt_max", lambda: f(dt_min=0.5, dt_max=0.1), ValueError,
+                     op + r"dt_limit must satisfy dt_min <= dt_max"),
+            BadInput("state_dtype integer", lambda: f(state_dtype=torch.int32), TypeError,
+                     op + r"state_dtype must be a floating dtype"),
+            BadInput("A float16 with float32 x", lambda: args(x, dt, A.half(), B, C, 4), TypeError,
+                     op + r"A must be float32 or x's dtype float32, got float16"),
+            BadInput("dt shape", lambda: args(x, dt[:, :9], A, B, C, 4), ValueError,
+                     op + r"dt must have shape \[B, L, H\]"),
+        ],
+        "ssd_chunk_scan_combined_backward": [
+            BadInput("backward y_pre missing", lambda: bwd(y_pre=None), ValueError,
+                     bop + r"y_pre \(the forward's pre-gate output\) is required when z is given"),
+            BadInput("backward y_pre without z", lambda: bwd(z=None), ValueError,
+                     bop + r"y_pre must be None when z is None"),
+            BadInput("backward y_pre shape", lambda: bwd(y_pre=x[:1]), ValueError,
+                     bop + r"y_pre must have shape \[B, L, H, D\] = \[2, 10, 4, 8\], got \[1, 10, 4, 8\]"),
+            BadInput("backward dfinal_states shape", lambda: bwd(dfinal=init[:1]), ValueError,
+                     bop + r"dfinal_states must have shape \[B, H, D, N\] = \[2, 4, 8, 5\], got \[1, 4, 8, 5\]"),
+            BadInput("backward dfinal_states integer", lambda: bwd(dfinal=init.int()), TypeError,
+                     bop + r"dfinal_states must be float32, float16, bfloat16 or float64, got int32"),
+        ],
+    }
+
+
+# ---- the table -----------------------------------------------------------------------------
+
+
+def _family(cases_by_op, name):
+    return lambda device: cases_by_op(device)[name]
+
+
+def _qk_ref(q, k, cos, sin, interleaved=False):
+    return ref.rope_cos_sin(q, cos, sin, interleaved), ref.rope_cos_sin(k, cos, sin, interleaved)
+
+
+def _vjp(fn, dy, *inputs):
+    """The gradients of fn(*inputs) (a reference) for the output gradient dy, by autograd."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    return torch.autograd.grad(fn(*leaves), leaves, dy)
+
+
+def _gated_backward_ref(dy, x, kind, dim=-1, gate_first=False):
+    return _vjp(lambda t: ref.gated_activation(t, kind, dim, gate_first), dy, x)[0]
+
+
+def _pair_backward_ref(dy, gate, up, kind):
+    return _vjp(lambda g, u: ref.gated_activation_pair(g, u, kind), dy, gate, up)
+
+
+def _lerp_backward_ref(dy, weight):
+    return dy * (1 - weight), dy * weight
+
+
+def _lerp_backward_tensor_ref(dy, a, b, weight):
+    """(da, db, dw) at dy's shape, before any reduction to the operands' shapes."""
+    return dy * (1 - weight), dy * weight, dy * (b - a)
+
+
+def _gather_backward_ref(dout, dim, index, src_sizes):
+    return dout.new_zeros(src_sizes).scatter_add(dim, index.long(), dout)
+
+
+def _ssd_backward_ref(dy, x, dt, A, B, C, chunk_size=256):
+    return _vjp(ref.ssd_chunk_scan, dy, x, dt, A, B, C)
+
+
+def _combined_backward_ref(dout, dfinal_states, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
+                           initial_states=None, seq_idx=None, y_pre=None, dt_softplus=False, dt_min=0.0,
+                           dt_max=None):
+    """(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states) of the step-by-step
+    reference; an empty tensor for an option that is None, as the op returns."""
+    options = (D, z, dt_bias, initial_states)
+    given = [t for t in (x, dt, A, B, C, *options) if t is not None]
+
+    def forward(*ts):
+        it = iter(ts)
+        main = [next(it) for _ in range(5)]
+        opt = [next(it) if t is not None else None for t in options]
+        return combined_ref(*main, chunk_size, *opt, seq_idx, dt_softplus, dt_min, dt_max)
+
+    leaves = [t.detach().requires_grad_() for t in given]
+    grads = iter(torch.autograd.grad(forward(*leaves), leaves, (dout, dfinal_states), allow_unused=True))
+    grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, given)]
+    it = iter(grads)
+    return tuple([next(it) for _ in range(5)] + [next(it) if t is not None else x.new_empty(0) for t in options])
+
+
+def combined_backward_rtol(dtype, device):
+    """On the CUDA tensor-core path the gated gradient dy·silu(z) is stored in x's dtype
+    before it feeds the products: twice the forward's bound for half types there (the
+    bound test_mamba.py uses)."""
+    if device == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        return 4 * torch.finfo(dtype).eps
+    return ssd_rtol(dtype, device)
+
+
+def _cos_sin_backward_ref(dy, cos, sin, interleaved=False):
+    return ref.rope_cos_sin(dy, cos, sin, interleaved, backward=True)
+
+
+def _qk_backward_ref(dq, dk, cos, sin, interleaved=False):
+    return _cos_sin_backward_ref(dq, cos, sin, interleaved), _cos_sin_backward_ref(dk, cos, sin, interleaved)
+
+
+OP_DB = [
+    OpInfo("gated_activation", gated_samples, _family(gated_bad, "gated_activation"), ref=ref.gated_activation),
+    OpInfo("gated_activation_backward", gated_backward_samples, _family(gated_bad, "gated_activation_backward"),
+           ref=_gated_backward_ref, supports_autograd=False),
+    OpInfo("gated_activation_pair", pair_samples, _family(pair_bad, "gated_activation_pair"),
+           ref=ref.gated_activation_pair),
+    OpInfo("gated_activation_pair_backward", pair_backward_samples, _family(pair_bad, "gated_activation_pair_backward"),
+           ref=_pair_backward_ref, supports_autograd=False),
+    OpInfo("rope", rope_samples, _family(rope_bad, "rope"), ref=ref.rope, supports_gradgrad=True),
+    OpInfo("rope_backward", rope_backward_samples, _family(rope_bad, "rope_backward"), ref=ref.rope_backward,
+           supports_gradgrad=True),
+    OpInfo("rope_cos_sin", rope_cos_sin_samples, _family(rope_cos_sin_bad, "rope_cos_sin"), ref=ref.rope_cos_sin),
+    OpInfo("rope_cos_sin_backward", rope_cos_sin_samples, _family(rope_cos_sin_bad, "rope_cos_sin_backward"),
+           ref=_cos_sin_backward_ref),
+    OpInfo("rope_qk_cos_sin", rope_qk_cos_sin_samples, _family(rope_cos_sin_bad, "rope_qk_cos_sin"), ref=_qk_ref),
+    OpInfo("rope_qk_cos_sin_backward", rope_qk_cos_sin_samples, _family(rope_cos_sin_bad, "rope_qk_cos_sin_backward"),
+           ref=_qk_backward_ref),
+    OpInfo("lerp", lerp_samples, _family(lerp_bad, "lerp"), ref=ref.lerp, supports_gradgrad=True),
+    OpInfo("lerp.Tensor", lerp_tensor_samples, _family(lerp_bad, "lerp.Tensor"), ref=ref.lerp),
+    OpInfo("lerp_backward", lerp_backward_samples, _family(lerp_bad, "lerp_backward"), ref=_lerp_backward_ref),
+    OpInfo("lerp_backward.Tensor", lerp_backward_tensor_samples, _family(lerp_bad, "lerp_backward.Tensor"),
+           ref=_lerp_backward_tensor_ref, supports_autograd=False),
+    OpInfo("gather", gather_samples, _family(gather_bad, "gather"), ref=ref.gather, supports_gradgrad=True),
+    OpInfo("gather_backward", gather_backward_samples, _family(gather_bad, "gather_backward"),
+           ref=_gather_backward_ref, supports_gradgrad=True),
+    OpInfo("ssd_chunk_scan", ssd_samples, _family(ssd_bad, "ssd_chunk_scan"), ref=ssd_chunk_scan_ref, rtol=ssd_rtol),
+    OpInfo("ssd_chunk_scan_backward", ssd_backward_samples, _family(ssd_bad, "ssd_chunk_scan_backward"),
+           ref=_ssd_backward_ref, rtol=ssd_rtol, supports_autograd=False),
+    OpInfo("ssd_chunk_scan_combined", combined_samples, _family(combined_bad, "ssd_chunk_scan_combined"),
+           ref=combined_ref, rtol=ssd_rtol),
+    OpInfo("ssd_chunk_scan_combined_backward", combined_backward_samples,
+           _family(combined_bad, "ssd_chunk_scan_combined_backward"), ref=_combined_backward_ref,
+           rtol=combined_backward_rtol, supports_autograd=False),
+]
+
+OPS_BY_NAME = {info.name: info for info in OP_DB}
