@@ -121,7 +121,7 @@ KernelSku make_sku(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
   sku.element = d.q.dtype;
   sku.variant = l.access == RopeCosSinAccess::Vec16 ? "vec16" : "scalar";
   if (d.device.backend == Backend::Cpu)
-    sku.variant = (!d.interleaved && d.q.strides[3] == 1) ? "rows_simd" : "rows";
+    sku.variant = d.q.strides[3] == 1 && d.q.dtype != ElementKind::F64 ? "rows_simd" : "rows";
   sku.backend = d.device.backend;
   sku.arch = d.device.arch;
   const bool f64 = d.q.dtype == ElementKind::F64;
