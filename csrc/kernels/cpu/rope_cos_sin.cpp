@@ -1,13 +1,13 @@
-// CPU kernel of the cos/sin RoPE (forward and backward, q and k in one pass). Groups
-// (b, s) are walked in parallel chunks; each group converts its table row once into
-// rope_rows.h's coefficient arrays A and B (float32; float64 for float64 data),
+// CPU kernel of the cos/sin RoPE (forward and backward, q and k in one pass), on
+// rope_rows.h's walk over blocks of positions (rows: the heads of q, then of k, of every
+// batch; table groups are batches when the table has a batch stride). A position's table
+// row is converted once per block into rope_rows.h's coefficient arrays A and B (float32;
+// float64 for float64 data),
 //   forward:  y_u = c_u·u − s_u·v,   y_v = s_v·u + c_v·v
 //   backward: y_u = c_u·u + s_v·v,   y_v = −s_u·u + c_v·v
-// and applies them to every head of q and k at that (b, s) with rope_rows.h's kernels:
-// AVX2 for rows of unit feature stride (either layout; float16/bfloat16 converted to
-// float32 in registers), the scalar strided loop otherwise.
-#include <vector>
-
+// and applied to every head with rope_rows.h's kernels: AVX2 for rows of unit feature
+// stride (either layout; float16/bfloat16 converted to float32 in registers), the scalar
+// strided loop otherwise.
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/rope_rows.h"
 #include "kernels/rope_cos_sin.h"
@@ -41,26 +41,25 @@ void fill_coeffs(const RopeCosSinLaunch& l, int64_t b, int64_t s, acc_t<T>* A, a
 template <typename T, typename C>
 void run(const RopeCosSinLaunch& l) {
   using Acc = acc_t<T>;
-  const int64_t ab = cpu::rope_table_stride(l.R);
+  // Table groups: batches when the table differs between them, else one for all.
+  const bool per_batch = l.B > 1 && (l.cos_strides[0] != 0 || l.sin_strides[0] != 0);
   const int64_t heads = l.Hq + l.Hk;
-  const int64_t grain = std::max<int64_t>(1, cpu::kGrain / std::max<int64_t>(1, heads * l.D));
-  at::parallel_for(0, l.B * l.S, grain, [&](int64_t begin, int64_t end) {
-    std::vector<Acc> A(ab, Acc(0)), B(ab, Acc(0));
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t b = g / l.S, s = g % l.S;
-      fill_coeffs<T, C>(l, b, s, A.data(), B.data());
-      for (const bool is_q : {true, false}) {
-        const int64_t n = is_q ? l.Hq : l.Hk;
-        if (n == 0) continue;  // no k (its pointers are null)
+  cpu::rope_walk<Acc>(
+      per_batch ? l.B : 1, l.S, per_batch ? heads : l.B * heads, l.R, l.D,
+      [&](int64_t g, int64_t s, Acc* A, Acc* B) { fill_coeffs<T, C>(l, g, s, A, B); },
+      [&](int64_t g, int64_t r, int64_t s0, int64_t n, const Acc* A, const Acc* B, int64_t ab) {
+        const int64_t b = per_batch ? g : r / heads;
+        const int64_t j = per_batch ? r : r % heads;  // q heads, then k heads
+        const bool is_q = j < l.Hq;
+        const int64_t h = is_q ? j : j - l.Hq;
         const int64_t* xs = is_q ? l.q_strides : l.k_strides;
         const int64_t* ys = is_q ? l.yq_strides : l.yk_strides;
-        const T* x = static_cast<const T*>(is_q ? l.q : l.k) + b * xs[0] + s * xs[2];
-        T* y = static_cast<T*>(is_q ? l.yq : l.yk) + b * ys[0] + s * ys[2];
-        cpu::rope_rows<T, Acc>(n, x, xs[1], xs[3], y, ys[1], ys[3], A.data(),
-                               B.data(), 0, l.R, l.D, l.interleaved);
-      }
-    }
-  });
+        const T* x = static_cast<const T*>(is_q ? l.q : l.k);
+        T* y = static_cast<T*>(is_q ? l.yq : l.yk);
+        cpu::rope_rows<T, Acc>(n, x + b * xs[0] + h * xs[1] + s0 * xs[2], xs[2], xs[3],
+                               y + b * ys[0] + h * ys[1] + s0 * ys[2], ys[2], ys[3], A, B, ab,
+                               l.R, l.D, l.interleaved);
+      });
 }
 }  // namespace
 

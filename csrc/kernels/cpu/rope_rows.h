@@ -12,8 +12,10 @@
 // so the AVX2 kernel streams a row with one multiply and one fused multiply-add per vector.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/loops.h"
@@ -78,6 +80,37 @@ void rope_rows(int64_t n, const T* x, int64_t x_step, int64_t xd, T* y, int64_t 
     }
   }
   rope_rows_scalar<T, Acc>(n, x, x_step, xd, y, y_step, yd, A, B, ab_step, R, D, interleaved);
+}
+
+// The CPU RoPE ops' walk. Positions are taken in blocks of up to 16 consecutive s (fewer
+// when R is large: a block's two tables stay within about 16 KiB of float32) of one table
+// group g < groups (a batch, when the angles differ between batches; else one group); a
+// task is one (g, block, row r < nrows) and rotates the block's positions of that row,
+// which in a [B, H, S, D] tensor are consecutive in memory. Tasks are walked in parallel
+// chunks, block by block: fill(g, s, A, B) writes position s's coefficients once per
+// chunk that touches the block, then rows(g, r, s0, n, A, B, ab_step) rotates row r's
+// positions s0 .. s0 + n − 1 (position s0 + k with the coefficients at A + k·ab_step).
+template <typename Acc, typename Fill, typename Rows>
+void rope_walk(int64_t groups, int64_t S, int64_t nrows, int64_t R, int64_t D, Fill&& fill,
+               Rows&& rows) {
+  const int64_t ab = rope_table_stride(R);
+  const int64_t block = std::clamp<int64_t>(2048 / ab, 1, 16);
+  const int64_t s_blocks = (S + block - 1) / block;
+  const int64_t grain = std::max<int64_t>(1, kGrain / (block * D));
+  at::parallel_for(0, groups * s_blocks * nrows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<Acc> A(block * ab, Acc(0)), B(block * ab, Acc(0));
+    int64_t table_block = -1;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t blk = t / nrows, r = t % nrows;
+      const int64_t g = blk / s_blocks, s0 = (blk % s_blocks) * block;
+      const int64_t n = std::min(block, S - s0);
+      if (blk != table_block) {
+        for (int64_t k = 0; k < n; ++k) fill(g, s0 + k, A.data() + k * ab, B.data() + k * ab);
+        table_block = blk;
+      }
+      rows(g, r, s0, n, A.data(), B.data(), ab);
+    }
+  });
 }
 
 }  // namespace baracuda::kernels::cpu
