@@ -28,7 +28,8 @@ import torch
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from harness import Row, backward_fn, format_table, full_fn, measure, measure_interleaved
+from harness import (Row, backward_fn, format_cpu_table, format_table, full_fn, measure,
+                     measure_interleaved)
 
 FAMILY = "rope"
 
@@ -141,5 +142,11 @@ def run_cpu(shape=(4, 16, 1024, 128), kv_heads=4, dtypes=(torch.float32, torch.b
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--providers", default="baracuda,torch,torch_hf,compile")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: run_cpu (baracuda against eager PyTorch; --providers ignored)")
+    p.add_argument("--repeats", type=int, default=15, help="CPU: alternating rounds per case")
     args = p.parse_args()
-    print(format_table(run(providers=tuple(args.providers.split(",")))))
+    if args.device == "cpu":
+        print(format_cpu_table(run_cpu(repeats=args.repeats)))
+    else:
+        print(format_table(run(providers=tuple(args.providers.split(",")))))
