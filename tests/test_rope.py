@@ -372,6 +372,56 @@ def test_every_output_element_written(device, dtype):
                 assert torch.isfinite(y).all() and torch.isfinite(dx).all(), (x.shape, x.stride(), il, rd)
 
 
+# (shape [B, H, S, D], rotary_dim) for the CPU row kernels: head dims and rotated widths
+# that are not multiples of the 8- and 16-feature vector steps (and are), partial rotary
+# with short and long pass-through tails, and S past one block of positions (16 at most)
+# with a short last block.
+VECTOR_TAIL_CASES = [((2, 3, 37, 2), None), ((1, 2, 19, 6), None), ((2, 1, 17, 14), 10),
+                     ((1, 2, 33, 18), None), ((2, 2, 5, 30), 6), ((1, 3, 20, 34), 32),
+                     ((1, 1, 40, 48), 16), ((2, 2, 9, 62), 46), ((1, 2, 18, 66), None),
+                     ((2, 1, 7, 130), 128), ((1, 2, 3, 136), 98), ((1, 1, 35, 256), None)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_cpu_row_kernel_tails(dtype, interleaved):
+    """Every vector step and tail of the CPU row kernel (unit feature stride, contiguous
+    and [B, S, H, D] storage) against float64, with fresh outputs NaN-filled (deterministic
+    mode), so an element the kernel skips fails; positions none, [S] and per-batch [B, S]."""
+    torch.use_deterministic_algorithms(True)
+    for i, (shape, rd) in enumerate(VECTOR_TAIL_CASES):
+        B, H, S, D = shape
+        kind = (None, "s", "bs")[i % 3]
+        pos = make_positions(kind, B, S, "cpu")
+        run_and_check(randn(shape, dtype, "cpu", 2.0), pos, interleaved, rd)
+        bshd = randn((B, S, H, D), dtype, "cpu", 2.0).transpose(1, 2)
+        run_and_check(bshd, make_positions("bs", B, S, "cpu"), interleaved, rd)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_cpu_row_kernel_matches_strided_fallback(dtype, interleaved):
+    """The same values through the unit-stride row kernel and through the strided scalar
+    loop (feature stride 2, and a feature-outer layout) agree within a rounding or two, and
+    both meet the float64 reference."""
+    torch.use_deterministic_algorithms(True)
+    for shape, rd in (((2, 3, 21, 38), 22), ((1, 2, 18, 64), None), ((2, 2, 9, 136), 98)):
+        B, H, S, D = shape
+        pos = make_positions("bs", B, S, "cpu")
+        x = randn(shape, dtype, "cpu", 2.0)
+        wide = torch.zeros((B, H, S, 2 * D), dtype=dtype)
+        wide[..., ::2] = x
+        strided = wide[..., ::2]
+        d_outer = x.permute(3, 0, 1, 2).contiguous().permute(1, 2, 3, 0)
+        assert strided.stride(-1) == 2 and d_outer.stride(-1) == B * H * S
+        y = bt.rope(x, pos, interleaved=interleaved, rotary_dim=rd)
+        eps = 2 * torch.finfo(dtype).eps * y.abs().max().item() + 1e-300
+        for xs in (strided, d_outer):
+            run_and_check(xs, pos, interleaved, rd)
+            ys = bt.rope(xs, pos, interleaved=interleaved, rotary_dim=rd)
+            assert (ys.double() - y.double()).abs().max().item() <= eps, (dtype, shape, xs.stride())
+
+
 # ---- modules and wrappers ----------------------------------------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)

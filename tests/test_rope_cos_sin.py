@@ -135,6 +135,32 @@ def test_every_output_element_written(device, dtype):
                 assert torch.equal(yq[..., R:], q[..., R:])
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("layout", ["full", "half"])
+def test_cpu_row_kernel_tails(dtype, interleaved, layout):
+    """Every vector step and tail of the CPU row kernel (both pair layouts, unit feature
+    stride): head dims and rotated widths off and on the 8- and 16-feature steps, partial
+    rotary, per-batch tables, fresh outputs NaN-filled (deterministic mode); forward and
+    both gradients against float64, and the strided scalar loop on the same values."""
+    torch.use_deterministic_algorithms(True)
+    for B, Hq, Hk, S, D, R in ((2, 3, 1, 5, 2, 2), (1, 2, 2, 4, 14, 10), (2, 1, 3, 3, 18, 18),
+                               (1, 2, 1, 6, 34, 30), (2, 2, 2, 3, 62, 46), (1, 1, 2, 5, 136, 98)):
+        theta = angles(B, S, R, layout == "full", "cpu")
+        cos, sin = table(theta, layout, interleaved, torch.float32)
+        q, k = randn((B, Hq, S, D), dtype, "cpu", 2.0), randn((B, Hk, S, D), dtype, "cpu", 2.0)
+        what = f"{dtype} {layout} il={interleaved} {B, Hq, Hk, S, D, R}"
+        check_qk(q, k, cos, sin, interleaved, what)
+        yq, yk = ops.rope_qk_cos_sin(q, k, cos, sin, interleaved)
+        # the same values at feature stride 2 take the scalar loop
+        q2 = torch.zeros((B, Hq, S, 2 * D), dtype=dtype)
+        q2[..., ::2] = q
+        yq2, yk2 = ops.rope_qk_cos_sin(q2[..., ::2], k, cos, sin, interleaved)
+        eps = 2 * torch.finfo(dtype).eps * yq.abs().max().item() + 1e-300
+        assert (yq2.double() - yq.double()).abs().max().item() <= eps, what
+        assert torch.equal(yk2, yk), what
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("layout", ["full", "half"])
@@ -206,4 +232,5 @@ def test_explain_and_cpu_variant():
     cos = torch.randn(1, 5, 16)
     info = bt.explain("rope_qk_cos_sin", q, q, cos, cos)
     assert info.family == "rope_cos_sin" and info.variant == "rows_simd" and info.workspace_bytes == 0
-    assert bt.explain("rope_cos_sin", q, cos, cos, True).variant == "rows"
+    assert bt.explain("rope_cos_sin", q, cos, cos, True).variant == "rows_simd"
+    assert bt.explain("rope_cos_sin", q[..., ::2], cos[..., :8], cos[..., :8]).variant == "rows"

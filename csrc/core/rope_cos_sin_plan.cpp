@@ -107,7 +107,7 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
 KernelSku make_sku(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
   const char* variant = l.access == RopeCosSinAccess::Vec16 ? "vec16" : "scalar";
   if (d.device.backend == Backend::Cpu)
-    variant = (!d.interleaved && d.q.strides[3] == 1) ? "rows_simd" : "rows";
+    variant = d.q.strides[3] == 1 && d.q.dtype != ElementKind::F64 ? "rows_simd" : "rows";
   // Elementwise, no reduction: deterministic and bit-stable.
   return kernel_sku(kFamily,
                     std::string(d.interleaved ? "interleaved" : "half_split") +
