@@ -16,14 +16,14 @@ constexpr int64_t kRowsPerThread = 8;
 constexpr int64_t kMinBlocksPerSm = 8;
 
 std::string op_name(const RopeCosSinDescriptor& d) {
-  return d.backward ? "rope_qk_cos_sin_backward" : (d.has_k ? "rope_qk_cos_sin" : "rope_cos_sin");
+  return rope_cos_sin_op_name(d.has_k, d.backward);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void validate(const RopeCosSinDescriptor& d, const std::string& op) {
   check_rope_cos_sin_problem<int64_t>(
-      op, d.backward ? "dq" : (d.has_k ? "q" : "x"), d.backward ? "dk" : "k", d.q.dtype, d.q.rank,
+      op, rope_cos_sin_q_name(d.has_k, d.backward), d.backward ? "dk" : "k", d.q.dtype, d.q.rank,
       d.q.sizes.data(), d.k.dtype, d.has_k ? d.k.rank : -1, d.k.sizes.data(), d.cos.dtype,
       d.cos.rank, d.cos.sizes.data(), d.sin.dtype, d.sin.rank, d.sin.sizes.data());
 }
@@ -131,7 +131,7 @@ RopeCosSinPlan RopeCosSinPlan::select(const RopeCosSinDescriptor& desc, PlanPref
 
 void RopeCosSinPlan::can_implement(const RopeCosSinArgs& args) const {
   const std::string op = op_name(desc_);
-  check_same_layout(op, desc_.backward ? "dq" : "q", desc_.q, args.q.layout);
+  check_same_layout(op, rope_cos_sin_q_name(desc_.has_k, desc_.backward), desc_.q, args.q.layout);
   if (desc_.has_k) check_same_layout(op, desc_.backward ? "dk" : "k", desc_.k, args.k.layout);
   check_same_layout(op, "cos", desc_.cos, args.cos.layout);
   check_same_layout(op, "sin", desc_.sin, args.sin.layout);
@@ -152,6 +152,16 @@ void RopeCosSinPlan::run(void* stream, Workspace, const RopeCosSinArgs& args) co
   l.yk = desc_.has_k ? args.yk.data : nullptr;
   run_on_backend(desc_.device.backend, op, kernels::rope_cos_sin_cpu,
                  BARACUDA_CUDA_ENTRY(kernels::rope_cos_sin_cuda), l, stream);
+}
+
+const char* rope_cos_sin_op_name(bool has_k, bool backward) {
+  if (has_k) return backward ? "rope_qk_cos_sin_backward" : "rope_qk_cos_sin";
+  return backward ? "rope_cos_sin_backward" : "rope_cos_sin";
+}
+
+const char* rope_cos_sin_q_name(bool has_k, bool backward) {
+  if (has_k) return backward ? "dq" : "q";
+  return backward ? "dy" : "x";
 }
 
 }  // namespace baracuda

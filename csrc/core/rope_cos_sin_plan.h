@@ -135,6 +135,11 @@ void check_rope_cos_sin_problem(const std::string& op, const char* qname, const 
   }
 }
 
+// The op a problem belongs to and the name of its first operand, for messages:
+// rope_cos_sin (x, dy in the backward) or rope_qk_cos_sin (q, dq).
+const char* rope_cos_sin_op_name(bool has_k, bool backward);
+const char* rope_cos_sin_q_name(bool has_k, bool backward);
+
 struct RopeCosSinDescriptor {
   bool backward = false;  // inputs are dq, dk; outputs dq_in, dk_in
   TensorLayout q, k;

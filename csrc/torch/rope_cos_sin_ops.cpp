@@ -29,16 +29,8 @@ namespace baracuda::torch_ops {
 namespace {
 using TensorPair = std::tuple<at::Tensor, at::Tensor>;
 
-const char* op_name(bool has_k, bool backward) {
-  if (has_k) return backward ? "rope_qk_cos_sin_backward" : "rope_qk_cos_sin";
-  return backward ? "rope_cos_sin_backward" : "rope_cos_sin";
-}
-
-// Names of the operands in messages.
-const char* q_name(bool has_k, bool backward) {
-  if (has_k) return backward ? "dq" : "q";
-  return backward ? "dy" : "x";
-}
+const char* op_name(bool has_k, bool backward) { return rope_cos_sin_op_name(has_k, backward); }
+const char* q_name(bool has_k, bool backward) { return rope_cos_sin_q_name(has_k, backward); }
 
 void check_devices(bool has_k, bool backward, const at::Tensor& q, const at::Tensor* k,
                    const at::Tensor& cos, const at::Tensor& sin) {
