@@ -68,10 +68,14 @@ TensorLayout dense_layout(const TensorLayout& like) {
   return out;
 }
 
-SsdVariant pick_variant(const SsdSizes<int64_t>& s, const DeviceInfo& device) {
+// The CPU runs the chunked algorithm (deterministic, so also under "deterministic")
+// unless "precise" asks for the float64 recurrence.
+SsdVariant pick_variant(const SsdSizes<int64_t>& s, const DeviceInfo& device,
+                        PlanPreference pref) {
   if (s.batch == 0 || s.seqlen == 0 || s.heads == 0 || s.head_dim == 0 || s.state_dim == 0)
     return SsdVariant::Zeros;
-  return device.backend == Backend::Cuda ? SsdVariant::Chunked : SsdVariant::Sequential;
+  if (device.backend == Backend::Cuda) return SsdVariant::Chunked;
+  return pref == PlanPreference::Precise ? SsdVariant::Sequential : SsdVariant::CpuChunked;
 }
 
 // The launch description without data pointers.
@@ -152,6 +156,9 @@ size_t kernel_workspace(SsdVariant v, const SsdChunkScanLaunch& l, bool backward
   if (v == SsdVariant::Sequential) {
     bytes = backward ? kernels::ssd_chunk_scan_cpu_backward_workspace(l)
                      : kernels::ssd_chunk_scan_cpu_forward_workspace(l);
+  } else if (v == SsdVariant::CpuChunked) {
+    bytes = backward ? kernels::ssd_chunk_scan_cpu_chunked_backward_workspace(l)
+                     : kernels::ssd_chunk_scan_cpu_chunked_forward_workspace(l);
   } else {
 #ifdef BARACUDA_WITH_CUDA
     bytes = backward ? kernels::ssd_chunk_scan_cuda_backward_workspace(l)
@@ -185,6 +192,7 @@ bool uses_tensor_cores(const SsdChunkScanDescriptor& desc, SsdVariant v) {
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
+    case SsdVariant::CpuChunked: return "chunked";
     case SsdVariant::Chunked: return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
   }
@@ -199,12 +207,12 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
   sku.variant = variant_name(desc, v);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
-  // The CPU runs the recurrence in float64 for every dtype; CUDA computes in float32
-  // (float64 for float64; "chunked_mma" accumulates in float32 from 16-bit tensor-core
-  // operands, see the header). Every reduction has a fixed order on both (no float
-  // atomics; the CUDA backward is deterministic by construction), so every variant is
-  // deterministic and bit-stable, whatever the preference.
-  const bool f64 = v != SsdVariant::Chunked || desc.x.dtype == ElementKind::F64;
+  // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
+  // variants compute in float32 (float64 for float64; "chunked_mma" accumulates in
+  // float32 from 16-bit tensor-core operands, see the header). Every reduction has a
+  // fixed order everywhere (no float atomics; per-task partials summed in order), so
+  // every variant is deterministic and bit-stable, whatever the preference.
+  const bool f64 = v == SsdVariant::Sequential || desc.x.dtype == ElementKind::F64;
   sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
                    f64 ? ElementKind::F64 : ElementKind::F32, true, true};
   return sku;
@@ -213,6 +221,10 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
 void launch_forward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
   if (v == SsdVariant::Sequential) {
     kernels::ssd_chunk_scan_cpu_forward(l);
+    return;
+  }
+  if (v == SsdVariant::CpuChunked) {
+    kernels::ssd_chunk_scan_cpu_chunked_forward(l);
     return;
   }
 #ifdef BARACUDA_WITH_CUDA
@@ -228,6 +240,10 @@ void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
     kernels::ssd_chunk_scan_cpu_backward(l);
     return;
   }
+  if (v == SsdVariant::CpuChunked) {
+    kernels::ssd_chunk_scan_cpu_chunked_backward(l);
+    return;
+  }
 #ifdef BARACUDA_WITH_CUDA
   kernels::ssd_chunk_scan_cuda_backward(l, stream);
 #else
@@ -238,11 +254,12 @@ void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
 }
 }  // namespace
 
-SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc, PlanPreference) {
+SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
+                                          PlanPreference pref) {
   const SsdSizes<int64_t> s = validate(desc, kOp);
   SsdChunkScanPlan p;
   p.desc_ = desc;
-  p.variant_ = pick_variant(s, desc.device);
+  p.variant_ = pick_variant(s, desc.device, pref);
   p.out_ = dense_layout(desc.x);
   p.final_ = dense_of(ssd_compute_type(desc.x.dtype),
                       {s.batch, s.heads, s.head_dim, s.state_dim});
@@ -297,12 +314,12 @@ void SsdChunkScanPlan::run(void* stream, Workspace workspace, const SsdChunkScan
 }
 
 SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
-    const SsdChunkScanBackwardDescriptor& desc, PlanPreference) {
+    const SsdChunkScanBackwardDescriptor& desc, PlanPreference pref) {
   const SsdSizes<int64_t> s = validate(desc.forward, kBackwardOp, &desc);
   check_ssd_dy(kBackwardOp, operand("x", desc.forward.x), operand("dy", desc.dy));
   SsdChunkScanBackwardPlan p;
   p.desc_ = desc;
-  p.variant_ = pick_variant(s, desc.forward.device);
+  p.variant_ = pick_variant(s, desc.forward.device, pref);
   const SsdChunkScanDescriptor& f = desc.forward;
   p.out_ = {dense_layout(f.x), dense_layout(f.dt), dense_layout(f.A), dense_layout(f.B),
             dense_layout(f.C)};
