@@ -27,6 +27,19 @@ def combined_args(t):
     return [t[k] for k in ("x", "dt", "A", "B", "C")]
 
 
+def untie(t, kw):
+    """Moves a raw dt whose dt + dt_bias lands exactly on a dt limit (a kink: possible in
+    bfloat16, where -0.3 + 0.3 can be exactly 0) clearly below it. The kernels take the
+    gradient 1 there (the contract zeroes it strictly outside the limits) and the
+    reference's clamp 0; both are valid subgradients, so the tests avoid the tie."""
+    if "dt_bias" not in t or kw["dt_softplus"]:
+        return t
+    v = t["dt"].double() + t["dt_bias"].double()
+    tie = (v == kw["dt_limit"][0]) | (v == kw["dt_limit"][1])
+    t["dt"] = torch.where(tie, torch.full_like(t["dt"], -1.0), t["dt"])
+    return t
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("chunk", [1, 5, 16, 64])
 def test_every_option_combination(dtype, chunk):
@@ -41,7 +54,7 @@ def test_every_option_combination(dtype, chunk):
         b, L, H, P, N, G = shapes[mask % len(shapes)]
         t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cpu", D=on[0] and None, z=on[1],
                           dt_bias=on[2], init=on[3], seq_idx=on[4], softplus=on[5])
-        check_case(t, kw, chunk, f"{dtype} chunk {chunk} options {sorted(t)} {kw}")
+        check_case(untie(t, kw), kw, chunk, f"{dtype} chunk {chunk} options {sorted(t)} {kw}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -73,25 +86,21 @@ def test_plain_op_every_dtype_and_layout():
 
 
 def test_zero_size_dims():
-    for shape in [(0, 5, 2, 3, 4, 1), (2, 0, 2, 3, 4, 1), (1, 5, 0, 3, 4, 1), (1, 5, 2, 0, 4, 1),
-                  (1, 5, 2, 3, 0, 1)]:
-        b, L, H, D, N, G = shape
-        G = G if H else 1
-        inputs = ssd_inputs(b, L, max(H, 0), D, N, G if H else 1, torch.float32, "cpu") if H else None
-        if inputs is None:
-            x = torch.randn(b, L, 0, D)
-            dt = torch.rand(b, L, 0)
-            inputs = [x, dt, -torch.rand(0), torch.randn(b, L, 1, N), torch.randn(b, L, 1, N)]
-            with pytest.raises((ValueError, RuntimeError)):
-                ops.ssd_chunk_scan(*inputs, 4)
-            continue
-        leaves = [t.clone().requires_grad_() for t in inputs]
+    """An empty batch, sequence, head, head_dim or state dim: zero outputs and gradients
+    of the inputs' shapes, nothing NaN."""
+    for b, L, H, D, N in [(0, 5, 2, 3, 4), (2, 0, 2, 3, 4), (1, 5, 0, 3, 4), (1, 5, 2, 0, 4),
+                          (1, 5, 2, 3, 0)]:
+        x = torch.randn(b, L, H, D)
+        dt = torch.rand(b, L, H)
+        A = -torch.rand(H)
+        B = torch.randn(b, L, 1, N)
+        C = torch.randn(b, L, 1, N)
+        leaves = [t.requires_grad_() for t in (x, dt, A, B, C)]
         y = bt.ssd_chunk_scan(*leaves, chunk_size=4)
-        assert y.shape == (b, L, H, D) and not y.isnan().any()
-        assert (y == 0).all()
-        grads = torch.autograd.grad(y.sum(), leaves, allow_unused=True)
-        for g, t in zip(grads, inputs):
-            assert g is None or (g.shape == t.shape and not g.isnan().any())
+        assert y.shape == (b, L, H, D) and (y == 0).all()
+        grads = torch.autograd.grad(y, leaves, torch.randn(b, L, H, D))
+        for g, t in zip(grads, leaves):
+            assert g.shape == t.shape and (g == 0).all()
 
 
 def test_gradcheck_float64_chunked():

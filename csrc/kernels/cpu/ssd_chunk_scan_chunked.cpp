@@ -25,8 +25,8 @@
 //           + [j = q-1] (ex_{q-1} <dh, h0> + Σ_i u_i),
 //           Z = decay ∘ C Bᵀ ∘ P diag(w),  u_i = e_i w_i x_i · (B dhᵀ)_i
 //   ddt_i = (dw_i + A Σ_{k>=i} dcs_k) · d(processed)/d(raw);   dA += Σ_k dcs_k T_k
-// The backward first recomputes the state entering each chunk (kept in the workspace:
-// O(B·H·⌈L/Q⌉·D·N)). Tasks are (b, h) pairs; dB and dC, which sum over a group's heads,
+// The backward first packs x and dy per head and recomputes the state entering each
+// chunk (kept in the workspace: O(B·H·⌈L/Q⌉·D·N) plus 2·B·H·L·D). Tasks are (b, h) pairs; dB and dC, which sum over a group's heads,
 // go through per-head partials in the workspace summed in head order afterwards (written
 // directly when a group has one head), and dA, ddt_bias, dD through per-(b, h) partials
 // summed in order of b: the same bits for any number of threads.
@@ -110,7 +110,7 @@ struct Scratch {
   std::vector<S> X, Bc, Cc, Y, Xs;         // Qm × D or Qm × N
   std::vector<S> decay, CB, M1;            // Qm × Qm
   std::vector<S> dY, BH, dYs, dB, dC, R;   // backward only
-  std::vector<S> P, Q1;
+  std::vector<S> P, Q1, colW, Wrow;
   std::vector<S> w, slope, ex, e, Dh, zt, ypt, h;
   std::vector<double> T, fexp, gexp, dcs, dw;
   std::vector<int64_t> r;
@@ -122,6 +122,8 @@ struct Scratch {
     for (auto* v : {&dY, &BH, &dYs}) v->resize(Qm * D);
     for (auto* v : {&dB, &dC, &R}) v->resize(Qm * N);
     for (auto* v : {&P, &Q1}) v->resize(Qm * Qm);
+    colW.resize(Qm);
+    Wrow.resize(Qm);
     dcs.resize(Qm);
     dw.resize(Qm);
   }
@@ -139,9 +141,11 @@ struct Chunked {
         DN(launch.head_dim * launch.state_dim), hpg(launch.heads / launch.groups) {}
   int64_t q_max() const { return std::min(Q, L); }
 
-  // Loads chunk c of (b, h): w, slope, T, r, X, B (and C when asked), then the decays
-  // (decay, ex, e). Returns the chunk's length q.
-  int64_t load(Scratch<S>& s, int64_t b, int64_t h, int64_t c, bool with_c) const {
+  // Loads chunk c of (b, h): w, slope, T, r, X, B, then the decays ex, e and (`full`)
+  // the whole decay matrix and C. Returns the chunk's length q.
+  // `xp`: x already packed as [B, H, L, D] in S (the backward's copy), else null.
+  int64_t load(Scratch<S>& s, int64_t b, int64_t h, int64_t c, bool full,
+               const S* xp = nullptr) const {
     const int64_t t0 = c * Q, q = std::min(Q, L - t0), g = h / hpg;
     const double a = in.a(h);
     double run = 0.0;
@@ -155,9 +159,9 @@ struct Chunked {
       s.T[j] = run;
       if (in.reset(b, t0 + j)) ++resets;
       s.r[j] = resets;
-      in.load_x(b, t0 + j, h, s.X.data() + j * D);
+      if (!xp) in.load_x(b, t0 + j, h, s.X.data() + j * D);
       in.load_B(b, t0 + j, g, s.Bc.data() + j * N);
-      if (with_c) in.load_C(b, t0 + j, g, s.Cc.data() + j * N);
+      if (full) in.load_C(b, t0 + j, g, s.Cc.data() + j * N);
     }
     // exp(cs_j - cs_i) = exp(cs_j - m) exp(m - cs_i) while both factors stay finite and
     // normal in double (|cs - m| <= 600), else one exponential per pair.
@@ -166,6 +170,8 @@ struct Chunked {
       lo = std::min(lo, a * s.T[j]);
       hi = std::max(hi, a * s.T[j]);
     }
+    if (xp) std::copy(xp + ((b * H + h) * L + t0) * D, xp + ((b * H + h) * L + t0 + q) * D,
+                      s.X.begin());
     const bool factor = std::isfinite(lo) && std::isfinite(hi) && hi - lo <= 1200.0;
     const double m = factor ? 0.5 * (lo + hi) : 0.0;
     if (factor)
@@ -173,18 +179,26 @@ struct Chunked {
         s.fexp[j] = std::exp(a * s.T[j] - m);
         s.gexp[j] = std::exp(m - a * s.T[j]);
       }
-    for (int64_t j = 0; j < q; ++j) {
+    const bool one_segment = s.r[q - 1] == s.r[0];
+    for (int64_t j = full ? 0 : q - 1; j < q; ++j) {
       const double csj = a * s.T[j];
       S* row = s.decay.data() + j * q;
-      for (int64_t i = 0; i <= j; ++i) {
-        if (s.r[i] != s.r[j])
-          row[i] = S(0);
-        else
-          row[i] = static_cast<S>(factor ? s.fexp[j] * s.gexp[i] : std::exp(csj - a * s.T[i]));
+      if (factor && one_segment) {
+        const double fj = s.fexp[j];
+        const double* gi = s.gexp.data();
+        for (int64_t i = 0; i <= j; ++i) row[i] = static_cast<S>(fj * gi[i]);
+      } else {
+        for (int64_t i = 0; i <= j; ++i) {
+          if (s.r[i] != s.r[j])
+            row[i] = S(0);
+          else
+            row[i] = static_cast<S>(factor ? s.fexp[j] * s.gexp[i] : std::exp(csj - a * s.T[i]));
+        }
       }
       std::fill(row + j + 1, row + q, S(0));
-      s.ex[j] = s.r[j] == 0 ? static_cast<S>(std::exp(csj)) : S(0);
     }
+    for (int64_t j = 0; j < q; ++j)
+      s.ex[j] = s.r[j] == 0 ? static_cast<S>(std::exp(a * s.T[j])) : S(0);
     for (int64_t i = 0; i < q; ++i) s.e[i] = s.decay[(q - 1) * q + i];
     return q;
   }
@@ -249,8 +263,9 @@ struct Chunked {
   // per-head dB and dC [B, H, L, N] each; partials dA, ddt_bias [B, H] and dD [B, H, D].
   int64_t state_elems() const { return l.batch * H * nc * DN; }
   int64_t head_partial_elems() const { return hpg > 1 ? l.batch * H * L * N : 0; }
+  int64_t packed_elems() const { return l.batch * H * L * D; }
   int64_t workspace_elems() const {
-    return state_elems() + 2 * head_partial_elems() + l.batch * H * (2 + D);
+    return state_elems() + 2 * head_partial_elems() + l.batch * H * (2 + D) + 2 * packed_elems();
   }
 
   void backward() const {
@@ -260,6 +275,21 @@ struct Chunked {
     S* dA_partial = dC_heads + head_partial_elems();
     S* dbias_partial = dA_partial + l.batch * H;
     S* dD_partial = dbias_partial + l.batch * H;
+    // x and dy packed per head ([B, H, L, D] in S), so that a task reads its chunks
+    // contiguously instead of one D-row every H·D elements; dx goes into the dy copy
+    // (each chunk's rows are free once the chunk is done) and out at the end.
+    S* xp = dD_partial + l.batch * H * D;
+    S* dyp = xp + packed_elems();
+    at::parallel_for(0, l.batch * L, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t bt = begin; bt < end; ++bt) {
+        const int64_t b = bt / L, t = bt % L;
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t o = ((b * H + h) * L + t) * D;
+          in.load_x(b, t, h, xp + o);
+          in.load_dy(b, t, h, dyp + o);
+        }
+      }
+    });
     T* dx = static_cast<T*>(l.dx);
     DT* ddt = static_cast<DT*>(l.ddt);
     T* dz = static_cast<T*>(l.dz);
@@ -276,19 +306,20 @@ struct Chunked {
         in.load_state(l.initial_states, l.init_stride, b, h, s.h.data());
         for (int64_t c = 0; c < nc; ++c) {
           std::copy(s.h.begin(), s.h.end(), st + c * DN);
-          if (c + 1 < nc) advance_state(s, load(s, b, h, c, false), s.h.data());
+          if (c + 1 < nc) advance_state(s, load(s, b, h, c, false, xp), s.h.data());
         }
         in.load_D(h, s.Dh.data());
         in.load_state(l.dfinal_states, l.dfinal_stride, b, h, dh.data());
         double dA_acc = 0.0, dbias_acc = 0.0;
         std::fill(dD_acc.begin(), dD_acc.end(), 0.0);
         for (int64_t c = nc - 1; c >= 0; --c) {
-          const int64_t q = load(s, b, h, c, true), t0 = c * Q;
+          const int64_t q = load(s, b, h, c, true, xp), t0 = c * Q;
           const S* h0 = st + c * DN;
+          S* dyx = dyp + ((b * H + h) * L + t0) * D;  // this chunk's dy rows, then dx
           // dY (the gradient of the pre-gate output) and dz.
           for (int64_t j = 0; j < q; ++j) {
             S* dyr = s.dY.data() + j * D;
-            in.load_dy(b, t0 + j, h, dyr);
+            std::copy(dyx + j * D, dyx + (j + 1) * D, dyr);
             if (l.z) {
               in.load_z(b, t0 + j, h, s.zt.data());
               in.load_y_pre(b, t0 + j, h, s.ypt.data());
@@ -304,21 +335,31 @@ struct Chunked {
           }
           intra_weights(s, q);
           matmul<S>(false, true, q, q, D, s.dY.data(), D, s.X.data(), D, S(0), s.P.data(), q);
-          std::fill(s.dcs.begin(), s.dcs.begin() + q, 0.0);
-          std::fill(s.dw.begin(), s.dw.begin() + q, 0.0);
+          // W = decay ∘ P ∘ C Bᵀ: dw_i = Σ_j W_ji; with Z = W diag(w), dcs_j gets the
+          // row sums of Z and loses its column sums (w_i dw_i).
+          std::fill(s.colW.begin(), s.colW.begin() + q, S(0));
           for (int64_t j = 0; j < q; ++j) {
-            double zrow = 0.0;
+            const S* dec = s.decay.data() + j * q;
+            const S* pr = s.P.data() + j * q;
+            const S* cb = s.CB.data() + j * q;
+            S* q1 = s.Q1.data() + j * q;
+            S* cw = s.colW.data();
+            const S* w = s.w.data();
+            S* wr = s.Wrow.data();
             for (int64_t i = 0; i <= j; ++i) {
-              const S dp = s.decay[j * q + i] * s.P[j * q + i];
-              const S wcb = dp * s.CB[j * q + i];  // W[j, i]
-              s.Q1[j * q + i] = dp * s.w[i];
-              const double z = static_cast<double>(wcb * s.w[i]);
-              s.dw[i] += static_cast<double>(wcb);
-              zrow += z;
-              s.dcs[i] -= z;
+              const S dp = dec[i] * pr[i];
+              wr[i] = dp * cb[i];
+              q1[i] = dp * w[i];
+              cw[i] += wr[i];
             }
-            std::fill(s.Q1.begin() + j * q + j + 1, s.Q1.begin() + (j + 1) * q, S(0));
-            s.dcs[j] += zrow;
+            double zrow = 0;  // double: dcs is a difference of such sums
+            for (int64_t i = 0; i <= j; ++i) zrow += static_cast<double>(wr[i] * w[i]);
+            std::fill(q1 + j + 1, q1 + q, S(0));
+            s.dcs[j] = zrow;
+          }
+          for (int64_t i = 0; i < q; ++i) {
+            s.dw[i] = static_cast<double>(s.colW[i]);
+            s.dcs[i] -= static_cast<double>(s.w[i] * s.colW[i]);
           }
           // dX = M1ᵀ dY + diag(e ∘ w) B dhᵀ + D dY   (in s.Y)
           matmul<S>(true, false, q, D, q, s.M1.data(), q, s.dY.data(), D, S(0), s.Y.data(), D);
@@ -326,15 +367,18 @@ struct Chunked {
           double usum = 0.0;
           for (int64_t i = 0; i < q; ++i) {
             const S ew = s.e[i] * s.w[i];
-            double xb = 0.0;
-            const int64_t o = ((b * L + t0 + i) * H + h) * D;
+            S xb = 0;
+            S* dx_row = dyx + i * D;
+            const S* bh_row = s.BH.data() + i * D;
+            const S* x_row = s.X.data() + i * D;
+            const S* y_row = s.Y.data() + i * D;
+            const S* dy_row = s.dY.data() + i * D;
             for (int64_t d = 0; d < D; ++d) {
-              const S bhv = s.BH[i * D + d];
-              xb += static_cast<double>(s.X[i * D + d] * bhv);
-              dx[o + d] = static_cast<T>(s.Y[i * D + d] + ew * bhv + s.Dh[d] * s.dY[i * D + d]);
+              xb += x_row[d] * bh_row[d];
+              dx_row[d] = y_row[d] + ew * bh_row[d] + s.Dh[d] * dy_row[d];
             }
-            s.dw[i] += static_cast<double>(s.e[i]) * xb;
-            const double u = static_cast<double>(ew) * xb;
+            s.dw[i] += static_cast<double>(s.e[i] * xb);
+            const double u = static_cast<double>(ew * xb);
             s.dcs[i] -= u;
             usum += u;
           }
@@ -345,12 +389,15 @@ struct Chunked {
           matmul<S>(false, false, q, N, q, s.Q1.data(), q, s.Bc.data(), N, S(0), s.dC.data(), N);
           matmul<S>(false, false, q, N, D, s.dYs.data(), D, h0, N, S(0), s.R.data(), N);
           for (int64_t j = 0; j < q; ++j) {
-            double cr = 0.0;
+            S cr = 0;
+            const S* c_row = s.Cc.data() + j * N;
+            const S* r_row = s.R.data() + j * N;
+            S* dc_row = s.dC.data() + j * N;
             for (int64_t n = 0; n < N; ++n) {
-              cr += static_cast<double>(s.Cc[j * N + n] * s.R[j * N + n]);
-              s.dC[j * N + n] += s.R[j * N + n];
+              cr += c_row[n] * r_row[n];
+              dc_row[n] += r_row[n];
             }
-            s.dcs[j] += cr;
+            s.dcs[j] += static_cast<double>(cr);
           }
           // dB = Q1ᵀ C + diag(e ∘ w) X dh
           matmul<S>(true, false, q, N, q, s.Q1.data(), q, s.Cc.data(), N, S(0), s.dB.data(), N);
@@ -361,7 +408,7 @@ struct Chunked {
           matmul<S>(false, false, q, N, D, s.Xs.data(), D, dh.data(), N, S(1), s.dB.data(), N);
           // dcs_{q-1} += ex_{q-1} <dh, h0>;  dh <- ex_{q-1} dh + (diag(ex) dY)ᵀ C.
           if (s.ex[q - 1] != S(0)) {
-            double hh = 0.0;
+            double hh = 0.0;  // D·N terms: in double
             for (int64_t i = 0; i < DN; ++i) hh += static_cast<double>(dh[i] * h0[i]);
             s.dcs[q - 1] += static_cast<double>(s.ex[q - 1]) * hh;
           }
@@ -399,6 +446,16 @@ struct Chunked {
         for (int64_t d = 0; d < D; ++d) dD_partial[bh * D + d] = static_cast<S>(dD_acc[d]);
         if (dinit)
           for (int64_t i = 0; i < DN; ++i) dinit[bh * DN + i] = static_cast<CT>(dh[i]);
+      }
+    });
+    at::parallel_for(0, l.batch * L, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t bt = begin; bt < end; ++bt) {
+        const int64_t b = bt / L, t = bt % L;
+        for (int64_t h = 0; h < H; ++h) {
+          const S* src = dyp + ((b * H + h) * L + t) * D;
+          T* out = dx + (bt * H + h) * D;
+          for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(src[d]);
+        }
       }
     });
     if (hpg > 1) {
