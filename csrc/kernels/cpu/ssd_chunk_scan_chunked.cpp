@@ -212,12 +212,44 @@ struct Chunked {
     matmul<S>(true, false, D, N, q, s.Xs.data(), D, s.Bc.data(), N, s.ex[q - 1], h, N);
   }
 
-  // M1 = decay ∘ C Bᵀ diag(w), with CB = C Bᵀ.
+  // M1 = decay ∘ C Bᵀ diag(w), with CB = C Bᵀ. Only the causal part (i <= j) is
+  // computed and read anywhere: a NaN in a later step's B or x never reaches an earlier
+  // output through a 0 · NaN.
   void intra_weights(Scratch<S>& s, int64_t q) const {
     matmul<S>(false, true, q, q, N, s.Cc.data(), N, s.Bc.data(), N, S(0), s.CB.data(), q);
-    for (int64_t j = 0; j < q; ++j)
-      for (int64_t i = 0; i < q; ++i)
-        s.M1[j * q + i] = s.decay[j * q + i] * s.CB[j * q + i] * s.w[i];
+    for (int64_t j = 0; j < q; ++j) {
+      S* m1 = s.M1.data() + j * q;
+      for (int64_t i = 0; i <= j; ++i) m1[i] = s.decay[j * q + i] * s.CB[j * q + i] * s.w[i];
+      std::fill(m1 + j + 1, m1 + q, S(0));
+    }
+  }
+
+  // out = M R (trans false: out_j = Σ_{i<=j} M_ji R_i) or Mᵀ R (trans true:
+  // out_i = Σ_{j>=i} M_ji R_j) for a lower-triangular q × q M (row stride q) and q × K
+  // rows R, touching only the rows of R inside the triangle: row block [r0, r1) of out
+  // takes the rows of R outside the block by a GEMM and its own triangle by plain
+  // loops. So a NaN in one step never reaches another step's output through a 0 · NaN
+  // (the recurrence's reach, forward and backward).
+  static void tri_product(bool trans, int64_t q, int64_t K, const S* M, const S* R, S* out) {
+    constexpr int64_t kBlock = 16;
+    for (int64_t r0 = 0; r0 < q; r0 += kBlock) {
+      const int64_t r1 = std::min(q, r0 + kBlock), rows = r1 - r0;
+      S* o = out + r0 * K;
+      if (!trans && r0 > 0)
+        matmul<S>(false, false, rows, K, r0, M + r0 * q, q, R, K, S(0), o, K);
+      else if (trans && r1 < q)
+        matmul<S>(true, false, rows, K, q - r1, M + r1 * q + r0, q, R + r1 * K, K, S(0), o, K);
+      else
+        std::fill(o, o + rows * K, S(0));
+      for (int64_t a = r0; a < r1; ++a) {
+        S* orow = out + a * K;
+        for (int64_t c = trans ? a : r0; c < (trans ? r1 : a + 1); ++c) {
+          const S m = trans ? M[c * q + a] : M[a * q + c];
+          const S* rr = R + c * K;
+          for (int64_t k = 0; k < K; ++k) orow[k] += m * rr[k];
+        }
+      }
+    }
   }
 
   void forward() const {
@@ -234,7 +266,7 @@ struct Chunked {
           const int64_t q = load(s, b, h, c, true), t0 = c * Q;
           intra_weights(s, q);
           // Y = M1 X + diag(ex) C h0ᵀ
-          matmul<S>(false, false, q, D, q, s.M1.data(), q, s.X.data(), D, S(0), s.Y.data(), D);
+          tri_product(false, q, D, s.M1.data(), s.X.data(), s.Y.data());
           for (int64_t j = 0; j < q; ++j)
             for (int64_t n = 0; n < N; ++n) s.Cc[j * N + n] *= s.ex[j];
           matmul<S>(false, true, q, D, N, s.Cc.data(), N, s.h.data(), N, S(1), s.Y.data(), D);
@@ -362,7 +394,7 @@ struct Chunked {
             s.dcs[i] -= static_cast<double>(s.w[i] * s.colW[i]);
           }
           // dX = M1ᵀ dY + diag(e ∘ w) B dhᵀ + D dY   (in s.Y)
-          matmul<S>(true, false, q, D, q, s.M1.data(), q, s.dY.data(), D, S(0), s.Y.data(), D);
+          tri_product(true, q, D, s.M1.data(), s.dY.data(), s.Y.data());
           matmul<S>(false, true, q, D, N, s.Bc.data(), N, dh.data(), N, S(0), s.BH.data(), D);
           double usum = 0.0;
           for (int64_t i = 0; i < q; ++i) {
@@ -386,7 +418,7 @@ struct Chunked {
           // dC = Q1 B + R with R = diag(ex) dY h0; dcs_j += C_j · R_j.
           for (int64_t j = 0; j < q; ++j)
             for (int64_t d = 0; d < D; ++d) s.dYs[j * D + d] = s.ex[j] * s.dY[j * D + d];
-          matmul<S>(false, false, q, N, q, s.Q1.data(), q, s.Bc.data(), N, S(0), s.dC.data(), N);
+          tri_product(false, q, N, s.Q1.data(), s.Bc.data(), s.dC.data());
           matmul<S>(false, false, q, N, D, s.dYs.data(), D, h0, N, S(0), s.R.data(), N);
           for (int64_t j = 0; j < q; ++j) {
             S cr = 0;
@@ -400,7 +432,7 @@ struct Chunked {
             s.dcs[j] += static_cast<double>(cr);
           }
           // dB = Q1ᵀ C + diag(e ∘ w) X dh
-          matmul<S>(true, false, q, N, q, s.Q1.data(), q, s.Cc.data(), N, S(0), s.dB.data(), N);
+          tri_product(true, q, N, s.Q1.data(), s.Cc.data(), s.dB.data());
           for (int64_t i = 0; i < q; ++i) {
             const S ew = s.e[i] * s.w[i];
             for (int64_t d = 0; d < D; ++d) s.Xs[i * D + d] = ew * s.X[i * D + d];
