@@ -25,6 +25,8 @@
 //           + [j = q-1] (ex_{q-1} <dh, h0> + Σ_i u_i),
 //           Z = decay ∘ C Bᵀ ∘ P diag(w),  u_i = e_i w_i x_i · (B dhᵀ)_i
 //   ddt_i = (dw_i + A Σ_{k>=i} dcs_k) · d(processed)/d(raw);   dA += Σ_k dcs_k T_k
+//   (dA summed by parts: Σ_{j>=i} Z_ji (T_j - T_i) + Σ_i u_i (T_{q-1} - T_i) + ..., so
+//   that close pairs add small terms instead of two large sums cancelling)
 // The backward first packs x and dy per head and recomputes the state entering each
 // chunk (kept in the workspace: O(B·H·⌈L/Q⌉·D·N) plus 2·B·H·L·D). Tasks are (b, h) pairs; dB and dC, which sum over a group's heads,
 // go through per-head partials in the workspace summed in head order afterwards (written
@@ -367,6 +369,7 @@ struct Chunked {
           }
           intra_weights(s, q);
           matmul<S>(false, true, q, q, D, s.dY.data(), D, s.X.data(), D, S(0), s.P.data(), q);
+          double dA_chunk = 0.0;  // = Σ_k dcs_k T_k, summed by its parts
           // W = decay ∘ P ∘ C Bᵀ: dw_i = Σ_j W_ji; with Z = W diag(w), dcs_j gets the
           // row sums of Z and loses its column sums (w_i dw_i).
           std::fill(s.colW.begin(), s.colW.begin() + q, S(0));
@@ -384,8 +387,15 @@ struct Chunked {
               q1[i] = dp * w[i];
               cw[i] += wr[i];
             }
-            double zrow = 0;  // double: dcs is a difference of such sums
-            for (int64_t i = 0; i <= j; ++i) zrow += static_cast<double>(wr[i] * w[i]);
+            // dA takes Σ_i Z_ji (T_j - T_i) directly (pairs close in time add small
+            // terms), not Σ_k dcs_k T_k, a difference of two large sums.
+            double zrow = 0, za = 0;
+            for (int64_t i = 0; i <= j; ++i) {
+              const double z = static_cast<double>(wr[i] * w[i]);
+              zrow += z;
+              za += z * (s.T[j] - s.T[i]);
+            }
+            dA_chunk += za;
             std::fill(q1 + j + 1, q1 + q, S(0));
             s.dcs[j] = zrow;
           }
@@ -412,6 +422,7 @@ struct Chunked {
             s.dw[i] += static_cast<double>(s.e[i] * xb);
             const double u = static_cast<double>(ew * xb);
             s.dcs[i] -= u;
+            dA_chunk += u * (s.T[q - 1] - s.T[i]);
             usum += u;
           }
           s.dcs[q - 1] += usum;
@@ -430,6 +441,7 @@ struct Chunked {
               dc_row[n] += r_row[n];
             }
             s.dcs[j] += static_cast<double>(cr);
+            dA_chunk += static_cast<double>(cr) * s.T[j];
           }
           // dB = Q1ᵀ C + diag(e ∘ w) X dh
           tri_product(true, q, N, s.Q1.data(), s.Cc.data(), s.dB.data());
@@ -443,14 +455,15 @@ struct Chunked {
             double hh = 0.0;  // D·N terms: in double
             for (int64_t i = 0; i < DN; ++i) hh += static_cast<double>(dh[i] * h0[i]);
             s.dcs[q - 1] += static_cast<double>(s.ex[q - 1]) * hh;
+            dA_chunk += static_cast<double>(s.ex[q - 1]) * hh * s.T[q - 1];
           }
           matmul<S>(true, false, D, N, q, s.dYs.data(), D, s.Cc.data(), N, s.ex[q - 1], dh.data(),
                     N);
           // ddt and the partial sums of dA and ddt_bias.
+          dA_acc += dA_chunk;
           double suffix = 0.0;
           for (int64_t i = q - 1; i >= 0; --i) {
             suffix += s.dcs[i];
-            dA_acc += s.dcs[i] * s.T[i];
             const double g_raw = (s.dw[i] + a * suffix) * static_cast<double>(s.slope[i]);
             ddt[(b * L + t0 + i) * H + h] = static_cast<DT>(g_raw);
             dbias_acc += g_raw;
