@@ -365,7 +365,11 @@ def test_backward_workspace_is_per_chunk(device):
     ws = bt.explain("ssd_chunk_scan_backward", x, x, dt, A, B, B, chunk_size=Q).workspace_bytes
     nc = math.ceil(L / Q)
     per_step_states = 4 * b * H * L * D * N
+    # The CPU chunked backward adds input-sized copies (x and dy packed per head, per-head
+    # dB and dC): 8·B·L·H·(D + N) bytes, still O(inputs).
     bound = 16 * b * H * nc * D * N + 64 * b * H * L + 64 * b * L * G * N + 2**20
+    if device == "cpu":
+        bound += 8 * b * L * H * (D + N)
     assert 0 < ws <= bound, (ws, bound)
     assert ws < per_step_states / 16
     assert bt.explain("ssd_chunk_scan", x, dt, A, B, B, chunk_size=Q).workspace_bytes <= bound
