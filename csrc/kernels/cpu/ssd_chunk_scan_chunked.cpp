@@ -55,7 +55,21 @@ void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const in
 void dgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k,
             const double* alpha, const double* a, const int* lda, const double* b,
             const int* ldb, const double* beta, double* c, const int* ldc) __attribute__((weak));
+// MKL's per-thread thread count, bound weakly too: each task's products are small and
+// the tasks already fill the cores, so a task asks for one BLAS thread (nested BLAS
+// threads on top of ATen's were measured at 3–6x slower with 2 threads).
+int MKL_Set_Num_Threads_Local(int n) __attribute__((weak));
 }
+
+struct OneBlasThread {
+  int previous = 0;
+  OneBlasThread() {
+    if (MKL_Set_Num_Threads_Local) previous = MKL_Set_Num_Threads_Local(1);
+  }
+  ~OneBlasThread() {
+    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(previous);
+  }
+};
 
 template <typename S>
 void blas_gemm(const char* ta, const char* tb, const int* m, const int* n, const int* k,
@@ -259,6 +273,7 @@ struct Chunked {
     T* y_pre = static_cast<T*>(l.y_pre_out);
     CT* final_states = static_cast<CT*>(l.final_states);
     at::parallel_for(0, l.batch * H, 1, [&](int64_t begin, int64_t end) {
+      const OneBlasThread one_blas_thread;
       Scratch<S> s(q_max(), D, N, false);
       for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / H, h = bh % H;
@@ -329,6 +344,7 @@ struct Chunked {
     T* dz = static_cast<T*>(l.dz);
     CT* dinit = static_cast<CT*>(l.dinitial_states);
     at::parallel_for(0, l.batch * H, 1, [&](int64_t begin, int64_t end) {
+      const OneBlasThread one_blas_thread;
       Scratch<S> s(q_max(), D, N, true);
       std::vector<S> dh(DN);
       std::vector<double> dD_acc(D);
