@@ -71,13 +71,13 @@ void forward(const SsdChunkScanLaunch& l) {
       in.load_state(l.initial_states, l.init_stride, b, h, state.data());
       for (int64_t t = 0; t < L; ++t) {
         const double dtv = in.step(b, t, h);
-        in.load_x(b, t, h, xt.data());
-        in.load_B(b, t, g, bt.data());
-        in.load_C(b, t, g, ct.data());
+        in.load_row(l.x, l.x_stride, b, t, h, xt.data());
+        in.load_bc(l.B, l.B_stride, b, t, g, bt.data());
+        in.load_bc(l.C, l.C_stride, b, t, g, ct.data());
         recurrence_step(state.data(), D, N, in.reset(b, t), std::exp(dtv * a), dtv, xt.data(),
                         bt.data());
         const int64_t o = ((b * L + t) * H + h) * D;
-        if (l.z) in.load_z(b, t, h, zt.data());
+        if (l.z) in.load_row(l.z, l.z_stride, b, t, h, zt.data());
         for (int64_t d = 0; d < D; ++d) {
           const double* row = state.data() + d * N;
           double acc = 0.0;
@@ -129,8 +129,8 @@ void backward(const SsdChunkScanLaunch& l) {
         const int64_t t_end = std::min(L, (c + 1) * Q);
         for (int64_t t = c * Q; t < t_end; ++t) {
           const double dtv = in.step(b, t, h);
-          in.load_x(b, t, h, xt.data());
-          in.load_B(b, t, g, bt.data());
+          in.load_row(l.x, l.x_stride, b, t, h, xt.data());
+          in.load_bc(l.B, l.B_stride, b, t, g, bt.data());
           recurrence_step(state.data(), D, N, in.reset(b, t), std::exp(dtv * a), dtv,
                           xt.data(), bt.data());
         }
@@ -166,8 +166,8 @@ void backward(const SsdChunkScanLaunch& l) {
       for (int64_t c = nc - 1; c >= 0; --c) {
         const int64_t t0 = c * Q, q = std::min(Q, L - t0);
         for (int64_t j = 0; j < q; ++j) {
-          in.load_B(b, t0 + j, g, Bc.data() + j * N);
-          in.load_C(b, t0 + j, g, Cc.data() + j * N);
+          in.load_bc(l.B, l.B_stride, b, t0 + j, g, Bc.data() + j * N);
+          in.load_bc(l.C, l.C_stride, b, t0 + j, g, Cc.data() + j * N);
         }
         std::fill(dB_acc.begin(), dB_acc.begin() + q * N, 0.0);
         std::fill(dC_acc.begin(), dC_acc.begin() + q * N, 0.0);
@@ -180,7 +180,7 @@ void backward(const SsdChunkScanLaunch& l) {
           std::copy(entry, entry + DN, states.begin());
           for (int64_t j = 0; j < q; ++j) {
             const double dtv = in.step(b, t0 + j, h);
-            in.load_x(b, t0 + j, h, xt.data());
+            in.load_row(l.x, l.x_stride, b, t0 + j, h, xt.data());
             double* next = states.data() + (j + 1) * DN;
             std::copy(next - DN, next, next);
             recurrence_step(next, D, N, in.reset(b, t0 + j), std::exp(dtv * a), dtv, xt.data(),
@@ -194,13 +194,13 @@ void backward(const SsdChunkScanLaunch& l) {
             const double dtv = in.step(b, t, h, &slope);
             const bool reset = in.reset(b, t);
             const double decay = std::exp(dtv * a);
-            in.load_x(b, t, h, xt.data());
-            in.load_dy(b, t, h, dyt.data());
+            in.load_row(l.x, l.x_stride, b, t, h, xt.data());
+            in.load_row(l.dy, l.dy_stride, b, t, h, dyt.data());
             const int64_t o = ((b * L + t) * H + h) * D;
             if (l.z) {
               // dy (the gradient of y_pre) = dout · silu(z); dz = dout · y_pre · silu'(z).
-              in.load_z(b, t, h, zt.data());
-              in.load_y_pre(b, t, h, ypt.data());
+              in.load_row(l.z, l.z_stride, b, t, h, zt.data());
+              in.load_row(l.y_pre, l.y_pre_stride, b, t, h, ypt.data());
               for (int64_t d = 0; d < D; ++d) {
                 const double sg = sigmoid(zt[d]);
                 dz[o + d] = static_cast<T>(dyt[d] * ypt[d] * sg * (1.0 + zt[d] * (1.0 - sg)));

@@ -175,9 +175,9 @@ struct Chunked {
       s.T[j] = run;
       if (in.reset(b, t0 + j)) ++resets;
       s.r[j] = resets;
-      if (!xp) in.load_x(b, t0 + j, h, s.X.data() + j * D);
-      in.load_B(b, t0 + j, g, s.Bc.data() + j * N);
-      if (full) in.load_C(b, t0 + j, g, s.Cc.data() + j * N);
+      if (!xp) in.load_row(l.x, l.x_stride, b, t0 + j, h, s.X.data() + j * D);
+      in.load_bc(l.B, l.B_stride, b, t0 + j, g, s.Bc.data() + j * N);
+      if (full) in.load_bc(l.C, l.C_stride, b, t0 + j, g, s.Cc.data() + j * N);
     }
     // exp(cs_j - cs_i) = exp(cs_j - m) exp(m - cs_i) while both factors stay finite and
     // normal in double (|cs - m| <= 600), else one exponential per pair.
@@ -290,7 +290,7 @@ struct Chunked {
           advance_state(s, q, s.h.data());
           for (int64_t j = 0; j < q; ++j) {
             const int64_t o = ((b * L + t0 + j) * H + h) * D;
-            if (l.z) in.load_z(b, t0 + j, h, s.zt.data());
+            if (l.z) in.load_row(l.z, l.z_stride, b, t0 + j, h, s.zt.data());
             for (int64_t d = 0; d < D; ++d) {
               S v = s.Y[j * D + d] + s.Dh[d] * s.X[j * D + d];
               if (l.z) {
@@ -334,8 +334,8 @@ struct Chunked {
         const int64_t b = bt / L, t = bt % L;
         for (int64_t h = 0; h < H; ++h) {
           const int64_t o = ((b * H + h) * L + t) * D;
-          in.load_x(b, t, h, xp + o);
-          in.load_dy(b, t, h, dyp + o);
+          in.load_row(l.x, l.x_stride, b, t, h, xp + o);
+          in.load_row(l.dy, l.dy_stride, b, t, h, dyp + o);
         }
       }
     });
@@ -371,8 +371,8 @@ struct Chunked {
             S* dyr = s.dY.data() + j * D;
             std::copy(dyx + j * D, dyx + (j + 1) * D, dyr);
             if (l.z) {
-              in.load_z(b, t0 + j, h, s.zt.data());
-              in.load_y_pre(b, t0 + j, h, s.ypt.data());
+              in.load_row(l.z, l.z_stride, b, t0 + j, h, s.zt.data());
+              in.load_row(l.y_pre, l.y_pre_stride, b, t0 + j, h, s.ypt.data());
               const int64_t o = ((b * L + t0 + j) * H + h) * D;
               for (int64_t d = 0; d < D; ++d) {
                 const S zv = s.zt[d], sg = S(1) / (S(1) + std::exp(-zv));

@@ -69,29 +69,17 @@ struct Inputs {
     const T* q = p<T>(base) + i0 * st[0] + i1 * st[1] + i2 * st[2];
     for (int64_t k = 0; k < n; ++k) out[k] = static_cast<O>(q[k * st[3]]);
   }
+  // Row [b, t, h, :] of an activation (x, dy, z, y_pre: D values) or [b, t, g, :] of B
+  // or C (N values), given its base pointer and strides from the launch.
   template <typename O>
-  void load_x(int64_t b, int64_t t, int64_t h, O* out) const {
-    load4(l.x, l.x_stride, b, t, h, l.head_dim, out);
+  void load_row(const void* base, const int64_t* st, int64_t b, int64_t t, int64_t h,
+                O* out) const {
+    load4(base, st, b, t, h, l.head_dim, out);
   }
   template <typename O>
-  void load_dy(int64_t b, int64_t t, int64_t h, O* out) const {
-    load4(l.dy, l.dy_stride, b, t, h, l.head_dim, out);
-  }
-  template <typename O>
-  void load_z(int64_t b, int64_t t, int64_t h, O* out) const {
-    load4(l.z, l.z_stride, b, t, h, l.head_dim, out);
-  }
-  template <typename O>
-  void load_y_pre(int64_t b, int64_t t, int64_t h, O* out) const {
-    load4(l.y_pre, l.y_pre_stride, b, t, h, l.head_dim, out);
-  }
-  template <typename O>
-  void load_B(int64_t b, int64_t t, int64_t g, O* out) const {
-    load4(l.B, l.B_stride, b, t, g, l.state_dim, out);
-  }
-  template <typename O>
-  void load_C(int64_t b, int64_t t, int64_t g, O* out) const {
-    load4(l.C, l.C_stride, b, t, g, l.state_dim, out);
+  void load_bc(const void* base, const int64_t* st, int64_t b, int64_t t, int64_t g,
+               O* out) const {
+    load4(base, st, b, t, g, l.state_dim, out);
   }
   // A [B, H, D, N] compute-typed state (initial_states or dfinal_states), or zeros.
   template <typename O>
