@@ -9,7 +9,7 @@ import torch
 from . import _C
 
 PlanInfo = _C.PlanInfo
-Preference = Literal["fastest", "deterministic"]
+Preference = Literal["fastest", "deterministic", "precise"]
 
 
 def get_preference() -> str:
@@ -27,7 +27,10 @@ def set_preference(preference: Preference) -> None:
     ``"fastest"`` lets a plan pick a kernel whose floating-point reductions may run in a
     different order from one call to the next (for example gather's atomic backward);
     ``"deterministic"`` makes every plan pick a kernel that gives the same bits on every
-    run. Raises ``ValueError`` for anything else.
+    run; ``"precise"`` is ``"deterministic"`` that also picks a kernel evaluating in
+    float64 where the op has one (today the CPU SSD scan: the float64 step-by-step
+    recurrence instead of the float32 chunked algorithm). Raises ``ValueError`` for
+    anything else.
     """
     _C.set_preference(preference)
 

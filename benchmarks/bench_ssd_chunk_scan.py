@@ -10,6 +10,11 @@ after a check that its output agrees with ours on the same inputs. Each shape al
 float32, as Mamba2 calls it) for baracuda.mamba and mamba_ssm.
 Modes: forward, backward (the backward pass alone). Peak memory per row.
 
+CPU (``--device cpu``, or ``run_all.py --device cpu``): ``run_cpu``, float32, chunk 64,
+B2 L4096 H16 D64 N128 and B1 L2048 H8 D64 N64 (G1): our default (chunked), our
+"precise" (float64 recurrence; the small shape only) and the chunked PyTorch reference,
+timed alternately, forward and backward.
+
 FLOPs, the project's count of the chunked algorithm's matmuls (Q = chunk, nc = ⌈L/Q⌉),
 with the causal (lower-triangular) products counted at half:
   forward  = B·H·nc·Q²·(N + D)       C·Bᵀ per head (Q²·N) and its product with x (Q²·D)
@@ -22,6 +27,7 @@ kept so that TFLOP/s stay comparable across runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -31,7 +37,7 @@ import torch.nn.functional as F
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
 from baracuda_torch.mamba import mamba_chunk_scan_combined
-from harness import Row, backward_fn, format_table, measure
+from harness import Row, backward_fn, format_cpu_table, format_table, measure, measure_interleaved
 import peers
 
 FAMILY = "ssd_chunk_scan"
@@ -170,5 +176,70 @@ def run(shapes=SHAPES, dtype=torch.bfloat16,
     return rows
 
 
+# CPU: float32, chunk 64 (the chunk of mamba's ssd_minimal recipe), B, L, H, D, N, G.
+CPU_SHAPES = [(2, 4096, 16, 64, 128, 1), (1, 2048, 8, 64, 64, 1)]
+CPU_CHUNK = 64
+
+
+def cpu_inputs(b, L, H, D, N, G):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(b, L, H, D, generator=g)
+    dt = F.softplus(torch.randn(b, L, H, generator=g) - 2)
+    A = -torch.exp(0.5 * torch.randn(H, generator=g))
+    B = torch.randn(b, L, G, N, generator=g)
+    C = torch.randn(b, L, G, N, generator=g)
+    return [t.requires_grad_() for t in (x, dt, A, B, C)]
+
+
+def run_cpu(shapes=CPU_SHAPES, repeats=15, precise_max_numel=2**21) -> list[Row]:
+    """CPU, float32: baracuda's default (the chunked variant), baracuda under
+    preference "precise" (the float64 recurrence; only where B·L·H·D <=
+    precise_max_numel, it is slow) and the chunked PyTorch reference
+    (reference.ssd_chunk_scan_chunked, chunk 64, its backward by autograd), all timed
+    alternately on the same tensors, forward and backward. The "precise" rows appear as
+    a case of their own ("... precise") next to the same run's torch timing."""
+    rows: list[Row] = []
+    dtype = torch.float32
+    for b, L, H, D, N, G in shapes:
+        case = f"B{b} L{L} H{H} D{D} N{N} G{G} Q{CPU_CHUNK}"
+        inputs = cpu_inputs(b, L, H, D, N, G)
+        dy = torch.randn(b, L, H, D)
+        fwd = {"baracuda": lambda: bt.ssd_chunk_scan(*inputs, chunk_size=CPU_CHUNK),
+               "torch": lambda: ref.ssd_chunk_scan_chunked(*inputs, chunk_size=CPU_CHUNK)}
+        if b * L * H * D <= precise_max_numel:
+            def precise():
+                with bt.preference("precise"):
+                    return bt.ssd_chunk_scan(*inputs, chunk_size=CPU_CHUNK)
+            fwd["precise"] = precise
+        with torch.no_grad():
+            y, y_ref = fwd["baracuda"](), fwd["torch"]()
+            err = ((y - y_ref).norm() / y_ref.norm()).item()
+        note = f"rel err vs reference {err:.1e}" + ("" if err < 1e-4 else " CHECK FAILED")
+        with torch.no_grad():
+            fw = measure_interleaved(FAMILY, case, dtype, "forward", fwd, repeats=repeats)
+        bwd = {p: backward_fn(f, inputs, dy) for p, f in fwd.items()}
+        if "precise" in bwd:  # the backward's plan is chosen when it runs: keep "precise"
+            def precise_backward(run=bwd["precise"]):
+                with bt.preference("precise"):
+                    return run()
+            bwd["precise"] = precise_backward
+        bw = measure_interleaved(FAMILY, case, dtype, "backward", bwd, repeats=repeats)
+        for r in fw + bw:
+            if r.provider == "baracuda":
+                r.note = note
+            if r.provider == "precise":  # a case of its own, against the same torch run
+                torch_row = next(t for t in fw + bw if t.mode == r.mode and t.provider == "torch")
+                r.case, r.provider = case + " precise", "baracuda"
+                rows.append(dataclasses.replace(torch_row, case=r.case, note=""))
+        rows += fw + bw
+        del inputs, dy, fwd
+    return rows
+
+
 if __name__ == "__main__":
-    print(format_table(run()))
+    import sys
+
+    if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
+        print(format_cpu_table(run_cpu()))
+    else:
+        print(format_table(run()))

@@ -296,7 +296,7 @@ def test_explain(device):
                       dt_bias=t["dt_bias"], initial_states=t["initial_states"],
                       seq_idx=t["seq_idx"], dt_softplus=True)
     assert info.op == "ssd_chunk_scan" and info.deterministic
-    assert info.variant == ("sequential" if device == "cpu" else info.variant)
+    assert info.variant == ("chunked" if device == "cpu" else info.variant)
     out, final, y_pre = ops.ssd_chunk_scan_combined(*args, 4, t["D"], t["z"], t["dt_bias"],
                                                     t["initial_states"], t["seq_idx"], True)
     binfo = bt.explain(ops.ssd_chunk_scan_combined_backward, out, final, *args, 4, D=t["D"],

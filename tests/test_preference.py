@@ -26,7 +26,7 @@ def test_torch_deterministic_mode_sets_effective_preference():
 
 
 def test_preference_errors():
-    with pytest.raises(ValueError, match="preference must be 'fastest' or 'deterministic', got 'quick'"):
+    with pytest.raises(ValueError, match="preference must be 'fastest', 'deterministic' or 'precise', got 'quick'"):
         bt.set_preference("quick")
     with pytest.raises(ValueError, match="unknown op 'not_an_op'"):
         bt.explain("not_an_op")

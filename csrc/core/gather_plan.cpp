@@ -274,7 +274,7 @@ GatherBackwardPlan GatherBackwardPlan::select(const GatherBackwardDescriptor& de
   const bool f64 = l.element == ElementKind::F64;
   if (desc.device.backend == Backend::Cpu) {
     l.algo = GatherBackwardAlgo::CpuLines;
-  } else if (pref == PlanPreference::Deterministic) {
+  } else if (pref != PlanPreference::Fastest) {  // "deterministic" or "precise"
     l.algo = GatherBackwardAlgo::Sorted;
     // The largest key is the sentinel out_numel, which sorts out-of-range entries last.
     l.sort_end_bit = 0;

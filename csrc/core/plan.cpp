@@ -32,7 +32,12 @@ int element_size(ElementKind e) {
 const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu"; }
 
 const char* preference_name(PlanPreference p) {
-  return p == PlanPreference::Deterministic ? "deterministic" : "fastest";
+  switch (p) {
+    case PlanPreference::Deterministic: return "deterministic";
+    case PlanPreference::Precise: return "precise";
+    case PlanPreference::Fastest: break;
+  }
+  return "fastest";
 }
 
 std::string KernelSku::name() const {

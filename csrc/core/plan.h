@@ -46,8 +46,9 @@ struct DeviceInfo {
 };
 
 // "fastest" may pick a kernel whose float reductions vary in order between runs;
-// "deterministic" never does.
-enum class PlanPreference : uint8_t { Fastest, Deterministic };
+// "deterministic" never does; "precise" is "deterministic" that also picks a kernel
+// evaluating in float64 where the family has one (the CPU SSD recurrence).
+enum class PlanPreference : uint8_t { Fastest, Deterministic, Precise };
 const char* preference_name(PlanPreference p);
 
 enum class MathPrecision : uint8_t { F32, F64 };

@@ -63,10 +63,19 @@ SsdSizes<int64_t> validate(const SsdChunkScanDescriptor& desc, const std::string
   return s;
 }
 
-SsdVariant pick_variant(const SsdSizes<int64_t>& s, const DeviceInfo& device) {
+// Where a variant's kernels run: the CUDA chunked kernels, or one of the two CPU ones.
+Backend backend_of(SsdVariant v) {
+  return v == SsdVariant::Chunked ? Backend::Cuda : Backend::Cpu;
+}
+
+// The CPU runs the chunked algorithm (deterministic, so also under "deterministic")
+// unless "precise" asks for the float64 recurrence.
+SsdVariant pick_variant(const SsdSizes<int64_t>& s, const DeviceInfo& device,
+                        PlanPreference pref) {
   if (s.batch == 0 || s.seqlen == 0 || s.heads == 0 || s.head_dim == 0 || s.state_dim == 0)
     return SsdVariant::Zeros;
-  return device.backend == Backend::Cuda ? SsdVariant::Chunked : SsdVariant::Sequential;
+  if (device.backend == Backend::Cuda) return SsdVariant::Chunked;
+  return pref == PlanPreference::Precise ? SsdVariant::Sequential : SsdVariant::CpuChunked;
 }
 
 // The launch description without data pointers.
@@ -136,11 +145,16 @@ size_t kernel_workspace(SsdVariant v, const SsdChunkScanLaunch& l, bool backward
                         const std::string& op) {
   if (v == SsdVariant::Zeros) return 0;
   check_workspace_addressable(l, op);
-  const Backend b = v == SsdVariant::Sequential ? Backend::Cpu : Backend::Cuda;
+  const Backend b = backend_of(v);
+  const bool chunked = v == SsdVariant::CpuChunked;
   if (backward)
-    return query_backend(b, op, kernels::ssd_chunk_scan_cpu_backward_workspace,
+    return query_backend(b, op,
+                         chunked ? kernels::ssd_chunk_scan_cpu_chunked_backward_workspace
+                                 : kernels::ssd_chunk_scan_cpu_backward_workspace,
                          BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_backward_workspace), l);
-  return query_backend(b, op, kernels::ssd_chunk_scan_cpu_forward_workspace,
+  return query_backend(b, op,
+                       chunked ? kernels::ssd_chunk_scan_cpu_chunked_forward_workspace
+                               : kernels::ssd_chunk_scan_cpu_forward_workspace,
                        BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward_workspace), l);
 }
 
@@ -166,6 +180,7 @@ bool uses_tensor_cores(const SsdChunkScanDescriptor& desc, SsdVariant v) {
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
+    case SsdVariant::CpuChunked: return "chunked";
     case SsdVariant::Chunked: return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
   }
@@ -180,35 +195,38 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
   sku.variant = variant_name(desc, v);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
-  // The CPU runs the recurrence in float64 for every dtype; CUDA computes in float32
-  // (float64 for float64; "chunked_mma" accumulates in float32 from 16-bit tensor-core
-  // operands, see the header). Every reduction has a fixed order on both (no float
-  // atomics; the CUDA backward is deterministic by construction), so every variant is
-  // deterministic and bit-stable, whatever the preference.
-  const bool f64 = v != SsdVariant::Chunked || desc.x.dtype == ElementKind::F64;
+  // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
+  // variants compute in float32 (float64 for float64; "chunked_mma" accumulates in
+  // float32 from 16-bit tensor-core operands, see the header). Every reduction has a
+  // fixed order everywhere (no float atomics; per-task partials summed in order), so
+  // every variant is deterministic and bit-stable, whatever the preference.
+  const bool f64 = v == SsdVariant::Sequential || desc.x.dtype == ElementKind::F64;
   sku.precision = {f64 ? MathPrecision::F64 : MathPrecision::F32,
                    f64 ? ElementKind::F64 : ElementKind::F32, true, true};
   return sku;
 }
 
 void launch_forward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
-  run_on_backend(v == SsdVariant::Sequential ? Backend::Cpu : Backend::Cuda, kOp,
-                 kernels::ssd_chunk_scan_cpu_forward,
+  run_on_backend(backend_of(v), kOp,
+                 v == SsdVariant::CpuChunked ? kernels::ssd_chunk_scan_cpu_chunked_forward
+                                             : kernels::ssd_chunk_scan_cpu_forward,
                  BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward), l, stream);
 }
 
 void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
-  run_on_backend(v == SsdVariant::Sequential ? Backend::Cpu : Backend::Cuda, kBackwardOp,
-                 kernels::ssd_chunk_scan_cpu_backward,
+  run_on_backend(backend_of(v), kBackwardOp,
+                 v == SsdVariant::CpuChunked ? kernels::ssd_chunk_scan_cpu_chunked_backward
+                                             : kernels::ssd_chunk_scan_cpu_backward,
                  BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_backward), l, stream);
 }
 }  // namespace
 
-SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc, PlanPreference) {
+SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
+                                          PlanPreference pref) {
   const SsdSizes<int64_t> s = validate(desc, kOp);
   SsdChunkScanPlan p;
   p.desc_ = desc;
-  p.variant_ = pick_variant(s, desc.device);
+  p.variant_ = pick_variant(s, desc.device, pref);
   p.out_ = dense_output_layout(desc.x);
   p.final_ = dense_of(ssd_compute_type(desc.x.dtype),
                       {s.batch, s.heads, s.head_dim, s.state_dim});
@@ -263,12 +281,12 @@ void SsdChunkScanPlan::run(void* stream, Workspace workspace, const SsdChunkScan
 }
 
 SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
-    const SsdChunkScanBackwardDescriptor& desc, PlanPreference) {
+    const SsdChunkScanBackwardDescriptor& desc, PlanPreference pref) {
   const SsdSizes<int64_t> s = validate(desc.forward, kBackwardOp, &desc);
   check_ssd_dy(kBackwardOp, operand("x", desc.forward.x), operand("dy", desc.dy));
   SsdChunkScanBackwardPlan p;
   p.desc_ = desc;
-  p.variant_ = pick_variant(s, desc.forward.device);
+  p.variant_ = pick_variant(s, desc.forward.device, pref);
   const SsdChunkScanDescriptor& f = desc.forward;
   p.out_ = {dense_output_layout(f.x), dense_output_layout(f.dt), dense_output_layout(f.A),
             dense_output_layout(f.B), dense_output_layout(f.C)};

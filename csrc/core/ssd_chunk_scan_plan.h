@@ -399,7 +399,9 @@ struct SsdChunkScanBackwardArgs {
   MutTensorRef dD, dz, ddt_bias, dinitial_states;  // each exactly with its input
 };
 
-enum class SsdVariant : uint8_t { Sequential, Chunked, Zeros };
+// Sequential: the CPU's float64 recurrence (preference "precise"); CpuChunked: the CPU's
+// chunked algorithm in float32/float64 (the CPU default); Chunked: the CUDA kernels.
+enum class SsdVariant : uint8_t { Sequential, CpuChunked, Chunked, Zeros };
 
 class SsdChunkScanPlan : public OneOutputPlanOf<SsdChunkScanDescriptor, SsdChunkScanLaunch> {
  public:

@@ -18,6 +18,18 @@ size_t ssd_chunk_scan_cpu_backward_workspace(const SsdChunkScanLaunch& l);
 void ssd_chunk_scan_cpu_forward(const SsdChunkScanLaunch& l);
 void ssd_chunk_scan_cpu_backward(const SsdChunkScanLaunch& l);
 
+// CPU: the chunked state-space-duality algorithm (the CUDA kernels' formulation) in
+// float32 (float64 for float64 inputs), matrix products per chunk through libtorch's BLAS;
+// parallel over (b, h), deterministic and the same bits for any thread count (every
+// reduction across tasks goes through per-task partials summed in a fixed order).
+// Forward workspace 0; backward O(B·H·⌈L/Q⌉·D·N) chunk states, copies of x and dy
+// packed per head (2·B·H·L·D), plus per-head dB/dC partials (2·B·H·L·N) when a group
+// has several heads. Any chunk_size >= 1 and L.
+size_t ssd_chunk_scan_cpu_chunked_forward_workspace(const SsdChunkScanLaunch& l);
+size_t ssd_chunk_scan_cpu_chunked_backward_workspace(const SsdChunkScanLaunch& l);
+void ssd_chunk_scan_cpu_chunked_forward(const SsdChunkScanLaunch& l);
+void ssd_chunk_scan_cpu_chunked_backward(const SsdChunkScanLaunch& l);
+
 #ifdef BARACUDA_WITH_CUDA
 // CUDA: the chunked state-space-duality algorithm, float32 (float64 for float64 inputs)
 // states and accumulation; deterministic (no float atomics); workspace

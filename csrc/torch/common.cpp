@@ -153,17 +153,18 @@ PlanPreference library_preference() { return g_preference.load(); }
 void set_library_preference(PlanPreference p) { g_preference.store(p); }
 
 PlanPreference current_preference() {
-  if (g_preference.load() == PlanPreference::Deterministic ||
-      at::globalContext().deterministicAlgorithms())
+  const PlanPreference p = g_preference.load();
+  if (p == PlanPreference::Fastest && at::globalContext().deterministicAlgorithms())
     return PlanPreference::Deterministic;
-  return PlanPreference::Fastest;
+  return p;  // "precise" is deterministic too
 }
 
 PlanPreference parse_preference(const std::string& s) {
   if (s == "fastest") return PlanPreference::Fastest;
   if (s == "deterministic") return PlanPreference::Deterministic;
+  if (s == "precise") return PlanPreference::Precise;
   fail(PlanErrorKind::InvalidProblem, "preference",
-       "preference must be 'fastest' or 'deterministic', got '" + s + "'");
+       "preference must be 'fastest', 'deterministic' or 'precise', got '" + s + "'");
 }
 
 void rethrow(const PlanError& e) {

@@ -51,8 +51,9 @@ inline Workspace workspace_of(const at::Tensor& ws) {
   return ws.defined() ? Workspace{ws.data_ptr(), static_cast<size_t>(ws.numel())} : Workspace{};
 }
 
-// Deterministic if baracuda_torch.set_preference("deterministic") was called or
-// torch.use_deterministic_algorithms(True) is on.
+// The library preference (baracuda_torch.set_preference), with "fastest" raised to
+// "deterministic" while torch.use_deterministic_algorithms(True) is on ("precise" is
+// deterministic already).
 PlanPreference current_preference();
 PlanPreference library_preference();
 void set_library_preference(PlanPreference p);

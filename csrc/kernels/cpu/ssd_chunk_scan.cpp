@@ -30,98 +30,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/loops.h"
-#include "kernels/ssd_chunk_scan.h"
+#include "kernels/cpu/ssd_chunk_scan_common.h"
 
 namespace baracuda::kernels {
 
 namespace {
 
-// Strided reads of the inputs (element strides from the launch). T: x, B, C, z, dy,
-// y_pre; DT: dt; CT: A, D, dt_bias, initial_states, dfinal_states.
-template <typename T, typename DT, typename CT>
-struct Inputs {
-  const SsdChunkScanLaunch& l;
-  explicit Inputs(const SsdChunkScanLaunch& launch) : l(launch) {}
-
-  template <typename U>
-  static const U* p(const void* v) { return static_cast<const U*>(v); }
-
-  double a(int64_t h) const { return static_cast<double>(p<CT>(l.A)[h * l.A_stride]); }
-  double raw_dt(int64_t b, int64_t t, int64_t h) const {
-    return static_cast<double>(
-        p<DT>(l.dt)[b * l.dt_stride[0] + t * l.dt_stride[1] + h * l.dt_stride[2]]);
-  }
-  // The processed dt and d(processed)/d(raw) (0 where the limits clamp it).
-  double step(int64_t b, int64_t t, int64_t h, double* slope = nullptr) const {
-    double v = raw_dt(b, t, h);
-    if (l.dt_bias) v += static_cast<double>(p<CT>(l.dt_bias)[h * l.dt_bias_stride]);
-    double g = 1.0;
-    if (l.dt_softplus && v <= 20.0) {
-      g = 1.0 / (1.0 + std::exp(-v));
-      v = std::log1p(std::exp(v));
-    }
-    if (v < l.dt_min || v > l.dt_max) {
-      g = 0.0;
-      v = v < l.dt_min ? l.dt_min : l.dt_max;
-    }
-    if (slope) *slope = g;
-    return v;
-  }
-  // True when the state resets before step t (seq_idx changes between t-1 and t).
-  bool reset(int64_t b, int64_t t) const {
-    if (!l.seq_idx || t == 0) return false;
-    const int64_t s0 = l.seq_idx_stride[0], s1 = l.seq_idx_stride[1];
-    if (l.seq_idx_int64) {
-      const int64_t* s = p<int64_t>(l.seq_idx) + b * s0;
-      return s[t * s1] != s[(t - 1) * s1];
-    }
-    const int32_t* s = p<int32_t>(l.seq_idx) + b * s0;
-    return s[t * s1] != s[(t - 1) * s1];
-  }
-  // D for head h, per d (the same value for every d when D is [H]); 0 without D.
-  void load_D(int64_t h, double* out) const {
-    for (int64_t d = 0; d < l.head_dim; ++d)
-      out[d] = !l.D ? 0.0
-               : static_cast<double>(
-                     p<CT>(l.D)[h * l.D_stride[0] + (l.D_per_dim ? d * l.D_stride[1] : 0)]);
-  }
-  static void load4(const void* base, const int64_t* st, int64_t i0, int64_t i1, int64_t i2,
-                    int64_t n, double* out) {
-    const T* q = p<T>(base) + i0 * st[0] + i1 * st[1] + i2 * st[2];
-    for (int64_t k = 0; k < n; ++k) out[k] = static_cast<double>(q[k * st[3]]);
-  }
-  void load_x(int64_t b, int64_t t, int64_t h, double* out) const {
-    load4(l.x, l.x_stride, b, t, h, l.head_dim, out);
-  }
-  void load_dy(int64_t b, int64_t t, int64_t h, double* out) const {
-    load4(l.dy, l.dy_stride, b, t, h, l.head_dim, out);
-  }
-  void load_z(int64_t b, int64_t t, int64_t h, double* out) const {
-    load4(l.z, l.z_stride, b, t, h, l.head_dim, out);
-  }
-  void load_y_pre(int64_t b, int64_t t, int64_t h, double* out) const {
-    load4(l.y_pre, l.y_pre_stride, b, t, h, l.head_dim, out);
-  }
-  void load_B(int64_t b, int64_t t, int64_t g, double* out) const {
-    load4(l.B, l.B_stride, b, t, g, l.state_dim, out);
-  }
-  void load_C(int64_t b, int64_t t, int64_t g, double* out) const {
-    load4(l.C, l.C_stride, b, t, g, l.state_dim, out);
-  }
-  // A [B, H, D, N] compute-typed state (initial_states or dfinal_states), or zeros.
-  void load_state(const void* base, const int64_t* st, int64_t b, int64_t h,
-                  double* out) const {
-    const int64_t D = l.head_dim, N = l.state_dim;
-    if (!base) {
-      std::fill(out, out + D * N, 0.0);
-      return;
-    }
-    const CT* q = p<CT>(base) + b * st[0] + h * st[1];
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t n = 0; n < N; ++n) out[d * N + n] = static_cast<double>(q[d * st[2] + n * st[3]]);
-  }
-};
+using ssd_cpu::Inputs;
+using ssd_cpu::sigmoid;
 
 // h = decay h + (dt x) ⊗ Bt (h = (dt x) ⊗ Bt at a reset), for a D × N row-major state.
 // The forward and the backward's recomputation both call this, so their states agree
@@ -137,8 +53,6 @@ inline void recurrence_step(double* h, int64_t D, int64_t N, bool reset, double 
       for (int64_t n = 0; n < N; ++n) row[n] = decay * row[n] + u * bt[n];
   }
 }
-
-inline double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 
 template <typename T, typename DT, typename CT>
 void forward(const SsdChunkScanLaunch& l) {
@@ -157,13 +71,13 @@ void forward(const SsdChunkScanLaunch& l) {
       in.load_state(l.initial_states, l.init_stride, b, h, state.data());
       for (int64_t t = 0; t < L; ++t) {
         const double dtv = in.step(b, t, h);
-        in.load_x(b, t, h, xt.data());
-        in.load_B(b, t, g, bt.data());
-        in.load_C(b, t, g, ct.data());
+        in.load_row(l.x, l.x_stride, b, t, h, xt.data());
+        in.load_bc(l.B, l.B_stride, b, t, g, bt.data());
+        in.load_bc(l.C, l.C_stride, b, t, g, ct.data());
         recurrence_step(state.data(), D, N, in.reset(b, t), std::exp(dtv * a), dtv, xt.data(),
                         bt.data());
         const int64_t o = ((b * L + t) * H + h) * D;
-        if (l.z) in.load_z(b, t, h, zt.data());
+        if (l.z) in.load_row(l.z, l.z_stride, b, t, h, zt.data());
         for (int64_t d = 0; d < D; ++d) {
           const double* row = state.data() + d * N;
           double acc = 0.0;
@@ -215,8 +129,8 @@ void backward(const SsdChunkScanLaunch& l) {
         const int64_t t_end = std::min(L, (c + 1) * Q);
         for (int64_t t = c * Q; t < t_end; ++t) {
           const double dtv = in.step(b, t, h);
-          in.load_x(b, t, h, xt.data());
-          in.load_B(b, t, g, bt.data());
+          in.load_row(l.x, l.x_stride, b, t, h, xt.data());
+          in.load_bc(l.B, l.B_stride, b, t, g, bt.data());
           recurrence_step(state.data(), D, N, in.reset(b, t), std::exp(dtv * a), dtv,
                           xt.data(), bt.data());
         }
@@ -252,8 +166,8 @@ void backward(const SsdChunkScanLaunch& l) {
       for (int64_t c = nc - 1; c >= 0; --c) {
         const int64_t t0 = c * Q, q = std::min(Q, L - t0);
         for (int64_t j = 0; j < q; ++j) {
-          in.load_B(b, t0 + j, g, Bc.data() + j * N);
-          in.load_C(b, t0 + j, g, Cc.data() + j * N);
+          in.load_bc(l.B, l.B_stride, b, t0 + j, g, Bc.data() + j * N);
+          in.load_bc(l.C, l.C_stride, b, t0 + j, g, Cc.data() + j * N);
         }
         std::fill(dB_acc.begin(), dB_acc.begin() + q * N, 0.0);
         std::fill(dC_acc.begin(), dC_acc.begin() + q * N, 0.0);
@@ -266,7 +180,7 @@ void backward(const SsdChunkScanLaunch& l) {
           std::copy(entry, entry + DN, states.begin());
           for (int64_t j = 0; j < q; ++j) {
             const double dtv = in.step(b, t0 + j, h);
-            in.load_x(b, t0 + j, h, xt.data());
+            in.load_row(l.x, l.x_stride, b, t0 + j, h, xt.data());
             double* next = states.data() + (j + 1) * DN;
             std::copy(next - DN, next, next);
             recurrence_step(next, D, N, in.reset(b, t0 + j), std::exp(dtv * a), dtv, xt.data(),
@@ -280,13 +194,13 @@ void backward(const SsdChunkScanLaunch& l) {
             const double dtv = in.step(b, t, h, &slope);
             const bool reset = in.reset(b, t);
             const double decay = std::exp(dtv * a);
-            in.load_x(b, t, h, xt.data());
-            in.load_dy(b, t, h, dyt.data());
+            in.load_row(l.x, l.x_stride, b, t, h, xt.data());
+            in.load_row(l.dy, l.dy_stride, b, t, h, dyt.data());
             const int64_t o = ((b * L + t) * H + h) * D;
             if (l.z) {
               // dy (the gradient of y_pre) = dout · silu(z); dz = dout · y_pre · silu'(z).
-              in.load_z(b, t, h, zt.data());
-              in.load_y_pre(b, t, h, ypt.data());
+              in.load_row(l.z, l.z_stride, b, t, h, zt.data());
+              in.load_row(l.y_pre, l.y_pre_stride, b, t, h, ypt.data());
               for (int64_t d = 0; d < D; ++d) {
                 const double sg = sigmoid(zt[d]);
                 dz[o + d] = static_cast<T>(dyt[d] * ypt[d] * sg * (1.0 + zt[d] * (1.0 - sg)));
@@ -358,51 +272,7 @@ void backward(const SsdChunkScanLaunch& l) {
     }
   });
 
-  // dA[h], ddt_bias[h], dD[h(, d)] = Σ_b partial[b, h(, d)], in order of b (and of d for
-  // a per-head D).
-  CT* dA = static_cast<CT*>(l.dA);
-  CT* dbias = static_cast<CT*>(l.ddt_bias);
-  CT* dD = static_cast<CT*>(l.dD);
-  for (int64_t h = 0; h < H; ++h) {
-    double acc = 0.0, accb = 0.0;
-    for (int64_t b = 0; b < l.batch; ++b) {
-      acc += dA_partial[b * H + h];
-      accb += dbias_partial[b * H + h];
-    }
-    dA[h] = static_cast<CT>(acc);
-    if (dbias) dbias[h] = static_cast<CT>(accb);
-    if (!dD) continue;
-    if (l.D_per_dim) {
-      for (int64_t d = 0; d < D; ++d) {
-        double s = 0.0;
-        for (int64_t b = 0; b < l.batch; ++b) s += dD_partial[(b * H + h) * D + d];
-        dD[h * D + d] = static_cast<CT>(s);
-      }
-    } else {
-      double s = 0.0;
-      for (int64_t b = 0; b < l.batch; ++b)
-        for (int64_t d = 0; d < D; ++d) s += dD_partial[(b * H + h) * D + d];
-      dD[h] = static_cast<CT>(s);
-    }
-  }
-}
-
-// Calls f(T{}, DT{}, CT{}) with the element, dt and compute types of the launch.
-template <typename F>
-void dispatch(const SsdChunkScanLaunch& l, F&& f) {
-  cpu::dispatch_floating(l.element, [&](auto tag) {
-    using T = decltype(tag);
-    using CT = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    const ElementKind ck = std::is_same_v<CT, double> ? ElementKind::F64 : ElementKind::F32;
-    if (l.compute != ck)
-      fail(PlanErrorKind::Internal, "ssd_chunk_scan", "compute type does not match the element");
-    if (l.dt_element == l.element)
-      f(T{}, T{}, CT{});
-    else if (l.dt_element == ck)
-      f(T{}, CT{}, CT{});
-    else
-      fail(PlanErrorKind::Internal, "ssd_chunk_scan", "dt must be the element or compute type");
-  });
+  ssd_cpu::reduce_partials<CT>(l, dA_partial, dbias_partial, dD_partial);
 }
 
 }  // namespace
@@ -414,13 +284,13 @@ size_t ssd_chunk_scan_cpu_backward_workspace(const SsdChunkScanLaunch& l) {
 }
 
 void ssd_chunk_scan_cpu_forward(const SsdChunkScanLaunch& l) {
-  dispatch(l, [&](auto t, auto dt, auto ct) {
+  ssd_cpu::dispatch(l, [&](auto t, auto dt, auto ct) {
     forward<decltype(t), decltype(dt), decltype(ct)>(l);
   });
 }
 
 void ssd_chunk_scan_cpu_backward(const SsdChunkScanLaunch& l) {
-  dispatch(l, [&](auto t, auto dt, auto ct) {
+  ssd_cpu::dispatch(l, [&](auto t, auto dt, auto ct) {
     backward<decltype(t), decltype(dt), decltype(ct)>(l);
   });
 }
