@@ -61,6 +61,45 @@ def rope_cases() -> Iterator[Case]:
                    lambda x, i=interleaved: bt.rope(x, interleaved=i), ("rope",))
 
 
+def gated_pair_cases() -> Iterator[Case]:
+    for dtype in DTYPES:
+        for name, make in layouts((48, 72), dtype):
+            for kind in ("glu", "reglu", "swiglu", "geglu", "geglu_tanh"):
+                yield (f"gated pair {kind} {name}", lambda make=make: (make(), make()),
+                       lambda g, u, kind=kind: bt.gated_activation_pair(g, u, kind),
+                       ("gated_activation_pair",))
+
+
+def rope_cos_sin_cases() -> Iterator[Case]:
+    """HF [1|B, S, R] and flash-attention [S, R/2] tables (the table's gradient too), one
+    tensor and q/k with fewer k heads, 16-byte rows, odd head dims and [B, S, H, D] views."""
+    def table(B, S, R, dtype, hf, interleaved):
+        theta = torch.rand(S, R // 2, device="cuda", dtype=torch.float64) * 6
+        if hf:
+            theta = (theta.repeat_interleave(2, -1) if interleaved else torch.cat((theta, theta), -1))
+            theta = theta.expand(B, S, R)
+        c, s = theta.cos().to(dtype), theta.sin().to(dtype)
+        return c.requires_grad_(), s.requires_grad_()
+
+    for dtype in DTYPES:
+        for interleaved in (False, True):
+            for hf in (True, False):
+                for D, R in ((64, 64), (64, 32), (18, 18)):
+                    desc = f"hf={hf} interleaved={interleaved} D={D} R={R}"
+                    yield (f"rope_cos_sin {desc}",
+                           lambda dtype=dtype, hf=hf, i=interleaved, D=D, R=R:
+                               (rand(2, 4, 24, D, dtype=dtype), *table(2, 24, R, dtype, hf, i)),
+                           lambda x, c, s, i=interleaved: bt.rope_cos_sin(x, c, s, i),
+                           ("rope_cos_sin",))
+                    yield (f"rope_qk_cos_sin [B,S,H,D] views {desc}",
+                           lambda dtype=dtype, hf=hf, i=interleaved, D=D, R=R:
+                               (rand(2, 24, 4, D, dtype=dtype).transpose(1, 2),
+                                rand(2, 24, 1, D, dtype=dtype).transpose(1, 2),
+                                *table(1, 24, R, dtype, hf, i)),
+                           lambda q, k, c, s, i=interleaved: bt.rope_qk_cos_sin(q, k, c, s, i),
+                           ("rope_qk_cos_sin",))
+
+
 def lerp_cases() -> Iterator[Case]:
     for dtype in DTYPES:
         for name, make in layouts((40, 96), dtype):
@@ -139,7 +178,8 @@ def ssd_option_cases() -> Iterator[Case]:
             yield f"ssd options D_per_dim={D_per_dim}", make, run, ("ssd_chunk_scan_combined",)
 
 
-FAMILIES = {"gated": gated_cases, "rope": rope_cases, "lerp": lerp_cases,
+FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,
+            "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
             "gather": gather_cases, "ssd": ssd_cases, "ssd_options": ssd_option_cases}
 
 
