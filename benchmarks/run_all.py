@@ -47,19 +47,26 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0)
     header = (f"GPU: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
               f"CUDA {torch.version.cuda}, date {time.strftime('%Y-%m-%d')}")
+    all_rows = run_families(args.families.split(","), lambda mod: mod.run(), format_table,
+                            header, csv_path, args.out)
+    plot(all_rows, os.path.join(args.out, "bench.png"), header)
+
+
+def run_families(families, run, fmt, header: str, csv_path: str, out: str) -> list:
+    """Runs `run(module)` for each family's bench module, appending its rows to the CSV
+    and printing them as `fmt` tables as they come; writes bench.md; returns every row."""
     print(header, flush=True)
     all_rows = []
-    for fam in args.families.split(","):
+    for fam in families:
         t0 = time.time()
-        mod = importlib.import_module(f"bench_{fam}")
-        rows = mod.run()
+        rows = run(importlib.import_module(f"bench_{fam}"))
         write_csv(rows, csv_path)
         all_rows += rows
         print(f"[{fam}: {len(rows)} rows in {time.time() - t0:.0f} s]", flush=True)
-        print(format_table(rows), flush=True)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
-        f.write(header + "\n\n" + format_table(all_rows) + "\n")
-    plot(all_rows, os.path.join(args.out, "bench.png"), header)
+        print(fmt(rows), flush=True)
+    with open(os.path.join(out, "bench.md"), "w") as f:
+        f.write(header + "\n\n" + fmt(all_rows) + "\n")
+    return all_rows
 
 
 def run_cpu(args, csv_path: str) -> None:
@@ -79,17 +86,8 @@ def run_cpu(args, csv_path: str) -> None:
               f"{torch.get_num_threads()} threads (CPU capability "
               f"{torch.backends.cpu.get_cpu_capability()}), date {time.strftime('%Y-%m-%d %H:%M %Z')}, "
               f"{args.repeats} alternating rounds per case")
-    print(header, flush=True)
-    all_rows = []
-    for fam in families:
-        t0 = time.time()
-        rows = importlib.import_module(f"bench_{fam}").run_cpu(repeats=args.repeats)
-        write_csv(rows, csv_path)
-        all_rows += rows
-        print(f"[{fam}: {len(rows)} rows in {time.time() - t0:.0f} s]", flush=True)
-        print(format_cpu_table(rows), flush=True)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
-        f.write(header + "\n\n" + format_cpu_table(all_rows) + "\n")
+    run_families(families, lambda mod: mod.run_cpu(repeats=args.repeats), format_cpu_table,
+                 header, csv_path, args.out)
 
 
 def plot(rows, path, title) -> None:
