@@ -59,22 +59,39 @@ def build_with_cuda():
     return True
 
 
+def openmp_flags():
+    """-fopenmp when torch's ATen parallel backend is OpenMP (the Linux wheels). There
+    at::parallel_for is an inline template around `#pragma omp parallel`, which a compile
+    without -fopenmp drops without a word: every CPU kernel then runs on one thread
+    whatever torch.set_num_threads says. The link resolves libgomp.so.1 to the copy torch
+    has already loaded, so there is one OpenMP runtime and one thread count."""
+    config = os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "Config.h")
+    try:
+        with open(config) as f:
+            uses_openmp = re.search(r"#define\s+AT_PARALLEL_OPENMP\s+1", f.read()) is not None
+    except OSError:
+        uses_openmp = False
+    return ["-fopenmp"] if uses_openmp and sys.platform.startswith("linux") else []
+
+
 def extension():
     cpp = sources("csrc/core/*.cpp") + sources("csrc/kernels/cpu/*.cpp") + sources("csrc/torch/*.cpp")
     # No -std here: BuildExtension adds the standard the installed torch's headers need.
-    cxx = ["-O3", "-fvisibility=hidden"]
+    omp = openmp_flags()
+    cxx = ["-O3", "-fvisibility=hidden"] + omp
     include = [os.path.join(ROOT, "csrc")]
     if not build_with_cuda():
         print("baracuda_torch: building the CPU-only extension")
         return CppExtension("baracuda_torch._C", cpp, include_dirs=include,
-                            extra_compile_args={"cxx": cxx})
+                            extra_compile_args={"cxx": cxx}, extra_link_args=omp)
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH_LIST)
     print("baracuda_torch: building with CUDA for TORCH_CUDA_ARCH_LIST="
           + os.environ["TORCH_CUDA_ARCH_LIST"])
     nvcc = ["-O3", "-lineinfo", "-DBARACUDA_WITH_CUDA"]
     return CUDAExtension("baracuda_torch._C", cpp + sources("csrc/kernels/cuda/*.cu"),
                          include_dirs=include,
-                         extra_compile_args={"cxx": cxx + ["-DBARACUDA_WITH_CUDA"], "nvcc": nvcc})
+                         extra_compile_args={"cxx": cxx + ["-DBARACUDA_WITH_CUDA"], "nvcc": nvcc},
+                         extra_link_args=omp)
 
 
 setup(

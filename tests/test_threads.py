@@ -98,6 +98,19 @@ def _hammer(device, preference_flipper: bool, n_threads=4, iters=40):
     assert not errors, errors
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_cpu_kernels_run_on_torch_threads(n):
+    """The CPU kernels' at::parallel_for runs on torch.get_num_threads() threads. Under
+    torch's OpenMP backend it is a pragma, which a build without -fopenmp dropped: every
+    CPU kernel then ran on one thread, and two threads were no faster than one."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        assert bt._C._parallel_for_threads() == n
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_cpu_plans_are_deterministic_under_both_preferences():
     """The premise of the bit comparison while the preference flips: on the CPU, both
     preferences select deterministic plans for every op of _cases."""

@@ -3,6 +3,9 @@
 // and plan introspection (PlanInfo, explain_*).
 #include <torch/extension.h>
 
+#include <atomic>
+#include <vector>
+
 #include "torch/common.h"
 #include "torch/ops.h"
 
@@ -31,6 +34,19 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("with_cuda") = false;
 #endif
+  // How many threads this library's at::parallel_for really runs on (a build without
+  // the parallel backend's compiler flags silently runs one); tests compare it with
+  // torch.get_num_threads().
+  m.def("_parallel_for_threads", [] {
+    std::vector<std::atomic<bool>> seen(at::get_num_threads());
+    at::parallel_for(0, static_cast<int64_t>(seen.size()) * 64, 1, [&](int64_t, int64_t) {
+      const int t = at::get_thread_num();
+      if (t >= 0 && t < static_cast<int>(seen.size())) seen[t] = true;
+    });
+    int n = 0;
+    for (const auto& s : seen) n += s ? 1 : 0;
+    return n;
+  });
 
   py::class_<PlanInfo>(m, "PlanInfo",
                        "The kernel a call would run and what it guarantees (see "
