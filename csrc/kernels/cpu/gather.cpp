@@ -19,6 +19,21 @@ inline bool in_range(int64_t v, int64_t size) {
   return static_cast<uint64_t>(v) < static_cast<uint64_t>(size);
 }
 
+// One run of n elements whose index and out are unit-stride and whose src advances by
+// SrcStep (0: the run is along dim itself, 1: along a dim after it) per element. The
+// indices are checked in a pass of their own, so the gather loop has no branch.
+template <int SrcStep, typename T, typename I>
+void forward_unit_run(const I* idx, T* out, const T* src, int64_t n, const GatherLaunch& l) {
+  bool bad = false;
+  for (int64_t i = 0; i < n; ++i) bad |= !in_range(static_cast<int64_t>(idx[i]), l.dim_size);
+  if (bad)
+    for (int64_t i = 0; i < n; ++i)
+      if (!in_range(static_cast<int64_t>(idx[i]), l.dim_size))
+        fail_index_out_of_bounds("gather", idx[i], l.dim, l.dim_size);
+  const int64_t ds = l.dim_stride;
+  for (int64_t i = 0; i < n; ++i) out[i] = src[i * SrcStep + static_cast<int64_t>(idx[i]) * ds];
+}
+
 template <typename T, typename I>
 void forward(const GatherLaunch& l) {
   const I* index = static_cast<const I*>(l.index);
@@ -27,7 +42,10 @@ void forward(const GatherLaunch& l) {
   const int last = l.dims.rank - 1;
   const int64_t si = l.dims.strides[0][last], so = l.dims.strides[1][last],
                 ss = l.dims.strides[2][last];
+  const bool unit = si == 1 && so == 1;
   cpu::parallel_for_each_run<3>(l.dims, [&](const int64_t* off, int64_t n) {
+    if (unit && ss == 0) return forward_unit_run<0>(index + off[0], out + off[1], src + off[2], n, l);
+    if (unit && ss == 1) return forward_unit_run<1>(index + off[0], out + off[1], src + off[2], n, l);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t v = static_cast<int64_t>(index[off[0] + i * si]);
       if (!in_range(v, l.dim_size)) fail_index_out_of_bounds("gather", v, l.dim, l.dim_size);
