@@ -22,7 +22,7 @@ inline FVec vlerp(FVec a, FVec b, FVec w) {
   return FVec::blendv(b - d * (FVec(1.0f) - w), a + w * d, small);
 }
 
-template <typename T, LerpOp Op>
+template <typename T, LerpOp Op, bool AllUnit>
 void run(const LerpLaunch& l) {
   constexpr int NI = kLerpInputs<Op>;
   constexpr int NO = kLerpOutputs<Op>;
@@ -54,7 +54,7 @@ void run(const LerpLaunch& l) {
       avx2::for_steps<T>(n, [&](int64_t i, int64_t count) {
         FVec x[NI][L], y[NO][L];
         for (int k = 0; k < NI; ++k) {
-          if (unit[k])
+          if (AllUnit || unit[k])
             avx2::load(p[k] + i, count, x[k]);
           else
             for (int j = 0; j < L; ++j) x[k][j] = bcast[k];
@@ -83,13 +83,25 @@ void run(const LerpLaunch& l) {
   });
 }
 
+// AllUnit: every input is unit-stride along the run (no broadcast operand), the common
+// case, compiled without the per-step broadcast choice.
+template <typename T, LerpOp Op>
+void dispatch_unit(const LerpLaunch& l) {
+  bool all_unit = true;
+  for (int k = 0; k < kLerpInputs<Op>; ++k) all_unit &= l.dims.strides[k][l.dims.rank - 1] == 1;
+  if (all_unit)
+    run<T, Op, true>(l);
+  else
+    run<T, Op, false>(l);
+}
+
 template <typename T>
 void dispatch_op(const LerpLaunch& l) {
   switch (l.op) {
-    case LerpOp::Forward: run<T, LerpOp::Forward>(l); break;
-    case LerpOp::ForwardTensor: run<T, LerpOp::ForwardTensor>(l); break;
-    case LerpOp::Backward: run<T, LerpOp::Backward>(l); break;
-    case LerpOp::BackwardTensor: run<T, LerpOp::BackwardTensor>(l); break;
+    case LerpOp::Forward: dispatch_unit<T, LerpOp::Forward>(l); break;
+    case LerpOp::ForwardTensor: dispatch_unit<T, LerpOp::ForwardTensor>(l); break;
+    case LerpOp::Backward: dispatch_unit<T, LerpOp::Backward>(l); break;
+    case LerpOp::BackwardTensor: dispatch_unit<T, LerpOp::BackwardTensor>(l); break;
   }
 }
 }  // namespace

@@ -1,10 +1,12 @@
 // Loads and stores between memory of a floating type T and float32 Vectorized registers,
-// for the AVX2 sections of the CPU kernels (include after vec_avx2_begin.h). float32
-// moves one register of 8 lanes per step; float16/bfloat16 move 16 elements per step as
-// two float32 registers (converted in registers, as ATen's reduced-precision kernels do).
+// for the AVX2 sections of the CPU kernels (include after vec_avx2_begin.h). Every type
+// moves 16 elements per step as two float32 registers of 8 lanes (float16/bfloat16
+// converted in registers, as ATen's reduced-precision kernels do): two independent
+// registers per step keep more loads in flight than one.
 #pragma once
 
 #if BARACUDA_CPU_AVX2
+#include <algorithm>
 #include <type_traits>
 
 namespace baracuda::kernels::cpu::avx2 {
@@ -13,7 +15,7 @@ using FVec = at::vec::Vectorized<float>;
 
 // float32 registers per step, and elements per step.
 template <typename T>
-constexpr int kLanes = std::is_same_v<T, float> ? 1 : 2;
+constexpr int kLanes = 2;
 template <typename T>
 constexpr int64_t kStep = kLanes<T> * FVec::size();
 
@@ -22,7 +24,14 @@ constexpr int64_t kStep = kLanes<T> * FVec::size();
 template <typename T>
 inline void load(const T* p, int64_t count, FVec* out) {
   if constexpr (std::is_same_v<T, float>) {
-    out[0] = count == FVec::size() ? FVec::loadu(p) : FVec::loadu(p, count);
+    constexpr int64_t W = FVec::size();
+    if (count == 2 * W) {
+      out[0] = FVec::loadu(p);
+      out[1] = FVec::loadu(p + W);
+    } else {
+      out[0] = count >= W ? FVec::loadu(p) : FVec::loadu(p, count);
+      out[1] = count > W ? FVec::loadu(p + W, count - W) : FVec(0.0f);
+    }
   } else {
     using TVec = at::vec::Vectorized<T>;
     const TVec t = count == TVec::size() ? TVec::loadu(p) : TVec::loadu(p, count);
@@ -35,10 +44,14 @@ inline void load(const T* p, int64_t count, FVec* out) {
 template <typename T>
 inline void store(T* p, int64_t count, const FVec* in) {
   if constexpr (std::is_same_v<T, float>) {
-    if (count == FVec::size())
+    constexpr int64_t W = FVec::size();
+    if (count == 2 * W) {
       in[0].store(p);
-    else
-      in[0].store(p, count);
+      in[1].store(p + W);
+    } else {
+      in[0].store(p, std::min<int64_t>(count, W));
+      if (count > W) in[1].store(p + W, count - W);
+    }
   } else {
     const auto t = at::vec::convert_from_float<T>(in[0], in[1]);
     if (count == decltype(t)::size())
