@@ -175,6 +175,56 @@ def test_seq_idx_resets_state(device):
     torch.testing.assert_close(fin, fin2, rtol=1e-12, atol=1e-12)
 
 
+def _packed_grads(t, seq, dy, chunk, sl):
+    """Output and gradients of the packed scan, restricted to steps `sl`; initial states
+    only with the first sequence (they do not reach the later ones)."""
+    names = ("x", "dt", "B", "C", "z", "initial_states")
+    leaves = {k: t[k].detach().clone().requires_grad_() for k in names if k in t}
+    kw = {k: v for k, v in leaves.items() if k in ("z", "initial_states")}
+    y = mamba.mamba_chunk_scan_combined(leaves["x"], leaves["dt"], t["A"], leaves["B"],
+                                        leaves["C"], chunk, D=t.get("D"), seq_idx=seq, **kw)
+    grads = torch.autograd.grad(y, [leaves[k] for k in ("x", "dt", "B", "C")], dy)
+    return [y[:, sl].detach()] + [g[:, sl] for g in grads]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("preference", ["fastest", "precise"])
+@pytest.mark.parametrize("chunk,cut", [(8, 13), (5, 15), (16, 1), (64, 39)])
+def test_packed_sequences_keep_nan_to_themselves(device, preference, chunk, cut):
+    """A NaN or Inf in one packed sequence (x, B, C, dt, z, the initial states, or the
+    output gradient) stays there: every output and per-step gradient of the other
+    sequence is what it is when that sequence holds finite values, forward and backward,
+    for a boundary inside a chunk, on a chunk edge and next to the row's ends."""
+    rng = random.Random(cut)
+    L = 40
+    t, _ = make_case(rng, 1, L, 3, 4, 5, 1, torch.float32, device, D=True, z=True,
+                     dt_bias=False, init=True, seq_idx=False, softplus=False, limit=False)
+    seq = torch.zeros(1, L, dtype=torch.int32, device=device)
+    seq[:, cut:] = 1
+    dy = torch.randn(1, L, 3, 4, device=device)
+    first, second = slice(0, cut), slice(cut, L)
+    with bt.preference(preference):
+        clean_first = _packed_grads(t, seq, dy, chunk, first)
+        clean_second = _packed_grads(t, seq, dy, chunk, second)
+        for bad, keep, clean in ((first, second, clean_second), (second, first, clean_first)):
+            for name in ("x", "B", "C", "dt", "z", "dy", "initial_states"):
+                if name == "initial_states" and bad is second:
+                    continue
+                u = {k: v.clone() for k, v in t.items()}
+                g = dy.clone()
+                target = g if name == "dy" else u[name]
+                if name == "initial_states":
+                    target[0, 1, 2, 3] = float("nan")
+                else:
+                    step = bad.start + (bad.stop - bad.start) // 2
+                    target[0, step] = float("inf") if name == "dt" else float("nan")
+                got = _packed_grads(u, seq, g, chunk, keep)
+                for what, a, b in zip(("y", "dx", "ddt", "dB", "dC"), got, clean):
+                    assert torch.isfinite(a).all(), f"{name} non-finite in the other sequence reaches its {what}"
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5,
+                                               msg=f"{name} in one sequence changes the other's {what}")
+
+
 def test_gradcheck_float64_all_options():
     rng = random.Random(11)
     for D in ("h", "hdim"):

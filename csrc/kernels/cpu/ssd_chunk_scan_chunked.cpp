@@ -4,11 +4,14 @@
 // as a few small matrix products per chunk (the CPU BLAS's gemm). Any strides; outputs
 // dense.
 //
-// Per (b, h) and chunk [t0, t0 + q) with processed dt w_j, T_j = Σ_{i<=j} w_i (double),
-// cs_j = A T_j, r_j = the number of seq_idx resets at t0 .. t0 + j, and h0 the state
+// The chunks are the chunk_size grid split further at every seq_idx reset, so no
+// product ever spans two packed sequences (where a zero decay would still carry a NaN or
+// Inf across, 0 · NaN = NaN), and the state entering a chunk that starts at a reset is
+// zero, not a product with a zero decay. Per (b, h) and chunk [t0, t0 + q) with
+// processed dt w_j, T_j = Σ_{i<=j} w_i (double), cs_j = A T_j, and h0 the state
 // entering the chunk:
-//   decay[j, i] = exp(cs_j - cs_i) where i <= j and r_i == r_j, else 0
-//   ex_j        = exp(cs_j) where r_j == 0 (h0 survives to j), else 0
+//   decay[j, i] = exp(cs_j - cs_i) where i <= j, else 0
+//   ex_j        = exp(cs_j)                        (from the chunk's start to j)
 //   e_i         = decay[q-1, i]                    (from i to the chunk's end)
 //   Y           = (decay ∘ C Bᵀ) diag(w) X + diag(ex) C h0ᵀ + X diag(D)
 //   h_exit      = ex_{q-1} h0 + (diag(e ∘ w) X)ᵀ B
@@ -28,10 +31,11 @@
 //   (dA summed by parts: Σ_{j>=i} Z_ji (T_j - T_i) + Σ_i u_i (T_{q-1} - T_i) + ..., so
 //   that close pairs add small terms instead of two large sums cancelling)
 // The backward first packs x and dy per head and recomputes the state entering each
-// chunk (kept in the workspace: O(B·H·⌈L/Q⌉·D·N) plus 2·B·H·L·D). Tasks are (b, h) pairs; dB and dC, which sum over a group's heads,
-// go through per-head partials in the workspace summed in head order afterwards (written
-// directly when a group has one head), and dA, ddt_bias, dD through per-(b, h) partials
-// summed in order of b: the same bits for any number of threads.
+// grid chunk (kept in the workspace: O(B·H·⌈L/Q⌉·D·N) plus 2·B·H·L·D). Tasks are (b, h)
+// pairs; dB and dC, which sum over a group's heads, go through per-head partials in the
+// workspace summed in head order afterwards (written directly when a group has one
+// head), and dA, ddt_bias, dD through per-(b, h) partials summed in order of b: the
+// same bits for any number of threads.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -129,11 +133,10 @@ struct Scratch {
   std::vector<S> P, Q1, colW, Wrow;
   std::vector<S> w, slope, ex, e, Dh, zt, ypt, h;
   std::vector<double> T, fexp, gexp, dcs, dw;
-  std::vector<int64_t> r;
   Scratch(int64_t Qm, int64_t D, int64_t N, bool backward)
       : X(Qm * D), Bc(Qm * N), Cc(Qm * N), Y(Qm * D), Xs(Qm * D), decay(Qm * Qm),
         CB(Qm * Qm), M1(Qm * Qm), w(Qm), slope(Qm), ex(Qm), e(Qm), Dh(D), zt(D), ypt(D),
-        h(D * N), T(Qm), fexp(Qm), gexp(Qm), r(Qm) {
+        h(D * N), T(Qm), fexp(Qm), gexp(Qm) {
     if (!backward) return;
     for (auto* v : {&dY, &BH, &dYs}) v->resize(Qm * D);
     for (auto* v : {&dB, &dC, &R}) v->resize(Qm * N);
@@ -157,15 +160,29 @@ struct Chunked {
         DN(launch.head_dim * launch.state_dim), hpg(launch.heads / launch.groups) {}
   int64_t q_max() const { return std::min(Q, L); }
 
-  // Loads chunk c of (b, h): w, slope, T, r, X, B, then the decays ex, e and (`full`)
-  // the whole decay matrix and C. Returns the chunk's length q.
+  // The chunk that starts at step t0 (the grid chunk's start or a reset inside it): it
+  // ends at the grid chunk's end or before the next reset, whichever comes first.
+  int64_t chunk_end(int64_t b, int64_t t0) const {
+    const int64_t grid_end = std::min(L, (t0 / Q + 1) * Q);
+    int64_t t = t0 + 1;
+    while (t < grid_end && !in.reset(b, t)) ++t;
+    return t;
+  }
+
+  // The starts of the chunks inside grid chunk c, in order.
+  void chunk_starts(int64_t b, int64_t c, std::vector<int64_t>& starts) const {
+    starts.clear();
+    for (int64_t t = c * Q; t < std::min(L, (c + 1) * Q); t = chunk_end(b, t)) starts.push_back(t);
+  }
+
+  // Loads the chunk [t0, t0 + q) of (b, h): w, slope, T, X, B, then the decays ex, e
+  // and (`full`) the whole decay matrix and C.
   // `xp`: x already packed as [B, H, L, D] in S (the backward's copy), else null.
-  int64_t load(Scratch<S>& s, int64_t b, int64_t h, int64_t c, bool full,
-               const S* xp = nullptr) const {
-    const int64_t t0 = c * Q, q = std::min(Q, L - t0), g = h / hpg;
+  void load(Scratch<S>& s, int64_t b, int64_t h, int64_t t0, int64_t q, bool full,
+            const S* xp = nullptr) const {
+    const int64_t g = h / hpg;
     const double a = in.a(h);
     double run = 0.0;
-    int64_t resets = 0;
     for (int64_t j = 0; j < q; ++j) {
       double sl = 1.0;
       const double v = in.step(b, t0 + j, h, &sl);
@@ -173,8 +190,6 @@ struct Chunked {
       s.slope[j] = static_cast<S>(sl);
       run += v;
       s.T[j] = run;
-      if (in.reset(b, t0 + j)) ++resets;
-      s.r[j] = resets;
       if (!xp) in.load_row(l.x, l.x_stride, b, t0 + j, h, s.X.data() + j * D);
       in.load_bc(l.B, l.B_stride, b, t0 + j, g, s.Bc.data() + j * N);
       if (full) in.load_bc(l.C, l.C_stride, b, t0 + j, g, s.Cc.data() + j * N);
@@ -195,28 +210,20 @@ struct Chunked {
         s.fexp[j] = std::exp(a * s.T[j] - m);
         s.gexp[j] = std::exp(m - a * s.T[j]);
       }
-    const bool one_segment = s.r[q - 1] == s.r[0];
     for (int64_t j = full ? 0 : q - 1; j < q; ++j) {
       const double csj = a * s.T[j];
       S* row = s.decay.data() + j * q;
-      if (factor && one_segment) {
+      if (factor) {
         const double fj = s.fexp[j];
         const double* gi = s.gexp.data();
         for (int64_t i = 0; i <= j; ++i) row[i] = static_cast<S>(fj * gi[i]);
       } else {
-        for (int64_t i = 0; i <= j; ++i) {
-          if (s.r[i] != s.r[j])
-            row[i] = S(0);
-          else
-            row[i] = static_cast<S>(factor ? s.fexp[j] * s.gexp[i] : std::exp(csj - a * s.T[i]));
-        }
+        for (int64_t i = 0; i <= j; ++i) row[i] = static_cast<S>(std::exp(csj - a * s.T[i]));
       }
       std::fill(row + j + 1, row + q, S(0));
     }
-    for (int64_t j = 0; j < q; ++j)
-      s.ex[j] = s.r[j] == 0 ? static_cast<S>(std::exp(a * s.T[j])) : S(0);
+    for (int64_t j = 0; j < q; ++j) s.ex[j] = static_cast<S>(std::exp(a * s.T[j]));
     for (int64_t i = 0; i < q; ++i) s.e[i] = s.decay[(q - 1) * q + i];
-    return q;
   }
 
   // h = ex_{q-1} h + (diag(e ∘ w) X)ᵀ B: the state leaving the loaded chunk.
@@ -279,8 +286,10 @@ struct Chunked {
         const int64_t b = bh / H, h = bh % H;
         in.load_D(h, s.Dh.data());
         in.load_state(l.initial_states, l.init_stride, b, h, s.h.data());
-        for (int64_t c = 0; c < nc; ++c) {
-          const int64_t q = load(s, b, h, c, true), t0 = c * Q;
+        for (int64_t t0 = 0; t0 < L;) {
+          const int64_t q = chunk_end(b, t0) - t0;
+          if (in.reset(b, t0)) std::fill(s.h.begin(), s.h.end(), S(0));
+          load(s, b, h, t0, q, true);
           intra_weights(s, q);
           // Y = M1 X + diag(ex) C h0ᵀ
           tri_product(false, q, D, s.M1.data(), s.X.data(), s.Y.data());
@@ -301,6 +310,7 @@ struct Chunked {
               y[o + d] = static_cast<T>(v);
             }
           }
+          t0 += q;
         }
         if (final_states)
           for (int64_t i = 0; i < DN; ++i) final_states[bh * DN + i] = static_cast<CT>(s.h[i]);
@@ -347,159 +357,178 @@ struct Chunked {
       const OneBlasThread one_blas_thread;
       Scratch<S> s(q_max(), D, N, true);
       std::vector<S> dh(DN);
+      const std::vector<S> zero_state(DN, S(0));
       std::vector<double> dD_acc(D);
+      std::vector<int64_t> starts;
       for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / H, h = bh % H, g = h / hpg;
         const double a = in.a(h);
         S* st = states + bh * nc * DN;
-        // The state entering each chunk.
+        // The state entering each grid chunk.
         in.load_state(l.initial_states, l.init_stride, b, h, s.h.data());
         for (int64_t c = 0; c < nc; ++c) {
           std::copy(s.h.begin(), s.h.end(), st + c * DN);
-          if (c + 1 < nc) advance_state(s, load(s, b, h, c, false, xp), s.h.data());
+          if (c + 1 == nc) break;
+          for (int64_t t0 = c * Q; t0 < (c + 1) * Q;) {
+            const int64_t q = chunk_end(b, t0) - t0;
+            if (in.reset(b, t0)) std::fill(s.h.begin(), s.h.end(), S(0));
+            load(s, b, h, t0, q, false, xp);
+            advance_state(s, q, s.h.data());
+            t0 += q;
+          }
         }
         in.load_D(h, s.Dh.data());
         in.load_state(l.dfinal_states, l.dfinal_stride, b, h, dh.data());
         double dA_acc = 0.0, dbias_acc = 0.0;
         std::fill(dD_acc.begin(), dD_acc.end(), 0.0);
         for (int64_t c = nc - 1; c >= 0; --c) {
-          const int64_t q = load(s, b, h, c, true, xp), t0 = c * Q;
-          const S* h0 = st + c * DN;
-          S* dyx = dyp + ((b * H + h) * L + t0) * D;  // this chunk's dy rows, then dx
-          // dY (the gradient of the pre-gate output) and dz.
-          for (int64_t j = 0; j < q; ++j) {
-            S* dyr = s.dY.data() + j * D;
-            std::copy(dyx + j * D, dyx + (j + 1) * D, dyr);
-            if (l.z) {
-              in.load_row(l.z, l.z_stride, b, t0 + j, h, s.zt.data());
-              in.load_row(l.y_pre, l.y_pre_stride, b, t0 + j, h, s.ypt.data());
-              const int64_t o = ((b * L + t0 + j) * H + h) * D;
+          chunk_starts(b, c, starts);
+          for (int64_t k = static_cast<int64_t>(starts.size()) - 1; k >= 0; --k) {
+            const int64_t t0 = starts[k];
+            const int64_t q = (k + 1 < static_cast<int64_t>(starts.size())
+                                   ? starts[k + 1] : std::min(L, (c + 1) * Q)) - t0;
+            // A chunk starting at a reset starts from the zero state, and no gradient flows
+            // back across the reset.
+            const bool fresh = in.reset(b, t0);
+            const S* h0 = fresh ? zero_state.data() : st + c * DN;
+            load(s, b, h, t0, q, true, xp);
+            S* dyx = dyp + ((b * H + h) * L + t0) * D;  // this chunk's dy rows, then dx
+            // dY (the gradient of the pre-gate output) and dz.
+            for (int64_t j = 0; j < q; ++j) {
+              S* dyr = s.dY.data() + j * D;
+              std::copy(dyx + j * D, dyx + (j + 1) * D, dyr);
+              if (l.z) {
+                in.load_row(l.z, l.z_stride, b, t0 + j, h, s.zt.data());
+                in.load_row(l.y_pre, l.y_pre_stride, b, t0 + j, h, s.ypt.data());
+                const int64_t o = ((b * L + t0 + j) * H + h) * D;
+                for (int64_t d = 0; d < D; ++d) {
+                  const S zv = s.zt[d], sg = S(1) / (S(1) + std::exp(-zv));
+                  dz[o + d] = static_cast<T>(dyr[d] * s.ypt[d] * sg * (S(1) + zv * (S(1) - sg)));
+                  dyr[d] *= zv * sg;
+                }
+              }
+              for (int64_t d = 0; d < D; ++d)
+                dD_acc[d] += static_cast<double>(dyr[d]) * static_cast<double>(s.X[j * D + d]);
+            }
+            intra_weights(s, q);
+            matmul<S>(false, true, q, q, D, s.dY.data(), D, s.X.data(), D, S(0), s.P.data(), q);
+            double dA_chunk = 0.0;  // = Σ_k dcs_k T_k, summed by its parts
+            // W = decay ∘ P ∘ C Bᵀ: dw_i = Σ_j W_ji; with Z = W diag(w), dcs_j gets the
+            // row sums of Z and loses its column sums (w_i dw_i).
+            std::fill(s.colW.begin(), s.colW.begin() + q, S(0));
+            for (int64_t j = 0; j < q; ++j) {
+              const S* dec = s.decay.data() + j * q;
+              const S* pr = s.P.data() + j * q;
+              const S* cb = s.CB.data() + j * q;
+              S* q1 = s.Q1.data() + j * q;
+              S* cw = s.colW.data();
+              const S* w = s.w.data();
+              S* wr = s.Wrow.data();
+              for (int64_t i = 0; i <= j; ++i) {
+                const S dp = dec[i] * pr[i];
+                wr[i] = dp * cb[i];
+                q1[i] = dp * w[i];
+                cw[i] += wr[i];
+              }
+              // dA takes Σ_i Z_ji (T_j - T_i) directly (pairs close in time add small
+              // terms), not Σ_k dcs_k T_k, a difference of two large sums.
+              double zrow = 0, za = 0;
+              for (int64_t i = 0; i <= j; ++i) {
+                const double z = static_cast<double>(wr[i] * w[i]);
+                zrow += z;
+                za += z * (s.T[j] - s.T[i]);
+              }
+              dA_chunk += za;
+              std::fill(q1 + j + 1, q1 + q, S(0));
+              s.dcs[j] = zrow;
+            }
+            for (int64_t i = 0; i < q; ++i) {
+              s.dw[i] = static_cast<double>(s.colW[i]);
+              s.dcs[i] -= static_cast<double>(s.w[i] * s.colW[i]);
+            }
+            // dX = M1ᵀ dY + diag(e ∘ w) B dhᵀ + D dY   (in s.Y)
+            tri_product(true, q, D, s.M1.data(), s.dY.data(), s.Y.data());
+            matmul<S>(false, true, q, D, N, s.Bc.data(), N, dh.data(), N, S(0), s.BH.data(), D);
+            double usum = 0.0;
+            for (int64_t i = 0; i < q; ++i) {
+              const S ew = s.e[i] * s.w[i];
+              S xb = 0;
+              S* dx_row = dyx + i * D;
+              const S* bh_row = s.BH.data() + i * D;
+              const S* x_row = s.X.data() + i * D;
+              const S* y_row = s.Y.data() + i * D;
+              const S* dy_row = s.dY.data() + i * D;
               for (int64_t d = 0; d < D; ++d) {
-                const S zv = s.zt[d], sg = S(1) / (S(1) + std::exp(-zv));
-                dz[o + d] = static_cast<T>(dyr[d] * s.ypt[d] * sg * (S(1) + zv * (S(1) - sg)));
-                dyr[d] *= zv * sg;
+                xb += x_row[d] * bh_row[d];
+                dx_row[d] = y_row[d] + ew * bh_row[d] + s.Dh[d] * dy_row[d];
               }
+              s.dw[i] += static_cast<double>(s.e[i] * xb);
+              const double u = static_cast<double>(ew * xb);
+              s.dcs[i] -= u;
+              dA_chunk += u * (s.T[q - 1] - s.T[i]);
+              usum += u;
             }
-            for (int64_t d = 0; d < D; ++d)
-              dD_acc[d] += static_cast<double>(dyr[d]) * static_cast<double>(s.X[j * D + d]);
-          }
-          intra_weights(s, q);
-          matmul<S>(false, true, q, q, D, s.dY.data(), D, s.X.data(), D, S(0), s.P.data(), q);
-          double dA_chunk = 0.0;  // = Σ_k dcs_k T_k, summed by its parts
-          // W = decay ∘ P ∘ C Bᵀ: dw_i = Σ_j W_ji; with Z = W diag(w), dcs_j gets the
-          // row sums of Z and loses its column sums (w_i dw_i).
-          std::fill(s.colW.begin(), s.colW.begin() + q, S(0));
-          for (int64_t j = 0; j < q; ++j) {
-            const S* dec = s.decay.data() + j * q;
-            const S* pr = s.P.data() + j * q;
-            const S* cb = s.CB.data() + j * q;
-            S* q1 = s.Q1.data() + j * q;
-            S* cw = s.colW.data();
-            const S* w = s.w.data();
-            S* wr = s.Wrow.data();
-            for (int64_t i = 0; i <= j; ++i) {
-              const S dp = dec[i] * pr[i];
-              wr[i] = dp * cb[i];
-              q1[i] = dp * w[i];
-              cw[i] += wr[i];
-            }
-            // dA takes Σ_i Z_ji (T_j - T_i) directly (pairs close in time add small
-            // terms), not Σ_k dcs_k T_k, a difference of two large sums.
-            double zrow = 0, za = 0;
-            for (int64_t i = 0; i <= j; ++i) {
-              const double z = static_cast<double>(wr[i] * w[i]);
-              zrow += z;
-              za += z * (s.T[j] - s.T[i]);
-            }
-            dA_chunk += za;
-            std::fill(q1 + j + 1, q1 + q, S(0));
-            s.dcs[j] = zrow;
-          }
-          for (int64_t i = 0; i < q; ++i) {
-            s.dw[i] = static_cast<double>(s.colW[i]);
-            s.dcs[i] -= static_cast<double>(s.w[i] * s.colW[i]);
-          }
-          // dX = M1ᵀ dY + diag(e ∘ w) B dhᵀ + D dY   (in s.Y)
-          tri_product(true, q, D, s.M1.data(), s.dY.data(), s.Y.data());
-          matmul<S>(false, true, q, D, N, s.Bc.data(), N, dh.data(), N, S(0), s.BH.data(), D);
-          double usum = 0.0;
-          for (int64_t i = 0; i < q; ++i) {
-            const S ew = s.e[i] * s.w[i];
-            S xb = 0;
-            S* dx_row = dyx + i * D;
-            const S* bh_row = s.BH.data() + i * D;
-            const S* x_row = s.X.data() + i * D;
-            const S* y_row = s.Y.data() + i * D;
-            const S* dy_row = s.dY.data() + i * D;
-            for (int64_t d = 0; d < D; ++d) {
-              xb += x_row[d] * bh_row[d];
-              dx_row[d] = y_row[d] + ew * bh_row[d] + s.Dh[d] * dy_row[d];
-            }
-            s.dw[i] += static_cast<double>(s.e[i] * xb);
-            const double u = static_cast<double>(ew * xb);
-            s.dcs[i] -= u;
-            dA_chunk += u * (s.T[q - 1] - s.T[i]);
-            usum += u;
-          }
-          s.dcs[q - 1] += usum;
-          // dC = Q1 B + R with R = diag(ex) dY h0; dcs_j += C_j · R_j.
-          for (int64_t j = 0; j < q; ++j)
-            for (int64_t d = 0; d < D; ++d) s.dYs[j * D + d] = s.ex[j] * s.dY[j * D + d];
-          tri_product(false, q, N, s.Q1.data(), s.Bc.data(), s.dC.data());
-          matmul<S>(false, false, q, N, D, s.dYs.data(), D, h0, N, S(0), s.R.data(), N);
-          for (int64_t j = 0; j < q; ++j) {
-            S cr = 0;
-            const S* c_row = s.Cc.data() + j * N;
-            const S* r_row = s.R.data() + j * N;
-            S* dc_row = s.dC.data() + j * N;
-            for (int64_t n = 0; n < N; ++n) {
-              cr += c_row[n] * r_row[n];
-              dc_row[n] += r_row[n];
-            }
-            s.dcs[j] += static_cast<double>(cr);
-            dA_chunk += static_cast<double>(cr) * s.T[j];
-          }
-          // dB = Q1ᵀ C + diag(e ∘ w) X dh
-          tri_product(true, q, N, s.Q1.data(), s.Cc.data(), s.dB.data());
-          for (int64_t i = 0; i < q; ++i) {
-            const S ew = s.e[i] * s.w[i];
-            for (int64_t d = 0; d < D; ++d) s.Xs[i * D + d] = ew * s.X[i * D + d];
-          }
-          matmul<S>(false, false, q, N, D, s.Xs.data(), D, dh.data(), N, S(1), s.dB.data(), N);
-          // dcs_{q-1} += ex_{q-1} <dh, h0>;  dh <- ex_{q-1} dh + (diag(ex) dY)ᵀ C.
-          if (s.ex[q - 1] != S(0)) {
-            double hh = 0.0;  // D·N terms: in double
-            for (int64_t i = 0; i < DN; ++i) hh += static_cast<double>(dh[i] * h0[i]);
-            s.dcs[q - 1] += static_cast<double>(s.ex[q - 1]) * hh;
-            dA_chunk += static_cast<double>(s.ex[q - 1]) * hh * s.T[q - 1];
-          }
-          matmul<S>(true, false, D, N, q, s.dYs.data(), D, s.Cc.data(), N, s.ex[q - 1], dh.data(),
-                    N);
-          // ddt and the partial sums of dA and ddt_bias.
-          dA_acc += dA_chunk;
-          double suffix = 0.0;
-          for (int64_t i = q - 1; i >= 0; --i) {
-            suffix += s.dcs[i];
-            const double g_raw = (s.dw[i] + a * suffix) * static_cast<double>(s.slope[i]);
-            ddt[(b * L + t0 + i) * H + h] = static_cast<DT>(g_raw);
-            dbias_acc += g_raw;
-          }
-          // dB, dC: straight out with one head per group, else this head's partial.
-          for (int64_t j = 0; j < q; ++j) {
-            const int64_t t = t0 + j;
-            if (hpg == 1) {
-              T* dbt = static_cast<T*>(l.dB) + ((b * L + t) * G + g) * N;
-              T* dct = static_cast<T*>(l.dC) + ((b * L + t) * G + g) * N;
+            s.dcs[q - 1] += usum;
+            // dC = Q1 B + R with R = diag(ex) dY h0; dcs_j += C_j · R_j.
+            for (int64_t j = 0; j < q; ++j)
+              for (int64_t d = 0; d < D; ++d) s.dYs[j * D + d] = s.ex[j] * s.dY[j * D + d];
+            tri_product(false, q, N, s.Q1.data(), s.Bc.data(), s.dC.data());
+            matmul<S>(false, false, q, N, D, s.dYs.data(), D, h0, N, S(0), s.R.data(), N);
+            for (int64_t j = 0; j < q; ++j) {
+              S cr = 0;
+              const S* c_row = s.Cc.data() + j * N;
+              const S* r_row = s.R.data() + j * N;
+              S* dc_row = s.dC.data() + j * N;
               for (int64_t n = 0; n < N; ++n) {
-                dbt[n] = static_cast<T>(s.dB[j * N + n]);
-                dct[n] = static_cast<T>(s.dC[j * N + n]);
+                cr += c_row[n] * r_row[n];
+                dc_row[n] += r_row[n];
               }
-            } else {
-              std::copy(s.dB.begin() + j * N, s.dB.begin() + (j + 1) * N,
-                        dB_heads + (bh * L + t) * N);
-              std::copy(s.dC.begin() + j * N, s.dC.begin() + (j + 1) * N,
-                        dC_heads + (bh * L + t) * N);
+              s.dcs[j] += static_cast<double>(cr);
+              dA_chunk += static_cast<double>(cr) * s.T[j];
             }
+            // dB = Q1ᵀ C + diag(e ∘ w) X dh
+            tri_product(true, q, N, s.Q1.data(), s.Cc.data(), s.dB.data());
+            for (int64_t i = 0; i < q; ++i) {
+              const S ew = s.e[i] * s.w[i];
+              for (int64_t d = 0; d < D; ++d) s.Xs[i * D + d] = ew * s.X[i * D + d];
+            }
+            matmul<S>(false, false, q, N, D, s.Xs.data(), D, dh.data(), N, S(1), s.dB.data(), N);
+            // dcs_{q-1} += ex_{q-1} <dh, h0>;  dh <- ex_{q-1} dh + (diag(ex) dY)ᵀ C.
+            if (s.ex[q - 1] != S(0)) {
+              double hh = 0.0;  // D·N terms: in double
+              for (int64_t i = 0; i < DN; ++i) hh += static_cast<double>(dh[i] * h0[i]);
+              s.dcs[q - 1] += static_cast<double>(s.ex[q - 1]) * hh;
+              dA_chunk += static_cast<double>(s.ex[q - 1]) * hh * s.T[q - 1];
+            }
+            matmul<S>(true, false, D, N, q, s.dYs.data(), D, s.Cc.data(), N, s.ex[q - 1], dh.data(),
+                      N);
+            // ddt and the partial sums of dA and ddt_bias.
+            dA_acc += dA_chunk;
+            double suffix = 0.0;
+            for (int64_t i = q - 1; i >= 0; --i) {
+              suffix += s.dcs[i];
+              const double g_raw = (s.dw[i] + a * suffix) * static_cast<double>(s.slope[i]);
+              ddt[(b * L + t0 + i) * H + h] = static_cast<DT>(g_raw);
+              dbias_acc += g_raw;
+            }
+            // dB, dC: straight out with one head per group, else this head's partial.
+            for (int64_t j = 0; j < q; ++j) {
+              const int64_t t = t0 + j;
+              if (hpg == 1) {
+                T* dbt = static_cast<T*>(l.dB) + ((b * L + t) * G + g) * N;
+                T* dct = static_cast<T*>(l.dC) + ((b * L + t) * G + g) * N;
+                for (int64_t n = 0; n < N; ++n) {
+                  dbt[n] = static_cast<T>(s.dB[j * N + n]);
+                  dct[n] = static_cast<T>(s.dC[j * N + n]);
+                }
+              } else {
+                std::copy(s.dB.begin() + j * N, s.dB.begin() + (j + 1) * N,
+                          dB_heads + (bh * L + t) * N);
+                std::copy(s.dC.begin() + j * N, s.dC.begin() + (j + 1) * N,
+                          dC_heads + (bh * L + t) * N);
+              }
+            }
+            if (fresh) std::fill(dh.begin(), dh.end(), S(0));
           }
         }
         dA_partial[bh] = static_cast<S>(dA_acc);
