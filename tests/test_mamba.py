@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import baracuda_torch as bt
 from baracuda_torch import mamba
 from baracuda_torch import reference as ref
-from helpers import DEVICES, FLOAT_DTYPES
+from helpers import DEVICES, FLOAT_DTYPES, requires_cuda
 from test_ssd_chunk_scan import check, rtol_for
 
 ops = torch.ops.baracuda
@@ -187,7 +187,13 @@ def _packed_grads(t, seq, dy, chunk, sl):
     return [y[:, sl].detach()] + [g[:, sl] for g in grads]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+# The CUDA kernels multiply across a boundary by a zero decay, as mamba_ssm's Triton
+# kernels do (both measured on an H100: README, Limitations).
+NAN_ISOLATION_DEVICES = ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.xfail(
+    strict=True, reason="the CUDA SSD kernels carry a NaN across a packed-sequence boundary")])]
+
+
+@pytest.mark.parametrize("device", NAN_ISOLATION_DEVICES)
 @pytest.mark.parametrize("preference", ["fastest", "precise"])
 @pytest.mark.parametrize("chunk,cut", [(8, 13), (5, 15), (16, 1), (64, 39)])
 def test_packed_sequences_keep_nan_to_themselves(device, preference, chunk, cut):
