@@ -30,12 +30,12 @@
 //   ddt_i = (dw_i + A Σ_{k>=i} dcs_k) · d(processed)/d(raw);   dA += Σ_k dcs_k T_k
 //   (dA summed by parts: Σ_{j>=i} Z_ji (T_j - T_i) + Σ_i u_i (T_{q-1} - T_i) + ..., so
 //   that close pairs add small terms instead of two large sums cancelling)
-// The backward first packs x and dy per head and recomputes the state entering each
-// grid chunk (kept in the workspace: O(B·H·⌈L/Q⌉·D·N) plus 2·B·H·L·D). Tasks are (b, h)
-// pairs; dB and dC, which sum over a group's heads, go through per-head partials in the
-// workspace summed in head order afterwards (written directly when a group has one
-// head), and dA, ddt_bias, dD through per-(b, h) partials summed in order of b: the
-// same bits for any number of threads.
+// Tasks are (b, h) pairs. For each, the backward first packs x and dy and recomputes
+// the state entering each grid chunk (in the task's scratch: ⌈L/Q⌉·D·N + 2·L·D). dB and
+// dC, which sum over a group's heads, go through per-head partials in the workspace
+// summed in head order afterwards (written directly when a group has one head), and dA,
+// ddt_bias, dD through per-(b, h) partials summed in order of b: the same bits for any
+// number of threads.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -177,7 +177,7 @@ struct Chunked {
 
   // Loads the chunk [t0, t0 + q) of (b, h): w, slope, T, X, B, then the decays ex, e
   // and (`full`) the whole decay matrix and C.
-  // `xp`: x already packed as [B, H, L, D] in S (the backward's copy), else null.
+  // `xp`: this (b, h)'s x already packed as [L, D] in S (the backward's copy), else null.
   void load(Scratch<S>& s, int64_t b, int64_t h, int64_t t0, int64_t q, bool full,
             const S* xp = nullptr) const {
     const int64_t g = h / hpg;
@@ -201,8 +201,7 @@ struct Chunked {
       lo = std::min(lo, a * s.T[j]);
       hi = std::max(hi, a * s.T[j]);
     }
-    if (xp) std::copy(xp + ((b * H + h) * L + t0) * D, xp + ((b * H + h) * L + t0 + q) * D,
-                      s.X.begin());
+    if (xp) std::copy(xp + t0 * D, xp + (t0 + q) * D, s.X.begin());
     const bool factor = std::isfinite(lo) && std::isfinite(hi) && hi - lo <= 1200.0;
     const double m = factor ? 0.5 * (lo + hi) : 0.0;
     if (factor)
@@ -318,37 +317,18 @@ struct Chunked {
     });
   }
 
-  // Workspace (in S): entry states [B, H, nc, D, N]; with more than one head per group,
-  // per-head dB and dC [B, H, L, N] each; partials dA, ddt_bias [B, H] and dD [B, H, D].
-  int64_t state_elems() const { return l.batch * H * nc * DN; }
+  // Workspace (in S): with more than one head per group, per-head dB and dC [B, H, L, N]
+  // each; partials dA, ddt_bias [B, H] and dD [B, H, D]. What one (b, h) needs alone (its
+  // entry states, x and dy packed) lives in the task's scratch, reused for its next (b, h).
   int64_t head_partial_elems() const { return hpg > 1 ? l.batch * H * L * N : 0; }
-  int64_t packed_elems() const { return l.batch * H * L * D; }
-  int64_t workspace_elems() const {
-    return state_elems() + 2 * head_partial_elems() + l.batch * H * (2 + D) + 2 * packed_elems();
-  }
+  int64_t workspace_elems() const { return 2 * head_partial_elems() + l.batch * H * (2 + D); }
 
   void backward() const {
-    S* states = static_cast<S*>(l.workspace);
-    S* dB_heads = states + state_elems();
+    S* dB_heads = static_cast<S*>(l.workspace);
     S* dC_heads = dB_heads + head_partial_elems();
     S* dA_partial = dC_heads + head_partial_elems();
     S* dbias_partial = dA_partial + l.batch * H;
     S* dD_partial = dbias_partial + l.batch * H;
-    // x and dy packed per head ([B, H, L, D] in S), so that a task reads its chunks
-    // contiguously instead of one D-row every H·D elements; dx goes into the dy copy
-    // (each chunk's rows are free once the chunk is done) and out at the end.
-    S* xp = dD_partial + l.batch * H * D;
-    S* dyp = xp + packed_elems();
-    at::parallel_for(0, l.batch * L, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t bt = begin; bt < end; ++bt) {
-        const int64_t b = bt / L, t = bt % L;
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t o = ((b * H + h) * L + t) * D;
-          in.load_row(l.x, l.x_stride, b, t, h, xp + o);
-          in.load_row(l.dy, l.dy_stride, b, t, h, dyp + o);
-        }
-      }
-    });
     T* dx = static_cast<T*>(l.dx);
     DT* ddt = static_cast<DT*>(l.ddt);
     T* dz = static_cast<T*>(l.dz);
@@ -357,13 +337,21 @@ struct Chunked {
       const OneBlasThread one_blas_thread;
       Scratch<S> s(q_max(), D, N, true);
       std::vector<S> dh(DN);
+      // This (b, h)'s entry state of every grid chunk, and its x and dy packed as [L, D]
+      // (its chunks read contiguously, not one D-row every H·D elements); dx goes into
+      // the dy copy (each chunk's rows are free once the chunk is done) and out at the end.
+      std::vector<S> states(nc * DN), xp(L * D), dyp(L * D);
       const std::vector<S> zero_state(DN, S(0));
       std::vector<double> dD_acc(D);
       std::vector<int64_t> starts;
       for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / H, h = bh % H, g = h / hpg;
         const double a = in.a(h);
-        S* st = states + bh * nc * DN;
+        S* st = states.data();
+        for (int64_t t = 0; t < L; ++t) {
+          in.load_row(l.x, l.x_stride, b, t, h, xp.data() + t * D);
+          in.load_row(l.dy, l.dy_stride, b, t, h, dyp.data() + t * D);
+        }
         // The state entering each grid chunk.
         in.load_state(l.initial_states, l.init_stride, b, h, s.h.data());
         for (int64_t c = 0; c < nc; ++c) {
@@ -372,7 +360,7 @@ struct Chunked {
           for (int64_t t0 = c * Q; t0 < (c + 1) * Q;) {
             const int64_t q = chunk_end(b, t0) - t0;
             if (in.reset(b, t0)) std::fill(s.h.begin(), s.h.end(), S(0));
-            load(s, b, h, t0, q, false, xp);
+            load(s, b, h, t0, q, false, xp.data());
             advance_state(s, q, s.h.data());
             t0 += q;
           }
@@ -391,8 +379,8 @@ struct Chunked {
             // back across the reset.
             const bool fresh = in.reset(b, t0);
             const S* h0 = fresh ? zero_state.data() : st + c * DN;
-            load(s, b, h, t0, q, true, xp);
-            S* dyx = dyp + ((b * H + h) * L + t0) * D;  // this chunk's dy rows, then dx
+            load(s, b, h, t0, q, true, xp.data());
+            S* dyx = dyp.data() + t0 * D;  // this chunk's dy rows, then dx
             // dY (the gradient of the pre-gate output) and dz.
             for (int64_t j = 0; j < q; ++j) {
               S* dyr = s.dY.data() + j * D;
@@ -536,14 +524,9 @@ struct Chunked {
         for (int64_t d = 0; d < D; ++d) dD_partial[bh * D + d] = static_cast<S>(dD_acc[d]);
         if (dinit)
           for (int64_t i = 0; i < DN; ++i) dinit[bh * DN + i] = static_cast<CT>(dh[i]);
-      }
-    });
-    at::parallel_for(0, l.batch * L, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t bt = begin; bt < end; ++bt) {
-        const int64_t b = bt / L, t = bt % L;
-        for (int64_t h = 0; h < H; ++h) {
-          const S* src = dyp + ((b * H + h) * L + t) * D;
-          T* out = dx + (bt * H + h) * D;
+        for (int64_t t = 0; t < L; ++t) {
+          const S* src = dyp.data() + t * D;
+          T* out = dx + ((b * L + t) * H + h) * D;
           for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(src[d]);
         }
       }
