@@ -5,7 +5,9 @@ CppExtension otherwise (or when BARACUDA_FORCE_CPU=1). When nvcc's CUDA major ve
 differs from torch's, the build stops with one line naming both and the ways out.
 CUDA architectures come from TORCH_CUDA_ARCH_LIST, defaulting to sm_80 through sm_120
 with PTX for the newest. The C++ standard is the one the installed torch asks for
-(C++17 for older torch, C++20 for torch 2.15's headers): BuildExtension adds it.
+(C++17 for older torch, C++20 for torch 2.15's headers): BuildExtension adds it. Where
+torch's CPU parallel backend is OpenMP (the Linux wheels), the CPU kernels are compiled
+and linked with -fopenmp (see openmp_flags).
 Install with `pip install --no-build-isolation .` (torch must already be installed).
 """
 import glob
