@@ -226,9 +226,9 @@ def test_packed_sequences_keep_nan_to_themselves(device, preference, chunk, cut)
                     target[0, step] = float("inf") if name == "dt" else float("nan")
                 got = _packed_grads(u, seq, g, chunk, keep)
                 for what, a, b in zip(("y", "dx", "ddt", "dB", "dC"), got, clean):
-                    assert torch.isfinite(a).all(), f"{name} non-finite in the other sequence reaches its {what}"
-                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5,
-                                               msg=f"{name} in one sequence changes the other's {what}")
+                    where = f"a non-finite {name} in one sequence reaches the other's {what}"
+                    assert torch.isfinite(a).all(), where
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=where)
 
 
 def test_gradcheck_float64_all_options():

@@ -44,8 +44,9 @@ void forward(const GatherLaunch& l) {
                 ss = l.dims.strides[2][last];
   const bool unit = si == 1 && so == 1;
   cpu::parallel_for_each_run<3>(l.dims, [&](const int64_t* off, int64_t n) {
-    if (unit && ss == 0) return forward_unit_run<0>(index + off[0], out + off[1], src + off[2], n, l);
-    if (unit && ss == 1) return forward_unit_run<1>(index + off[0], out + off[1], src + off[2], n, l);
+    const I* idx = index + off[0];
+    if (unit && ss == 0) return forward_unit_run<0>(idx, out + off[1], src + off[2], n, l);
+    if (unit && ss == 1) return forward_unit_run<1>(idx, out + off[1], src + off[2], n, l);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t v = static_cast<int64_t>(index[off[0] + i * si]);
       if (!in_range(v, l.dim_size)) fail_index_out_of_bounds("gather", v, l.dim, l.dim_size);
