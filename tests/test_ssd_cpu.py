@@ -73,6 +73,34 @@ def test_seq_idx_boundaries_inside_and_on_chunk_edges(dtype):
         check_case(t, kw, Q, f"{dtype} sequence starts {starts}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_plain_loops_without_blas(dtype):
+    """The chunked variant's products on its own loops (what runs where libtorch exports
+    no BLAS; forced here through bt._C._ssd_cpu_blas): every option, a reset inside a
+    chunk and L not a multiple of the chunk, forward and backward against the float64
+    reference; and the same results as the BLAS products up to rounding."""
+    rng = random.Random(11)
+    for mask in (0, 21, 42, 63):
+        on = [bool(mask >> k & 1) for k in range(6)]
+        t, kw = make_case(rng, 2, 37, 4, 6, 5, 2, dtype, "cpu", D=on[0] and None, z=on[1],
+                          dt_bias=on[2], init=on[3], seq_idx=on[4], softplus=on[5])
+        t = untie(t, kw)
+        dout = torch.randn_like(t["x"])
+        dfinal = torch.randn(2, 4, 6, 5, dtype=torch.float64).to(dtype)
+        with_blas = run_ours(t, kw, 8, dout, dfinal)
+        previous = bt._C._ssd_cpu_blas(False)
+        try:
+            check_case(t, kw, 8, f"{dtype} plain loops, options {sorted(t)} {kw}")
+            without = run_ours(t, kw, 8, dout, dfinal)
+        finally:
+            bt._C._ssd_cpu_blas(previous)
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        pairs = [(without[0], with_blas[0]), (without[1], with_blas[1])]
+        pairs += [(without[2][k], with_blas[2][k]) for k in with_blas[2]]
+        for a, b in pairs:
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
 def test_plain_op_every_dtype_and_layout():
     """The plain op's CASES (L not a multiple of the chunk, L < chunk, chunk 1, every
     group layout) and strided inputs, in every dtype, through the default variant."""

@@ -22,9 +22,13 @@ void ssd_chunk_scan_cpu_backward(const SsdChunkScanLaunch& l);
 // float32 (float64 for float64 inputs), matrix products per chunk through libtorch's BLAS;
 // parallel over (b, h), deterministic and the same bits for any thread count (every
 // reduction across tasks goes through per-task partials summed in a fixed order).
-// Forward workspace 0; backward O(B·H·⌈L/Q⌉·D·N) chunk states, copies of x and dy
-// packed per head (2·B·H·L·D), plus per-head dB/dC partials (2·B·H·L·N) when a group
-// has several heads. Any chunk_size >= 1 and L.
+// Chunks end at every seq_idx reset. Forward workspace 0; backward per-(b, h) partials
+// (B·H·(2 + D)) plus per-head dB/dC partials (2·B·H·L·N) when a group has several heads
+// (each task keeps one (b, h)'s chunk states and packed x and dy in its own memory). Any
+// chunk_size >= 1 and L. Where libtorch exports no BLAS, or after
+// ssd_chunk_scan_cpu_chunked_use_blas(false) (tests), the products run on plain loops;
+// it returns the previous setting.
+bool ssd_chunk_scan_cpu_chunked_use_blas(bool enabled);
 size_t ssd_chunk_scan_cpu_chunked_forward_workspace(const SsdChunkScanLaunch& l);
 size_t ssd_chunk_scan_cpu_chunked_backward_workspace(const SsdChunkScanLaunch& l);
 void ssd_chunk_scan_cpu_chunked_forward(const SsdChunkScanLaunch& l);

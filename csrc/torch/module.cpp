@@ -6,6 +6,7 @@
 #include <atomic>
 #include <vector>
 
+#include "kernels/ssd_chunk_scan.h"
 #include "torch/common.h"
 #include "torch/ops.h"
 
@@ -37,6 +38,8 @@ PYBIND11_MODULE(_C, m) {
   // How many threads this library's at::parallel_for really runs on (a build without
   // the parallel backend's compiler flags silently runs one); tests compare it with
   // torch.get_num_threads().
+  // Tests only: the CPU chunked SSD's products on its plain loops (false) or the BLAS.
+  m.def("_ssd_cpu_blas", &kernels::ssd_chunk_scan_cpu_chunked_use_blas, py::arg("enabled"));
   m.def("_parallel_for_threads", [] {
     std::vector<std::atomic<bool>> seen(at::get_num_threads());
     at::parallel_for(0, static_cast<int64_t>(seen.size()) * 64, 1, [&](int64_t, int64_t) {

@@ -37,6 +37,7 @@
 // ddt_bias, dD through per-(b, h) partials summed in order of b: the same bits for any
 // number of threads.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -85,8 +86,12 @@ void blas_gemm(const char* ta, const char* tb, const int* m, const int* n, const
     dgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// Cleared by tests (ssd_chunk_scan_cpu_chunked_use_blas) to run the plain loops here too.
+std::atomic<bool> g_use_blas{true};
+
 template <typename S>
 bool have_blas() {
+  if (!g_use_blas.load(std::memory_order_relaxed)) return false;
   if constexpr (std::is_same_v<S, float>)
     return sgemm_ != nullptr;
   else
@@ -562,6 +567,8 @@ struct Chunked {
 };
 
 }  // namespace
+
+bool ssd_chunk_scan_cpu_chunked_use_blas(bool enabled) { return g_use_blas.exchange(enabled); }
 
 size_t ssd_chunk_scan_cpu_chunked_forward_workspace(const SsdChunkScanLaunch&) { return 0; }
 
