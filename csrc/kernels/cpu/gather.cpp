@@ -75,7 +75,7 @@ void backward(const GatherLaunch& l) {
                 sx = l.lines.strides[2][last];
   const int64_t size = l.dim_size;
   const int64_t lines_inner = l.lines.sizes[last];
-  constexpr int64_t kBlock = 16;  // lines per block: one 64-byte float32 accumulator row
+  constexpr int64_t kBlock = 64;  // lines per block: four 64-byte float32 accumulator lines
   const bool blocked = lines_inner > 1 && si == 1 && sd == 1 && sx == 1 &&
                        size * kBlock * static_cast<int64_t>(sizeof(Acc)) <= (int64_t(4) << 20);
   if (blocked) {
