@@ -61,11 +61,13 @@ void backward(const GatherLaunch& l) {
   const I* index = static_cast<const I*>(l.index);
   const T* dout = static_cast<const T*>(l.value);
   T* dsrc = static_cast<T*>(l.out);
-
-  if (l.zero_fill)  // lines outside index's extent get nothing; the rest are overwritten
+  auto zero_dsrc = [&] {  // in contiguous ranges per thread
     at::parallel_for(0, l.out_numel, cpu::kGrain, [&](int64_t b, int64_t e) {
       std::fill(dsrc + b, dsrc + e, T(0));
     });
+  };
+
+  if (l.zero_fill) zero_dsrc();  // lines outside index's extent get nothing
   if (l.numel == 0) return;
 
   int64_t num_lines = 1;
@@ -79,6 +81,11 @@ void backward(const GatherLaunch& l) {
   const bool blocked = lines_inner > 1 && si == 1 && sd == 1 && sx == 1 &&
                        size * kBlock * static_cast<int64_t>(sizeof(Acc)) <= (int64_t(4) << 20);
   if (blocked) {
+    // Each block writes a short run into every row of dsrc, so its threads would
+    // page-fault the same fresh pages at once: zeroed first, each thread faults a range
+    // of its own (on 16 cores that contention made this path 1.1-1.5x eager's
+    // scatter_add; zeroed first, 0.5-0.6x).
+    if (!l.zero_fill) zero_dsrc();
     // Adjacent lines are adjacent in memory (gather along a dim that is not the innermost,
     // e.g. dim 0 of a row-major matrix): kBlock lines at a time, walking index and dout
     // row by row (contiguous runs of kBlock) into a [size, kBlock] accumulator that stays
