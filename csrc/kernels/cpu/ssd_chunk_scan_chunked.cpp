@@ -40,6 +40,7 @@
 #include <atomic>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/ssd_chunk_scan_common.h"
@@ -165,19 +166,17 @@ struct Chunked {
         DN(launch.head_dim * launch.state_dim), hpg(launch.heads / launch.groups) {}
   int64_t q_max() const { return std::min(Q, L); }
 
-  // The chunk that starts at step t0 (the grid chunk's start or a reset inside it): it
-  // ends at the grid chunk's end or before the next reset, whichever comes first.
-  int64_t chunk_end(int64_t b, int64_t t0) const {
-    const int64_t grid_end = std::min(L, (t0 / Q + 1) * Q);
-    int64_t t = t0 + 1;
-    while (t < grid_end && !in.reset(b, t)) ++t;
-    return t;
-  }
-
-  // The starts of the chunks inside grid chunk c, in order.
-  void chunk_starts(int64_t b, int64_t c, std::vector<int64_t>& starts) const {
-    starts.clear();
-    for (int64_t t = c * Q; t < std::min(L, (c + 1) * Q); t = chunk_end(b, t)) starts.push_back(t);
+  // The chunks of steps [begin, end) of row b (begin on the grid), in order, as (start,
+  // length): each ends at the grid chunk's end or before the next reset, whichever
+  // comes first.
+  using Chunks = std::vector<std::pair<int64_t, int64_t>>;
+  void chunks(int64_t b, int64_t begin, int64_t end, Chunks& out) const {
+    out.clear();
+    for (int64_t t0 = begin, t = begin + 1; t0 < end; t0 = t++) {
+      const int64_t grid_end = std::min(end, (t0 / Q + 1) * Q);
+      while (t < grid_end && !in.reset(b, t)) ++t;
+      out.emplace_back(t0, t - t0);
+    }
   }
 
   // Loads the chunk [t0, t0 + q) of (b, h): w, slope, T, X, B, then the decays ex, e
@@ -286,12 +285,13 @@ struct Chunked {
     at::parallel_for(0, l.batch * H, 1, [&](int64_t begin, int64_t end) {
       const OneBlasThread one_blas_thread;
       Scratch<S> s(q_max(), D, N, false);
+      Chunks row;
       for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / H, h = bh % H;
         in.load_D(h, s.Dh.data());
         in.load_state(l.initial_states, l.init_stride, b, h, s.h.data());
-        for (int64_t t0 = 0; t0 < L;) {
-          const int64_t q = chunk_end(b, t0) - t0;
+        chunks(b, 0, L, row);
+        for (const auto& [t0, q] : row) {
           if (in.reset(b, t0)) std::fill(s.h.begin(), s.h.end(), S(0));
           load(s, b, h, t0, q, true);
           intra_weights(s, q);
@@ -314,7 +314,6 @@ struct Chunked {
               y[o + d] = static_cast<T>(v);
             }
           }
-          t0 += q;
         }
         if (final_states)
           for (int64_t i = 0; i < DN; ++i) final_states[bh * DN + i] = static_cast<CT>(s.h[i]);
@@ -348,7 +347,7 @@ struct Chunked {
       std::vector<S> states(nc * DN), xp(L * D), dyp(L * D);
       const std::vector<S> zero_state(DN, S(0));
       std::vector<double> dD_acc(D);
-      std::vector<int64_t> starts;
+      Chunks grid;  // the chunks of one grid chunk
       for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / H, h = bh % H, g = h / hpg;
         const double a = in.a(h);
@@ -362,12 +361,11 @@ struct Chunked {
         for (int64_t c = 0; c < nc; ++c) {
           std::copy(s.h.begin(), s.h.end(), st + c * DN);
           if (c + 1 == nc) break;
-          for (int64_t t0 = c * Q; t0 < (c + 1) * Q;) {
-            const int64_t q = chunk_end(b, t0) - t0;
+          chunks(b, c * Q, (c + 1) * Q, grid);
+          for (const auto& [t0, q] : grid) {
             if (in.reset(b, t0)) std::fill(s.h.begin(), s.h.end(), S(0));
             load(s, b, h, t0, q, false, xp.data());
             advance_state(s, q, s.h.data());
-            t0 += q;
           }
         }
         in.load_D(h, s.Dh.data());
@@ -375,11 +373,9 @@ struct Chunked {
         double dA_acc = 0.0, dbias_acc = 0.0;
         std::fill(dD_acc.begin(), dD_acc.end(), 0.0);
         for (int64_t c = nc - 1; c >= 0; --c) {
-          chunk_starts(b, c, starts);
-          for (int64_t k = static_cast<int64_t>(starts.size()) - 1; k >= 0; --k) {
-            const int64_t t0 = starts[k];
-            const int64_t q = (k + 1 < static_cast<int64_t>(starts.size())
-                                   ? starts[k + 1] : std::min(L, (c + 1) * Q)) - t0;
+          chunks(b, c * Q, std::min(L, (c + 1) * Q), grid);
+          for (auto chunk = grid.rbegin(); chunk != grid.rend(); ++chunk) {
+            const auto [t0, q] = *chunk;
             // A chunk starting at a reset starts from the zero state, and no gradient flows
             // back across the reset.
             const bool fresh = in.reset(b, t0);
