@@ -28,7 +28,6 @@ from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
 from . import functional, mamba, nn, reference
 # torch.func rules (grad, vjp, jacrev, jacfwd, vmap) of every op; see _autograd.py.
 from . import _grad_gated_activation  # noqa: F401
-from . import _grad_gated_activation_pair  # noqa: F401
 from . import _grad_gather  # noqa: F401
 from . import _grad_lerp  # noqa: F401
 from . import _grad_rope  # noqa: F401
@@ -36,7 +35,9 @@ from . import _grad_rope_cos_sin  # noqa: F401
 from . import _grad_ssd_chunk_scan  # noqa: F401
 from . import _grad_ssd_chunk_scan_combined  # noqa: F401
 from ._autograd import name_unhooked_ops as _name_unhooked_ops
+from ._autograd import register_declared as _register_declared
 
+_register_declared()  # the declared ops no module above hooked: rules from their declarations
 _name_unhooked_ops()  # any op still without rules raises an error naming it under torch.func
 from ._plan import PlanInfo, explain, get_preference, preference, set_preference
 from .functional import *  # noqa: F401,F403  (every wrapper in functional.__all__)

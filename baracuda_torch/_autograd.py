@@ -1,8 +1,8 @@
 """torch.func support of the ``torch.ops.baracuda`` ops: autograd, forward-mode AD and
 vmap rules in Python.
 
-The ops' autograd kernels are C++ ``torch::autograd::Function``s (csrc/torch/*_ops.cpp),
-which torch.func transforms refuse to run. So every op also gets a kernel for the
+The ops' autograd kernels are C++ ``torch::autograd::Function``s, which torch.func
+transforms refuse to run. So every op also gets a kernel for the
 ``FuncTorchDynamicLayerFrontMode`` dispatch key, which the dispatcher reaches only
 while a torch.func transform (grad, vjp, jacrev, jacfwd, jvp, vmap, hessian, ...) is
 active: it applies a Python :class:`torch.autograd.Function` (forward without ``ctx``
@@ -12,7 +12,25 @@ transforms nothing changes: eager autograd, ``torch.compile``, ``opcheck`` and C
 graphs run the C++ autograd kernels, without Python overhead. Nothing here
 synchronizes.
 
-Hooking a new op (its schema, CPU/CUDA/Meta kernels and C++ autograd kernel exist)::
+**Declared ops** (``OpDef(...).derivative(...)`` / ``.not_differentiable(...)`` in
+csrc/torch/<family>_ops.cpp, see csrc/torch/op_def.h) need nothing here: the C++
+declaration that makes their Autograd kernel is in ``_C._op_table()``, and
+:func:`register_declared` builds their rules from it: setup_context saves what the
+declaration names, backward calls the derivative op, vmap folds the vmapped dim into the
+leading dims (``.vmap_rows``) or runs the op once per sample. A family adds what a
+declaration cannot say with :func:`declared` before ``register_declared`` runs: a
+forward-mode rule (``jvp``) or its own ``vmap``, e.g.::
+
+    def _foo_jvp(ctx, tx, *_):                   # tangents, one per schema argument
+        x = saved(ctx, "x")                      # a declared source, by schema name
+        return None if tx is None else ops.foo(tx, saved(ctx, "alpha"))
+
+    declared("foo", jvp=_foo_jvp)
+
+Without a jvp, torch.func.jvp / jacfwd raise NotImplementedError naming the op.
+
+**Ops with a hand-written C++ Function** (``.autograd(&fn)``) get hand-written rules
+with :func:`register`::
 
     def _foo_setup(ctx, inputs, output):        # inputs: every schema argument
         x, alpha = inputs
@@ -30,10 +48,8 @@ Hooking a new op (its schema, CPU/CUDA/Meta kernels and C++ autograd kernel exis
 
 and the same for ``foo_backward`` (``register`` again if it is differentiable, else
 ``not_differentiable("foo_backward", "baracuda::foo: double backward is not
-implemented", vmap=...)``), then import the module from ``__init__.py``. ``jvp=``
-(forward-mode AD; tensors it needs saved with ``ctx.save_for_forward``) is optional:
-without it torch.func.jvp / jacfwd raise NotImplementedError naming the op. An op
-left unhooked raises NotImplementedError naming it under every transform
+implemented", vmap=...)``), then import the module from ``__init__.py``. An op left
+unhooked raises NotImplementedError naming it under every transform
 (:func:`name_unhooked_ops`), and tests/test_func.py fails until it is hooked.
 """
 from __future__ import annotations
@@ -43,12 +59,15 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
+from . import _C
+
 ops = torch.ops.baracuda
 _LIB = torch.library.Library("baracuda", "IMPL")  # noqa: TOR901 (kept alive for the process)
 #: Every op hooked by :func:`register` ("baracuda::name" or "baracuda::name.overload").
 HOOKED: set = set()
 
-__all__ = ["register", "not_differentiable", "name_unhooked_ops"]
+__all__ = ["register", "not_differentiable", "declared", "register_declared", "saved",
+           "name_unhooked_ops"]
 
 
 def _full_args(schema, args: tuple) -> tuple:
@@ -122,7 +141,7 @@ def register(op: str, *, setup_context: Callable, backward: Callable,
         return fn_cls.apply(*_full_args(schema, args))
 
     _LIB.impl(op, functorch_kernel, "FuncTorchDynamicLayerFrontMode")
-    HOOKED.add(f"baracuda::{op}" if overload else qualname)
+    HOOKED.add(f"baracuda::{op}")
     return fn_cls
 
 
@@ -136,6 +155,146 @@ def not_differentiable(op: str, message: str, vmap: Optional[Callable] = None) -
 
     return register(op, setup_context=lambda ctx, inputs, output: None, backward=raiser,
                     jvp=raiser, vmap=vmap)
+
+
+# ---- declared ops -----------------------------------------------------------------------
+
+#: The declarations of the ops defined through OpDef, by name ("gated_activation").
+TABLE = {e["name"]: e for e in _C._op_table()}
+
+
+def _opoverload(name: str):
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(ops, packet), overload or "default")
+
+
+def _is_tensor(arg) -> bool:
+    t = arg.type
+    return isinstance(t, torch.TensorType) or (
+        isinstance(t, torch.OptionalType) and isinstance(t.getElementType(), torch.TensorType))
+
+
+def saved(ctx, name: str):
+    """A declared op's forward argument, by schema name, inside its rules (a tensor the
+    declaration saves, or any non-tensor argument)."""
+    i = ctx.arg_names.index(name)
+    return ctx.saved_tensors[ctx.saved_at[i]] if i in ctx.saved_at else ctx.args[i]
+
+
+def _declared_rules(e: dict) -> dict:
+    """setup_context and backward of a declared op, from its C++ declaration: what
+    csrc/torch/op_def.cpp's DeclaredFunction does, in Python."""
+    schema = _opoverload(e["name"])._schema
+    names = [a.name for a in schema.arguments]
+    tensor = [_is_tensor(a) for a in schema.arguments]
+    sources = [tuple(s) for s in e["sources"]]
+    read = {i for kind, i in sources if kind == "grad"}
+    saved_args = [i for kind, i in sources if kind == "arg" and tensor[i]]
+    saved_outs = [k for kind, k in sources if kind == "output"]
+    derivative = _opoverload(e["derivative"])
+    optional = [isinstance(a.type, torch.OptionalType) for a in derivative._schema.arguments]
+
+    def setup_context(ctx, inputs, output):
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.arg_names = names
+        ctx.args = tuple(None if tensor[i] else a for i, a in enumerate(inputs))
+        ctx.saved_at = {i: n for n, i in enumerate(saved_args)}
+        ctx.out_meta = [(o.shape, o.dtype, o.device) for o in outs]
+        ctx.sizes = {i: list(inputs[i].shape) for kind, i in sources if kind == "sizes_of"}
+        to_save = [inputs[i] for i in saved_args] + [outs[k] for k in saved_outs]
+        ctx.save_for_backward(*to_save)
+        ctx.save_for_forward(*to_save)
+        constant = [o for k, o in enumerate(outs) if k not in read]
+        if constant:
+            ctx.mark_non_differentiable(*constant)
+
+    def backward(ctx, *grads):
+        n = len(names)
+        if all(grads[k] is None for k in read):
+            return (None,) * n
+        tensors = ctx.saved_tensors
+        outs_at = len(saved_args)
+        args = []
+        for j, (kind, i) in enumerate(sources):
+            if kind == "grad":
+                g = grads[i]
+                if g is None and not optional[j]:
+                    shape, dtype, device = ctx.out_meta[i]
+                    g = torch.zeros(shape, dtype=dtype, device=device)
+                args.append(g)
+            elif kind == "arg":
+                args.append(tensors[ctx.saved_at[i]] if tensor[i] else ctx.args[i])
+            elif kind == "output":
+                args.append(tensors[outs_at + saved_outs.index(i)])
+            else:
+                args.append(ctx.sizes[i])
+        result = derivative(*args)
+        result = result if isinstance(result, tuple) else (result,)
+        out = [None] * n
+        for i, j in e["gradients"]:
+            if ctx.needs_input_grad[i]:
+                out[i] = result[j]
+        return tuple(out)
+
+    return dict(setup_context=setup_context, backward=backward)
+
+
+def _vmap_rule(e: dict) -> Callable:
+    """vmap of a declared op: the vmapped dim becomes one more leading dim of the
+    ``vmap_rows`` tensors (one call), when those are the only batched arguments and no
+    sample is 0-dim; otherwise one call per sample."""
+    opo = _opoverload(e["name"])
+    rows, dims = set(e["vmap_rows"]), e["vmap_dims"]
+
+    def per_sample(n, in_dims, args):
+        outs = [opo(*[a if d is None else a.select(d, b) for a, d in zip(args, in_dims)])
+                for b in range(n)]
+        if isinstance(outs[0], tuple):
+            return tuple(torch.stack(o) for o in zip(*outs)), (0,) * len(outs[0])
+        return torch.stack(outs), 0
+
+    def rule(info, in_dims, *args):
+        n = info.batch_size
+        present = [i for i in sorted(rows) if args[i] is not None]
+        fold = bool(present) and all(d is None or i in rows for i, d in enumerate(in_dims))
+        if fold:
+            rank = logical_rank(args[present[0]], in_dims[present[0]])
+            # A 0-dim sample, or an int dim argument out of range: the per-sample calls
+            # raise the op's own error.
+            fold = all(logical_rank(args[i], in_dims[i]) >= 1 for i in present) and all(
+                -rank <= args[i] < rank for i in dims)
+        if not fold:
+            return per_sample(n, in_dims, args)
+        args = list(args)
+        for i in rows:
+            args[i] = move_bdim(args[i], in_dims[i], n)
+        for i in dims:
+            args[i] = args[i] + 1 if args[i] >= 0 else args[i]
+        out = opo(*args)
+        return out, ((0,) * len(out) if isinstance(out, tuple) else 0)
+
+    return rule
+
+
+def declared(op: str, *, jvp: Optional[Callable] = None, vmap: Optional[Callable] = None) -> type:
+    """Make a declared op (``OpDef`` in C++) work under torch.func transforms: its rules
+    from the declaration, plus a hand-written ``jvp`` (``(ctx, *tangents)``; read the
+    forward's arguments with :func:`saved`) or ``vmap`` where the family has one."""
+    e = TABLE[op]
+    vmap = vmap or _vmap_rule(e)
+    if e["autograd"] == "not_differentiable":
+        return not_differentiable(op, e["message"], vmap=vmap)
+    if e["autograd"] != "derivative":
+        raise ValueError(f"baracuda::{op}: its autograd is not declared; hook it with register()")
+    return register(op, **_declared_rules(e), jvp=jvp, vmap=vmap)
+
+
+def register_declared() -> None:
+    """Give every declared op that no family module hooked its generic rules."""
+    for name, e in TABLE.items():
+        qualname = "baracuda::" + name
+        if e["autograd"] in ("derivative", "not_differentiable") and qualname not in HOOKED:
+            declared(name)
 
 
 # ---- batching helpers ------------------------------------------------------------------

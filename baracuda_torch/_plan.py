@@ -46,7 +46,7 @@ def preference(value: Preference) -> Iterator[None]:
         set_preference(old)
 
 
-def _explainer(op: Any):
+def _op_name(op: Any) -> str:
     if isinstance(op, str):
         name = op
     elif isinstance(op, torch._ops.OpOverloadPacket):
@@ -56,10 +56,20 @@ def _explainer(op: Any):
     else:
         raise TypeError(
             f"baracuda_torch.explain: op must be an op name or a torch.ops.baracuda op, got {op!r}")
-    name = name.split("::", 1)[-1]
+    return name.split("::", 1)[-1]
+
+
+#: Ops whose explain is declared with their schema (csrc/torch/op_def.h).
+_DECLARED = frozenset(e["name"] for e in _C._op_table() if e["explain"])
+
+
+def _explainer(name: str):
+    if name in _DECLARED:
+        return lambda *args, preference=None, **kwargs: _C._explain(name, preference, *args, **kwargs)
+    # An op that binds its explain function in module.cpp by hand: _C.explain_<op>.
     fn = getattr(_C, "explain_" + name.replace(".", "_").lower(), None)
     if fn is None:
-        known = sorted(n[len("explain_"):] for n in dir(_C) if n.startswith("explain_"))
+        known = sorted(_DECLARED | {n[len("explain_"):] for n in dir(_C) if n.startswith("explain_")})
         raise ValueError(f"baracuda_torch.explain: unknown op {name!r}; known ops: {known}")
     return fn
 
@@ -85,4 +95,4 @@ def explain(op: Union[str, Any], *args: Any, preference: Preference | None = Non
         >>> baracuda_torch.explain("gated_activation", x, "swiglu").variant
         'rows_vec16'
     """
-    return _explainer(op)(*args, preference=preference, **kwargs)
+    return _explainer(_op_name(op))(*args, preference=preference, **kwargs)

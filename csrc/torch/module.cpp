@@ -1,6 +1,7 @@
 // baracuda_torch._C: importing it registers the ops (TORCH_LIBRARY blocks in this
 // library); the Python-facing objects that are not ops live here: the plan preference
 // and plan introspection (PlanInfo, explain_*).
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include <atomic>
@@ -8,6 +9,7 @@
 
 #include "kernels/ssd_chunk_scan.h"
 #include "torch/common.h"
+#include "torch/op_def.h"
 #include "torch/ops.h"
 
 namespace py = pybind11;
@@ -25,6 +27,42 @@ std::string plan_repr(const PlanInfo& p) {
          ", bit_stable=" + (g.bit_stable_on_same_hardware ? "True" : "False") +
          ", workspace_bytes=" + std::to_string(p.workspace_bytes) +
          ", preference=" + preference_name(p.preference) + ")";
+}
+
+// explain of an op declared through OpDef: its arguments bound to its schema (defaults
+// filled in, as a call of the op binds them), then its make_plan.
+PlanInfo explain_declared(const std::string& name, const std::optional<std::string>& preference,
+                          const py::tuple& args, const py::kwargs& kwargs) {
+  const OpEntry* e = find_op_entry(name);
+  if (e == nullptr || !e->explain)
+    throw py::value_error("baracuda_torch.explain: no explain for op '" + name + "'");
+  torch::jit::Stack stack =
+      torch::jit::createStackForSchema(e->schema, torch::jit::tuple_slice(args), kwargs, std::nullopt);
+  return translate_errors([&] { return e->explain(stack, preference_or_current(preference)); });
+}
+
+// The declarations baracuda_torch/_autograd.py builds the torch.func rules from.
+py::list op_table() {
+  static const char* kinds[] = {"grad", "arg", "output", "sizes_of"};
+  static const char* autograd[] = {"none", "custom", "derivative", "not_differentiable"};
+  py::list out;
+  for (const OpEntry* e : op_entries()) {
+    py::list sources;
+    for (const GradSource& s : e->sources)
+      sources.append(py::make_tuple(kinds[static_cast<int>(s.kind)], s.index));
+    py::dict d;
+    d["name"] = e->name;
+    d["explain"] = static_cast<bool>(e->explain);
+    d["autograd"] = autograd[static_cast<int>(e->autograd)];
+    d["derivative"] = e->derivative;
+    d["sources"] = sources;
+    d["gradients"] = e->gradients;
+    d["message"] = e->not_differentiable;
+    d["vmap_rows"] = e->vmap_rows;
+    d["vmap_dims"] = e->vmap_dims;
+    out.append(d);
+  }
+  return out;
 }
 }  // namespace
 
@@ -90,16 +128,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("effective_preference",
         [] { return std::string(preference_name(current_preference())); });
 
-  const auto pref = py::arg("preference") = py::none();
-  m.def("explain_gated_activation", &explain_gated_activation, py::arg("x"), py::arg("kind"),
-        py::arg("dim") = -1, py::arg("gate_first") = false, pref);
-  m.def("explain_gated_activation_backward", &explain_gated_activation_backward, py::arg("dy"),
-        py::arg("x"), py::arg("kind"), py::arg("dim") = -1, py::arg("gate_first") = false, pref);
-  m.def("explain_gated_activation_pair", &explain_gated_activation_pair, py::arg("gate"),
-        py::arg("up"), py::arg("kind") = "swiglu", pref);
-  m.def("explain_gated_activation_pair_backward", &explain_gated_activation_pair_backward,
-        py::arg("dy"), py::arg("gate"), py::arg("up"), py::arg("kind") = "swiglu", pref);
+  m.def("_op_table", &op_table,
+        "Every op declared through OpDef (csrc/torch/op_def.h): its derivative and vmap "
+        "declarations, for baracuda_torch/_autograd.py.");
+  m.def("_explain",
+        [](const std::string& name, const std::optional<std::string>& preference,
+           const py::args& args, const py::kwargs& kwargs) {
+          return explain_declared(name, preference, args, kwargs);
+        },
+        "explain of a declared op: _explain(name, preference, *args, **kwargs).");
 
+  const auto pref = py::arg("preference") = py::none();
   // ---- rope
   m.def("explain_rope", &explain_rope, py::arg("x"), py::arg("positions") = py::none(),
         py::arg("base") = 10000.0, py::arg("interleaved") = false, py::arg("rotary_dim") = -1, pref);

@@ -13,18 +13,6 @@
 
 namespace baracuda::torch_ops {
 
-PlanInfo explain_gated_activation(const at::Tensor& x, const std::string& kind, int64_t dim,
-                                  bool gate_first, const std::optional<std::string>& preference);
-PlanInfo explain_gated_activation_backward(const at::Tensor& dy, const at::Tensor& x,
-                                           const std::string& kind, int64_t dim, bool gate_first,
-                                           const std::optional<std::string>& preference);
-PlanInfo explain_gated_activation_pair(const at::Tensor& gate, const at::Tensor& up,
-                                       const std::string& kind,
-                                       const std::optional<std::string>& preference);
-PlanInfo explain_gated_activation_pair_backward(const at::Tensor& dy, const at::Tensor& gate,
-                                                const at::Tensor& up, const std::string& kind,
-                                                const std::optional<std::string>& preference);
-
 // ---- rope
 PlanInfo explain_rope(const at::Tensor& x, const std::optional<at::Tensor>& positions,
                       double base, bool interleaved, int64_t rotary_dim,

@@ -8,19 +8,6 @@
 #define BARACUDA_DEF(schema) m.def(schema, {at::Tag::pt2_compliant_tag})
 
 TORCH_LIBRARY(baracuda, m) {
-  BARACUDA_DEF("gated_activation(Tensor x, str kind, int dim=-1, bool gate_first=False) -> Tensor");
-  BARACUDA_DEF(
-      "gated_activation_backward(Tensor dy, Tensor x, str kind, int dim=-1, "
-      "bool gate_first=False) -> Tensor");
-
-  // ---- gated_activation_pair (gated_activation_ops.cpp): act(gate) * up with gate and up
-  // separate tensors of one shape (HF's act(gate_proj(x)) * up_proj(x)); the backward
-  // returns (dgate, dup).
-  BARACUDA_DEF("gated_activation_pair(Tensor gate, Tensor up, str kind) -> Tensor");
-  BARACUDA_DEF(
-      "gated_activation_pair_backward(Tensor dy, Tensor gate, Tensor up, str kind) -> "
-      "(Tensor, Tensor)");
-
   // ---- rope (rope_ops.cpp)
   BARACUDA_DEF(
       "rope(Tensor x, Tensor? positions=None, float base=10000.0, bool interleaved=False, "

@@ -1,0 +1,270 @@
+#include "torch/op_def.h"
+
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+#include <torch/autograd.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
+
+#include <deque>
+
+namespace baracuda::torch_ops {
+
+namespace {
+// Entries live as long as the process (the registered kernels point at them).
+std::deque<OpEntry>& storage() {
+  static std::deque<OpEntry> entries;
+  return entries;
+}
+std::vector<const OpEntry*>& entry_list() {
+  static std::vector<const OpEntry*> list;
+  return list;
+}
+
+[[noreturn]] void declaration_error(const OpEntry& e, const std::string& what) {
+  fail(PlanErrorKind::Internal, e.name, "op declaration: " + what);
+}
+
+bool is_tensor_type(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  if (auto opt = t->cast<c10::OptionalType>())
+    return opt->getElementType()->kind() == c10::TypeKind::TensorType;
+  return false;
+}
+
+std::string key(const char* prefix, int index) { return prefix + std::to_string(index); }
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The Autograd kernel of a declared op (see op_def.h). Its inputs, as Function::apply
+// counts them: the entry, the op handle, then one per tensor argument (undefined for a
+// None), then the full argument stack; gradients are returned in the same positions.
+class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const OpEntry* e,
+                               const c10::OperatorHandle* op, at::TensorList,
+                               torch::jit::Stack args) {
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["op"] = static_cast<int64_t>(e->id);
+    torch::jit::Stack stack = args;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      op->callBoxed(stack);
+    }
+    variable_list outs;
+    outs.reserve(stack.size());
+    for (auto& v : stack) outs.push_back(std::move(v).toTensor());
+    if (e->autograd != OpEntry::Autograd::Derivative) return outs;
+
+    std::vector<at::Tensor> to_save;
+    std::vector<bool> read(outs.size(), false);
+    for (const GradSource& s : e->sources) {
+      const c10::IValue* a = s.index >= 0 && s.kind != GradSource::Kind::Grad &&
+                                     s.kind != GradSource::Kind::Output
+                                 ? &args[s.index]
+                                 : nullptr;
+      switch (s.kind) {
+        case GradSource::Kind::Grad: {
+          // What a zero gradient of this output looks like, if one has to be made.
+          const at::Tensor& o = outs[s.index];
+          read[s.index] = true;
+          ctx->saved_data[key("o", s.index)] = c10::IValue(o.sym_sizes());
+          ctx->saved_data[key("t", s.index)] = o.scalar_type();
+          ctx->saved_data[key("d", s.index)] = o.device();
+          break;
+        }
+        case GradSource::Kind::Arg:
+          if (e->is_tensor_arg(s.index))
+            to_save.push_back(a->isTensor() ? a->toTensor() : at::Tensor());
+          else
+            ctx->saved_data[key("a", s.index)] = *a;
+          break;
+        case GradSource::Kind::Output: to_save.push_back(outs[s.index]); break;
+        case GradSource::Kind::SizesOf:
+          ctx->saved_data[key("s", s.index)] = c10::IValue(a->toTensor().sym_sizes());
+          break;
+      }
+    }
+    ctx->save_for_backward(to_save);
+    variable_list constant;  // outputs whose gradient the derivative does not read
+    for (size_t k = 0; k < outs.size(); ++k)
+      if (!read[k]) constant.push_back(outs[k]);
+    if (!constant.empty()) ctx->mark_non_differentiable(constant);
+    return outs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const OpEntry& e = *op_entries()[ctx->saved_data["op"].toInt()];
+    if (e.autograd == OpEntry::Autograd::NotDifferentiable)
+      C10_THROW_ERROR(NotImplementedError, e.not_differentiable);
+    variable_list result(e.num_tensors + 3);
+    bool any = false;
+    for (const GradSource& s : e.sources)
+      any = any || (s.kind == GradSource::Kind::Grad && grads[s.index].defined());
+    if (!any) return result;
+
+    const c10::OperatorHandle& op = e.derivative_op();
+    const auto& params = op.schema().arguments();
+    const variable_list saved = ctx->get_saved_variables();
+    size_t next = 0;
+    torch::jit::Stack stack;
+    for (size_t j = 0; j < e.sources.size(); ++j) {
+      const GradSource& s = e.sources[j];
+      switch (s.kind) {
+        case GradSource::Kind::Grad: {
+          at::Tensor g = grads[s.index];
+          if (!g.defined() && params[j].type()->kind() == c10::TypeKind::OptionalType) {
+            stack.emplace_back();
+            break;
+          }
+          if (!g.defined())
+            g = at::zeros_symint(ctx->saved_data[key("o", s.index)].toSymIntVector(),
+                                 at::TensorOptions()
+                                     .dtype(ctx->saved_data[key("t", s.index)].toScalarType())
+                                     .device(ctx->saved_data[key("d", s.index)].toDevice()));
+          stack.emplace_back(std::move(g));
+          break;
+        }
+        case GradSource::Kind::Arg:
+          if (e.is_tensor_arg(s.index)) {
+            const at::Tensor& t = saved[next++];
+            stack.push_back(t.defined() ? c10::IValue(t) : c10::IValue());
+          } else {
+            stack.push_back(ctx->saved_data[key("a", s.index)]);
+          }
+          break;
+        case GradSource::Kind::Output: stack.emplace_back(saved[next++]); break;
+        case GradSource::Kind::SizesOf: stack.push_back(ctx->saved_data[key("s", s.index)]); break;
+      }
+    }
+    op.callBoxed(stack);
+    for (const auto& [input, out] : e.gradients) {
+      const int slot = e.tensor_slot[input];  // the input's edge
+      if (ctx->needs_input_grad(slot)) result[2 + slot] = stack[out].toTensor();
+    }
+    return result;
+  }
+};
+
+// The boxed Autograd-key kernel of a declared op.
+class DeclaredAutogradKernel final : public c10::OperatorKernel {
+ public:
+  explicit DeclaredAutogradKernel(const OpEntry* e) : e_(e) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t n = e_->schema.arguments().size();
+    torch::jit::Stack args(std::make_move_iterator(stack->end() - n),
+                           std::make_move_iterator(stack->end()));
+    stack->erase(stack->end() - n, stack->end());
+    std::vector<at::Tensor> tensors;
+    for (size_t i = 0; i < n; ++i)
+      if (e_->is_tensor_arg(static_cast<int>(i)))
+        tensors.push_back(args[i].isTensor() ? args[i].toTensor() : at::Tensor());
+    variable_list outs =
+        DeclaredFunction::apply(e_, &op, at::TensorList(tensors), std::move(args));
+    for (auto& t : outs) stack->emplace_back(std::move(t));
+  }
+
+ private:
+  const OpEntry* e_;
+};
+}  // namespace
+
+OpEntry::OpEntry(c10::FunctionSchema s) : schema(std::move(s)) {
+  for (const c10::Argument& a : schema.arguments())
+    tensor_slot.push_back(is_tensor_type(a.type()) ? num_tensors++ : -1);
+}
+
+const c10::OperatorHandle& OpEntry::derivative_op() const {
+  std::call_once(found_, [&] {
+    const auto dot = derivative.find('.');
+    const std::string base = "baracuda::" + derivative.substr(0, dot);
+    const std::string overload = dot == std::string::npos ? "" : derivative.substr(dot + 1);
+    derivative_op_ = c10::Dispatcher::singleton().findSchemaOrThrow(base.c_str(), overload.c_str());
+  });
+  return *derivative_op_;
+}
+
+int OpEntry::arg_index(const std::string& arg) const {
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].name() == arg) return static_cast<int>(i);
+  declaration_error(*this, "no argument named '" + arg + "'");
+}
+
+const std::vector<const OpEntry*>& op_entries() { return entry_list(); }
+
+const OpEntry* find_op_entry(const std::string& name) {
+  for (const OpEntry* e : entry_list())
+    if (e->name == name) return e;
+  return nullptr;
+}
+
+OpDef::OpDef(torch::Library& m, const char* schema) : m_(m) {
+  c10::FunctionSchema parsed = torch::jit::parseSchema(schema);
+  const std::string overload = parsed.overload_name();
+  OpEntry& e = storage().emplace_back(std::move(parsed));
+  e.id = static_cast<int>(entry_list().size());
+  e.name = e.schema.name() + (overload.empty() ? "" : "." + overload);
+  entry_list().push_back(&e);
+  entry_ = &e;
+  m_.def(schema, {at::Tag::pt2_compliant_tag});
+}
+
+void OpDef::check_arity(const char* what, size_t n) const {
+  if (n != entry_->schema.arguments().size())
+    declaration_error(*entry_, std::string(what) + " takes " + std::to_string(n) +
+                                   " arguments, the schema has " +
+                                   std::to_string(entry_->schema.arguments().size()));
+}
+
+OpDef& OpDef::derivative(const char* op, std::vector<GradSource> sources,
+                         std::vector<std::pair<const char*, int>> gradients) {
+  OpEntry& e = *entry_;
+  const int outputs = static_cast<int>(e.schema.returns().size());
+  for (GradSource& s : sources) {
+    if (s.kind == GradSource::Kind::Arg || s.kind == GradSource::Kind::SizesOf)
+      s.index = e.arg_index(s.name);
+    else if (s.index < 0 || s.index >= outputs)
+      declaration_error(e, "output " + std::to_string(s.index) + " does not exist");
+    if (s.kind == GradSource::Kind::SizesOf && !e.is_tensor_arg(s.index))
+      declaration_error(e, "sizes_of('" + s.name + "'): not a tensor argument");
+  }
+  for (const auto& [arg_name, out] : gradients) {
+    const int i = e.arg_index(arg_name);
+    if (!e.is_tensor_arg(i))
+      declaration_error(e, std::string("gradient of '") + arg_name + "': not a tensor argument");
+    e.gradients.emplace_back(i, out);
+  }
+  e.derivative = op;
+  e.sources = std::move(sources);
+  e.autograd = OpEntry::Autograd::Derivative;
+  register_declared_autograd();
+  return *this;
+}
+
+OpDef& OpDef::not_differentiable(std::string message) {
+  entry_->not_differentiable = std::move(message);
+  entry_->autograd = OpEntry::Autograd::NotDifferentiable;
+  register_declared_autograd();
+  return *this;
+}
+
+void OpDef::register_declared_autograd() {
+  m_.impl(name().c_str(), torch::dispatch(c10::DispatchKey::Autograd,
+                                  torch::CppFunction::makeFromBoxedFunctor(
+                                      std::make_unique<DeclaredAutogradKernel>(entry_))));
+}
+
+OpDef& OpDef::vmap_rows(std::vector<const char*> rows, std::vector<const char*> dims) {
+  for (const char* r : rows) {
+    const int i = entry_->arg_index(r);
+    if (!entry_->is_tensor_arg(i))
+      declaration_error(*entry_, std::string("vmap_rows: '") + r + "' is not a tensor");
+    entry_->vmap_rows.push_back(i);
+  }
+  for (const char* d : dims) entry_->vmap_dims.push_back(entry_->arg_index(d));
+  return *this;
+}
+
+}  // namespace baracuda::torch_ops
