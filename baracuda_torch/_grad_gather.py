@@ -1,33 +1,18 @@
-"""Derivatives and batching rules of gather and gather_backward (see _autograd.py).
-gather is linear in src and gather_backward linear in dout, each the other's adjoint,
-so both are differentiable to any order."""
+"""Forward-mode AD and batching rules of gather and gather_backward (see _autograd.py);
+their backward rules come from the ops' declarations (csrc/torch/gather_ops.cpp). gather
+is linear in src and gather_backward linear in dout, each the other's adjoint, so both
+are differentiable to any order."""
 from __future__ import annotations
 
 import torch
 
-from ._autograd import logical_rank, move_bdim, register
+from ._autograd import declared, logical_rank, move_bdim, saved
 
 ops = torch.ops.baracuda
 
 
-def _gather_setup(ctx, inputs, output):
-    src, dim, index = inputs
-    ctx.dim = dim
-    ctx.src_sizes = list(src.shape)
-    ctx.save_for_backward(index)
-    ctx.save_for_forward(index)
-
-
-def _gather_backward(ctx, dout):
-    (index,) = ctx.saved_tensors
-    if not ctx.needs_input_grad[0]:
-        return None, None, None
-    return ops.gather_backward(dout, ctx.dim, index, ctx.src_sizes), None, None
-
-
 def _gather_jvp(ctx, tsrc, _tdim, _tindex):
-    (index,) = ctx.saved_tensors
-    return None if tsrc is None else ops.gather(tsrc, ctx.dim, index)
+    return None if tsrc is None else ops.gather(tsrc, saved(ctx, "dim"), saved(ctx, "index"))
 
 
 def _batched_dim(dim, rank):
@@ -48,26 +33,13 @@ def _gather_vmap(info, in_dims, src, dim, index):
     return (out.squeeze(1) if ri == 0 else out), 0
 
 
-register("gather", setup_context=_gather_setup, backward=_gather_backward, jvp=_gather_jvp,
-         vmap=_gather_vmap)
-
-
-def _gather_backward_setup(ctx, inputs, output):
-    _dout, dim, index, _sizes = inputs
-    ctx.dim = dim
-    ctx.src_sizes = list(_sizes)
-    ctx.save_for_backward(index)
-    ctx.save_for_forward(index)
-
-
-def _gather_backward_backward(ctx, g):
-    (index,) = ctx.saved_tensors
-    return ops.gather(g, ctx.dim, index), None, None, None
+declared("gather", jvp=_gather_jvp, vmap=_gather_vmap)
 
 
 def _gather_backward_jvp(ctx, tdout, _tdim, _tindex, _tsizes):
-    (index,) = ctx.saved_tensors
-    return None if tdout is None else ops.gather_backward(tdout, ctx.dim, index, ctx.src_sizes)
+    if tdout is None:
+        return None
+    return ops.gather_backward(tdout, saved(ctx, "dim"), saved(ctx, "index"), saved(ctx, "src_sizes"))
 
 
 def _gather_backward_vmap(info, in_dims, dout, dim, index, src_sizes):
@@ -81,5 +53,4 @@ def _gather_backward_vmap(info, in_dims, dout, dim, index, src_sizes):
     return (out.squeeze(1) if rs == 0 else out), 0
 
 
-register("gather_backward", setup_context=_gather_backward_setup,
-         backward=_gather_backward_backward, jvp=_gather_backward_jvp, vmap=_gather_backward_vmap)
+declared("gather_backward", jvp=_gather_backward_jvp, vmap=_gather_backward_vmap)

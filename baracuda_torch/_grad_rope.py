@@ -1,33 +1,21 @@
-"""Derivatives and batching rules of rope and rope_backward (see _autograd.py). Each is
-the other's adjoint (rotation by ±θ), so both are differentiable to any order."""
+"""Forward-mode AD and batching rules of rope and rope_backward (see _autograd.py); their
+backward rules come from the ops' declarations (csrc/torch/rope_ops.cpp). Each op is the
+other's adjoint (rotation by ±θ), so both are differentiable to any order."""
 from __future__ import annotations
 
 import torch
 
-from ._autograd import logical_rank, move_bdim, register
+from ._autograd import declared, logical_rank, move_bdim, saved
 
 ops = torch.ops.baracuda
 
 
-def _make(op, adjoint):
-    def setup(ctx, inputs, output):
-        _x, positions, base, interleaved, rotary_dim = inputs
-        ctx.args = (base, interleaved, rotary_dim)
-        ctx.has_positions = positions is not None
-        saved = (positions,) if positions is not None else ()
-        ctx.save_for_backward(*saved)
-        ctx.save_for_forward(*saved)
-
-    def positions_of(ctx):
-        return ctx.saved_tensors[0] if ctx.has_positions else None
-
-    def backward(ctx, dy):
-        if not ctx.needs_input_grad[0]:
-            return (None,) * 5
-        return (adjoint(dy, positions_of(ctx), *ctx.args),) + (None,) * 4
-
+def _rules(op):
     def jvp(ctx, tx, *_):
-        return None if tx is None else op(tx, positions_of(ctx), *ctx.args)
+        if tx is None:
+            return None
+        return op(tx, saved(ctx, "positions"), saved(ctx, "base"), saved(ctx, "interleaved"),
+                  saved(ctx, "rotary_dim"))
 
     def vmap(info, in_dims, x, positions, base, interleaved, rotary_dim):
         # Fold the vmapped dim into the batch dim B of x [B, H, S, D]; positions [S]
@@ -51,8 +39,8 @@ def _make(op, adjoint):
         y = op(x.reshape(n * b, h, s, d), positions, base, interleaved, rotary_dim)
         return y.reshape(n, b, h, s, d), 0
 
-    return dict(setup_context=setup, backward=backward, jvp=jvp, vmap=vmap)
+    return dict(jvp=jvp, vmap=vmap)
 
 
-register("rope", **_make(ops.rope, ops.rope_backward))
-register("rope_backward", **_make(ops.rope_backward, ops.rope))
+declared("rope", **_rules(ops.rope))
+declared("rope_backward", **_rules(ops.rope_backward))

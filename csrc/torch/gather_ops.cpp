@@ -1,5 +1,5 @@
 // baracuda::gather and baracuda::gather_backward: CPU/CUDA kernels (tensor -> plan ->
-// run), meta kernels (shapes only), the autograd Functions (each op's backward is the
+// run), meta kernels (shapes only), the ops' declarations (each op's backward is the
 // other op: gather_backward is linear in dout, and its adjoint is gather), and the CUDA
 // index-error reporting (check_errors, set_index_checks).
 //
@@ -10,16 +10,14 @@
 //     baracuda_torch.check_errors(), which synchronizes the device first;
 //   - "sync": the op synchronizes its stream after the launch and raises at once (not
 //     while the stream is being captured into a CUDA graph).
-#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
 
 #include <atomic>
 
 #include "core/gather_plan.h"
 #include "kernels/gather.h"
-#include "torch/common.h"
+#include "torch/op_def.h"
 #include "torch/ops.h"
 
 #ifdef BARACUDA_WITH_CUDA
@@ -163,91 +161,7 @@ at::Tensor gather_backward_meta(const at::Tensor& dout, int64_t dim, const at::T
   });
 }
 
-// ---- autograd --------------------------------------------------------------------
-
-at::Tensor call_forward(const at::Tensor& src, int64_t dim, const at::Tensor& index) {
-  static auto op =
-      op_handle<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&)>("baracuda::gather");
-  return op.call(src, dim, index);
-}
-
-at::Tensor call_backward(const at::Tensor& dout, int64_t dim, const at::Tensor& index,
-                         c10::SymIntArrayRef src_sizes) {
-  static auto op =
-      op_handle<at::Tensor(const at::Tensor&, int64_t, const at::Tensor&, c10::SymIntArrayRef)>(
-          "baracuda::gather_backward");
-  return op.call(dout, dim, index, src_sizes);
-}
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// d gather / d src = gather_backward; index gets no gradient.
-class GatherFunction : public torch::autograd::Function<GatherFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& src, int64_t dim,
-                            const at::Tensor& index) {
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["src_sizes"] = c10::IValue(src.sym_sizes());
-    ctx->save_for_backward({index});
-    at::AutoDispatchBelowADInplaceOrView below;
-    return call_forward(src, dim, index);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor index = ctx->get_saved_variables()[0];
-    at::Tensor dsrc;
-    if (grads[0].defined())
-      dsrc = call_backward(grads[0], ctx->saved_data["dim"].toInt(), index,
-                           ctx->saved_data["src_sizes"].toSymIntVector());
-    return {dsrc, at::Tensor(), at::Tensor()};
-  }
-};
-
-// gather_backward is linear in dout; its adjoint is gather(g, dim, index). This makes
-// double backward (gradgradcheck) work.
-class GatherBackwardFunction : public torch::autograd::Function<GatherBackwardFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dout, int64_t dim,
-                            const at::Tensor& index, c10::SymIntArrayRef src_sizes) {
-    ctx->saved_data["dim"] = dim;
-    ctx->save_for_backward({index});
-    at::AutoDispatchBelowADInplaceOrView below;
-    return call_backward(dout, dim, index, src_sizes);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor index = ctx->get_saved_variables()[0];
-    at::Tensor ddout;
-    if (grads[0].defined()) ddout = call_forward(grads[0], ctx->saved_data["dim"].toInt(), index);
-    return {ddout, at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-at::Tensor gather_autograd(const at::Tensor& src, int64_t dim, const at::Tensor& index) {
-  return GatherFunction::apply(src, dim, index);
-}
-
-at::Tensor gather_backward_autograd(const at::Tensor& dout, int64_t dim, const at::Tensor& index,
-                                    c10::SymIntArrayRef src_sizes) {
-  return GatherBackwardFunction::apply(dout, dim, index, src_sizes);
-}
 }  // namespace
-
-PlanInfo explain_gather(const at::Tensor& src, int64_t dim, const at::Tensor& index,
-                        const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    return forward_plan(src, dim, index, pref);
-  });
-}
-
-PlanInfo explain_gather_backward(const at::Tensor& dout, int64_t dim, const at::Tensor& index,
-                                 const std::vector<int64_t>& src_sizes,
-                                 const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    return backward_plan(dout, dim, index, src_sizes, pref);
-  });
-}
 
 void gather_check_errors(int64_t device) {
   translate_errors([&] {
@@ -272,9 +186,20 @@ void set_index_checks(const std::string& mode) {
 
 std::string get_index_checks() { return g_sync_index_checks.load() ? "sync" : "async"; }
 
-BARACUDA_IMPL_OPS(
-    op_impls("gather", &gather_kernel, &gather_meta, &gather_autograd),
-    op_impls("gather_backward", &gather_backward_kernel,
-             &gather_backward_meta, &gather_backward_autograd))
+// d gather / d src = gather_backward (index gets no gradient); gather_backward is linear
+// in dout and its adjoint is gather, so both are differentiable to any order.
+TORCH_LIBRARY_FRAGMENT(baracuda, m) {
+  OpDef(m, "gather(Tensor src, int dim, Tensor index) -> Tensor")
+      .kernel(&gather_kernel)
+      .meta(&gather_meta)
+      .explain(&forward_plan)
+      .derivative("gather_backward", {grad(0), arg("dim"), arg("index"), sizes_of("src")},
+                  {{"src", 0}});
+  OpDef(m, "gather_backward(Tensor dout, int dim, Tensor index, SymInt[] src_sizes) -> Tensor")
+      .kernel(&gather_backward_kernel)
+      .meta(&gather_backward_meta)
+      .explain(&backward_plan)
+      .derivative("gather", {grad(0), arg("dim"), arg("index")}, {{"dout", 0}});
+}
 
 }  // namespace baracuda::torch_ops

@@ -1,7 +1,9 @@
 // baracuda::lerp (scalar weight), baracuda::lerp.Tensor (tensor weight) and their
 // backward ops baracuda::lerp_backward(.Tensor): CPU/CUDA kernels (tensor -> plan -> run),
 // meta kernels (shapes only), and the autograd Functions that connect each forward to
-// its backward op and sum broadcast gradients down to the inputs' shapes.
+// its backward op and sum broadcast gradients down to the inputs' shapes (written by
+// hand: the sums and the scalar weight's second derivative do not fit a declaration),
+// and the ops' declarations.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
@@ -11,8 +13,7 @@
 #include <tuple>
 
 #include "core/lerp_plan.h"
-#include "torch/common.h"
-#include "torch/ops.h"
+#include "torch/op_def.h"
 
 namespace baracuda::torch_ops {
 
@@ -337,42 +338,49 @@ Grads3 lerp_backward_tensor_autograd(const at::Tensor& dy, const at::Tensor& a,
   auto g = LerpBackwardTensorFunction::apply(dy, a, b, weight);
   return {g[0], g[1], g[2]};
 }
+
+// The plans explain reports, one per op.
+LerpPlan lerp_plan(const at::Tensor& a, const at::Tensor& b, double weight, PlanPreference pref) {
+  return forward_plan(a, b, nullptr, weight, pref);
+}
+LerpPlan lerp_tensor_plan(const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight,
+                          PlanPreference pref) {
+  return forward_plan(a, b, &weight, 0.0, pref);
+}
+LerpBackwardPlan lerp_backward_plan(const at::Tensor& dy, double weight, PlanPreference pref) {
+  return backward_plan(dy, nullptr, nullptr, nullptr, weight, pref);
+}
+LerpBackwardPlan lerp_backward_tensor_plan(const at::Tensor& dy, const at::Tensor& a,
+                                           const at::Tensor& b, const at::Tensor& weight,
+                                           PlanPreference pref) {
+  return backward_plan(dy, &a, &b, &weight, 0.0, pref);
+}
 }  // namespace
 
-PlanInfo explain_lerp(const at::Tensor& a, const at::Tensor& b, double weight,
-                      const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    return forward_plan(a, b, nullptr, weight, pref);
-  });
+TORCH_LIBRARY_FRAGMENT(baracuda, m) {
+  OpDef(m, "lerp(Tensor a, Tensor b, float weight) -> Tensor")
+      .kernel(&lerp_kernel)
+      .meta(&lerp_meta)
+      .explain(&lerp_plan)
+      .autograd(&lerp_autograd);
+  OpDef(m, "lerp_backward(Tensor dy, float weight) -> (Tensor, Tensor)")
+      .kernel(&lerp_backward_kernel)
+      .meta(&lerp_backward_meta)
+      .explain(&lerp_backward_plan)
+      .autograd(&lerp_backward_autograd);
+  OpDef(m, "lerp.Tensor(Tensor a, Tensor b, Tensor weight) -> Tensor")
+      .kernel(&lerp_tensor_kernel)
+      .meta(&lerp_tensor_meta)
+      .explain(&lerp_tensor_plan)
+      .autograd(&lerp_tensor_autograd);
+  // Added overload: the tensor-weight backward, (da, db, dw) at dy's shape in one pass.
+  OpDef(m,
+        "lerp_backward.Tensor(Tensor dy, Tensor a, Tensor b, Tensor weight) -> "
+        "(Tensor, Tensor, Tensor)")
+      .kernel(&lerp_backward_tensor_kernel)
+      .meta(&lerp_backward_tensor_meta)
+      .explain(&lerp_backward_tensor_plan)
+      .autograd(&lerp_backward_tensor_autograd);
 }
-
-PlanInfo explain_lerp_tensor(const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight,
-                             const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    return forward_plan(a, b, &weight, 0.0, pref);
-  });
-}
-
-PlanInfo explain_lerp_backward(const at::Tensor& dy, double weight,
-                               const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    return backward_plan(dy, nullptr, nullptr, nullptr, weight, pref);
-  });
-}
-
-PlanInfo explain_lerp_backward_tensor(const at::Tensor& dy, const at::Tensor& a,
-                                      const at::Tensor& b, const at::Tensor& weight,
-                                      const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    return backward_plan(dy, &a, &b, &weight, 0.0, pref);
-  });
-}
-
-BARACUDA_IMPL_OPS(
-    op_impls("lerp", &lerp_kernel, &lerp_meta, &lerp_autograd),
-    op_impls("lerp.Tensor", &lerp_tensor_kernel, &lerp_tensor_meta, &lerp_tensor_autograd),
-    op_impls("lerp_backward", &lerp_backward_kernel, &lerp_backward_meta, &lerp_backward_autograd),
-    op_impls("lerp_backward.Tensor", &lerp_backward_tensor_kernel,
-             &lerp_backward_tensor_meta, &lerp_backward_tensor_autograd))
 
 }  // namespace baracuda::torch_ops

@@ -1,6 +1,7 @@
 // baracuda_torch._C: importing it registers the ops (TORCH_LIBRARY blocks in this
-// library); the Python-facing objects that are not ops live here: the plan preference
-// and plan introspection (PlanInfo, explain_*).
+// library); the Python-facing objects that are not ops live here: the plan preference,
+// plan introspection (PlanInfo; _explain for the ops declared through OpDef, explain_*
+// for the SSD scan's), the declarations' table (_op_table) and gather's error checks.
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
@@ -139,55 +140,7 @@ PYBIND11_MODULE(_C, m) {
         "explain of a declared op: _explain(name, preference, *args, **kwargs).");
 
   const auto pref = py::arg("preference") = py::none();
-  // ---- rope
-  m.def("explain_rope", &explain_rope, py::arg("x"), py::arg("positions") = py::none(),
-        py::arg("base") = 10000.0, py::arg("interleaved") = false, py::arg("rotary_dim") = -1, pref);
-  m.def("explain_rope_backward", &explain_rope_backward, py::arg("dy"),
-        py::arg("positions") = py::none(), py::arg("base") = 10000.0,
-        py::arg("interleaved") = false, py::arg("rotary_dim") = -1, pref);
-
-  // ---- rope from cos/sin tables: the four ops (k is None for the one-tensor ones).
-  m.def("explain_rope_cos_sin",
-        [](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
-           const std::optional<std::string>& p) {
-          return explain_rope_qk_cos_sin(x, std::nullopt, cos, sin, interleaved, false, p);
-        },
-        py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("interleaved") = false, pref);
-  m.def("explain_rope_cos_sin_backward",
-        [](const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
-           const std::optional<std::string>& p) {
-          return explain_rope_qk_cos_sin(dy, std::nullopt, cos, sin, interleaved, true, p);
-        },
-        py::arg("dy"), py::arg("cos"), py::arg("sin"), py::arg("interleaved") = false, pref);
-  m.def("explain_rope_qk_cos_sin",
-        [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-           bool interleaved, const std::optional<std::string>& p) {
-          return explain_rope_qk_cos_sin(q, k, cos, sin, interleaved, false, p);
-        },
-        py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"),
-        py::arg("interleaved") = false, pref);
-  m.def("explain_rope_qk_cos_sin_backward",
-        [](const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& cos,
-           const at::Tensor& sin, bool interleaved, const std::optional<std::string>& p) {
-          return explain_rope_qk_cos_sin(dq, dk, cos, sin, interleaved, true, p);
-        },
-        py::arg("dq"), py::arg("dk"), py::arg("cos"), py::arg("sin"),
-        py::arg("interleaved") = false, pref);
-
-  // ---- lerp
-  // explain("lerp.Tensor", ...) and explain("lerp_backward.Tensor", ...) land on the
-  // *_tensor functions.
-  m.def("explain_lerp", &explain_lerp, py::arg("a"), py::arg("b"), py::arg("weight"), pref);
-  m.def("explain_lerp_backward", &explain_lerp_backward, py::arg("dy"), py::arg("weight"), pref);
-  m.def("explain_lerp_tensor", &explain_lerp_tensor, py::arg("a"), py::arg("b"),
-        py::arg("weight"), pref);
-  m.def("explain_lerp_backward_tensor", &explain_lerp_backward_tensor, py::arg("dy"),
-        py::arg("a"), py::arg("b"), py::arg("weight"), pref);
-
   // ---- gather
-  m.def("explain_gather", &explain_gather, py::arg("src"), py::arg("dim"), py::arg("index"), pref);
-  m.def("explain_gather_backward", &explain_gather_backward, py::arg("dout"), py::arg("dim"),
-        py::arg("index"), py::arg("src_sizes"), pref);
   m.def("gather_check_errors", &gather_check_errors, py::arg("device"),
         "Raise IndexError for an out-of-range index a CUDA gather kernel recorded on `device` "
         "(no synchronization; baracuda_torch.check_errors synchronizes first).");

@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
 
+#include <algorithm>
 #include <deque>
 
 namespace baracuda::torch_ops {
@@ -37,8 +38,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The Autograd kernel of a declared op (see op_def.h). Its inputs, as Function::apply
-// counts them: the entry, the op handle, then one per tensor argument (undefined for a
-// None), then the full argument stack; gradients are returned in the same positions.
+// counts them: the entry, the op handle, then one per tensor argument that is not None
+// (Function::apply records every tensor input's device), then the full argument stack;
+// gradients are returned in the same positions.
 class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const OpEntry* e,
@@ -46,6 +48,11 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
                                torch::jit::Stack args) {
     ctx->set_materialize_grads(false);
     ctx->saved_data["op"] = static_cast<int64_t>(e->id);
+    // The arguments that are edges: the tensor arguments given (not None), in order.
+    std::vector<int64_t> edges;
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].isTensor()) edges.push_back(static_cast<int64_t>(i));
+    ctx->saved_data["edges"] = edges;
     torch::jit::Stack stack = args;
     {
       at::AutoDispatchBelowADInplaceOrView below;
@@ -97,7 +104,8 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
     const OpEntry& e = *op_entries()[ctx->saved_data["op"].toInt()];
     if (e.autograd == OpEntry::Autograd::NotDifferentiable)
       C10_THROW_ERROR(NotImplementedError, e.not_differentiable);
-    variable_list result(e.num_tensors + 3);
+    const std::vector<int64_t> edges = ctx->saved_data["edges"].toIntVector();
+    variable_list result(edges.size() + 3);
     bool any = false;
     for (const GradSource& s : e.sources)
       any = any || (s.kind == GradSource::Kind::Grad && grads[s.index].defined());
@@ -139,7 +147,9 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
     }
     op.callBoxed(stack);
     for (const auto& [input, out] : e.gradients) {
-      const int slot = e.tensor_slot[input];  // the input's edge
+      const auto edge = std::find(edges.begin(), edges.end(), input);
+      if (edge == edges.end()) continue;  // a None argument
+      const size_t slot = static_cast<size_t>(edge - edges.begin());
       if (ctx->needs_input_grad(slot)) result[2 + slot] = stack[out].toTensor();
     }
     return result;
@@ -157,9 +167,8 @@ class DeclaredAutogradKernel final : public c10::OperatorKernel {
                            std::make_move_iterator(stack->end()));
     stack->erase(stack->end() - n, stack->end());
     std::vector<at::Tensor> tensors;
-    for (size_t i = 0; i < n; ++i)
-      if (e_->is_tensor_arg(static_cast<int>(i)))
-        tensors.push_back(args[i].isTensor() ? args[i].toTensor() : at::Tensor());
+    for (const c10::IValue& a : args)
+      if (a.isTensor()) tensors.push_back(a.toTensor());
     variable_list outs =
         DeclaredFunction::apply(e_, &op, at::TensorList(tensors), std::move(args));
     for (auto& t : outs) stack->emplace_back(std::move(t));
@@ -172,7 +181,7 @@ class DeclaredAutogradKernel final : public c10::OperatorKernel {
 
 OpEntry::OpEntry(c10::FunctionSchema s) : schema(std::move(s)) {
   for (const c10::Argument& a : schema.arguments())
-    tensor_slot.push_back(is_tensor_type(a.type()) ? num_tensors++ : -1);
+    tensor_arg.push_back(is_tensor_type(a.type()));
 }
 
 const c10::OperatorHandle& OpEntry::derivative_op() const {

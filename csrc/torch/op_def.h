@@ -75,12 +75,11 @@ struct OpEntry {
   std::vector<std::pair<int, int>> gradients;  // (forward arg, derivative op output)
   std::string not_differentiable;    // the NotImplementedError message
   std::vector<int> vmap_rows, vmap_dims;  // see OpDef::vmap_rows
-  std::vector<int> tensor_slot;  // per argument: its position among the tensor arguments, or -1
-  int num_tensors = 0;
+  std::vector<bool> tensor_arg;  // per argument: Tensor or Tensor?
 
   explicit OpEntry(c10::FunctionSchema s);
   int arg_index(const std::string& arg) const;  // Internal error naming the op if absent
-  bool is_tensor_arg(int i) const { return tensor_slot[i] >= 0; }  // Tensor or Tensor?
+  bool is_tensor_arg(int i) const { return tensor_arg[i]; }
   // The derivative op, found on first use (it may be defined in a later fragment).
   const c10::OperatorHandle& derivative_op() const;
 

@@ -1,7 +1,8 @@
-// The `explain_*` functions behind baracuda_torch.explain: for each public op, the plan
-// a call with these arguments would run, selected but not run. Same arguments as the
-// op, plus an optional preference ("fastest" | "deterministic") overriding the current
-// one.
+// What module.cpp binds besides the declared ops (torch/op_def.h, whose explain is
+// served from their declaration): gather's CUDA index-error checks, and the `explain_*`
+// functions of the SSD scan (the plan a call with these arguments would run, selected
+// but not run; the op's arguments plus an optional preference overriding the current
+// one).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,36 +14,7 @@
 
 namespace baracuda::torch_ops {
 
-// ---- rope
-PlanInfo explain_rope(const at::Tensor& x, const std::optional<at::Tensor>& positions,
-                      double base, bool interleaved, int64_t rotary_dim,
-                      const std::optional<std::string>& preference);
-PlanInfo explain_rope_backward(const at::Tensor& dy, const std::optional<at::Tensor>& positions,
-                               double base, bool interleaved, int64_t rotary_dim,
-                               const std::optional<std::string>& preference);
-
-// ---- rope from cos/sin tables (k undefined: the one-tensor op)
-PlanInfo explain_rope_qk_cos_sin(const at::Tensor& q, const std::optional<at::Tensor>& k,
-                                 const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
-                                 bool backward, const std::optional<std::string>& preference);
-
-// ---- lerp
-PlanInfo explain_lerp(const at::Tensor& a, const at::Tensor& b, double weight,
-                      const std::optional<std::string>& preference);
-PlanInfo explain_lerp_backward(const at::Tensor& dy, double weight,
-                               const std::optional<std::string>& preference);
-PlanInfo explain_lerp_tensor(const at::Tensor& a, const at::Tensor& b, const at::Tensor& weight,
-                             const std::optional<std::string>& preference);
-PlanInfo explain_lerp_backward_tensor(const at::Tensor& dy, const at::Tensor& a,
-                                      const at::Tensor& b, const at::Tensor& weight,
-                                      const std::optional<std::string>& preference);
-
 // ---- gather
-PlanInfo explain_gather(const at::Tensor& src, int64_t dim, const at::Tensor& index,
-                        const std::optional<std::string>& preference);
-PlanInfo explain_gather_backward(const at::Tensor& dout, int64_t dim, const at::Tensor& index,
-                                 const std::vector<int64_t>& src_sizes,
-                                 const std::optional<std::string>& preference);
 // Raises IndexError if a CUDA gather kernel on `device` recorded an out-of-range index
 // (and clears the record). Does not synchronize: baracuda_torch.check_errors does that.
 void gather_check_errors(int64_t device);

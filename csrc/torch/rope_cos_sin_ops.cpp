@@ -1,6 +1,7 @@
 // baracuda::rope_cos_sin / rope_qk_cos_sin and their backwards: RoPE from caller-given
 // cos/sin tables (core/rope_cos_sin_plan.h has the math and the two table layouts).
-// CPU/CUDA kernels (tensor -> plan -> run), meta kernels, and the autograd Functions.
+// CPU/CUDA kernels (tensor -> plan -> run), meta kernels, the autograd Functions (written
+// by hand: the cos/sin gradients are ATen ops) and the ops' declarations.
 //
 // Gradients: the op is linear in q and k (y = M(cos, sin)·x), so dx = Mᵀ·dy is the
 // backward op, and the backward op's own derivative is the forward op again (any order).
@@ -21,8 +22,7 @@
 #include <torch/library.h>
 
 #include "core/rope_cos_sin_plan.h"
-#include "torch/common.h"
-#include "torch/ops.h"
+#include "torch/op_def.h"
 
 namespace baracuda::torch_ops {
 
@@ -326,23 +326,58 @@ TensorPair qk_backward_autograd(const at::Tensor& dq, const at::Tensor& dk, cons
   auto r = RopeQkFunction<true>::apply(dq, dk, cos, sin, interleaved);
   return TensorPair(r[0], r[1]);
 }
+
+// The plans explain reports, one per op (the preference does not change them).
+RopeCosSinPlan one_plan(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        bool interleaved, PlanPreference) {
+  return make_plan(false, x, nullptr, cos, sin, interleaved);
+}
+RopeCosSinPlan one_backward_plan(const at::Tensor& dy, const at::Tensor& cos,
+                                 const at::Tensor& sin, bool interleaved, PlanPreference) {
+  return make_plan(true, dy, nullptr, cos, sin, interleaved);
+}
+RopeCosSinPlan qk_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                       const at::Tensor& sin, bool interleaved, PlanPreference) {
+  return make_plan(false, q, &k, cos, sin, interleaved);
+}
+RopeCosSinPlan qk_backward_plan(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& cos,
+                                const at::Tensor& sin, bool interleaved, PlanPreference) {
+  return make_plan(true, dq, &dk, cos, sin, interleaved);
+}
 }  // namespace
 
-PlanInfo explain_rope_qk_cos_sin(const at::Tensor& q, const std::optional<at::Tensor>& k,
-                                 const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
-                                 bool backward, const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    const at::Tensor* kp = k && k->defined() ? &*k : nullptr;
-    return make_plan(backward, q, kp, cos, sin, interleaved);
-  });
+// Hugging Face's apply_rotary_pos_emb and flash-attention's apply_rotary_emb: cos/sin are
+// [1 or B, S, R] (one entry per feature) or [S, R/2] (one per pair), float32 or the
+// activation dtype; q [B, Hq, S, D] and k [B, Hk, S, D] (any strides) are rotated in one
+// launch. Each backward is the transpose (dx from dy); cos/sin get gradients when they
+// require them.
+TORCH_LIBRARY_FRAGMENT(baracuda, m) {
+  OpDef(m, "rope_cos_sin(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor")
+      .kernel(&one_kernel)
+      .meta(&one_meta)
+      .explain(&one_plan)
+      .autograd(&one_autograd);
+  OpDef(m,
+        "rope_cos_sin_backward(Tensor dy, Tensor cos, Tensor sin, bool interleaved=False) -> "
+        "Tensor")
+      .kernel(&one_backward_kernel)
+      .meta(&one_backward_meta)
+      .explain(&one_backward_plan)
+      .autograd(&one_backward_autograd);
+  OpDef(m,
+        "rope_qk_cos_sin(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False) "
+        "-> (Tensor, Tensor)")
+      .kernel(&qk_kernel)
+      .meta(&qk_meta)
+      .explain(&qk_plan)
+      .autograd(&qk_autograd);
+  OpDef(m,
+        "rope_qk_cos_sin_backward(Tensor dq, Tensor dk, Tensor cos, Tensor sin, "
+        "bool interleaved=False) -> (Tensor, Tensor)")
+      .kernel(&qk_backward_kernel)
+      .meta(&qk_backward_meta)
+      .explain(&qk_backward_plan)
+      .autograd(&qk_backward_autograd);
 }
-
-BARACUDA_IMPL_OPS(
-    op_impls("rope_cos_sin", &one_kernel, &one_meta, &one_autograd),
-    op_impls("rope_cos_sin_backward", &one_backward_kernel,
-             &one_backward_meta, &one_backward_autograd),
-    op_impls("rope_qk_cos_sin", &qk_kernel, &qk_meta, &qk_autograd),
-    op_impls("rope_qk_cos_sin_backward", &qk_backward_kernel,
-             &qk_backward_meta, &qk_backward_autograd))
 
 }  // namespace baracuda::torch_ops

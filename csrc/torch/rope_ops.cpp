@@ -1,17 +1,13 @@
 // baracuda::rope and baracuda::rope_backward: CPU/CUDA kernels (tensor -> plan -> run),
-// meta kernels (shapes and output strides only), and the autograd Functions. Both ops
+// meta kernels (shapes and output strides only), and the ops' declarations. Both ops
 // are rotations, so each one's derivative is the other: rope's backward runs
 // rope_backward, rope_backward's backward runs rope, and any order of derivatives works.
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
 
 #include "core/rope_plan.h"
-#include "torch/common.h"
-#include "torch/ops.h"
+#include "torch/op_def.h"
 
 namespace baracuda::torch_ops {
 
@@ -121,82 +117,37 @@ at::Tensor rope_backward_meta(const at::Tensor& dy, const OptTensor& positions, 
   return rope_meta_impl(dy, positions, base, rotary_dim, true);
 }
 
-// ---- autograd --------------------------------------------------------------------
-
-using RopeSignature = at::Tensor(const at::Tensor&, const OptTensor&, double, bool, int64_t);
-
-// Calls rope (backward = false) or rope_backward through the dispatcher.
-at::Tensor call_op(bool backward, const at::Tensor& x, const OptTensor& positions, double base,
-                   bool interleaved, int64_t rotary_dim) {
-  static auto forward_op = op_handle<RopeSignature>("baracuda::rope");
-  static auto backward_op = op_handle<RopeSignature>("baracuda::rope_backward");
-  return (backward ? backward_op : forward_op).call(x, positions, base, interleaved, rotary_dim);
+RopePlan rope_plan(const at::Tensor& x, const OptTensor& positions, double base,
+                   bool interleaved, int64_t rotary_dim, PlanPreference pref) {
+  return make_plan(x, positions, base, interleaved, rotary_dim, false, pref);
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// y = rotate(x, ±θ), so dL/dx = rotate(dL/dy, ∓θ): the Function for rope (Backward =
-// false) runs rope_backward in its backward, the one for rope_backward runs rope.
-template <bool Backward>
-class RopeFunction : public torch::autograd::Function<RopeFunction<Backward>> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const OptTensor& positions,
-                            double base, bool interleaved, int64_t rotary_dim) {
-    ctx->saved_data["base"] = base;
-    ctx->saved_data["interleaved"] = interleaved;
-    ctx->saved_data["rotary_dim"] = rotary_dim;
-    ctx->saved_data["has_positions"] = positions_ptr(positions) != nullptr;
-    ctx->save_for_backward({positions_ptr(positions) ? *positions : at::Tensor()});
-    at::AutoDispatchBelowADInplaceOrView below;
-    return call_op(Backward, x, positions, base, interleaved, rotary_dim);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    at::Tensor dx;
-    if (grads[0].defined()) {
-      OptTensor positions;
-      if (ctx->saved_data["has_positions"].toBool()) positions = ctx->get_saved_variables()[0];
-      dx = call_op(!Backward, grads[0], positions,
-                   ctx->saved_data["base"].toDouble(), ctx->saved_data["interleaved"].toBool(),
-                   ctx->saved_data["rotary_dim"].toInt());
-    }
-    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-at::Tensor rope_autograd(const at::Tensor& x, const OptTensor& positions, double base,
-                         bool interleaved, int64_t rotary_dim) {
-  return RopeFunction<false>::apply(x, positions, base, interleaved, rotary_dim);
-}
-
-at::Tensor rope_backward_autograd(const at::Tensor& dy, const OptTensor& positions, double base,
-                                  bool interleaved, int64_t rotary_dim) {
-  return RopeFunction<true>::apply(dy, positions, base, interleaved, rotary_dim);
-}
-
-PlanInfo explain(const at::Tensor& x, const OptTensor& positions, double base, bool interleaved,
-                 int64_t rotary_dim, bool backward, const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    return make_plan(x, positions, base, interleaved, rotary_dim, backward, pref);
-  });
+RopePlan rope_backward_plan(const at::Tensor& dy, const OptTensor& positions, double base,
+                            bool interleaved, int64_t rotary_dim, PlanPreference pref) {
+  return make_plan(dy, positions, base, interleaved, rotary_dim, true, pref);
 }
 }  // namespace
 
-PlanInfo explain_rope(const at::Tensor& x, const std::optional<at::Tensor>& positions,
-                      double base, bool interleaved, int64_t rotary_dim,
-                      const std::optional<std::string>& preference) {
-  return explain(x, positions, base, interleaved, rotary_dim, false, preference);
+// y = rotate(x, ±θ), so dL/dx = rotate(dL/dy, ∓θ): each op's derivative is the other.
+TORCH_LIBRARY_FRAGMENT(baracuda, m) {
+  OpDef(m,
+        "rope(Tensor x, Tensor? positions=None, float base=10000.0, bool interleaved=False, "
+        "int rotary_dim=-1) -> Tensor")
+      .kernel(&rope_kernel)
+      .meta(&rope_meta)
+      .explain(&rope_plan)
+      .derivative("rope_backward",
+                  {grad(0), arg("positions"), arg("base"), arg("interleaved"), arg("rotary_dim")},
+                  {{"x", 0}});
+  OpDef(m,
+        "rope_backward(Tensor dy, Tensor? positions=None, float base=10000.0, "
+        "bool interleaved=False, int rotary_dim=-1) -> Tensor")
+      .kernel(&rope_backward_kernel)
+      .meta(&rope_backward_meta)
+      .explain(&rope_backward_plan)
+      .derivative("rope",
+                  {grad(0), arg("positions"), arg("base"), arg("interleaved"), arg("rotary_dim")},
+                  {{"dy", 0}});
 }
-
-PlanInfo explain_rope_backward(const at::Tensor& dy, const std::optional<at::Tensor>& positions,
-                               double base, bool interleaved, int64_t rotary_dim,
-                               const std::optional<std::string>& preference) {
-  return explain(dy, positions, base, interleaved, rotary_dim, true, preference);
-}
-
-BARACUDA_IMPL_OPS(
-    op_impls("rope", &rope_kernel, &rope_meta, &rope_autograd),
-    op_impls("rope_backward", &rope_backward_kernel, &rope_backward_meta, &rope_backward_autograd))
 
 }  // namespace baracuda::torch_ops
