@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -199,6 +200,13 @@ std::string sizes_str(const Int* sizes, int rank) {
   std::string s = "[";
   for (int d = 0; d < rank; ++d) s += (d ? ", " : "") + size_str(sizes[d]);
   return s + "]";
+}
+
+// Text of a double for error messages ("nan", "-1", "0.5").
+inline std::string double_str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
 }
 
 // NotImplementedError naming the op above kMaxRank dims.

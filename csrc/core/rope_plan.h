@@ -18,7 +18,6 @@
 #pragma once
 
 #include <cmath>
-#include <cstdio>
 #include <string>
 
 #include "core/plan.h"
@@ -90,13 +89,6 @@ struct RopeLaunch {
   void* y = nullptr;
   void* table = nullptr;  // 16-byte aligned workspace of table_bytes
 };
-
-// Text of a double for error messages ("nan", "-1", "0.5").
-inline std::string double_str(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);  // not iostreams: see size_str in plan.h
-  return buf;
-}
 
 // Problem checks shared by the plan and the shape-only (meta) kernels, so that a
 // compiled graph rejects what eager execution rejects. Int is int64_t, or a symbolic
