@@ -226,8 +226,10 @@ def _declared_rules(e: dict) -> dict:
                 args.append(tensors[ctx.saved_at[i]] if tensor[i] else ctx.args[i])
             elif kind == "output":
                 args.append(tensors[outs_at + saved_outs.index(i)])
-            else:
+            elif kind == "sizes_of":
                 args.append(ctx.sizes[i])
+            else:
+                args.append(None)
         result = derivative(*args)
         result = result if isinstance(result, tuple) else (result,)
         out = [None] * n

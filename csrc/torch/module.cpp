@@ -44,7 +44,7 @@ PlanInfo explain_declared(const std::string& name, const std::optional<std::stri
 
 // The declarations baracuda_torch/_autograd.py builds the torch.func rules from.
 py::list op_table() {
-  static const char* kinds[] = {"grad", "arg", "output", "sizes_of"};
+  static const char* kinds[] = {"grad", "arg", "output", "sizes_of", "none"};
   static const char* autograd[] = {"none", "custom", "derivative", "not_differentiable"};
   py::list out;
   for (const OpEntry* e : op_entries()) {

@@ -90,6 +90,7 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
         case GradSource::Kind::SizesOf:
           ctx->saved_data[key("s", s.index)] = c10::IValue(a->toTensor().sym_sizes());
           break;
+        case GradSource::Kind::None: break;
       }
     }
     ctx->save_for_backward(to_save);
@@ -143,6 +144,7 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
           break;
         case GradSource::Kind::Output: stack.emplace_back(saved[next++]); break;
         case GradSource::Kind::SizesOf: stack.push_back(ctx->saved_data[key("s", s.index)]); break;
+        case GradSource::Kind::None: stack.emplace_back(); break;
       }
     }
     op.callBoxed(stack);
@@ -234,7 +236,7 @@ OpDef& OpDef::derivative(const char* op, std::vector<GradSource> sources,
   for (GradSource& s : sources) {
     if (s.kind == GradSource::Kind::Arg || s.kind == GradSource::Kind::SizesOf)
       s.index = e.arg_index(s.name);
-    else if (s.index < 0 || s.index >= outputs)
+    else if (s.kind != GradSource::Kind::None && (s.index < 0 || s.index >= outputs))
       declaration_error(e, "output " + std::to_string(s.index) + " does not exist");
     if (s.kind == GradSource::Kind::SizesOf && !e.is_tensor_arg(s.index))
       declaration_error(e, "sizes_of('" + s.name + "'): not a tensor argument");

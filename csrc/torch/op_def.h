@@ -43,7 +43,7 @@ namespace baracuda::torch_ops {
 
 // Where an argument of the derivative op comes from.
 struct GradSource {
-  enum class Kind : uint8_t { Grad, Arg, Output, SizesOf };
+  enum class Kind : uint8_t { Grad, Arg, Output, SizesOf, None };
   Kind kind = Kind::Arg;
   int index = -1;    // Grad, Output: the forward output; Arg, SizesOf: resolved arg index
   std::string name;  // Arg, SizesOf: the forward argument's schema name
@@ -57,6 +57,8 @@ inline GradSource arg(const char* name) { return {GradSource::Kind::Arg, -1, nam
 inline GradSource output(int k) { return {GradSource::Kind::Output, k, ""}; }
 // The (symbolic) sizes of a tensor argument, as a SymInt[] parameter.
 inline GradSource sizes_of(const char* name) { return {GradSource::Kind::SizesOf, -1, name}; }
+// None, for an optional parameter the derivative does not use here.
+inline GradSource none() { return {GradSource::Kind::None, -1, ""}; }
 
 // What baracuda_torch.explain runs for an op: its plan, selected from the op's own
 // arguments (a stack in schema order, defaults filled in) under a preference.
