@@ -6,7 +6,7 @@ compute in float32), accepts any strides, and traces under ``torch.compile(fullg
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional, Sequence, Tuple, Union, overload
 
 import torch
 from torch import Tensor
@@ -399,6 +399,157 @@ def set_index_checks(mode: Literal["async", "sync"]) -> None:
     for any other mode.
     """
     _gather_C.set_index_checks(mode)
+
+
+# ---- rms_norm ---------------------------------------------------------------------
+
+__all__ += ["rms_norm", "rms_norm_like", "rms_norm_convention"]
+
+RmsNormConvention = Literal["torch", "llama", "gemma"]
+
+
+@overload
+def rms_norm(input: Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[Tensor] = None,
+             eps: Optional[float] = None, *, convention: RmsNormConvention = "torch",
+             residual: None = None) -> Tensor: ...
+
+
+@overload
+def rms_norm(input: Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[Tensor] = None,
+             eps: Optional[float] = None, *, convention: RmsNormConvention = "torch",
+             residual: Tensor) -> Tuple[Tensor, Tensor]: ...
+
+
+def rms_norm(input: Tensor, normalized_shape: Union[int, Sequence[int]], weight: Optional[Tensor] = None,
+             eps: Optional[float] = None, *, convention: RmsNormConvention = "torch",
+             residual: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Root-mean-square normalization over the last ``len(normalized_shape)`` dims, as
+    ``torch.nn.functional.rms_norm(input, normalized_shape, weight, eps)`` (same arguments),
+    in one pass (forward and backward), optionally after a fused residual add.
+
+    With ``h = input`` (or ``h = input + residual`` in input's dtype, as a decoder layer
+    adds them) and ``n = h · rsqrt(mean(h²) + eps)`` computed in float32 (float64 for
+    float64 input)::
+
+        convention   result                                  matches
+        "torch"      (n · weight).to(input.dtype)            torch.nn.RMSNorm, F.rms_norm
+        "llama"      weight · n.to(input.dtype)               transformers' LlamaRMSNorm
+                     (in the promoted dtype of input and      (Mistral, Qwen2/3 and most
+                     weight: float32 for a float32 weight     other HF models)
+                     and 16-bit input)
+        "gemma"      (n · (1 + weight)).to(input.dtype)       transformers' GemmaRMSNorm
+
+    Without a weight every convention gives ``n.to(input.dtype)``. ``eps=None`` is the
+    machine epsilon of the compute dtype (float32's for float32/float16/bfloat16 input,
+    float64's for float64), as in torch. Float64 input is normalized in float64 whatever
+    the convention (transformers' modules compute in float32).
+
+    Differentiable once (gradients for input, residual and weight; a second derivative
+    raises ``NotImplementedError``); the weight's gradient is summed in a fixed order
+    (bitwise reproducible). Any strides (the last dim's too), every float dtype.
+
+    Args:
+        input: ``[*, *normalized_shape]``; float32, float16, bfloat16 or float64.
+        normalized_shape: the trailing shape to normalize over (an int for the last dim).
+        weight: ``normalized_shape``-shaped scale (input's dtype or float32), or None.
+        eps: added to the mean square; None for the machine epsilon (see above).
+        convention: ``"torch"``, ``"llama"`` or ``"gemma"`` (see above).
+        residual: a tensor of input's shape and dtype to add first; then the result is
+            ``(y, h)`` with ``h = input + residual`` (the next residual stream).
+
+    Returns:
+        ``y`` (input's shape; input's dtype except as noted for "llama"), or ``(y, h)``
+        with a residual.
+
+    Raises:
+        ValueError: ``normalized_shape`` not the trailing shape of input, a weight of
+            another shape, a residual of another shape, eps negative or not finite, an
+            unknown convention, a 0-dim input.
+        TypeError: non-floating input, a weight other than input's dtype or float32, a
+            residual of another dtype.
+        RuntimeError: tensors on different devices.
+
+    Example::
+
+        >>> y = baracuda_torch.rms_norm(x, (4096,), weight, 1e-6, convention="llama")
+        >>> y, h = baracuda_torch.rms_norm(attn_out, (4096,), weight, 1e-6, residual=h)
+    """
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or input.dim() < k or tuple(input.shape[input.dim() - k:]) != shape:
+        raise ValueError(f"baracuda_torch.rms_norm: normalized_shape {list(shape)} must be the "
+                         f"trailing shape of input, got input of shape {list(input.shape)}")
+    if weight is not None and tuple(weight.shape) != shape:
+        raise ValueError(f"baracuda_torch.rms_norm: weight must have shape normalized_shape "
+                         f"{list(shape)}, got {list(weight.shape)}")
+    x, r, w = input, residual, weight
+    if k > 1:  # one normalized dim for the op
+        x = input.flatten(-k)
+        r = residual.flatten(-k) if residual is not None and residual.dim() >= k else residual
+        w = weight.flatten() if weight is not None else None
+    if residual is None:
+        y, _ = torch.ops.baracuda.rms_norm(x, w, eps, convention)
+        return y.view(input.shape) if k > 1 else y
+    y, h, _ = torch.ops.baracuda.add_rms_norm(x, r, w, eps, convention)
+    return (y.view(input.shape), h.view(input.shape)) if k > 1 else (y, h)
+
+
+def rms_norm_convention(module: torch.nn.Module) -> Tuple[RmsNormConvention, Optional[float], Tuple[int, ...]]:
+    """``(convention, eps, normalized_shape)`` of an RMSNorm module whose computation
+    :func:`rms_norm` reproduces: ``torch.nn.RMSNorm``, :class:`baracuda_torch.nn.RMSNorm`,
+    or a transformers module whose ``forward`` is the code of ``LlamaRMSNorm`` ("llama":
+    Llama, Mistral, Qwen2, Qwen3, ... every copy of it) or of ``GemmaRMSNorm`` ("gemma":
+    Gemma, Gemma 2, Gemma 3, ...). Raises ``ValueError`` naming the class otherwise (other
+    RMSNorm variants compute something else: rather no answer than a wrong one)."""
+    from . import nn as bnn
+
+    if isinstance(module, bnn.RMSNorm):
+        return module.convention, module.eps, tuple(module.normalized_shape)
+    if type(module) is torch.nn.RMSNorm:
+        return "torch", module.eps, tuple(module.normalized_shape)
+    for convention, reference, eps_name, methods in _hf_rms_norms():
+        if all(_same_code(getattr(type(module), m, None), getattr(reference, m)) for m in methods):
+            weight = module.weight
+            return convention, float(getattr(module, eps_name)), tuple(weight.shape)
+    raise ValueError(f"baracuda_torch.rms_norm_convention: {type(module).__name__} is not an RMSNorm "
+                     "whose computation baracuda reproduces (torch.nn.RMSNorm, or transformers' "
+                     "LlamaRMSNorm or GemmaRMSNorm code)")
+
+
+def rms_norm_like(module: torch.nn.Module, input: Tensor, *,
+                  residual: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """What ``module(input)`` computes (``module(input + residual)`` with a residual,
+    returned with ``h = input + residual`` as ``(y, h)``), as one :func:`rms_norm` call, for
+    any module :func:`rms_norm_convention` recognizes, with the module's own weight and eps
+    (so its weight receives the gradient).
+
+    Example::
+
+        >>> layer = model.model.layers[0]
+        >>> y = baracuda_torch.rms_norm_like(layer.input_layernorm, hidden_states)
+    """
+    convention, eps, shape = rms_norm_convention(module)
+    return rms_norm(input, shape, getattr(module, "weight", None), eps, convention=convention,
+                    residual=residual)
+
+
+def _same_code(f, g) -> bool:
+    """Whether two functions run the same bytecode on the same names and constants."""
+    a, b = getattr(f, "__code__", None), getattr(g, "__code__", None)
+    return a is not None and b is not None and (a.co_code, a.co_consts, a.co_names, a.co_varnames) == (
+        b.co_code, b.co_consts, b.co_names, b.co_varnames)
+
+
+def _hf_rms_norms() -> list:
+    """(convention, transformers' reference class, its eps attribute, the methods that
+    define the computation); empty without transformers."""
+    try:
+        from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    except ImportError:
+        return []
+    return [("llama", LlamaRMSNorm, "variance_epsilon", ("forward",)),
+            ("gemma", GemmaRMSNorm, "eps", ("forward", "_norm"))]
 
 
 # ---- ssd_chunk_scan ---------------------------------------------------------------

@@ -120,6 +120,77 @@ class RotaryEmbedding(nn.Module):
 
 
 
+# ---- rms_norm ---------------------------------------------------------------------
+import numbers  # noqa: E402
+from typing import Sequence, Tuple, Union  # noqa: E402
+
+from .functional import RmsNormConvention  # noqa: E402
+
+__all__ += ["RMSNorm"]
+
+
+class RMSNorm(nn.Module):
+    """Drop-in for :class:`torch.nn.RMSNorm` on :func:`baracuda_torch.rms_norm`: the same
+    constructor, attributes (``normalized_shape``, ``eps``, ``elementwise_affine``) and
+    parameter (``weight``, ones), so its state dict is torch's; one fused pass forward and
+    backward.
+
+    ``forward(x)`` returns the normalized ``x``; ``forward(x, residual)`` normalizes
+    ``h = x + residual`` and returns ``(y, h)`` (the residual add of a decoder layer fused
+    in).
+
+    Args:
+        normalized_shape: the trailing shape to normalize over (an int for the last dim).
+        eps: added to the mean square; None for the compute dtype's machine epsilon
+            (torch's default).
+        elementwise_affine: give the module a ``weight`` (initialized to ones).
+        device, dtype: for the weight.
+        convention: keyword only; ``"torch"`` (default: torch.nn.RMSNorm's arithmetic),
+            ``"llama"`` or ``"gemma"`` (transformers' LlamaRMSNorm / GemmaRMSNorm
+            arithmetic; a gemma checkpoint's weight is the offset from 1, so initialize it
+            to zeros, as GemmaRMSNorm does, before loading anything else). See
+            :func:`baracuda_torch.rms_norm`.
+    """
+
+    __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
+    normalized_shape: Tuple[int, ...]
+    eps: Optional[float]
+    elementwise_affine: bool
+
+    def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: Optional[float] = None,
+                 elementwise_affine: bool = True, device: Optional[torch.device] = None,
+                 dtype: Optional[torch.dtype] = None, *, convention: RmsNormConvention = "torch") -> None:
+        super().__init__()
+        if convention not in ("torch", "llama", "gemma"):
+            raise ValueError("baracuda_torch.nn.RMSNorm: convention must be 'torch', 'llama' or "
+                             f"'gemma', got {convention!r}")
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.convention = convention
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Ones, as torch.nn.RMSNorm."""
+        if self.elementwise_affine:
+            nn.init.ones_(self.weight)
+
+    def forward(self, x: Tensor, residual: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        return bf.rms_norm(x, self.normalized_shape, self.weight, self.eps, convention=self.convention,
+                           residual=residual)
+
+    def extra_repr(self) -> str:
+        extra = "" if self.convention == "torch" else f", convention={self.convention!r}"
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}{extra}")
+
+
 # ---- ssd_chunk_scan ---------------------------------------------------------------
 
 from .mamba import Mamba2, RMSNormGated  # noqa: E402

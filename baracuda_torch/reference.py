@@ -150,6 +150,48 @@ def gather(src: Tensor, dim: int, index: Tensor) -> Tensor:
     return torch.gather(src, dim, index)
 
 
+# ---- rms_norm ---------------------------------------------------------------------
+
+
+def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None,
+             convention: str = "torch") -> Tuple[Tensor, Tensor]:
+    """RMSNorm over the last dim as each convention's own PyTorch code computes it:
+    ``(y, rstd)``, ``rstd = rsqrt(mean(x²) + eps)`` in float32 (float64 for float64 x).
+
+    - ``"torch"`` (``torch.nn.functional.rms_norm``): ``(x·rstd·w)`` cast to x's dtype;
+    - ``"llama"`` (transformers' ``LlamaRMSNorm``): ``w · (x·rstd).to(x.dtype)``, in the
+      promoted dtype of x and w;
+    - ``"gemma"`` (``GemmaRMSNorm``): ``(x·rstd·(1 + w))`` cast to x's dtype.
+
+    ``eps=None`` is the compute dtype's machine epsilon, as in torch."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if eps is None:
+        eps = torch.finfo(compute).eps
+    xf = x.to(compute)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    n = xf * rstd
+    if weight is None:
+        y = n.to(x.dtype)
+    elif convention == "torch":
+        y = (n * weight).to(x.dtype)
+    elif convention == "llama":
+        y = weight * n.to(x.dtype)
+    elif convention == "gemma":
+        y = (n * (1.0 + weight.to(compute))).to(x.dtype)
+    else:
+        raise ValueError(f"unknown convention {convention!r}")
+    return y, rstd.squeeze(-1)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor] = None,
+                 eps: Optional[float] = None, convention: str = "torch") -> Tuple[Tensor, Tensor, Tensor]:
+    """The residual add of a decoder layer, then :func:`rms_norm`: ``(y, h, rstd)`` for
+    ``h = x + residual`` (in x's dtype, as the layer adds them)."""
+    h = x + residual
+    y, rstd = rms_norm(h, weight, eps, convention)
+    return y, h, rstd
+
+
 # ---- ssd_chunk_scan ---------------------------------------------------------------
 
 

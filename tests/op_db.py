@@ -549,6 +549,115 @@ def gather_bad(device):
     }
 
 
+# ---- RMSNorm -------------------------------------------------------------------------------
+
+
+def _w32(device, dtype):
+    """A float32 weight maker (float64 for float64 data): the mixed-precision case."""
+    t = dtype if dtype == torch.float64 else torch.float32
+    return lambda *shape: randn(shape, t, device)
+
+
+def rms_rstd(x):
+    """rstd of x with eps = 0 in the op's rstd dtype (the backward samples' saved value)."""
+    t = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return torch.rsqrt(x.detach().to(t).pow(2).mean(-1))
+
+
+def rms_norm_samples(device, dtype, requires_grad):
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    return [SampleInput("torch weight", (r(4, 6, 32), r(32), 1e-6, "torch")),
+            SampleInput("llama float32 weight", (r(3, 40), w32(40), 1e-5, "llama")),
+            SampleInput("gemma transposed x", (r(24, 5).t(), r(24), 1e-6, "gemma")),
+            SampleInput("no weight, eps None", (r(2, 3, 17), None, None, "torch")),
+            SampleInput("1-d llama", (r(16), r(16), 1e-6, "llama")),
+            SampleInput("row slice, stride-0 weight", (r(6, 40)[:, 4:36], r(1).expand(32), 1e-6, "torch")),
+            SampleInput("empty", (r(0, 8), r(8), 1e-6, "gemma"))]
+
+
+def add_rms_norm_samples(device, dtype, requires_grad):
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    return [SampleInput("llama", (r(4, 6, 32), r(4, 6, 32), r(32), 1e-6, "llama")),
+            SampleInput("torch float32 weight, transposed residual", (r(3, 40), r(40, 3).t(), w32(40), 1e-5,
+                                                                      "torch")),
+            SampleInput("gemma, no weight", (r(2, 24), r(2, 24), None, None, "gemma")),
+            SampleInput("empty", (r(0, 8), r(0, 8), r(8), 1e-6, "torch"))]
+
+
+def rms_norm_backward_samples(device, dtype, requires_grad):
+    """rstd is x's with eps = 0, which the reference recomputes."""
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    x3, x2, xt, x0, xe = r(4, 6, 32), r(3, 40), r(24, 5).t(), r(2, 3, 17), r(0, 8)
+    out = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype  # llama with a float32 weight
+    return [SampleInput("torch", (r(4, 6, 32), x3, r(32), rms_rstd(x3), "torch", None)),
+            SampleInput("llama float32 weight, dh", (randn((3, 40), out, device), x2, w32(40), rms_rstd(x2), "llama",
+                                                     r(3, 40))),
+            SampleInput("gemma transposed x", (r(5, 24), xt, r(24), rms_rstd(xt), "gemma", None)),
+            SampleInput("no weight, dh", (r(2, 3, 17), x0, None, rms_rstd(x0), "torch", r(2, 3, 17))),
+            SampleInput("empty rows: dw zeros", (r(0, 8), xe, r(8), rms_rstd(xe), "llama", None))]
+
+
+def rms_norm_bad(device):
+    x, w = torch.randn(3, 8, device=device), torch.randn(8, device=device)
+    xb = x.bfloat16()
+    dy = torch.randn(3, 8, device=device)
+    rstd = rms_rstd(x)
+    op, add, bwd = r"baracuda::rms_norm: ", r"baracuda::add_rms_norm: ", r"baracuda::rms_norm_backward: "
+    return {
+        "rms_norm": [
+            BadInput("integer x", lambda: args(x.int(), w), TypeError,
+                     op + r"x must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("bool x", lambda: args(x.bool(), w), TypeError, op + r"x has dtype Bool"),
+            BadInput("0-d x", lambda: args(x[0, 0], None), ValueError,
+                     op + r"x must have at least one dimension \(the normalized one\), got a 0-dim tensor"),
+            BadInput("rank 9", lambda: args(torch.randn([1] * 8 + [4], device=device), None), NotImplementedError,
+                     op + r"x has 9 dims, at most 8"),
+            BadInput("weight size", lambda: args(x, w[:7]), ValueError,
+                     op + r"weight must have shape \[N\] = \[8\] \(x.size\(-1\)\), got \[7\]"),
+            BadInput("weight 2-d", lambda: args(x, w[None]), ValueError, op + r"weight must have shape .* got \[1, 8\]"),
+            BadInput("weight float64", lambda: args(x, w.double()), TypeError,
+                     op + r"weight must have x's dtype float32, got float64"),
+            BadInput("weight float16 for bfloat16 x", lambda: args(xb, w.half()), TypeError,
+                     op + r"weight must have x's dtype bfloat16 or float32, got float16"),
+            BadInput("eps negative", lambda: args(x, w, -1.0), ValueError, op + r"eps must be finite and >= 0, got -1"),
+            BadInput("eps nan", lambda: args(x, w, float("nan")), ValueError, op + r"eps must be finite .* got nan"),
+            BadInput("unknown convention", lambda: args(x, w, 1e-6, "rms"), ValueError,
+                     op + r"convention must be 'torch', 'llama' or 'gemma', got 'rms'"),
+            BadInput("normalized_shape not trailing", lambda: args(x, (3,), w), ValueError,
+                     r"baracuda_torch.rms_norm: normalized_shape \[3\] must be the trailing shape of input",
+                     call=bt.rms_norm),
+        ],
+        "add_rms_norm": [
+            BadInput("residual shape", lambda: args(x, x[:, :7], w), ValueError,
+                     add + r"residual must have x's sizes \[3, 8\], got \[3, 7\]"),
+            BadInput("residual dtype", lambda: args(x, x.double(), w), TypeError,
+                     add + r"residual must have x's dtype float32, got float64"),
+            BadInput("integer x", lambda: args(x.long(), x.long(), None), TypeError,
+                     add + r"x must be float32, float16, bfloat16 or float64, got int64"),
+            BadInput("weight size", lambda: args(x, x, w[:4]), ValueError, add + r"weight must have shape"),
+            BadInput("unknown convention", lambda: args(x, x, w, 1e-6, "Llama"), ValueError,
+                     add + r"convention must be .* got 'Llama'"),
+        ],
+        "rms_norm_backward": [
+            BadInput("dy shape", lambda: args(dy[:, :7], x, w, rstd), ValueError,
+                     bwd + r"dy must have x's sizes \[3, 8\], got \[3, 7\]"),
+            BadInput("dy dtype", lambda: args(dy.double(), x, w, rstd), TypeError,
+                     bwd + r"dy must have the output's dtype float32, got float64"),
+            BadInput("dy dtype, llama float32 weight", lambda: args(xb, xb, w, rstd, "llama"), TypeError,
+                     bwd + r"dy must have the output's dtype float32, got bfloat16"),
+            BadInput("rstd shape", lambda: args(dy, x, w, rstd[:, None]), ValueError,
+                     bwd + r"rstd must have x's sizes without the last, \[3\], got \[3, 1\]"),
+            BadInput("rstd dtype", lambda: args(dy, x, w, rstd.double()), TypeError,
+                     bwd + r"rstd must be float32 for float32 x, got float64"),
+            BadInput("dh shape", lambda: args(dy, x, w, rstd, "torch", dy[:2]), ValueError,
+                     bwd + r"dh must have x's sizes \[3, 8\], got \[2, 8\]"),
+            BadInput("weight size", lambda: args(dy, x, w[:2], rstd), ValueError, bwd + r"weight must have shape"),
+            BadInput("unknown convention", lambda: args(dy, x, w, rstd, "t5"), ValueError,
+                     bwd + r"convention must be .* got 't5'"),
+        ],
+    }
+
+
 # ---- SSD chunk scan ------------------------------------------------------------------------
 
 
@@ -841,6 +950,15 @@ def _qk_backward_ref(dq, dk, cos, sin, interleaved=False):
     return _cos_sin_backward_ref(dq, cos, sin, interleaved), _cos_sin_backward_ref(dk, cos, sin, interleaved)
 
 
+def _rms_norm_backward_ref(dy, x, weight, rstd, convention="torch", dh=None):
+    """(dx (+ dh), dw) by autograd of the reference at eps = 0 (the samples' rstd); dw
+    is an empty tensor without a weight, as the op returns."""
+    inputs = (x,) if weight is None else (x, weight)
+    grads = _vjp(lambda x, *w: ref.rms_norm(x, w[0] if w else None, 0.0, convention)[0], dy, *inputs)
+    dx = grads[0] if dh is None else grads[0] + dh
+    return dx, (grads[1] if weight is not None else x.new_empty(0))
+
+
 OP_DB = [
     OpInfo("gated_activation", gated_samples, _family(gated_bad, "gated_activation"), ref=ref.gated_activation),
     OpInfo("gated_activation_backward", gated_backward_samples, _family(gated_bad, "gated_activation_backward"),
@@ -866,6 +984,10 @@ OP_DB = [
     OpInfo("gather", gather_samples, _family(gather_bad, "gather"), ref=ref.gather, supports_gradgrad=True),
     OpInfo("gather_backward", gather_backward_samples, _family(gather_bad, "gather_backward"),
            ref=_gather_backward_ref, supports_gradgrad=True),
+    OpInfo("rms_norm", rms_norm_samples, _family(rms_norm_bad, "rms_norm"), ref=ref.rms_norm),
+    OpInfo("add_rms_norm", add_rms_norm_samples, _family(rms_norm_bad, "add_rms_norm"), ref=ref.add_rms_norm),
+    OpInfo("rms_norm_backward", rms_norm_backward_samples, _family(rms_norm_bad, "rms_norm_backward"),
+           ref=_rms_norm_backward_ref, supports_autograd=False),
     OpInfo("ssd_chunk_scan", ssd_samples, _family(ssd_bad, "ssd_chunk_scan"), ref=ssd_chunk_scan_ref, rtol=ssd_rtol),
     OpInfo("ssd_chunk_scan_backward", ssd_backward_samples, _family(ssd_bad, "ssd_chunk_scan_backward"),
            ref=_ssd_backward_ref, rtol=ssd_rtol, supports_autograd=False),

@@ -1,0 +1,282 @@
+#include "core/rmsnorm_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/rmsnorm.h"
+
+namespace baracuda {
+
+namespace {
+constexpr const char* kFamily = "rms_norm";
+constexpr const char* kOp = "rms_norm";
+constexpr const char* kAddOp = "add_rms_norm";
+constexpr const char* kBackwardOp = "rms_norm_backward";
+constexpr const char* kConventions[] = {"torch", "llama", "gemma"};
+
+int64_t pow2_ceil(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+int64_t pow2_floor(int64_t v) {
+  int64_t p = 1;
+  while (p * 2 <= v) p *= 2;
+  return p;
+}
+
+// Leading dims (all but the last) coalesced over the input operands, and each operand's
+// inner stride.
+void plan_rows(RmsNormLaunch& l, const TensorLayout& x, const TensorLayout* const* inputs,
+               int n) {
+  const int lead_rank = x.rank - 1;
+  l.cols = x.sizes[x.rank - 1];
+  l.rows = 1;
+  for (int d = 0; d < lead_rank; ++d) l.rows *= x.sizes[d];
+  const std::array<int64_t, kMaxRank>* strides[kMaxOperands];
+  for (int k = 0; k < n; ++k) {
+    strides[k] = &inputs[k]->strides;
+    l.col_stride[k] = inputs[k]->strides[x.rank - 1];
+  }
+  l.lead = coalesce_dims(lead_rank, x.sizes, strides, n);
+}
+
+// The variant and its CUDA work decomposition (the backward's grid: plan_backward_blocks).
+// `unit_inner`: every operand has a unit inner stride (w included); 16-byte vectors also
+// need the inputs' addresses (min_alignment), row strides and N to allow them.
+void plan_variant(RmsNormLaunch& l, const DeviceInfo& device, bool unit_inner, int min_alignment,
+                  int num_inputs) {
+  l.layout = unit_inner ? RmsNormLayout::Rows : RmsNormLayout::Strided;
+  l.sm_count = device.sm_count;
+  if (device.backend != Backend::Cuda) return;
+  const int vec = 16 / element_size(l.element);
+  bool vec_ok = unit_inner && min_alignment >= 16 && l.cols % vec == 0 && l.cols > 0;
+  for (int k = 0; vec_ok && k < num_inputs; ++k)
+    for (int d = 0; d < l.lead.rank; ++d)
+      vec_ok = vec_ok && (l.lead.sizes[d] == 1 || l.lead.strides[k][d] % vec == 0);
+  const int64_t v = l.cols / vec;
+  int vecs = 1;
+  if (l.backward) {
+    while (vecs < kRmsNormMaxVecs && (v + vecs - 1) / vecs > kRmsNormMaxBackwardGroup) vecs *= 2;
+  } else {
+    // A couple of 16-byte loads in flight a thread for rows of 512+ vectors, with groups
+    // of about 256 threads.
+    vecs = static_cast<int>(std::clamp<int64_t>(pow2_floor(v / 256), 1, kRmsNormMaxVecs));
+  }
+  int64_t group = (v + vecs - 1) / vecs;
+  // Groups smaller than a warp share it (a power of two, for the shuffles); larger ones
+  // are whole warps.
+  group = group <= 32 ? pow2_ceil(group) : (group + 31) / 32 * 32;
+  const int max_group = l.backward ? kRmsNormMaxBackwardGroup : kRmsNormMaxGroup;
+  if (vec_ok && group <= max_group) {
+    l.vec = vec;
+    l.vecs = vecs;
+    l.group = static_cast<int>(group);
+    const int threads = l.backward ? kRmsNormBackwardThreads : kRmsNormBlockThreads;
+    l.rows_per_block = std::max(1, threads / l.group);
+  } else {  // not vectorizable, or wider than the registers hold
+    l.layout = RmsNormLayout::Strided;
+    l.group = kRmsNormLoopThreads;
+  }
+  if (!l.backward)
+    l.grid = std::min<int64_t>((l.rows + l.rows_per_block - 1) / l.rows_per_block,
+                               INT32_MAX);  // the kernels loop over more
+}
+
+std::string variant_name(const RmsNormLaunch& l, const DeviceInfo& device) {
+  if (l.layout == RmsNormLayout::Strided) return "strided";
+  if (device.backend == Backend::Cpu) return l.element == ElementKind::F64 ? "rows" : "rows_simd";
+  return l.group <= 32 ? "warp_vec16" : "block_vec16";
+}
+
+void set_scalars(RmsNormLaunch& l, double eps) {
+  l.eps64 = eps;
+  l.eps = static_cast<float>(eps);
+  l.inv_cols64 = 1.0 / static_cast<double>(l.cols);  // inf for N = 0: rstd is NaN there
+  l.inv_cols = static_cast<float>(l.inv_cols64);
+}
+
+TensorLayout rows_layout(ElementKind dtype, const TensorLayout& x, bool drop_last) {
+  return dense_output_layout(dtype, x.rank - (drop_last ? 1 : 0), x.sizes.data());
+}
+
+void check_forward(const RmsNormDescriptor& d, const std::string& op) {
+  const TensorLayout& x = d.x;
+  check_rms_norm_problem(op, "x", x.dtype, x.rank, x.sizes.data(), d.weight.dtype,
+                         d.has_weight ? d.weight.rank : -1, d.weight.sizes.data(), "residual",
+                         d.residual.dtype, d.has_residual ? d.residual.rank : -1,
+                         d.residual.sizes.data());
+}
+}  // namespace
+
+const char* rms_norm_convention_name(RmsNormConvention c) {
+  return kConventions[static_cast<int>(c)];
+}
+
+RmsNormConvention parse_rms_norm_convention(const std::string& name, const std::string& op) {
+  for (int i = 0; i < 3; ++i)
+    if (name == kConventions[i]) return static_cast<RmsNormConvention>(i);
+  fail(PlanErrorKind::InvalidProblem, op,
+       "convention must be 'torch', 'llama' or 'gemma', got '" + name + "'");
+}
+
+ElementKind rms_norm_out_dtype(ElementKind x, bool has_weight, ElementKind w,
+                               RmsNormConvention c) {
+  if (has_weight && c == RmsNormConvention::Llama && w == ElementKind::F32 &&
+      (x == ElementKind::F16 || x == ElementKind::BF16))
+    return ElementKind::F32;
+  return x;
+}
+
+double resolve_rms_norm_eps(const std::string& op, std::optional<double> eps, ElementKind x) {
+  if (!eps)
+    return x == ElementKind::F64 ? std::numeric_limits<double>::epsilon()
+                                 : static_cast<double>(std::numeric_limits<float>::epsilon());
+  if (!std::isfinite(*eps) || *eps < 0)
+    fail(PlanErrorKind::InvalidProblem, op, "eps must be finite and >= 0, got " + double_str(*eps));
+  return *eps;
+}
+
+RmsNormPlan RmsNormPlan::select(const RmsNormDescriptor& d, PlanPreference) {
+  const std::string op = d.has_residual ? kAddOp : kOp;
+  check_forward(d, op);
+  const double eps = resolve_rms_norm_eps(op, d.eps, d.x.dtype);
+  RmsNormPlan p;
+  p.desc_ = d;
+  RmsNormLaunch& l = p.launch_;
+  l.element = d.x.dtype;
+  l.weight_element = d.has_weight ? d.weight.dtype : d.x.dtype;
+  l.out_element = rms_norm_out_dtype(d.x.dtype, d.has_weight, d.weight.dtype, d.convention);
+  l.convention = d.convention;
+  l.has_weight = d.has_weight;
+  l.has_residual = d.has_residual;
+  const TensorLayout* inputs[2] = {&d.x, d.has_residual ? &d.residual : &d.x};
+  plan_rows(l, d.x, inputs, 2);
+  l.w_stride = d.has_weight ? d.weight.strides[0] : 0;
+  set_scalars(l, eps);
+  const bool unit_inner =
+      l.col_stride[kRmsX] == 1 && l.col_stride[kRmsResidual] == 1 && (!d.has_weight || l.w_stride == 1);
+  int align = d.x.alignment;
+  if (d.has_residual) align = std::min(align, d.residual.alignment);
+  if (d.has_weight) align = std::min(align, d.weight.alignment);
+  plan_variant(l, d.device, unit_inner || l.cols <= 1, align, 2);
+  p.y_ = rows_layout(l.out_element, d.x, false);
+  p.h_ = d.has_residual ? rows_layout(d.x.dtype, d.x, false) : TensorLayout{};
+  p.rstd_ = rows_layout(rms_norm_rstd_dtype(d.x.dtype), d.x, true);
+  // "rms_norm.llama/...", "rms_norm.add_llama/...": the convention names the kernel.
+  p.sku_ = kernel_sku(kFamily,
+                      std::string(d.has_residual ? "add_" : "") +
+                          rms_norm_convention_name(d.convention),
+                      d.x.dtype, variant_name(l, d.device), d.device);
+  return p;
+}
+
+void RmsNormPlan::can_implement(const RmsNormArgs& a) const {
+  const std::string op = desc_.has_residual ? kAddOp : kOp;
+  check_same_layout(op, "x", desc_.x, a.x.layout);
+  if (desc_.has_residual) check_same_layout(op, "residual", desc_.residual, a.residual.layout);
+  if (desc_.has_weight) check_same_layout(op, "weight", desc_.weight, a.weight.layout);
+  check_output(op, "y", y_, a.y);
+  if (desc_.has_residual) check_output(op, "h", h_, a.h);
+  check_output(op, "rstd", rstd_, a.rstd);
+}
+
+void RmsNormPlan::run(void* stream, Workspace workspace, const RmsNormArgs& a) const {
+  can_implement(a);
+  const std::string op = desc_.has_residual ? kAddOp : kOp;
+  check_workspace(op, 0, workspace);
+  if (launch_.rows == 0) return;
+  RmsNormLaunch l = launch_;
+  l.x = a.x.data;
+  l.residual = a.residual.data;
+  l.weight = a.weight.data;
+  l.y = a.y.data;
+  l.h = a.h.data;
+  l.rstd = a.rstd.data;
+  run_on_backend(desc_.device.backend, op, kernels::rms_norm_cpu,
+                 BARACUDA_CUDA_ENTRY(kernels::rms_norm_cuda), l, stream);
+}
+
+RmsNormBackwardPlan RmsNormBackwardPlan::select(const RmsNormBackwardDescriptor& d,
+                                                PlanPreference) {
+  const std::string op = kBackwardOp;
+  const TensorLayout& x = d.x;
+  check_rms_norm_problem(op, "x", x.dtype, x.rank, x.sizes.data(), d.weight.dtype,
+                         d.has_weight ? d.weight.rank : -1, d.weight.sizes.data(), "dh",
+                         d.dh.dtype, d.has_dh ? d.dh.rank : -1, d.dh.sizes.data());
+  const ElementKind out = rms_norm_out_dtype(x.dtype, d.has_weight, d.weight.dtype, d.convention);
+  check_rms_norm_backward(op, x.dtype, x.rank, x.sizes.data(), out, d.dy.dtype, d.dy.rank,
+                          d.dy.sizes.data(), d.rstd.dtype, d.rstd.rank, d.rstd.sizes.data());
+  RmsNormBackwardPlan p;
+  p.desc_ = d;
+  RmsNormLaunch& l = p.launch_;
+  l.backward = true;
+  l.element = x.dtype;
+  l.weight_element = d.has_weight ? d.weight.dtype : x.dtype;
+  l.out_element = out;
+  l.convention = d.convention;
+  l.has_weight = d.has_weight;
+  l.has_residual = d.has_dh;
+  // rstd has one dim fewer: give it x's rank with a last stride that is never used.
+  TensorLayout rstd = d.rstd;
+  rstd.rank = x.rank;
+  rstd.sizes = x.sizes;
+  rstd.strides[x.rank - 1] = 0;
+  const TensorLayout* inputs[4] = {&d.dy, &x, d.has_dh ? &d.dh : &x, &rstd};
+  plan_rows(l, x, inputs, 4);
+  l.col_stride[kRmsRstd] = 1;  // not an inner walk: keeps the unit-stride test simple
+  l.w_stride = d.has_weight ? d.weight.strides[0] : 0;
+  set_scalars(l, 0.0);
+  const bool unit_inner = l.col_stride[kRmsDy] == 1 && l.col_stride[kRmsBx] == 1 &&
+                          l.col_stride[kRmsDh] == 1 && (!d.has_weight || l.w_stride == 1);
+  int align = std::min(d.dy.alignment, x.alignment);
+  if (d.has_dh) align = std::min(align, d.dh.alignment);
+  if (d.has_weight) align = std::min(align, d.weight.alignment);
+  plan_variant(l, d.device, unit_inner || l.cols <= 1, align, 3);
+  l.grid = query_backend(d.device.backend, op, kernels::rms_norm_cpu_backward_blocks,
+                         BARACUDA_CUDA_ENTRY(kernels::rms_norm_cuda_backward_blocks), l);
+  l.dw_blocks = d.has_weight ? l.grid : 0;
+  p.dx_ = rows_layout(x.dtype, x, false);
+  const int64_t dw_size = d.has_weight ? l.cols : 0;
+  p.dw_ = dense_output_layout(l.weight_element, 1, &dw_size);
+  p.workspace_ = static_cast<size_t>(l.dw_blocks * l.cols) *
+                 static_cast<size_t>(element_size(rms_norm_rstd_dtype(x.dtype)));
+  // Every sum has a fixed order (rows within a block, then blocks in order): deterministic.
+  p.sku_ = kernel_sku(kFamily, std::string(rms_norm_convention_name(d.convention)) + "_backward",
+                      x.dtype, variant_name(l, d.device), d.device);
+  return p;
+}
+
+void RmsNormBackwardPlan::can_implement(const RmsNormBackwardArgs& a) const {
+  const std::string op = kBackwardOp;
+  check_same_layout(op, "dy", desc_.dy, a.dy.layout);
+  check_same_layout(op, "x", desc_.x, a.x.layout);
+  if (desc_.has_weight) check_same_layout(op, "weight", desc_.weight, a.weight.layout);
+  check_same_layout(op, "rstd", desc_.rstd, a.rstd.layout);
+  if (desc_.has_dh) check_same_layout(op, "dh", desc_.dh, a.dh.layout);
+  check_output(op, "dx", dx_, a.dx);
+  check_output(op, "dw", dw_, a.dw);
+}
+
+void RmsNormBackwardPlan::run(void* stream, Workspace workspace,
+                              const RmsNormBackwardArgs& a) const {
+  can_implement(a);
+  check_workspace(kBackwardOp, workspace_, workspace);
+  // No rows: dw is still written (zeros) when there is a weight.
+  if (launch_.rows == 0 && !desc_.has_weight) return;
+  RmsNormLaunch l = launch_;
+  l.dy = a.dy.data;
+  l.x = a.x.data;
+  l.weight = a.weight.data;
+  l.rstd_in = a.rstd.data;
+  l.dh = a.dh.data;
+  l.dx = a.dx.data;
+  l.dw = a.dw.data;
+  l.workspace = workspace.data;
+  run_on_backend(desc_.device.backend, kBackwardOp, kernels::rms_norm_cpu,
+                 BARACUDA_CUDA_ENTRY(kernels::rms_norm_cuda), l, stream);
+}
+
+}  // namespace baracuda

@@ -1,0 +1,55 @@
+// RMSNorm's per-element formulas (core/rmsnorm_plan.h), written once for the CPU and
+// CUDA kernels. Acc is float (float64 for float64 data); `round_x(v)` rounds v to x's
+// dtype and back (the llama convention's cast; identity for float32 and float64).
+#pragma once
+
+#include <cstdint>
+
+#include "core/rmsnorm_plan.h"
+#include "kernels/common.h"
+
+namespace baracuda::kernels {
+
+// Element offsets of row `row` in `n` operands over the leading dims (`sizes`, and the
+// operands' strides at strides[k * kMaxRank + d]), row-major.
+BARACUDA_HD void rms_norm_row_offsets(int rank, const int64_t* sizes, const int64_t* strides,
+                                      int n, int64_t row, int64_t* off) {
+  if (rank == 1) {  // the usual case (contiguous leading dims): no division
+    for (int k = 0; k < n; ++k) off[k] = row * strides[k * kMaxRank];
+    return;
+  }
+  for (int k = 0; k < n; ++k) off[k] = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    const int64_t c = row % sizes[d];
+    row /= sizes[d];
+    for (int k = 0; k < n; ++k) off[k] += c * strides[k * kMaxRank + d];
+  }
+}
+
+// y of one element from n = h·rstd and its weight w (unused without a weight).
+template <class Acc, class Round>
+BARACUDA_HD Acc rms_norm_output(RmsNormConvention c, bool has_weight, Acc n, Acc w,
+                                Round round_x) {
+  if (!has_weight) return n;
+  switch (c) {
+    case RmsNormConvention::Llama: return round_x(n) * w;
+    case RmsNormConvention::Gemma: return n * (Acc(1) + w);
+    case RmsNormConvention::Torch: break;
+  }
+  return n * w;
+}
+
+// s, the factor of dy in dL/dn: w, 1 + w (gemma) or 1 without a weight.
+template <class Acc>
+BARACUDA_HD Acc rms_norm_grad_scale(RmsNormConvention c, bool has_weight, Acc w) {
+  if (!has_weight) return Acc(1);
+  return c == RmsNormConvention::Gemma ? Acc(1) + w : w;
+}
+
+// m, the factor of dy in dw: the value y multiplied w by (round_x(n) for llama, else n).
+template <class Acc, class Round>
+BARACUDA_HD Acc rms_norm_dw_factor(RmsNormConvention c, Acc n, Round round_x) {
+  return c == RmsNormConvention::Llama ? round_x(n) : n;
+}
+
+}  // namespace baracuda::kernels
