@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/rmsnorm_plan.h"
 #include "kernels/common.h"
@@ -50,6 +51,26 @@ BARACUDA_HD Acc rms_norm_grad_scale(RmsNormConvention c, bool has_weight, Acc w)
 template <class Acc, class Round>
 BARACUDA_HD Acc rms_norm_dw_factor(RmsNormConvention c, Acc n, Round round_x) {
   return c == RmsNormConvention::Llama ? round_x(n) : n;
+}
+
+// f(T{}, W{}, O{}) with the types of x, the weight and the output: (T, T, T), or a float32
+// weight with a 16-bit x whose output is x's dtype or float32 (llama), or with a float64
+// x. `dispatch(e, g)` calls g with the backend's type of a floating ElementKind (CPU:
+// c10::Half, ...; CUDA: __half, ...).
+template <typename Dispatch, typename F>
+void dispatch_rms_norm_types(const RmsNormLaunch& l, Dispatch&& dispatch, F&& f) {
+  dispatch(l.element, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (!std::is_same_v<T, float>) {
+      if (l.weight_element == ElementKind::F32) {
+        if constexpr (!std::is_same_v<T, double>) {
+          if (l.out_element == ElementKind::F32) return f(T{}, float{}, float{});
+        }
+        return f(T{}, float{}, T{});
+      }
+    }
+    f(T{}, T{}, T{});
+  });
 }
 
 }  // namespace baracuda::kernels

@@ -82,23 +82,10 @@ void sum_dw_partials(const RmsNormLaunch& l) {
                    });
 }
 
-// f(T{}, W{}, O{}) with the C++ types of x, the weight and the output: (T, T, T), or a
-// float32 weight with a 16-bit x whose output is x's dtype or float32 (llama).
+// f(T{}, W{}, O{}) with the C++ types of x, the weight and the output.
 template <typename F>
 void dispatch_rms_norm(const RmsNormLaunch& l, F&& f) {
-  dispatch_floating(l.element, [&](auto t) {
-    using T = decltype(t);
-    if constexpr (!std::is_same_v<T, float>) {
-      if (l.weight_element == ElementKind::F32) {
-        if (l.out_element == ElementKind::F32)
-          f(T{}, float{}, float{});
-        else
-          f(T{}, float{}, T{});
-        return;
-      }
-    }
-    f(T{}, T{}, T{});
-  });
+  dispatch_rms_norm_types(l, [](ElementKind e, auto&& g) { dispatch_floating(e, g); }, f);
 }
 
 }  // namespace baracuda::kernels::cpu

@@ -124,6 +124,33 @@ __device__ __forceinline__ Acc group_sum(Acc v, int group, Acc* red) {
   return total;
 }
 
+// body(row, active, off) for each row group of this block, b, b + grid, ... (row: this
+// thread's row in the group, active: row < rows, off: the row's offsets in the N input
+// operands). Every thread of the block runs the same iterations, as group_sum needs.
+template <int N, typename F>
+__device__ __forceinline__ void for_each_row_group(const RmsNormParams& p, F&& body) {
+  const int64_t rows_per_block = p.rows_per_block;
+  for (int64_t base = blockIdx.x * rows_per_block; base < p.rows;
+       base += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const int64_t row = base + threadIdx.x / p.group;
+    const bool active = row < p.rows;
+    int64_t off[N] = {};
+    if (active) p.offsets(N, row, off);
+    body(row, active, off);
+  }
+}
+
+// f(k, c) for the vectors a thread holds of a row: vector k (< VPT) starts at column
+// c = (lane + k·group)·V, for those with c < cols (cols 0 for an inactive row).
+template <int VPT, int V, typename F>
+__device__ __forceinline__ void for_each_vector(int lane, int group, int64_t cols, F&& f) {
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t c = static_cast<int64_t>(lane + k * group) * V;
+    if (c < cols) f(k, c);
+  }
+}
+
 // ---- rows variant ----------------------------------------------------------------------
 
 template <typename T, typename W, typename O, int VPT>
@@ -132,60 +159,46 @@ __global__ void __launch_bounds__(kRmsNormMaxGroup)
   using Acc = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
   __shared__ Acc red[32];
-  const int G = p.group, R = p.rows_per_block;
+  const int G = p.group;
   const int lane = threadIdx.x % G;
   const W* w = static_cast<const W*>(p.weight);
-  // Row groups b, b + grid, ... (one pass unless there are more than 2^31 - 1 of them);
-  // every thread of the block runs the same iterations (group_sum synchronizes).
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * R; base < p.rows;
-       base += static_cast<int64_t>(gridDim.x) * R) {
-    const int64_t row = base + threadIdx.x / G;
-    const bool active = row < p.rows;
-    int64_t off[2] = {0, 0};
-    if (active) p.offsets(2, row, off);
+  // One pass unless there are more than 2^31 - 1 row groups.
+  for_each_row_group<2>(p, [&](int64_t row, bool active, const int64_t* off) {
     const T* x = static_cast<const T*>(p.x) + off[kRmsX];
     T v[VPT][V];
     Acc ss = 0;
+    for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
+      load_vec<T, V>(x + c, v[k]);
+      if (p.has_residual) {
+        T r[V];
+        load_vec<T, V>(static_cast<const T*>(p.residual) + off[kRmsResidual] + c, r);
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t c = static_cast<int64_t>(lane + k * G) * V;
-      if (active && c < p.cols) {
-        load_vec<T, V>(x + c, v[k]);
-        if (p.has_residual) {
-          T r[V];
-          load_vec<T, V>(static_cast<const T*>(p.residual) + off[kRmsResidual] + c, r);
-#pragma unroll
-          for (int i = 0; i < V; ++i) v[k][i] = from_acc<T>(to_acc(v[k][i]) + to_acc(r[i]));
-          store_vec<T, V>(static_cast<T*>(p.h) + row * p.cols + c, v[k]);
-        }
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const Acc a = to_acc(v[k][i]);
-          ss += a * a;
-        }
+        for (int i = 0; i < V; ++i) v[k][i] = from_acc<T>(to_acc(v[k][i]) + to_acc(r[i]));
+        store_vec<T, V>(static_cast<T*>(p.h) + row * p.cols + c, v[k]);
       }
-    }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const Acc a = to_acc(v[k][i]);
+        ss += a * a;
+      }
+    });
     ss = group_sum(ss, G, red);
     const Acc rstd = rsqrt_acc(ss * p.inv_of<Acc>() + p.eps_of<Acc>());
-    if (!active) continue;
+    if (!active) return;
     if (lane == 0) static_cast<Acc*>(p.rstd)[row] = rstd;
     O* y = static_cast<O*>(p.y) + row * p.cols;
+    for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
+      W wv[V];
+      if (p.has_weight) load_vec<W, V>(w + c, wv);
+      O out[V];
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t c = static_cast<int64_t>(lane + k * G) * V;
-      if (c < p.cols) {
-        W wv[V];
-        if (p.has_weight) load_vec<W, V>(w + c, wv);
-        O out[V];
-#pragma unroll
-        for (int i = 0; i < V; ++i)
-          out[i] = from_acc<O>(rms_norm_output<Acc>(p.conv, p.has_weight, to_acc(v[k][i]) * rstd,
-                                                    p.has_weight ? Acc(to_acc(wv[i])) : Acc(0),
-                                                    RoundTo<T>()));
-        store_vec<O, V>(y + c, out);
-      }
-    }
-  }
+      for (int i = 0; i < V; ++i)
+        out[i] = from_acc<O>(rms_norm_output<Acc>(p.conv, p.has_weight, to_acc(v[k][i]) * rstd,
+                                                  p.has_weight ? Acc(to_acc(wv[i])) : Acc(0),
+                                                  RoundTo<T>()));
+      store_vec<O, V>(y + c, out);
+    });
+  });
 }
 
 template <typename T, typename W, typename O, int VPT>
@@ -194,7 +207,7 @@ __global__ void __launch_bounds__(kRmsNormBackwardThreads)
   using Acc = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
   __shared__ Acc red[32];
-  extern __shared__ unsigned char dw_smem_raw[];  // [cols] when the block has several groups
+  extern __shared__ __align__(16) unsigned char dw_smem_raw[];  // [cols]: several groups a block
   const int G = p.group, R = p.rows_per_block;
   const int lane = threadIdx.x % G, grp = threadIdx.x / G;
   const W* w = static_cast<const W*>(p.weight);
@@ -206,13 +219,7 @@ __global__ void __launch_bounds__(kRmsNormBackwardThreads)
 #pragma unroll
     for (int i = 0; i < V; ++i) dw[k][i] = 0;
 
-  // Every thread of the block runs the same iterations (group_sum synchronizes).
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * R; base < p.rows;
-       base += static_cast<int64_t>(gridDim.x) * R) {
-    const int64_t row = base + grp;
-    const bool active = row < p.rows;
-    int64_t off[4] = {0, 0, 0, 0};
-    if (active) p.offsets(4, row, off);
+  for_each_row_group<4>(p, [&](int64_t row, bool active, const int64_t* off) {
     const O* dy = static_cast<const O*>(p.dy) + off[kRmsDy];
     const T* x = static_cast<const T*>(p.x) + off[kRmsBx];
     const Acc rstd = active ? static_cast<const Acc*>(p.rstd_in)[off[kRmsRstd]] : Acc(0);
@@ -220,73 +227,57 @@ __global__ void __launch_bounds__(kRmsNormBackwardThreads)
     O d[VPT][V];
     T xv[VPT][V];
     Acc part = 0;
+    for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
+      load_vec<O, V>(dy + c, d[k]);
+      load_vec<T, V>(x + c, xv[k]);
+      W wv[V];
+      if (p.has_weight) load_vec<W, V>(w + c, wv);
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t c = static_cast<int64_t>(lane + k * G) * V;
-      if (active && c < p.cols) {
-        load_vec<O, V>(dy + c, d[k]);
-        load_vec<T, V>(x + c, xv[k]);
-        W wv[V];
-        if (p.has_weight) load_vec<W, V>(w + c, wv);
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const Acc s = rms_norm_grad_scale<Acc>(p.conv, p.has_weight,
-                                                 p.has_weight ? Acc(to_acc(wv[i])) : Acc(0));
-          part += Acc(to_acc(d[k][i])) * s * (to_acc(xv[k][i]) * rstd);
-        }
+      for (int i = 0; i < V; ++i) {
+        const Acc s = rms_norm_grad_scale<Acc>(p.conv, p.has_weight,
+                                               p.has_weight ? Acc(to_acc(wv[i])) : Acc(0));
+        part += Acc(to_acc(d[k][i])) * s * (to_acc(xv[k][i]) * rstd);
       }
-    }
+    });
     const Acc c_row = group_sum(part, G, red) * inv;
-    if (!active) continue;
+    if (!active) return;
     T* dx = static_cast<T*>(p.dx) + row * p.cols;
     const T* dh = static_cast<const T*>(p.dh) + off[kRmsDh];
+    for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
+      W wv[V];
+      if (p.has_weight) load_vec<W, V>(w + c, wv);
+      T e[V];
+      if (p.has_residual) load_vec<T, V>(dh + c, e);
+      T out[V];
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t c = static_cast<int64_t>(lane + k * G) * V;
-      if (c < p.cols) {
-        W wv[V];
-        if (p.has_weight) load_vec<W, V>(w + c, wv);
-        T e[V];
-        if (p.has_residual) load_vec<T, V>(dh + c, e);
-        T out[V];
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const Acc wi = p.has_weight ? Acc(to_acc(wv[i])) : Acc(0);
-          const Acc di = to_acc(d[k][i]);
-          const Acc n = to_acc(xv[k][i]) * rstd;
-          Acc r = rstd * (di * rms_norm_grad_scale<Acc>(p.conv, p.has_weight, wi) - n * c_row);
-          if (p.has_residual) r += to_acc(e[i]);
-          out[i] = from_acc<T>(r);
-          dw[k][i] += di * rms_norm_dw_factor<Acc>(p.conv, n, RoundTo<T>());
-        }
-        store_vec<T, V>(dx + c, out);
+      for (int i = 0; i < V; ++i) {
+        const Acc wi = p.has_weight ? Acc(to_acc(wv[i])) : Acc(0);
+        const Acc di = to_acc(d[k][i]);
+        const Acc n = to_acc(xv[k][i]) * rstd;
+        Acc r = rstd * (di * rms_norm_grad_scale<Acc>(p.conv, p.has_weight, wi) - n * c_row);
+        if (p.has_residual) r += to_acc(e[i]);
+        out[i] = from_acc<T>(r);
+        dw[k][i] += di * rms_norm_dw_factor<Acc>(p.conv, n, RoundTo<T>());
       }
-    }
-  }
+      store_vec<T, V>(dx + c, out);
+    });
+  });
   if (!p.has_weight) return;
   // The block's partial row: its groups' partials added in group order.
   Acc* part_row = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * p.cols;
   if (R == 1) {
+    for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-      const int64_t c = static_cast<int64_t>(lane + k * G) * V;
-      if (c < p.cols)
-#pragma unroll
-        for (int i = 0; i < V; ++i) part_row[c + i] = dw[k][i];
-    }
+      for (int i = 0; i < V; ++i) part_row[c + i] = dw[k][i];
+    });
     return;
   }
   Acc* smem = reinterpret_cast<Acc*>(dw_smem_raw);
   for (int r = 0; r < R; ++r) {
-    if (grp == r) {
+    for_each_vector<VPT, V>(lane, G, grp == r ? p.cols : 0, [&](int k, int64_t c) {
 #pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int64_t c = static_cast<int64_t>(lane + k * G) * V;
-        if (c < p.cols)
-#pragma unroll
-          for (int i = 0; i < V; ++i) smem[c + i] = r == 0 ? dw[k][i] : smem[c + i] + dw[k][i];
-      }
-    }
+      for (int i = 0; i < V; ++i) smem[c + i] = r == 0 ? dw[k][i] : smem[c + i] + dw[k][i];
+    });
     __syncthreads();
   }
   for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) part_row[c] = smem[c];
@@ -414,22 +405,10 @@ inline RmsNormParams rms_norm_params(const RmsNormLaunch& l) {
   return p;
 }
 
-// f(T{}, W{}, O{}) with the device types of x, the weight and the output (see
-// cpu/rmsnorm_rows.h's dispatch_rms_norm).
+// f(T{}, W{}, O{}) with the device types of x, the weight and the output.
 template <typename F>
 void dispatch_rms_norm(const RmsNormLaunch& l, F&& f) {
-  dispatch_floating(l.element, [&](auto t) {
-    using T = decltype(t);
-    if constexpr (!std::is_same_v<T, float>) {
-      if (l.weight_element == ElementKind::F32) {
-        if constexpr (!std::is_same_v<T, double>) {
-          if (l.out_element == ElementKind::F32) return f(T{}, float{}, float{});
-        }
-        return f(T{}, float{}, T{});
-      }
-    }
-    f(T{}, T{}, T{});
-  });
+  dispatch_rms_norm_types(l, [](ElementKind e, auto&& g) { dispatch_floating(e, g); }, f);
 }
 
 // The rows backward's shared memory: the block's dw partial row when it has several
