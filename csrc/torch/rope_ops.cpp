@@ -117,14 +117,11 @@ at::Tensor rope_backward_meta(const at::Tensor& dy, const OptTensor& positions, 
   return rope_meta_impl(dy, positions, base, rotary_dim, true);
 }
 
-RopePlan rope_plan(const at::Tensor& x, const OptTensor& positions, double base,
-                   bool interleaved, int64_t rotary_dim, PlanPreference pref) {
-  return make_plan(x, positions, base, interleaved, rotary_dim, false, pref);
-}
-
-RopePlan rope_backward_plan(const at::Tensor& dy, const OptTensor& positions, double base,
-                            bool interleaved, int64_t rotary_dim, PlanPreference pref) {
-  return make_plan(dy, positions, base, interleaved, rotary_dim, true, pref);
+// The plan explain reports: rope's (Backward = false) or rope_backward's.
+template <bool Backward>
+RopePlan plan_of(const at::Tensor& x, const OptTensor& positions, double base, bool interleaved,
+                 int64_t rotary_dim, PlanPreference pref) {
+  return make_plan(x, positions, base, interleaved, rotary_dim, Backward, pref);
 }
 }  // namespace
 
@@ -135,7 +132,7 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
         "int rotary_dim=-1) -> Tensor")
       .kernel(&rope_kernel)
       .meta(&rope_meta)
-      .explain(&rope_plan)
+      .explain(&plan_of<false>)
       .derivative("rope_backward",
                   {grad(0), arg("positions"), arg("base"), arg("interleaved"), arg("rotary_dim")},
                   {{"x", 0}});
@@ -144,7 +141,7 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
         "bool interleaved=False, int rotary_dim=-1) -> Tensor")
       .kernel(&rope_backward_kernel)
       .meta(&rope_backward_meta)
-      .explain(&rope_backward_plan)
+      .explain(&plan_of<true>)
       .derivative("rope",
                   {grad(0), arg("positions"), arg("base"), arg("interleaved"), arg("rotary_dim")},
                   {{"dy", 0}});
