@@ -208,6 +208,24 @@ def check_gather(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]
 
 
 
+# ---- rms_norm
+@check
+def check_rms_norm(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    rows, hidden = (8192, 4096) if big else (256, 512)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype)
+    res = torch.randn(rows, hidden, device=device, dtype=dtype)
+    w = 1 + 0.1 * torch.randn(hidden, device=device, dtype=dtype)
+    for conv in ("torch", "llama", "gemma"):
+        yield run_case(f"rms_norm[{conv}]",
+                       lambda t, v, c=conv: bt.rms_norm(t, hidden, v, 1e-6, convention=c),
+                       lambda t, v, c=conv: ref.rms_norm(t, v, 1e-6, c)[0], [x, w],
+                       ("rms_norm", (x, w, 1e-6, conv)))
+    yield run_case("add_rms_norm[llama]",
+                   lambda t, r, v: bt.rms_norm(t, hidden, v, 1e-6, convention="llama", residual=r),
+                   lambda t, r, v: ref.add_rms_norm(t, r, v, 1e-6, "llama")[:2], [x, res, w],
+                   ("add_rms_norm", (x, res, w, 1e-6, "llama")))
+
+
 # ---- ssd_chunk_scan
 @check
 def check_ssd_chunk_scan(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:

@@ -11,7 +11,7 @@ from torch.func import grad, jacfwd, vjp, vmap
 
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
-from helpers import (DEVICES, FLOAT_DTYPES, assert_close_to_reference, layouts_2d,
+from helpers import (DEVICES, FLOAT_DTYPES, assert_close_to_reference, check_compiled, layouts_2d,
                      poison_fresh_outputs, randn, requires_cuda)
 
 ops = torch.ops.baracuda
@@ -348,6 +348,21 @@ def test_torch_func(device):
     torch.testing.assert_close(ys, ref.rms_norm(x, w[0], None, "llama")[0])
     with pytest.raises(NotImplementedError, match=r"baracuda::rms_norm: forward-mode AD"):
         jacfwd(lambda t: bt.rms_norm(t, 10, w[0]))(x[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_inductor(device, dynamic):
+    """torch.compile's default backend (Inductor) around the ops, with pointwise work
+    before and after, two row counts: eager's outputs and gradients."""
+    def layer(x, r, w):
+        y, h = bt.rms_norm(x * 2, x.shape[-1], w, 1e-6, convention="llama", residual=r)
+        return torch.cat((y.sin().flatten(), (h + bt.rms_norm(h, h.shape[-1], None)).flatten()))
+
+    inputs = [(torch.randn(n, 64, device=device, requires_grad=True),
+               torch.randn(n, 64, device=device, requires_grad=True),
+               torch.randn(64, device=device, requires_grad=True)) for n in (5, 9)]
+    check_compiled(layer, inputs, dynamic)
 
 
 # ---- the module and the functional wrapper ---------------------------------------------------
