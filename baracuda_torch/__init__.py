@@ -12,6 +12,9 @@ and Autograd kernels) and exposes documented wrappers:
 * linear interpolation: :func:`lerp` (scalar or tensor weight, as ``torch.lerp``)
 * gather: :func:`gather` (``torch.gather`` semantics), :func:`check_errors`,
   :func:`set_index_checks` (when an out-of-range CUDA index raises)
+* RMSNorm: :func:`rms_norm` (torch, LLaMA and Gemma conventions; an optional fused
+  residual add), :func:`rms_norm_like` (what a given RMSNorm module computes); module
+  :class:`nn.RMSNorm`
 * Mamba-2: :func:`ssd_chunk_scan`, and :mod:`baracuda_torch.mamba` with mamba_ssm's
   ``mamba_chunk_scan_combined``, ``mamba_split_conv1d_scan_combined`` and ``Mamba2``
   (also :class:`nn.Mamba2`)
