@@ -178,9 +178,31 @@ def ssd_option_cases() -> Iterator[Case]:
             yield f"ssd options D_per_dim={D_per_dim}", make, run, ("ssd_chunk_scan_combined",)
 
 
+def rmsnorm_cases() -> Iterator[Case]:
+    """Widths that take each variant (a row per 8 lanes, a warp, a block; 16-byte rows,
+    odd widths and transposed x: strided; a row wider than the registers hold), row
+    counts that leave row groups empty, each convention, with and without a residual
+    and a weight (the backward's shared-memory and workspace dw partials)."""
+    for dtype in DTYPES:
+        for hidden in (64, 256, 4096, 40000):
+            for name, make in layouts((37, hidden), dtype):
+                for conv, residual, weight in (("torch", False, True), ("llama", True, True),
+                                               ("gemma", True, False)):
+                    def build(make=make, residual=residual, weight=weight, dtype=dtype):
+                        x = make()
+                        w = rand(x.shape[-1], dtype=dtype) if weight else None
+                        return (x, rand(*x.shape, dtype=dtype) if residual else None, w)
+
+                    def run(x, r, w, conv=conv):
+                        return bt.rms_norm(x, x.shape[-1], w, 1e-6, convention=conv, residual=r)
+                    yield (f"rmsnorm {conv} residual={residual} weight={weight} [37, {hidden}] {name}",
+                           build, run, ("rms_norm", "add_rms_norm"))
+
+
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,
             "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
-            "gather": gather_cases, "ssd": ssd_cases, "ssd_options": ssd_option_cases}
+            "gather": gather_cases, "rmsnorm": rmsnorm_cases, "ssd": ssd_cases,
+            "ssd_options": ssd_option_cases}
 
 
 def run_case(name: str, make, fn) -> str:
@@ -188,7 +210,7 @@ def run_case(name: str, make, fn) -> str:
     out = fn(*inputs)
     outs = out if isinstance(out, tuple) else (out,)
     grads = [torch.randn_like(o) for o in outs if o.is_floating_point() and o.requires_grad]
-    leaves = [t for t in inputs if t.requires_grad]
+    leaves = [t for t in inputs if t is not None and t.requires_grad]
     if grads and leaves:
         torch.autograd.grad([o for o in outs if o.requires_grad], leaves, grads, allow_unused=True)
     torch.cuda.synchronize()
