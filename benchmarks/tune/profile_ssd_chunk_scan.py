@@ -89,7 +89,7 @@ def main():
         b, L, H, P, N, G = SHAPES[i]
         case = f"B{b} L{L} H{H} P{P} N{N} G{G} Q{CHUNK}" + (" +options" if a.options else "")
         args, kw, leaves = make_inputs(b, L, H, P, N, G, a.options)
-        info = bt.explain("ssd_chunk_scan", *[t.detach() for t in args], chunk_size=CHUNK)
+        info = bt.explain(torch.ops.baracuda.ssd_chunk_scan_combined, *[t.detach() for t in args], CHUNK)
         print(f"\n== {case}: our forward {info.variant}")
         impls = {("ours" if k == "auto" else f"ours[{k}]"): (mamba_chunk_scan_combined, k)
                  for k in a.forwards.split(",")}
@@ -100,8 +100,8 @@ def main():
         for name, (f, forward) in impls.items():
             if forward is not None:
                 bt._C._ssd_cuda_forward(forward)
-                name += " " + bt.explain("ssd_chunk_scan", *[t.detach() for t in args],
-                                         chunk_size=CHUNK).variant
+                name += " " + bt.explain(torch.ops.baracuda.ssd_chunk_scan_combined,
+                                         *[t.detach() for t in args], CHUNK).variant
             fwd = lambda f=f: f(*args, CHUNK, **kw)  # noqa: E731
             with torch.no_grad():
                 outs[name] = fwd().float()

@@ -43,22 +43,32 @@ namespace {
 constexpr int kLdX = kFusedP + 8;  // 16-bit row stride: an odd multiple of 16 bytes (ldmatrix)
 static_assert(kFusedWarps * 2 * 16 == kFusedQ, "each warp owns two 16-row tiles of the output");
 
-// dst[r][k] = src[r·s_row + k·s_col] for the kFusedQ rows of a shared-memory tile, k < cols
-// (a multiple of 8); 0 where r >= rows or k >= K. `vec`: rows go by 16-byte cp.async
-// (needs K % 8 == 0, unit inner stride and 16-byte aligned rows), else by plain loads.
-template <typename T>
-__device__ __forceinline__ void load_tile(T* dst, int ld, int cols, const T* src, int64_t s_row,
-                                          int64_t s_col, bool vec, int rows, int K) {
-  const int groups = cols / 8;
-  for (int e = threadIdx.x; e < kFusedQ * groups; e += kFusedThreads) {
-    const int r = e / groups, k = (e - r * groups) * 8;
-    T* d = dst + r * ld + k;
-    if (r < rows && vec && k < K) {
-      ssd_cp_async16(d, src + r * s_row + k);
-      continue;
+// dst[r][k] = src[r·s_row + k·s_col] for the kFusedQ rows of a shared-memory tile of row
+// stride LD, k < COLS; 0 where r >= rows or k >= K. `vec`: 16-byte groups by cp.async
+// (needs K % 8 == 0, unit inner stride and 16-byte aligned rows), else gathered. A thread
+// keeps one column group and walks every kFusedThreads / (COLS / 8)-th row, so its
+// addresses advance by constants.
+template <typename T, int LD, int COLS>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t s_row, int64_t s_col, bool vec,
+                                          int rows, int K) {
+  constexpr int kGroups = COLS / 8;
+  constexpr int kStep = kFusedThreads / kGroups;
+  static_assert(kFusedThreads % kGroups == 0, "whole rows per step");
+  const int k = (threadIdx.x % kGroups) * 8;
+  int r = threadIdx.x / kGroups;
+  const T* s = src + r * s_row + k * s_col;
+  T* d = dst + r * LD + k;
+  const bool col_in = k < K;
+#pragma unroll 4
+  for (; r < kFusedQ; r += kStep, s += kStep * s_row, d += kStep * LD) {
+    if (r < rows && col_in) {
+      if (vec)
+        ssd_cp_async16(d, s);
+      else
+        *reinterpret_cast<uint4*>(d) = gather8(s, s_col, K - k);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     }
-    *reinterpret_cast<uint4*>(d) = r < rows && k < K ? gather8(src + r * s_row + k * s_col, s_col, K - k)
-                                                      : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -88,12 +98,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
   {
     const T* x = static_cast<const T*>(p.x) + tile.b * p.xs[0] + tile.t0 * p.xs[1] + tile.h * p.xs[2] +
                  tile.p0 * p.xs[3];
-    load_tile(sX, kLdX, kFusedP, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP);
+    load_tile<T, kLdX, kFusedP>(sX, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP);
     const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2];
-    load_tile(sB, kLdN, NS, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim);
+    load_tile<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim);
     ssd_cp_async_commit();
     const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + tile.t0 * p.Cs[1] + tile.grp * p.Cs[2];
-    load_tile(sC, kLdN, NS, Cg, p.Cs[1], p.Cs[3], p.bc_vec, len, p.state_dim);
+    load_tile<T, kLdN, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, len, p.state_dim);
     ssd_cp_async_commit();
   }
   const float last2 = fused_dt_cumsum<T>(p, tile, acs2, dts, wgt, warp_total);
@@ -110,12 +120,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
   for (int k0 = 0; k0 < len16; k0 += 16) {
     uint32_t af[4];
     ssd_ldsm_x4_t(af, sX + (k0 + (lane >> 4) * 8 + (lane & 7)) * kLdX + mt * 16 + ((lane >> 3) & 1) * 8);
-    const float w0 = wgt[k0 + 2 * q4], w1 = wgt[k0 + 2 * q4 + 1];
-    const float w8 = wgt[k0 + 2 * q4 + 8], w9 = wgt[k0 + 2 * q4 + 9];
-    af[0] = scale2<T>(af[0], w0, w1);
-    af[1] = scale2<T>(af[1], w0, w1);
-    af[2] = scale2<T>(af[2], w8, w9);
-    af[3] = scale2<T>(af[3], w8, w9);
+    const float2 w01 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4);
+    const float2 w89 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4 + 8);
+    af[0] = scale2<T>(af[0], w01.x, w01.y);
+    af[1] = scale2<T>(af[1], w01.x, w01.y);
+    af[2] = scale2<T>(af[2], w89.x, w89.y);
+    af[3] = scale2<T>(af[3], w89.x, w89.y);
 #pragma unroll
     for (int j = 0; j < kNT; j += 2) {
       uint32_t bf[4];
@@ -182,36 +192,53 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
         acc[j][3] *= eb;
       }
     }
-    // intra-chunk: per 16-column step s0 <= r0, P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (s <= t)
-    for (int s0 = 0; s0 <= r0; s0 += 16) {
-      float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    // intra-chunk: per 16-column step s0 <= r0, P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (s <= t),
+    // STEPS steps at a time (two independent C·Bᵀ chains keep the tensor cores busier)
+    auto steps = [&]<int STEPS>(int s_first) {
+      float cb[STEPS][2][4];
+#pragma unroll
+      for (int u = 0; u < STEPS; ++u)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) cb[u][nt][0] = cb[u][nt][1] = cb[u][nt][2] = cb[u][nt][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kNT; ++kk) {
-        uint32_t bf[4];
-        ssd_ldsm_x4(bf, sB + (s0 + (lane >> 4) * 8 + (lane & 7)) * kLdN + kk * 16 + ((lane >> 3) & 1) * 8);
-        ssd_mma16816<T>(cb[0], cf[kk], bf[0], bf[1]);
-        ssd_mma16816<T>(cb[1], cf[kk], bf[2], bf[3]);
-      }
-      uint32_t pf[4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int s = s0 + nt * 8 + 2 * q4;
-        const float as0 = acs2[s], as1 = acs2[s + 1], d0 = dts[s], d1 = dts[s + 1];
-        const float pa0 = s <= ta ? cb[nt][0] * fast_exp2(acs_a - as0) * d0 : 0.0f;
-        const float pa1 = s + 1 <= ta ? cb[nt][1] * fast_exp2(acs_a - as1) * d1 : 0.0f;
-        const float pb0 = s <= tb ? cb[nt][2] * fast_exp2(acs_b - as0) * d0 : 0.0f;
-        const float pb1 = s + 1 <= tb ? cb[nt][3] * fast_exp2(acs_b - as1) * d1 : 0.0f;
-        pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
-        pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
+        for (int u = 0; u < STEPS; ++u) {
+          uint32_t bf[4];
+          ssd_ldsm_x4(bf, sB + (s_first + u * 16 + (lane >> 4) * 8 + (lane & 7)) * kLdN + kk * 16 +
+                              ((lane >> 3) & 1) * 8);
+          ssd_mma16816<T>(cb[u][0], cf[kk], bf[0], bf[1]);
+          ssd_mma16816<T>(cb[u][1], cf[kk], bf[2], bf[3]);
+        }
       }
 #pragma unroll
-      for (int j = 0; j < kFusedP / 8; j += 2) {
-        uint32_t bf[4];
-        ssd_ldsm_x4_t(bf, sX + (s0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdX + j * 8 + (lane >> 4) * 8);
-        ssd_mma16816<T>(acc[j], pf, bf[0], bf[1]);
-        ssd_mma16816<T>(acc[j + 1], pf, bf[2], bf[3]);
+      for (int u = 0; u < STEPS; ++u) {
+        const int s0 = s_first + u * 16;
+        uint32_t pf[4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int s = s0 + nt * 8 + 2 * q4;
+          const float2 as = *reinterpret_cast<const float2*>(acs2 + s);
+          const float2 ds = *reinterpret_cast<const float2*>(dts + s);
+          const float pa0 = s <= ta ? cb[u][nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
+          const float pa1 = s + 1 <= ta ? cb[u][nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
+          const float pb0 = s <= tb ? cb[u][nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
+          const float pb1 = s + 1 <= tb ? cb[u][nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
+          pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
+          pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
+        }
+#pragma unroll
+        for (int j = 0; j < kFusedP / 8; j += 2) {
+          uint32_t bf[4];
+          ssd_ldsm_x4_t(bf, sX + (s0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdX + j * 8 + (lane >> 4) * 8);
+          ssd_mma16816<T>(acc[j], pf, bf[0], bf[1]);
+          ssd_mma16816<T>(acc[j + 1], pf, bf[2], bf[3]);
+        }
       }
-    }
+    };
+    int s0 = 0;
+    for (; s0 + 16 <= r0; s0 += 32) steps.template operator()<2>(s0);
+    if (s0 <= r0) steps.template operator()<1>(s0);
     // epilogue: rows ta and tb, columns j·8 + 2·q4 (+1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
