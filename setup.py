@@ -22,9 +22,10 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 import torch
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# Ampere, Ada, Hopper, Blackwell (data centre and consumer), and PTX of the newest so
-# that later GPUs still run through the driver's JIT.
-DEFAULT_ARCH_LIST = "8.0;8.6;8.9;9.0;10.0;12.0+PTX"
+# Ampere, Ada, Hopper (as sm_90a: its wgmma kernels need the architecture-specific
+# target, and sm_90a code runs on every sm_90 device), Blackwell (data centre and
+# consumer), and PTX of the newest so that later GPUs still run through the driver's JIT.
+DEFAULT_ARCH_LIST = "8.0;8.6;8.9;9.0a;10.0;12.0+PTX"
 
 
 def sources(pattern):
@@ -90,6 +91,10 @@ def extension():
     print("baracuda_torch: building with CUDA for TORCH_CUDA_ARCH_LIST="
           + os.environ["TORCH_CUDA_ARCH_LIST"])
     nvcc = ["-O3", "-lineinfo", "-DBARACUDA_WITH_CUDA"]
+    # sm_90a code (Hopper's wgmma kernels) is built when the list names 9.0a; the host
+    # code learns it from this define (kernels::cuda_arch_specific_kernels).
+    if "9.0a" in os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";"):
+        nvcc.append("-DBARACUDA_SM90A")
     return CUDAExtension("baracuda_torch._C", cpp + sources("csrc/kernels/cuda/*.cu"),
                          include_dirs=include,
                          extra_compile_args={"cxx": cxx + ["-DBARACUDA_WITH_CUDA"], "nvcc": nvcc},

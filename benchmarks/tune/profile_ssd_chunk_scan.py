@@ -1,35 +1,61 @@
-"""Dev tool: where the SSD chunk scan's time goes, kernel by kernel (torch.profiler), at
-the benchmark shapes in bfloat16, forward and backward. Run on the GPU from the repo root:
-  PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py
-Prints, per shape and pass, each CUDA kernel's total time over REPS calls divided by REPS
-(µs per call), largest first.
+"""Dev tool: the SSD chunk scan against mamba_ssm's Triton mamba_chunk_scan_combined, kernel
+by kernel, on the same tensors (bf16). Run on the GPU from the repo root, after
+``scripts/peers.sh install`` (without peers/ only our side is shown):
+  PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py [--options] [--shapes 0,1]
+      [--forwards auto,fused_mma]
+For each shape and pass (forward; backward = the backward pass alone, autograd with a
+retained graph): the median time of the whole pass (CUDA events, benchmarks/harness.py's
+time_us) for both, then each side's kernels (torch.profiler, µs per call over REPS
+calls), largest first. ``--options`` passes what a Mamba2 layer passes (D, z, dt_bias
+with softplus, float32 initial states; A, D and dt_bias in float32). ``--forwards``: our
+CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma",
+"fused_wgmma": forced through the test switch where the kernel takes the problem).
 """
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-import baracuda_torch as bt
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import peers  # noqa: E402
+from harness import time_us  # noqa: E402
 
-ops = torch.ops.baracuda
-SHAPES = [(4, 4096, 80, 64, 128, 1), (2, 8192, 32, 64, 64, 32)]  # B, L, H, D, N, G
+import baracuda_torch as bt  # noqa: E402
+from baracuda_torch.mamba import mamba_chunk_scan_combined  # noqa: E402
+
+# B, L, H, P, N, G: the Mamba-2 2.7B layer, the same with per-head groups, and two more
+# layouts of the issue's table.
+SHAPES = [(4, 4096, 80, 64, 128, 1), (4, 4096, 80, 64, 128, 80), (2, 8192, 32, 64, 64, 32),
+          (2, 4096, 16, 128, 256, 16)]
 CHUNK = 256
 REPS = 10
 
 
-def inputs(b, L, H, D, N, G, dtype=torch.bfloat16):
-    x = torch.randn(b, L, H, D, device="cuda", dtype=dtype)
+def make_inputs(b, L, H, P, N, G, options, dtype=torch.bfloat16):
+    x = torch.randn(b, L, H, P, device="cuda", dtype=dtype)
     dt = F.softplus(torch.randn(b, L, H, device="cuda") - 2).to(dtype)
     A = -torch.exp(0.5 * torch.randn(H, device="cuda")).to(dtype)
     B = torch.randn(b, L, G, N, device="cuda", dtype=dtype)
     C = torch.randn(b, L, G, N, device="cuda", dtype=dtype)
-    return x, dt, A, B, C
+    args = [x, dt, A, B, C]
+    kw = {}
+    if options:
+        f32 = dict(device="cuda", dtype=torch.float32)
+        args[1] = (dt.float() - 1).to(dtype)
+        args[2] = -torch.exp(0.5 * torch.randn(H, **f32))
+        kw = dict(D=torch.randn(H, **f32), z=torch.randn_like(x), dt_bias=0.1 * torch.randn(H, **f32),
+                  initial_states=torch.randn(b, H, P, N, **f32), dt_softplus=True)
+    leaves = [t.requires_grad_() for t in args] + [v.requires_grad_() for v in kw.values()
+                                                   if isinstance(v, torch.Tensor)]
+    return args, kw, leaves
 
 
-def kernel_table(fn, title):
+def kernels(fn):
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -37,27 +63,71 @@ def kernel_table(fn, title):
         for _ in range(REPS):
             fn()
         torch.cuda.synchronize()
-    rows = [(e.key, e.device_time_total / REPS, e.count // REPS) for e in prof.key_averages()
+    rows = [(e.key, e.device_time_total / REPS, e.count / REPS) for e in prof.key_averages()
             if e.device_time_total > 0]
     rows.sort(key=lambda r: -r[1])
+    return rows
+
+
+def show(title, rows):
     total = sum(r[1] for r in rows)
-    print(f"\n{title}: {total:.0f} µs of kernels per call")
+    print(f"  {title}: {total:.0f} µs of kernels per call")
     for name, us, n in rows:
-        short = name if len(name) < 110 else name[:107] + "..."
-        print(f"  {us:9.1f} µs  x{n:<3d} {short}")
+        short = name if len(name) < 100 else name[:97] + "..."
+        print(f"    {us:9.1f} µs  x{n:<4g} {short}")
 
 
 def main():
-    for b, L, H, D, N, G in SHAPES:
-        x, dt, A, B, C = inputs(b, L, H, D, N, G)
-        dy = torch.randn_like(x)
-        case = f"B{b} L{L} H{H} D{D} N{N} G{G} Q{CHUNK}"
-        info = bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=CHUNK)
-        print(f"\n== {case}: variant {info.variant}")
-        kernel_table(lambda: ops.ssd_chunk_scan(x, dt, A, B, C, CHUNK), f"{case} forward")
-        kernel_table(lambda: ops.ssd_chunk_scan_backward(dy, x, dt, A, B, C, CHUNK), f"{case} backward")
-        del x, dt, A, B, C, dy
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--options", action="store_true")
+    ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))))
+    ap.add_argument("--forwards", default="auto")
+    a = ap.parse_args()
+    theirs = peers.mamba_chunk_scan_combined()
+    summary = []
+    for i in [int(s) for s in a.shapes.split(",")]:
+        b, L, H, P, N, G = SHAPES[i]
+        case = f"B{b} L{L} H{H} P{P} N{N} G{G} Q{CHUNK}" + (" +options" if a.options else "")
+        args, kw, leaves = make_inputs(b, L, H, P, N, G, a.options)
+        info = bt.explain(torch.ops.baracuda.ssd_chunk_scan_combined, *[t.detach() for t in args], CHUNK)
+        print(f"\n== {case}: our forward {info.variant}")
+        impls = {("ours" if k == "auto" else f"ours[{k}]"): (mamba_chunk_scan_combined, k)
+                 for k in a.forwards.split(",")}
+        if theirs is not None:
+            impls["mamba_ssm"] = (theirs, None)
+        dy = torch.randn_like(args[0])
+        outs = {}
+        for name, (f, forward) in impls.items():
+            if forward is not None:
+                bt._C._ssd_cuda_forward(forward)
+                name += " " + bt.explain(torch.ops.baracuda.ssd_chunk_scan_combined,
+                                         *[t.detach() for t in args], CHUNK).variant
+            fwd = lambda f=f: f(*args, CHUNK, **kw)  # noqa: E731
+            with torch.no_grad():
+                outs[name] = fwd().float()
+            y = fwd()
+            bwd = lambda y=y: torch.autograd.grad(y, leaves, dy, retain_graph=True)  # noqa: E731
+            with torch.no_grad():
+                tf = time_us(fwd)[0]
+            tb = time_us(bwd)[0]
+            print(f" {name}: forward {tf:.0f} µs, backward {tb:.0f} µs")
+            with torch.no_grad():
+                show(f"{name} forward", kernels(fwd))
+            show(f"{name} backward", kernels(bwd))
+            summary.append((case, name, tf, tb))
+            bt._C._ssd_cuda_forward("auto")
+            del y
+            torch.cuda.empty_cache()
+        if "mamba_ssm" in outs:
+            b_ = outs.pop("mamba_ssm").double()
+            for name, o in outs.items():
+                rel = ((o.double() - b_).norm() / b_.norm()).item()
+                print(f" {name} vs mamba_ssm output: rel L2 {rel:.2e}")
+        del args, kw, leaves, outs, dy
         torch.cuda.empty_cache()
+    print("\ncase | provider | forward µs | backward µs")
+    for case, name, tf, tb in summary:
+        print(f"{case} | {name} | {tf:.0f} | {tb:.0f}")
     return 0
 
 

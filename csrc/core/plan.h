@@ -43,7 +43,10 @@ struct DeviceInfo {
   int index = -1;
   int arch = 0;
   int sm_count = 0;
-  int64_t l2_bytes = 0;  // L2 cache size (0 on the CPU)
+  int64_t l2_bytes = 0;          // L2 cache size (0 on the CPU)
+  int64_t smem_optin_bytes = 0;  // shared memory a block may opt into (0 on the CPU)
+  // The build holds this device's architecture-specific code (sm_90a on Hopper: wgmma).
+  bool arch_specific_kernels = false;
 };
 
 // "fastest" may pick a kernel whose float reductions vary in order between runs;

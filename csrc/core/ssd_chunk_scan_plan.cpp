@@ -1,6 +1,7 @@
 #include "core/ssd_chunk_scan_plan.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/ssd_chunk_scan.h"
 
@@ -147,6 +148,9 @@ size_t kernel_workspace(SsdVariant v, const SsdChunkScanLaunch& l, bool backward
   check_workspace_addressable(l, op);
   const Backend b = backend_of(v);
   const bool chunked = v == SsdVariant::CpuChunked;
+  if (!backward && l.cuda_forward != SsdCudaForward::Staged)
+    return query_backend(b, op, kernels::ssd_chunk_scan_cpu_forward_workspace,
+                         BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward_workspace), l);
   if (backward)
     return query_backend(b, op,
                          chunked ? kernels::ssd_chunk_scan_cpu_chunked_backward_workspace
@@ -177,22 +181,58 @@ bool uses_tensor_cores(const SsdChunkScanDescriptor& desc, SsdVariant v) {
   return v == SsdVariant::Chunked && half && desc.device.arch >= 80;
 }
 
-const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v) {
+// ssd_force_cuda_forward's setting: -1 for the plan's own choice, else a SsdCudaForward.
+std::atomic<int> g_forced_forward{-1};
+
+struct CudaForwardChoice {
+  SsdCudaForward kernel = SsdCudaForward::Staged;
+  int64_t state_tile = 0;
+};
+
+// The CUDA forward for this problem and, for a fused one, its state tile (see
+// SsdCudaForward). Measured on an H100 (BENCHMARKS.md, "SSD per kernel"; bf16, chunk 256):
+// the mma.sync fused forward takes 966 / 1040 / 274 µs at B4 L4096 H80 P64 N128 with G = 1
+// / G = 80 and at B2 L8192 H32 P64 N64 G32, the staged kernels 2138 / 2095 / 944 (issue
+// table) and the wgmma fused forward 1123 / 1190 / 306 in the same run.
+CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
+                               const SsdChunkScanLaunch& l) {
+  const int forced = g_forced_forward.load(std::memory_order_relaxed);
+  if (forced == static_cast<int>(SsdCudaForward::Staged) || !uses_tensor_cores(desc, v) ||
+      desc.options.has_seq_idx || l.chunk_size > kSsdFusedMaxChunk ||
+      l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim > kSsdFusedMaxState ||
+      l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() >= (int64_t{1} << 31))
+    return {};
+  CudaForwardChoice c;
+  c.state_tile = l.state_dim <= 64 ? 64 : 128;
+  c.kernel = forced == static_cast<int>(SsdCudaForward::FusedWgmma) && desc.device.arch == 90 &&
+                     desc.device.arch_specific_kernels
+                 ? SsdCudaForward::FusedWgmma
+                 : SsdCudaForward::FusedMma;
+  if (desc.device.smem_optin_bytes < ssd_fused_smem_bytes(c.kernel, c.state_tile)) return {};
+  return c;
+}
+
+const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
+                         SsdCudaForward forward = SsdCudaForward::Staged) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
     case SsdVariant::CpuChunked: return "chunked";
-    case SsdVariant::Chunked: return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
+    case SsdVariant::Chunked:
+      if (forward == SsdCudaForward::FusedMma) return "fused_mma";
+      if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
+      return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
   }
   return "?";
 }
 
-KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward) {
+KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward,
+                   SsdCudaForward forward = SsdCudaForward::Staged) {
   KernelSku sku;
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(desc, v);
+  sku.variant = variant_name(desc, v, forward);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
@@ -207,10 +247,17 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
 }
 
 void launch_forward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
-  run_on_backend(backend_of(v), kOp,
-                 v == SsdVariant::CpuChunked ? kernels::ssd_chunk_scan_cpu_chunked_forward
-                                             : kernels::ssd_chunk_scan_cpu_forward,
-                 BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward), l, stream);
+  const auto cpu = v == SsdVariant::CpuChunked ? kernels::ssd_chunk_scan_cpu_chunked_forward
+                                               : kernels::ssd_chunk_scan_cpu_forward;
+  if (l.cuda_forward == SsdCudaForward::FusedMma)
+    run_on_backend(backend_of(v), kOp, cpu,
+                   BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward), l, stream);
+  else if (l.cuda_forward == SsdCudaForward::FusedWgmma)
+    run_on_backend(backend_of(v), kOp, cpu,
+                   BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward_sm90), l, stream);
+  else
+    run_on_backend(backend_of(v), kOp, cpu, BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward),
+                   l, stream);
 }
 
 void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
@@ -220,6 +267,12 @@ void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
                  BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_backward), l, stream);
 }
 }  // namespace
+
+std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForward> kernel) {
+  const int previous = g_forced_forward.exchange(kernel ? static_cast<int>(*kernel) : -1);
+  if (previous < 0) return std::nullopt;
+  return static_cast<SsdCudaForward>(previous);
+}
 
 SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
                                           PlanPreference pref) {
@@ -231,9 +284,12 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
   p.final_ = dense_of(ssd_compute_type(desc.x.dtype),
                       {s.batch, s.heads, s.head_dim, s.state_dim});
   p.launch_ = plan_launch(desc, s, nullptr);
+  const CudaForwardChoice forward = cuda_forward(desc, p.variant_, p.launch_);
+  p.launch_.cuda_forward = forward.kernel;
+  p.launch_.fused_state_tile = forward.state_tile;
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, false, kOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
-  p.sku_ = make_sku(desc, p.variant_, false);
+  p.sku_ = make_sku(desc, p.variant_, false, p.launch_.cuda_forward);
   return p;
 }
 

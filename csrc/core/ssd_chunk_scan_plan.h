@@ -26,11 +26,47 @@
 
 #include <array>
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "core/plan.h"
 
 namespace baracuda {
+
+// Which CUDA forward the plan runs: the staged kernels (cumsum, chunk states and state
+// passing, chunk scan: any problem), or the one-launch fused kernel (float16/bfloat16,
+// head_dim a multiple of kSsdFusedHeadTile, state_dim <= kSsdFusedMaxState, chunk <=
+// kSsdFusedMaxChunk, no seq_idx, and the device's opt-in shared memory holds
+// ssd_fused_smem_bytes) on mma.sync (kernels/cuda/ssd_fused_forward.cu, sm_80+: the
+// plan's choice wherever the fused forward applies) or on Hopper's wgmma
+// (ssd_fused_forward_sm90.cu, sm_90 devices with the build's sm_90a code). The wgmma
+// kernel is slower than mma.sync on an H100 today (BENCHMARKS.md, "SSD per kernel"), so
+// the plan does not pick it; ssd_force_cuda_forward runs it for tests and measurements.
+enum class SsdCudaForward : uint8_t { Staged, FusedMma, FusedWgmma };
+
+// Tests and benchmarks only: makes the plan pick `kernel` for the CUDA forward wherever
+// that kernel takes the problem and runs on the device (Staged always does), or restores
+// the plan's own choice (std::nullopt). Returns the previous setting.
+std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForward> kernel);
+
+// The fused forward's geometry, shared by the plan and the kernels: a block owns one chunk
+// (up to kSsdFusedMaxChunk positions) of one head and kSsdFusedHeadTile of its head_dim
+// columns; the state columns are padded to a tile of 64 or 128.
+constexpr int64_t kSsdFusedMaxChunk = 256;
+constexpr int64_t kSsdFusedHeadTile = 64;
+constexpr int64_t kSsdFusedMaxState = 128;
+// Dynamic shared memory of a fused forward for a state tile of `ns` columns: x [256][64],
+// B and C [256][ns], the incoming state [64][ns] (16-bit; the mma.sync kernel pads each
+// row by 16 bytes for ldmatrix), the wgmma kernel's float32 exchange of its two
+// warpgroups' chunk-state halves [64][ns], the cumsum, dt and weight vectors (float32),
+// and 64 bytes of per-warp scan totals and the block's ticket.
+constexpr int64_t ssd_fused_smem_bytes(SsdCudaForward kernel, int64_t ns) {
+  const int64_t pad = kernel == SsdCudaForward::FusedMma ? 8 : 0;
+  const int64_t exchange = kernel == SsdCudaForward::FusedWgmma ? kSsdFusedHeadTile * ns * 4 : 0;
+  return (kSsdFusedMaxChunk * (kSsdFusedHeadTile + pad) +
+          (2 * kSsdFusedMaxChunk + kSsdFusedHeadTile) * (ns + pad)) * 2 +
+         exchange + 3 * kSsdFusedMaxChunk * 4 + 64;
+}
 
 // The mamba_ssm `mamba_chunk_scan_combined` contract on top of the recurrence above
 // (every option is absent when its pointer is null / its flag is false, and then the
@@ -58,6 +94,9 @@ struct SsdChunkScanLaunch {
   ElementKind dt_element = ElementKind::F32;
   int64_t batch = 0, seqlen = 0, heads = 0, head_dim = 0, state_dim = 0, groups = 0;
   int64_t chunk_size = 0;
+  // CUDA forward: the kernel the plan chose, and a fused kernel's state tile (64 or 128).
+  SsdCudaForward cuda_forward = SsdCudaForward::Staged;
+  int64_t fused_state_tile = 0;
   int64_t nchunks() const { return chunk_size > 0 ? (seqlen + chunk_size - 1) / chunk_size : 0; }
 
   // Element strides of the inputs, in the order of their dims (any value, 0 included):

@@ -23,6 +23,9 @@ BARACUDA_HD double math_erf(double v) { return erf(v); }
 // was compiled for, as nvcc lists them ("800,860,...").
 bool cuda_kernels_run_on(int device);
 const char* cuda_arch_list();
+// Whether the build holds the architecture-specific code of compute capability `arch`
+// (sm_90a for 90, from TORCH_CUDA_ARCH_LIST's "9.0a": setup.py defines BARACUDA_SM90A).
+bool cuda_arch_specific_kernels(int arch);
 #endif
 
 }  // namespace baracuda::kernels

@@ -72,6 +72,8 @@ DeviceInfo device_info(const at::Tensor& t, const std::string& op) {
     info.arch = prop->major * 10 + prop->minor;
     info.sm_count = prop->multiProcessorCount;
     info.l2_bytes = prop->l2CacheSize;
+    info.smem_optin_bytes = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
+    info.arch_specific_kernels = kernels::cuda_arch_specific_kernels(info.arch);
     // An older GPU than the kernels are written for, or one this build has no code for,
     // fails here with the reason instead of a "no kernel image" error inside a launch.
     const std::string gpu = std::string(prop->name) + " (sm_" + std::to_string(info.arch) + ")";

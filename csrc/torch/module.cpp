@@ -8,6 +8,8 @@
 #include <atomic>
 #include <vector>
 
+#include "core/ssd_chunk_scan_plan.h"
+#include "kernels/common.h"
 #include "kernels/ssd_chunk_scan.h"
 #include "torch/common.h"
 #include "torch/op_def.h"
@@ -79,6 +81,35 @@ PYBIND11_MODULE(_C, m) {
   // torch.get_num_threads().
   // Tests only: the CPU chunked SSD's products on its plain loops (false) or the BLAS.
   m.def("_ssd_cpu_blas", &kernels::ssd_chunk_scan_cpu_chunked_use_blas, py::arg("enabled"));
+  // Tests and benchmarks only: the SSD's CUDA forward, "auto" (the plan's choice),
+  // "staged", "fused_mma" or "fused_wgmma" (each where it takes the problem); returns the
+  // previous setting.
+  m.def("_ssd_cuda_forward", [](const std::string& name) {
+    static const std::pair<const char*, SsdCudaForward> kNames[] = {
+        {"staged", SsdCudaForward::Staged},
+        {"fused_mma", SsdCudaForward::FusedMma},
+        {"fused_wgmma", SsdCudaForward::FusedWgmma}};
+    std::optional<SsdCudaForward> want;
+    for (const auto& [n, k] : kNames)
+      if (name == n) want = k;
+    if (!want && name != "auto")
+      throw py::value_error("_ssd_cuda_forward: expected auto, staged, fused_mma or fused_wgmma, got " + name);
+    const std::optional<SsdCudaForward> previous = ssd_force_cuda_forward(want);
+    if (!previous) return std::string("auto");
+    for (const auto& [n, k] : kNames)
+      if (*previous == k) return std::string(n);
+    return std::string("auto");
+  }, py::arg("name"));
+  // Tests only: whether the build holds the architecture-specific kernels of compute
+  // capability `arch` (sm_90a's wgmma kernels for 90).
+  m.def("_arch_specific_kernels", [](int arch) {
+#ifdef BARACUDA_WITH_CUDA
+    return kernels::cuda_arch_specific_kernels(arch);
+#else
+    (void)arch;
+    return false;
+#endif
+  }, py::arg("arch"));
   m.def("_parallel_for_threads", [] {
     std::vector<std::atomic<bool>> seen(at::get_num_threads());
     at::parallel_for(0, static_cast<int64_t>(seen.size()) * 64, 1, [&](int64_t, int64_t) {

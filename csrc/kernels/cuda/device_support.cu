@@ -47,4 +47,13 @@ bool cuda_kernels_run_on(int device) {
 
 const char* cuda_arch_list() { return kArchList; }
 
+bool cuda_arch_specific_kernels(int arch) {
+#ifdef BARACUDA_SM90A
+  return arch == 90;
+#else
+  (void)arch;
+  return false;
+#endif
+}
+
 }  // namespace baracuda::kernels

@@ -1,0 +1,347 @@
+// What the two one-launch SSD forwards share (ssd_fused_forward.cu: mma.sync, sm_80+;
+// ssd_fused_forward_sm90.cu: wgmma, sm_90a): the kernel parameters, the ticket order
+// and the state hand-over between consecutive chunks, dt processing and its cumsum, the
+// output epilogue, and the host side (parameters from the launch description, the
+// workspace, the check of the plan's choice). ssd_fused_forward.cu's header comment gives
+// the algorithm.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ssd_chunk_scan_mma.cuh"
+#include "kernels/ssd_chunk_scan.h"
+
+namespace baracuda::kernels::cuda {
+
+constexpr int kFusedThreads = 256;
+constexpr int kFusedWarps = kFusedThreads / 32;
+constexpr int kFusedQ = static_cast<int>(kSsdFusedMaxChunk);  // rows of the chunk tiles
+constexpr int kFusedP = static_cast<int>(kSsdFusedHeadTile);  // head_dim columns per block
+static_assert(kFusedThreads == kFusedQ, "one thread per chunk position for dt and its cumsum");
+
+struct FusedParams {
+  int batch, seqlen, heads, head_dim, state_dim, chunk, nchunks, psplit, hpg;
+  const void* x;
+  int64_t xs[4];
+  const void* dt;
+  int64_t dts[3];
+  bool dt_f32;
+  const float* A;
+  int64_t As;
+  const void* B;
+  int64_t Bs[4];
+  const void* C;
+  int64_t Cs[4];
+  bool x_vec, bc_vec;  // 16-byte cp.async rows (unit inner stride, 16-byte aligned)
+  const float* D;
+  int64_t Ds0, Ds1;  // Ds1 = 0 for a [H] D
+  const void* z;
+  int64_t zs[4];
+  const float* dt_bias;
+  int64_t dbs;
+  bool softplus;
+  float dt_min, dt_max;
+  const float* init;
+  int64_t is[4];
+  void* y;              // dense [B, L, H, head_dim]
+  void* y_pre;          // dense [B, L, H, head_dim] or null
+  float* final_states;  // dense [B, H, head_dim, N] or null
+  int* ticket;          // then one counter per chain: chunks published
+  float* ring;          // [chains][2][kFusedP][NS]: the last two states handed over
+};
+
+// A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile.
+struct FusedTile {
+  int c, b, h, grp, t0, len, p0;
+  int64_t chain;  // (b, h, head_dim tile)
+};
+
+__device__ __forceinline__ FusedTile fused_tile(const FusedParams& p, int ticket) {
+  FusedTile t;
+  const int per_chunk = p.batch * p.heads * p.psplit;
+  t.c = ticket / per_chunk;
+  int rest = ticket - t.c * per_chunk;
+  t.b = rest / (p.heads * p.psplit);
+  rest -= t.b * p.heads * p.psplit;
+  t.h = rest / p.psplit;
+  const int ps = rest - t.h * p.psplit;
+  t.grp = t.h / p.hpg;
+  t.t0 = t.c * p.chunk;
+  t.len = min(p.chunk, p.seqlen - t.t0);
+  t.p0 = ps * kFusedP;
+  t.chain = (static_cast<int64_t>(t.b) * p.heads + t.h) * p.psplit + ps;
+  return t;
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// 2^x (MUFU.EX2; denormal results flush to 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t r) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 v;
+    memcpy(&v, &r, 4);
+    return __half22float2(v);
+  } else {
+    __nv_bfloat162 v;
+    memcpy(&v, &r, 4);
+    return __bfloat1622float2(v);
+  }
+}
+
+// Two 16-bit values times (w0, w1), rounded back.
+template <typename T>
+__device__ __forceinline__ uint32_t scale2(uint32_t r, float w0, float w1) {
+  const float2 f = unpack2<T>(r);
+  return ssd_pack2<T>(f.x * w0, f.y * w1);
+}
+
+// Eight elements src[k·s_col], k < 8, as raw 16 bytes; 0 where k >= K (K <= 8).
+template <typename T>
+__device__ __forceinline__ uint4 gather8(const T* src, int64_t s_col, int K) {
+  T v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = i < K ? src[i * s_col] : from_acc<T>(0.0f);
+  uint4 raw;
+  memcpy(&raw, v, 16);
+  return raw;
+}
+
+// Processes the chunk's dt (bias, softplus, clamp; 0 past the chunk's end) and writes,
+// one position per thread: dts (processed dt), acs2 = log2(e)·cumsum(dt·A) (the chunk's
+// decays in base 2) and wgt = 2^(acs2_last − acs2_s)·dt_s (the chunk-state weights).
+// Returns acs2_last. Ends with __syncthreads(). `warp_total`: kFusedWarps floats.
+template <typename T>
+__device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const FusedTile& tile,
+                                                 float* acs2, float* dts, float* wgt,
+                                                 float* warp_total) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float A2 = p.A[tile.h * p.As] * 1.4426950408889634f;
+  float dtv = 0.0f;
+  if (tid < tile.len) {
+    const int64_t at = tile.b * p.dts[0] + (tile.t0 + tid) * p.dts[1] + tile.h * p.dts[2];
+    float d = p.dt_f32 ? static_cast<const float*>(p.dt)[at] : to_acc(static_cast<const T*>(p.dt)[at]);
+    if (p.dt_bias != nullptr) d += p.dt_bias[tile.h * p.dbs];
+    if (p.softplus && d <= 20.0f) d = log1pf(expf(d));
+    d = d < p.dt_min ? p.dt_min : d;  // NaN stays NaN
+    d = d > p.dt_max ? p.dt_max : d;
+    dtv = d;
+  }
+  float cum = dtv * A2;  // inclusive scan over the chunk, in a fixed order
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float u = __shfl_up_sync(0xffffffffu, cum, o);
+    if (lane >= o) cum += u;
+  }
+  if (lane == 31) warp_total[warp] = cum;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) cum += warp_total[w];
+  acs2[tid] = cum;
+  dts[tid] = dtv;
+  __syncthreads();
+  const float last = acs2[tile.len - 1];
+  wgt[tid] = tid < tile.len ? fast_exp2(last - cum) * dtv : 0.0f;
+  __syncthreads();
+  return last;
+}
+
+// Blocks until chunk c − 1 of the block's chain has published H_c (c > 0). The ticket
+// order guarantees progress; a wait of seconds can only be a bug, and a trap (an error
+// the caller sees) is better than a hang. Ends with __syncthreads().
+__device__ __forceinline__ void fused_wait_for_state(const FusedParams& p, const FusedTile& tile) {
+  if (tile.c == 0) return;
+  if (threadIdx.x == 0)
+    for (int64_t spins = 0; ld_acquire(p.ticket + 1 + tile.chain) < tile.c; ++spins) {
+      if (spins > (int64_t{1} << 26)) __trap();
+      __nanosleep(32);
+    }
+  __syncthreads();
+}
+
+// H_c[p][n] and H_c[p][n + 1] (float32): the ring's slot of chunk c − 1, or the initial
+// states (0 without them) for chunk 0. n even; columns past N read 0.
+template <int NS>
+__device__ __forceinline__ float2 fused_state_in(const FusedParams& p, const FusedTile& tile, int pr, int n) {
+  if (tile.c > 0) {
+    const float* prev = p.ring + (tile.chain * 2 + ((tile.c + 1) & 1)) * (kFusedP * NS);
+    return __ldcg(reinterpret_cast<const float2*>(prev + pr * NS + n));
+  }
+  float2 v = make_float2(0.0f, 0.0f);
+  if (p.init != nullptr) {
+    const float* ip = p.init + tile.b * p.is[0] + tile.h * p.is[1] + (tile.p0 + pr) * p.is[2];
+    if (n < p.state_dim) v.x = ip[n * p.is[3]];
+    if (n + 1 < p.state_dim) v.y = ip[(n + 1) * p.is[3]];
+  }
+  return v;
+}
+
+// H_c[p][n..n+3], n a multiple of 4 (fused_state_in four columns at a time).
+template <int NS>
+__device__ __forceinline__ float4 fused_state_in4(const FusedParams& p, const FusedTile& tile, int pr, int n) {
+  if (tile.c > 0) {
+    const float* prev = p.ring + (tile.chain * 2 + ((tile.c + 1) & 1)) * (kFusedP * NS);
+    return __ldcg(reinterpret_cast<const float4*>(prev + pr * NS + n));
+  }
+  const float2 lo = fused_state_in<NS>(p, tile, pr, n), hi = fused_state_in<NS>(p, tile, pr, n + 2);
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// Stores H_{c+1}[p][n], [n + 1]: into the ring for chunk c + 1, or as final_states after
+// the last chunk.
+template <int NS>
+__device__ __forceinline__ void fused_state_out(const FusedParams& p, const FusedTile& tile, int pr, int n,
+                                                float2 v) {
+  if (tile.c < p.nchunks - 1) {
+    float* next = p.ring + (tile.chain * 2 + (tile.c & 1)) * (kFusedP * NS);
+    __stcg(reinterpret_cast<float2*>(next + pr * NS + n), v);
+  } else if (p.final_states != nullptr) {
+    float* fp = p.final_states +
+                ((static_cast<int64_t>(tile.b) * p.heads + tile.h) * p.head_dim + tile.p0 + pr) * p.state_dim;
+    if (n < p.state_dim) fp[n] = v.x;
+    if (n + 1 < p.state_dim) fp[n + 1] = v.y;
+  }
+}
+
+// After every thread's fused_state_out: chunk c + 1 may read H_{c+1}.
+__device__ __forceinline__ void fused_publish_state(const FusedParams& p, const FusedTile& tile) {
+  if (tile.c == p.nchunks - 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) st_release(p.ticket + 1 + tile.chain, tile.c + 1);
+}
+
+// The output of row t (chunk-local, < len) at head_dim columns col, col + 1 of the tile:
+// v + D·x (x: the two input values), y_pre, then the z gate; stored as T.
+template <typename T>
+__device__ __forceinline__ void fused_store_out(const FusedParams& p, const FusedTile& tile, int t, int col,
+                                                float v0, float v1, uint32_t x2) {
+  const int pc = tile.p0 + col;
+  if (p.D != nullptr) {
+    const float2 xv = unpack2<T>(x2);
+    const float* Dh = p.D + tile.h * p.Ds0;
+    v0 = fmaf(Dh[pc * p.Ds1], xv.x, v0);
+    v1 = fmaf(Dh[(pc + 1) * p.Ds1], xv.y, v1);
+  }
+  const int64_t out_at =
+      ((static_cast<int64_t>(tile.b) * p.seqlen + tile.t0 + t) * p.heads + tile.h) * p.head_dim + pc;
+  if (p.y_pre != nullptr)
+    *reinterpret_cast<uint32_t*>(static_cast<T*>(p.y_pre) + out_at) = ssd_pack2<T>(v0, v1);
+  if (p.z != nullptr) {
+    const T* zp = static_cast<const T*>(p.z) + tile.b * p.zs[0] + (tile.t0 + t) * p.zs[1] + tile.h * p.zs[2] +
+                  pc * p.zs[3];
+    const float z0 = to_acc(zp[0]), z1 = to_acc(zp[p.zs[3]]);
+    v0 *= z0 / (1.0f + expf(-z0));
+    v1 *= z1 / (1.0f + expf(-z1));
+  }
+  *reinterpret_cast<uint32_t*>(static_cast<T*>(p.y) + out_at) = ssd_pack2<T>(v0, v1);
+}
+
+// ---- host ------------------------------------------------------------------------------
+
+inline int64_t fused_chains(const SsdChunkScanLaunch& l) {
+  return l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile);
+}
+
+inline int64_t fused_align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+inline size_t fused_workspace_bytes(const SsdChunkScanLaunch& l) {
+  const int64_t chains = fused_chains(l);
+  return static_cast<size_t>(fused_align256((chains + 1) * 4) +
+                             chains * 2 * kSsdFusedHeadTile * l.fused_state_tile * 4);
+}
+
+// The plan's launch description must be one these kernels were written for.
+inline void fused_check_launch(const SsdChunkScanLaunch& l, SsdCudaForward kernel) {
+  if (l.cuda_forward != kernel || (l.element != ElementKind::F16 && l.element != ElementKind::BF16) ||
+      l.compute != ElementKind::F32 || l.chunk_size < 1 || l.chunk_size > kSsdFusedMaxChunk ||
+      l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim < 1 || l.state_dim > l.fused_state_tile ||
+      (l.fused_state_tile != 64 && l.fused_state_tile != 128) || l.seq_idx != nullptr ||
+      fused_chains(l) * l.nchunks() >= (int64_t{1} << 31))
+    fail(PlanErrorKind::Internal, "ssd_chunk_scan",
+         "the fused forward got a launch description it was not planned for");
+}
+
+inline bool fused_rows_vec(const void* p, const int64_t (&s)[4]) {
+  return s[3] == 1 && s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// The kernel parameters from the launch description, with the workspace split into the
+// ticket/counters and the ring; the counters and the ticket are zeroed on the stream.
+inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream) {
+  FusedParams p{};
+  p.batch = static_cast<int>(l.batch);
+  p.seqlen = static_cast<int>(l.seqlen);
+  p.heads = static_cast<int>(l.heads);
+  p.head_dim = static_cast<int>(l.head_dim);
+  p.state_dim = static_cast<int>(l.state_dim);
+  p.chunk = static_cast<int>(l.chunk_size);
+  p.nchunks = static_cast<int>(l.nchunks());
+  p.psplit = static_cast<int>(l.head_dim / kFusedP);
+  p.hpg = static_cast<int>(l.heads / l.groups);
+  p.x = l.x;
+  p.dt = l.dt;
+  p.A = static_cast<const float*>(l.A);
+  p.As = l.A_stride;
+  p.B = l.B;
+  p.C = l.C;
+  for (int d = 0; d < 4; ++d) {
+    p.xs[d] = l.x_stride[d];
+    p.Bs[d] = l.B_stride[d];
+    p.Cs[d] = l.C_stride[d];
+    p.zs[d] = l.z_stride[d];
+    p.is[d] = l.init_stride[d];
+  }
+  for (int d = 0; d < 3; ++d) p.dts[d] = l.dt_stride[d];
+  p.dt_f32 = l.dt_element == ElementKind::F32;
+  p.x_vec = fused_rows_vec(l.x, l.x_stride);
+  p.bc_vec = l.state_dim % 8 == 0 && fused_rows_vec(l.B, l.B_stride) && fused_rows_vec(l.C, l.C_stride);
+  p.D = static_cast<const float*>(l.D);
+  p.Ds0 = l.D_stride[0];
+  p.Ds1 = l.D_per_dim ? l.D_stride[1] : 0;
+  p.z = l.z;
+  p.dt_bias = static_cast<const float*>(l.dt_bias);
+  p.dbs = l.dt_bias_stride;
+  p.softplus = l.dt_softplus;
+  p.dt_min = static_cast<float>(l.dt_min);
+  p.dt_max = static_cast<float>(l.dt_max);
+  p.init = static_cast<const float*>(l.initial_states);
+  p.y = l.y;
+  p.y_pre = l.y_pre_out;
+  p.final_states = static_cast<float*>(l.final_states);
+  const int64_t chains = fused_chains(l);
+  auto* ws = static_cast<unsigned char*>(l.workspace);
+  p.ticket = reinterpret_cast<int*>(ws);
+  p.ring = reinterpret_cast<float*>(ws + fused_align256((chains + 1) * 4));
+  if (cudaMemsetAsync(ws, 0, (chains + 1) * 4, stream) != cudaSuccess) check_launch("ssd_chunk_scan");
+  return p;
+}
+
+// Raises the kernel's dynamic shared memory limit (per device: done before every launch).
+template <typename K>
+void fused_allow_smem(K kernel, int64_t bytes) {
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err != cudaSuccess)
+    fail(PlanErrorKind::Internal, "ssd_chunk_scan",
+         std::string("cannot raise the fused forward's shared memory: ") + cudaGetErrorString(err));
+}
+
+}  // namespace baracuda::kernels::cuda

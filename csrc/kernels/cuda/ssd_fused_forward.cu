@@ -1,0 +1,286 @@
+// Mamba-2 SSD chunk scan, CUDA forward in one launch ("fused_mma": mma.sync tensor-core
+// products, sm_80+; ssd_fused_forward_sm90.cu is the same algorithm on Hopper's wgmma):
+// float16/bfloat16, head_dim a multiple of 64, state_dim <= 128, chunk <= 256, no seq_idx
+// (the plan, core/ssd_chunk_scan_plan.cpp, chooses it and checks each condition; the
+// staged kernels of ssd_chunk_scan_tc.cuh run everything else).
+//
+// One block per (chunk c, batch b, head h, 64-column slice of head_dim), 8 warps. With
+// the notation of ssd_chunk_scan.cuh (Acs the chunk-local cumsum of dt·A, H_c the state
+// entering chunk c, len the chunk's length):
+//   1. loads the chunk's x slice [len, 64], B and C [len, N] into shared memory
+//      (cp.async), and processes dt (bias, softplus, clamp) and its cumsum Acs in fp32;
+//   2. S_c = Σ_s exp(Acs_last − Acs_s)·dt_s · x_sᵀ ⊗ B_s   (64 × N, tensor cores; the
+//      decay-weighted x rounded to the input type once, as mamba_ssm does);
+//   3. waits until the block of chunk c − 1 of the same (b, h, slice) has published
+//      H_c (float32, through L2), publishes H_{c+1} = exp(Acs_last)·H_c + S_c for chunk
+//      c + 1 (or writes final_states), and keeps H_c, rounded to the input type, in
+//      shared memory;
+//   4. y_t = exp(Acs_t)·C_t·H_cᵀ + Σ_{s ≤ t} (C_t·B_s)·exp(Acs_t − Acs_s)·dt_s · x_s,
+//      C·Bᵀ computed per 16 × 16 tile and turned into the second product's operand in
+//      registers (P rounded to the input type), then D·x, y_pre and the z gate.
+// So chunk states never make a round trip through memory beyond the hand-over between
+// consecutive chunks (a float32 P × N tile per block, read from L2), and x, B, C are read
+// once per block.
+//
+// Ordering and progress: blocks take a ticket (atomicAdd) when they start and work on the
+// ticket's problem, chunk-major, so the block a block waits for has a smaller ticket: it
+// has started, is resident, and waits only for smaller tickets itself. Chunk c − 1 of a
+// chain ran B·H·slices tickets earlier, so the wait is normally already over. The hand-over
+// uses a ring of two float32 state tiles per chain and a counter per chain (the number of
+// chunks published), both in the workspace; the launcher zeroes the counters and the
+// ticket on the stream first (cudaMemsetAsync: graph-capturable). Every sum has an order
+// fixed by the shapes: results are bitwise reproducible.
+//
+// Non-finite values, as in the staged tensor-core kernels: the masked (zero) entries of a
+// diagonal 16 × 16 tile of P multiply the x rows of later positions of that tile, so a
+// NaN or Inf in x can reach up to 15 earlier positions of its chunk.
+#include "kernels/cuda/ssd_fused_common.cuh"
+
+namespace baracuda::kernels {
+namespace cuda {
+namespace {
+
+constexpr int kLdX = kFusedP + 8;  // 16-bit row stride: an odd multiple of 16 bytes (ldmatrix)
+static_assert(kFusedWarps * 2 * 16 == kFusedQ, "each warp owns two 16-row tiles of the output");
+
+// dst[r][k] = src[r·s_row + k·s_col] for the kFusedQ rows of a shared-memory tile of row
+// stride LD, k < COLS; 0 where r >= rows or k >= K. `vec`: 16-byte groups by cp.async
+// (needs K % 8 == 0, unit inner stride and 16-byte aligned rows), else gathered. A thread
+// keeps one column group and walks every kFusedThreads / (COLS / 8)-th row, so its
+// addresses advance by constants.
+template <typename T, int LD, int COLS>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t s_row, int64_t s_col, bool vec,
+                                          int rows, int K) {
+  constexpr int kGroups = COLS / 8;
+  constexpr int kStep = kFusedThreads / kGroups;
+  static_assert(kFusedThreads % kGroups == 0, "whole rows per step");
+  const int k = (threadIdx.x % kGroups) * 8;
+  int r = threadIdx.x / kGroups;
+  const T* s = src + r * s_row + k * s_col;
+  T* d = dst + r * LD + k;
+  const bool col_in = k < K;
+#pragma unroll 4
+  for (; r < kFusedQ; r += kStep, s += kStep * s_row, d += kStep * LD) {
+    if (r < rows && col_in) {
+      if (vec)
+        ssd_cp_async16(d, s);
+      else
+        *reinterpret_cast<uint4*>(d) = gather8(s, s_col, K - k);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <typename T, int NS>
+__global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(const FusedParams p) {
+  constexpr int kLdN = NS + 8;
+  constexpr int kNT = NS / 16;  // k-steps over N; 8-column tiles per warp in the state product
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sX = reinterpret_cast<T*>(smem);   // [kFusedQ][kLdX]
+  T* sB = sX + kFusedQ * kLdX;          // [kFusedQ][kLdN]
+  T* sC = sB + kFusedQ * kLdN;          // [kFusedQ][kLdN]
+  T* sH = sC + kFusedQ * kLdN;          // [kFusedP][kLdN]: H_c, rounded
+  float* acs2 = reinterpret_cast<float*>(sH + kFusedP * kLdN);  // [kFusedQ]
+  float* dts = acs2 + kFusedQ;                                   // [kFusedQ]
+  float* wgt = dts + kFusedQ;                                    // [kFusedQ]
+  float* warp_total = wgt + kFusedQ;                             // [kFusedWarps]
+  int& s_ticket = *reinterpret_cast<int*>(warp_total + kFusedWarps);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g8 = lane >> 2, q4 = lane & 3;  // mma fragment row and column pair
+  if (tid == 0) s_ticket = atomicAdd(p.ticket, 1);
+  __syncthreads();
+  const FusedTile tile = fused_tile(p, s_ticket);
+  const int len = tile.len;
+
+  // ---- 1. loads (x and B first: the state product needs them), dt and its cumsum
+  {
+    const T* x = static_cast<const T*>(p.x) + tile.b * p.xs[0] + tile.t0 * p.xs[1] + tile.h * p.xs[2] +
+                 tile.p0 * p.xs[3];
+    load_tile<T, kLdX, kFusedP>(sX, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP);
+    const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2];
+    load_tile<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim);
+    ssd_cp_async_commit();
+    const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + tile.t0 * p.Cs[1] + tile.grp * p.Cs[2];
+    load_tile<T, kLdN, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, len, p.state_dim);
+    ssd_cp_async_commit();
+  }
+  const float last2 = fused_dt_cumsum<T>(p, tile, acs2, dts, wgt, warp_total);
+  ssd_cp_async_wait<1>();
+  __syncthreads();  // x and B visible
+
+  // ---- 2. S_c[p][n] = Σ_s (wgt_s·x[s][p])·B[s][n]: warp (mt, nh) owns rows 16·mt.. of p
+  // and half of the N columns.
+  const int len16 = (len + 15) / 16 * 16;
+  const int mt = warp & 3, nh = (warp >> 2) * (NS / 2);
+  float sacc[kNT][4];
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+  for (int k0 = 0; k0 < len16; k0 += 16) {
+    uint32_t af[4];
+    ssd_ldsm_x4_t(af, sX + (k0 + (lane >> 4) * 8 + (lane & 7)) * kLdX + mt * 16 + ((lane >> 3) & 1) * 8);
+    const float2 w01 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4);
+    const float2 w89 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4 + 8);
+    af[0] = scale2<T>(af[0], w01.x, w01.y);
+    af[1] = scale2<T>(af[1], w01.x, w01.y);
+    af[2] = scale2<T>(af[2], w89.x, w89.y);
+    af[3] = scale2<T>(af[3], w89.x, w89.y);
+#pragma unroll
+    for (int j = 0; j < kNT; j += 2) {
+      uint32_t bf[4];
+      ssd_ldsm_x4_t(bf, sB + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + nh + j * 8 + (lane >> 4) * 8);
+      ssd_mma16816<T>(sacc[j], af, bf[0], bf[1]);
+      ssd_mma16816<T>(sacc[j + 1], af, bf[2], bf[3]);
+    }
+  }
+
+  // ---- 3. the hand-over: H_c in (also kept, rounded, for the output), H_{c+1} out
+  fused_wait_for_state(p, tile);
+  {
+    const float decay = fast_exp2(last2);
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int pr = mt * 16 + g8 + half * 8, n = nh + j * 8 + 2 * q4;
+        const float2 hin = fused_state_in<NS>(p, tile, pr, n);
+        *reinterpret_cast<uint32_t*>(sH + pr * kLdN + n) = ssd_pack2<T>(hin.x, hin.y);
+        fused_state_out<NS>(p, tile, pr, n,
+                            make_float2(fmaf(decay, hin.x, sacc[j][2 * half]),
+                                        fmaf(decay, hin.y, sacc[j][2 * half + 1])));
+      }
+    }
+    fused_publish_state(p, tile);
+  }
+  ssd_cp_async_wait<0>();
+  __syncthreads();  // C and H_c visible
+
+  // ---- 4. the output: warp w owns 16-row tiles w and 15 − w (equal causal work)
+  const int mtiles = len16 / 16;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int mtile = pass == 0 ? warp : 2 * kFusedWarps - 1 - warp;
+    if (mtile >= mtiles) continue;
+    const int r0 = mtile * 16;
+    uint32_t cf[kNT][4];  // C rows r0..r0+15 as A fragments, k over N
+#pragma unroll
+    for (int kk = 0; kk < kNT; ++kk)
+      ssd_ldsm_x4(cf[kk], sC + (r0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + kk * 16 + (lane >> 4) * 8);
+    float acc[kFusedP / 8][4];
+#pragma unroll
+    for (int j = 0; j < kFusedP / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    // inter-chunk: C·H_cᵀ, then the rows scaled by exp(Acs_t)
+#pragma unroll
+    for (int kk = 0; kk < kNT; ++kk) {
+#pragma unroll
+      for (int j = 0; j < kFusedP / 8; j += 2) {
+        uint32_t bf[4];
+        ssd_ldsm_x4(bf, sH + (j * 8 + (lane >> 4) * 8 + (lane & 7)) * kLdN + kk * 16 + ((lane >> 3) & 1) * 8);
+        ssd_mma16816<T>(acc[j], cf[kk], bf[0], bf[1]);
+        ssd_mma16816<T>(acc[j + 1], cf[kk], bf[2], bf[3]);
+      }
+    }
+    const int ta = r0 + g8, tb = ta + 8;
+    const float acs_a = acs2[ta], acs_b = acs2[tb];
+    {
+      const float ea = fast_exp2(acs_a), eb = fast_exp2(acs_b);
+#pragma unroll
+      for (int j = 0; j < kFusedP / 8; ++j) {
+        acc[j][0] *= ea;
+        acc[j][1] *= ea;
+        acc[j][2] *= eb;
+        acc[j][3] *= eb;
+      }
+    }
+    // intra-chunk: per 16-column step s0 <= r0, P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (s <= t),
+    // STEPS steps at a time (two independent C·Bᵀ chains keep the tensor cores busier)
+    auto steps = [&]<int STEPS>(int s_first) {
+      float cb[STEPS][2][4];
+#pragma unroll
+      for (int u = 0; u < STEPS; ++u)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) cb[u][nt][0] = cb[u][nt][1] = cb[u][nt][2] = cb[u][nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kNT; ++kk) {
+#pragma unroll
+        for (int u = 0; u < STEPS; ++u) {
+          uint32_t bf[4];
+          ssd_ldsm_x4(bf, sB + (s_first + u * 16 + (lane >> 4) * 8 + (lane & 7)) * kLdN + kk * 16 +
+                              ((lane >> 3) & 1) * 8);
+          ssd_mma16816<T>(cb[u][0], cf[kk], bf[0], bf[1]);
+          ssd_mma16816<T>(cb[u][1], cf[kk], bf[2], bf[3]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < STEPS; ++u) {
+        const int s0 = s_first + u * 16;
+        uint32_t pf[4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int s = s0 + nt * 8 + 2 * q4;
+          const float2 as = *reinterpret_cast<const float2*>(acs2 + s);
+          const float2 ds = *reinterpret_cast<const float2*>(dts + s);
+          const float pa0 = s <= ta ? cb[u][nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
+          const float pa1 = s + 1 <= ta ? cb[u][nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
+          const float pb0 = s <= tb ? cb[u][nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
+          const float pb1 = s + 1 <= tb ? cb[u][nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
+          pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
+          pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
+        }
+#pragma unroll
+        for (int j = 0; j < kFusedP / 8; j += 2) {
+          uint32_t bf[4];
+          ssd_ldsm_x4_t(bf, sX + (s0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdX + j * 8 + (lane >> 4) * 8);
+          ssd_mma16816<T>(acc[j], pf, bf[0], bf[1]);
+          ssd_mma16816<T>(acc[j + 1], pf, bf[2], bf[3]);
+        }
+      }
+    };
+    int s0 = 0;
+    for (; s0 + 16 <= r0; s0 += 32) steps.template operator()<2>(s0);
+    if (s0 <= r0) steps.template operator()<1>(s0);
+    // epilogue: rows ta and tb, columns j·8 + 2·q4 (+1)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int t = half == 0 ? ta : tb;
+      if (t >= len) continue;
+#pragma unroll
+      for (int j = 0; j < kFusedP / 8; ++j) {
+        const int col = j * 8 + 2 * q4;
+        fused_store_out<T>(p, tile, t, col, acc[j][2 * half], acc[j][2 * half + 1],
+                           *reinterpret_cast<const uint32_t*>(sX + t * kLdX + col));
+      }
+    }
+  }
+}
+
+template <typename T, int NS>
+void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
+  const FusedParams p = fused_params(l, stream);
+  const int64_t smem = ssd_fused_smem_bytes(SsdCudaForward::FusedMma, NS);
+  fused_allow_smem(ssd_fused_forward_kernel<T, NS>, smem);
+  const int64_t blocks = fused_chains(l) * p.nchunks;
+  ssd_fused_forward_kernel<T, NS><<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
+  check_launch("ssd_chunk_scan");
+}
+
+}  // namespace
+}  // namespace cuda
+
+size_t ssd_chunk_scan_cuda_fused_forward_workspace(const SsdChunkScanLaunch& l) {
+  return cuda::fused_workspace_bytes(l);
+}
+
+void ssd_chunk_scan_cuda_fused_forward(const SsdChunkScanLaunch& l, void* stream) {
+  using namespace cuda;
+  fused_check_launch(l, SsdCudaForward::FusedMma);
+  auto s = static_cast<cudaStream_t>(stream);
+  const bool wide = l.fused_state_tile == 128;
+  if (l.element == ElementKind::F16) {
+    wide ? launch_fused<__half, 128>(l, s) : launch_fused<__half, 64>(l, s);
+  } else {
+    wide ? launch_fused<__nv_bfloat16, 128>(l, s) : launch_fused<__nv_bfloat16, 64>(l, s);
+  }
+}
+
+}  // namespace baracuda::kernels

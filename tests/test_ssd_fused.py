@@ -1,0 +1,198 @@
+"""The SSD's one-launch CUDA forwards ("fused_mma": mma.sync, sm_80+, the plan's choice;
+"fused_wgmma": Hopper's wgmma, sm_90 with the build's sm_90a code, run through the test
+switch; float16/bfloat16, head_dim a multiple of 64, state_dim <= 128, chunk <= 256, no
+seq_idx): which problems the plan gives them, and each kernel's forward (out,
+final_states, y_pre through the backward) against the float64 recurrence with every
+option it takes, odd lengths and chunks, strided inputs, poisoned outputs, bitwise
+determinism and CUDA-graph replay. CUDA only.
+
+Tolerances: those of test_ssd_chunk_scan (rtol_for), through test_mamba's check_case.
+"""
+import random
+
+import pytest
+import torch
+
+import baracuda_torch as bt
+from baracuda_torch import mamba
+from helpers import poison_fresh_outputs, requires_cuda
+from test_mamba import check_case, make_case
+from test_ssd_chunk_scan import check, reference_grads, rtol_for, ssd_inputs
+
+ops = torch.ops.baracuda
+HALF = [torch.bfloat16, torch.float16]
+
+# (B, L, H, P, N, G, chunk): the 2.7B layer's P/N with a ragged last chunk, two head_dim
+# tiles, N = 64 and a small N, N not a multiple of 8 (the scalar loads), G = H, 1 < G < H,
+# chunks of 64, 128 and an odd one, and L shorter than the chunk.
+SHAPES = [
+    (2, 700, 4, 64, 128, 1, 256),
+    (1, 600, 3, 128, 64, 3, 256),
+    (2, 300, 4, 64, 16, 2, 128),
+    (1, 530, 2, 64, 100, 1, 256),
+    (1, 77, 2, 64, 128, 2, 64),
+    (1, 333, 2, 64, 32, 1, 100),
+    (2, 40, 2, 64, 64, 1, 256),
+]
+
+
+def fused_variant():
+    """The fused forward the plan picks: mma.sync on every sm_80+ device (the wgmma kernel is
+    slower on an H100 today; tests run it through the switch)."""
+    return "fused_mma" if torch.cuda.get_device_capability()[0] >= 8 else "chunked"
+
+
+def has_wgmma():
+    return torch.cuda.get_device_capability() == (9, 0) and bt._C._arch_specific_kernels(90)
+
+
+def fused_kernels():
+    """The fused forwards this device and build can run (each test runs on all of them)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
+        return []
+    return ["fused_mma"] + (["fused_wgmma"] if has_wgmma() else [])
+
+
+@pytest.fixture(params=["fused_mma", "fused_wgmma"])
+def kernel(request):
+    """Runs the test with the plan's CUDA forward forced to this fused kernel (skipped where
+    the device or build has no such kernel)."""
+    if request.param not in fused_kernels():
+        pytest.skip(f"{request.param} does not run on this device or build")
+    previous = bt._C._ssd_cuda_forward(request.param)
+    yield request.param
+    bt._C._ssd_cuda_forward(previous)
+
+
+@requires_cuda
+def test_plan_picks_the_fused_forward_where_it_applies():
+    sm80 = torch.cuda.get_device_capability()[0] >= 8
+    for b, L, H, P, N, G, Q in SHAPES:
+        x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+        info = bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=Q)
+        assert info.variant == fused_variant(), (b, L, H, P, N, G, Q)
+        # the backward keeps the staged kernels
+        binfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q)
+        assert binfo.variant == ("chunked_mma" if sm80 else "chunked")
+    # not for: float32, head_dim 32, N = 256, a chunk over 256, seq_idx
+    x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.float32, "cuda")
+    assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=256).variant == "chunked"
+    staged = "chunked_mma" if sm80 else "chunked"
+    for (P, N, Q) in [(32, 64, 256), (64, 256, 256), (64, 64, 512)]:
+        x, dt, A, B, C = ssd_inputs(1, 600, 2, P, N, 1, torch.bfloat16, "cuda")
+        assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=Q).variant == staged
+    x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.bfloat16, "cuda")
+    seq = torch.zeros(1, 300, dtype=torch.int32, device="cuda")
+    assert bt.explain(ops.ssd_chunk_scan_combined, x, dt, A, B, C, 256, None, None, None, None,
+                      seq).variant == staged
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}L{}H{}P{}N{}G{}Q{}".format(*s))
+def test_plain_forward_and_backward(dtype, shape, kernel):
+    b, L, H, P, N, G, Q = shape
+    inputs = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    assert bt.explain("ssd_chunk_scan", *inputs, chunk_size=Q).variant == kernel
+    poison_fresh_outputs()
+    y = bt.ssd_chunk_scan(*leaves, chunk_size=Q)
+    dy = torch.randn(y.shape, dtype=torch.float64).to(device="cuda", dtype=dtype)
+    grads = torch.autograd.grad(y, leaves, dy)
+    y64, g64 = reference_grads(inputs, dy)
+    rtol = rtol_for(dtype, "cuda")
+    check(y, y64, rtol, f"y of {shape}")
+    for name, g, e in zip(("dx", "ddt", "dA", "dB", "dC"), grads, g64):
+        check(g, e, rtol, f"{name} of {shape}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_every_option_but_seq_idx(dtype, kernel):
+    rng = random.Random(31 + HALF.index(dtype))
+    torch.manual_seed(5)
+    for i in range(10):
+        b, L, H, P, N, G, Q = SHAPES[i % len(SHAPES)]
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", seq_idx=False,
+                          init=(i % 2 == 0) or None, z=(i % 3 != 2) or None)
+        opts = sorted(k for k in t if k not in ("x", "dt", "A", "B", "C"))
+        assert bt.explain(ops.ssd_chunk_scan_combined, t["x"], t["dt"], t["A"], t["B"], t["C"],
+                          Q).variant == kernel
+        check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {opts} {kw}")
+
+
+def _strided(t, kind):
+    """The same values in another layout: a slice of a wider tensor, or the last dim
+    strided (no 16-byte rows: the scalar loads)."""
+    if kind == "slice":
+        wide = torch.randn(*t.shape[:-1], t.shape[-1] * 2 + 8, device=t.device, dtype=t.dtype)
+        wide[..., 8:8 + t.shape[-1]] = t
+        return wide[..., 8:8 + t.shape[-1]]
+    wide = torch.randn(*t.shape, 2, device=t.device, dtype=t.dtype)
+    wide[..., 0] = t
+    return wide[..., 0]
+
+
+@requires_cuda
+@pytest.mark.parametrize("kind", ["slice", "inner_stride"])
+def test_strided_inputs(kind, kernel):
+    b, L, H, P, N, G, Q = 2, 333, 2, 64, 64, 2, 128
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    dense = bt.ssd_chunk_scan(x, dt, A, B, C, chunk_size=Q)
+    xs, Bs, Cs = (_strided(t, kind) for t in (x, B, C))
+    assert not xs.is_contiguous()
+    assert bt.explain("ssd_chunk_scan", xs, dt, A, Bs, Cs, chunk_size=Q).variant == kernel
+    out = bt.ssd_chunk_scan(xs, dt, A, Bs, Cs, chunk_size=Q)
+    assert torch.equal(out, dense)
+
+
+@requires_cuda
+def test_bitwise_reproducible_and_graph_capture(kernel):
+    b, L, H, P, N, G, Q = 2, 1100, 8, 64, 128, 1, 256
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    init = torch.randn(b, H, P, N, device="cuda")
+    D = torch.randn(H, device="cuda")
+    z = torch.randn_like(x)
+    run = lambda: mamba.mamba_chunk_scan_combined(  # noqa: E731
+        x, dt, A, B, C, Q, D=D, z=z, initial_states=init, return_final_states=True)
+    out1, fin1 = run()
+    out2, fin2 = run()
+    assert torch.equal(out1, out2) and torch.equal(fin1, fin2)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()  # warm-up on the side stream
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g, fin_g = run()
+    for _ in range(2):  # replays start from zeroed counters every time
+        out_g.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out_g, out1) and torch.equal(fin_g, fin1)
+
+
+@requires_cuda
+def test_forced_staged_forward_agrees():
+    """The staged kernels (forced) and the fused forward compute the same function."""
+    if not fused_kernels():
+        pytest.skip("no fused forward on this device")
+    b, L, H, P, N, G, Q = 2, 600, 4, 64, 128, 1, 256
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    fused = bt.ssd_chunk_scan(x, dt, A, B, C, chunk_size=Q)
+    previous = bt._C._ssd_cuda_forward("staged")
+    try:
+        assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=Q).variant == "chunked_mma"
+        staged = bt.ssd_chunk_scan(x, dt, A, B, C, chunk_size=Q)
+    finally:
+        bt._C._ssd_cuda_forward(previous)
+    rel = ((fused.double() - staged.double()).norm() / staged.double().norm()).item()
+    assert rel < 4 * torch.finfo(torch.bfloat16).eps, rel
+
+
+def test_forward_switch_names_its_choices():
+    assert bt._C._ssd_cuda_forward("auto") == "auto"
+    with pytest.raises(ValueError, match="auto, staged, fused_mma or fused_wgmma"):
+        bt._C._ssd_cuda_forward("fused")
+    assert bt._C._ssd_cuda_forward("auto") == "auto"
