@@ -40,6 +40,7 @@ struct FusedParams {
   int64_t Ds0, Ds1;  // Ds1 = 0 for a [H] D
   const void* z;
   int64_t zs[4];
+  bool z_pair;  // z's column pairs are 4-byte aligned words (unit inner stride)
   const float* dt_bias;
   int64_t dbs;
   bool softplus;
@@ -227,11 +228,25 @@ __device__ __forceinline__ void fused_publish_state(const FusedParams& p, const 
   if (threadIdx.x == 0) st_release(p.ticket + 1 + tile.chain, tile.c + 1);
 }
 
+// z at row t (chunk-local) and the head_dim columns col, col + 1 of the tile, packed as
+// two 16-bit values. The blocks load a row tile's z before its products (fused_store_out
+// then needs no load of its own).
+template <typename T>
+__device__ __forceinline__ uint32_t fused_z_pair(const FusedParams& p, const FusedTile& tile, int t, int col) {
+  const T* zp = static_cast<const T*>(p.z) + tile.b * p.zs[0] + (tile.t0 + t) * p.zs[1] + tile.h * p.zs[2] +
+                (tile.p0 + col) * p.zs[3];
+  if (p.z_pair) return __ldg(reinterpret_cast<const unsigned int*>(zp));
+  T v[2] = {zp[0], zp[p.zs[3]]};
+  uint32_t r;
+  memcpy(&r, v, 4);
+  return r;
+}
+
 // The output of row t (chunk-local, < len) at head_dim columns col, col + 1 of the tile:
-// v + D·x (x: the two input values), y_pre, then the z gate; stored as T.
+// v + D·x (x: the two input values), y_pre, then the z gate (z2: fused_z_pair); stored as T.
 template <typename T>
 __device__ __forceinline__ void fused_store_out(const FusedParams& p, const FusedTile& tile, int t, int col,
-                                                float v0, float v1, uint32_t x2) {
+                                                float v0, float v1, uint32_t x2, uint32_t z2) {
   const int pc = tile.p0 + col;
   if (p.D != nullptr) {
     const float2 xv = unpack2<T>(x2);
@@ -243,12 +258,10 @@ __device__ __forceinline__ void fused_store_out(const FusedParams& p, const Fuse
       ((static_cast<int64_t>(tile.b) * p.seqlen + tile.t0 + t) * p.heads + tile.h) * p.head_dim + pc;
   if (p.y_pre != nullptr)
     *reinterpret_cast<uint32_t*>(static_cast<T*>(p.y_pre) + out_at) = ssd_pack2<T>(v0, v1);
-  if (p.z != nullptr) {
-    const T* zp = static_cast<const T*>(p.z) + tile.b * p.zs[0] + (tile.t0 + t) * p.zs[1] + tile.h * p.zs[2] +
-                  pc * p.zs[3];
-    const float z0 = to_acc(zp[0]), z1 = to_acc(zp[p.zs[3]]);
-    v0 *= z0 / (1.0f + expf(-z0));
-    v1 *= z1 / (1.0f + expf(-z1));
+  if (p.z != nullptr) {  // v·silu(z) = v·z/(1 + e^-z); e^-z = inf gives 0
+    const float2 zv = unpack2<T>(z2);
+    v0 *= __fdividef(zv.x, 1.0f + __expf(-zv.x));
+    v1 *= __fdividef(zv.y, 1.0f + __expf(-zv.y));
   }
   *reinterpret_cast<uint32_t*>(static_cast<T*>(p.y) + out_at) = ssd_pack2<T>(v0, v1);
 }
@@ -317,6 +330,8 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   p.Ds0 = l.D_stride[0];
   p.Ds1 = l.D_per_dim ? l.D_stride[1] : 0;
   p.z = l.z;
+  p.z_pair = l.z != nullptr && l.z_stride[3] == 1 && l.z_stride[0] % 2 == 0 && l.z_stride[1] % 2 == 0 &&
+             l.z_stride[2] % 2 == 0 && reinterpret_cast<uintptr_t>(l.z) % 4 == 0;
   p.dt_bias = static_cast<const float*>(l.dt_bias);
   p.dbs = l.dt_bias_stride;
   p.softplus = l.dt_softplus;

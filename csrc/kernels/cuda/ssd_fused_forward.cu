@@ -162,6 +162,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
     const int mtile = pass == 0 ? warp : 2 * kFusedWarps - 1 - warp;
     if (mtile >= mtiles) continue;
     const int r0 = mtile * 16;
+    const int ta = r0 + g8, tb = ta + 8;
+    uint32_t zr[2][kFusedP / 8] = {};  // z of rows ta, tb for the epilogue, loaded early
+    if (p.z != nullptr) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int j = 0; j < kFusedP / 8; ++j)
+          if ((half == 0 ? ta : tb) < len) zr[half][j] = fused_z_pair<T>(p, tile, half == 0 ? ta : tb, j * 8 + 2 * q4);
+    }
     uint32_t cf[kNT][4];  // C rows r0..r0+15 as A fragments, k over N
 #pragma unroll
     for (int kk = 0; kk < kNT; ++kk)
@@ -180,7 +189,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
         ssd_mma16816<T>(acc[j + 1], cf[kk], bf[2], bf[3]);
       }
     }
-    const int ta = r0 + g8, tb = ta + 8;
     const float acs_a = acs2[ta], acs_b = acs2[tb];
     {
       const float ea = fast_exp2(acs_a), eb = fast_exp2(acs_b);
@@ -248,7 +256,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
       for (int j = 0; j < kFusedP / 8; ++j) {
         const int col = j * 8 + 2 * q4;
         fused_store_out<T>(p, tile, t, col, acc[j][2 * half], acc[j][2 * half + 1],
-                           *reinterpret_cast<const uint32_t*>(sX + t * kLdX + col));
+                           *reinterpret_cast<const uint32_t*>(sX + t * kLdX + col), zr[half][j]);
       }
     }
   }

@@ -177,6 +177,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
     const int r0 = i * kRowBlock;
     const int ta = r0 + wl * 16 + g8, tb = ta + 8;  // this thread's two rows
     const float acs_a = acs2[ta], acs_b = acs2[tb];
+    uint32_t zr[2][8] = {};  // z of rows ta, tb for the epilogue, loaded early
+    if (p.z != nullptr) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if ((half == 0 ? ta : tb) < len) zr[half][j] = fused_z_pair<T>(p, tile, half == 0 ? ta : tb, j * 8 + 2 * q4);
+    }
     float y[32];
 #pragma unroll
     for (int k = 0; k < 32; ++k) y[k] = 0.0f;
@@ -258,7 +266,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       for (int j = 0; j < 8; ++j) {
         const int col = j * 8 + 2 * q4;
         fused_store_out<T>(p, tile, t, col, y[4 * j + 2 * half], y[4 * j + 2 * half + 1],
-                           *reinterpret_cast<const uint32_t*>(sX + core_off<kFusedP>(t, col)));
+                           *reinterpret_cast<const uint32_t*>(sX + core_off<kFusedP>(t, col)), zr[half][j]);
       }
     }
   }
