@@ -191,9 +191,10 @@ struct CudaForwardChoice {
 
 // The CUDA forward for this problem and, for a fused one, its state tile (see
 // SsdCudaForward). Measured on an H100 (BENCHMARKS.md, "SSD per kernel"; bf16, chunk 256):
-// the mma.sync fused forward takes 966 / 1040 / 274 µs at B4 L4096 H80 P64 N128 with G = 1
-// / G = 80 and at B2 L8192 H32 P64 N64 G32, the staged kernels 2138 / 2095 / 944 (issue
-// table) and the wgmma fused forward 1123 / 1190 / 306 in the same run.
+// the mma.sync fused forward takes 940 / 1017 / 267 µs at B4 L4096 H80 P64 N128 with G = 1
+// / G = 80 and at B2 L8192 H32 P64 N64 G32 where the staged kernels took 2138 / 2095 /
+// 944; in one run the wgmma fused forward took 1123 / 1190 / 306 against mma.sync's
+// 966 / 1040 / 274.
 CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
                                const SsdChunkScanLaunch& l) {
   const int forced = g_forced_forward.load(std::memory_order_relaxed);
