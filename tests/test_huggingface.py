@@ -1,8 +1,14 @@
-"""baracuda_torch.integrations.huggingface.apply_baracuda on tiny transformers models
-(2 layers, hidden 64): patched vs unpatched logits and every parameter's gradient against
-a float64 run of the same weights (FlashAttention's rule: the patched model's error is at
-most twice the unpatched model's own error, plus a few float32 ulps), every RoPE scaling
-type, proof that our ops run, state_dict keys, and errors."""
+"""baracuda_torch.integrations.huggingface.apply_baracuda on tiny transformers models.
+
+Two kinds of checks: (1) patched vs unpatched logits and every parameter's gradient
+against a float64 run of the same weights (FlashAttention's rule: the patched model's
+error is at most twice the unpatched model's own error, plus a few float32 ulps), every
+RoPE scaling type, proof that our ops run, state_dict keys, and errors; (2) equivalence
+with the unpatched model itself for every family the patch touches (LLaMA, Gemma2/3,
+Mamba2, Bamba, FalconH1) in training with and without left padding, evaluation,
+generation with a cache, torch.compile, and after deepcopy, torch.save/torch.load and
+save_pretrained/from_pretrained. Written for every transformers of the supported range
+(scripts/compat.sh TORCH TRANSFORMERS runs them on one)."""
 import copy
 import importlib.util
 
