@@ -434,7 +434,7 @@ def test_gemma_reads_the_mlps_activation_not_a_config_key():
 
 
 @pytest.mark.skipif(not MAMBA_PATCHABLE, reason="no patchable Mamba-2 mixer in this transformers")
-def test_mamba_paths_taken():
+def test_mamba_paths_taken(monkeypatch):
     """The decisions themselves: the fused training path runs exactly where it computes the
     unpatched function (no attention_mask, a norm over n_groups groups), and the profiler
     sees our scan in every mode."""
@@ -450,26 +450,20 @@ def test_mamba_paths_taken():
     calls = []
     import baracuda_torch.mamba as bm
     for fn in ("mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined"):
-        orig = getattr(bm, fn)
-
-        def spy(*a, _orig=orig, _fn=fn, **k):
+        def spy(*a, _orig=getattr(bm, fn), _fn=fn, **k):
             calls.append(_fn)
             return _orig(*a, **k)
-        setattr(bm, fn, spy)
-    try:
-        p1.train()
-        p1(input_ids=ids, use_cache=False)
-        assert calls == ["mamba_split_conv1d_scan_combined"] * 2
-        calls.clear()
-        p1(input_ids=ids, attention_mask=mask, use_cache=False)  # padding: PyTorch path
-        assert calls == ["mamba_chunk_scan_combined"] * 2
-        calls.clear()
-        p1.eval()
-        p1(input_ids=ids, use_cache=False)
-        assert calls == ["mamba_chunk_scan_combined"] * 2
-    finally:
-        import importlib as _il
-        _il.reload(bm)
+        monkeypatch.setattr(bm, fn, spy)
+    p1.train()
+    p1(input_ids=ids, use_cache=False)
+    assert calls == ["mamba_split_conv1d_scan_combined"] * 2
+    calls.clear()
+    p1(input_ids=ids, attention_mask=mask, use_cache=False)  # padding: PyTorch path
+    assert calls == ["mamba_chunk_scan_combined"] * 2
+    calls.clear()
+    p1.eval()
+    p1(input_ids=ids, use_cache=False)
+    assert calls == ["mamba_chunk_scan_combined"] * 2
 
 
 def test_falconh1_norm_before_gate_taken_from_its_norm():
