@@ -565,3 +565,21 @@ def test_torch_compile_matches_unpatched(name):
     for n in gb:
         _close(gp[n.removeprefix("_orig_mod.")] if n in gp else gp["_orig_mod." + n], gb[n],
                f"{name} compiled grad {n}", tol=1e-3)
+
+
+def test_loaded_under_another_transformers_runs_unpatched_until_repatched(monkeypatch, tmp_path):
+    """A pickle made under one transformers version, loaded under another: every module
+    runs its class forward (no decision made for another version is reused), and
+    apply_baracuda patches it again."""
+    base, patched, _ = _patched_pair("llama")
+    torch.save(patched, tmp_path / "m.pt")
+    monkeypatch.setattr(hf, "_tf_version", lambda: "0.0.0-other")
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    ids = torch.randint(1, 96, (2, 10))
+    base.eval(), loaded.eval()
+    got, ours = _ours(loaded, ids)
+    assert not ours
+    _close(got, base(input_ids=ids).logits, "loaded under another version")
+    desc = hf.apply_baracuda(loaded)
+    assert "already patched" not in desc and "LlamaMLP" in desc
+    assert _ours(loaded, ids)[1]

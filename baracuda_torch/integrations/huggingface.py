@@ -42,9 +42,9 @@ How: the module's ``forward`` is rebuilt over a copy of its module's globals in 
 those functions are replaced (``types.FunctionType`` with the same code; decorators
 around ``forward`` are rebuilt around the new function) and installed on the instance as
 a small callable that survives ``copy.deepcopy`` and ``torch.save``/``torch.load`` (it
-is rebuilt from what the patch recorded, against the transformers of the loading
-process; under another transformers version the module runs unpatched until
-:func:`apply_baracuda` is called again). ``save_pretrained`` stores weights and config
+is rebuilt from what the patch recorded; loaded under another transformers version than
+the one it was patched under, the module runs unpatched until :func:`apply_baracuda` is
+called again). ``save_pretrained`` stores weights and config
 only: a model from ``from_pretrained`` is unpatched. :func:`remove_baracuda` undoes the
 patch.
 """
@@ -347,7 +347,8 @@ def _plan(name: str, module: nn.Module, notes: list[str]) -> tuple[dict, str] | 
     description; None (with a note where useful) to leave it alone."""
     cls = type(module).__name__
     if _rope_attention(module):
-        return {"kind": "rope"}, "apply_rotary_pos_emb -> baracuda::rope_qk_cos_sin"
+        return ({"kind": "rope", "transformers": _tf_version()},
+                "apply_rotary_pos_emb -> baracuda::rope_qk_cos_sin")
     if _gated_mlp(module):
         kind = _activation_kind(module.act_fn)
         if kind is None:
@@ -356,7 +357,7 @@ def _plan(name: str, module: nn.Module, notes: list[str]) -> tuple[dict, str] | 
             return None
         op = ("baracuda::gated_activation_pair" if hasattr(torch.ops.baracuda, "gated_activation_pair")
               else "baracuda::gated_activation(cat)")
-        return ({"kind": "mlp", "gated": kind},
+        return ({"kind": "mlp", "gated": kind, "transformers": _tf_version()},
                 f"act_fn(gate_proj) * up_proj [{type(module.act_fn).__name__}] -> {op} {kind}")
     if not _is_mamba2_mixer(module):
         return None
@@ -409,15 +410,18 @@ def _plan(name: str, module: nn.Module, notes: list[str]) -> tuple[dict, str] | 
 
 def _build(cls: type, spec: dict) -> Callable[..., Any] | None:
     """The patched forward function (unbound) for a module of class ``cls``; None when the
-    spec does not apply to this transformers (then the class forward runs)."""
+    spec was made under another transformers version (then the class forward runs, until
+    apply_baracuda decides again)."""
     kind = spec.get("kind")
     fwd = cls.forward
+    if spec.get("transformers") != _tf_version():
+        return None
     if kind == "rope":
         return _rebind(fwd, {"apply_rotary_pos_emb": _apply_rotary_pos_emb})
     if kind == "mlp":
         return _make_mlp_forward(spec["gated"])
     mamba = _mamba_module() if kind == "mamba" else None
-    if mamba is None or spec.get("transformers") != _tf_version():
+    if mamba is None:
         return None
     chunk_scan = _make_chunk_scan(mamba)
     unfused = _rebind(fwd, {"mamba2_chunk_scan": chunk_scan,
