@@ -7,6 +7,7 @@
 #   scripts/compat.sh 2.15.0 5.0.0                       # and exactly transformers 5.0.0
 #   TRANSFORMERS_VERSION=5.17.0 scripts/compat.sh 2.15.0 # the same, by environment
 #   PYTEST_ARGS="-x tests/test_lerp.py" scripts/compat.sh 2.8.0
+#   BARACUDA_FORCE_CPU=1 scripts/compat.sh 2.15.0   # CPU-only build even where nvcc matches
 #   COMPAT_SITE_PACKAGES=/path/to/venv/lib/python3.11/site-packages scripts/compat.sh 2.15.0 5.17.0
 #       # a site-packages that already holds that torch: the fresh environment sees it
 #       # (a .pth file) instead of downloading it again; its torch must be that version.
@@ -44,7 +45,9 @@ if [[ -n "$TF_VERSION" ]]; then
 fi
 torch_cuda=$($PY -c "import torch; print(torch.version.cuda or '')")
 nvcc_cuda=$( (nvcc --version 2>/dev/null || true) | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1.\2/p')
-if [[ -z "$torch_cuda" || -z "$nvcc_cuda" || "${torch_cuda%%.*}" != "${nvcc_cuda%%.*}" ]]; then
+if [[ "${BARACUDA_FORCE_CPU:-0}" == 1 ]]; then
+  echo "compat: torch $VERSION (CUDA ${torch_cuda:-none}), nvcc ${nvcc_cuda:-none}: CPU-only build (BARACUDA_FORCE_CPU=1)"
+elif [[ -z "$torch_cuda" || -z "$nvcc_cuda" || "${torch_cuda%%.*}" != "${nvcc_cuda%%.*}" ]]; then
   export BARACUDA_FORCE_CPU=1
   echo "compat: torch $VERSION (CUDA ${torch_cuda:-none}), nvcc ${nvcc_cuda:-none}: CPU-only build"
 else
