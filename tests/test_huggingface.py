@@ -320,13 +320,15 @@ def _gemma_both_acts(version):
     return (transformers.Gemma2ForCausalLM if version == 2 else transformers.Gemma3ForCausalLM)(cfg)
 
 
-def _llama():
-    cfg = make_config("llama", hidden_size=32, intermediate_size=64, pad_token_id=0)
-    return transformers.LlamaForCausalLM(cfg)
+def _tiny(arch):
+    over = dict(hidden_size=32, intermediate_size=64, pad_token_id=0)
+    if arch in ("qwen3", "gemma"):
+        over["head_dim"] = 8
+    return getattr(transformers, MODEL_CLS[arch])(make_config(arch, **over))
 
 
 ZOO = {
-    "llama": _llama,
+    **{arch: (lambda arch=arch: _tiny(arch)) for arch in ARCHS},
     "gemma2-both-acts": lambda: _gemma_both_acts(2),
     "gemma3-both-acts": lambda: _gemma_both_acts(3),
     "mamba2-g1": lambda: _mamba2(1),
