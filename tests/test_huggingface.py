@@ -395,6 +395,9 @@ def test_training_matches_unpatched(name, padded, device):
     norm_before_gate, Gemma2/3 with conflicting activation keys. On CUDA the reference is
     the unpatched model on CUDA (with mamba_ssm installed, transformers' own fused path:
     see README, Limitations)."""
+    if device == "cuda" and name.startswith(MAMBA_FAMILIES) and importlib.util.find_spec("mamba_ssm"):
+        pytest.skip("with mamba_ssm the unpatched model trains on mamba_ssm's fused path, which is not "
+                    "transformers' PyTorch path (no padding mask; per-group norm): README, Limitations")
     base, patched, desc = _patched_pair(name, device)
     if name.startswith(MAMBA_FAMILIES) and MAMBA_PATCHABLE:
         assert "mamba_chunk_scan_combined" in desc, desc
