@@ -393,11 +393,7 @@ def test_training_matches_unpatched(name, padded, device):
     """Issue 20 cases 1-4: Mamba2/Bamba with n_groups = 2 (the norm's groups as the
     installed transformers computes them), left padding on the fused path, FalconH1's
     norm_before_gate, Gemma2/3 with conflicting activation keys. On CUDA the reference is
-    the unpatched model on CUDA (with mamba_ssm installed, transformers' own fused path:
-    see README, Limitations)."""
-    if device == "cuda" and name.startswith(MAMBA_FAMILIES) and importlib.util.find_spec("mamba_ssm"):
-        pytest.skip("with mamba_ssm the unpatched model trains on mamba_ssm's fused path, which is not "
-                    "transformers' PyTorch path (no padding mask; per-group norm): README, Limitations")
+    the unpatched model on CUDA (with mamba_ssm installed, its fused kernel in training)."""
     base, patched, desc = _patched_pair(name, device)
     if name.startswith(MAMBA_FAMILIES) and MAMBA_PATCHABLE:
         assert "mamba_chunk_scan_combined" in desc, desc
@@ -589,3 +585,36 @@ def test_loaded_under_another_transformers_runs_unpatched_until_repatched(monkey
     desc = hf.apply_baracuda(loaded)
     assert "already patched" not in desc and "LlamaMLP" in desc
     assert _ours(loaded, ids)[1]
+
+
+@pytest.mark.skipif(not MAMBA_PATCHABLE, reason="no patchable Mamba-2 mixer in this transformers")
+@pytest.mark.parametrize("name", ["mamba2-g2", "falconh1-rms-nbg"])
+def test_mamba_follows_transformers_fused_kernel_where_it_has_one(name, monkeypatch):
+    """Where transformers trains on a fused kernel (mamba_ssm importable: its fallback
+    decorator's is_new_implementation), the unpatched model computes that kernel's function
+    (no padding mask, the call site's norm_before_gate and n_groups), and so must the
+    patched one. A stand-in for the kernel, built like transformers' decorator, runs
+    baracuda_torch.mamba's function of the same contract in the unpatched model."""
+    import baracuda_torch.mamba as bm
+    module = importlib.import_module("transformers.models.mamba2.modeling_mamba2" if name.startswith("mamba2")
+                                     else "transformers.models.falcon_h1.modeling_falcon_h1")
+
+    def decorated(implementation, torch_function):
+        is_new_implementation = implementation is not torch_function
+
+        def wrapped(*args, **kwargs):
+            return implementation(*args, **kwargs) if is_new_implementation else torch_function(*args, **kwargs)
+        wrapped.__wrapped__ = torch_function
+        assert "is_new_implementation" in wrapped.__code__.co_freevars
+        return wrapped
+
+    kernel = decorated(bm.mamba_split_conv1d_scan_combined, module.mamba2_split_conv1d_scan_combined)
+    monkeypatch.setattr(module, "mamba2_split_conv1d_scan_combined", kernel)
+    base, patched, desc = _patched_pair(name)
+    assert "transformers runs mamba_ssm's fused kernel there" in desc, desc
+    ids, mask = _left_padded_batch()
+    lb, gb = _train_step(base, ids, mask)
+    lp, gp = _train_step(patched, ids, mask)
+    _close(lp, lb, f"{name} logits (fused kernel, padded)")
+    for n in gb:
+        _close(gp[n], gb[n], f"{name} grad {n}", tol=1e-3)

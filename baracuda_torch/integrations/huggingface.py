@@ -28,15 +28,19 @@ unchanged):
   calls ``mamba2_chunk_scan`` (5.17 and newer of those tested; older ones compute the scan
   inline and are left alone with a note): the chunked scan calls
   ``baracuda_torch.mamba.mamba_chunk_scan_combined`` on every device. The training path
-  ``mamba2_split_conv1d_scan_combined`` (which transformers itself only runs with
-  ``mamba_ssm`` on CUDA; without it, it falls back to its PyTorch path) becomes
-  ``baracuda_torch.mamba.mamba_split_conv1d_scan_combined`` only where that computes what
-  the PyTorch path computes: no ``attention_mask`` in the call (the fused path cannot mask
-  padding), the SiLU activation, and a gated norm that, evaluated at patch time, is
-  RMSNorm over groups of ``width / n_groups`` with the gate applied before or after the
-  norm (the patch passes what the norm does, not the call site's ``norm_before_gate``).
-  Otherwise the mixer runs transformers' PyTorch path with only the scan replaced. Other
-  Mamba-2 mixers (Zamba2, NemotronH, GraniteMoeHybrid, ...) are left alone with a note.
+  ``mamba2_split_conv1d_scan_combined`` (training without a cache) follows what the
+  unpatched model runs there. Where transformers has a fused kernel for it (``mamba_ssm``
+  was importable: its fallback decorator records ``is_new_implementation``), it becomes
+  ``baracuda_torch.mamba.mamba_split_conv1d_scan_combined`` with the call's arguments
+  (the same function as mamba_ssm's: it ignores ``attention_mask`` and takes the call
+  site's ``norm_before_gate`` and ``ngroups``, as that kernel does). Otherwise transformers
+  runs its PyTorch path, and the fused function replaces it only where it computes the
+  same: no ``attention_mask`` in the call (the fused path cannot mask padding), the SiLU
+  activation, and a gated norm that, evaluated at patch time, is RMSNorm over groups of
+  ``width / n_groups`` with the gate applied before or after the norm (the patch passes
+  what the norm does, not the call site's ``norm_before_gate``); elsewhere the mixer runs
+  transformers' PyTorch path with only the scan replaced. Other Mamba-2 mixers (Zamba2,
+  NemotronH, GraniteMoeHybrid, ...) are left alone with a note.
 
 How: the module's ``forward`` is rebuilt over a copy of its module's globals in which
 those functions are replaced (``types.FunctionType`` with the same code; decorators
@@ -170,6 +174,52 @@ def _make_split_conv1d_scan(mamba: Any, norm_nbg: bool | None, norm_eps: float |
             outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups, norm_before_gate=nbg)
 
     return split_conv1d_scan
+
+
+def _make_split_conv1d_scan_as_called(mamba: Any) -> Callable[..., Any]:
+    """The fused training path where transformers itself runs a fused kernel there
+    (``mamba_ssm``'s ``mamba_split_conv1d_scan_combined``): the same function, with the
+    call site's arguments as they are (its ``norm_before_gate`` and ``ngroups``; it never
+    sees ``attention_mask``, like the kernel it replaces)."""
+
+    def split_conv1d_scan(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                          initial_states=None, dt_limit=(0.0, float("inf")), return_final_states=False,
+                          activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,
+                          outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True,
+                          seq_idx=None, **kwargs):
+        return mamba.mamba_split_conv1d_scan_combined(
+            zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+            initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit,
+            return_final_states=return_final_states, activation=activation,
+            rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps, outproj_weight=outproj_weight,
+            outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups,
+            norm_before_gate=norm_before_gate)
+
+    return split_conv1d_scan
+
+
+def _closure_vars(fn: Any) -> dict[str, Any]:
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    out: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars if code else (), cells or ()):
+        try:
+            out[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            pass
+    return out
+
+
+def _runs_fused_kernel(fn: Any) -> bool:
+    """Whether transformers' ``mamba2_split_conv1d_scan_combined`` (``fn``, the global the
+    mixer calls) runs a fused kernel rather than returning None: transformers' fallback
+    decorator records it as ``is_new_implementation`` (True when ``mamba_ssm`` was
+    importable at transformers' import)."""
+    while fn is not None:
+        flag = _closure_vars(fn).get("is_new_implementation")
+        if flag is not None:
+            return bool(flag)
+        fn = getattr(fn, "__wrapped__", None)
+    return False
 
 
 # ---- recognising the modules -------------------------------------------------------
@@ -380,7 +430,11 @@ def _plan(name: str, module: nn.Module, notes: list[str]) -> tuple[dict, str] | 
                             "gate_without_norm": False, "mask_pos": _mask_position(fwd),
                             "transformers": ver}
     why = None
-    if _uses(fwd, "mamba2_split_conv1d_scan_combined"):
+    if _uses(fwd, "mamba2_split_conv1d_scan_combined") and _runs_fused_kernel(
+            _unwrap(fwd).__globals__["mamba2_split_conv1d_scan_combined"]):
+        # transformers trains on a fused kernel here (mamba_ssm): the same function, as called
+        spec.update(fused=True, as_called=True)
+    elif _uses(fwd, "mamba2_split_conv1d_scan_combined"):
         rms = getattr(module, "mamba_rms_norm", True)  # FalconH1 makes the norm optional
         probed = None
         if rms:
@@ -398,7 +452,11 @@ def _plan(name: str, module: nn.Module, notes: list[str]) -> tuple[dict, str] | 
             if probed is not None:
                 spec.update(norm_before_gate=probed[0], eps=probed[1])
     what = "mamba2_chunk_scan -> baracuda_torch.mamba.mamba_chunk_scan_combined"
-    if spec["fused"]:
+    if spec.get("as_called"):
+        what += ("; mamba2_split_conv1d_scan_combined (training, no cache; transformers runs "
+                 "mamba_ssm's fused kernel there) -> baracuda_torch.mamba."
+                 "mamba_split_conv1d_scan_combined with the call's arguments")
+    elif spec["fused"]:
         what += ("; mamba2_split_conv1d_scan_combined (training, no cache, no attention_mask) -> "
                  "baracuda_torch.mamba.mamba_split_conv1d_scan_combined")
         if spec["norm_before_gate"] is not None:
@@ -428,6 +486,9 @@ def _build(cls: type, spec: dict) -> Callable[..., Any] | None:
                             "mamba2_split_conv1d_scan_combined": _no_fused_path})
     if not spec["fused"]:
         return unfused
+    if spec.get("as_called"):
+        return _rebind(fwd, {"mamba2_chunk_scan": chunk_scan,
+                             "mamba2_split_conv1d_scan_combined": _make_split_conv1d_scan_as_called(mamba)})
     fused = _rebind(fwd, {"mamba2_chunk_scan": chunk_scan,
                           "mamba2_split_conv1d_scan_combined": _make_split_conv1d_scan(
                               mamba, spec["norm_before_gate"], spec["eps"], spec["gate_without_norm"])})
