@@ -323,7 +323,7 @@ def _activation_kind(act: Any) -> str | None:
         return None
     if not isinstance(got, Tensor) or got.shape != t.shape or not got.is_floating_point():
         return None
-    got = got.detach().to(torch.float64)
+    got = got.detach().to("cpu", torch.float64)
     for kind, fn in _KIND_ACT.items():
         if torch.allclose(got, fn(t), rtol=1e-6, atol=1e-9):
             return kind
@@ -366,8 +366,9 @@ def _probe_gated_norm(norm: Any, width: int, ngroups: int) -> tuple[bool, float]
         return None
     if not isinstance(got, Tensor) or got.shape != x.shape:
         return None
+    got = got.detach().float().cpu()  # (a hook may have moved it)
     for nbg in (False, True):
-        if torch.allclose(got.float(), _gated_rmsnorm_ref(x, gate, w, eps, width // ngroups, nbg),
+        if torch.allclose(got, _gated_rmsnorm_ref(x, gate, w, eps, width // ngroups, nbg),
                           rtol=1e-4, atol=1e-5):
             return nbg, eps
     return None
