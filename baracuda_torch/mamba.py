@@ -31,23 +31,66 @@ __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "RMS
 _INF = float("inf")
 
 
+def _check_chunk_size(fn: str, chunk_size) -> int:
+    """chunk_size as the op takes it: a positive int that fits in int64 (a SymInt passes
+    through; the op checks it)."""
+    if isinstance(chunk_size, torch.SymInt):
+        return chunk_size
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(f"{fn}: chunk_size must be a positive int that fits in int64, got "
+                        f"{type(chunk_size).__name__} {chunk_size!r}")
+    if not 1 <= chunk_size < 2 ** 63:
+        raise ValueError(f"{fn}: chunk_size must be a positive int that fits in int64, got "
+                         f"{chunk_size}")
+    return chunk_size
+
+
+def _check_dt_limit(fn: str, dt_limit) -> Tuple[float, float]:
+    """dt_limit as a pair of floats (low, high)."""
+    if isinstance(dt_limit, Tensor) or not isinstance(dt_limit, (tuple, list)) or len(dt_limit) != 2:
+        raise ValueError(f"{fn}: dt_limit must be a pair (low, high) of floats, got {dt_limit!r}")
+    try:
+        return float(dt_limit[0]), float(dt_limit[1])
+    except (TypeError, ValueError):
+        raise ValueError(f"{fn}: dt_limit must be a pair (low, high) of floats, got "
+                         f"{dt_limit!r}") from None
+
+
+def _check_cu_seqlens(cu_seqlens: Tensor, seqlen: int) -> list:
+    """cu_seqlens read on the host (the one read the varlen states need), checked: a 1-D
+    integer tensor, starting at 0, non-decreasing, ending at L."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex() \
+            or cu_seqlens.dtype == torch.bool:
+        raise ValueError("mamba_chunk_scan_combined: cu_seqlens must be a 1-D integer "
+                         f"tensor, got {cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
+    bounds = cu_seqlens.tolist()  # host read: the sequences' extents
+    if not bounds or bounds[0] != 0 or bounds[-1] != seqlen \
+            or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError("mamba_chunk_scan_combined: cu_seqlens must start at 0, be "
+                         f"non-decreasing and end at L = {seqlen}, got {bounds}")
+    return bounds
+
+
 def _scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
           D: Optional[Tensor], z: Optional[Tensor], dt_bias: Optional[Tensor],
           initial_states: Optional[Tensor], seq_idx: Optional[Tensor], dt_softplus: bool,
-          dt_limit: Tuple[float, float], state_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Tensor]:
+          dt_limit: Tuple[float, float], state_dtype: Optional[torch.dtype],
+          fn: str = "mamba_chunk_scan_combined") -> Tuple[Tensor, Tensor]:
+    chunk_size = _check_chunk_size(fn, chunk_size)
+    low, high = _check_dt_limit(fn, dt_limit)
     out, final_states, _ = torch.ops.baracuda.ssd_chunk_scan_combined(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
-        float(dt_limit[0]), float(dt_limit[1]), state_dtype)
+        low, high, state_dtype)
     return out, final_states
 
 
 def _varlen_states(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
                    dt_bias: Optional[Tensor], initial_states: Optional[Tensor],
-                   cu_seqlens: Tensor, dt_softplus: bool, dt_limit: Tuple[float, float],
+                   bounds: list, dt_softplus: bool, dt_limit: Tuple[float, float],
                    state_dtype: Optional[torch.dtype]) -> Tensor:
-    """The final state of each packed sequence [cu_seqlens[i], cu_seqlens[i+1]), from its
-    own tokens (the first one from ``initial_states``): one forward scan per sequence."""
-    bounds = cu_seqlens.tolist()  # host read: the sequences' extents
+    """The final state of each packed sequence [bounds[i], bounds[i+1]) (``cu_seqlens``,
+    checked), from its own tokens (the first one from ``initial_states``): one forward
+    scan per sequence."""
     states = []
     with torch.no_grad():
         for i in range(len(bounds) - 1):
@@ -97,9 +140,13 @@ def mamba_chunk_scan_combined(
     final state (batch must be 1, ``cu_seqlens`` required; forward only, no gradient):
     the state after its last token when the scan resets at every sequence start (pass
     a matching ``seq_idx``), the first sequence starting from ``initial_states``. It
-    reads ``cu_seqlens`` on the host and runs one extra forward scan per sequence.
+    reads ``cu_seqlens`` on the host and runs one extra forward scan per sequence;
+    ``cu_seqlens`` must be a 1-D integer tensor that starts at 0, is non-decreasing and
+    ends at L (ValueError otherwise).
 
-    Raises ValueError / TypeError naming the argument for a wrong shape or dtype.
+    Raises ValueError / TypeError naming the argument for a wrong shape or dtype, a
+    ``dt_limit`` that is not a pair of floats, or a ``chunk_size`` that is not a positive
+    int fitting in int64.
     """
     if return_varlen_states:
         if cu_seqlens is None:
@@ -108,14 +155,12 @@ def mamba_chunk_scan_combined(
         if x.dim() != 4 or x.size(0) != 1:
             raise ValueError("mamba_chunk_scan_combined: passing cu_seqlens to get the varlen "
                              f"states needs batch size 1, got x of shape {tuple(x.shape)}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
-            raise ValueError("mamba_chunk_scan_combined: cu_seqlens must be a 1-D integer "
-                             f"tensor, got {cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
+        bounds = _check_cu_seqlens(cu_seqlens, x.size(1))
     out, final_states = _scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                               dt_softplus, dt_limit, state_dtype)
     if not return_varlen_states:
         return (out, final_states) if return_final_states else out
-    varlen = _varlen_states(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens,
+    varlen = _varlen_states(x, dt, A, B, C, chunk_size, dt_bias, initial_states, bounds,
                             dt_softplus, dt_limit, state_dtype)
     return (out, final_states, varlen) if return_final_states else (out, varlen)
 
@@ -185,7 +230,9 @@ def mamba_split_conv1d_scan_combined(
     channels (``norm_before_gate``: ``rmsnorm(y)·w·silu(z)``, else
     ``rmsnorm(y·silu(z))·w``); with d_mlp > 0, ``silu(zx0[:d_mlp]) · zx0[d_mlp:]`` is
     concatenated in front; finally ``F.linear(·, outproj_weight, outproj_bias)`` when
-    ``outproj_weight`` is given. ``headdim`` is required when D is [H].
+    ``outproj_weight`` is given. ``headdim`` is required when D is [H]; ``rmsnorm_eps``
+    must be a float when ``rmsnorm_weight`` is given (unused otherwise); ``seq_idx`` must
+    be [B, L] of ``zxbcdt``.
 
     Returns ``out``, or ``(out, final_states)`` with ``return_final_states``.
     """
@@ -226,6 +273,17 @@ def mamba_split_conv1d_scan_combined(
                          f"[{dim}], got {tuple(rmsnorm_weight.shape)}")
     if outproj_weight is None and outproj_bias is not None:
         raise ValueError("mamba_split_conv1d_scan_combined: outproj_bias needs outproj_weight")
+    if rmsnorm_weight is not None:
+        if isinstance(rmsnorm_eps, bool) or not isinstance(rmsnorm_eps, (int, float)):
+            raise TypeError("mamba_split_conv1d_scan_combined: rmsnorm_eps must be a float when "
+                            f"rmsnorm_weight is given, got {type(rmsnorm_eps).__name__} "
+                            f"{rmsnorm_eps!r}")
+        rmsnorm_eps = float(rmsnorm_eps)
+    if seq_idx is not None and tuple(seq_idx.shape) != (batch, seqlen):
+        raise ValueError("mamba_split_conv1d_scan_combined: seq_idx must have shape [B, L] = "
+                         f"[{batch}, {seqlen}], got {list(seq_idx.shape)}")
+    chunk_size = _check_chunk_size("mamba_split_conv1d_scan_combined", chunk_size)
+    dt_limit = _check_dt_limit("mamba_split_conv1d_scan_combined", dt_limit)
     zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_mlp, dim, dim + 2 * ngroups * dstate, nheads],
                                   dim=-1)
     xBC = _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, activation is not None)
@@ -236,7 +294,7 @@ def mamba_split_conv1d_scan_combined(
     z4 = z.unflatten(-1, (nheads, headdim))
     y, final_states = _scan(x, dt, A, B, C, chunk_size, D,
                             z4 if rmsnorm_weight is None else None, dt_bias, initial_states,
-                            seq_idx, True, dt_limit, state_dtype)
+                            seq_idx, True, dt_limit, state_dtype, "mamba_split_conv1d_scan_combined")
     out = y.flatten(-2)
     if rmsnorm_weight is not None:
         out = _gated_rmsnorm(out, z, rmsnorm_weight, rmsnorm_eps, dim // ngroups,
