@@ -250,15 +250,12 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
 void launch_forward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
   const auto cpu = v == SsdVariant::CpuChunked ? kernels::ssd_chunk_scan_cpu_chunked_forward
                                                : kernels::ssd_chunk_scan_cpu_forward;
-  if (l.cuda_forward == SsdCudaForward::FusedMma)
-    run_on_backend(backend_of(v), kOp, cpu,
-                   BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward), l, stream);
-  else if (l.cuda_forward == SsdCudaForward::FusedWgmma)
-    run_on_backend(backend_of(v), kOp, cpu,
-                   BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward_sm90), l, stream);
-  else
-    run_on_backend(backend_of(v), kOp, cpu, BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward),
-                   l, stream);
+  const auto cuda = l.cuda_forward == SsdCudaForward::FusedMma
+                        ? BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward)
+                    : l.cuda_forward == SsdCudaForward::FusedWgmma
+                        ? BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward_sm90)
+                        : BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward);
+  run_on_backend(backend_of(v), kOp, cpu, cuda, l, stream);
 }
 
 void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
