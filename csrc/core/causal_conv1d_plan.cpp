@@ -119,16 +119,12 @@ void plan_layout(CausalConv1dLaunch& l, const DeviceInfo& device,
 void plan_work(CausalConv1dLaunch& l, const DeviceInfo& device, const std::string& op) {
   const int per_group = l.layout == CausalConv1dLayout::ChannelsLastVec ? l.vec : 1;
   l.groups = (l.dim + per_group - 1) / per_group;
-  if (device.backend == Backend::Cuda) {
-    int64_t bx = 1;
-    while (bx < std::min<int64_t>(l.groups, kCausalConv1dMaxBlockChannels)) bx *= 2;
-    l.block_channels = static_cast<int>(bx);
-    l.block_chunks = static_cast<int>(kCausalConv1dThreads / bx);
-  }
   const CausalConv1dWork w = query_backend(device.backend, op, kernels::causal_conv1d_cpu_work,
                                            BARACUDA_CUDA_ENTRY(kernels::causal_conv1d_cuda_work), l);
   l.chunk = w.chunk;
   l.grid = w.grid;
+  l.block_channels = w.block_channels;
+  l.block_chunks = w.block_chunks;
   l.chunks = (std::max<int64_t>(l.seqlen, 1) + l.chunk - 1) / l.chunk;
   l.partial_rows = l.batch * ((l.chunks + l.block_chunks - 1) / l.block_chunks);
 }

@@ -48,14 +48,14 @@ enum class CausalConv1dLayout : uint8_t { ChannelsLastVec, RowsVec16, Strided };
 // CUDA: widths with kernels (template instances); the CPU takes any width >= 1.
 constexpr int kCausalConv1dMinCudaWidth = 2;
 constexpr int kCausalConv1dMaxCudaWidth = 4;
-// CUDA: threads a block at most: `block_channels` channel groups (a warp's worth at most)
-// by `block_chunks` time chunks.
+// CUDA: threads a block: `block_channels` channel groups (a power of two, a warp's worth
+// at least where there are that many) by `block_chunks` time chunks.
 constexpr int kCausalConv1dThreads = 256;
-constexpr int kCausalConv1dMaxBlockChannels = 32;
+constexpr int kCausalConv1dMinBlockChannels = 32;
 // CUDA, channel-last: channels a thread, at most 4 (and at most 16 bytes). A thread's
-// weights, window and in-flight steps live in registers: ptxas for sm_90 puts the W = 4
-// forward at ~165 registers with 8 bfloat16 channels a thread (one block an SM) and ~125
-// with 4 (two blocks), for the same bytes in flight a thread.
+// weights, window and in-flight steps live in registers: ptxas for sm_90 gave the W = 4
+// bfloat16 forward 166 registers with 8 channels a thread (one block of 256 an SM) and
+// 128 with 4 (two blocks), for the same 64 bytes in flight a thread.
 constexpr int causal_conv1d_channel_vec(int element_bytes) {
   return 16 / element_bytes < 4 ? 16 / element_bytes : 4;
 }
@@ -136,11 +136,13 @@ struct CausalConv1dLaunch {
   void* workspace = nullptr;             // backward: partial_rows × D × (W + 1)
 };
 
-// The backend's work split, from a launch whose layout, vec and sizes are set: the time
-// steps a thread (CUDA) or task (CPU) walks, and the CUDA grid (0 on the CPU).
+// The backend's work split, from a launch whose layout, vec, sizes and groups are set:
+// the time steps a thread (CUDA) or task (CPU) walks, the CUDA block shape and grid (1, 1
+// and 0 on the CPU).
 struct CausalConv1dWork {
   int64_t chunk = 0;
   int64_t grid = 0;
+  int block_channels = 1, block_chunks = 1;
 };
 
 // A tensor argument of the problem checks: its dtype and sizes, or absent. Int: int64_t,

@@ -231,7 +231,7 @@ void backward(const CausalConv1dLaunch& l) {
 }  // namespace
 
 CausalConv1dWork causal_conv1d_cpu_work(const CausalConv1dLaunch&) {
-  return {kCausalConv1dCpuChunk, 0};
+  return {kCausalConv1dCpuChunk, 0, 1, 1};
 }
 
 void causal_conv1d_cpu(const CausalConv1dLaunch& l) {

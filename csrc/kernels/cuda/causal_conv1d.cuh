@@ -556,23 +556,82 @@ void dispatch_causal_conv1d(const CausalConv1dLaunch& l, F&& f) {
 static_assert(kCausalConv1dMaxCudaWidth == 4 && kCausalConv1dMinCudaWidth == 2,
               "dispatch_causal_conv1d instantiates widths 2 to 4");
 
-// The work split for `per_sm` resident blocks an SM: as many chunk blocks per (batch,
-// channel block) as fill the resident blocks once, without chunks shorter than
-// kCausalConv1dMinChunk; chunks are whole iterations (rows: whole vectors from a chunk's
-// start); a grid of the resident blocks, at most one per item.
+// The work split for `per_sm` resident blocks an SM. For each block shape (block_channels
+// from the fewest that cover a warp's worth of channel groups, or all of them, up to a
+// block of channels; block_chunks the rest of kCausalConv1dThreads), as many chunks per
+// (batch, channel group) as fill the resident blocks once, without chunks shorter than
+// kCausalConv1dMinChunk; the shape that keeps the most threads busy (per round of
+// resident blocks) wins, the one with more chunks a block on a tie (fewer partial rows).
+// Chunks are whole iterations (rows: whole vectors from a chunk's start); the grid is the
+// resident blocks, at most one per item.
 inline CausalConv1dWork causal_conv1d_work(const CausalConv1dLaunch& l, int per_sm) {
   const int64_t resident = static_cast<int64_t>(per_sm) * (l.sm_count > 0 ? l.sm_count : 1);
   const int64_t steps = causal_conv1d_steps(l.layout, element_size(l.element));
-  const int64_t len = l.seqlen > 0 ? l.seqlen : 1, by = l.block_chunks;
-  const int64_t rows = l.batch * ((l.groups + l.block_channels - 1) / l.block_channels);
-  const int64_t most = (len + by * kCausalConv1dMinChunk - 1) / (by * kCausalConv1dMinChunk);
-  const int64_t chunk_blocks = std::clamp<int64_t>(resident / std::max<int64_t>(rows, 1), 1,
-                                                   std::max<int64_t>(most, 1));
-  int64_t chunk = (len + chunk_blocks * by - 1) / (chunk_blocks * by);
-  chunk = (chunk + steps - 1) / steps * steps;
-  const int64_t chunks = (len + chunk - 1) / chunk;
-  const int64_t items = rows * ((chunks + by - 1) / by);
-  return {chunk, std::clamp<int64_t>(std::min(items, resident), 1, INT32_MAX)};
+  const int64_t len = l.seqlen > 0 ? l.seqlen : 1;
+  int64_t bx = 1;
+  while (bx < std::min<int64_t>(l.groups, kCausalConv1dMinBlockChannels)) bx *= 2;
+  CausalConv1dWork best;
+  double best_busy = -1;
+  for (; bx <= kCausalConv1dThreads; bx *= 2) {
+    const int64_t by = kCausalConv1dThreads / bx;
+    const int64_t rows = l.batch * ((l.groups + bx - 1) / bx);
+    const int64_t most = (len + by * kCausalConv1dMinChunk - 1) / (by * kCausalConv1dMinChunk);
+    const int64_t chunk_blocks = std::clamp<int64_t>(resident / std::max<int64_t>(rows, 1), 1,
+                                                     std::max<int64_t>(most, 1));
+    int64_t chunk = (len + chunk_blocks * by - 1) / (chunk_blocks * by);
+    chunk = (chunk + steps - 1) / steps * steps;
+    const int64_t chunks = (len + chunk - 1) / chunk;
+    const int64_t items = rows * ((chunks + by - 1) / by);
+    const int64_t rounds = (items + resident - 1) / std::max<int64_t>(resident, 1);
+    const double busy = static_cast<double>(l.batch * l.groups * chunks) /
+                        static_cast<double>(std::max<int64_t>(rounds * resident * kCausalConv1dThreads, 1));
+    if (busy > best_busy) {
+      best_busy = busy;
+      best = {chunk, std::clamp<int64_t>(std::min(items, resident), 1, INT32_MAX), static_cast<int>(bx),
+              static_cast<int>(by)};
+    }
+    if (bx >= l.groups) break;  // wider blocks would only add idle channel groups
+  }
+  return best;
+}
+
+// f(kernel) with the forward or backward kernel the launch picks.
+template <bool Backward, typename F>
+void with_conv_kernel(const CausalConv1dLaunch& l, F&& f) {
+  dispatch_causal_conv1d(l, [&](auto t, auto wt, auto width, auto lay) {
+    using T = decltype(t);
+    using Wt = decltype(wt);
+    constexpr int W = decltype(width)::value;
+    constexpr Layout Lay = decltype(lay)::value;
+    if constexpr (Backward)
+      f(causal_conv1d_backward_kernel<T, Wt, W, Lay>);
+    else
+      f(causal_conv1d_forward_kernel<T, Wt, W, Lay>);
+  });
+}
+
+// Blocks of kCausalConv1dThreads of that kernel resident on an SM (the occupancy
+// calculator; 1 if it fails, which is always correct).
+template <bool Backward>
+int conv_blocks_per_sm(const CausalConv1dLaunch& l) {
+  int n = 1;
+  with_conv_kernel<Backward>(l, [&](auto kernel) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kCausalConv1dThreads, 0) !=
+        cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      n = 1;
+    }
+  });
+  return std::max(n, 1);
+}
+
+// The walk over the items: l.grid blocks of block_channels × block_chunks threads.
+template <bool Backward>
+void launch_conv_walk(const CausalConv1dLaunch& l, cudaStream_t stream) {
+  const auto threads = static_cast<unsigned int>(l.block_channels * l.block_chunks);
+  with_conv_kernel<Backward>(l, [&](auto kernel) {
+    kernel<<<static_cast<unsigned int>(l.grid), threads, 0, stream>>>(l);
+  });
 }
 
 // Instantiated once per direction (causal_conv1d_forward.cu, causal_conv1d_backward.cu).
