@@ -150,6 +150,17 @@ TensorRef optional_ref(const at::Tensor* t, const std::string& op, const char* w
   return t ? ref_of(*t, op, what) : TensorRef{};
 }
 
+// The forward's five inputs of CausalConv1dArgs or CausalConv1dBackwardArgs.
+template <class Args>
+void set_input_refs(Args& args, const ConvTensors& t) {
+  const char* op = t.op();
+  args.x = ref_of(*t.x, op, "x");
+  args.weight = ref_of(*t.weight, op, "weight");
+  args.bias = optional_ref(t.bias, op, "bias");
+  args.seq_idx = optional_ref(t.seq_idx, op, "seq_idx");
+  args.initial_states = optional_ref(t.initial_states, op, "initial_states");
+}
+
 // -> (out, final_states)
 Tensors2 causal_conv1d_kernel(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
                               const OptTensor& seq_idx, const OptTensor& initial_states,
@@ -161,11 +172,7 @@ Tensors2 causal_conv1d_kernel(const at::Tensor& x, const at::Tensor& weight, con
     at::Tensor out = allocate(plan.out_layout(), x);
     at::Tensor final_states = allocate(plan.final_states_layout(), x);
     CausalConv1dArgs a;
-    a.x = ref_of(x, kOp, "x");
-    a.weight = ref_of(weight, kOp, "weight");
-    a.bias = optional_ref(given(bias), kOp, "bias");
-    a.seq_idx = optional_ref(given(seq_idx), kOp, "seq_idx");
-    a.initial_states = optional_ref(given(initial_states), kOp, "initial_states");
+    set_input_refs(a, forward_tensors(x, weight, bias, seq_idx, initial_states));
     a.out = mut_ref_of(out, kOp, "out");
     a.final_states = mut_ref_of(final_states, kOp, "final_states");
     plan.run(current_stream(x), Workspace{}, a);
@@ -189,13 +196,9 @@ Tensors4 causal_conv1d_backward_kernel(const at::Tensor& dout, const OptTensor& 
     at::Tensor dinit = allocate(plan.dinitial_states_layout(), x);
     at::Tensor ws = allocate_workspace(plan.workspace_size(), x);
     CausalConv1dBackwardArgs a;
+    set_input_refs(a, backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states));
     a.dout = ref_of(dout, kBackwardOp, "dout");
     a.dfinal_states = optional_ref(given(dfinal_states), kBackwardOp, "dfinal_states");
-    a.x = ref_of(x, kBackwardOp, "x");
-    a.weight = ref_of(weight, kBackwardOp, "weight");
-    a.bias = optional_ref(given(bias), kBackwardOp, "bias");
-    a.seq_idx = optional_ref(given(seq_idx), kBackwardOp, "seq_idx");
-    a.initial_states = optional_ref(given(initial_states), kBackwardOp, "initial_states");
     a.dx = mut_ref_of(dx, kBackwardOp, "dx");
     a.dweight = mut_ref_of(dweight, kBackwardOp, "dweight");
     a.dbias = mut_ref_of(dbias, kBackwardOp, "dbias");
