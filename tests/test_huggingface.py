@@ -4,11 +4,14 @@ Two kinds of checks: (1) patched vs unpatched logits and every parameter's gradi
 against a float64 run of the same weights (FlashAttention's rule: the patched model's
 error is at most twice the unpatched model's own error, plus a few float32 ulps), every
 RoPE scaling type, proof that our ops run, state_dict keys, and errors; (2) equivalence
-with the unpatched model itself for every family the patch touches (LLaMA, Gemma2/3,
-Mamba2, Bamba, FalconH1) in training with and without left padding, evaluation,
-generation with a cache, torch.compile, and after deepcopy, torch.save/torch.load and
-save_pretrained/from_pretrained. Written for every transformers of the supported range
-(scripts/compat.sh TORCH TRANSFORMERS runs them on one)."""
+with the unpatched model itself for every family the patch touches (Llama, Mistral,
+Qwen2, Qwen3, Gemma, Gemma2/3, Mamba2, Bamba, FalconH1) in training with and without left
+padding, evaluation, generation with a cache, torch.compile, and after deepcopy,
+torch.save/torch.load and save_pretrained/from_pretrained, with the RMSNorm modules
+patched (checked: every plain one runs baracuda::rms_norm, bit for bit equal to the
+module where the sums of squares are exact) and the ones the patch must leave alone left
+alone. Written for every transformers of the supported range (scripts/compat.sh TORCH
+TRANSFORMERS runs them on one)."""
 import copy
 import importlib.util
 
@@ -169,6 +172,7 @@ def test_profiler_shows_our_ops(device):
     ours = {n for n in names if n.startswith("baracuda::")}
     assert "baracuda::rope_qk_cos_sin" in ours and "baracuda::rope_qk_cos_sin_backward" in ours
     assert any(n.startswith("baracuda::gated_activation") for n in ours)
+    assert "baracuda::rms_norm" in ours and "baracuda::rms_norm_backward" in ours
     # ... and the unpatched model runs none
     base = build("qwen3").float().to(device)
     with torch.profiler.profile() as prof:
@@ -181,14 +185,14 @@ def test_per_instance_and_idempotent_and_remove():
     ids = torch.randint(0, 96, (1, 6))
     ref_logits = b(input_ids=ids).logits
     desc = hf.apply_baracuda(a)
-    assert "LlamaAttention" in desc and "LlamaMLP" in desc and " 2 x " in desc
+    assert "2 x LlamaAttention" in desc and "2 x LlamaMLP" in desc and "5 x LlamaRMSNorm" in desc
     # the other instance (same class, same process) is untouched
     with torch.profiler.profile() as prof:
         torch.testing.assert_close(b(input_ids=ids).logits, ref_logits)
     assert not any(e.name.startswith("baracuda::") for e in prof.events())
     assert "already patched" in hf.apply_baracuda(a)
     torch.testing.assert_close(a(input_ids=ids).logits, ref_logits)
-    assert hf.remove_baracuda(a) == 4
+    assert hf.remove_baracuda(a) == 9  # 2 attention, 2 MLP, 5 RMSNorm
     with torch.profiler.profile() as prof:
         a(input_ids=ids)
     assert not any(e.name.startswith("baracuda::") for e in prof.events())
@@ -254,10 +258,12 @@ def test_mamba2_patched_matches_unpatched():
 
 @pytest.mark.skipif(HAS_MAMBA, reason="baracuda_torch.mamba is present")
 def test_mamba2_without_mamba_module_is_described():
+    """Its RMSNorms are patched; the mixers are left alone, with a note."""
     cfg = transformers.Mamba2Config(vocab_size=96, hidden_size=64, num_hidden_layers=1, state_size=16, num_heads=8,
                                     expand=2, head_dim=16, n_groups=1, chunk_size=8)
-    with pytest.raises(ValueError, match=r"Mamba2ForCausalLM.*baracuda_torch.mamba is not in this build"):
-        hf.apply_baracuda(transformers.Mamba2ForCausalLM(cfg))
+    desc = hf.apply_baracuda(transformers.Mamba2ForCausalLM(cfg))
+    assert "Mamba2RMSNorm" in desc
+    assert ("baracuda_torch.mamba is not in this build" in desc) == MAMBA_PATCHABLE, desc
 
 
 @requires_cuda
@@ -339,6 +345,9 @@ ZOO = {
     "falconh1-no-rms": lambda: _falcon_h1(False, True),
 }
 MAMBA_FAMILIES = ("mamba2", "bamba", "falconh1")
+#: one tiny model of each family (for the modes that cost more: compile, save/load)
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2-both-acts", "gemma3-both-acts",
+            "mamba2-g1", "bamba-g2", "falconh1-rms-nbg"]
 
 
 def _zoo(name):
@@ -354,12 +363,23 @@ def _zoo(name):
 def _patched_pair(name, device="cpu"):
     base = _zoo(name).to(device)
     patched = copy.deepcopy(base)
-    if name.startswith("mamba2") and not MAMBA_PATCHABLE:
-        with pytest.raises(ValueError, match=rf"Mamba2ForCausalLM \(transformers {TF_VERSION}\).*scan inline"):
-            hf.apply_baracuda(patched)
-        pytest.skip(f"transformers {TF_VERSION}: Mamba-2 mixers are left alone (checked)")
     desc = hf.apply_baracuda(patched)
+    if name.startswith(MAMBA_FAMILIES) and HAS_MAMBA and not MAMBA_PATCHABLE:
+        assert f"transformers {TF_VERSION}'s Mamba-2 mixer computes its scan inline" in desc, desc
     return base, patched, desc
+
+
+def _plain_norms(model):
+    """The model's RMSNorm modules without a gate (class names, for the test only)."""
+    return [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("RMSNorm")]
+
+
+def _assert_norms_patched(model, desc):
+    norms = _plain_norms(model)
+    assert norms, "the test model has no RMSNorm"
+    for n, m in norms:
+        assert getattr(m, "_baracuda_patch", "").endswith("-> baracuda::rms_norm"), (n, desc)
+    assert f"{len(norms)} x {type(norms[0][1]).__name__}: RMSNorm" in desc, desc
 
 
 def _close(got, want, what, tol=1e-4):
@@ -389,7 +409,7 @@ def _train_step(model, ids, mask):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
 @pytest.mark.parametrize("name", sorted(ZOO))
-def test_training_matches_unpatched(name, padded, device):
+def test_training_matches_unpatched(name, padded, device, monkeypatch):
     """Issue 20 cases 1-4: Mamba2/Bamba with n_groups = 2 (the norm's groups as the
     installed transformers computes them), left padding on the fused path, FalconH1's
     norm_before_gate, Gemma2/3 with conflicting activation keys. On CUDA the reference is
@@ -397,11 +417,20 @@ def test_training_matches_unpatched(name, padded, device):
     base, patched, desc = _patched_pair(name, device)
     if name.startswith(MAMBA_FAMILIES) and MAMBA_PATCHABLE:
         assert "mamba_chunk_scan_combined" in desc, desc
+    _assert_norms_patched(patched, desc)
     ids, mask = (t.to(device) for t in _left_padded_batch())
     if not padded:
         mask = None
     lb, gb = _train_step(base, ids, mask)
+    calls = []
+
+    def spy(x, *a, _orig=hf.bf.rms_norm, **k):
+        calls.append(tuple(x.shape))
+        return _orig(x, *a, **k)
+    monkeypatch.setattr(hf.bf, "rms_norm", spy)
     lp, gp = _train_step(patched, ids, mask)
+    # every plain RMSNorm of the model ran baracuda's op, once
+    assert len(calls) == len(_plain_norms(patched)), (name, calls)
     keep = slice(None) if mask is None else mask.bool()
     _close(lp[keep], lb[keep], f"{name} logits")
     assert set(gp) == set(gb)
@@ -428,6 +457,146 @@ def test_eval_and_generate_match_unpatched(name, device):
     assert torch.equal(gp.sequences, gb.sequences)
     for step, (a, b) in enumerate(zip(gp.logits, gb.logits)):
         _close(a, b, f"{name} generate step {step}")
+
+
+# ---- RMSNorm: replaced bit for bit where the sums allow, left alone where it must be ----
+
+def _dyadic(shape, dtype, seed=2):
+    """Multiples of 1/8 in [-2, 2]: their squares and sums are exact in float32."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(-16, 17, shape, generator=g, dtype=torch.float64) / 8).to(dtype)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_norms_bit_for_bit_where_the_sums_are_exact(name):
+    """Every patched RMSNorm of the family's tiny model (widths 32 and 8, powers of two)
+    on multiples of 1/8: its output is the unpatched module's to the bit, in float32,
+    bfloat16 and float16 with the weight in that dtype and in float32 (mixed precision);
+    its weight is the model's Parameter, and the gradients of the weight and the input
+    are the module's own autograd's (float32; the sums run in another order)."""
+    base, patched, _ = _patched_pair(name)
+    theirs = dict(_plain_norms(base))
+    for n, m in _plain_norms(patched):
+        assert m._baracuda_patch.endswith("-> baracuda::rms_norm") and isinstance(m.forward, hf._PatchedForward)
+        assert m.weight is patched.get_parameter(n + ".weight")
+        width = m.weight.shape[0]
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for wdtype in sorted({dtype, torch.float32}, key=str):
+                ours, ref = copy.deepcopy(m).to(wdtype), copy.deepcopy(theirs[n]).to(wdtype)
+                x = _dyadic((2, 3, 4, width), dtype)
+                y, y0 = ours(x), ref(x)
+                assert y.dtype == y0.dtype and torch.equal(y, y0), f"{name} {n} {dtype} weight {wdtype}"
+        x = _dyadic((6, 5, width), torch.float32).requires_grad_()
+        dy = torch.randn(6, 5, width)
+        g = torch.autograd.grad(m(x), (x, m.weight), dy)
+        g0 = torch.autograd.grad(theirs[n](x), (x, theirs[n].weight), dy)
+        for a, b in zip(g, g0):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_norm_runs_the_module_code_where_the_op_would_compute_otherwise(monkeypatch):
+    """Float64 input (the module normalizes in float32, the op would in float64) and
+    weights the op does not take with that input (bfloat16 under float32, float16 under
+    bfloat16): the patched module runs its class forward, so the result is the module's
+    to the bit; baracuda's op runs only where it computes the module's function."""
+    base, patched, _ = _patched_pair("qwen3")
+    calls = []
+    monkeypatch.setattr(hf.bf, "rms_norm", lambda *a, _o=hf.bf.rms_norm, **k: calls.append(1) or _o(*a, **k))
+    for n in ("model.layers.0.input_layernorm", "model.layers.1.self_attn.q_norm"):
+        m, ref = patched.get_submodule(n), base.get_submodule(n)
+        for xd, wd in ((torch.float64, torch.float64), (torch.float32, torch.bfloat16),
+                       (torch.bfloat16, torch.float16), (torch.float64, torch.float32)):
+            ours, theirs = copy.deepcopy(m).to(wd), copy.deepcopy(ref).to(wd)
+            x = torch.randn(2, 3, m.weight.shape[0]).to(xd)
+            y, y0 = ours(x), theirs(x)
+            assert y.dtype == y0.dtype and torch.equal(y, y0), (n, xd, wd)
+        assert calls == []
+        x = torch.randn(2, 3, m.weight.shape[0])
+        torch.testing.assert_close(m(x), ref(x))
+        assert calls == [1]
+        calls.clear()
+
+
+class _PerHeadRMSNorm(transformers.models.llama.modeling_llama.LlamaRMSNorm):
+    """LlamaRMSNorm's code with a [heads, head_dim] weight: baracuda's rms_norm would
+    normalize over both dims, the module normalizes over the last one."""
+
+    def __init__(self, heads, head_dim):
+        super().__init__(head_dim)
+        self.weight = torch.nn.Parameter(torch.randn(heads, head_dim))
+
+
+def test_norms_the_patch_must_leave_alone():
+    """RMSNorms whose computation the probe cannot show to be ours are left alone, each
+    kind with a note, while the rest of the model is patched and computes what the
+    unpatched model computes: an eps held as a tensor, an instance with its own forward,
+    a weight of two dims, gated norms (another computation), and a meta-device model."""
+    base = _zoo("llama")
+    layers = base.model.layers
+    layers[0].post_attention_layernorm.variance_epsilon = torch.tensor(1e-6)  # on the path
+    inst = layers[1].input_layernorm
+    inst.forward = inst.forward  # an instance forward (what Liger-Kernel's instance patch installs)
+    base.model.per_head = _PerHeadRMSNorm(4, 8)  # not on the path: a module to decide about
+    patched = copy.deepcopy(base)
+    desc = hf.apply_baracuda(patched)
+    assert "3 x LlamaRMSNorm: RMSNorm (llama convention, evaluated) -> baracuda::rms_norm" in desc, desc
+    assert ("note: model.layers.0.post_attention_layernorm (LlamaRMSNorm): baracuda's rms_norm does not "
+            "take its weight or eps (x float32, weight float32 on cpu); left unpatched") in desc, desc
+    assert "note: model.layers.1.input_layernorm (LlamaRMSNorm): its instance has its own forward" in desc
+    assert "note: model.per_head (_PerHeadRMSNorm): its weight is not a 1-d tensor; left unpatched" in desc
+    for n in ("layers.0.post_attention_layernorm", "layers.1.input_layernorm", "per_head"):
+        assert getattr(patched.model.get_submodule(n), "_baracuda_patch", None) is None
+    ids, mask = _left_padded_batch()
+    lb, gb = _train_step(base, ids, mask)
+    lp, gp = _train_step(patched, ids, mask)
+    _close(lp[mask.bool()], lb[mask.bool()], "logits")
+    for n in gb:
+        _close(gp[n], gb[n], f"grad {n}", tol=1e-3)
+    cfg = make_config("llama", hidden_size=32, intermediate_size=64)
+    with torch.device("meta"):
+        meta = transformers.LlamaForCausalLM(cfg)
+    desc = hf.apply_baracuda(meta)
+    assert "LlamaMLP" in desc and "LlamaRMSNorm: RMSNorm" not in desc, desc
+    assert ("note: model.layers.0.input_layernorm, ... (5 modules) (LlamaRMSNorm): its weight is on the "
+            "meta device (nothing to evaluate); left unpatched") in desc, desc
+
+
+@pytest.mark.parametrize("wrong", ["eps", "ulp"])
+def test_norm_probe_compares_values(wrong, monkeypatch):
+    """The probe evaluates: with a rms_norm that is wrong by a larger eps (visible where
+    the mean square is near eps) or by one unit in the last place (visible on the exact
+    sums), every norm is left alone with a note saying how it differs, and the model is
+    patched otherwise."""
+    orig = hf.bf.rms_norm
+
+    def bad(x, shape, w, eps, **k):
+        if wrong == "eps":
+            return orig(x, shape, w, 4 * eps, **k)
+        y = orig(x, shape, w, eps, **k)
+        return torch.nextafter(y, torch.full_like(y, float("inf")))
+    monkeypatch.setattr(hf.bf, "rms_norm", bad)
+    desc = hf.apply_baracuda(_zoo("gemma"))
+    assert "GemmaMLP" in desc and "-> baracuda::rms_norm" not in desc, desc
+    why = ("its output differs from baracuda's rms_norm by up to" if wrong == "eps"
+           else "its output differs from baracuda's rms_norm on exact sums of squares (x float32, weight float32")
+    assert f"note: model.layers.0.input_layernorm, ... (5 modules) (GemmaRMSNorm): {why}" in desc, desc
+
+
+def test_autocast_training_matches_unpatched(monkeypatch):
+    """torch.autocast (bfloat16 on the CPU): the norms see float32 residual streams and
+    bfloat16 q/k heads under float32 weights (Qwen3's q_norm/k_norm); the patched step
+    runs our norm on both and matches the unpatched one."""
+    base, patched, _ = _patched_pair("qwen3")
+    ids, mask = _left_padded_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lb, gb = _train_step(base, ids, mask)
+        seen = []
+        monkeypatch.setattr(hf.bf, "rms_norm", lambda x, *a, _o=hf.bf.rms_norm, **k: seen.append(x.dtype) or _o(x, *a, **k))
+        lp, gp = _train_step(patched, ids, mask)
+    assert set(seen) == {torch.float32, torch.bfloat16} and len(seen) == 9, seen
+    _close(lp[mask.bool()], lb[mask.bool()], "autocast logits", tol=1e-2)
+    for n in gb:
+        _close(gp[n], gb[n], f"autocast grad {n}", tol=3e-2)
 
 
 def test_gemma_reads_the_mlps_activation_not_a_config_key():
@@ -484,11 +653,18 @@ def test_falconh1_norm_before_gate_taken_from_its_norm():
 
 @pytest.mark.skipif(MAMBA_PATCHABLE or not HAS_MAMBA, reason="this transformers' Mamba-2 mixers are patchable")
 def test_old_transformers_mamba_is_explained():
-    """Issue 20 case 7: before the mixers call mamba2_chunk_scan, Mamba2 raises a
-    ValueError naming the class, the version and the reason; Bamba's mixers get a note."""
+    """Issue 20 case 7: before the mixers call mamba2_chunk_scan, their mixers are left
+    alone with a note naming the version and the reason (Mamba2's RMSNorms are patched);
+    without its RMSNorms too, Mamba2 raises a ValueError saying the same."""
+    desc = hf.apply_baracuda(_zoo("mamba2-g1"))
+    assert f"note: backbone.layers.0.mixer (Mamba2Mixer): transformers {TF_VERSION}'s Mamba-2 mixer " \
+           "computes its scan inline" in desc and ">= 5.17" in desc and "3 x Mamba2RMSNorm" in desc
+    model = _zoo("mamba2-g1")
+    for n, m in _plain_norms(model):
+        m.forward = m.forward  # an instance forward: the norm is left alone
     with pytest.raises(ValueError, match=rf"Mamba2ForCausalLM \(transformers {TF_VERSION}\).*"
                                          r"computes its scan inline.*>= 5.17"):
-        hf.apply_baracuda(_zoo("mamba2-g1"))
+        hf.apply_baracuda(model)
     desc = hf.apply_baracuda(_zoo("bamba-g2"))
     assert f"note: model.layers.0.mamba (BambaMixer): transformers {TF_VERSION}'s Mamba-2 mixer computes " \
            "its scan inline" in desc and "BambaAttention" in desc
@@ -508,8 +684,10 @@ def test_unverified_mamba_mixer_left_alone():
         model = transformers.Zamba2ForCausalLM(cfg)
     except Exception as e:  # pragma: no cover - config drift across versions
         pytest.skip(f"tiny Zamba2 not constructible here: {e}")
-    with pytest.raises(ValueError, match=r"Zamba2MambaMixer\): this Mamba-2 mixer is not verified"):
-        hf.apply_baracuda(model)
+    desc = hf.apply_baracuda(model)
+    assert "note: model.layers.0.mamba (Zamba2MambaMixer): this Mamba-2 mixer is not verified" in desc, desc
+    assert not any(getattr(m, "_baracuda_patch", None) for m in model.modules()
+                   if type(m).__name__ == "Zamba2MambaMixer")
 
 
 # ---- the patch survives copies, pickles and compilation -----------------------------
@@ -520,7 +698,7 @@ def _ours(model, ids, **kw):
     return out, {e.name for e in prof.events() if e.name.startswith("baracuda::")}
 
 
-@pytest.mark.parametrize("name", ["llama", "mamba2-g1"])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_save_load_deepcopy_roundtrip(name, tmp_path):
     """Issue 20 case 5: torch.save/torch.load and deepcopy of a patched model give a
     patched model that runs our ops and the same logits; apply_baracuda on it says
@@ -534,7 +712,7 @@ def test_save_load_deepcopy_roundtrip(name, tmp_path):
     loaded = torch.load(tmp_path / "m.pt", weights_only=False)
     for copy_ in (loaded, copy.deepcopy(patched)):
         got, ours = _ours(copy_, ids)
-        assert ours, f"{name}: the copy runs no baracuda op"
+        assert "baracuda::rms_norm" in ours, f"{name}: the copy runs no baracuda norm ({ours})"
         _close(got, want, f"{name} copy logits")
         again = hf.apply_baracuda(copy_)
         assert "already patched" in again and again.count(" x ") == desc.count(" x ")
@@ -551,11 +729,11 @@ def test_save_load_deepcopy_roundtrip(name, tmp_path):
     _close(got, want, f"{name} from_pretrained logits")
     assert "already patched" not in hf.apply_baracuda(fresh)
     got, ours = _ours(fresh, ids)
-    assert ours
+    assert "baracuda::rms_norm" in ours
     _close(got, want, f"{name} re-patched logits")
 
 
-@pytest.mark.parametrize("name", ["llama", "mamba2-g1"])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_torch_compile_matches_unpatched(name):
     """torch.compile of a patched model: training step (loss, gradients) and eval logits."""
     base, patched, _ = _patched_pair(name)
@@ -583,7 +761,7 @@ def test_loaded_under_another_transformers_runs_unpatched_until_repatched(monkey
     assert not ours
     _close(got, base(input_ids=ids).logits, "loaded under another version")
     desc = hf.apply_baracuda(loaded)
-    assert "already patched" not in desc and "LlamaMLP" in desc
+    assert "already patched" not in desc and "LlamaMLP" in desc and "5 x LlamaRMSNorm: RMSNorm" in desc, desc
     assert _ours(loaded, ids)[1]
 
 

@@ -41,6 +41,24 @@ unchanged):
   what the norm does, not the call site's ``norm_before_gate``); elsewhere the mixer runs
   transformers' PyTorch path with only the scan replaced. Other Mamba-2 mixers (Zamba2,
   NemotronH, GraniteMoeHybrid, ...) are left alone with a note.
+* **RMSNorm** modules whose forward is transformers' ``LlamaRMSNorm`` or ``GemmaRMSNorm``
+  code, as :func:`baracuda_torch.rms_norm_convention` recognizes it (Llama, Mistral, Qwen2,
+  Qwen3 and its q_norm/k_norm, Gemma, Gemma2, Gemma3 and its q_norm/k_norm, the decoder
+  layers' and final norms of Mamba2, Bamba and FalconH1, and every other copy of that
+  code), and whose instance computes it: no forward of its own on the instance, a 1-d
+  weight, and a probe at patch time that evaluates the class forward against
+  ``baracuda_torch.rms_norm`` on the module's device with a random weight, for float32,
+  bfloat16 and float16 inputs under a weight of that dtype or float32 (equal to the bit
+  on exact sums of squares where the width is a power of two; within 8 units in the last
+  place plus a relative 1e-5 on other values). The forward becomes one
+  ``baracuda::rms_norm`` call (``baracuda::rms_norm_backward`` in the backward) on the
+  module's own weight Parameter and eps, read at each call as the module reads them.
+  Inputs the op would compute differently (float64, which the module normalizes in
+  float32; a weight neither in the input's dtype nor float32) run the class forward.
+  Anything else named like an RMSNorm (the Mamba mixers' gated norms, torch.nn.RMSNorm,
+  other variants, a module the probe rejects) is left alone with a note. The residual
+  add before a norm stays in the decoder layer (fusing it would mean rewriting the
+  decoder layers' forward, which differs across the supported transformers versions).
 
 How: the module's ``forward`` is rebuilt over a copy of its module's globals in which
 those functions are replaced (``types.FunctionType`` with the same code; decorators
@@ -113,6 +131,46 @@ def _make_mlp_forward(kind: str) -> Callable[[nn.Module, Tensor], Tensor]:
     def forward(self: nn.Module, x: Tensor) -> Tensor:
         return self.down_proj(gated_pair(self.gate_proj(x), self.up_proj(x), kind))
     forward.__doc__ = f"down_proj({kind}(gate_proj(x), up_proj(x))) (baracuda_torch)"
+    return forward
+
+
+#: The input dtypes the patched norm runs baracuda's op for (the module's own float32
+#: arithmetic); float64 input (normalized in float32 by transformers' modules, in float64
+#: by the op) and anything else runs the class forward.
+_NORM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+#: convention -> the attribute holding eps in the transformers code of that convention.
+_NORM_EPS_ATTR = {"llama": "variance_epsilon", "gemma": "eps"}
+
+
+def _norm_call(module: nn.Module, x: Any, convention: str) -> Tensor | None:
+    """``baracuda_torch.rms_norm`` with ``module``'s weight and eps (read at call time, as
+    the module's forward reads them) where it computes what the module's forward (the
+    transformers code of ``convention``) computes for this input: x float32/float16/
+    bfloat16 of at least one dim; a 1-d weight of x's last size, on x's device, in x's
+    dtype or float32; a finite eps >= 0. None otherwise (the class forward runs)."""
+    if not isinstance(x, Tensor) or x.dtype not in _NORM_DTYPES or x.dim() == 0:
+        return None
+    w = getattr(module, "weight", None)
+    eps = getattr(module, _NORM_EPS_ATTR[convention], None)
+    if (not isinstance(w, Tensor) or w.dim() != 1 or w.shape[0] != x.shape[-1]
+            or w.dtype not in (x.dtype, torch.float32) or w.device != x.device):
+        return None
+    if isinstance(eps, int) and not isinstance(eps, bool):
+        eps = float(eps)
+    if not isinstance(eps, float) or not 0.0 <= eps < float("inf"):
+        return None
+    return bf.rms_norm(x, x.shape[-1], w, eps, convention=convention)
+
+
+def _make_norm_forward(convention: str, arg: str) -> Callable[..., Any]:
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if len(args) + len(kwargs) == 1:
+            y = _norm_call(self, args[0] if args else kwargs.get(arg), convention)
+            if y is not None:
+                return y
+        return type(self).forward(self, *args, **kwargs)
+    forward.__doc__ = f"transformers' RMSNorm ({convention} convention) on baracuda::rms_norm (baracuda_torch)"
     return forward
 
 
@@ -374,6 +432,100 @@ def _probe_gated_norm(norm: Any, width: int, ngroups: int) -> tuple[bool, float]
     return None
 
 
+def _rms_norm_kind(module: nn.Module) -> str | None:
+    """The convention ("llama" or "gemma") of a module whose forward is transformers'
+    ``LlamaRMSNorm`` or ``GemmaRMSNorm`` code (``rms_norm_convention``: the same bytecode,
+    names and constants as the installed transformers' reference class, so every copy of
+    it: Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Mamba2, Bamba, FalconH1, ...); None for
+    anything else (torch.nn.RMSNorm and baracuda's own nn.RMSNorm included)."""
+    from .. import nn as bnn
+    if isinstance(module, (bnn.RMSNorm, torch.nn.RMSNorm)):
+        return None
+    try:
+        convention = bf.rms_norm_convention(module)[0]
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return convention if convention in _NORM_EPS_ATTR else None
+
+
+def _looks_like_rms_norm(module: nn.Module) -> bool:
+    """For the description only (never for a decision): a module named like an RMSNorm
+    or holding transformers' ``variance_epsilon``, so the ones left alone get a note."""
+    from .. import nn as bnn
+    return (not isinstance(module, bnn.RMSNorm)
+            and ("rmsnorm" in type(module).__name__.lower() or hasattr(module, "variance_epsilon")))
+
+
+def _with_weight(module: nn.Module, weight: Tensor) -> nn.Module:
+    """A shallow stand-in of ``module`` (same class and attributes) whose ``weight`` is
+    ``weight``; the module itself is not touched."""
+    proxy = object.__new__(type(module))
+    proxy.__dict__.update(module.__dict__)
+    object.__setattr__(proxy, "_parameters", {**module._parameters, "weight": weight})
+    return proxy
+
+
+#: (x dtype, weight dtype) pairs the norm probe evaluates: each 16-bit type with its own
+#: weight and with a float32 weight (autocast, mixed precision), and float32.
+_NORM_PROBE_DTYPES = ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                      (torch.float16, torch.float16), (torch.bfloat16, torch.float32),
+                      (torch.float16, torch.float32))
+
+
+def _probe_norm(module: nn.Module, convention: str) -> str | None:
+    """None when ``baracuda_torch.rms_norm`` computes what the module's class forward
+    computes, evaluated on the module's device with a random weight in every pair of
+    ``_NORM_PROBE_DTYPES``: rows of normal values at unit scale, at a scale where eps
+    matters (mean square near 1e-6) and at 1e3, within 8 units in the last place of the
+    output dtype plus a relative 1e-5 (the sums of squares are added in another order:
+    a few float32 units, more for very wide rows); and rows of
+    multiples of 1/8 (exact squares and sums) equal to the bit where the width is a power
+    of two (the mean's division is then exact too). Otherwise why not, for the note.
+    (The "llama" code rounds the normalized value to x's dtype before its float32 weight
+    multiplies it: the tolerance is in units of the coarser of x's and the output's dtype.)"""
+    w0 = getattr(module, "weight", None)
+    if not isinstance(w0, Tensor) or w0.dim() != 1:
+        return "its weight is not a 1-d tensor"
+    if w0.device.type == "meta":
+        return "its weight is on the meta device (nothing to evaluate)"
+    width, device = w0.shape[0], w0.device
+    gen = torch.Generator().manual_seed(0)
+    w = 0.5 * torch.randn(width, generator=gen) + (1.0 if convention == "llama" else 0.0)
+    rnd = torch.randn(3, 4, width, generator=gen)
+    rnd[1] *= 1e-3
+    rnd[2] *= 1e3
+    dyadic = torch.randint(-16, 17, (2, 4, width), generator=gen).float() / 8
+    dyadic[1] *= 2.0 ** -10
+    exact = width & (width - 1) == 0 and width < 2 ** 16
+    for xd, wd in _NORM_PROBE_DTYPES:
+        proxy = _with_weight(module, w.to(device, wd))
+        for values, bitwise in ((rnd, False), (dyadic, exact)):
+            x = values.to(device, xd)
+            what = f"x {str(xd)[6:]}, weight {str(wd)[6:]} on {device}"
+            try:
+                with torch.no_grad():
+                    want = type(module).forward(proxy, x)
+                    got = _norm_call(proxy, x, convention)
+            except Exception as e:  # noqa: BLE001 - any failure leaves the module alone
+                return f"evaluating it ({what}) raised {type(e).__name__}: {e}"
+            if got is None:
+                return f"baracuda's rms_norm does not take its weight or eps ({what})"
+            if not isinstance(want, Tensor) or want.shape != got.shape or want.dtype != got.dtype:
+                return (f"its forward returns {getattr(want, 'dtype', type(want).__name__)} "
+                        f"{tuple(getattr(want, 'shape', ()))} where baracuda's rms_norm returns "
+                        f"{got.dtype} {tuple(got.shape)} ({what})")
+            if bitwise:
+                if not torch.equal(got, want):
+                    return f"its output differs from baracuda's rms_norm on exact sums of squares ({what})"
+                continue
+            tol = 8 * max(torch.finfo(xd).eps, torch.finfo(want.dtype).eps) + 1e-5
+            err = (got.double() - want.double()).abs()
+            if not bool((err <= tol * want.double().abs() + torch.finfo(want.dtype).tiny).all()):
+                return (f"its output differs from baracuda's rms_norm by up to {err.max().item():.3g} "
+                        f"({what})")
+    return None
+
+
 def _is_mamba2_mixer(module: nn.Module) -> bool:
     """A transformers Mamba-2 mixer (any version): its own class has an SSM's A_log,
     dt_bias, conv1d and in_proj."""
@@ -393,10 +545,44 @@ def _mask_position(fn: Any) -> int | None:
 
 # ---- the plan of one module, and the callable installed on it ----------------------
 
-def _plan(name: str, module: nn.Module, notes: list[str]) -> tuple[dict, str] | None:
-    """What to replace in ``module``: a spec (plain data, kept in pickles) and its
-    description; None (with a note where useful) to leave it alone."""
+def _plan_norm(module: nn.Module, convention: str | None) -> tuple[dict | None, str]:
+    """``(spec, description)`` for an RMSNorm module to patch, or ``(None, why not)``."""
     cls = type(module).__name__
+    if convention is None:
+        if isinstance(module, torch.nn.RMSNorm):
+            return None, "torch.nn.RMSNorm (torch's own op) is not replaced"
+        return None, ("its forward is not transformers' LlamaRMSNorm or GemmaRMSNorm code "
+                      "(what baracuda's rms_norm reproduces)")
+    own = module.__dict__.get("forward")
+    if own is not None and not isinstance(own, _PatchedForward):  # (ours, inactive: replaced)
+        return None, f"its instance has its own forward ({own!r}), which is what it computes, not {cls}.forward"
+    why = _probe_norm(module, convention)
+    if why is not None:
+        return None, why
+    params = inspect.signature(type(module).forward).parameters
+    arg = list(params)[1] if len(params) > 1 else "hidden_states"
+    return ({"kind": "rmsnorm", "convention": convention, "arg": arg, "transformers": _tf_version()},
+            f"RMSNorm ({convention} convention, evaluated) -> baracuda::rms_norm")
+
+
+def _plan(name: str, module: nn.Module, notes: list[str],
+          left_alone: dict[tuple[str, str], list[str]] | None = None) -> tuple[dict, str] | None:
+    """What to replace in ``module``: a spec (plain data, kept in pickles) and its
+    description; None (with a note where useful) to leave it alone. RMSNorm modules left
+    alone are gathered in ``left_alone`` ((class, why) -> module names) for one note each."""
+    cls = type(module).__name__
+
+    def norm_plan(convention: str | None) -> tuple[dict, str] | None:
+        spec, what = _plan_norm(module, convention)
+        if spec is None:
+            if left_alone is not None:
+                left_alone.setdefault((cls, what), []).append(name)
+            return None
+        return spec, what
+
+    convention = _rms_norm_kind(module)
+    if convention is not None:
+        return norm_plan(convention)
     if _rope_attention(module):
         return ({"kind": "rope", "transformers": _tf_version()},
                 "apply_rotary_pos_emb -> baracuda::rope_qk_cos_sin")
@@ -411,7 +597,7 @@ def _plan(name: str, module: nn.Module, notes: list[str]) -> tuple[dict, str] | 
         return ({"kind": "mlp", "gated": kind, "transformers": _tf_version()},
                 f"act_fn(gate_proj) * up_proj [{type(module.act_fn).__name__}] -> {op} {kind}")
     if not _is_mamba2_mixer(module):
-        return None
+        return norm_plan(None) if _looks_like_rms_norm(module) else None  # (for its note)
     fwd = type(module).forward
     ver = _tf_version()
     if not _uses(fwd, "mamba2_chunk_scan"):
@@ -479,6 +665,8 @@ def _build(cls: type, spec: dict) -> Callable[..., Any] | None:
         return _rebind(fwd, {"apply_rotary_pos_emb": _apply_rotary_pos_emb})
     if kind == "mlp":
         return _make_mlp_forward(spec["gated"])
+    if kind == "rmsnorm":
+        return _make_norm_forward(spec["convention"], spec["arg"])
     mamba = _mamba_module() if kind == "mamba" else None
     if mamba is None:
         return None
@@ -554,12 +742,13 @@ def apply_baracuda(model: nn.Module) -> str:
     """
     counts: dict[str, int] = {}
     notes: list[str] = []
+    norms_left: dict[tuple[str, str], list[str]] = {}
     for name, module in model.named_modules():
         if _patched(module) is not None:
             key = f"{type(module).__name__}: already patched ({getattr(module, _PATCH_ATTR, '?')})"
             counts[key] = counts.get(key, 0) + 1
             continue
-        planned = _plan(name, module, notes)
+        planned = _plan(name, module, notes, norms_left)
         if planned is None:
             continue
         spec, what = planned
@@ -570,16 +759,20 @@ def apply_baracuda(model: nn.Module) -> str:
         setattr(module, _PATCH_ATTR, what)
         key = f"{type(module).__name__}: {what}"
         counts[key] = counts.get(key, 0) + 1
+    for (cls, why), names in norms_left.items():
+        where = names[0] + (f", ... ({len(names)} modules)" if len(names) > 1 else "")
+        notes.append(f"{where} ({cls}): {why}; left unpatched")
     if not counts:
         detail = ("; " + "; ".join(notes)) if notes else ""
         raise ValueError(
             f"baracuda_torch.apply_baracuda: cannot patch model class {type(model).__name__} "
             f"(transformers {_tf_version()}): no LLaMA-family attention (apply_rotary_pos_emb + "
             "rotate_half), gated MLP (gate_proj/up_proj/down_proj with a silu, gelu, relu or "
-            "sigmoid act_fn) or Mamba-2 mixer calling mamba2_chunk_scan found to patch "
-            "(supported: Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3 and models sharing "
-            "their attention/MLP code; the Mamba-2 mixers of Mamba2, Bamba and FalconH1 with "
-            f"transformers >= 5.17){detail}")
+            "sigmoid act_fn), RMSNorm with LlamaRMSNorm's or GemmaRMSNorm's code or Mamba-2 "
+            "mixer calling mamba2_chunk_scan found to patch (supported: Llama, Mistral, Qwen2, "
+            "Qwen3, Gemma, Gemma2, Gemma3 and models sharing their attention/MLP/RMSNorm code; "
+            "the Mamba-2 mixers of Mamba2, Bamba and FalconH1 with transformers >= 5.17)"
+            f"{detail}")
     lines = [f"baracuda_torch patched {type(model).__name__}:"]
     lines += [f"  {n} x {k}" for k, n in counts.items()]
     lines += [f"  note: {n}" for n in notes]
