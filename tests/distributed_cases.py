@@ -1,0 +1,156 @@
+"""The per-rank bodies of tests/test_distributed.py (run by distributed_harness.run in
+gloo worker processes; not a test module). Each rank builds the whole problem from the
+same seed, runs the single-process float64 computation over the whole sequence as the
+reference, runs the context-parallel one on its own shard, and asserts: its outputs and
+its shard of every per-token gradient against the reference's slice, and the sum over
+the group of every shared gradient (A, D, dt_bias, initial_states) against the
+reference's, within ``rtol_for`` of the dtype."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from baracuda_torch import distributed as bdist
+from baracuda_torch import mamba
+from test_ssd_chunk_scan import check, rtol_for
+
+SCAN_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+PER_TOKEN = ("x", "dt", "B", "C", "z")
+
+
+def bounds_of(lengths, rank):
+    start = sum(lengths[:rank])
+    return start, start + lengths[rank]
+
+
+def seq_idx_from_starts(b, L, starts, dtype=torch.int64):
+    """[b, L] sequence numbers: row i starts a new sequence at each position of
+    starts[i % len(starts)] (global positions)."""
+    s = torch.zeros(b, L, dtype=torch.int64)
+    for i in range(b):
+        for p in starts[i % len(starts)]:
+            s[i, p] = 1
+    return s.cumsum(1).to(dtype)
+
+
+def scan_inputs(spec):
+    """The whole problem of `spec` (float64 values rounded to spec["dtype"]) and the
+    scan's keyword options."""
+    g = torch.Generator().manual_seed(spec["seed"])
+    b, H, P, N, G = spec["b"], spec["H"], spec["P"], spec["N"], spec["G"]
+    L = sum(spec["lengths"])
+    dtype = spec["dtype"]
+
+    def rn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    softplus = spec.get("softplus", False)
+    dt = rn(b, L, H) - 1.5 if softplus else F.softplus(rn(b, L, H) - 1)
+    t = {"x": rn(b, L, H, P), "dt": dt, "A": -torch.exp(0.5 * rn(H)), "B": rn(b, L, G, N),
+         "C": rn(b, L, G, N)}
+    if spec.get("D"):
+        t["D"] = rn(H, P) if spec["D"] == "hdim" else rn(H)
+    if spec.get("z"):
+        t["z"] = rn(b, L, H, P)
+    if spec.get("dt_bias"):
+        t["dt_bias"] = 0.3 * rn(H)
+    if spec.get("init"):
+        t["initial_states"] = rn(b, H, P, N)
+    t = {k: v.to(dtype) for k, v in t.items()}
+    if spec.get("starts") is not None:
+        t["seq_idx"] = seq_idx_from_starts(b, L, spec["starts"], spec.get("idx_dtype", torch.int64))
+    kw = {"dt_softplus": softplus,
+          "dt_limit": (0.02, 0.8) if spec.get("limit") else (0.0, float("inf"))}
+    return t, kw
+
+
+def _leaves(t, sl=None, keys=PER_TOKEN):
+    out = {}
+    for k, v in t.items():
+        if sl is not None and k in keys + ("seq_idx",):
+            v = v[:, sl]
+        out[k] = v.detach().clone().requires_grad_() if v.is_floating_point() else v
+    return out
+
+
+def _call(fn, leaves, chunk, kw, **extra):
+    return fn(leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], chunk,
+              D=leaves.get("D"), z=leaves.get("z"), dt_bias=leaves.get("dt_bias"),
+              initial_states=leaves.get("initial_states"), seq_idx=leaves.get("seq_idx"),
+              return_final_states=True, **kw, **extra)
+
+
+def scan_case(rank, world, spec):
+    """mamba_chunk_scan_combined with cp_group against one float64 process."""
+    lengths, chunk = spec["lengths"], spec["chunk"]
+    assert len(lengths) == world
+    t, kw = scan_inputs(spec)
+    b, L, H, P = t["x"].shape
+    N = t["B"].size(-1)
+    g = torch.Generator().manual_seed(spec["seed"] + 1)
+    dout = torch.randn(b, L, H, P, generator=g, dtype=torch.float64)
+    dstate = torch.randn(world, b, H, P, N, generator=g, dtype=torch.float64)
+    start, end = bounds_of(lengths, rank)
+
+    # The reference: one process, float64, over the whole sequence; the state after
+    # each rank's shard is the final state of the prefix up to its end.
+    ref = _leaves({k: (v.double() if v.is_floating_point() else v) for k, v in t.items()})
+    out64, _ = _call(mamba.mamba_chunk_scan_combined, ref, chunk, kw)
+    loss = (out64 * dout).sum()
+    ends64 = []
+    for j in range(world):
+        e = sum(lengths[:j + 1])
+        pre = {k: (v[:, :e] if k in PER_TOKEN + ("seq_idx",) else v) for k, v in ref.items()}
+        _, s_end = _call(mamba.mamba_chunk_scan_combined, pre, chunk, kw)
+        ends64.append(s_end.detach())
+        loss = loss + (s_end * dstate[j]).sum()
+    names = [k for k in SCAN_NAMES if k in ref]
+    g64 = dict(zip(names, torch.autograd.grad(loss, [ref[k] for k in names])))
+
+    # Context parallel: this rank's shard.
+    mine = _leaves(t, slice(start, end))
+    out, s_end = _call(bdist.mamba_chunk_scan_combined, mine, chunk, kw,
+                       cp_group=dist.group.WORLD)
+    dtype = t["x"].dtype
+    rtol = rtol_for(dtype, "cpu")
+    what = f"rank {rank}/{world} of {spec['name']}"
+    assert out.shape == (b, end - start, H, P) and out.dtype == dtype
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    assert s_end.shape == (b, H, P, N) and s_end.dtype == state_dtype
+    check(out, out64[:, start:end], rtol, f"out of {what}")
+    check(s_end, ends64[rank], rtol, f"final_states of {what}")
+    grads = torch.autograd.grad([out, s_end], [mine[k] for k in names],
+                                [dout[:, start:end].to(dtype), dstate[rank].to(state_dtype)],
+                                allow_unused=True)
+    for k, gr in zip(names, grads):
+        if gr is None:
+            gr = torch.zeros_like(mine[k])
+        if k in PER_TOKEN:
+            check(gr, g64[k][:, start:end], rtol, f"d{k} of {what}")
+        else:  # shared: this rank's share; the group's sum is the whole gradient
+            gr = gr.contiguous()
+            dist.all_reduce(gr)
+            check(gr, g64[k], rtol, f"d{k} (summed over the group) of {what}")
+
+
+def scan_cases(rank, world, specs):
+    for spec in specs:
+        scan_case(rank, world, spec)
+
+
+# ---- the harness itself ----------------------------------------------------------------
+
+
+def fail_on_rank(rank, world, bad_rank):
+    """Rank `bad_rank` raises while the others wait in a collective."""
+    if rank == bad_rank:
+        raise RuntimeError(f"deliberate failure on rank {rank}")
+    dist.barrier()
+
+
+def hang(rank, world):
+    """Never returns (the harness's timeout must kill it)."""
+    import time
+    while True:
+        time.sleep(1)

@@ -1,0 +1,74 @@
+"""Context parallelism (baracuda_torch.distributed) on gloo, CPU:
+world sizes 2 and 4 in worker processes (distributed_harness.run: forked from a server
+that imported torch once, a file store, no ports; every worker killed on failure or
+timeout, every rank's traceback reported). Each rank compares its outputs and
+gradients with one float64 process over the whole sequence (distributed_cases.py):
+every gradient of the scan (x, dt, A, B, C, D, z, dt_bias, initial_states), the shared
+ones summed over the group, within the chunked tolerance of the dtype
+(test_ssd_chunk_scan.rtol_for); with and without seq_idx (resets inside shards, exactly
+at shard boundaries, after an empty shard) and initial_states, with uneven shard
+lengths (0 included).
+"""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import distributed_cases as cases
+import distributed_harness as harness
+
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()
+         and "forkserver" in mp.get_all_start_methods()),
+    reason="needs torch.distributed with gloo and the forkserver start method")
+
+TIMEOUT = 180  # seconds for one run of workers (each takes a few seconds here)
+
+ALL_OPTIONS = dict(D="hdim", z=True, dt_bias=True, init=True, softplus=True)
+
+SCAN_2 = [
+    # resets inside both shards and exactly at the boundary (13 = rank 1's first token)
+    dict(name="all options, seq_idx", seed=1, b=2, H=4, P=3, N=5, G=2, chunk=8,
+         lengths=[13, 20], dtype=torch.float32, starts=[[5, 13, 20], [13]], **ALL_OPTIONS),
+    dict(name="initial_states, D [H], dt_limit", seed=2, b=2, H=4, P=4, N=3, G=1, chunk=8,
+         lengths=[31, 17], dtype=torch.float32, D="h", init=True, limit=True),
+    dict(name="no options", seed=3, b=1, H=2, P=4, N=4, G=2, chunk=16, lengths=[16, 16],
+         dtype=torch.float32),
+    # exact up to rounding: float64 against float64 at 1e-10
+    dict(name="float64", seed=4, b=2, H=4, P=3, N=5, G=2, chunk=8, lengths=[10, 26],
+         dtype=torch.float64, starts=[[3, 10], [30]], idx_dtype=torch.int32, **ALL_OPTIONS),
+    dict(name="bfloat16", seed=5, b=2, H=4, P=8, N=8, G=2, chunk=16, lengths=[24, 40],
+         dtype=torch.bfloat16, starts=[[24, 50]], **ALL_OPTIONS),
+]
+
+SCAN_4 = [
+    # uneven, an empty shard (rank 1); resets at rank 2's first token (after the empty
+    # shard), inside rank 2, at rank 3's first token and inside it; one row a single
+    # sequence over every shard
+    dict(name="uneven, empty shard, seq_idx", seed=11, b=2, H=4, P=3, N=5, G=2, chunk=4,
+         lengths=[7, 0, 19, 5], dtype=torch.float32, starts=[[7, 12, 26, 28], [2]],
+         **ALL_OPTIONS),
+    dict(name="uneven, initial_states, no seq_idx", seed=12, b=2, H=3, P=4, N=3, G=3, chunk=8,
+         lengths=[1, 30, 2, 11], dtype=torch.float32, init=True, z=True, limit=True),
+]
+
+def _run(world, fn, specs):
+    harness.run(world, fn, specs, timeout=TIMEOUT)
+    assert harness.alive(harness.LAST_PIDS) == []
+
+
+@pytest.mark.parametrize("world,specs", [(2, SCAN_2), (4, SCAN_4)], ids=["world2", "world4"])
+def test_scan_matches_one_process(world, specs):
+    _run(world, cases.scan_cases, specs)
+
+
+def test_harness_reports_a_failure_and_leaves_no_process():
+    with pytest.raises(Exception, match="deliberate failure on rank 1"):
+        harness.run(2, cases.fail_on_rank, 1, timeout=TIMEOUT)
+    assert harness.LAST_PIDS and harness.alive(harness.LAST_PIDS) == []
+
+
+def test_harness_timeout_kills_every_worker():
+    with pytest.raises(TimeoutError):
+        harness.run(2, cases.hang, timeout=1.0)
+    assert harness.LAST_PIDS and harness.alive(harness.LAST_PIDS) == []
