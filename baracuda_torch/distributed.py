@@ -15,6 +15,9 @@ the state gradients: one more exchange of ``B·H·P·N`` values per rank.
 
 * :func:`mamba_chunk_scan_combined`: mamba_ssm's signature and return convention (as
   :func:`baracuda_torch.mamba.mamba_chunk_scan_combined`) plus ``cp_group``.
+* :class:`baracuda_torch.mamba.Mamba2` with ``cp_group=...`` (and
+  ``mamba_split_conv1d_scan_combined(..., cp_group=...)``): the causal conv's halo (the
+  ``d_conv - 1`` tokens before each shard) is exchanged too, then the scan above.
 
 Every exchange is a ``torch.distributed.all_gather`` inside a custom
 ``torch.autograd.Function`` whose backward is the adjoint exchange (another
@@ -96,6 +99,13 @@ class _Layout:
             del self._bufs, self._work
         return self
 
+    def halo_index(self) -> Tensor:
+        """[W, k] (:func:`_halo_index` of the lengths), computed once."""
+        self.wait()
+        if getattr(self, "_index", None) is None:
+            self._index = _halo_index(self.lengths, self.k)
+        return self._index
+
     def carry(self) -> Optional[Tensor]:
         """[W, B] bool: whether the state carries into rank j's first token (False where
         its first ``seq_idx`` differs from the last one of the nearest non-empty rank
@@ -166,6 +176,82 @@ class _StateExchange(torch.autograd.Function):
             mu = torch.where(carry[j][:, None, None, None], lam, 0) if ctx.has_carry else lam
         da = (mu * S_in).sum((-2, -1)) if ctx.needs_input_grad[1] else None
         return mu, da, dout, None, None
+
+
+# ---- the conv halo exchange -------------------------------------------------------------
+
+
+def _halo_index(lengths: Tensor, k: int) -> Tensor:
+    """[W, k] int64: for each rank j and halo slot i (global position start_j - k + i),
+    1 + (owner's rank)·k + (slot in the owner's right-aligned k-token tail), or 0 where
+    the position is before the sequence (a zero). Computed on the device (no host read)."""
+    ends = torch.cumsum(lengths, 0)
+    starts = ends - lengths
+    pos = starts[:, None] - k + torch.arange(k, device=lengths.device)   # [W, k]
+    owner = torch.searchsorted(ends, pos.clamp(min=0).reshape(-1), right=True).view_as(pos)
+    owner = owner.clamp(max=lengths.numel() - 1)
+    slot = k - (ends[owner] - pos)
+    return torch.where(pos >= 0, 1 + owner * k + slot, 0)
+
+
+class _HaloExchange(torch.autograd.Function):
+    """``tail [B, k, C] -> halo [B, k, C]``: every rank's last k tokens (right-aligned,
+    zero-padded) are all-gathered, and each rank picks the k tokens before its shard
+    (:meth:`_Layout.halo_index`; zeros before the sequence start). The gather is issued
+    before the layout exchange is waited for, so the two are in flight together.
+    Backward: an ``all_gather`` of every rank's ``dhalo``, each rank summing the entries
+    that came from its own tail (a one-hot product: deterministic)."""
+
+    @staticmethod
+    def forward(ctx, tail: Tensor, layout: "_Layout", group):
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        t = tail.contiguous()
+        ts = [torch.empty_like(t) for _ in range(world)]
+        work = dist.all_gather(ts, t, group=group, async_op=True)
+        index = layout.halo_index()                                             # [W, k]
+        work.wait()
+        table = torch.cat([t.new_zeros(t.size(0), 1, t.size(2))] + ts, dim=1)  # [B, 1+W·k, C]
+        ctx.group, ctx.world, ctx.rank = group, world, rank
+        ctx.save_for_backward(index)
+        return table.index_select(1, index[rank])
+
+    @staticmethod
+    def backward(ctx, dhalo: Tensor):
+        (index,) = ctx.saved_tensors
+        world, rank = ctx.world, ctx.rank
+        k = dhalo.size(1)
+        g = dhalo.contiguous()
+        gs = [torch.empty_like(g) for _ in range(world)]
+        dist.all_gather(gs, g, group=ctx.group)
+        mine = 1 + rank * k + torch.arange(k, device=index.device)               # [k]
+        onehot = (index.reshape(-1)[None, :] == mine[:, None]).to(g.dtype)      # [k, W·k]
+        dtail = torch.matmul(onehot, torch.cat(gs, dim=1))                       # [B, k, C]
+        return dtail, None, None
+
+
+def _causal_conv1d_with_halo(conv, xBC: Tensor, weight: Tensor, bias: Optional[Tensor],
+                            seq_idx: Optional[Tensor], silu: bool, group,
+                            layout: _Layout) -> Tensor:
+    """``conv(xBC, weight, bias, seq_idx, silu)`` (a causal depthwise conv over L of
+    ``xBC`` [B, L, C] with ``weight`` [C, W]) on this rank's shard as if on the whole
+    sequence: the ``W - 1`` tokens before the shard (and their ``seq_idx``) are fetched
+    from the ranks before (zeros before the sequence start), prepended, and their outputs
+    dropped. ``layout`` must have been made with ``k = W - 1``."""
+    k = weight.size(1) - 1
+    if k == 0:
+        return conv(xBC, weight, bias, seq_idx, silu)
+    batch, L, _ = xBC.shape
+    n = min(L, k)
+    tail = F.pad(xBC[:, L - n:], (0, 0, k - n, 0))
+    halo = _HaloExchange.apply(tail, layout, group)
+    ext = torch.cat([halo, xBC], dim=1)
+    ext_seq = None
+    if seq_idx is not None:
+        table = torch.cat([layout.first.new_zeros(batch, 1),
+                           layout.tails.permute(1, 0, 2).reshape(batch, -1)], dim=1)
+        picked = table.index_select(1, layout.halo_index()[dist.get_rank(group)])
+        ext_seq = torch.cat([picked.to(seq_idx.dtype), seq_idx], dim=1)
+    return conv(ext, weight, bias, ext_seq, silu)[:, k:]
 
 
 # ---- the context-parallel scan ---------------------------------------------------------
@@ -270,3 +356,22 @@ def mamba_chunk_scan_combined(
                           dt_softplus, dt_limit, state_dtype, cp_group)
     return (out, S_end) if return_final_states else out
 
+
+def _split_conv1d_scan_cp(conv, xBC: Tensor, dt: Tensor, conv1d_weight: Tensor,
+                          conv1d_bias: Optional[Tensor], seq_idx: Optional[Tensor], silu: bool,
+                          split, scan_args: dict, group) -> Tuple[Tensor, Tensor]:
+    """The conv and the scan of :func:`baracuda_torch.mamba.mamba_split_conv1d_scan_combined`
+    under context parallelism: one layout exchange (lengths and the last ``d_conv - 1``
+    ``seq_idx`` of every shard), the conv halo, then the scan. ``split(xBC)`` gives
+    ``(x, B, C)``; returns ``(y, S_end)``."""
+    world, _ = _group_info(group)
+    if world == 1:
+        x, B, C = split(conv(xBC, conv1d_weight, conv1d_bias, seq_idx, silu))
+        return _cp_scan(x, dt, B=B, C=C, seq_idx=seq_idx, group=group, **scan_args)
+    batch, L, _ = xBC.shape
+    k = max(conv1d_weight.size(1) - 1, 1)
+    layout = _Layout(L, batch, seq_idx, k, xBC.device, group, world)
+    xBC = _causal_conv1d_with_halo(conv, xBC, conv1d_weight, conv1d_bias, seq_idx, silu, group,
+                                  layout)
+    x, B, C = split(xBC)
+    return _cp_scan(x, dt, B=B, C=C, seq_idx=seq_idx, group=group, layout=layout, **scan_args)

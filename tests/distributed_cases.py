@@ -1,11 +1,13 @@
 """The per-rank bodies of tests/test_distributed.py (run by distributed_harness.run in
-gloo worker processes; not a test module). Each rank builds the whole problem from the
+spawned gloo processes; not a test module). Each rank builds the whole problem from the
 same seed, runs the single-process float64 computation over the whole sequence as the
 reference, runs the context-parallel one on its own shard, and asserts: its outputs and
 its shard of every per-token gradient against the reference's slice, and the sum over
-the group of every shared gradient (A, D, dt_bias, initial_states) against the
-reference's, within ``rtol_for`` of the dtype."""
+the group of every shared gradient (A, D, dt_bias, initial_states, the layer's
+parameters) against the reference's, within ``rtol_for`` of the dtype."""
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.distributed as dist
@@ -137,6 +139,87 @@ def scan_case(rank, world, spec):
 def scan_cases(rank, world, specs):
     for spec in specs:
         scan_case(rank, world, spec)
+
+
+# ---- the Mamba-2 layer ---------------------------------------------------------------
+
+
+def make_layer(spec):
+    torch.manual_seed(spec["seed"])
+    return mamba.Mamba2(d_model=spec.get("d_model", 16), d_state=spec.get("d_state", 8),
+                        d_conv=spec.get("d_conv", 4), expand=2, headdim=spec.get("headdim", 8),
+                        ngroups=spec.get("ngroups", 2), chunk_size=spec.get("chunk", 16),
+                        D_has_hdim=spec.get("D_has_hdim", False),
+                        rmsnorm=spec.get("rmsnorm", True),
+                        norm_before_gate=spec.get("norm_before_gate", False),
+                        dt_limit=spec.get("dt_limit", (0.0, float("inf"))))
+
+
+def layer_inputs(spec):
+    g = torch.Generator().manual_seed(spec["seed"] + 2)
+    b, L, d = spec["b"], sum(spec["lengths"]), spec.get("d_model", 16)
+    u = torch.randn(b, L, d, generator=g, dtype=torch.float64)
+    w = torch.randn(b, L, d, generator=g, dtype=torch.float64)
+    seq_idx = None
+    if spec.get("starts") is not None:
+        seq_idx = seq_idx_from_starts(b, L, spec["starts"], torch.int32)
+    return u, w, seq_idx
+
+
+def layer_reference(spec):
+    """out, d(u) and every parameter's gradient of one float64 process over the whole
+    sequence, for the loss Σ out·w."""
+    model = make_layer(spec).double()
+    u, w, seq_idx = layer_inputs(spec)
+    u = u.clone().requires_grad_()
+    out = model(u, seq_idx=seq_idx)
+    (out * w).sum().backward()
+    return out.detach(), u.grad, {n: p.grad for n, p in model.named_parameters()}
+
+
+def layer_case(rank, world, spec):
+    """Mamba2(cp_group=...) on this rank's shard against one float64 process. With
+    spec["wrap"] = "ddp" (DistributedDataParallel) or "fsdp" (FSDP2's fully_shard, the
+    parameters sharded over the ranks), the wrapper's collectives on WORLD and the CP
+    exchanges on a separate group; the loss scaled by the world size, so that the
+    wrapper's average of the gradients is the whole gradient."""
+    lengths = spec["lengths"]
+    assert len(lengths) == world
+    out64, du64, dp64 = layer_reference(spec)
+    start, end = bounds_of(lengths, rank)
+    u, w, seq_idx = layer_inputs(spec)
+    wrap = spec.get("wrap")
+    model = make_layer(spec)
+    model.cp_group = dist.new_group(list(range(world))) if wrap else dist.group.WORLD
+    runner = model
+    if wrap == "ddp":
+        runner = torch.nn.parallel.DistributedDataParallel(model)
+    elif wrap == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        runner = fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    u_r = u[:, start:end].float().requires_grad_()
+    out = runner(u_r, seq_idx=None if seq_idx is None else seq_idx[:, start:end])
+    loss = (out * w[:, start:end].float()).sum()
+    (loss * world if wrap else loss).backward()
+    rtol = rtol_for(torch.float32, "cpu")
+    what = f"rank {rank}/{world} of {spec['name']}"
+    check(out, out64[:, start:end], rtol, f"out of {what}")
+    du = u_r.grad / world if wrap else u_r.grad   # the scaled loss; wrappers average parameters only
+    check(du, du64[:, start:end], rtol, f"du of {what}")
+    for n, p in model.named_parameters():
+        if wrap == "fsdp":
+            gr = p.grad.full_tensor()              # this rank holds a shard of the averaged one
+        else:
+            gr = p.grad.clone()
+        if not wrap:
+            dist.all_reduce(gr)
+        check(gr, dp64[n], rtol, f"d{n} (summed over the group) of {what}")
+
+
+def layer_cases(rank, world, specs):
+    for spec in specs:
+        layer_case(rank, world, spec)
 
 
 # ---- the harness itself ----------------------------------------------------------------

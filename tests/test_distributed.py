@@ -1,13 +1,14 @@
-"""Context parallelism (baracuda_torch.distributed) on gloo, CPU:
+"""Context parallelism (baracuda_torch.distributed; Mamba2(cp_group=...)) on gloo, CPU:
 world sizes 2 and 4 in worker processes (distributed_harness.run: forked from a server
 that imported torch once, a file store, no ports; every worker killed on failure or
 timeout, every rank's traceback reported). Each rank compares its outputs and
 gradients with one float64 process over the whole sequence (distributed_cases.py):
-every gradient of the scan (x, dt, A, B, C, D, z, dt_bias, initial_states), the shared
-ones summed over the group, within the chunked tolerance of the dtype
-(test_ssd_chunk_scan.rtol_for); with and without seq_idx (resets inside shards, exactly
-at shard boundaries, after an empty shard) and initial_states, with uneven shard
-lengths (0 included).
+every gradient of the scan (x, dt, A, B, C, D, z, dt_bias, initial_states) and of the
+layer (its input and every parameter), the shared ones summed over the group, within
+the chunked tolerance of the dtype (test_ssd_chunk_scan.rtol_for); with and without
+seq_idx (resets inside shards, exactly at shard boundaries, after an empty shard) and
+initial_states, with uneven shard lengths (0, and shorter than the conv's halo,
+included); under DistributedDataParallel and FSDP2 (fully_shard).
 """
 import pytest
 import torch
@@ -52,6 +53,25 @@ SCAN_4 = [
          lengths=[1, 30, 2, 11], dtype=torch.float32, init=True, z=True, limit=True),
 ]
 
+LAYER_2 = [
+    dict(name="Mamba2, seq_idx", seed=21, b=2, lengths=[9, 14], starts=[[4, 9, 15], [9]]),
+    dict(name="Mamba2, D per channel, norm before gate", seed=22, b=1, lengths=[20, 5],
+         D_has_hdim=True, norm_before_gate=True, ngroups=1, dt_limit=(0.01, 0.5)),
+    dict(name="Mamba2 under DDP", seed=23, b=2, lengths=[12, 11], wrap="ddp",
+         starts=[[6, 12], []]),
+    dict(name="Mamba2 under FSDP2", seed=24, b=1, lengths=[8, 13], wrap="fsdp"),
+]
+
+LAYER_4 = [
+    # shards shorter than the halo (d_conv - 1 = 3) and an empty one: rank 3's halo comes
+    # from ranks 0 and 1 across the empty rank 2
+    dict(name="Mamba2, tiny and empty shards, seq_idx", seed=31, b=2, lengths=[2, 1, 0, 21],
+         starts=[[1, 3, 10], [2]]),
+    dict(name="Mamba2 under DDP, uneven", seed=32, b=1, lengths=[10, 7, 9, 6], wrap="ddp",
+         starts=[[10, 20]]),
+]
+
+
 def _run(world, fn, specs):
     harness.run(world, fn, specs, timeout=TIMEOUT)
     assert harness.alive(harness.LAST_PIDS) == []
@@ -60,6 +80,11 @@ def _run(world, fn, specs):
 @pytest.mark.parametrize("world,specs", [(2, SCAN_2), (4, SCAN_4)], ids=["world2", "world4"])
 def test_scan_matches_one_process(world, specs):
     _run(world, cases.scan_cases, specs)
+
+
+@pytest.mark.parametrize("world,specs", [(2, LAYER_2), (4, LAYER_4)], ids=["world2", "world4"])
+def test_mamba2_matches_one_process(world, specs):
+    _run(world, cases.layer_cases, specs)
 
 
 def test_harness_reports_a_failure_and_leaves_no_process():
