@@ -222,6 +222,81 @@ def layer_cases(rank, world, specs):
         layer_case(rank, world, spec)
 
 
+# ---- communication volume ------------------------------------------------------------
+
+
+_COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all",
+                "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
+                "send", "recv", "isend", "irecv", "gather", "scatter", "reduce")
+
+
+def _counting(counts, group):
+    """Wrappers of torch.distributed's collectives that add, for the calls on `group`,
+    the bytes this rank sends (the input tensor of all_gather; any tensor argument of
+    the others) to counts[name]."""
+    real = {n: getattr(dist, n) for n in _COLLECTIVES}
+
+    def wrap(name):
+        fn = real[name]
+
+        def counted(*args, **kwargs):
+            g = kwargs.get("group")
+            if g is group:
+                if name == "all_gather":
+                    t = args[1] if len(args) > 1 else kwargs["tensor"]
+                    nbytes = t.numel() * t.element_size()
+                else:
+                    nbytes = sum(a.numel() * a.element_size() for a in args
+                                 if isinstance(a, torch.Tensor))
+                counts[name] = counts.get(name, 0) + nbytes
+            return fn(*args, **kwargs)
+        return counted
+    return real, {n: wrap(n) for n in _COLLECTIVES}
+
+
+def volume_case(rank, world, spec):
+    """The bytes each rank sends through the collectives for one Mamba2 layer, forward
+    and backward, at several sequence lengths: the same for every L, equal to the
+    formula of docs/distributed.md, and only all_gather."""
+    group = dist.group.WORLD
+    model = make_layer(spec)
+    model.cp_group = group
+    b, d = spec["b"], spec.get("d_model", 16)
+    H, P, N, G = model.nheads, model.headdim, model.d_state, model.ngroups
+    k = model.d_conv - 1
+    conv_dim = model.d_ssm + 2 * G * N
+    with_seq = spec.get("with_seq_idx", False)
+    expected = (8 * (1 + (b + b * k if with_seq else 0))   # layout: lengths (+ seq_idx edges)
+                + 2 * b * k * conv_dim * 4                 # conv halo, forward and backward
+                + (b * H * P * N + b * H) * 4              # (S_local, a)
+                + b * H * P * N * 4)                       # dS_in
+    seen = []
+    for L_rank in spec["shard_lengths"]:
+        counts = {}
+        real, wrapped = _counting(counts, group)
+        for n, f in wrapped.items():
+            setattr(dist, n, f)
+        try:
+            u = torch.randn(b, L_rank, d, requires_grad=True)
+            seq_idx = None
+            if with_seq:
+                seq_idx = (torch.arange(L_rank) // 7 + rank * 1000).expand(b, L_rank).to(torch.int32)
+            model(u, seq_idx=seq_idx).square().sum().backward()
+        finally:
+            for n, f in real.items():
+                setattr(dist, n, f)
+        assert set(counts) == {"all_gather"}, f"rank {rank}: collectives used: {counts}"
+        seen.append(counts["all_gather"])
+    assert seen == [expected] * len(seen), (
+        f"rank {rank}: bytes sent per layer at shard lengths {spec['shard_lengths']}: {seen}, "
+        f"expected {expected} for every L")
+
+
+def volume_cases(rank, world, specs):
+    for spec in specs:
+        volume_case(rank, world, spec)
+
+
 # ---- the harness itself ----------------------------------------------------------------
 
 

@@ -8,7 +8,8 @@ layer (its input and every parameter), the shared ones summed over the group, wi
 the chunked tolerance of the dtype (test_ssd_chunk_scan.rtol_for); with and without
 seq_idx (resets inside shards, exactly at shard boundaries, after an empty shard) and
 initial_states, with uneven shard lengths (0, and shorter than the conv's halo,
-included); under DistributedDataParallel and FSDP2 (fully_shard).
+included); under DistributedDataParallel and FSDP2 (fully_shard). The bytes through
+the collectives per layer and rank are counted and do not change with L.
 """
 import pytest
 import torch
@@ -85,6 +86,12 @@ def test_scan_matches_one_process(world, specs):
 @pytest.mark.parametrize("world,specs", [(2, LAYER_2), (4, LAYER_4)], ids=["world2", "world4"])
 def test_mamba2_matches_one_process(world, specs):
     _run(world, cases.layer_cases, specs)
+
+
+def test_bytes_per_layer_do_not_grow_with_L():
+    specs = [dict(name="seq_idx", seed=41, b=2, shard_lengths=[8, 64], with_seq_idx=True),
+             dict(name="no seq_idx", seed=42, b=1, shard_lengths=[5, 80])]
+    _run(2, cases.volume_cases, specs)
 
 
 def test_harness_reports_a_failure_and_leaves_no_process():
