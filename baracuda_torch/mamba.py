@@ -12,7 +12,8 @@
 Differences from mamba_ssm: ``final_states`` are float32 (float64 for float64 inputs)
 unless ``state_dtype`` says otherwise (mamba_ssm defaults to C's dtype); the
 inference cache (``inference_params``, ``step``) and tensor parallelism
-(``process_group``) are not implemented.
+(``process_group``) are not implemented. Context parallelism (the sequence split over
+the ranks of a process group, ``cp_group``): :mod:`baracuda_torch.distributed`.
 """
 from __future__ import annotations
 
@@ -215,7 +216,7 @@ def mamba_split_conv1d_scan_combined(
         rmsnorm_weight: Optional[Tensor] = None, rmsnorm_eps: float = 1e-6,
         outproj_weight: Optional[Tensor] = None, outproj_bias: Optional[Tensor] = None,
         headdim: Optional[int] = None, ngroups: int = 1, norm_before_gate: bool = True,
-        state_dtype: Optional[torch.dtype] = None,
+        state_dtype: Optional[torch.dtype] = None, *, cp_group=None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """mamba_ssm's ``mamba_split_conv1d_scan_combined``: the body of a Mamba-2 layer
     after ``in_proj``.
@@ -235,6 +236,13 @@ def mamba_split_conv1d_scan_combined(
     be [B, L] of ``zxbcdt``.
 
     Returns ``out``, or ``(out, final_states)`` with ``return_final_states``.
+
+    With ``cp_group`` (a ``torch.distributed`` process group), context parallelism:
+    ``zxbcdt`` (and ``seq_idx``) are this rank's contiguous shard of the sequence, the
+    shards in the group's rank order; the conv's ``W - 1`` tokens before the shard and
+    the scan's state are exchanged over the group (:mod:`baracuda_torch.distributed`), so
+    ``out`` is this rank's shard of the single-process output, ``final_states`` the state
+    after this shard's last token, and ``initial_states`` is rank 0's.
     """
     if activation not in (None, "silu", "swish"):
         raise ValueError("mamba_split_conv1d_scan_combined: activation must be None, 'silu' "
@@ -286,15 +294,29 @@ def mamba_split_conv1d_scan_combined(
     dt_limit = _check_dt_limit("mamba_split_conv1d_scan_combined", dt_limit)
     zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_mlp, dim, dim + 2 * ngroups * dstate, nheads],
                                   dim=-1)
-    xBC = _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, activation is not None)
-    x, B, C = torch.split(xBC, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
-    x = x.unflatten(-1, (nheads, headdim))
-    B = B.unflatten(-1, (ngroups, dstate))
-    C = C.unflatten(-1, (ngroups, dstate))
     z4 = z.unflatten(-1, (nheads, headdim))
-    y, final_states = _scan(x, dt, A, B, C, chunk_size, D,
-                            z4 if rmsnorm_weight is None else None, dt_bias, initial_states,
-                            seq_idx, True, dt_limit, state_dtype, "mamba_split_conv1d_scan_combined")
+
+    def split_xBC(xBC):
+        x, B, C = torch.split(xBC, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
+        return (x.unflatten(-1, (nheads, headdim)), B.unflatten(-1, (ngroups, dstate)),
+                C.unflatten(-1, (ngroups, dstate)))
+
+    if cp_group is not None:
+        from .distributed import _split_conv1d_scan_cp
+        y, final_states = _split_conv1d_scan_cp(
+            _causal_conv1d, xBC, dt, conv1d_weight, conv1d_bias, seq_idx, activation is not None,
+            split_xBC, dict(A=A, chunk_size=chunk_size, D=D,
+                            z=z4 if rmsnorm_weight is None else None, dt_bias=dt_bias,
+                            initial_states=initial_states, dt_softplus=True, dt_limit=dt_limit,
+                            state_dtype=state_dtype, fn="mamba_split_conv1d_scan_combined"),
+            cp_group)
+    else:
+        xBC = _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, activation is not None)
+        x, B, C = split_xBC(xBC)
+        y, final_states = _scan(x, dt, A, B, C, chunk_size, D,
+                                z4 if rmsnorm_weight is None else None, dt_bias, initial_states,
+                                seq_idx, True, dt_limit, state_dtype,
+                                "mamba_split_conv1d_scan_combined")
     out = y.flatten(-2)
     if rmsnorm_weight is not None:
         out = _gated_rmsnorm(out, z, rmsnorm_weight, rmsnorm_eps, dim // ngroups,
@@ -351,6 +373,13 @@ class Mamba2(nn.Module):
     ``inference_params`` (the decoding cache and ``step``) and ``process_group``
     (tensor parallelism); ``layer_idx``, ``use_mem_eff_path`` and
     ``sequence_parallel`` are accepted and stored.
+
+    ``cp_group`` (not in mamba_ssm; default None: one process): a ``torch.distributed``
+    process group over which the sequence is split for context parallelism. Each rank
+    passes its contiguous shard ``u`` [B, L_r, d_model] (and ``seq_idx`` [B, L_r]), the
+    shards in the group's rank order, any lengths; the output is this rank's shard of the
+    single-process output, and the parameters' gradients are this rank's share (their
+    sum over the group is the single-process gradient). docs/distributed.md.
     """
 
     def __init__(self, d_model: int, d_state: int = 128, d_conv: int = 4,
@@ -363,7 +392,7 @@ class Mamba2(nn.Module):
                  conv_bias: bool = True, chunk_size: int = 256, use_mem_eff_path: bool = True,
                  layer_idx: Optional[int] = None, process_group=None,
                  sequence_parallel: bool = True, device: Optional[torch.device] = None,
-                 dtype: Optional[torch.dtype] = None) -> None:
+                 dtype: Optional[torch.dtype] = None, cp_group=None) -> None:
         factory = {"device": device, "dtype": dtype}
         super().__init__()
         if process_group is not None:
@@ -396,6 +425,7 @@ class Mamba2(nn.Module):
         self.chunk_size = chunk_size
         self.use_mem_eff_path = use_mem_eff_path
         self.layer_idx = layer_idx
+        self.cp_group = cp_group
 
         d_in_proj = 2 * self.d_inner + 2 * ngroups * d_state + self.nheads
         self.in_proj = nn.Linear(d_model, d_in_proj, bias=bias, **factory)
@@ -441,7 +471,7 @@ class Mamba2(nn.Module):
             rmsnorm_eps=self.norm.eps if self.rmsnorm else 1e-6,
             outproj_weight=self.out_proj.weight, outproj_bias=self.out_proj.bias,
             headdim=None if self.D_has_hdim else self.headdim, ngroups=self.ngroups,
-            norm_before_gate=self.norm_before_gate)
+            norm_before_gate=self.norm_before_gate, cp_group=self.cp_group)
         if seqlen is not None:
             out = out.flatten(0, 1)
         return out
