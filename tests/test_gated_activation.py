@@ -116,9 +116,9 @@ def test_explain_gated(device):
 @requires_cuda
 def test_gated_mixed_devices():
     with pytest.raises(RuntimeError, match=r"baracuda::gated_activation_backward: expected all tensors on one device"):
-        ops.gated_activation_backward(torch.randn(3, 4, device="cuda"), torch.randn(3, 8), "swiglu")
+        torch.ops.baracuda.gated_activation_backward(torch.randn(3, 4, device="cuda"), torch.randn(3, 8), "swiglu")
     with pytest.raises(RuntimeError, match=r"expected all tensors on one device"):
-        ops.gated_activation_backward(torch.randn(3, 4), torch.randn(3, 8, device="cuda"), "swiglu")
+        torch.ops.baracuda.gated_activation_backward(torch.randn(3, 4), torch.randn(3, 8, device="cuda"), "swiglu")
 
 
 @pytest.mark.parametrize("device", DEVICES)
