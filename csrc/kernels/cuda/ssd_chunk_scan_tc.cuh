@@ -543,13 +543,14 @@ struct SsdTcScanParams {
 };
 
 // (At most 168 registers, 3 blocks per multiprocessor: DC's U row dots would take it to
-// 208 and 2 blocks.)
+// 208 and 2 blocks. DB's inter-chunk-only form fits 128 without spilling, so 4 blocks;
+// DC's spills 216 bytes at 128.)
 // EPI (Y, DX with an option of p.epi): a separate instantiation, so that the plain
 // kernel keeps its registers. INTER (DC, DB with group_products): the inter-chunk term
 // only, always into the split partials (ssd_chunk_scan_backward_group.cu adds the
 // intra-chunk term per group and sums the splits).
 template <typename T, int MODE, bool EPI = false, bool INTER = false>
-__global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcScanParams<T> p) {
+__global__ void __launch_bounds__(kTcThreads, INTER && MODE == kSsdDB ? 4 : 3) ssd_tc_scan_kernel(const SsdTcScanParams<T> p) {
   constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;    // causal partners c >= r
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;  // per group, sum over heads
   constexpr bool kGroupLR = !kMulti;  // Lft, Rgt are C and B: the same for every head
