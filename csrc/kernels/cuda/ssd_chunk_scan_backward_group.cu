@@ -17,13 +17,15 @@
 //                           (the next head's dy and x tiles copied by cp.async during the
 //                           products), written to the workspace (zeros where s > q or
 //                           outside the chunk)
-//   ssd_group_apply_kernel  block per (b, g, c, 64-row tile, 64-column tile of N), for dC
-//                           (rows q) or dB (rows s): the inter-chunk term, summed over
-//                           the head splits that ssd_tc_scan_kernel<DC/DB, INTER> wrote, plus
-//                           dCB (rounded to the input type, as mamba_ssm rounds its dCB)
-//                           times B or C, written in the input type
+//   ssd_group_grad_kernel   block per (b, g, c, 64-row tile, 64-column tile of N), for dC
+//                           (rows q) or dB (rows s), whole: dCB (rounded to the input
+//                           type, as mamba_ssm rounds its dCB) times B or C, plus the
+//                           inter-chunk term over the group's heads in order (each head's
+//                           rows times its float32 state tile rounded to the input type,
+//                           the next head's tiles copied during the products); dC also
+//                           writes each head's U partial
 // Determinism: every sum has an order fixed by the shapes (heads in order, k-steps in
-// order, then the splits in order); no atomics.
+// order); no atomics.
 // Non-finite values: as the other tensor-core kernels, a diagonal tile's products run
 // over whole 16-position k-steps, so a NaN or Inf in B, C (or in dy, x through dCB) can
 // also reach up to 15 other positions of its 16-position block.
@@ -135,13 +137,19 @@ __global__ void __launch_bounds__(kTcThreads, 5) ssd_group_dcb_kernel(const SsdG
 }
 
 template <typename T>
-struct SsdGroupApplyParams {
-  int64_t batch, seqlen, groups, chunk, nchunks, total_blocks, nsplit;
-  int N, qp, r_tiles, j_tiles;
-  SsdOperand<T> v;     // B (dC) or C (dB), [B, L, G, N]
-  const float* dcb;    // [B, G, nc, Q', Q']
-  const float* split;  // [nsplit, B, L, G, N]: the inter-chunk terms per head split
-  T* out;              // dC or dB, [B, L, G, N] contiguous
+struct SsdGroupGradParams {
+  int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
+  int P, KP, ldl, N, qp, r_tiles, j_tiles;
+  int off_stage, off_s;  // byte offsets in dynamic shared memory (Lft buffers at 0)
+  SsdOperand<T> lft;     // dy (dC) or x (dB), per head: the inter-chunk term's rows
+  SsdOperand<T> v;       // B (dC) or C (dB), per group: dCB's partner
+  SsdOperand<T> dot;     // C (dC's U partials)
+  const float* state;    // H_c (dC) or Gn_c (dB), [B, H, nc, P, N]
+  const double* acs;
+  const float* dtf;
+  const float* dcb;      // [B, G, nc, Q', Q']
+  float* upart;          // dC: U partials [B, H, L, j_tiles]; null for dB
+  T* out;                // dC or dB, [B, L, G, N] contiguous
 };
 
 // acc += A·V over k-steps kk_lo <= kk < kk_hi of one 64-deep tile: A is the warp's 16
@@ -168,12 +176,28 @@ __device__ __forceinline__ void apply_steps(float (&acc)[8][4], const T* sA, con
   }
 }
 
-// DB false: dC (rows q, partners s <= q, A = dCB[q][s] as stored); DB true: dB (rows s,
-// partners q >= s, A = dCBᵀ, i.e. the stored tile read k-major).
+// dC (DB false; rows q) or dB (DB true; rows s) of one (b, g, c, 64-row tile, 64-column
+// tile of N), whole:
+//  1. the intra-chunk term: dCB (rounded to T, as mamba_ssm rounds its dCB) times B over
+//     the partners s <= q (A = dCB[q][s] as stored), or times C over q >= s (A = dCBᵀ:
+//     the stored tile read k-major);
+//  2. the inter-chunk term, over the group's heads in order: rs_r·Σ_p Lft_h[r][p]·S_h[p][j]
+//     (S = H_c, rs = exp(Acs_r) for dC; S = Gn_c, rs = exp(Acs_last − Acs_r)·dt_r for dB),
+//     with S rounded to T; dC also writes each head's U partial (its C row dot). Head
+//     h + 1's Lft rows and float32 state tile are copied (cp.async) during head h's
+//     products; the state is rounded into the operand tile once it has landed.
 template <typename T, bool DB>
-__global__ void __launch_bounds__(kTcThreads) ssd_group_apply_kernel(const SsdGroupApplyParams<T> p) {
-  __shared__ __align__(16) T sA[kSsdTile * kTcLd];
-  __shared__ __align__(16) T sV[kSsdTile * kTcLd];
+__global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const SsdGroupGradParams<T> p) {
+  extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
+  const int l_elems = kSsdTile * p.ldl;
+  T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                          // [2][64][ldl]
+  T* sA = sL;                                                          // phase 1: [64][kTcLd]
+  T* sV = sL + kSsdTile * kTcLd;                                       // phase 1: [64][kTcLd]
+  float* sStage = reinterpret_cast<float*>(ssd_dyn_smem + p.off_stage);  // [KP][64] float32
+  T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                // [KP][kTcLd]
+  __shared__ double sAcs[2][kSsdTile];
+  __shared__ float sDt[2][kSsdTile];
+  __shared__ double sLast[2];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
@@ -189,14 +213,18 @@ __global__ void __launch_bounds__(kTcThreads) ssd_group_apply_kernel(const SsdGr
     const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
     const int r0 = rt * kSsdTile, j0 = jt * kSsdTile;
     if (r0 >= len) continue;
+    const int rows = min(kSsdTile, len - r0);
     const int n_t = (len + kSsdTile - 1) / kSsdTile;
-    const float* mat = p.dcb + ((b * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp;
-    const T* vbase = p.v.p + b * p.v.s[0] + t0 * p.v.s[1] + g * p.v.s[2];
+    const bool live = rw < rows;
     float acc[8][4];
     tc_zero(acc);
+
+    // ---- 1. intra-chunk: dCB times B (dC) or C (dB)
+    const float* mat = p.dcb + ((b * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp;
+    const T* vbase = p.v.p + b * p.v.s[0] + t0 * p.v.s[1] + g * p.v.s[2];
     const int k_first = DB ? rt : 0, k_last = DB ? n_t - 1 : rt;
     for (int kt = k_first; kt <= k_last; ++kt) {
-      __syncthreads();  // the previous step (or virtual block) is done with sA, sV
+      __syncthreads();  // the previous step (or virtual block) is done with shared memory
       // dC: dCB[q = rt rows][s = kt cols]; dB: dCB[q = kt rows][s = rt cols] (read k-major)
       const float* src = DB ? mat + static_cast<int64_t>(kt * kSsdTile) * p.qp + r0
                             : mat + static_cast<int64_t>(r0) * p.qp + kt * kSsdTile;
@@ -206,27 +234,125 @@ __global__ void __launch_bounds__(kTcThreads) ssd_group_apply_kernel(const SsdGr
       __syncthreads();
       // The diagonal tile: only the 16-position k-steps with causal partners.
       const int lo = kt == rt && DB ? warp : 0, hi = kt == rt && !DB ? warp + 1 : 4;
-      if constexpr (DB)
-        apply_steps<T, true>(acc, sA + rw, sV, lo, hi);
-      else
-        apply_steps<T, false>(acc, sA + rw * kTcLd, sV, lo, hi);
+      if (live) {
+        if constexpr (DB)
+          apply_steps<T, true>(acc, sA + rw, sV, lo, hi);
+        else
+          apply_steps<T, false>(acc, sA + rw * kTcLd, sV, lo, hi);
+      }
     }
-    const int64_t count = p.batch * p.seqlen * p.groups * p.N;
+
+    // ---- 2. inter-chunk, head by head
+    // dC's U partials: the lane's C values (rows g8, g8 + 8 of the warp; its 16 columns),
+    // kept packed for all heads.
+    uint32_t cdot[2][8] = {};
+    if constexpr (!DB) {
+      const T* cb = p.dot.p + b * p.dot.s[0] + t0 * p.dot.s[1] + g * p.dot.s[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = r0 + rw + g8 + 8 * half;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const int j = j0 + nt * 8 + 2 * t4;
+          const float c0v = r < len && j < p.N ? to_acc(cb[r * p.dot.s[1] + j * p.dot.s[3]]) : 0.0f;
+          const float c1v = r < len && j + 1 < p.N ? to_acc(cb[r * p.dot.s[1] + (j + 1) * p.dot.s[3]]) : 0.0f;
+          cdot[half][nt] = ssd_pack2<T>(c0v, c1v);
+        }
+      }
+    }
+    const int64_t h0 = g * p.hpg;
+    const bool stage_vec = p.N % 4 == 0;  // 16-byte rows of the state tile (j0 is a multiple of 64)
+    // Copies head hi's Lft rows into buffer hi % 2, its state tile into the staging
+    // buffer and its row data into slot hi % 2.
+    auto issue = [&](int hi) {
+      const int64_t h = h0 + hi, bh = b * p.heads + h;
+      const int buf = hi & 1;
+      tc_fill<T, true>(sL + buf * l_elems, p.ldl, kSsdTile, p.KP,
+                       p.lft.p + b * p.lft.s[0] + (t0 + r0) * p.lft.s[1] + h * p.lft.s[2], p.lft.s[1], p.lft.s[3],
+                       rows, p.P);
+      const float* st = p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.P) * p.N + j0;
+      for (int e = tid; e < p.P * 16; e += kTcThreads) {
+        const int r = e / 16, k = (e % 16) * 4;
+        float* dst = sStage + r * kSsdTile + k;
+        if (stage_vec && j0 + k + 4 <= p.N) {
+          ssd_cp_async16(dst, st + static_cast<int64_t>(r) * p.N + k);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dst[i] = j0 + k + i < p.N ? st[static_cast<int64_t>(r) * p.N + k + i] : 0.0f;
+        }
+      }
+      if (tid < kSsdTile) {
+        const int64_t at = bh * p.seqlen + t0;
+        sAcs[buf][tid] = tid < rows ? p.acs[at + r0 + tid] : 0.0;
+        sDt[buf][tid] = DB && tid < rows ? p.dtf[at + r0 + tid] : 0.0f;
+        if (DB && tid == 0) sLast[buf] = p.acs[at + len - 1];
+      }
+    };
+    __syncthreads();  // phase 1 is done with sA, sV (the Lft buffers)
+    issue(0);
+    ssd_cp_async_commit();
+    for (int hi = 0; hi < p.hpg; ++hi) {
+      const int buf = hi & 1;
+      ssd_cp_async_wait<0>();  // head hi's copies (the only group in flight)
+      __syncthreads();
+      // the state tile rounded to T: S[k = p][j], rows p >= P zero
+      for (int e = tid; e < p.KP * 16; e += kTcThreads) {
+        const int r = e / 16, k = (e % 16) * 4;
+        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < p.P) f = *reinterpret_cast<const float4*>(sStage + r * kSsdTile + k);
+        uint2 o;
+        o.x = ssd_pack2<T>(f.x, f.y);
+        o.y = ssd_pack2<T>(f.z, f.w);
+        *reinterpret_cast<uint2*>(sS + r * kTcLd + k) = o;
+      }
+      __syncthreads();  // sS is ready, the staging buffer free
+      if (hi + 1 < p.hpg) issue(hi + 1);
+      ssd_cp_async_commit();
+      if (!live) continue;
+      float acc_h[8][4];
+      tc_zero(acc_h);
+      tc_warp_gemm<T, false, true>(acc_h, sL + buf * l_elems + rw * p.ldl, p.ldl, sS, kTcLd, p.KP / 16, 0, 4);
+      float u[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int rl = rw + g8 + 8 * half;
+        const double a = sAcs[buf][rl];
+        const float scale = DB ? ssd_decay<float>(sLast[buf] - a) * sDt[buf][rl] : ssd_decay<float>(a);
+        float dotv = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          acc_h[nt][2 * half] *= scale;
+          acc_h[nt][2 * half + 1] *= scale;
+          if constexpr (!DB) {
+            T cv[2];
+            memcpy(cv, &cdot[half][nt], 4);
+            dotv += to_acc(cv[0]) * acc_h[nt][2 * half] + to_acc(cv[1]) * acc_h[nt][2 * half + 1];
+          }
+          acc[nt][2 * half] += acc_h[nt][2 * half];
+          acc[nt][2 * half + 1] += acc_h[nt][2 * half + 1];
+        }
+        u[half] = dotv;
+      }
+      if constexpr (!DB) {  // U partial of this head, row and column tile (fixed xor tree over the row's 4 lanes)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float s = u[half];
+          s += __shfl_xor_sync(0xffffffffu, s, 1);
+          s += __shfl_xor_sync(0xffffffffu, s, 2);
+          const int r = r0 + rw + g8 + 8 * half;
+          if (t4 == 0 && r < len)
+            p.upart[((b * p.heads + h0 + hi) * p.seqlen + t0 + r) * p.j_tiles + jt] = s;
+        }
+      }
+    }
+    ssd_cp_async_wait<0>();
+
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = r0 + rw + g8 + 8 * half;
       if (r >= len) continue;
-      const int64_t row = ((b * p.seqlen + t0 + r) * p.groups + g) * p.N;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = j0 + nt * 8 + 2 * t4 + e;
-          if (j >= p.N) continue;
-          float v = 0.0f;
-          for (int64_t sp = 0; sp < p.nsplit; ++sp) v += p.split[sp * count + row + j];
-          p.out[row + j] = from_acc<T>(v + acc[nt][2 * half + e]);
-        }
+      T* orow = p.out + ((b * p.seqlen + t0 + r) * p.groups + g) * p.N;
+      tc_store_row<T>(orow, j0, p.N, p.N % 2 == 0, acc, half, 1.0f);
     }
   }
 }
@@ -256,22 +382,38 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
 }
 
 template <typename T, bool DB>
-void launch_apply(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
-  SsdGroupApplyParams<T> p;
-  p.batch = l.batch, p.seqlen = l.seqlen, p.groups = l.groups, p.chunk = l.chunk_size;
-  p.nchunks = l.nchunks(), p.nsplit = w.nsplit;
+void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  const char* op = DB ? "ssd_chunk_scan_backward(group_db)" : "ssd_chunk_scan_backward(group_dc)";
+  SsdGroupGradParams<T> p;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups;
+  p.hpg = l.heads / l.groups, p.chunk = l.chunk_size, p.nchunks = l.nchunks();
+  p.P = static_cast<int>(l.head_dim);
+  p.KP = ssd_k16(p.P);
+  p.ldl = p.KP + 8;
   p.N = static_cast<int>(l.state_dim);
   p.qp = static_cast<int>(w.dcb_ld);
   p.r_tiles = p.qp / kSsdTile;
   p.j_tiles = static_cast<int>((l.state_dim + kSsdTile - 1) / kSsdTile);
   p.total_blocks = l.batch * l.groups * p.nchunks * p.r_tiles * p.j_tiles;
+  // Shared memory: the two Lft buffers (also phase 1's two [64][kTcLd] tiles), the
+  // float32 staging tile, the rounded state tile.
+  const int lbuf = ssd_align16(std::max(2 * kSsdTile * p.ldl, 2 * kSsdTile * kTcLd) * static_cast<int>(sizeof(T)));
+  p.off_stage = lbuf;
+  p.off_s = p.off_stage + p.KP * kSsdTile * 4;
+  const int smem = p.off_s + p.KP * kTcLd * static_cast<int>(sizeof(T));
+  p.lft = DB ? ssd_operand<T>(l.x, l.x_stride, true) : ssd_operand<T>(l.dy, l.dy_stride, true);
   p.v = DB ? ssd_operand<T>(l.C, l.C_stride, false) : ssd_operand<T>(l.B, l.B_stride, false);
+  p.dot = ssd_operand<T>(l.C, l.C_stride, false);
+  p.state = ssd_ws<float>(l, DB ? w.gstates : w.states);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<float>(l, w.dtf);
   p.dcb = ssd_ws<float>(l, w.dcb);
-  p.split = ssd_ws<float>(l, w.split);
+  p.upart = DB ? nullptr : ssd_ws<float>(l, w.up);
   p.out = static_cast<T*>(DB ? l.dB : l.dC);
   if (p.total_blocks == 0) return;
-  ssd_group_apply_kernel<T, DB><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
-  check_launch(DB ? "ssd_chunk_scan_backward(group_db)" : "ssd_chunk_scan_backward(group_dc)");
+  ssd_tc_smem(ssd_group_grad_kernel<T, DB>, smem, op);
+  ssd_group_grad_kernel<T, DB><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  check_launch(op);
 }
 
 template <typename F>
@@ -290,10 +432,10 @@ void ssd_backward_group_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, 
   dispatch_half(l.element, [&](auto tag) { launch_dcb<decltype(tag)>(l, w, s); });
 }
 
-void ssd_backward_group_apply(const SsdChunkScanLaunch& l, const SsdWorkspace& w, bool db, cudaStream_t s) {
+void ssd_backward_group_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, bool db, cudaStream_t s) {
   dispatch_half(l.element, [&](auto tag) {
     using T = decltype(tag);
-    db ? launch_apply<T, true>(l, w, s) : launch_apply<T, false>(l, w, s);
+    db ? launch_grad<T, true>(l, w, s) : launch_grad<T, false>(l, w, s);
   });
 }
 
