@@ -53,14 +53,14 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   });
   ssd_backward_scan_dx(lb, w, s);  // dx (+ D·dy_pre); partials of ddt(direct) and V
   if (l.group_products) {
-    ssd_backward_group_dcb(lb, w, s);          // dCB = Σ_heads of the intra-chunk weights
+    ssd_backward_group_dcb(lb, w, s);          // dCB = Σ_heads of the intra-chunk weights; X_s
     ssd_backward_group_grad(lb, w, false, s);  // dC = dCB·B + the heads' inter-chunk terms; partials of U
     ssd_backward_group_grad(lb, w, true, s);   // dB = dCBᵀ·C + the heads' inter-chunk terms
   } else {
     ssd_backward_scan_dc(lb, w, s);  // dC; partials of U
     ssd_backward_scan_db(lb, w, s);  // dB
+    ssd_backward_dacs(lb, w, s);     // X_s
   }
-  ssd_backward_dacs(lb, w, s);     // X_s
   dispatch_floating(l.element, [&](auto tag) {
     using T = decltype(tag);
     ssd_launch_finalize<T>(lb, w, s);  // da → ddt, dA, ddt_bias

@@ -16,7 +16,9 @@
 //                           over the group's heads in head order in float32 registers
 //                           (the next head's dy and x tiles copied by cp.async during the
 //                           products), written to the workspace (zeros where s > q or
-//                           outside the chunk)
+//                           outside the chunk); and each head's partials of the crossing
+//                           sums X_s (see the kernel), which ssd_group_xs_kernel adds up
+//                           (the per-head ssd_tc_dacs_kernel does not run)
 //   ssd_group_grad_kernel   block per (b, g, c, 64-row tile, 64-column tile of N), for dC
 //                           (rows q) or dB (rows s), whole: dCB (rounded to the input
 //                           type, as mamba_ssm rounds its dCB) times B or C, plus the
@@ -45,29 +47,44 @@ template <typename T>
 struct SsdGroupDcbParams {
   int64_t seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
   int P, KP, ld;     // head_dim, rounded up to the k-step, shared-memory row stride
+  int N, NP, ldn;    // state_dim, rounded up, row stride of the C and B tiles
   int pairs, qp;     // tile pairs per chunk; Q' (dCB's row length)
-  SsdOperand<T> x, dy;
+  SsdOperand<T> x, dy, B, C;
   const double* acs;
   const float* dtf;
   float* dcb;        // [B, G, nc, Q', Q']
+  float* xin;        // [B, H, nc, pairs, 64]: the pair's crossing sums at its column positions
+  float* xsuf;       // [B, H, nc, pairs, 64]: suffix sums of the pair's row sums
 };
 
-// 5 blocks per multiprocessor (96 registers, 39 KB of shared memory each): the 2.7B
-// layer's 640 blocks are then one round on an H100's 132 multiprocessors (4 by the
-// registers the compiler takes unbounded, 118, would make it 1.2 rounds).
+// The crossing sums X_s of the stable da (ssd_chunk_scan.cuh) come from the same pass:
+// with T[q][s'] = (C_q·B_s')·M_h[q][s'] for s' < q (the tile's C·Bᵀ computed once per
+// block, in float32 from exact operands), X_s = Σ_{q >= s} Σ_{s' < s} T[q][s'] splits
+// over the tile pairs (q in tile ti, s' in tile tj) into
+//   xin[pair][s − c0]  = Σ_{q >= s} Σ_{c0 <= s' < s} T[q][s']   (s in tile tj: the row
+//                        prefix sums of T, masked to q >= s and summed down the columns,
+//                        as mamba_ssm's _chunk_scan_bwd_ddAcs_stable does per row block)
+//   xsuf[pair][q − r0] = Σ_{q' >= q} Σ_{s' in tj} T[q'][s']     (for s in tiles after tj)
+// which ssd_group_xs_kernel adds up per position in a fixed order. Every T is added
+// once per X_s it belongs to: no cancelling subtraction.
 template <typename T>
-__global__ void __launch_bounds__(kTcThreads, 5) ssd_group_dcb_kernel(const SsdGroupDcbParams<T> p) {
+__global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdGroupDcbParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   const int tile_elems = kSsdTile * p.ld;
   T* sDy = reinterpret_cast<T*>(ssd_dyn_smem);  // [2][64][ld]: q rows of dy, per head buffer
   T* sX = sDy + 2 * tile_elems;                 // [2][64][ld]: s rows of x
+  T* sC = reinterpret_cast<T*>(ssd_dyn_smem);   // before the heads: [64][ldn] C rows (q)
+  T* sB = sC + kSsdTile * p.ldn;                // and [64][ldn] B rows (s)
   __shared__ double sRowAcs[2][kSsdTile], sColAcs[2][kSsdTile];
   __shared__ float sColDt[2][kSsdTile];
+  __shared__ float sXcol[2][kTcThreads / 32][kSsdTile];  // per warp: Σ_q of the masked row prefixes
+  __shared__ float sRowT[2][kSsdTile];                   // the row sums of T
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const int pair = static_cast<int>(vb % p.pairs);
     int ti, tj;
-    tile_pair(static_cast<int>(vb % p.pairs), ti, tj);
+    tile_pair(pair, ti, tj);
     int64_t rest = vb / p.pairs;
     const int64_t c = rest % p.nchunks;
     rest /= p.nchunks;
@@ -92,10 +109,37 @@ __global__ void __launch_bounds__(kTcThreads, 5) ssd_group_dcb_kernel(const SsdG
         sColDt[buf][tid] = tid < cols ? p.dtf[at + c0 + tid] : 0.0f;
       }
     };
+    // Head hh's X partials from the warps' shared sums (threads 0..63, one position each).
+    const int64_t h0 = g * p.hpg;
+    auto flush = [&](int hh) {
+      if (tid >= kSsdTile) return;
+      const int pb = hh & 1;
+      const int64_t at = (((b * p.heads + h0 + hh) * p.nchunks + c) * p.pairs + pair) * kSsdTile;
+      // column n's masked prefix sums belong to position c0 + n + 1
+      float xin = 0.0f;
+      if (tid > 0)
+#pragma unroll
+        for (int w = 0; w < kTcThreads / 32; ++w) xin += sXcol[pb][w][tid - 1];
+      p.xin[at + tid] = xin;
+      float suf = 0.0f;
+      for (int q = kSsdTile - 1; q >= tid; --q) suf += sRowT[pb][q];
+      p.xsuf[at + tid] = suf;
+    };
+
+    __syncthreads();  // the previous virtual block is done with shared memory
+    // C·Bᵀ of the tile pair, once for all heads (float32, exact operands)
+    tc_fill<T>(sC, p.ldn, kSsdTile, p.NP, p.C.p + b * p.C.s[0] + (t0 + r0) * p.C.s[1] + g * p.C.s[2], p.C.s[1],
+               p.C.s[3], rows, p.N);
+    tc_fill<T>(sB, p.ldn, kSsdTile, p.NP, p.B.p + b * p.B.s[0] + (t0 + c0) * p.B.s[1] + g * p.B.s[2], p.B.s[1],
+               p.B.s[3], cols, p.N);
+    __syncthreads();
+    float cb[8][4];
+    tc_zero(cb);
+    if (live) tc_warp_gemm<T, false, false>(cb, sC + rw * p.ldn, p.ldn, sB, p.ldn, p.NP / 16, 0, hi_np);
+    __syncthreads();  // the C and B tiles are done before the heads' copies reuse the space
+
     float acc[8][4];
     tc_zero(acc);
-    const int64_t h0 = g * p.hpg;
-    __syncthreads();  // the previous virtual block is done with shared memory
     load(h0, 0);
     ssd_cp_async_commit();
     for (int hi = 0; hi < p.hpg; ++hi) {
@@ -104,35 +148,101 @@ __global__ void __launch_bounds__(kTcThreads, 5) ssd_group_dcb_kernel(const SsdG
       ssd_cp_async_commit();
       ssd_cp_async_wait<1>();  // head hi's copies are done
       __syncthreads();
+      if (hi > 0) flush(hi - 1);
+      float m[8][4];
+      tc_zero(m);
+      float rowtot[2] = {0.0f, 0.0f};
       if (live) {
-        float m[8][4];
-        tc_zero(m);
         tc_warp_gemm<T, false, false>(m, sDy + buf * tile_elems + rw * p.ld, p.ld, sX + buf * tile_elems, p.ld,
                                       p.KP / 16, 0, hi_np);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int ql = rw + g8 + 8 * half;
           const double ra = sRowAcs[buf][ql];
+          // M (into acc) and T (in place of m), then T's inclusive row prefix sums in
+          // column order (8-column steps: the quad's pair sums scanned across its lanes).
+          float carry = 0.0f;
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
+          for (int nt = 0; nt < 8; ++nt) {
+            float tv[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int sl = nt * 8 + 2 * t4 + e;
-              // selected, not multiplied: masked pairs add exactly nothing
+              float mv = 0.0f;  // selected, not multiplied: masked pairs add exactly nothing
               if (ql < rows && sl < cols && c0 + sl <= r0 + ql)
-                acc[nt][2 * half + e] += m[nt][2 * half + e] *
-                                         (ssd_decay<float>(ra - sColAcs[buf][sl]) * sColDt[buf][sl]);
+                mv = m[nt][2 * half + e] * (ssd_decay<float>(ra - sColAcs[buf][sl]) * sColDt[buf][sl]);
+              acc[nt][2 * half + e] += mv;
+              tv[e] = c0 + sl < r0 + ql ? cb[nt][2 * half + e] * mv : 0.0f;
             }
+            const float pairsum = tv[0] + tv[1];
+            float incl = pairsum;
+            float up = __shfl_up_sync(0xffffffffu, incl, 1);
+            if (t4 >= 1) incl += up;
+            up = __shfl_up_sync(0xffffffffu, incl, 2);
+            if (t4 >= 2) incl += up;
+            float excl = __shfl_up_sync(0xffffffffu, incl, 1);
+            if (t4 == 0) excl = 0.0f;
+            const float steptot = __shfl_sync(0xffffffffu, incl, (lane & ~3) | 3);
+            const float base = carry + excl;
+            const int n0 = nt * 8 + 2 * t4;
+            // keep the prefix through column n only where q >= c0 + n + 1 (and n + 1 < 64)
+            const float p0 = base + tv[0], p1 = p0 + tv[1];
+            m[nt][2 * half] = r0 + ql >= c0 + n0 + 1 && n0 + 1 < kSsdTile ? p0 : 0.0f;
+            m[nt][2 * half + 1] = r0 + ql >= c0 + n0 + 2 && n0 + 2 < kSsdTile ? p1 : 0.0f;
+            carry += steptot;
+          }
+          rowtot[half] = carry;
         }
       }
-      __syncthreads();  // buffer `buf` is free for head hi + 2
+      // column sums of the masked prefixes over the warp's 16 rows (fixed xor tree)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = m[nt][e] + m[nt][2 + e];
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);
+          if (g8 == 0) sXcol[buf][warp][nt * 8 + 2 * t4 + e] = v;
+        }
+      if (t4 == 0) {
+        sRowT[buf][rw + g8] = rowtot[0];
+        sRowT[buf][rw + g8 + 8] = rowtot[1];
+      }
+      __syncthreads();  // buffer `buf` is free for head hi + 2; the X sums of head hi are visible
     }
     ssd_cp_async_wait<0>();
+    flush(p.hpg - 1);
     float* tile = p.dcb + ((b * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp +
                   static_cast<int64_t>(r0) * p.qp;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       tc_store_row<float>(tile + static_cast<int64_t>(rw + g8 + 8 * half) * p.qp, c0, p.qp, true, acc, half, 1.0f);
+  }
+}
+
+// X_s per (b, h, position) from the dCB pass's partials, in a fixed order: over the row
+// tiles ti >= t of s's tile t, the pair (ti, t)'s xin, then for every earlier column tile
+// tj the pair (ti, tj)'s row sums at rows >= s (all of them when ti > t).
+__global__ void __launch_bounds__(256) ssd_group_xs_kernel(const float* xin, const float* xsuf, float* xs,
+                                                          int64_t total, int64_t seqlen, int64_t chunk,
+                                                          int64_t nchunks, int pairs) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bh = i / seqlen, t = i % seqlen;
+    const int64_t c = t / chunk;
+    const int sc = static_cast<int>(t - c * chunk);  // position in the chunk
+    const int len = static_cast<int>(min(chunk, seqlen - c * chunk));
+    const int tt = sc / kSsdTile, sl = sc % kSsdTile;
+    const int n_t = (len + kSsdTile - 1) / kSsdTile;
+    const int64_t base = (bh * nchunks + c) * pairs * kSsdTile;
+    float x = 0.0f;
+    for (int ti = tt; ti < n_t; ++ti) {
+      const int row_pairs = ti * (ti + 1) / 2;  // pair index of (ti, 0)
+      x += xin[base + (row_pairs + tt) * kSsdTile + sl];
+      for (int tj = 0; tj < tt; ++tj) x += xsuf[base + (row_pairs + tj) * kSsdTile + (ti > tt ? 0 : sl)];
+    }
+    xs[i] = x;
   }
 }
 
@@ -365,20 +475,32 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   p.P = static_cast<int>(l.head_dim);
   p.KP = ssd_k16(p.P);
   p.ld = p.KP + 8;
+  p.N = static_cast<int>(l.state_dim);
+  p.NP = ssd_k16(p.N);
+  p.ldn = p.NP + 8;
   p.qp = static_cast<int>(w.dcb_ld);
   const int tiles = p.qp / kSsdTile;
   p.pairs = tiles * (tiles + 1) / 2;
   p.total_blocks = l.batch * l.groups * p.nchunks * p.pairs;
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  p.B = ssd_operand<T>(l.B, l.B_stride, false);
+  p.C = ssd_operand<T>(l.C, l.C_stride, false);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.dcb = ssd_ws<float>(l, w.dcb);
+  p.xin = ssd_ws<float>(l, w.xin);
+  p.xsuf = ssd_ws<float>(l, w.xsuf);
   if (p.total_blocks == 0) return;
-  const int smem = 4 * kSsdTile * p.ld * static_cast<int>(sizeof(T));
+  // the heads' two dy and two x buffers, or (before them) the C and B tiles
+  const int smem = std::max(4 * kSsdTile * p.ld, 2 * kSsdTile * p.ldn) * static_cast<int>(sizeof(T));
   ssd_tc_smem(ssd_group_dcb_kernel<T>, smem, "ssd_chunk_scan_backward(group_dcb)");
   ssd_group_dcb_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(group_dcb)");
+  const int64_t total = l.batch * l.heads * l.seqlen;
+  ssd_group_xs_kernel<<<ssd_grid((total + 255) / 256), 256, 0, stream>>>(
+      p.xin, p.xsuf, ssd_ws<float>(l, w.xs), total, l.seqlen, l.chunk_size, p.nchunks, p.pairs);
+  check_launch("ssd_chunk_scan_backward(group_xs)");
 }
 
 template <typename T, bool DB>
