@@ -88,8 +88,13 @@ def mamba_ssm_fused_ready() -> str:
     except Exception as e:
         return f"mamba_ssm's ssd_combined does not import: {type(e).__name__}: {e}"
     if ssd_combined.causal_conv1d_fwd_function is None:
-        return ("its fused path needs the causal-conv1d package (causal_conv1d_cuda), not "
-                "importable: bash scripts/peers.sh install with the causal-conv1d wheel in peers/")
+        try:
+            import causal_conv1d.cpp_functions  # noqa: F401  (for the reason alone)
+            why = "its functions did not import into mamba_ssm"
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+        return ("its fused path needs the causal-conv1d package's compiled causal_conv1d_cuda "
+                f"({why}): scripts/peers.sh build-causal-conv1d, then install")
     return ""
 
 

@@ -163,14 +163,16 @@ def _fmt(v, spec, none=""):
 
 def format_results(title: str, results: List[Result], step_flops: Optional[float] = None) -> str:
     """A markdown table of the results (times in ms, median and p20–p80), the first
-    provider's step time over each one's ("speedup"), peak memory, the differences."""
+    provider's step time over each one's ("speedup"), one step's peak memory above what
+    was allocated before it (and the absolute ``max_memory_allocated``, which includes
+    the weights, the inputs and the reference's outputs and gradients), the differences."""
     if not results:
         return f"{title}: no provider ran"
     base = results[0]
     lines = [f"**{title}**", "",
              f"| provider | forward ms | fwd+bwd ms | speedup vs {base.provider} | "
              + ("TFLOP/s | " if step_flops else "")
-             + "peak MiB (step) | max rel diff out / dx / worst dW | first step s | note |",
+             + "peak MiB above before (absolute) | max rel diff out / dx / worst dW | first step s | note |",
              "|---|---:|---:|---:|" + ("---:|" if step_flops else "") + "---:|---|---:|---|"]
     for r in results:
         f, s = r.forward, r.step
@@ -181,7 +183,8 @@ def format_results(title: str, results: List[Result], step_flops: Optional[float
                  f"{base.step[0] / s[0]:.2f}x"]
         if step_flops:
             cells.append(f"{step_flops / (s[0] * 1e-6) / 1e12:.0f}")
-        cells += [_fmt(r.peak_mib, ".0f", "n/a"), diffs, _fmt(r.first_step_s, ".1f"), r.note]
+        peak = _fmt(r.peak_mib, ".0f", "n/a") + (f" ({r.peak_abs_mib:.0f})" if r.peak_abs_mib else "")
+        cells += [peak, diffs, _fmt(r.first_step_s, ".1f"), r.note]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
