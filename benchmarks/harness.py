@@ -11,6 +11,13 @@ autograd with a retained graph) | ``full`` (both). Each row carries the median a
 p20/p80 time (``triton.testing.do_bench``, which flushes L2 between runs; CUDA events
 otherwise), GB/s from the fewest bytes the op must move or TFLOP/s from its FLOPs, the
 ratio to a same-run device-to-device copy of the same bytes, and peak memory.
+
+Whole layers (``bench_llama_layer``, ``bench_mamba2_layer``): a step is tens of
+milliseconds, so :func:`time_steps` times a fixed number of steps one by one (CUDA
+events; ``time.perf_counter`` on the CPU) after a warm-up instead of ``do_bench``'s
+time budget; :func:`step_peak_memory` is one step's peak above what was allocated
+before it; :func:`kernel_breakdown` sums each kernel's time over a few profiled steps
+(``torch.profiler``) and :func:`bucket_kernels` groups it by name.
 """
 from __future__ import annotations
 
@@ -216,3 +223,109 @@ def format_cpu_table(rows: Iterable[Row]) -> str:
                      f"({b.p20_us / 1e3:.2f}–{b.p80_us / 1e3:.2f}) | {t.median_us / 1e3:.2f} "
                      f"({t.p20_us / 1e3:.2f}–{t.p80_us / 1e3:.2f}) | {b.median_us / t.median_us:.2f} |")
     return "\n".join(lines)
+
+
+# ---- whole layers ----------------------------------------------------------------------
+
+def time_steps(fn: Callable[[], object], device: str, warmup: int = 3,
+               iters: int = 20) -> tuple[float, float, float]:
+    """(median, p20, p80) in microseconds of ``iters`` calls of ``fn`` after ``warmup``
+    calls: each call between two CUDA events on a GPU (no synchronization between calls,
+    so the host stays ahead where it can), between two ``perf_counter`` reads on the CPU."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device == "cpu":
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+    else:
+        torch.cuda.synchronize()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(iters)]
+        for s, e in events:
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) * 1e3 for s, e in events]
+    t = torch.tensor(times, dtype=torch.float64)
+    return t.quantile(0.5).item(), t.quantile(0.2).item(), t.quantile(0.8).item()
+
+
+def step_peak_memory(fn: Callable[[], object], device: str) -> tuple[Optional[float], Optional[float]]:
+    """(peak above what was allocated before, absolute peak) in MiB of one call of ``fn``
+    (``torch.cuda.max_memory_allocated``); (None, None) on the CPU."""
+    if device == "cpu":
+        fn()
+        return None, None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return (peak - before) / 2**20, peak / 2**20
+
+
+def kernel_breakdown(fn: Callable[[], object], device: str, iters: int = 3) -> list:
+    """[(name, µs per call of fn, launches per call)] over ``iters`` profiled calls, largest
+    first: the CUDA kernels (and copies) on a GPU, each operator's self time on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    activity = ProfilerActivity.CPU if device == "cpu" else ProfilerActivity.CUDA
+    with profile(activities=[activity]) as prof:
+        for _ in range(iters):
+            fn()
+        if device != "cpu":
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = e.self_cpu_time_total if device == "cpu" else e.device_time_total
+        if us > 0:
+            rows.append((e.key, us / iters, e.count / iters))
+    rows.sort(key=lambda r: -r[1])
+    return rows
+
+
+def bucket_kernels(kernels: list, buckets: list) -> dict:
+    """{bucket: µs per call} for ``kernels`` from :func:`kernel_breakdown`; ``buckets`` is
+    [(name, predicate on the lower-cased kernel name)], the first match wins, and what
+    matches none goes to "rest"."""
+    out = {name: 0.0 for name, _ in buckets}
+    out["rest"] = 0.0
+    for kname, us, _ in kernels:
+        low = kname.lower()
+        out[next((name for name, pred in buckets if pred(low)), "rest")] += us
+    return out
+
+
+def format_breakdown(title: str, kernels: list, buckets: list, top: int = 12) -> str:
+    """The bucket totals of ``kernels`` (µs and share per call) and its ``top`` largest
+    kernels, as text."""
+    sums = bucket_kernels(kernels, buckets)
+    total = sum(sums.values()) or 1.0
+    lines = [f"{title}: {total / 1e3:.2f} ms of kernels per step; " + ", ".join(
+        f"{name} {us / 1e3:.2f} ms ({100 * us / total:.0f}%)" for name, us in sums.items())]
+    for name, us, n in kernels[:top]:
+        short = name if len(name) < 110 else name[:107] + "..."
+        lines.append(f"    {us / 1e3:8.3f} ms  x{n:<5g} {short}")
+    return "\n".join(lines)
+
+
+def max_rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want|: the largest error on the scale of the values."""
+    g, w = got.detach().double(), want.detach().double()
+    return ((g - w).abs().max() / w.abs().max().clamp_min(1e-30)).item() if w.numel() else 0.0
+
+
+def rel_l2_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    """|got - want|_2 / |want|_2."""
+    g, w = got.detach().double(), want.detach().double()
+    return ((g - w).norm() / w.norm().clamp_min(1e-30)).item() if w.numel() else 0.0

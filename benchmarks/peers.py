@@ -7,8 +7,9 @@ imports a peer. Each loader returns None when its peer is missing or cannot load
 Triton, no GPU), so a benchmark simply has fewer providers.
 
 Providers: ``mamba_ssm`` (its Triton ``mamba_chunk_scan_combined``), ``causal_conv1d``
-(the causal-conv1d package's ``causal_conv1d_fn``, a compiled CUDA extension that
-``scripts/peers.sh`` does not fetch: used where it is installed), ``liger``
+(the causal-conv1d package's ``causal_conv1d_fn``, a compiled CUDA extension:
+``scripts/peers.sh build-causal-conv1d`` builds its wheel for the GPU machine and
+``install`` unpacks it; used where it imports), ``liger``
 (Liger-Kernel's SwiGLU/GeGLU and HF-layout RoPE), ``flash_attn`` (flash-attention's
 Triton rotary kernel, ``[B, S, H, D]`` input and ``[S, R/2]`` cos/sin).
 """
