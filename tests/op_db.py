@@ -56,6 +56,10 @@ class OpInfo:
     supports_gradgrad: bool = False              # twice differentiable (gradgradcheck)
     floor_ulps: float = 32                       # assert_close_to_reference's floor
     rtol: Callable | None = None                 # (dtype, device) -> relative bound, instead of the 2x rule
+    # Positions of the arguments the op updates in place (Tensor(a!)): after the call they
+    # are compared as extra outputs, against the reference's outputs after the op's own
+    # (the reference returns the updated values and modifies nothing).
+    mutates: tuple = ()
 
     @property
     def op(self) -> torch._ops.OpOverload:
