@@ -5,6 +5,8 @@
 * :func:`mamba_split_conv1d_scan_combined`: mamba_ssm's fused Mamba-2 block body
   (in_proj output split, causal depthwise conv1d + SiLU, the scan, gated RMSNorm,
   out_proj); the parts outside the scan are PyTorch ops.
+* :func:`selective_state_update`: mamba_ssm's decoding step of the SSM (same signature),
+  in place on the state (:func:`baracuda_torch.selective_state_update`).
 * :class:`Mamba2`: the Mamba-2 mixer layer with mamba_ssm's parameter names, shapes and
   initialisation (its ``state_dict`` loads into ``mamba_ssm.modules.mamba2.Mamba2`` and
   back), on :func:`mamba_split_conv1d_scan_combined`.
@@ -25,9 +27,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
+from .functional import selective_state_update
 
 __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "RMSNormGated",
-           "Mamba2"]
+           "Mamba2", "selective_state_update"]
 
 _INF = float("inf")
 

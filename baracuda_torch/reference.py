@@ -378,3 +378,65 @@ def ssd_chunk_scan_combined(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tens
     if z is not None:
         y = y * F.silu(z)
     return (y, state) if return_final_states else y
+
+
+# ---- selective state update -------------------------------------------------------
+
+
+def selective_state_update(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                           D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                           dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
+                           state_batch_indices: Optional[Tensor] = None,
+                           tokens: bool = False) -> Tuple[Tensor, Tensor]:
+    """mamba_ssm's ``selective_state_update`` as plain PyTorch, without side effects:
+    ``(out, new_state)``, ``new_state`` a fresh pool with the updated rows (``state`` is
+    not modified). ``tokens``: x, dt, z ``[B, T, H, P]`` and B, C ``[B, T, G, N]`` (the
+    ``selective_state_update_tokens`` form), the tokens applied in order. Any operand may
+    leave out its heads/groups dim of size 1. A negative ``state_batch_indices`` entry is
+    a padding row: out 0, its pool row untouched. Per step (``δ = softplus?(dt + dt_bias)``)::
+
+        s = exp(A δ) s + B (δ x),   y = Σ_n s C + D x,   out = y · silu(z)
+
+    In the dtype of the inputs (pass float64); ``out`` in x's dtype, ``new_state`` in
+    state's."""
+    hx, xr = (2, 4) if tokens else (1, 3)
+
+    def full(t, rank, at):
+        return t if t is None or t.dim() == rank else t.unsqueeze(at)
+
+    st = full(state, 4, 1)
+    x, dt, z, B, C = (full(t, xr, hx) for t in (x, dt, z, B, C))
+    A, D, dt_bias = full(A, 3, 0), full(D, 2, 0), full(dt_bias, 2, 0)
+    if not tokens:
+        x, dt, z, B, C = (None if t is None else t.unsqueeze(1) for t in (x, dt, z, B, C))
+    batch, T, H, P = x.shape
+    rows = (state_batch_indices.long() if state_batch_indices is not None
+            else torch.arange(batch, device=x.device))
+    pad = rows < 0
+    s = st[rows.clamp_min(0)].to(x.dtype) if st.size(0) else x.new_zeros(batch, *st.shape[1:])
+    Bh = B.repeat_interleave(H // B.size(2), dim=2)
+    Ch = C.repeat_interleave(H // C.size(2), dim=2)
+    delta = dt + dt_bias if dt_bias is not None else dt
+    if dt_softplus:
+        delta = F.softplus(delta, threshold=20.0)
+    ys = []
+    for t in range(T):
+        d = delta[:, t]                                              # [B, H, P]
+        s = torch.exp(A * d[..., None]) * s + Bh[:, t, :, None, :] * (d * x[:, t])[..., None]
+        y = (s * Ch[:, t, :, None, :]).sum(-1)
+        if D is not None:
+            y = y + D * x[:, t]
+        if z is not None:
+            y = y * F.silu(z[:, t])
+        ys.append(y)
+    out = torch.stack(ys, 1) if ys else x.new_zeros(x.shape)
+    out = torch.where(pad[:, None, None, None], 0, out).to(x.dtype)
+    new = st.clone()
+    keep = ~pad
+    new[rows[keep]] = s[keep].to(new.dtype)
+    if not tokens:
+        out = out[:, 0]
+    if state.dim() == 3:
+        out = out.squeeze(-2)
+        new = new.squeeze(1)
+    return out, new
