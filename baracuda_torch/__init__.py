@@ -20,6 +20,8 @@ and Autograd kernels) and exposes documented wrappers:
 * Mamba-2: :func:`ssd_chunk_scan`, and :mod:`baracuda_torch.mamba` with mamba_ssm's
   ``mamba_chunk_scan_combined``, ``mamba_split_conv1d_scan_combined`` and ``Mamba2``
   (also :class:`nn.Mamba2`)
+* Mamba decoding: :func:`selective_state_update` (mamba_ssm's, in place on the state),
+  :func:`selective_state_update_tokens` (T new tokens at once)
 * Hugging Face transformers: ``baracuda_torch.integrations.huggingface.apply_baracuda``
 
 Plan introspection: :func:`explain` tells which kernel a call would run and what it
