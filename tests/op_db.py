@@ -990,6 +990,72 @@ def combined_bad(device):
     }
 
 
+def conv_update_samples(device, dtype, requires_grad):
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+    i64 = lambda *v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
+    return [SampleInput("one step, mamba_ssm's channel-last state of width W, bias, silu",
+                        (r(2, 16), r(2, 4, 16).transpose(1, 2), r(16, 4), r(16), "silu")),
+            SampleInput("6 steps, state_len W - 1 (L > state_len), no bias", (r(2, 8, 6), r(2, 8, 3), r(8, 4))),
+            SampleInput("channel-last x slice, 3 steps", (channel_last(r, 2, 16, 3), r(2, 16, 5), r(16, 4), r(16))),
+            SampleInput("circular buffer, int32 cache_seqlens, swish", (r(3, 6, 2), r(3, 6, 5), r(6, 3), r(6), "swish",
+                                                                         i32(0, 4, 11))),
+            SampleInput("state pool, int64 indices with a padding row, float32 weight",
+                        (r(3, 8), r(5, 8, 4), w32(8, 4), w32(8), "silu", None, i64(3, -1, 0))),
+            SampleInput("circular buffer in a pool, more steps than state_len",
+                        (r(2, 4, 7), r(3, 4, 5), r(4, 4), None, None, i64(2, 9), i32(2, 0))),
+            SampleInput("width 1, state_len 0", (r(2, 4, 2), r(2, 4, 0), r(4, 1), r(4))),
+            SampleInput("empty batch", (r(0, 4), r(0, 4, 3), r(4, 4)))]
+
+
+def conv_update_bad(device):
+    x, st, w = torch.randn(2, 4, device=device), torch.randn(2, 4, 4, device=device), torch.randn(4, 4, device=device)
+    b = torch.randn(4, device=device)
+    idx = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    op = r"baracuda::causal_conv1d_update: "
+    return {
+        "causal_conv1d_update": [
+            BadInput("integer x", lambda: args(x.int(), st, w), TypeError,
+                     op + r"x must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("x 1-d", lambda: args(x[0], st, w), ValueError,
+                     op + r"x must be 2-d \[batch, dim\] or 3-d \[batch, dim, seqlen\], got \[4\]"),
+            BadInput("x 4-d", lambda: args(x[..., None, None], st, w), ValueError,
+                     op + r"x must be 2-d .* got \[2, 4, 1, 1\]"),
+            BadInput("conv_state dtype", lambda: args(x, st.double(), w), TypeError,
+                     op + r"conv_state must have x's dtype float32, got float64"),
+            BadInput("conv_state dim", lambda: args(x, st[:, :3], w), ValueError,
+                     op + r"conv_state must have shape \[batch, dim, state_len\] with dim = x.size\(1\) = 4, got \[2, 3, 4\]"),
+            BadInput("conv_state 2-d", lambda: args(x, st[0], w), ValueError,
+                     op + r"conv_state must have shape \[batch, dim, state_len\] .* got \[4, 4\]"),
+            BadInput("weight float64", lambda: args(x, st, w.double()), TypeError,
+                     op + r"weight must have x's dtype float32, got float64"),
+            BadInput("weight float16 for bfloat16 x", lambda: args(x.bfloat16(), st.bfloat16(), w.half()), TypeError,
+                     op + r"weight must have x's dtype bfloat16 or float32, got float16"),
+            BadInput("weight of nn.Conv1d, unsqueezed", lambda: args(x, st, w[:, None]), ValueError,
+                     op + r"weight must have shape \[dim, width\] with dim = x.size\(1\) = 4, got \[4, 1, 4\]"),
+            BadInput("width 0", lambda: args(x, st, w[:, :0]), ValueError,
+                     op + r"weight's width \(weight.size\(1\)\) must be at least 1, got 0"),
+            BadInput("state_len < width - 1", lambda: args(x, st[..., :2], w), ValueError,
+                     op + r"conv_state's state_len \(conv_state.size\(2\)\) must be at least width - 1 = 3, got 2"),
+            BadInput("bias dtype", lambda: args(x, st, w, b.double()), TypeError,
+                     op + r"bias must have weight's dtype float32, got float64"),
+            BadInput("bias shape", lambda: args(x, st, w, b[:3]), ValueError, op + r"bias must have shape \[dim\] = \[4\], got \[3\]"),
+            BadInput("unknown activation", lambda: args(x, st, w, b, "relu"), ValueError,
+                     op + r"activation must be None, 'silu' or 'swish', got 'relu'"),
+            BadInput("cache_seqlens float", lambda: args(x, st, w, b, None, idx.float()), TypeError,
+                     op + r"cache_seqlens must be int32 or int64, got float32"),
+            BadInput("cache_seqlens shape", lambda: args(x, st, w, b, None, idx[:1]), ValueError,
+                     op + r"cache_seqlens must have shape \[batch\] = \[2\], got \[1\]"),
+            BadInput("indices int16", lambda: args(x, st, w, b, None, None, idx.short()), TypeError,
+                     op + r"conv_state_indices has dtype Short"),
+            BadInput("indices shape", lambda: args(x, st, w, b, None, None, idx[:, None]), ValueError,
+                     op + r"conv_state_indices must have shape \[batch\] = \[2\], got \[2, 1\]"),
+            BadInput("pool without indices", lambda: args(x, torch.randn(3, 4, 4, device=device), w), ValueError,
+                     op + r"conv_state.size\(0\) must be x's batch 2 without conv_state_indices, got 3"),
+        ],
+    }
+
+
 # ---- selective state update ---------------------------------------------------------
 
 
@@ -1305,6 +1371,8 @@ OP_DB = [
     OpInfo("ssd_chunk_scan_combined_backward", combined_backward_samples,
            _family(combined_bad, "ssd_chunk_scan_combined_backward"), ref=_combined_backward_ref,
            rtol=combined_backward_rtol, supports_autograd=False),
+    OpInfo("causal_conv1d_update", conv_update_samples, _family(conv_update_bad, "causal_conv1d_update"),
+           ref=ref.causal_conv1d_update, supports_autograd=False, mutates=(1,)),
     OpInfo("selective_state_update", state_update_samples, _family(state_update_bad, "selective_state_update"),
            ref=ref.selective_state_update, supports_autograd=False, mutates=(0,)),
     OpInfo("selective_state_update_tokens", state_update_tokens_samples,
