@@ -268,6 +268,15 @@ def check_causal_conv1d(device: str, dtype: torch.dtype, big: bool) -> Iterator[
                    lambda x, w, i: ref.causal_conv1d(x, w, initial_states=i), [xc, w, init],
                    ("causal_conv1d", (xc, w, None, None, init)))
 
+    # The decoding step: one new column into mamba_ssm's width-W channel-last state.
+    st = torch.randn(B, W, D, device=device, dtype=dtype).transpose(1, 2)
+    xs = torch.randn(B, D, device=device, dtype=dtype)
+    yield run_inference_case(
+        "causal_conv1d_update[silu]",
+        lambda x, s, w, b: bt.causal_conv1d.causal_conv1d_update(x, s, w, b, "silu"),
+        lambda x, s, w, b: ref.causal_conv1d_update(x, s, w, b, "silu"), [xs, st, w, b],
+        ("causal_conv1d_update", (xs, st, w, b, "silu")), dtype, updated=(1,))
+
 
 # ---- ssd_chunk_scan
 @check
