@@ -5,7 +5,10 @@
 // row is read once, updated for every token, and written once. The sum over N is each
 // thread's elements in order, then a butterfly over the group's lanes (fixed order:
 // deterministic). B and C of the block's (batch, group) are the same for all its rows:
-// with one token they are loaded once a block, into registers. No shared memory, no
+// with one token they are loaded once a block, into registers. A group walks its rows one
+// a pass; with up to 2 chunks a lane it loads the next row's state before computing the
+// current one (two rows' loads in flight a warp; ptxas for sm_90: 80 registers a thread
+// for one chunk of a float32 state, 128 for two of a 16-bit one). No shared memory, no
 // workspace, no host synchronization: the launch can be captured in a CUDA graph.
 #include <cstring>
 
@@ -131,11 +134,9 @@ __global__ __launch_bounds__(kStateUpdateThreads) void state_update_kernel(const
   if (l.tokens == 1) load_bc(0);
 
   S* state = static_cast<S*>(l.state) + i * l.state_s[0] + h * l.state_s[1];
-  for (int pass = 0; pass < l.passes; ++pass) {
-    const int64_t p = p_begin + pass * l.rows_per_pass + group;
-    if (p >= l.headdim) continue;  // (the whole group: its shuffles stay within it)
-    S* row = state + p * l.state_s[2];
-    Acc s[Chunks][E];
+  // This thread's elements of state row p, read and converted.
+  const auto load_row = [&](int64_t p, Acc (&s)[Chunks][E]) {
+    const S* row = state + p * l.state_s[2];
 #pragma unroll
     for (int c = 0; c < Chunks; ++c) {
       const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
@@ -149,6 +150,39 @@ __global__ __launch_bounds__(kStateUpdateThreads) void state_update_kernel(const
         for (int k = 0; k < E; ++k)
           s[c][k] = n0 + k < N ? static_cast<Acc>(to_acc(row[(n0 + k) * l.state_s[3]])) : Acc(0);
       }
+    }
+  };
+  const auto store_row = [&](int64_t p, const Acc (&s)[Chunks][E]) {
+    S* row = state + p * l.state_s[2];
+#pragma unroll
+    for (int c = 0; c < Chunks; ++c) {
+      const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
+      if (vec && n0 < N) {
+        S v[E];
+#pragma unroll
+        for (int k = 0; k < E; ++k) v[k] = from_acc<S>(s[c][k]);
+        store4(row + n0, v);
+      } else {
+#pragma unroll
+        for (int k = 0; k < E; ++k)
+          if (n0 + k < N) row[(n0 + k) * l.state_s[3]] = from_acc<S>(s[c][k]);
+      }
+    }
+  };
+  // The rows of this thread's group, one a pass; with few chunks a lane, the next row's
+  // state is loaded before this row is computed (its loads in flight meanwhile).
+  constexpr bool kPrefetch = Chunks <= 2;
+  const auto row_of = [&](int pass) { return p_begin + static_cast<int64_t>(pass) * l.rows_per_pass + group; };
+  Acc s[Chunks][E], next[Chunks][E];
+  int64_t p = row_of(0);
+  if (p < l.headdim) load_row(p, s);
+  for (int pass = 0; pass < l.passes && p < l.headdim; ++pass) {
+    // (p < headdim for the whole group: its shuffles stay within it; rows ascend with
+    // the pass, so the loop ends at the first one past the head.)
+    const int64_t pn = row_of(pass + 1);
+    const bool more = pass + 1 < l.passes && pn < l.headdim;
+    if constexpr (kPrefetch) {
+      if (more) load_row(pn, next);
     }
     const int64_t ao = h * l.A_s[0] + p * l.A_s[1];
     const Acc bias =
@@ -185,20 +219,17 @@ __global__ __launch_bounds__(kStateUpdateThreads) void state_update_kernel(const
         out[b * l.out_s[0] + t * l.out_s[1] + h * l.out_s[2] + p * l.out_s[3]] = from_acc<T>(y);
       }
     }
+    store_row(p, s);
+    if (!more) break;
+    if constexpr (kPrefetch) {
 #pragma unroll
-    for (int c = 0; c < Chunks; ++c) {
-      const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
-      if (vec && n0 < N) {
-        S v[E];
+      for (int c = 0; c < Chunks; ++c)
 #pragma unroll
-        for (int k = 0; k < E; ++k) v[k] = from_acc<S>(s[c][k]);
-        store4(row + n0, v);
-      } else {
-#pragma unroll
-        for (int k = 0; k < E; ++k)
-          if (n0 + k < N) row[(n0 + k) * l.state_s[3]] = from_acc<S>(s[c][k]);
-      }
+        for (int k = 0; k < E; ++k) s[c][k] = next[c][k];
+    } else {
+      load_row(pn, s);
     }
+    p = pn;
   }
 }
 
