@@ -17,9 +17,12 @@ and Autograd kernels) and exposes documented wrappers:
   :class:`nn.RMSNorm`
 * causal depthwise conv1d: :func:`causal_depthwise_conv1d`, and
   :mod:`baracuda_torch.causal_conv1d` with the causal-conv1d package's ``causal_conv1d_fn``
+  and ``causal_conv1d_update`` (the decoding step)
 * Mamba-2: :func:`ssd_chunk_scan`, and :mod:`baracuda_torch.mamba` with mamba_ssm's
   ``mamba_chunk_scan_combined``, ``mamba_split_conv1d_scan_combined`` and ``Mamba2``
   (also :class:`nn.Mamba2`)
+* Mamba decoding: :func:`selective_state_update` (mamba_ssm's, in place on the state),
+  :func:`selective_state_update_tokens` (T new tokens at once)
 * Hugging Face transformers: ``baracuda_torch.integrations.huggingface.apply_baracuda``
 
 Plan introspection: :func:`explain` tells which kernel a call would run and what it

@@ -283,12 +283,32 @@ def declared(op: str, *, jvp: Optional[Callable] = None, vmap: Optional[Callable
     from the declaration, plus a hand-written ``jvp`` (``(ctx, *tangents)``; read the
     forward's arguments with :func:`saved`) or ``vmap`` where the family has one."""
     e = TABLE[op]
-    vmap = vmap or _vmap_rule(e)
+    vmap = _vmap_in_place(op, vmap or _vmap_rule(e))
     if e["autograd"] == "not_differentiable":
         return not_differentiable(op, e["message"], vmap=vmap)
     if e["autograd"] != "derivative":
         raise ValueError(f"baracuda::{op}: its autograd is not declared; hook it with register()")
     return register(op, **_declared_rules(e), jvp=jvp, vmap=vmap)
+
+
+def _vmap_in_place(op: str, rule: Callable) -> Callable:
+    """vmap of an op that updates arguments in place (``Tensor(a!)``): as for PyTorch's
+    in-place ops, such an argument must be batched whenever another one is (each sample
+    then updates its own slice); an unbatched one would be updated by every sample."""
+    schema = _opoverload(op)._schema
+    written = [(i, a.name) for i, a in enumerate(schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+    if not written:
+        return rule
+
+    def checked(info, in_dims, *args):
+        for i, name in written:
+            if args[i] is not None and in_dims[i] is None:
+                raise RuntimeError(f"vmap: baracuda::{op} updates {name} in place, so {name} must be "
+                                   "batched when another argument is (each sample updates its own slice)")
+        return rule(info, in_dims, *args)
+
+    return checked
 
 
 def register_declared() -> None:

@@ -31,10 +31,11 @@ class Result:
     bwd_us: float
     bwd_torch_us: float
     tolerance: float
+    backward: bool = True  # False for an inference op (no gradient: bwd_* are not measured)
 
     @property
     def ok(self) -> bool:
-        return self.fwd_err <= self.tolerance and self.bwd_err <= self.tolerance
+        return self.fwd_err <= self.tolerance and (not self.backward or self.bwd_err <= self.tolerance)
 
 
 def rel_err(out: torch.Tensor, expected: torch.Tensor) -> float:
@@ -112,6 +113,27 @@ def run_case(name: str, ours: Callable, reference: Callable, inputs: Sequence[to
         bwd_us=median_us(bwd(ours, mine), device),
         bwd_torch_us=median_us(bwd(reference, theirs), device),
         tolerance=TOLERANCE[dtype])
+
+
+def run_inference_case(name: str, ours: Callable, reference: Callable, inputs: Sequence[torch.Tensor],
+                       explain: tuple, dtype: torch.dtype, updated: Sequence[int] = (0,)) -> Result:
+    """For an op that updates some inputs in place and has no gradient: ``ours(*inputs)``
+    (on copies) against ``reference`` in float64, which returns the outputs followed by the
+    updated inputs (positions ``updated``) without modifying anything; timed forward only.
+    ``dtype``: the data's dtype (the tolerance's)."""
+    device = inputs[0].device.type
+    mine = [t.clone() for t in inputs]
+    y = as_tuple(ours(*mine)) + tuple(mine[i] for i in updated)
+    y64 = as_tuple(reference(*[t.double() if t.is_floating_point() else t for t in inputs]))
+    fwd_err = max(rel_err(a, b) for a, b in zip(y, y64))
+    scratch = [t.clone() for t in inputs]
+    nan = float("nan")
+    with torch.no_grad():
+        return Result(
+            name=name, kernel=bt.explain(explain[0], *explain[1]).name, fwd_err=fwd_err, bwd_err=nan,
+            fwd_us=median_us(lambda: ours(*scratch), device),
+            fwd_torch_us=median_us(lambda: reference(*scratch), device),
+            bwd_us=nan, bwd_torch_us=nan, tolerance=TOLERANCE[dtype], backward=False)
 
 
 # ---- per-family checks: each yields Results for (device, dtype) ----------------------
@@ -246,6 +268,15 @@ def check_causal_conv1d(device: str, dtype: torch.dtype, big: bool) -> Iterator[
                    lambda x, w, i: ref.causal_conv1d(x, w, initial_states=i), [xc, w, init],
                    ("causal_conv1d", (xc, w, None, None, init)))
 
+    # The decoding step: one new column into mamba_ssm's width-W channel-last state.
+    st = torch.randn(B, W, D, device=device, dtype=dtype).transpose(1, 2)
+    xs = torch.randn(B, D, device=device, dtype=dtype)
+    yield run_inference_case(
+        "causal_conv1d_update[silu]",
+        lambda x, s, w, b: bt.causal_conv1d.causal_conv1d_update(x, s, w, b, "silu"),
+        lambda x, s, w, b: ref.causal_conv1d_update(x, s, w, b, "silu"), [xs, st, w, b],
+        ("causal_conv1d_update", (xs, st, w, b, "silu")), dtype, updated=(1,))
+
 
 # ---- ssd_chunk_scan
 @check
@@ -300,6 +331,42 @@ def check_ssd_chunk_scan_combined(device: str, dtype: torch.dtype, big: bool) ->
 
 
 
+# ---- selective_state_update
+@check
+def check_selective_state_update(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    # A Mamba-2 decoding step (the 2.7B layer's 80 heads of 64, d_state 128, 1 group, at
+    # batch 64 on CUDA): a float32 state, Mamba-2's per-head A, dt, D, dt_bias expanded;
+    # and 4 tokens at once with every option.
+    Bsz, H, P, N = (64, 80, 64, 128) if big else (4, 8, 16, 32)
+    state = torch.randn(Bsz, H, P, N, device=device)
+    x = torch.randn(Bsz, H, P, device=device, dtype=dtype)
+    dt = torch.randn(Bsz, H, device=device, dtype=dtype)[..., None].expand(Bsz, H, P)
+    A = -torch.rand(H, device=device)[:, None, None].expand(H, P, N)
+    Bm = torch.randn(Bsz, 1, N, device=device, dtype=dtype)
+    Cm = torch.randn(Bsz, 1, N, device=device, dtype=dtype)
+    D = torch.randn(H, device=device)[:, None].expand(H, P)
+    bias = torch.randn(H, device=device)[:, None].expand(H, P)
+    args = [state, x, dt, A, Bm, Cm, D]
+    yield run_inference_case(
+        "selective_state_update[mamba2]",
+        lambda *t: bt.selective_state_update(*t, dt_bias=bias, dt_softplus=True),
+        lambda *t: ref.selective_state_update(*t, dt_bias=bias.to(t[0].dtype), dt_softplus=True), args,
+        ("selective_state_update", (*args, None, bias, True)), dtype)
+    T, G = 4, 2
+    xs = torch.randn(Bsz, T, H, P, device=device, dtype=dtype)
+    dts = torch.randn(Bsz, T, H, P, device=device, dtype=dtype)
+    Bs = torch.randn(Bsz, T, G, N, device=device, dtype=dtype)
+    Cs = torch.randn(Bsz, T, G, N, device=device, dtype=dtype)
+    zs = torch.randn(Bsz, T, H, P, device=device, dtype=dtype)
+    Af = -torch.rand(H, P, N, device=device)
+    args = [state, xs, dts, Af, Bs, Cs, D.contiguous(), zs, bias.contiguous()]
+    yield run_inference_case(
+        f"selective_state_update_tokens[T={T}]",
+        lambda *t: bt.selective_state_update_tokens(*t, dt_softplus=True),
+        lambda *t: ref.selective_state_update(*t, dt_softplus=True, tokens=True), args,
+        ("selective_state_update_tokens", (*args, True)), dtype)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() and bt.with_cuda else "cpu"
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
@@ -316,9 +383,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for check in CHECKS:
             for r in check(device, dtype, device == "cuda"):
                 failed += not r.ok
+                bwd = (f"{r.bwd_err:8.1e}", f"{r.bwd_us:8.1f} ({r.bwd_torch_us:6.1f})") if r.backward \
+                    else (f"{'-':>8}", f"{'- (no gradient)':>17}")
                 print(f"{r.name:32} {str(dtype).replace('torch.', ''):9} {r.kernel:58} "
-                      f"{r.fwd_err:8.1e} {r.bwd_err:8.1e} {r.fwd_us:8.1f} ({r.fwd_torch_us:6.1f}) "
-                      f"{r.bwd_us:8.1f} ({r.bwd_torch_us:6.1f})  {'ok' if r.ok else 'FAIL (tol %.0e)' % r.tolerance}",
+                      f"{r.fwd_err:8.1e} {bwd[0]} {r.fwd_us:8.1f} ({r.fwd_torch_us:6.1f}) "
+                      f"{bwd[1]}  {'ok' if r.ok else 'FAIL (tol %.0e)' % r.tolerance}",
                       flush=True)
     print("all ops within tolerance" if not failed else f"{failed} check(s) FAILED")
     return 1 if failed else 0

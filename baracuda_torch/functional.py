@@ -692,3 +692,86 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     """
     return torch.ops.baracuda.ssd_chunk_scan(x, dt, A, B, C, chunk_size)
 
+
+
+# ---- selective state update (Mamba decoding) ------------------------------------------
+
+__all__ += ["selective_state_update", "selective_state_update_tokens"]
+
+
+def selective_state_update(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                           D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                           dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
+                           state_batch_indices: Optional[Tensor] = None) -> Tensor:
+    """One decoding step of a Mamba (Mamba-2) SSM: mamba_ssm's ``selective_state_update``
+    (same arguments, defaults and return convention), updating ``state`` in place.
+
+    Per batch row ``b``, head ``h`` (reading B/C group ``g = h // (H // G)``) and row
+    ``p`` of the head, with ``s = state[i, h, p, :]`` (``i = state_batch_indices[b]``, or
+    ``b``)::
+
+        δ    = dt[b, h, p] + dt_bias[h, p];  δ = softplus(δ) where δ <= 20 (dt_softplus)
+        s    = exp(A[h, p, :] · δ) · s + B[b, g, :] · (δ · x[b, h, p])     # written back
+        y    = Σ_n s[n] · C[b, g, n] + D[h, p] · x[b, h, p]
+        out  = y · silu(z[b, h, p])   (with z)
+
+    Args:
+        state: ``[S, H, P, N]`` (or ``[S, P, N]``: one head), float32 or x's dtype;
+            updated in place. ``S`` is the batch, or the size of a state pool that
+            ``state_batch_indices`` indexes. Any strides.
+        x: ``[B, H, P]`` (or ``[B, P]`` when H = 1), float32, float16, bfloat16 or float64.
+        dt: x's shape (Mamba-2 passes ``[B, H]`` expanded over P), float32 or x's dtype.
+        A: ``[H, P, N]`` (or ``[P, N]``), float32 or x's dtype; Mamba-2's per-head ``A``
+            expanded with stride 0 takes one exp per row and step.
+        B, C: ``[B, G, N]`` (or ``[B, N]``: G = 1), H % G == 0, float32 or x's dtype.
+        D: ``[H, P]`` (or ``[P]``), float32 or x's dtype, or None.
+        z: x's shape and dtype, or None.
+        dt_bias: ``[H, P]`` (or ``[P]``), float32 or x's dtype, or None.
+        dt_softplus: apply softplus to ``dt + dt_bias``.
+        state_batch_indices: ``[B]`` int32 or int64, the pool row of each batch row, or
+            None (then ``S == B``). A negative index marks a padding row: its ``out`` is 0
+            and the pool is not touched (mamba_ssm's rule). An index ``>= S`` raises
+            IndexError on the CPU (nothing is written); a CUDA kernel cannot raise without
+            synchronizing, so it writes NaN to that row's ``out`` and leaves the pool
+            alone. Two rows naming one pool row race (undefined, as in mamba_ssm).
+
+    Returns:
+        ``out``: ``[B, H, P]`` for a 4-d state, ``[B, P]`` for a 3-d one, x's dtype,
+        contiguous.
+
+    Computed in float32 (float64 for float64 x), the sum over N in a fixed order
+    (deterministic); ``out`` rounded once to x's dtype, the state once to its dtype. On
+    CUDA one block per (batch, head, slice of P) reads each state row once and writes it
+    once, with no allocation and no host synchronization (capturable in a CUDA graph);
+    N up to 1024 there. Not differentiable (an inference op, as mamba_ssm's): a backward
+    through ``out`` raises NotImplementedError, and so does a ``state`` that requires
+    grad while grad mode is on.
+
+    Raises:
+        ValueError: a shape that does not match (the message names the tensor, its shape
+            and the expected one), ``H % G != 0``, ``state.size(0) != B`` without indices.
+        TypeError: non-floating x or state, a state or small operand neither float32 nor
+            x's dtype, z not x's dtype, indices neither int32 nor int64.
+        IndexError: (CPU) an index ``>= S``.
+        NotImplementedError: N above 1024 on CUDA; a gradient.
+        RuntimeError: tensors on different devices.
+    """
+    return torch.ops.baracuda.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias,
+                                                     dt_softplus, state_batch_indices)
+
+
+def selective_state_update_tokens(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor,
+                                  C: Tensor, D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                                  dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
+                                  state_batch_indices: Optional[Tensor] = None) -> Tensor:
+    """:func:`selective_state_update` over ``T`` new tokens at once (speculative decoding,
+    a short continuation): x, dt and z ``[B, T, H, P]`` (or ``[B, T, P]``), B and C
+    ``[B, T, G, N]`` (or ``[B, T, N]``), the other arguments as there. The tokens run in
+    order; returns every token's ``out`` ``[B, T, H, P]`` (``[B, T, P]`` for a 3-d state)
+    and leaves in ``state`` the state after the last token (T = 0: unchanged). The state
+    row stays in float32 registers between tokens (read once, written once); on a float32
+    state the result equals T calls of :func:`selective_state_update` bit for bit. A
+    padding row (negative index) gives 0 for every token. Raises what
+    :func:`selective_state_update` raises."""
+    return torch.ops.baracuda.selective_state_update_tokens(state, x, dt, A, B, C, D, z, dt_bias,
+                                                            dt_softplus, state_batch_indices)

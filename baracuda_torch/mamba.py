@@ -5,19 +5,27 @@
 * :func:`mamba_split_conv1d_scan_combined`: mamba_ssm's fused Mamba-2 block body
   (in_proj output split, causal depthwise conv1d + SiLU, the scan, gated RMSNorm,
   out_proj); the parts outside the scan are PyTorch ops.
+* :func:`selective_state_update`: mamba_ssm's decoding step of the SSM (same signature),
+  in place on the state (:func:`baracuda_torch.selective_state_update`).
 * :class:`Mamba2`: the Mamba-2 mixer layer with mamba_ssm's parameter names, shapes and
   initialisation (its ``state_dict`` loads into ``mamba_ssm.modules.mamba2.Mamba2`` and
   back), on :func:`mamba_split_conv1d_scan_combined`.
 
+* :class:`InferenceParams`: mamba_ssm's decoding cache holder (``utils.generation``);
+  ``Mamba2.forward(..., inference_params=...)`` prefills through the chunked scan and then
+  decodes one token at a time (``Mamba2.step``) on baracuda's decoding ops.
+
 Differences from mamba_ssm: ``final_states`` are float32 (float64 for float64 inputs)
-unless ``state_dtype`` says otherwise (mamba_ssm defaults to C's dtype); the
-inference cache (``inference_params``, ``step``) and tensor parallelism
-(``process_group``) are not implemented. Context parallelism (the sequence split over
-the ranks of a process group, ``cp_group``): :mod:`baracuda_torch.distributed`.
+unless ``state_dtype`` says otherwise (mamba_ssm defaults to C's dtype); ``Mamba2.step``
+applies ``dt_limit`` (mamba_ssm's step leaves dt unclamped, so that its decoding departs
+from its forward when the limit bites); tensor parallelism (``process_group``) is not
+implemented. Context parallelism (the sequence split over the ranks of a process group,
+``cp_group``): :mod:`baracuda_torch.distributed`.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
 
 import torch
@@ -25,9 +33,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
+from .causal_conv1d import causal_conv1d_update
+from .functional import selective_state_update
 
 __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "RMSNormGated",
-           "Mamba2"]
+           "Mamba2", "selective_state_update", "InferenceParams"]
 
 _INF = float("inf")
 
@@ -329,6 +339,39 @@ def mamba_split_conv1d_scan_combined(
     return (out, final_states) if return_final_states else out
 
 
+# ---- the decoding cache -------------------------------------------------------------
+
+
+@dataclass
+class InferenceParams:
+    """mamba_ssm's ``InferenceParams`` (``mamba_ssm.utils.generation``), the same fields:
+    what a model's layers share while decoding. ``seqlen_offset`` is the number of tokens
+    already in the cache (0: the next forward is the prefill; > 0: each forward is one
+    decoding step), ``key_value_memory_dict`` maps a layer's ``layer_idx`` to its states
+    (for :class:`Mamba2`: ``(conv_state, ssm_state)``). A mamba_ssm ``InferenceParams``
+    works as well (the layers read only these fields)."""
+
+    max_seqlen: int
+    max_batch_size: int
+    seqlen_offset: int = 0
+    batch_size_offset: int = 0
+    key_value_memory_dict: dict = field(default_factory=dict)
+    lengths_per_sample: Optional[Tensor] = None
+
+    def reset(self, max_seqlen: int, max_batch_size: int) -> None:
+        self.max_seqlen = max_seqlen
+        self.max_batch_size = max_batch_size
+        self.seqlen_offset = 0
+        if self.lengths_per_sample is not None:
+            self.lengths_per_sample.zero_()
+
+
+def _last_inputs(xBC: Tensor, width: int) -> Tensor:
+    """The conv state after ``xBC`` [B, L, C]: its last ``width`` steps as [B, C, width],
+    zeros in front where L < width (mamba_ssm's ``F.pad(x, (width - L, 0))``)."""
+    return F.pad(xBC.transpose(1, 2), (width - xBC.size(1), 0))
+
+
 # ---- modules -----------------------------------------------------------------------
 
 
@@ -367,11 +410,21 @@ class Mamba2(nn.Module):
     (``D_has_hdim``), ``norm.weight`` [d_ssm] (``rmsnorm``), ``out_proj`` (d_inner →
     d_model).
 
-    ``forward(u, seqlen=None, seq_idx=None, cu_seqlens=None)``: u [B, L, d_model], or
-    [B·L, d_model] with ``seqlen`` = L; ``seq_idx`` [B, L] packs several sequences per
-    row (the conv and the scan do not cross their boundaries). Not implemented:
-    ``inference_params`` (the decoding cache and ``step``) and ``process_group``
-    (tensor parallelism); ``layer_idx``, ``use_mem_eff_path`` and
+    ``forward(u, seqlen=None, seq_idx=None, cu_seqlens=None, inference_params=None)``:
+    u [B, L, d_model], or [B·L, d_model] with ``seqlen`` = L; ``seq_idx`` [B, L] packs
+    several sequences per row (the conv and the scan do not cross their boundaries).
+
+    Decoding (mamba_ssm's protocol): with ``inference_params`` (an :class:`InferenceParams`)
+    the layer keeps ``(conv_state, ssm_state)`` under its ``layer_idx`` in
+    ``inference_params.key_value_memory_dict`` (allocated on first use, like
+    :meth:`allocate_inference_cache`). While ``seqlen_offset == 0`` the forward is the
+    prefill: the fused path (the chunked scan) runs as without a cache and leaves the last
+    ``d_conv`` conv inputs and the scan's final state in the cache (with ``cu_seqlens``,
+    batch 1: those of each packed sequence, for one cache row per sequence). Once
+    ``seqlen_offset > 0`` each forward is one decoding step (:meth:`step`: u [B, 1,
+    d_model]) on ``causal_conv1d_update`` and ``selective_state_update``, updating the
+    cache in place; the caller advances ``seqlen_offset``. Not implemented:
+    ``process_group`` (tensor parallelism); ``use_mem_eff_path`` and
     ``sequence_parallel`` are accepted and stored.
 
     ``cp_group`` (not in mamba_ssm; default None: one process): a ``torch.distributed``
@@ -453,28 +506,168 @@ class Mamba2(nn.Module):
 
     def forward(self, u: Tensor, seqlen: Optional[int] = None, seq_idx: Optional[Tensor] = None,
                 cu_seqlens: Optional[Tensor] = None, inference_params=None) -> Tensor:
-        """u [B, L, d_model] (or [B·L, d_model] with ``seqlen``) -> the same shape."""
+        """u [B, L, d_model] (or [B·L, d_model] with ``seqlen``) -> the same shape. With
+        ``inference_params``: the prefill (``seqlen_offset == 0``) or one decoding step."""
+        conv_state = ssm_state = None
         if inference_params is not None:
-            raise NotImplementedError("Mamba2: inference_params (the decoding cache) is not "
-                                      "implemented")
-        del cu_seqlens  # only used by the decoding cache in mamba_ssm
+            if self.cp_group is not None:
+                raise NotImplementedError("Mamba2: inference_params (decoding) with cp_group is "
+                                          "not implemented")
+            if cu_seqlens is not None:
+                batch = cu_seqlens.shape[0] - 1
+            else:
+                batch = u.shape[0] if seqlen is None else u.shape[0] // seqlen
+            conv_state, ssm_state = self._get_states_from_cache(inference_params, batch)
+            if inference_params.seqlen_offset > 0:
+                if seqlen is not None:
+                    u = u.unflatten(0, (-1, seqlen))
+                out, _, _ = self.step(u, conv_state, ssm_state)
+                return out.flatten(0, 1) if seqlen is not None else out
         zxbcdt = self.in_proj(u)
         if seqlen is not None:
             zxbcdt = zxbcdt.unflatten(0, (-1, seqlen))
         A = -torch.exp(self.A_log.float())
-        out = mamba_split_conv1d_scan_combined(
+        result = mamba_split_conv1d_scan_combined(
             zxbcdt, self.conv1d.weight.squeeze(1), self.conv1d.bias, self.dt_bias, A,
-            D=self.D.unflatten(0, (-1, self.headdim)) if self.D_has_hdim else self.D,
-            chunk_size=self.chunk_size, seq_idx=seq_idx, dt_limit=self.dt_limit,
+            D=self._D(), chunk_size=self.chunk_size, seq_idx=seq_idx, dt_limit=self.dt_limit,
+            return_final_states=ssm_state is not None and cu_seqlens is None,
             activation=self.activation,
             rmsnorm_weight=self.norm.weight if self.rmsnorm else None,
             rmsnorm_eps=self.norm.eps if self.rmsnorm else 1e-6,
             outproj_weight=self.out_proj.weight, outproj_bias=self.out_proj.bias,
             headdim=None if self.D_has_hdim else self.headdim, ngroups=self.ngroups,
             norm_before_gate=self.norm_before_gate, cp_group=self.cp_group)
+        if ssm_state is None:
+            out = result
+        else:
+            out, final_states = result if cu_seqlens is None else (result, None)
+            self._fill_cache(zxbcdt, conv_state, ssm_state, final_states, cu_seqlens, A)
         if seqlen is not None:
             out = out.flatten(0, 1)
         return out
+
+    def _D(self) -> Tensor:
+        return self.D.unflatten(0, (-1, self.headdim)) if self.D_has_hdim else self.D
+
+    def _split(self, zxbcdt: Tensor) -> Tuple[Tensor, ...]:
+        """``(z0, x0, z, xBC, dt)`` along the last dim (mamba_ssm's split)."""
+        d_mlp = (zxbcdt.shape[-1] - 2 * self.d_ssm - 2 * self.ngroups * self.d_state
+                 - self.nheads) // 2
+        return torch.split(zxbcdt, [d_mlp, d_mlp, self.d_ssm,
+                                    self.d_ssm + 2 * self.ngroups * self.d_state, self.nheads],
+                           dim=-1)
+
+    def _fill_cache(self, zxbcdt: Tensor, conv_state: Tensor, ssm_state: Tensor,
+                    final_states: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                    A: Tensor) -> None:
+        """The prefill's states into the cache: the last d_conv conv inputs, and the scan's
+        final state (``final_states``), or with ``cu_seqlens`` those of each packed
+        sequence (batch 1; one extra forward scan per sequence for the state)."""
+        xBC = self._split(zxbcdt)[3]
+        with torch.no_grad():
+            if cu_seqlens is None:
+                conv_state.copy_(_last_inputs(xBC, self.d_conv))
+                ssm_state.copy_(final_states)
+                return
+            if zxbcdt.shape[0] != 1:
+                raise ValueError("Mamba2: varlen inference (cu_seqlens) needs batch size 1, got "
+                                 f"{zxbcdt.shape[0]}")
+            bounds = _check_cu_seqlens(cu_seqlens, zxbcdt.shape[1])
+            conv_state.copy_(torch.cat([_last_inputs(xBC[:, s:e], self.d_conv)
+                                        for s, e in zip(bounds, bounds[1:])]))
+            xBC = _causal_conv1d(xBC, self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                                 self._seq_idx(bounds, xBC.device), True)
+            x, B, C = torch.split(xBC, [self.d_ssm, self.ngroups * self.d_state,
+                                        self.ngroups * self.d_state], dim=-1)
+            dt = self._split(zxbcdt)[4]
+            ssm_state.copy_(_varlen_states(
+                x.unflatten(-1, (self.nheads, self.headdim)), dt, A,
+                B.unflatten(-1, (self.ngroups, self.d_state)),
+                C.unflatten(-1, (self.ngroups, self.d_state)), self.chunk_size, self.dt_bias, None,
+                bounds, True, self.dt_limit, ssm_state.dtype))
+
+    @staticmethod
+    def _seq_idx(bounds: list, device: torch.device) -> Tensor:
+        lengths = torch.tensor([e - s for s, e in zip(bounds, bounds[1:])], device=device)
+        return torch.repeat_interleave(torch.arange(len(lengths), device=device, dtype=torch.int32),
+                                       lengths)[None]
+
+    def step(self, hidden_states: Tensor, conv_state: Tensor,
+             ssm_state: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """One decoding step (mamba_ssm's ``Mamba2.step``): hidden_states [B, 1, d_model] ->
+        ``(out [B, 1, d_model], conv_state, ssm_state)``, the states updated in place:
+        the conv on ``causal_conv1d_update`` (conv_state [B, conv channels, d_conv]), the
+        SSM on ``selective_state_update`` (ssm_state [B, H, headdim, d_state], float32 or the
+        activations' dtype) with Mamba-2's per-head A, dt, D and dt_bias expanded (no
+        copies), then the gated RMSNorm (or the z gate), the MLP part and out_proj. Unlike
+        mamba_ssm's step, ``dt_limit`` is applied (a no-op at its default (0, inf))."""
+        if hidden_states.dim() != 3 or hidden_states.shape[1] != 1:
+            raise ValueError("Mamba2.step: hidden_states must have shape [batch, 1, d_model] (one "
+                             f"token at a time), got {tuple(hidden_states.shape)}")
+        z0, x0, z, xBC, dt = self._split(self.in_proj(hidden_states.squeeze(1)))
+        xBC = causal_conv1d_update(xBC, conv_state, self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                                   self.activation)
+        x, B, C = torch.split(xBC, [self.d_ssm, self.ngroups * self.d_state,
+                                    self.ngroups * self.d_state], dim=-1)
+        H, P, N = self.nheads, self.headdim, self.d_state
+        A = -torch.exp(self.A_log.float())
+        dt_bias, softplus = self.dt_bias, True
+        if self.dt_limit != (0.0, _INF):  # processed here: the op has no limits
+            acc = torch.promote_types(dt.dtype, torch.float32)  # (the scan's precision)
+            dt = F.softplus(dt.to(acc) + self.dt_bias.to(acc), threshold=20.0)
+            dt = dt.clamp(self.dt_limit[0], self.dt_limit[1])
+            dt_bias, softplus = None, False
+        D = self._D()
+        y = selective_state_update(
+            ssm_state, x.unflatten(-1, (H, P)), dt[..., None].expand(-1, H, P),
+            A[:, None, None].expand(H, P, N), B.unflatten(-1, (self.ngroups, N)),
+            C.unflatten(-1, (self.ngroups, N)), D if D.dim() == 2 else D[:, None].expand(H, P),
+            z=None if self.rmsnorm else z.unflatten(-1, (H, P)),
+            dt_bias=None if dt_bias is None else dt_bias[:, None].expand(H, P), dt_softplus=softplus)
+        y = y.flatten(-2)
+        if self.rmsnorm:
+            y = self.norm(y, z)
+        if z0.shape[-1] > 0:
+            y = torch.cat([(F.silu(z0) * x0).to(y.dtype), y], dim=-1)
+        out = self.out_proj(y)
+        return out.unsqueeze(1), conv_state, ssm_state
+
+    def allocate_inference_cache(self, batch_size: int, max_seqlen: int,
+                                 dtype: Optional[torch.dtype] = None,
+                                 **kwargs) -> Tuple[Tensor, Tensor]:
+        """mamba_ssm's: zero ``(conv_state [B, conv channels, d_conv]`` (channel-last, in the
+        conv weight's dtype or ``dtype``), ``ssm_state [B, H, headdim, d_state])`` (in_proj's
+        dtype or ``dtype``). ``max_seqlen`` is not used (the states do not grow)."""
+        device = self.out_proj.weight.device
+        conv_dtype = self.conv1d.weight.dtype if dtype is None else dtype
+        conv_state = torch.zeros(batch_size, self.d_conv, self.conv1d.weight.shape[0], device=device,
+                                 dtype=conv_dtype).transpose(1, 2)
+        ssm_dtype = self.in_proj.weight.dtype if dtype is None else dtype
+        ssm_state = torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, device=device,
+                                dtype=ssm_dtype)
+        return conv_state, ssm_state
+
+    def _get_states_from_cache(self, inference_params, batch_size: int,
+                               initialize_states: bool = False) -> Tuple[Tensor, Tensor]:
+        """This layer's ``(conv_state, ssm_state)`` in ``inference_params``, allocated (zeros)
+        on first use; zeroed again with ``initialize_states``."""
+        if self.layer_idx is None:
+            raise ValueError("Mamba2: decoding with inference_params needs the layer's layer_idx "
+                             "(the key of its states in the cache)")
+        states = inference_params.key_value_memory_dict
+        if self.layer_idx not in states:
+            conv_state = torch.zeros(batch_size, self.d_conv, self.conv1d.weight.shape[0],
+                                     device=self.conv1d.weight.device,
+                                     dtype=self.conv1d.weight.dtype).transpose(1, 2)
+            ssm_state = torch.zeros(batch_size, self.nheads, self.headdim, self.d_state,
+                                    device=self.in_proj.weight.device, dtype=self.in_proj.weight.dtype)
+            states[self.layer_idx] = (conv_state, ssm_state)
+        else:
+            conv_state, ssm_state = states[self.layer_idx]
+            if initialize_states:
+                conv_state.zero_()
+                ssm_state.zero_()
+        return conv_state, ssm_state
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, d_conv={self.d_conv}, "

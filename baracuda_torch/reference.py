@@ -231,6 +231,56 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     return out.to(x.dtype), xt[..., L:]
 
 
+def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                         activation: Optional[str] = None, cache_seqlens: Optional[Tensor] = None,
+                         conv_state_indices: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """causal-conv1d's ``causal_conv1d_update`` without side effects: ``(out, new_state)``,
+    ``new_state`` a fresh pool (``conv_state`` is not modified).
+
+    x [B, D] or [B, D, L], conv_state [S, D, M] (M >= W - 1), weight [D, W]. Per row b,
+    with st = conv_state[i] (i = conv_state_indices[b], or b): the window is st's last
+    W - 1 values, or with ``cache_seqlens`` (a circular buffer, c = cache_seqlens[b] mod M)
+    st[(c - (W-1) + j) mod M]; ``out[t] = act(bias + Σ_k weight[:, k] · [window, x][t + k])``;
+    the new st is the last M values of [st, x], or st with x written at (c + t) mod M (a
+    later step wins). A negative index is a padding row: out 0, its pool row untouched.
+    In the promoted dtype of x and weight, out cast to x's dtype."""
+    squeeze = x.dim() == 2
+    x3 = x[..., None] if squeeze else x
+    batch, D, L = x3.shape
+    W = weight.shape[1]
+    M = conv_state.shape[2]
+    rows = (conv_state_indices.long() if conv_state_indices is not None
+            else torch.arange(batch, device=x.device))
+    pad = rows < 0
+    st = conv_state[rows.clamp_min(0)] if conv_state.size(0) else x3.new_zeros(batch, D, M)
+    ar = torch.arange(W - 1, device=x.device)
+    if cache_seqlens is None:
+        window = st[..., M - (W - 1):]
+        cat = torch.cat([st, x3], -1)
+        new_rows = cat[..., cat.shape[-1] - M:]
+    else:
+        c = cache_seqlens.long()[:, None]
+        window = st.gather(2, torch.remainder(c - (W - 1) + ar, max(M, 1))[:, None, :].expand(batch, D, W - 1))
+        new_rows = st
+        for t in range(L if M else 0):  # in order: a later step wins
+            at = torch.remainder(c + t, M)[:, None, :].expand(batch, D, 1)
+            new_rows = new_rows.scatter(2, at, x3[..., t:t + 1].to(st.dtype))
+    xt = torch.cat([window, x3], -1).to(torch.promote_types(x.dtype, weight.dtype))
+    out = bias[:, None].expand(D, L).to(xt.dtype) if bias is not None else None
+    for k in range(W):
+        tap = xt[..., k:k + L] * weight[:, k, None]
+        out = tap if out is None else out + tap
+    if activation in ("silu", "swish"):
+        out = F.silu(out)
+    elif activation is not None:
+        raise ValueError(f"unknown activation {activation!r}")
+    out = torch.where(pad[:, None, None], 0, out).to(x.dtype)
+    new = conv_state.clone()
+    keep = ~pad
+    new[rows[keep]] = new_rows[keep].to(new.dtype)
+    return (out[..., 0] if squeeze else out), new
+
+
 # ---- ssd_chunk_scan ---------------------------------------------------------------
 
 
@@ -378,3 +428,65 @@ def ssd_chunk_scan_combined(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tens
     if z is not None:
         y = y * F.silu(z)
     return (y, state) if return_final_states else y
+
+
+# ---- selective state update -------------------------------------------------------
+
+
+def selective_state_update(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                           D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                           dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
+                           state_batch_indices: Optional[Tensor] = None,
+                           tokens: bool = False) -> Tuple[Tensor, Tensor]:
+    """mamba_ssm's ``selective_state_update`` as plain PyTorch, without side effects:
+    ``(out, new_state)``, ``new_state`` a fresh pool with the updated rows (``state`` is
+    not modified). ``tokens``: x, dt, z ``[B, T, H, P]`` and B, C ``[B, T, G, N]`` (the
+    ``selective_state_update_tokens`` form), the tokens applied in order. Any operand may
+    leave out its heads/groups dim of size 1. A negative ``state_batch_indices`` entry is
+    a padding row: out 0, its pool row untouched. Per step (``δ = softplus?(dt + dt_bias)``)::
+
+        s = exp(A δ) s + B (δ x),   y = Σ_n s C + D x,   out = y · silu(z)
+
+    In the dtype of the inputs (pass float64); ``out`` in x's dtype, ``new_state`` in
+    state's."""
+    hx, xr = (2, 4) if tokens else (1, 3)
+
+    def full(t, rank, at):
+        return t if t is None or t.dim() == rank else t.unsqueeze(at)
+
+    st = full(state, 4, 1)
+    x, dt, z, B, C = (full(t, xr, hx) for t in (x, dt, z, B, C))
+    A, D, dt_bias = full(A, 3, 0), full(D, 2, 0), full(dt_bias, 2, 0)
+    if not tokens:
+        x, dt, z, B, C = (None if t is None else t.unsqueeze(1) for t in (x, dt, z, B, C))
+    batch, T, H, P = x.shape
+    rows = (state_batch_indices.long() if state_batch_indices is not None
+            else torch.arange(batch, device=x.device))
+    pad = rows < 0
+    s = st[rows.clamp_min(0)].to(x.dtype) if st.size(0) else x.new_zeros(batch, *st.shape[1:])
+    Bh = B.repeat_interleave(H // B.size(2), dim=2)
+    Ch = C.repeat_interleave(H // C.size(2), dim=2)
+    delta = dt + dt_bias if dt_bias is not None else dt
+    if dt_softplus:
+        delta = F.softplus(delta, threshold=20.0)
+    ys = []
+    for t in range(T):
+        d = delta[:, t]                                              # [B, H, P]
+        s = torch.exp(A * d[..., None]) * s + Bh[:, t, :, None, :] * (d * x[:, t])[..., None]
+        y = (s * Ch[:, t, :, None, :]).sum(-1)
+        if D is not None:
+            y = y + D * x[:, t]
+        if z is not None:
+            y = y * F.silu(z[:, t])
+        ys.append(y)
+    out = torch.stack(ys, 1) if ys else x.new_zeros(x.shape)
+    out = torch.where(pad[:, None, None, None], 0, out).to(x.dtype)
+    new = st.clone()
+    keep = ~pad
+    new[rows[keep]] = s[keep].to(new.dtype)
+    if not tokens:
+        out = out[:, 0]
+    if state.dim() == 3:
+        out = out.squeeze(-2)
+        new = new.squeeze(1)
+    return out, new

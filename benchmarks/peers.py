@@ -6,8 +6,9 @@ has no network); this module puts that folder on ``sys.path``. The package itsel
 imports a peer. Each loader returns None when its peer is missing or cannot load (no
 Triton, no GPU), so a benchmark simply has fewer providers.
 
-Providers: ``mamba_ssm`` (its Triton ``mamba_chunk_scan_combined``), ``causal_conv1d``
-(the causal-conv1d package's ``causal_conv1d_fn``, a compiled CUDA extension:
+Providers: ``mamba_ssm`` (its Triton ``mamba_chunk_scan_combined`` and
+``selective_state_update``), ``causal_conv1d`` (the causal-conv1d package's
+``causal_conv1d_fn`` and ``causal_conv1d_update``, a compiled CUDA extension:
 ``scripts/peers.sh build-causal-conv1d`` builds its wheel for the GPU machine and
 ``install`` unpacks it; used where it imports), ``liger``
 (Liger-Kernel's SwiGLU/GeGLU and HF-layout RoPE), ``flash_attn`` (flash-attention's
@@ -48,6 +49,26 @@ def causal_conv1d_fn() -> Optional[Callable]:
     """``f(x, weight, bias=None, ..., activation=None)``: causal-conv1d's ``causal_conv1d_fn``."""
     def causal_conv1d():
         from causal_conv1d import causal_conv1d_fn as f
+        return f
+    return _try(causal_conv1d)
+
+
+@functools.lru_cache(None)
+def selective_state_update() -> Optional[Callable]:
+    """mamba_ssm's Triton ``selective_state_update(state, x, dt, A, B, C, D=None, z=None,
+    dt_bias=None, dt_softplus=False, state_batch_indices=None)`` (in place on state)."""
+    def mamba_ssm():
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update as f
+        return f
+    return _try(mamba_ssm)
+
+
+@functools.lru_cache(None)
+def causal_conv1d_update() -> Optional[Callable]:
+    """``f(x, conv_state, weight, bias=None, activation=None)``: causal-conv1d's
+    ``causal_conv1d_update`` (in place on conv_state)."""
+    def causal_conv1d():
+        from causal_conv1d import causal_conv1d_update as f
         return f
     return _try(causal_conv1d)
 

@@ -1,8 +1,11 @@
 """Shared test helpers: devices, dtypes, and the reference-comparison rule."""
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
@@ -109,3 +112,18 @@ def layouts_2d(device, dtype, rows: int, cols: int, scale: float) -> dict[str, t
         "broadcast_rows": r((1, cols)).expand(rows, cols),
         "broadcast_cols": r((rows, 1)).expand(rows, cols),
     }
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the ``torch.ops.baracuda`` calls that reach the kernels while active
+    (``counts["selective_state_update"]``), to prove which ops a model runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        if name.startswith("baracuda::"):
+            self.counts[name.split("::", 1)[1].split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))

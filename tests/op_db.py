@@ -56,6 +56,10 @@ class OpInfo:
     supports_gradgrad: bool = False              # twice differentiable (gradgradcheck)
     floor_ulps: float = 32                       # assert_close_to_reference's floor
     rtol: Callable | None = None                 # (dtype, device) -> relative bound, instead of the 2x rule
+    # Positions of the arguments the op updates in place (Tensor(a!)): after the call they
+    # are compared as extra outputs, against the reference's outputs after the op's own
+    # (the reference returns the updated values and modifies nothing).
+    mutates: tuple = ()
 
     @property
     def op(self) -> torch._ops.OpOverload:
@@ -986,6 +990,236 @@ def combined_bad(device):
     }
 
 
+def conv_update_samples(device, dtype, requires_grad):
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    i32 = lambda *v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+    i64 = lambda *v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
+    return [SampleInput("one step, mamba_ssm's channel-last state of width W, bias, silu",
+                        (r(2, 16), r(2, 4, 16).transpose(1, 2), r(16, 4), r(16), "silu")),
+            SampleInput("6 steps, state_len W - 1 (L > state_len), no bias", (r(2, 8, 6), r(2, 8, 3), r(8, 4))),
+            SampleInput("channel-last x slice, 3 steps", (channel_last(r, 2, 16, 3), r(2, 16, 5), r(16, 4), r(16))),
+            SampleInput("circular buffer, int32 cache_seqlens, swish", (r(3, 6, 2), r(3, 6, 5), r(6, 3), r(6), "swish",
+                                                                         i32(0, 4, 11))),
+            SampleInput("state pool, int64 indices with a padding row, float32 weight",
+                        (r(3, 8), r(5, 8, 4), w32(8, 4), w32(8), "silu", None, i64(3, -1, 0))),
+            SampleInput("circular buffer in a pool, more steps than state_len",
+                        (r(2, 4, 7), r(3, 4, 5), r(4, 4), None, None, i64(2, 9), i32(2, 0))),
+            SampleInput("width 1, state_len 0", (r(2, 4, 2), r(2, 4, 0), r(4, 1), r(4))),
+            SampleInput("empty batch", (r(0, 4), r(0, 4, 3), r(4, 4)))]
+
+
+def conv_update_bad(device):
+    x, st, w = torch.randn(2, 4, device=device), torch.randn(2, 4, 4, device=device), torch.randn(4, 4, device=device)
+    b = torch.randn(4, device=device)
+    idx = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    op = r"baracuda::causal_conv1d_update: "
+    return {
+        "causal_conv1d_update": [
+            BadInput("integer x", lambda: args(x.int(), st, w), TypeError,
+                     op + r"x must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("x 1-d", lambda: args(x[0], st, w), ValueError,
+                     op + r"x must be 2-d \[batch, dim\] or 3-d \[batch, dim, seqlen\], got \[4\]"),
+            BadInput("x 4-d", lambda: args(x[..., None, None], st, w), ValueError,
+                     op + r"x must be 2-d .* got \[2, 4, 1, 1\]"),
+            BadInput("conv_state dtype", lambda: args(x, st.double(), w), TypeError,
+                     op + r"conv_state must have x's dtype float32, got float64"),
+            BadInput("conv_state dim", lambda: args(x, st[:, :3], w), ValueError,
+                     op + r"conv_state must have shape \[batch, dim, state_len\] with dim = x.size\(1\) = 4, got \[2, 3, 4\]"),
+            BadInput("conv_state 2-d", lambda: args(x, st[0], w), ValueError,
+                     op + r"conv_state must have shape \[batch, dim, state_len\] .* got \[4, 4\]"),
+            BadInput("weight float64", lambda: args(x, st, w.double()), TypeError,
+                     op + r"weight must have x's dtype float32, got float64"),
+            BadInput("weight float16 for bfloat16 x", lambda: args(x.bfloat16(), st.bfloat16(), w.half()), TypeError,
+                     op + r"weight must have x's dtype bfloat16 or float32, got float16"),
+            BadInput("weight of nn.Conv1d, unsqueezed", lambda: args(x, st, w[:, None]), ValueError,
+                     op + r"weight must have shape \[dim, width\] with dim = x.size\(1\) = 4, got \[4, 1, 4\]"),
+            BadInput("width 0", lambda: args(x, st, w[:, :0]), ValueError,
+                     op + r"weight's width \(weight.size\(1\)\) must be at least 1, got 0"),
+            BadInput("state_len < width - 1", lambda: args(x, st[..., :2], w), ValueError,
+                     op + r"conv_state's state_len \(conv_state.size\(2\)\) must be at least width - 1 = 3, got 2"),
+            BadInput("bias dtype", lambda: args(x, st, w, b.double()), TypeError,
+                     op + r"bias must have weight's dtype float32, got float64"),
+            BadInput("bias shape", lambda: args(x, st, w, b[:3]), ValueError, op + r"bias must have shape \[dim\] = \[4\], got \[3\]"),
+            BadInput("unknown activation", lambda: args(x, st, w, b, "relu"), ValueError,
+                     op + r"activation must be None, 'silu' or 'swish', got 'relu'"),
+            BadInput("cache_seqlens float", lambda: args(x, st, w, b, None, idx.float()), TypeError,
+                     op + r"cache_seqlens must be int32 or int64, got float32"),
+            BadInput("cache_seqlens shape", lambda: args(x, st, w, b, None, idx[:1]), ValueError,
+                     op + r"cache_seqlens must have shape \[batch\] = \[2\], got \[1\]"),
+            BadInput("indices int16", lambda: args(x, st, w, b, None, None, idx.short()), TypeError,
+                     op + r"conv_state_indices has dtype Short"),
+            BadInput("indices shape", lambda: args(x, st, w, b, None, None, idx[:, None]), ValueError,
+                     op + r"conv_state_indices must have shape \[batch\] = \[2\], got \[2, 1\]"),
+            BadInput("pool without indices", lambda: args(x, torch.randn(3, 4, 4, device=device), w), ValueError,
+                     op + r"conv_state.size\(0\) must be x's batch 2 without conv_state_indices, got 3"),
+        ],
+    }
+
+
+# ---- selective state update ---------------------------------------------------------
+
+
+def _state_update_inputs(device, dtype, batch, heads, dim, dstate, groups, tokens=None, state32=False,
+                         pool=None):
+    """state, x, dt (raw, for dt_softplus), A (negative), B, C, D, z, dt_bias of one
+    problem; the T dim on x, dt, z, B, C when ``tokens`` is given; the state float32 when
+    ``state32`` (float64 data: float64), with ``pool`` rows."""
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    t = () if tokens is None else (tokens,)
+    st = (w32 if state32 else r)(pool if pool is not None else batch, heads, dim, dstate)
+    A = -(w32(heads, dim, dstate).abs() + 0.1)
+    return dict(state=st, x=r(batch, *t, heads, dim), dt=r(batch, *t, heads, dim),
+                A=A, B=r(batch, *t, groups, dstate), C=r(batch, *t, groups, dstate), D=w32(heads, dim),
+                z=r(batch, *t, heads, dim), dt_bias=w32(heads, dim))
+
+
+def _state_update_call(i, D=True, z=True, dt_bias=True, softplus=True, indices=None):
+    return (i["state"], i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"] if D else None, i["z"] if z else None,
+            i["dt_bias"] if dt_bias else None, softplus, indices)
+
+
+def state_update_samples(device, dtype, requires_grad):
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    samples = []
+    i = _state_update_inputs(device, dtype, 3, 4, 5, 6, 2, state32=True)
+    samples.append(SampleInput("every option, float32 state, 2 groups", _state_update_call(i)))
+    # Mamba-2's step: per-head A, dt, D and dt_bias expanded over P (and N) with stride 0.
+    B_, H, P, N = 2, 4, 3, 8
+    A = -(w32(H).abs() + 0.1)
+    samples.append(SampleInput("mamba2 expanded A, dt, D, dt_bias; 1 group", (
+        r(B_, H, P, N), r(B_, H, P), r(B_, H)[..., None].expand(B_, H, P),
+        A[:, None, None].expand(H, P, N), r(B_, 1, N), r(B_, 1, N), w32(H)[:, None].expand(H, P), None,
+        w32(H)[:, None].expand(H, P), True, None)))
+    i = _state_update_inputs(device, dtype, 2, 1, 7, 5, 1)
+    samples.append(SampleInput("no heads dim (3-d state, 2-d x, mamba-1 layout)", (
+        i["state"][:, 0], i["x"][:, 0], i["dt"][:, 0], i["A"][0], i["B"][:, 0], i["C"][:, 0], i["D"][0],
+        i["z"][:, 0], i["dt_bias"][0], True, None)))
+    i = _state_update_inputs(device, dtype, 3, 2, 3, 4, 1, state32=True, pool=5)
+    idx = torch.tensor([3, -1, 0], dtype=torch.int32, device=device)
+    samples.append(SampleInput("state pool, int32 indices with a padding row", _state_update_call(i, indices=idx)))
+    i = _state_update_inputs(device, dtype, 2, 3, 6, 5, 3)
+    st = r(2, 3, 5, 6).transpose(-1, -2)                     # N stride P: not the vector layout
+    xs = r(2, 3, 10)[..., 2:8]                               # a slice
+    samples.append(SampleInput("transposed state, sliced x, groups = heads, no softplus, no z", (
+        st, xs, i["dt"].abs(), i["A"], i["B"], i["C"], i["D"], None, None, False, None)))
+    i = _state_update_inputs(device, dtype, 0, 2, 3, 4, 1)
+    samples.append(SampleInput("empty batch", _state_update_call(i)))
+    return samples
+
+
+def state_update_tokens_samples(device, dtype, requires_grad):
+    samples = []
+    i = _state_update_inputs(device, dtype, 3, 4, 3, 6, 2, tokens=3, state32=True, pool=4)
+    idx = torch.tensor([2, 0, -1], dtype=torch.int64, device=device)
+    samples.append(SampleInput("3 tokens, every option, int64 indices, padding", _state_update_call(i, indices=idx)))
+    i = _state_update_inputs(device, dtype, 2, 2, 4, 8, 1, tokens=1)
+    samples.append(SampleInput("1 token, no D, no z", _state_update_call(i, D=False, z=False)))
+    i = _state_update_inputs(device, dtype, 2, 1, 5, 3, 1, tokens=4)
+    samples.append(SampleInput("4 tokens, no heads dim", (
+        i["state"][:, 0], i["x"][:, :, 0], i["dt"][:, :, 0], i["A"][0], i["B"][:, :, 0], i["C"][:, :, 0],
+        i["D"][0], i["z"][:, :, 0], i["dt_bias"][0], True, None)))
+    i = _state_update_inputs(device, dtype, 2, 2, 3, 4, 2, tokens=0)
+    samples.append(SampleInput("0 tokens: state unchanged", _state_update_call(i)))
+    return samples
+
+
+def state_update_bad(device):
+    st, x, dt = torch.randn(2, 4, 3, 5, device=device), torch.randn(2, 4, 3, device=device), torch.randn(2, 4, 3, device=device)
+    A, B, C = -torch.rand(4, 3, 5, device=device), torch.randn(2, 2, 5, device=device), torch.randn(2, 2, 5, device=device)
+    D, z, db = torch.randn(4, 3, device=device), torch.randn(2, 4, 3, device=device), torch.randn(4, 3, device=device)
+    idx = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    op = r"baracuda::selective_state_update: "
+    tokens_op = r"baracuda::selective_state_update_tokens: "
+
+    def f(**kw):
+        a = dict(state=st, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=db, dt_softplus=True,
+                 state_batch_indices=None)
+        a.update(kw)
+        return tuple(a.values()), {}
+
+    xt = torch.randn(2, 3, 4, 3, device=device)
+    Bt = torch.randn(2, 3, 2, 5, device=device)
+
+    def t(**kw):
+        a = dict(state=st, x=xt, dt=xt, A=A, B=Bt, C=Bt, D=None, z=None, dt_bias=None, dt_softplus=False,
+                 state_batch_indices=None)
+        a.update(kw)
+        return tuple(a.values()), {}
+
+    return {
+        "selective_state_update": [
+            BadInput("state integer", lambda: f(state=st.int()), TypeError,
+                     op + r"state must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("state 2-d", lambda: f(state=st[0, 0]), ValueError,
+                     op + r"state must be 4-d \[batch, nheads, dim, dstate\] or 3-d \[batch, dim, dstate\], got \[3, 5\]"),
+            BadInput("state 9-d", lambda: f(state=torch.randn([1] * 5 + [2, 4, 3, 5], device=device)), ValueError,
+                     op + r"state must be 4-d .* got \[1, 1, 1, 1, 1, 2, 4, 3, 5\]"),
+            BadInput("x integer", lambda: f(x=x.int()), TypeError,
+                     op + r"x must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("x 4-d", lambda: f(x=xt), ValueError, op + r"x must be \[batch, nheads, dim\] or \[batch, dim\], got \[2, 3, 4, 3\]"),
+            BadInput("x heads", lambda: f(x=x[:, :3]), ValueError,
+                     op + r"x must have shape \[batch, nheads, dim\] = \[2, 4, 3\] \(or without nheads when it is 1\), "
+                          r"got \[2, 3, 3\]"),
+            BadInput("x without heads, nheads 4", lambda: f(x=x[:, 0]), ValueError,
+                     op + r"x must have shape \[batch, nheads, dim\] = \[2, 4, 3\] .* got \[2, 3\]"),
+            BadInput("state float16 for float32 x", lambda: f(state=st.half()), TypeError,
+                     op + r"state must be float32 or x's dtype float32, got float16"),
+            BadInput("state float64 for bfloat16 x", lambda: f(state=st.double(), x=x.bfloat16(), z=None), TypeError,
+                     op + r"state must be float32 or x's dtype bfloat16, got float64"),
+            BadInput("dt shape", lambda: f(dt=dt[..., :2]), ValueError,
+                     op + r"dt must have shape \[batch, nheads, dim\] = \[2, 4, 3\] .* got \[2, 4, 2\]"),
+            BadInput("A shape", lambda: f(A=A[:, :, :4]), ValueError,
+                     op + r"A must have shape \[nheads, dim, dstate\] = \[4, 3, 5\] \(or without nheads when it is 1\), "
+                          r"got \[4, 3, 4\]"),
+            BadInput("A per head (mamba_ssm wants it expanded)", lambda: f(A=A[:, 0, 0]), ValueError,
+                     op + r"A must have shape \[nheads, dim, dstate\] = \[4, 3, 5\] .* got \[4\]"),
+            BadInput("B rank", lambda: f(B=B[0, 0]), ValueError,
+                     op + r"B must be \[batch, ngroups, dstate\] or \[batch, dstate\], got \[5\]"),
+            BadInput("B dstate", lambda: f(B=B[..., :4]), ValueError,
+                     op + r"B must have shape \[batch, ngroups, dstate\] = \[2, 2, 5\] .* got \[2, 2, 4\]"),
+            BadInput("groups do not divide heads", lambda: f(B=torch.randn(2, 3, 5, device=device)), ValueError,
+                     op + r"nheads must be a multiple of ngroups \(B.size\(1\)\), got nheads = 4 and ngroups = 3"),
+            BadInput("C groups differ from B's", lambda: f(C=C[:, :1]), ValueError,
+                     op + r"C must have shape \[batch, ngroups, dstate\] = \[2, 2, 5\] .* got \[2, 1, 5\]"),
+            BadInput("D shape", lambda: f(D=D[:, :2]), ValueError,
+                     op + r"D must have shape \[nheads, dim\] = \[4, 3\] \(or without nheads when it is 1\), got \[4, 2\]"),
+            BadInput("z shape", lambda: f(z=z[:1]), ValueError,
+                     op + r"z must have shape \[batch, nheads, dim\] = \[2, 4, 3\] .* got \[1, 4, 3\]"),
+            BadInput("z dtype", lambda: f(z=z.double()), TypeError, op + r"z must have x's dtype float32, got float64"),
+            BadInput("dt_bias shape", lambda: f(dt_bias=db[0]), ValueError,
+                     op + r"dt_bias must have shape \[nheads, dim\] = \[4, 3\] .* got \[3\]"),
+            BadInput("dt float64 for float32 x", lambda: f(dt=dt.double()), TypeError,
+                     op + r"dt must be float32 or x's dtype float32, got float64"),
+            BadInput("A float16 for bfloat16 x", lambda: f(x=x.bfloat16(), A=A.half(), z=None), TypeError,
+                     op + r"A must be float32 or x's dtype bfloat16, got float16"),
+            BadInput("B integer", lambda: f(B=B.long()), TypeError, op + r"B must be float32 or x's dtype float32, got int64"),
+            BadInput("D float64", lambda: f(D=D.double()), TypeError, op + r"D must be float32 or x's dtype float32, got float64"),
+            BadInput("dt_bias float16", lambda: f(dt_bias=db.half()), TypeError,
+                     op + r"dt_bias must be float32 or x's dtype float32, got float16"),
+            BadInput("indices float", lambda: f(state_batch_indices=idx.float()), TypeError,
+                     op + r"state_batch_indices must be int32 or int64, got float32"),
+            BadInput("indices shape", lambda: f(state_batch_indices=idx[:1]), ValueError,
+                     op + r"state_batch_indices must have shape \[batch\] = \[2\], got \[1\]"),
+            BadInput("pool without indices", lambda: f(state=torch.randn(3, 4, 3, 5, device=device)), ValueError,
+                     op + r"state.size\(0\) must be x's batch 2 without state_batch_indices, got 3"),
+        ],
+        "selective_state_update_tokens": [
+            BadInput("x without the tokens dim", lambda: t(x=x[0]), ValueError,
+                     tokens_op + r"x must be \[batch, tokens, nheads, dim\] or \[batch, tokens, dim\], got \[4, 3\]"),
+            BadInput("dt tokens", lambda: t(dt=xt[:, :2]), ValueError,
+                     tokens_op + r"dt must have shape \[batch, tokens, nheads, dim\] = \[2, 3, 4, 3\] .* got \[2, 2, 4, 3\]"),
+            BadInput("B without tokens", lambda: t(B=B), ValueError,
+                     tokens_op + r"B must have shape \[batch, tokens, ngroups, dstate\] = \[2, 3, 1, 5\] .* got \[2, 2, 5\]"),
+            BadInput("C tokens", lambda: t(C=Bt[:, :1]), ValueError,
+                     tokens_op + r"C must have shape \[batch, tokens, ngroups, dstate\] = \[2, 3, 2, 5\] .* got \[2, 1, 2, 5\]"),
+            BadInput("state dstate differs from B's", lambda: t(state=st[..., :4], A=A[..., :4]), ValueError,
+                     tokens_op + r"B must have shape \[batch, tokens, ngroups, dstate\] = \[2, 3, 2, 4\] .* got \[2, 3, 2, 5\]"),
+            BadInput("tokens indices shape", lambda: t(state_batch_indices=idx[:, None]), ValueError,
+                     tokens_op + r"state_batch_indices must have shape \[batch\] = \[2\], got \[2, 1\]"),
+        ],
+    }
+
+
 # ---- the table -----------------------------------------------------------------------------
 
 
@@ -1137,6 +1371,14 @@ OP_DB = [
     OpInfo("ssd_chunk_scan_combined_backward", combined_backward_samples,
            _family(combined_bad, "ssd_chunk_scan_combined_backward"), ref=_combined_backward_ref,
            rtol=combined_backward_rtol, supports_autograd=False),
+    OpInfo("causal_conv1d_update", conv_update_samples, _family(conv_update_bad, "causal_conv1d_update"),
+           ref=ref.causal_conv1d_update, supports_autograd=False, mutates=(1,)),
+    OpInfo("selective_state_update", state_update_samples, _family(state_update_bad, "selective_state_update"),
+           ref=ref.selective_state_update, supports_autograd=False, mutates=(0,)),
+    OpInfo("selective_state_update_tokens", state_update_tokens_samples,
+           _family(state_update_bad, "selective_state_update_tokens"),
+           ref=lambda *a, **k: ref.selective_state_update(*a, **k, tokens=True), supports_autograd=False,
+           mutates=(0,)),
 ]
 
 OPS_BY_NAME = {info.name: info for info in OP_DB}

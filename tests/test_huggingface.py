@@ -21,7 +21,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from baracuda_torch.integrations import huggingface as hf  # noqa: E402
-from helpers import DEVICES, assert_close_to_reference, requires_cuda  # noqa: E402
+from helpers import DEVICES, CountOps, assert_close_to_reference, requires_cuda  # noqa: E402
 
 HAS_MAMBA = importlib.util.find_spec("baracuda_torch.mamba") is not None
 TF_VERSION = transformers.__version__
@@ -29,6 +29,10 @@ TF_VERSION = transformers.__version__
 # tested versions); before that they compute the scan inline and are left alone.
 MAMBA_PATCHABLE = HAS_MAMBA and hasattr(
     importlib.import_module("transformers.models.mamba2.modeling_mamba2"), "mamba2_chunk_scan")
+# ... and their decoding step calls replaceable causal_conv1d_update and
+# mamba2_selective_state_update (5.24 does).
+MAMBA_DECODE_PATCHABLE = MAMBA_PATCHABLE and hasattr(
+    importlib.import_module("transformers.models.mamba2.modeling_mamba2"), "mamba2_selective_state_update")
 HAS_PAIR = hasattr(torch.ops.baracuda, "gated_activation_pair")
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -457,6 +461,56 @@ def test_eval_and_generate_match_unpatched(name, device):
     assert torch.equal(gp.sequences, gb.sequences)
     for step, (a, b) in enumerate(zip(gp.logits, gb.logits)):
         _close(a, b, f"{name} generate step {step}")
+
+
+def _mamba_layers(model):
+    return sum(1 for m in model.modules() if type(m).__name__.endswith("Mixer"))
+
+
+@pytest.mark.skipif(not MAMBA_DECODE_PATCHABLE, reason="this transformers' Mamba-2 decoding is not replaceable")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["mamba2-g1", "mamba2-g2", "bamba-g2", "falconh1-rms-nbg"])
+def test_generate_decodes_on_our_ops(name, device):
+    """Greedy generation with a cache: the patched model gives the unpatched model's
+    tokens, and every decoding step runs one baracuda::causal_conv1d_update and one
+    baracuda::selective_state_update per Mamba-2 layer (counted at the dispatcher), the
+    prefill one chunked scan per layer."""
+    base, patched, desc = _patched_pair(name, device)
+    assert ("decoding (one token with a cache): causal_conv1d_update -> baracuda::causal_conv1d_update, "
+            "mamba2_selective_state_update -> baracuda::selective_state_update") in desc, desc
+    base.eval(), patched.eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 96, (2, 9), generator=g).to(device)
+    new = 12
+    with torch.no_grad():
+        want = base.generate(input_ids=ids, max_new_tokens=new, do_sample=False, pad_token_id=0)
+        with CountOps() as ops:
+            got = patched.generate(input_ids=ids, max_new_tokens=new, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    layers = _mamba_layers(patched)
+    steps = new - 1  # the first new token comes from the prefill
+    assert ops.counts["causal_conv1d_update"] == steps * layers, ops.counts
+    assert ops.counts["selective_state_update"] == steps * layers, ops.counts
+    assert ops.counts["ssd_chunk_scan_combined"] == layers, ops.counts
+
+
+@pytest.mark.skipif(not MAMBA_DECODE_PATCHABLE, reason="this transformers' Mamba-2 decoding is not replaceable")
+def test_decoding_falls_back_where_the_ops_compute_otherwise():
+    """A mixer whose activation is not SiLU keeps transformers' conv step (the op has no
+    other activation) and still decodes its SSM on baracuda's op; the tokens stay the
+    unpatched model's."""
+    base = _mamba2(1, hidden_act="gelu")
+    torch.manual_seed(0)
+    patched = copy.deepcopy(base)
+    hf.apply_baracuda(patched)
+    base.eval(), patched.eval()
+    ids = torch.randint(1, 96, (1, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = base.generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        with CountOps() as ops:
+            got = patched.generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    assert ops.counts["causal_conv1d_update"] == 0 and ops.counts["selective_state_update"] == 5 * 2
 
 
 # ---- RMSNorm: replaced bit for bit where the sums allow, left alone where it must be ----

@@ -586,9 +586,9 @@ def test_mamba2_forward_matches_reference(device):
 def test_mamba2_unsupported():
     with pytest.raises(NotImplementedError, match="process_group"):
         mamba.Mamba2(d_model=16, d_state=8, headdim=4, process_group=object())
-    m = mamba.Mamba2(d_model=16, d_state=8, headdim=4)
-    with pytest.raises(NotImplementedError, match="inference_params"):
-        m(torch.randn(1, 3, 16), inference_params=object())
+    m = mamba.Mamba2(d_model=16, d_state=8, headdim=4)  # (no layer_idx: no cache key)
+    with pytest.raises(ValueError, match="Mamba2: decoding with inference_params needs the layer's layer_idx"):
+        m(torch.randn(1, 3, 16), inference_params=mamba.InferenceParams(4, 1))
     with pytest.raises(ValueError, match="multiple of headdim"):
         mamba.Mamba2(d_model=10, d_state=8, headdim=4, expand=1)
 

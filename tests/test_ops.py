@@ -69,9 +69,9 @@ def reference_params():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name, index, dtype", reference_params())
 def test_matches_reference(name, index, dtype, device):
-    """Every output against the float64 reference: at most twice PyTorch's own error in
-    the same dtype plus a floor (assert_close_to_reference), or the entry's relative
-    bound. Outputs are fresh tensors of the input's device; NaN-poisoned allocations
+    """Every output (and every argument the op updates in place) against the float64
+    reference: at most twice PyTorch's own error in the same dtype plus a floor
+    (assert_close_to_reference), or the entry's relative bound. Outputs are fresh tensors of the input's device; NaN-poisoned allocations
     (deterministic mode) show any element left unwritten."""
     info = OPS_BY_NAME[name]
     sample = info.samples(device, dtype)[index]
@@ -81,7 +81,7 @@ def test_matches_reference(name, index, dtype, device):
     baseline = (as_tuple(info.ref(*tree_map(cast, sample.args), **tree_map(cast, sample.kwargs)))
                 if info.rtol is None else (None,) * len(expected))
     poison_fresh_outputs()
-    outs = as_tuple(info.op(*sample.args, **sample.kwargs))
+    outs = as_tuple(info.op(*sample.args, **sample.kwargs)) + tuple(sample.args[i] for i in info.mutates)
     for k, (out, exp, base) in enumerate(zip(outs, expected, baseline)):
         what = f"output {k} of {name} ({sample.desc}, {dtype}, {device})"
         assert out.device.type == device, what
@@ -157,8 +157,9 @@ def test_fake_matches_eager(name, index, device):
 @pytest.mark.parametrize("name", [info.name for info in OP_DB])
 def test_compile(name, device):
     """torch.compile(fullgraph=True, dynamic=True) of the op (through AOTAutograd and the
-    fake kernels; test_compile_inductor runs Inductor) gives eager's outputs and, for a
-    differentiable op, eager's input gradients, on every sample."""
+    fake kernels; test_compile_inductor runs Inductor) gives eager's outputs (and the
+    arguments it updates in place), and, for a differentiable op, eager's input
+    gradients, on every sample."""
     info = OPS_BY_NAME[name]
     torch._dynamo.reset()
     fn = lambda *a, **k: info.op(*a, **k)  # noqa: E731
@@ -169,6 +170,8 @@ def test_compile(name, device):
         ea, ca = [clone(a) for a in sample.args], [clone(a) for a in sample.args]
         out_e, out_c = as_tuple(fn(*ea, **sample.kwargs)), as_tuple(compiled(*ca, **sample.kwargs))
         torch.testing.assert_close(out_c, out_e)
+        for i in info.mutates:  # the in-place updates too
+            torch.testing.assert_close(ca[i], ea[i])
         leaves_e = [a for a in ea if isinstance(a, torch.Tensor) and a.requires_grad]
         leaves_c = [a for a in ca if isinstance(a, torch.Tensor) and a.requires_grad]
         if leaves_e:

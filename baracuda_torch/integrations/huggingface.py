@@ -39,8 +39,14 @@ unchanged):
   activation, and a gated norm that, evaluated at patch time, is RMSNorm over groups of
   ``width / n_groups`` with the gate applied before or after the norm (the patch passes
   what the norm does, not the call site's ``norm_before_gate``); elsewhere the mixer runs
-  transformers' PyTorch path with only the scan replaced. Other Mamba-2 mixers (Zamba2,
-  NemotronH, GraniteMoeHybrid, ...) are left alone with a note.
+  transformers' PyTorch path with only the scan replaced. The decoding step (one token
+  with a cache): where the mixer calls ``causal_conv1d_update`` and
+  ``mamba2_selective_state_update`` whose fallback decorators name causal-conv1d's and
+  mamba_ssm's functions, they become ``baracuda::causal_conv1d_update`` and
+  ``baracuda::selective_state_update`` wherever the ops take the call (SiLU or no
+  activation for the conv; dtypes the ops accept), the functions the mixer held
+  otherwise. Other Mamba-2 mixers (Zamba2, NemotronH, GraniteMoeHybrid, ...) are left
+  alone with a note.
 * **RMSNorm** modules whose forward is transformers' ``LlamaRMSNorm`` or ``GemmaRMSNorm``
   code, as :func:`baracuda_torch.rms_norm_convention` recognizes it (Llama, Mistral, Qwen2,
   Qwen3 and its q_norm/k_norm, Gemma, Gemma2, Gemma3 and its q_norm/k_norm, the decoder
@@ -191,6 +197,71 @@ def _make_chunk_scan(mamba: Any) -> Callable[..., Any]:
             initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
             dt_limit=dt_limit, return_final_states=return_final_states)
     return chunk_scan
+
+
+def _make_conv_update(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' ``causal_conv1d_update`` (causal-conv1d's contract: the conv of one
+    decoding step, in place on the conv state) on ``baracuda::causal_conv1d_update`` where
+    the op takes the call (SiLU or no activation, the state in x's dtype, the weight in x's
+    dtype or float32, one device); ``original`` (the function the mixer held) otherwise."""
+    from ..causal_conv1d import causal_conv1d_update
+
+    def conv_update(hidden_states, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
+                    conv_state_indices=None, **kwargs):
+        x = hidden_states
+        if (not kwargs and activation in (None, "silu", "swish") and isinstance(x, Tensor)
+                and x.is_floating_point() and conv_state.dtype == x.dtype
+                and weight.dtype in (x.dtype, torch.float32) and (bias is None or bias.dtype == weight.dtype)
+                and all(t is None or t.device == x.device
+                        for t in (conv_state, weight, bias, cache_seqlens, conv_state_indices))):
+            return causal_conv1d_update(x, conv_state, weight, bias, activation, cache_seqlens,
+                                        conv_state_indices)
+        extra = {k: v for k, v in (("cache_seqlens", cache_seqlens), ("conv_state_indices", conv_state_indices))
+                 if v is not None}
+        return original(hidden_states, conv_state, weight, bias, activation=activation, **extra, **kwargs)
+    return conv_update
+
+
+def _make_state_update(original: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' ``mamba2_selective_state_update`` (mamba_ssm's
+    ``selective_state_update`` contract; transformers' own signature, which puts dt_bias,
+    dt_softplus and z after D in that order) on ``baracuda::selective_state_update`` where
+    the op takes the call (the state float32 or x's dtype, dt/A/B/C/D/dt_bias float32 or
+    x's dtype, z x's, one device); ``original`` otherwise."""
+    from ..functional import selective_state_update
+
+    def state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None,
+                     state_batch_indices=None, **kwargs):
+        x = hidden_states
+        ok = (isinstance(x, Tensor) and x.is_floating_point() and state.dtype in (x.dtype, torch.float32)
+              and all(t is None or t.dtype in (x.dtype, torch.float32) for t in (dt, A, B, C, D, dt_bias))
+              and (z is None or z.dtype == x.dtype)
+              and all(t is None or t.device == x.device
+                      for t in (state, dt, A, B, C, D, dt_bias, z, state_batch_indices)))
+        if ok:
+            return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                                          state_batch_indices)
+        if state_batch_indices is not None:
+            kwargs["state_batch_indices"] = state_batch_indices
+        return original(state, hidden_states, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,
+                        **kwargs)
+    return state_update
+
+
+def _kernel_contract(fn: Any) -> tuple[str, str] | None:
+    """``(package, function)`` whose contract a transformers function has, as its fallback
+    decorator (``use_kernel_func_from_hub_with_fallback``) records it; None if unknown."""
+    while fn is not None:
+        cv = _closure_vars(fn)
+        if isinstance(cv.get("func_name"), str) and isinstance(cv.get("package"), str):
+            return cv["package"], cv["func_name"]
+        fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+#: The decoding functions a mixer calls (global name) and the contract each must have.
+_DECODE_FUNCTIONS = {"causal_conv1d_update": ("causal_conv1d", "causal_conv1d_update"),
+                     "mamba2_selective_state_update": ("mamba_ssm", "selective_state_update")}
 
 
 def _no_fused_path(*args, **kwargs):
@@ -616,6 +687,14 @@ def _plan(name: str, module: nn.Module, notes: list[str],
     spec: dict[str, Any] = {"kind": "mamba", "fused": False, "norm_before_gate": None, "eps": None,
                             "gate_without_norm": False, "mask_pos": _mask_position(fwd),
                             "transformers": ver}
+    g = _unwrap(fwd).__globals__
+    decode = all(_uses(fwd, name) and _kernel_contract(g[name]) == contract
+                 for name, contract in _DECODE_FUNCTIONS.items())
+    spec["decode"] = decode
+    if not decode:
+        notes.append(f"{name} ({cls}): its decoding step stays transformers' own (no "
+                     "causal_conv1d_update / mamba2_selective_state_update of causal-conv1d's and "
+                     "mamba_ssm's contracts to replace)")
     why = None
     if _uses(fwd, "mamba2_split_conv1d_scan_combined") and _runs_fused_kernel(
             _unwrap(fwd).__globals__["mamba2_split_conv1d_scan_combined"]):
@@ -639,6 +718,10 @@ def _plan(name: str, module: nn.Module, notes: list[str],
             if probed is not None:
                 spec.update(norm_before_gate=probed[0], eps=probed[1])
     what = "mamba2_chunk_scan -> baracuda_torch.mamba.mamba_chunk_scan_combined"
+    if decode:
+        what += ("; decoding (one token with a cache): causal_conv1d_update -> "
+                 "baracuda::causal_conv1d_update, mamba2_selective_state_update -> "
+                 "baracuda::selective_state_update")
     if spec.get("as_called"):
         what += ("; mamba2_split_conv1d_scan_combined (training, no cache; transformers runs "
                  "mamba_ssm's fused kernel there) -> baracuda_torch.mamba."
@@ -670,15 +753,18 @@ def _build(cls: type, spec: dict) -> Callable[..., Any] | None:
     mamba = _mamba_module() if kind == "mamba" else None
     if mamba is None:
         return None
-    chunk_scan = _make_chunk_scan(mamba)
-    unfused = _rebind(fwd, {"mamba2_chunk_scan": chunk_scan,
-                            "mamba2_split_conv1d_scan_combined": _no_fused_path})
+    common: dict[str, Any] = {"mamba2_chunk_scan": _make_chunk_scan(mamba)}
+    if spec.get("decode"):
+        g = _unwrap(fwd).__globals__
+        common["causal_conv1d_update"] = _make_conv_update(g["causal_conv1d_update"])
+        common["mamba2_selective_state_update"] = _make_state_update(g["mamba2_selective_state_update"])
+    unfused = _rebind(fwd, {**common, "mamba2_split_conv1d_scan_combined": _no_fused_path})
     if not spec["fused"]:
         return unfused
     if spec.get("as_called"):
-        return _rebind(fwd, {"mamba2_chunk_scan": chunk_scan,
+        return _rebind(fwd, {**common,
                              "mamba2_split_conv1d_scan_combined": _make_split_conv1d_scan_as_called(mamba)})
-    fused = _rebind(fwd, {"mamba2_chunk_scan": chunk_scan,
+    fused = _rebind(fwd, {**common,
                           "mamba2_split_conv1d_scan_combined": _make_split_conv1d_scan(
                               mamba, spec["norm_before_gate"], spec["eps"], spec["gate_without_norm"])})
     pos = spec["mask_pos"]

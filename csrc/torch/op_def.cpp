@@ -171,8 +171,20 @@ class DeclaredAutogradKernel final : public c10::OperatorKernel {
     std::vector<at::Tensor> tensors;
     for (const c10::IValue& a : args)
       if (a.isTensor()) tensors.push_back(a.toTensor());
+    std::vector<at::Tensor> written;  // the arguments the op updates in place
+    for (const int i : e_->mutated) {
+      if (!args[i].isTensor()) continue;
+      const at::Tensor& t = args[i].toTensor();
+      if (at::GradMode::is_enabled() && t.requires_grad())
+        C10_THROW_ERROR(NotImplementedError,
+                        "baracuda::" + e_->name + ": " + e_->schema.arguments()[i].name() +
+                            " is updated in place and must not require grad (the op is not "
+                            "differentiable through it)");
+      written.push_back(t);
+    }
     variable_list outs =
         DeclaredFunction::apply(e_, &op, at::TensorList(tensors), std::move(args));
+    for (const at::Tensor& t : written) torch::autograd::impl::bump_version(t);
     for (auto& t : outs) stack->emplace_back(std::move(t));
   }
 
@@ -182,8 +194,12 @@ class DeclaredAutogradKernel final : public c10::OperatorKernel {
 }  // namespace
 
 OpEntry::OpEntry(c10::FunctionSchema s) : schema(std::move(s)) {
-  for (const c10::Argument& a : schema.arguments())
-    tensor_arg.push_back(is_tensor_type(a.type()));
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    tensor_arg.push_back(is_tensor_type(args[i].type()));
+    if (args[i].alias_info() && args[i].alias_info()->isWrite())
+      mutated.push_back(static_cast<int>(i));
+  }
 }
 
 const c10::OperatorHandle& OpEntry::derivative_op() const {

@@ -78,6 +78,10 @@ struct OpEntry {
   std::string not_differentiable;    // the NotImplementedError message
   std::vector<int> vmap_rows, vmap_dims;  // see OpDef::vmap_rows
   std::vector<bool> tensor_arg;  // per argument: Tensor or Tensor?
+  // The arguments the op writes in place (Tensor(a!) in the schema). The Autograd kernel
+  // refuses one that requires grad (the declared derivatives know nothing of in-place
+  // updates) and bumps its version counter after the call, as ATen's in-place ops do.
+  std::vector<int> mutated;
 
   explicit OpEntry(c10::FunctionSchema s);
   int arg_index(const std::string& arg) const;  // Internal error naming the op if absent

@@ -1,0 +1,214 @@
+#include "core/selective_state_update_plan.h"
+
+#include <algorithm>
+
+#include "kernels/selective_state_update.h"
+
+namespace baracuda {
+
+namespace {
+constexpr const char* kFamily = "selective_state_update";
+constexpr const char* kOp = "selective_state_update";
+constexpr const char* kTokensOp = "selective_state_update_tokens";
+
+const char* op_name(bool tokens) { return tokens ? kTokensOp : kOp; }
+
+StateUpdateOperand<int64_t> operand(bool present, const TensorLayout& t) {
+  return {present, t.dtype, t.rank, t.sizes.data()};
+}
+
+// t's strides in its full form of `full_rank` dims: a short operand (its heads/groups dim
+// of size 1 left out) gets stride 0 there.
+void full_strides(const TensorLayout& t, int full_rank, int heads_at, int64_t* out) {
+  for (int d = 0, s = 0; d < full_rank; ++d)
+    out[d] = (t.rank == full_rank || d != heads_at) ? t.strides[s++] : 0;
+}
+
+// x-shaped strides [b, t, h, p] (b, t, g, n for B and C): the single-token op's operands
+// have no t dim (stride 0 there).
+void token_strides(const TensorLayout& t, bool tokens, int64_t* out) {
+  if (tokens) return full_strides(t, 4, 2, out);
+  int64_t s[3];
+  full_strides(t, 3, 1, s);
+  out[0] = s[0];
+  out[1] = 0;
+  out[2] = s[1];
+  out[3] = s[2];
+}
+
+int64_t pow2_ceil(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// The CUDA layout: 4-element vectors along N where the state allows them.
+StateUpdateLayout pick_layout(const TensorLayout& state, const int64_t* s, int64_t dstate) {
+  const int esize = element_size(state.dtype);
+  if (s[3] != 1 || dstate % kStateUpdateLaneElems != 0 ||
+      state.alignment < std::min(16, kStateUpdateLaneElems * esize))
+    return StateUpdateLayout::Strided;
+  // The pool, head and row strides (where the dim has more than one element).
+  const int64_t sizes[3] = {state.sizes[0], state.rank == 4 ? state.sizes[1] : 1,
+                            state.sizes[state.rank - 2]};
+  for (int d = 0; d < 3; ++d)
+    if (sizes[d] > 1 && s[d] % kStateUpdateLaneElems != 0) return StateUpdateLayout::Strided;
+  return StateUpdateLayout::Vec;
+}
+
+// The CUDA work split (StateUpdateLaunch's comment). Each state row is N elements split
+// over `lanes` threads of kStateUpdateLaneElems elements a chunk; the fewest lanes (a power
+// of two up to a warp) and then chunks that cover N. A block's passes over its head_dim
+// slice are doubled while the grid keeps at least kMinBlocksPerSm blocks an SM (about four
+// rounds of the 16 resident 128-thread blocks an SM holds), so that a large batch spends
+// fewer block launches and B/C loads per row, and a small one keeps every SM busy. (Not
+// measured yet: a starting point for the benchmark's tuning.)
+void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::string& op) {
+  const int64_t quads = std::max<int64_t>(1, (l.dstate + kStateUpdateLaneElems - 1) / kStateUpdateLaneElems);
+  l.lanes = static_cast<int>(std::min<int64_t>(32, pow2_ceil(quads)));
+  const int64_t chunks = pow2_ceil((quads + l.lanes - 1) / l.lanes);
+  if (chunks > kStateUpdateMaxChunks)
+    fail(PlanErrorKind::Unsupported, op,
+         "dstate up to " + std::to_string(kStateUpdateCudaMaxState) + " is wired on CUDA, got " +
+             std::to_string(l.dstate));
+  l.chunks = static_cast<int>(chunks);
+  l.rows_per_pass = kStateUpdateThreads / l.lanes;
+  constexpr int64_t kMinBlocksPerSm = 64;
+  const int64_t target = kMinBlocksPerSm * std::max(device.sm_count, 1);
+  const auto blocks = [&](int64_t passes) {
+    const int64_t rows = l.rows_per_pass * passes;
+    return l.batch * l.nheads * ((l.headdim + rows - 1) / rows);
+  };
+  int passes = 1;
+  while (passes < kStateUpdateMaxPasses && l.rows_per_pass * passes < l.headdim &&
+         blocks(passes * 2) >= target)
+    passes *= 2;
+  l.passes = passes;
+  const int64_t rows = static_cast<int64_t>(l.rows_per_pass) * passes;
+  l.ptiles = (l.headdim + rows - 1) / rows;
+  l.grid = l.batch * l.nheads * l.ptiles;
+  if (l.grid > INT32_MAX)
+    fail(PlanErrorKind::Unsupported, op,
+         "batch · nheads · head_dim tiles must fit in a CUDA grid (2^31 − 1 blocks), got " +
+             std::to_string(l.grid));
+}
+
+const char* variant_name(const StateUpdateLaunch& l, Backend backend) {
+  if (backend != Backend::Cuda) return "rows";
+  return l.layout == StateUpdateLayout::Vec ? "tile_vec4" : "tile_strided";
+}
+}  // namespace
+
+StateUpdatePlan StateUpdatePlan::select(const StateUpdateDescriptor& d, PlanPreference) {
+  const std::string op = op_name(d.tokens);
+  StateUpdatePlan p;
+  p.desc_ = d;
+  const StateUpdateOperands<int64_t> ops = {
+      operand(true, d.state), operand(true, d.x),     operand(true, d.dt),
+      operand(true, d.A),     operand(true, d.B),     operand(true, d.C),
+      operand(d.has_D, d.D),  operand(d.has_z, d.z),  operand(d.has_dt_bias, d.dt_bias),
+      operand(d.has_indices, d.indices)};
+  const StateUpdateSizes<int64_t> s = check_state_update_problem(op, d.tokens, ops);
+  const std::vector<int64_t> out_sizes = state_update_out_sizes(d.tokens, s);
+  p.out_ = dense_output_layout(d.x.dtype, static_cast<int>(out_sizes.size()), out_sizes.data());
+
+  StateUpdateLaunch& l = p.launch_;
+  l.tokens_op = d.tokens;
+  l.x_el = d.x.dtype;
+  l.state_el = d.state.dtype;
+  l.dt_el = d.dt.dtype;
+  l.A_el = d.A.dtype;
+  l.B_el = d.B.dtype;
+  l.C_el = d.C.dtype;
+  l.has_D = d.has_D;
+  l.has_z = d.has_z;
+  l.has_dt_bias = d.has_dt_bias;
+  l.has_indices = d.has_indices;
+  if (d.has_D) l.D_el = d.D.dtype;
+  if (d.has_dt_bias) l.dt_bias_el = d.dt_bias.dtype;
+  if (d.has_indices) {
+    l.index_el = d.indices.dtype;
+    l.index_s = d.indices.strides[0];
+  }
+  l.dt_softplus = d.dt_softplus;
+  l.batch = s.batch;
+  l.tokens = s.tokens;
+  l.nheads = s.heads;
+  l.headdim = s.dim;
+  l.dstate = s.dstate;
+  l.ngroups = s.groups;
+  l.heads_per_group = s.heads / s.groups;
+  l.pool = s.pool;
+  full_strides(d.state, 4, 1, l.state_s);
+  token_strides(d.x, d.tokens, l.x_s);
+  token_strides(d.dt, d.tokens, l.dt_s);
+  token_strides(d.B, d.tokens, l.B_s);
+  token_strides(d.C, d.tokens, l.C_s);
+  if (d.has_z) token_strides(d.z, d.tokens, l.z_s);
+  // out: [b, (t,) (h,) p] contiguous.
+  {
+    TensorLayout o = p.out_;
+    if (!s.state_has_heads) {  // give it the heads dim (size 1) back
+      const int r = o.rank;
+      o.sizes[r] = o.sizes[r - 1];
+      o.strides[r] = o.strides[r - 1];
+      o.sizes[r - 1] = 1;
+      o.strides[r - 1] = 0;
+      o.rank = r + 1;
+    }
+    token_strides(o, d.tokens, l.out_s);
+  }
+  full_strides(d.A, 3, 0, l.A_s);
+  if (d.has_D) full_strides(d.D, 2, 0, l.D_s);
+  if (d.has_dt_bias) full_strides(d.dt_bias, 2, 0, l.dt_bias_s);
+  l.A_per_row = (l.A_s[1] == 0 || l.headdim <= 1) && (l.A_s[2] == 0 || l.dstate <= 1);
+
+  if (d.device.backend == Backend::Cuda) {
+    l.layout = pick_layout(d.state, l.state_s, l.dstate);
+    plan_cuda_work(l, d.device, op);
+  }
+  // Sums over n in a fixed order (see the header): deterministic and bit-stable.
+  p.sku_ = kernel_sku(kFamily, op, d.x.dtype, variant_name(l, d.device.backend), d.device);
+  if (d.has_indices) p.sku_.index_element = d.indices.dtype;
+  return p;
+}
+
+void StateUpdatePlan::can_implement(const StateUpdateArgs& a) const {
+  const std::string op = op_name(desc_.tokens);
+  const StateUpdateDescriptor& d = desc_;
+  check_same_layout(op, "state", d.state, a.state.layout);
+  check_same_layout(op, "x", d.x, a.x.layout);
+  check_same_layout(op, "dt", d.dt, a.dt.layout);
+  check_same_layout(op, "A", d.A, a.A.layout);
+  check_same_layout(op, "B", d.B, a.B.layout);
+  check_same_layout(op, "C", d.C, a.C.layout);
+  if (d.has_D) check_same_layout(op, "D", d.D, a.D.layout);
+  if (d.has_z) check_same_layout(op, "z", d.z, a.z.layout);
+  if (d.has_dt_bias) check_same_layout(op, "dt_bias", d.dt_bias, a.dt_bias.layout);
+  if (d.has_indices) check_same_layout(op, "state_batch_indices", d.indices, a.indices.layout);
+  check_output(op, "out", out_, a.out);
+}
+
+void StateUpdatePlan::run(void* stream, Workspace workspace, const StateUpdateArgs& a) const {
+  const std::string op = op_name(desc_.tokens);
+  can_implement(a);
+  check_workspace(op, 0, workspace);
+  const StateUpdateLaunch& p = launch_;
+  if (p.batch == 0 || p.tokens == 0 || p.nheads == 0 || p.headdim == 0) return;
+  StateUpdateLaunch l = p;
+  l.state = a.state.data;
+  l.x = a.x.data;
+  l.dt = a.dt.data;
+  l.A = a.A.data;
+  l.B = a.B.data;
+  l.C = a.C.data;
+  l.D = a.D.data;
+  l.z = a.z.data;
+  l.dt_bias = a.dt_bias.data;
+  l.indices = a.indices.data;
+  l.out = a.out.data;
+  run_on_backend(desc_.device.backend, op, kernels::selective_state_update_cpu,
+                 BARACUDA_CUDA_ENTRY(kernels::selective_state_update_cuda), l, stream);
+}
+
+}  // namespace baracuda
