@@ -53,8 +53,7 @@ int64_t rms_norm_cuda_backward_blocks(const RmsNormLaunch& l) {
       per_sm = 1;
     }
   });
-  const int64_t groups = (l.rows + l.rows_per_block - 1) / l.rows_per_block;
-  return std::min(groups, static_cast<int64_t>(std::max(l.sm_count, 1)) * std::max(per_sm, 1));
+  return static_cast<int64_t>(std::max(l.sm_count, 1)) * std::max(per_sm, 1);
 }
 
 }  // namespace baracuda::kernels
