@@ -60,7 +60,7 @@ void plan_variant(RmsNormLaunch& l, const DeviceInfo& device, bool unit_inner, i
       vec_ok = vec_ok && (l.lead.sizes[d] == 1 || l.lead.strides[k][d] % vec == 0);
   const int64_t v = l.cols / vec;
   int vecs = 1;
-  const int max_group = !l.backward ? kRmsNormMaxGroup
+  const int max_group = !l.backward ? (l.gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGroup)
                         : l.gated   ? kRmsNormGatedBackwardThreads
                                     : kRmsNormMaxBackwardGroup;
   if (l.backward) {
@@ -96,8 +96,9 @@ void plan_variant(RmsNormLaunch& l, const DeviceInfo& device, bool unit_inner, i
 // The backward's grid: the blocks that run at once (CPU: its fixed row blocks), split
 // over the row groups on y, at most one a group of rows_per_block rows.
 void plan_backward_grid(RmsNormLaunch& l, Backend backend, const std::string& op) {
-  const int64_t blocks = query_backend(backend, op, kernels::rms_norm_cpu_backward_blocks,
-                                       BARACUDA_CUDA_ENTRY(kernels::rms_norm_cuda_backward_blocks), l);
+  const int64_t blocks =
+      query_backend(backend, op, kernels::rms_norm_cpu_backward_blocks,
+                    BARACUDA_CUDA_ENTRY(kernels::rms_norm_cuda_backward_blocks), l);
   const int64_t row_groups = (l.rows + l.rows_per_block - 1) / l.rows_per_block;
   l.grid = std::min(row_groups, std::max<int64_t>(1, blocks / l.grid_y));
   l.dw_blocks = l.has_weight ? l.grid : 0;

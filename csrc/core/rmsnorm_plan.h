@@ -76,11 +76,15 @@ constexpr int kRmsNormLoopThreads = 256;
 constexpr int kRmsNormMaxVecs = 4;
 constexpr int kRmsNormMaxGroup = 1024;
 constexpr int kRmsNormMaxBackwardGroup = 512;
+// The gated op's forward holds z too: groups of up to 512 threads, so that 4 vectors a
+// thread fit in the 128 registers its launch bounds allow (ptxas for sm_90 spills them
+// within 64), rows of up to 2048 vectors (16384 16-bit elements) a row group.
+constexpr int kRmsNormGatedMaxGroup = 512;
 // CUDA, rows variant: threads a forward block at least (rows of small groups share a
 // block).
 constexpr int kRmsNormBlockThreads = 256;
 // CUDA, rows variant: threads a backward block (the kernels' launch bounds: up to 128
-// registers a thread; ptxas for sm_90 uses 78 for one bfloat16 vector a thread, 93 for
+// registers a thread; ptxas for sm_90 uses 90 for one bfloat16 vector a thread, 105 for
 // two). Its row groups add their dw partials in shared memory, so the workspace holds
 // one partial row per block, and the grid is the blocks that are resident at once
 // (kernels::rms_norm_cuda_backward_blocks asks the occupancy calculator).
@@ -88,8 +92,9 @@ constexpr int kRmsNormBackwardThreads = 512;
 // CUDA, the gated op's rows backward: threads a row group at most, and a block; up to 2
 // vectors a thread, two blocks share an SM (the kernels' launch bounds cap them at 96
 // registers; ptxas for sm_90: no spills for 16-bit data without a bias, where it takes
-// 101 uncapped), so that rows of 5120 16-bit elements (Mamba-2 2.7B's d_inner, 320
-// threads of 2 vectors) overlap one block's loads with the other's reduction.
+// 101 uncapped; with a bias, 2 vectors spill 40 bytes, 56 with a float32 weight), so
+// that rows of 5120 16-bit elements (Mamba-2 2.7B's d_inner, 320 threads of 2 vectors)
+// overlap one block's loads with the other's reduction.
 constexpr int kRmsNormGatedBackwardThreads = 320;
 // CPU: blocks of rows whose dw partials the backward sums (fixed, so the result does not
 // depend on the thread count).

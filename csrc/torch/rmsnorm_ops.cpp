@@ -326,15 +326,16 @@ c10::SymInt gated_meta_checks(const char* op, const SymOperand& xs, const SymOpe
                                       zs.sizes.data(), group_size);
 }
 
-Tensors2 gated_rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias_opt,
-                             const OptTensor& z_opt, double eps, std::optional<int64_t> group_size,
-                             bool) {
+Tensors2 gated_rms_norm_meta(const at::Tensor& x, const at::Tensor& weight,
+                             const OptTensor& bias_opt, const OptTensor& z_opt, double eps,
+                             std::optional<int64_t> group_size, bool) {
   return translate_errors([&] {
     const at::Tensor *bias = given(bias_opt), *z = given(z_opt);
     const at::Tensor none;
     check_same_device(kGatedOp, {{"x", &x}, {"weight", &weight}, {"bias", bias ? bias : &none},
                                  {"z", z ? z : &none}});
-    const SymOperand xs = sym_operand(&x, kGatedOp, "x"), ws = sym_operand(&weight, kGatedOp, "weight"),
+    const SymOperand xs = sym_operand(&x, kGatedOp, "x"),
+                     ws = sym_operand(&weight, kGatedOp, "weight"),
                      bs = sym_operand(bias, kGatedOp, "bias"), zs = sym_operand(z, kGatedOp, "z");
     const c10::SymInt groups = gated_meta_checks(kGatedOp, xs, ws, bias, bs, z, zs, group_size);
     resolve_rms_norm_eps(kGatedOp, eps, xs.dtype);
