@@ -72,6 +72,27 @@ def check_compiled(fn, inputs, dynamic=False):
                 torch.testing.assert_close(a.grad, b.grad)
 
 
+def check_graph_replay(step, refresh) -> None:
+    """``step()`` (CUDA work returning tensors) captured in a CUDA graph after a warm-up on
+    a side stream, then replayed twice after ``refresh()`` writes new inputs in place:
+    each replay gives eager's outputs bit for bit."""
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for _ in range(2):
+        refresh()
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, e in zip(captured, step()):
+            assert torch.equal(a, e)
+
+
 def layouts_2d(device, dtype, rows: int, cols: int, scale: float) -> dict[str, torch.Tensor]:
     """Tensors of logical shape [rows, cols] in the memory layouts the plans tell apart:
     contiguous, transposed, row slices at an aligned and an unaligned offset, every other
