@@ -6,7 +6,8 @@ has no network); this module puts that folder on ``sys.path``. The package itsel
 imports a peer. Each loader returns None when its peer is missing or cannot load (no
 Triton, no GPU), so a benchmark simply has fewer providers.
 
-Providers: ``mamba_ssm`` (its Triton ``mamba_chunk_scan_combined``), ``liger``
+Providers: ``mamba_ssm`` (its Triton ``mamba_chunk_scan_combined`` and gated RMSNorm
+``rmsnorm_fn``), ``liger``
 (Liger-Kernel's SwiGLU/GeGLU and HF-layout RoPE), ``flash_attn`` (flash-attention's
 Triton rotary kernel, ``[B, S, H, D]`` input and ``[S, R/2]`` cos/sin).
 """
@@ -36,6 +37,17 @@ def _try(load: Callable[[], object]) -> Optional[object]:
 def mamba_chunk_scan_combined() -> Optional[Callable]:
     def mamba_ssm():
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as f
+        return f
+    return _try(mamba_ssm)
+
+
+@functools.lru_cache(None)
+def mamba_rmsnorm_fn() -> Optional[Callable]:
+    """mamba_ssm's Triton gated RMSNorm, ``f(x, weight, bias, z=None, eps=1e-6,
+    group_size=None, norm_before_gate=True)`` (its ``ops/triton/layernorm_gated.py``:
+    torch, triton and einops only)."""
+    def mamba_ssm():
+        from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn as f
         return f
     return _try(mamba_ssm)
 
