@@ -199,9 +199,31 @@ def rmsnorm_cases() -> Iterator[Case]:
                            build, run, ("rms_norm", "add_rms_norm"))
 
 
+def gated_rmsnorm_cases() -> Iterator[Case]:
+    """The gated RMSNorm over group widths that take each variant (8 lanes, a block, 4
+    vectors a thread, strided: odd, transposed, wider than the registers hold), several
+    groups a row, both gates, with and without a bias (its own backward kernels)."""
+    for dtype in DTYPES:
+        for hidden, group_size in ((64, 8), (5120, None), (5120, 640), (10240, None), (40000, 20000)):
+            for name, make in layouts((37, hidden), dtype):
+                for before, bias in ((True, False), (False, True)):
+                    def build(make=make, bias=bias, dtype=dtype):
+                        x = make()
+                        n = x.shape[-1]
+                        return (x, rand(*x.shape, dtype=dtype), rand(n, dtype=dtype),
+                                rand(n, dtype=dtype) if bias else None)
+
+                    def run(x, z, w, b, gs=group_size, hidden=hidden, before=before):
+                        return bt.gated_rms_norm(x, w, z, 1e-5, gs if x.shape[-1] == hidden else None,
+                                                 before, bias=b)
+                    yield (f"gated_rmsnorm norm_before_gate={before} bias={bias} [37, {hidden}] "
+                           f"group_size={group_size} {name}", build, run, ("gated_rms_norm",))
+
+
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,
             "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
-            "gather": gather_cases, "rmsnorm": rmsnorm_cases, "ssd": ssd_cases,
+            "gather": gather_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
+            "ssd": ssd_cases,
             "ssd_options": ssd_option_cases}
 
 
