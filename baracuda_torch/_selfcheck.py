@@ -225,6 +225,27 @@ def check_rms_norm(device: str, dtype: torch.dtype, big: bool) -> Iterator[Resul
                    lambda t, r, v: ref.add_rms_norm(t, r, v, 1e-6, "llama")[:2], [x, res, w],
                    ("add_rms_norm", (x, res, w, 1e-6, "llama")))
 
+# ---- causal_conv1d
+@check
+def check_causal_conv1d(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    # A Mamba-2 layer's conv: the channel-last slice of the in_proj output, bias, SiLU; and
+    # a contiguous x with initial and final states (the returned tuple's gradients too).
+    B, L, D, W = (4, 4096, 5376, 4) if big else (2, 200, 64, 4)
+    proj = torch.randn(B, L, D + 64, device=device, dtype=dtype)
+    x = proj[..., 32:32 + D].transpose(1, 2)
+    w = 0.5 * torch.randn(D, W, device=device, dtype=dtype)
+    b = torch.randn(D, device=device, dtype=dtype)
+    yield run_case("causal_conv1d[silu,channel-last]",
+                   lambda x, w, b: bt.causal_depthwise_conv1d(x, w, b, activation="silu"),
+                   lambda x, w, b: ref.causal_conv1d(x, w, b, activation="silu")[0], [x, w, b],
+                   ("causal_conv1d", (x, w, b, None, None, "silu")))
+    xc = torch.randn(B, D, L, device=device, dtype=dtype)
+    init = torch.randn(B, D, W - 1, device=device, dtype=dtype)
+    yield run_case("causal_conv1d[states,contiguous]",
+                   lambda x, w, i: bt.causal_depthwise_conv1d(x, w, initial_states=i, return_final_states=True),
+                   lambda x, w, i: ref.causal_conv1d(x, w, initial_states=i), [xc, w, init],
+                   ("causal_conv1d", (xc, w, None, None, init)))
+
 
 # ---- gated_rms_norm
 @check

@@ -610,6 +610,83 @@ def gated_rms_norm(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: f
     return torch.ops.baracuda.gated_rms_norm(x, weight, bias, z, eps, group_size, norm_before_gate)[0]
 
 
+# ---- causal conv1d ---------------------------------------------------------------
+
+__all__ += ["causal_depthwise_conv1d"]
+
+ConvActivation = Optional[Literal["silu", "swish"]]
+
+
+@overload
+def causal_depthwise_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
+                            seq_idx: Optional[Tensor] = None, initial_states: Optional[Tensor] = None,
+                            activation: ConvActivation = None,
+                            return_final_states: Literal[False] = False) -> Tensor: ...
+
+
+@overload
+def causal_depthwise_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
+                            seq_idx: Optional[Tensor] = None, initial_states: Optional[Tensor] = None,
+                            activation: ConvActivation = None,
+                            return_final_states: Literal[True]) -> Tuple[Tensor, Tensor]: ...
+
+
+def causal_depthwise_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
+                            seq_idx: Optional[Tensor] = None, initial_states: Optional[Tensor] = None,
+                            activation: ConvActivation = None,
+                            return_final_states: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Causal depthwise conv1d over time with an optional SiLU: the causal-conv1d package's
+    ``causal_conv1d_fn`` (the conv of Mamba and Mamba-2 layers), forward and backward fused.
+    :func:`baracuda_torch.causal_conv1d.causal_conv1d_fn` has that function's exact signature
+    and return convention.
+
+    Per batch ``b``, channel ``d`` and step ``t``, with ``x̃`` = x at times ``>= 0`` and
+    ``initial_states[b, d, τ + W - 1]`` (or 0) at ``τ < 0``::
+
+        out[b, d, t] = act(bias[d] + Σ_k weight[d, k] · x̃[b, d, t - (W-1) + k])
+
+    (tap ``W - 1`` multiplies the current step). With ``seq_idx``, a tap counts only when
+    its step has ``seq_idx[b, t]`` (so no tap reads another packed sequence, nor time < 0),
+    and a step with ``seq_idx < 0`` (padding) gives 0. ``act`` is SiLU for ``"silu"`` or
+    ``"swish"``, the identity for None. Computed in float32 (float64 for float64 x), taps
+    in order, rounded once to x's dtype.
+
+    Args:
+        x: ``[B, D, L]``, any strides: the channel-last view of a projection's slice
+            (``t[..., a:b].transpose(1, 2)`` of a ``[B, L, D']`` tensor) is read in place.
+        weight: ``[D, W]`` (``conv1d.weight.squeeze(1)``), x's dtype or float32. Width 2 to
+            4 on CUDA; any width >= 1 on the CPU.
+        bias: ``[D]``, weight's dtype, or None.
+        seq_idx: ``[B, L]`` int32 ids of the packed sequences, or None.
+        initial_states: ``[B, D, W - 1]`` in x's dtype (the inputs before time 0), or None;
+            not together with ``seq_idx``.
+        activation: None, ``"silu"`` or ``"swish"``.
+        return_final_states: also return ``final_states [B, D, W - 1]``, the last ``W - 1``
+            inputs (initial states where L < W - 1): the conv state a decoder continues
+            from. Its gradient flows back into x (and initial_states).
+
+    Returns:
+        ``out`` (x's shape and dtype, in x's memory layout: channel-last in, channel-last
+        out), or ``(out, final_states)`` (final_states channel-last, as causal-conv1d
+        allocates it).
+
+    Differentiable once (x, weight, bias, initial_states; dweight and dbias summed in a
+    fixed order: bitwise reproducible); a second derivative raises NotImplementedError.
+
+    Raises:
+        ValueError: x not 3-d, a shape that does not match (the message names the tensor,
+            its shape and the expected one), ``initial_states`` with ``seq_idx``, an
+            unknown activation.
+        TypeError: non-floating x, a weight other than x's dtype or float32, a bias other
+            than weight's dtype, initial_states other than x's dtype, seq_idx not int32.
+        NotImplementedError: a width outside 2 to 4 on CUDA.
+        RuntimeError: tensors on different devices.
+    """
+    out, final_states = torch.ops.baracuda.causal_conv1d(x, weight, bias, seq_idx, initial_states,
+                                                         activation)
+    return (out, final_states) if return_final_states else out
+
+
 # ---- ssd_chunk_scan ---------------------------------------------------------------
 
 __all__ += ["ssd_chunk_scan"]

@@ -12,7 +12,8 @@
 Differences from mamba_ssm: ``final_states`` are float32 (float64 for float64 inputs)
 unless ``state_dtype`` says otherwise (mamba_ssm defaults to C's dtype); the
 inference cache (``inference_params``, ``step``) and tensor parallelism
-(``process_group``) are not implemented.
+(``process_group``) are not implemented. Context parallelism (the sequence split over
+the ranks of a process group, ``cp_group``): :mod:`baracuda_torch.distributed`.
 """
 from __future__ import annotations
 
@@ -31,23 +32,66 @@ __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "RMS
 _INF = float("inf")
 
 
+def _check_chunk_size(fn: str, chunk_size) -> int:
+    """chunk_size as the op takes it: a positive int that fits in int64 (a SymInt passes
+    through; the op checks it)."""
+    if isinstance(chunk_size, torch.SymInt):
+        return chunk_size
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(f"{fn}: chunk_size must be a positive int that fits in int64, got "
+                        f"{type(chunk_size).__name__} {chunk_size!r}")
+    if not 1 <= chunk_size < 2 ** 63:
+        raise ValueError(f"{fn}: chunk_size must be a positive int that fits in int64, got "
+                         f"{chunk_size}")
+    return chunk_size
+
+
+def _check_dt_limit(fn: str, dt_limit) -> Tuple[float, float]:
+    """dt_limit as a pair of floats (low, high)."""
+    if isinstance(dt_limit, Tensor) or not isinstance(dt_limit, (tuple, list)) or len(dt_limit) != 2:
+        raise ValueError(f"{fn}: dt_limit must be a pair (low, high) of floats, got {dt_limit!r}")
+    try:
+        return float(dt_limit[0]), float(dt_limit[1])
+    except (TypeError, ValueError):
+        raise ValueError(f"{fn}: dt_limit must be a pair (low, high) of floats, got "
+                         f"{dt_limit!r}") from None
+
+
+def _check_cu_seqlens(cu_seqlens: Tensor, seqlen: int) -> list:
+    """cu_seqlens read on the host (the one read the varlen states need), checked: a 1-D
+    integer tensor, starting at 0, non-decreasing, ending at L."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex() \
+            or cu_seqlens.dtype == torch.bool:
+        raise ValueError("mamba_chunk_scan_combined: cu_seqlens must be a 1-D integer "
+                         f"tensor, got {cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
+    bounds = cu_seqlens.tolist()  # host read: the sequences' extents
+    if not bounds or bounds[0] != 0 or bounds[-1] != seqlen \
+            or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError("mamba_chunk_scan_combined: cu_seqlens must start at 0, be "
+                         f"non-decreasing and end at L = {seqlen}, got {bounds}")
+    return bounds
+
+
 def _scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
           D: Optional[Tensor], z: Optional[Tensor], dt_bias: Optional[Tensor],
           initial_states: Optional[Tensor], seq_idx: Optional[Tensor], dt_softplus: bool,
-          dt_limit: Tuple[float, float], state_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Tensor]:
+          dt_limit: Tuple[float, float], state_dtype: Optional[torch.dtype],
+          fn: str = "mamba_chunk_scan_combined") -> Tuple[Tensor, Tensor]:
+    chunk_size = _check_chunk_size(fn, chunk_size)
+    low, high = _check_dt_limit(fn, dt_limit)
     out, final_states, _ = torch.ops.baracuda.ssd_chunk_scan_combined(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
-        float(dt_limit[0]), float(dt_limit[1]), state_dtype)
+        low, high, state_dtype)
     return out, final_states
 
 
 def _varlen_states(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
                    dt_bias: Optional[Tensor], initial_states: Optional[Tensor],
-                   cu_seqlens: Tensor, dt_softplus: bool, dt_limit: Tuple[float, float],
+                   bounds: list, dt_softplus: bool, dt_limit: Tuple[float, float],
                    state_dtype: Optional[torch.dtype]) -> Tensor:
-    """The final state of each packed sequence [cu_seqlens[i], cu_seqlens[i+1]), from its
-    own tokens (the first one from ``initial_states``): one forward scan per sequence."""
-    bounds = cu_seqlens.tolist()  # host read: the sequences' extents
+    """The final state of each packed sequence [bounds[i], bounds[i+1]) (``cu_seqlens``,
+    checked), from its own tokens (the first one from ``initial_states``): one forward
+    scan per sequence."""
     states = []
     with torch.no_grad():
         for i in range(len(bounds) - 1):
@@ -97,9 +141,13 @@ def mamba_chunk_scan_combined(
     final state (batch must be 1, ``cu_seqlens`` required; forward only, no gradient):
     the state after its last token when the scan resets at every sequence start (pass
     a matching ``seq_idx``), the first sequence starting from ``initial_states``. It
-    reads ``cu_seqlens`` on the host and runs one extra forward scan per sequence.
+    reads ``cu_seqlens`` on the host and runs one extra forward scan per sequence;
+    ``cu_seqlens`` must be a 1-D integer tensor that starts at 0, is non-decreasing and
+    ends at L (ValueError otherwise).
 
-    Raises ValueError / TypeError naming the argument for a wrong shape or dtype.
+    Raises ValueError / TypeError naming the argument for a wrong shape or dtype, a
+    ``dt_limit`` that is not a pair of floats, or a ``chunk_size`` that is not a positive
+    int fitting in int64.
     """
     if return_varlen_states:
         if cu_seqlens is None:
@@ -108,14 +156,12 @@ def mamba_chunk_scan_combined(
         if x.dim() != 4 or x.size(0) != 1:
             raise ValueError("mamba_chunk_scan_combined: passing cu_seqlens to get the varlen "
                              f"states needs batch size 1, got x of shape {tuple(x.shape)}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
-            raise ValueError("mamba_chunk_scan_combined: cu_seqlens must be a 1-D integer "
-                             f"tensor, got {cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
+        bounds = _check_cu_seqlens(cu_seqlens, x.size(1))
     out, final_states = _scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                               dt_softplus, dt_limit, state_dtype)
     if not return_varlen_states:
         return (out, final_states) if return_final_states else out
-    varlen = _varlen_states(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens,
+    varlen = _varlen_states(x, dt, A, B, C, chunk_size, dt_bias, initial_states, bounds,
                             dt_softplus, dt_limit, state_dtype)
     return (out, final_states, varlen) if return_final_states else (out, varlen)
 
@@ -170,7 +216,7 @@ def mamba_split_conv1d_scan_combined(
         rmsnorm_weight: Optional[Tensor] = None, rmsnorm_eps: float = 1e-6,
         outproj_weight: Optional[Tensor] = None, outproj_bias: Optional[Tensor] = None,
         headdim: Optional[int] = None, ngroups: int = 1, norm_before_gate: bool = True,
-        state_dtype: Optional[torch.dtype] = None,
+        state_dtype: Optional[torch.dtype] = None, *, cp_group=None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """mamba_ssm's ``mamba_split_conv1d_scan_combined``: the body of a Mamba-2 layer
     after ``in_proj``.
@@ -185,9 +231,18 @@ def mamba_split_conv1d_scan_combined(
     channels (``norm_before_gate``: ``rmsnorm(y)·w·silu(z)``, else
     ``rmsnorm(y·silu(z))·w``); with d_mlp > 0, ``silu(zx0[:d_mlp]) · zx0[d_mlp:]`` is
     concatenated in front; finally ``F.linear(·, outproj_weight, outproj_bias)`` when
-    ``outproj_weight`` is given. ``headdim`` is required when D is [H].
+    ``outproj_weight`` is given. ``headdim`` is required when D is [H]; ``rmsnorm_eps``
+    must be a float when ``rmsnorm_weight`` is given (unused otherwise); ``seq_idx`` must
+    be [B, L] of ``zxbcdt``.
 
     Returns ``out``, or ``(out, final_states)`` with ``return_final_states``.
+
+    With ``cp_group`` (a ``torch.distributed`` process group), context parallelism:
+    ``zxbcdt`` (and ``seq_idx``) are this rank's contiguous shard of the sequence, the
+    shards in the group's rank order; the conv's ``W - 1`` tokens before the shard and
+    the scan's state are exchanged over the group (:mod:`baracuda_torch.distributed`), so
+    ``out`` is this rank's shard of the single-process output, ``final_states`` the state
+    after this shard's last token, and ``initial_states`` is rank 0's.
     """
     if activation not in (None, "silu", "swish"):
         raise ValueError("mamba_split_conv1d_scan_combined: activation must be None, 'silu' "
@@ -226,17 +281,42 @@ def mamba_split_conv1d_scan_combined(
                          f"[{dim}], got {tuple(rmsnorm_weight.shape)}")
     if outproj_weight is None and outproj_bias is not None:
         raise ValueError("mamba_split_conv1d_scan_combined: outproj_bias needs outproj_weight")
+    if rmsnorm_weight is not None:
+        if isinstance(rmsnorm_eps, bool) or not isinstance(rmsnorm_eps, (int, float)):
+            raise TypeError("mamba_split_conv1d_scan_combined: rmsnorm_eps must be a float when "
+                            f"rmsnorm_weight is given, got {type(rmsnorm_eps).__name__} "
+                            f"{rmsnorm_eps!r}")
+        rmsnorm_eps = float(rmsnorm_eps)
+    if seq_idx is not None and tuple(seq_idx.shape) != (batch, seqlen):
+        raise ValueError("mamba_split_conv1d_scan_combined: seq_idx must have shape [B, L] = "
+                         f"[{batch}, {seqlen}], got {list(seq_idx.shape)}")
+    chunk_size = _check_chunk_size("mamba_split_conv1d_scan_combined", chunk_size)
+    dt_limit = _check_dt_limit("mamba_split_conv1d_scan_combined", dt_limit)
     zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_mlp, dim, dim + 2 * ngroups * dstate, nheads],
                                   dim=-1)
-    xBC = _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, activation is not None)
-    x, B, C = torch.split(xBC, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
-    x = x.unflatten(-1, (nheads, headdim))
-    B = B.unflatten(-1, (ngroups, dstate))
-    C = C.unflatten(-1, (ngroups, dstate))
     z4 = z.unflatten(-1, (nheads, headdim))
-    y, final_states = _scan(x, dt, A, B, C, chunk_size, D,
-                            z4 if rmsnorm_weight is None else None, dt_bias, initial_states,
-                            seq_idx, True, dt_limit, state_dtype)
+
+    def split_xBC(xBC):
+        x, B, C = torch.split(xBC, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
+        return (x.unflatten(-1, (nheads, headdim)), B.unflatten(-1, (ngroups, dstate)),
+                C.unflatten(-1, (ngroups, dstate)))
+
+    if cp_group is not None:
+        from .distributed import _split_conv1d_scan_cp
+        y, final_states = _split_conv1d_scan_cp(
+            _causal_conv1d, xBC, dt, conv1d_weight, conv1d_bias, seq_idx, activation is not None,
+            split_xBC, dict(A=A, chunk_size=chunk_size, D=D,
+                            z=z4 if rmsnorm_weight is None else None, dt_bias=dt_bias,
+                            initial_states=initial_states, dt_softplus=True, dt_limit=dt_limit,
+                            state_dtype=state_dtype, fn="mamba_split_conv1d_scan_combined"),
+            cp_group)
+    else:
+        xBC = _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, activation is not None)
+        x, B, C = split_xBC(xBC)
+        y, final_states = _scan(x, dt, A, B, C, chunk_size, D,
+                                z4 if rmsnorm_weight is None else None, dt_bias, initial_states,
+                                seq_idx, True, dt_limit, state_dtype,
+                                "mamba_split_conv1d_scan_combined")
     out = y.flatten(-2)
     if rmsnorm_weight is not None:
         out = _gated_rmsnorm(out, z, rmsnorm_weight, rmsnorm_eps, dim // ngroups,
@@ -293,6 +373,13 @@ class Mamba2(nn.Module):
     ``inference_params`` (the decoding cache and ``step``) and ``process_group``
     (tensor parallelism); ``layer_idx``, ``use_mem_eff_path`` and
     ``sequence_parallel`` are accepted and stored.
+
+    ``cp_group`` (not in mamba_ssm; default None: one process): a ``torch.distributed``
+    process group over which the sequence is split for context parallelism. Each rank
+    passes its contiguous shard ``u`` [B, L_r, d_model] (and ``seq_idx`` [B, L_r]), the
+    shards in the group's rank order, any lengths; the output is this rank's shard of the
+    single-process output, and the parameters' gradients are this rank's share (their
+    sum over the group is the single-process gradient). docs/distributed.md.
     """
 
     def __init__(self, d_model: int, d_state: int = 128, d_conv: int = 4,
@@ -305,7 +392,7 @@ class Mamba2(nn.Module):
                  conv_bias: bool = True, chunk_size: int = 256, use_mem_eff_path: bool = True,
                  layer_idx: Optional[int] = None, process_group=None,
                  sequence_parallel: bool = True, device: Optional[torch.device] = None,
-                 dtype: Optional[torch.dtype] = None) -> None:
+                 dtype: Optional[torch.dtype] = None, cp_group=None) -> None:
         factory = {"device": device, "dtype": dtype}
         super().__init__()
         if process_group is not None:
@@ -338,6 +425,7 @@ class Mamba2(nn.Module):
         self.chunk_size = chunk_size
         self.use_mem_eff_path = use_mem_eff_path
         self.layer_idx = layer_idx
+        self.cp_group = cp_group
 
         d_in_proj = 2 * self.d_inner + 2 * ngroups * d_state + self.nheads
         self.in_proj = nn.Linear(d_model, d_in_proj, bias=bias, **factory)
@@ -383,7 +471,7 @@ class Mamba2(nn.Module):
             rmsnorm_eps=self.norm.eps if self.rmsnorm else 1e-6,
             outproj_weight=self.out_proj.weight, outproj_bias=self.out_proj.bias,
             headdim=None if self.D_has_hdim else self.headdim, ngroups=self.ngroups,
-            norm_before_gate=self.norm_before_gate)
+            norm_before_gate=self.norm_before_gate, cp_group=self.cp_group)
         if seqlen is not None:
             out = out.flatten(0, 1)
         return out

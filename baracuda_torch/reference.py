@@ -217,6 +217,45 @@ def gated_rms_norm(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, z: 
     return y.to(x.dtype), rstd.squeeze(-1)
 
 
+# ---- causal_conv1d ----------------------------------------------------------------
+
+
+def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                  seq_idx: Optional[Tensor] = None, initial_states: Optional[Tensor] = None,
+                  activation: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+    """Causal depthwise conv1d over time, as causal-conv1d defines it: ``(out, final_states)``.
+
+    x [B, D, L], weight [D, W] (tap W-1 on the current step), bias [D], initial_states
+    [B, D, W-1] (x at times -(W-1) .. -1; zeros without), seq_idx [B, L]::
+
+        out[t] = act(bias + Σ_k weight[:, k] · x̃[t - (W-1) + k])
+
+    over the taps whose step has t's seq_idx (none before time 0 then), and 0 at a
+    padding step (seq_idx < 0); act is SiLU for ``"silu"``/``"swish"``.
+    ``final_states = x̃[..., L - (W-1):]``, the last W-1 inputs. In the inputs' promoted
+    dtype, cast to x's at the end."""
+    B, D, L = x.shape
+    W = weight.shape[1]
+    pad = initial_states if initial_states is not None else x.new_zeros(B, D, W - 1)
+    xt = torch.cat([pad, x], dim=-1)  # x̃ at times -(W-1) .. L-1
+    out = bias[:, None].expand(D, L) if bias is not None else None
+    t = torch.arange(L, device=x.device)
+    for k in range(W):
+        tap = xt[..., k:k + L] * weight[:, k, None]
+        if seq_idx is not None:
+            tau = t - (W - 1) + k
+            same = (tau >= 0) & (seq_idx.gather(1, tau.clamp_min(0).expand(B, L)) == seq_idx)
+            tap = torch.where(same[:, None, :], tap, 0)
+        out = tap if out is None else out + tap
+    if activation in ("silu", "swish"):
+        out = F.silu(out)
+    elif activation is not None:
+        raise ValueError(f"unknown activation {activation!r}")
+    if seq_idx is not None:
+        out = torch.where((seq_idx < 0)[:, None, :], 0, out)
+    return out.to(x.dtype), xt[..., L:]
+
+
 # ---- ssd_chunk_scan ---------------------------------------------------------------
 
 

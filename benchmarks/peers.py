@@ -7,7 +7,9 @@ imports a peer. Each loader returns None when its peer is missing or cannot load
 Triton, no GPU), so a benchmark simply has fewer providers.
 
 Providers: ``mamba_ssm`` (its Triton ``mamba_chunk_scan_combined`` and gated RMSNorm
-``rmsnorm_fn``), ``liger``
+``rmsnorm_fn``), ``causal_conv1d``
+(the causal-conv1d package's ``causal_conv1d_fn``, a compiled CUDA extension that
+``scripts/peers.sh`` does not fetch: used where it is installed), ``liger``
 (Liger-Kernel's SwiGLU/GeGLU and HF-layout RoPE), ``flash_attn`` (flash-attention's
 Triton rotary kernel, ``[B, S, H, D]`` input and ``[S, R/2]`` cos/sin).
 """
@@ -50,6 +52,15 @@ def mamba_rmsnorm_fn() -> Optional[Callable]:
         from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn as f
         return f
     return _try(mamba_ssm)
+
+
+@functools.lru_cache(None)
+def causal_conv1d_fn() -> Optional[Callable]:
+    """``f(x, weight, bias=None, ..., activation=None)``: causal-conv1d's ``causal_conv1d_fn``."""
+    def causal_conv1d():
+        from causal_conv1d import causal_conv1d_fn as f
+        return f
+    return _try(causal_conv1d)
 
 
 @functools.lru_cache(None)

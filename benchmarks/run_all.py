@@ -3,7 +3,7 @@
     python benchmarks/run_all.py --out OUTDIR [--families gated_activation,rope]
 
 With ``--device cpu``, the CPU comparison of the families that have one (a ``run_cpu``
-in their bench_<family>.py: gated_activation, lerp, gather, rope,
+in their bench_<family>.py: causal_conv1d, gated_activation, lerp, gather, rope,
 ssd_chunk_scan): baracuda against eager
 PyTorch on the same tensors, timed alternately (``--repeats`` rounds; medians), at
 PyTorch's current thread count (``--threads`` sets it)::

@@ -743,6 +743,122 @@ def gated_rms_norm_bad(device):
     }
 
 
+# ---- causal conv1d -------------------------------------------------------------------------
+
+
+def conv_seq_idx(device, B, L, padding=0):
+    """Packed sequences: ids 0, 1, ... in runs of random length (the first `padding` steps
+    of each row -1: padding steps)."""
+    starts = torch.rand(B, L) < 0.3
+    starts[:, 0] = False
+    seq = starts.cumsum(1).to(torch.int32)
+    seq[:, :padding] = -1
+    return seq.to(device)
+
+
+def channel_last(r, B, D, L, extra=5):
+    """x [B, D, L] as causal-conv1d's callers have it: a slice of a [B, L, D'] projection,
+    transposed (stride(1) == 1, no copy)."""
+    return r(B, L, D + 2 * extra)[..., extra:extra + D].transpose(1, 2)
+
+
+def conv_samples(device, dtype, requires_grad):
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    return [SampleInput("channel-last slice, bias, silu", (channel_last(r, 2, 16, 11), r(16, 4), r(16), None, None,
+                                                           "silu")),
+            SampleInput("contiguous, width 3, no bias", (r(2, 5, 13), r(5, 3))),
+            SampleInput("initial_states, width 2, swish", (r(1, 6, 9), r(6, 2), r(6), None, r(1, 6, 1), "swish")),
+            SampleInput("seq_idx with padding steps", (channel_last(r, 2, 8, 12), r(8, 4), r(8),
+                                                       conv_seq_idx(device, 2, 12, padding=2), None, "silu")),
+            SampleInput("L < W - 1, transposed initial_states", (r(2, 4, 2), r(4, 4), None, None,
+                                                                 r(2, 3, 4).transpose(1, 2))),
+            SampleInput("float32 weight and bias, every other step", (r(2, 8, 20)[..., ::2], w32(8, 4), w32(8),
+                                                                      None, None, "silu")),
+            SampleInput("empty L: final_states = initial_states", (r(2, 4, 0), r(4, 3), r(4), None, r(2, 4, 2)))]
+
+
+def conv_backward_samples(device, dtype, requires_grad):
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    return [SampleInput("silu, channel-last, dfinal_states", (r(2, 16, 11), r(2, 16, 3), channel_last(r, 2, 16, 11),
+                                                              r(16, 4), r(16), None, None, "silu")),
+            SampleInput("initial_states, no dfinal_states", (r(1, 6, 9), None, r(1, 6, 9), r(6, 3), r(6), None,
+                                                             r(1, 6, 2))),
+            SampleInput("seq_idx, transposed dout", (r(2, 12, 8).transpose(1, 2), None, channel_last(r, 2, 8, 12),
+                                                     r(8, 4), None, conv_seq_idx(device, 2, 12, padding=1), None,
+                                                     "silu")),
+            SampleInput("L < W - 1, initial and final states", (r(2, 4, 2), r(2, 4, 3), r(2, 4, 2), w32(4, 4),
+                                                                w32(4), None, r(2, 4, 3), "swish")),
+            SampleInput("empty batch: dweight, dbias zeros", (r(0, 4, 5), None, r(0, 4, 5), r(4, 2), r(4)))]
+
+
+def conv_bad(device):
+    x, w, b = torch.randn(2, 4, 6, device=device), torch.randn(4, 4, device=device), torch.randn(4, device=device)
+    seq = torch.zeros(2, 6, dtype=torch.int32, device=device)
+    init = torch.randn(2, 4, 3, device=device)
+    dout = torch.randn(2, 4, 6, device=device)
+    op, bwd = r"baracuda::causal_conv1d: ", r"baracuda::causal_conv1d_backward: "
+    fn = bt.causal_conv1d.causal_conv1d_fn
+    return {
+        "causal_conv1d": [
+            BadInput("integer x", lambda: args(x.int(), w), TypeError,
+                     op + r"x must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("x 2-d", lambda: args(x[0], w), ValueError, op + r"x must be 3-d \[batch, dim, seqlen\], got \[4, 6\]"),
+            BadInput("x 9-d", lambda: args(torch.randn([1] * 6 + [2, 4, 6], device=device), w), ValueError,
+                     op + r"x must be 3-d \[batch, dim, seqlen\], got \[1, 1, 1, 1, 1, 1, 2, 4, 6\]"),
+            BadInput("weight dim", lambda: args(x, w[:3]), ValueError,
+                     op + r"weight must have shape \[dim, width\] with dim = x.size\(1\) = 4, got \[3, 4\]"),
+            BadInput("weight of nn.Conv1d, unsqueezed", lambda: args(x, w[:, None]), ValueError,
+                     op + r"weight must have shape \[dim, width\] .* got \[4, 1, 4\]"),
+            BadInput("width 0", lambda: args(x, w[:, :0]), ValueError,
+                     op + r"weight's width \(weight.size\(1\)\) must be at least 1, got 0"),
+            BadInput("weight float64", lambda: args(x, w.double()), TypeError,
+                     op + r"weight must have x's dtype float32, got float64"),
+            BadInput("weight float16 for bfloat16 x", lambda: args(x.bfloat16(), w.half()), TypeError,
+                     op + r"weight must have x's dtype bfloat16 or float32, got float16"),
+            BadInput("bias dtype", lambda: args(x, w, b.double()), TypeError,
+                     op + r"bias must have weight's dtype float32, got float64"),
+            BadInput("bias shape", lambda: args(x, w, b[:3]), ValueError, op + r"bias must have shape \[dim\] = \[4\], got \[3\]"),
+            BadInput("seq_idx int64", lambda: args(x, w, b, seq.long()), TypeError, op + r"seq_idx must be int32, got int64"),
+            BadInput("seq_idx shape", lambda: args(x, w, b, seq[:, :5]), ValueError,
+                     op + r"seq_idx must have shape \[batch, seqlen\] = \[2, 6\], got \[2, 5\]"),
+            BadInput("initial_states dtype", lambda: args(x, w, b, None, init.double()), TypeError,
+                     op + r"initial_states must have x's dtype float32, got float64"),
+            BadInput("initial_states shape", lambda: args(x, w, b, None, init[..., :2]), ValueError,
+                     op + r"initial_states must have shape \[batch, dim, width - 1\] = \[2, 4, 3\], got \[2, 4, 2\]"),
+            BadInput("initial_states with seq_idx", lambda: args(x, w, b, seq, init), ValueError,
+                     op + r"initial_states must be None when seq_idx is given .* got both"),
+            BadInput("unknown activation", lambda: args(x, w, b, None, None, "relu"), ValueError,
+                     op + r"activation must be None, 'silu' or 'swish', got 'relu'"),
+            BadInput("final states with seq_idx", lambda: args(x, w, b, seq, return_final_states=True), ValueError,
+                     r"baracuda_torch.causal_conv1d.causal_conv1d_fn: return_final_states must be False when "
+                     r"seq_idx is given", call=fn),
+            BadInput("final_states_out shape", lambda: args(x, w, b, return_final_states=True,
+                                                            final_states_out=init[..., :2]), ValueError,
+                     r"causal_conv1d_fn: final_states_out must have shape \[2, 4, 3\] .* got \[2, 4, 2\]", call=fn),
+            BadInput("final_states_out dtype", lambda: args(x, w, b, return_final_states=True,
+                                                            final_states_out=init.double()), TypeError,
+                     r"causal_conv1d_fn: final_states_out must have x's dtype torch.float32, got torch.float64",
+                     call=fn),
+        ],
+        "causal_conv1d_backward": [
+            BadInput("dout shape", lambda: args(dout[..., :5], None, x, w), ValueError,
+                     bwd + r"dout must have shape x's sizes = \[2, 4, 6\], got \[2, 4, 5\]"),
+            BadInput("dout dtype", lambda: args(dout.double(), None, x, w), TypeError,
+                     bwd + r"dout must have x's dtype float32, got float64"),
+            BadInput("dfinal_states shape", lambda: args(dout, init[:1], x, w), ValueError,
+                     bwd + r"dfinal_states must have shape \[batch, dim, width - 1\] = \[2, 4, 3\], got \[1, 4, 3\]"),
+            BadInput("dfinal_states dtype", lambda: args(dout, init.half(), x, w), TypeError,
+                     bwd + r"dfinal_states must have x's dtype float32, got float16"),
+            BadInput("weight dim", lambda: args(dout, None, x, w[:2]), ValueError,
+                     bwd + r"weight must have shape \[dim, width\]"),
+            BadInput("initial_states with seq_idx", lambda: args(dout, None, x, w, b, seq, init), ValueError,
+                     bwd + r"initial_states must be None when seq_idx is given"),
+            BadInput("unknown activation", lambda: args(dout, None, x, w, b, None, None, "gelu"), ValueError,
+                     bwd + r"activation must be None, 'silu' or 'swish', got 'gelu'"),
+        ],
+    }
+
+
 # ---- SSD chunk scan ------------------------------------------------------------------------
 
 
@@ -1027,6 +1143,28 @@ def combined_backward_rtol(dtype, device):
     return ssd_rtol(dtype, device)
 
 
+def _conv_backward_ref(dout, dfinal_states, x, weight, bias=None, seq_idx=None, initial_states=None,
+                      activation=None):
+    """(dx, dweight, dbias, dinitial_states) by autograd of the reference; an empty tensor
+    for an absent bias or initial_states, as the op returns."""
+    options = (bias, initial_states)
+    given = [t for t in (x, weight, *options) if t is not None]
+
+    def forward(*ts):
+        it = iter(ts)
+        x, w = next(it), next(it)
+        b, init = (next(it) if t is not None else None for t in options)
+        return ref.causal_conv1d(x, w, b, seq_idx, init, activation)
+
+    leaves = [t.detach().requires_grad_() for t in given]
+    out, final = forward(*leaves)
+    grads = torch.autograd.grad((out, final), leaves, (dout, dfinal_states if dfinal_states is not None
+                                                       else torch.zeros_like(final)), allow_unused=True)
+    grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, given)]
+    it = iter(grads)
+    return tuple([next(it), next(it)] + [next(it) if t is not None else x.new_empty(0) for t in options])
+
+
 def _cos_sin_backward_ref(dy, cos, sin, interleaved=False):
     return ref.rope_cos_sin(dy, cos, sin, interleaved, backward=True)
 
@@ -1097,6 +1235,9 @@ OP_DB = [
     OpInfo("gated_rms_norm_backward", gated_rms_norm_backward_samples,
            _family(gated_rms_norm_bad, "gated_rms_norm_backward"), ref=_gated_rms_norm_backward_ref,
            supports_autograd=False),
+    OpInfo("causal_conv1d", conv_samples, _family(conv_bad, "causal_conv1d"), ref=ref.causal_conv1d),
+    OpInfo("causal_conv1d_backward", conv_backward_samples, _family(conv_bad, "causal_conv1d_backward"),
+           ref=_conv_backward_ref, supports_autograd=False),
     OpInfo("ssd_chunk_scan", ssd_samples, _family(ssd_bad, "ssd_chunk_scan"), ref=ssd_chunk_scan_ref, rtol=ssd_rtol),
     OpInfo("ssd_chunk_scan_backward", ssd_backward_samples, _family(ssd_bad, "ssd_chunk_scan_backward"),
            ref=_ssd_backward_ref, rtol=ssd_rtol, supports_autograd=False),

@@ -670,3 +670,65 @@ def test_double_backward_raises_clearly():
     (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward is not implemented"):
         gx.sum().backward()
+
+
+def _small_case():
+    torch.manual_seed(0)
+    B, L, H, P, G, N = 1, 20, 2, 4, 1, 8
+    return (torch.randn(B, L, H, P), torch.rand(B, L, H), -torch.rand(H), torch.randn(B, L, G, N),
+            torch.randn(B, L, G, N))
+
+
+@pytest.mark.parametrize("cu", [[0, 5, 30], [0, 12, 5, 20], [0, -1, 20], [2, 10, 20], [0, 10], [],
+                                [[0, 20]]])
+def test_cu_seqlens_validated(cu):
+    """Issue 20 case 6: cu_seqlens past L, decreasing, negative, not starting at 0 or not
+    ending at L gave truncated or zero states; now a ValueError naming the rule."""
+    args = _small_case()
+    with pytest.raises(ValueError, match=r"cu_seqlens must (start at 0, be non-decreasing and end at "
+                                         r"L = 20|be a 1-D integer tensor)"):
+        mamba.mamba_chunk_scan_combined(*args, 8, cu_seqlens=torch.tensor(cu, dtype=torch.int64),
+                                        return_varlen_states=True)
+    with pytest.raises(ValueError, match=r"cu_seqlens must be a 1-D integer tensor"):
+        mamba.mamba_chunk_scan_combined(*args, 8, cu_seqlens=torch.tensor([0.0, 20.0]),
+                                        return_varlen_states=True)
+    # empty sequences are allowed (non-decreasing), and the states still come back
+    _, st = mamba.mamba_chunk_scan_combined(*args, 8, cu_seqlens=torch.tensor([0, 0, 20, 20]),
+                                            return_varlen_states=True)
+    assert st.shape[0] == 3
+
+
+def test_argument_errors_name_the_argument():
+    """Issue 20 case 8: dt_limit, chunk_size, rmsnorm_eps and seq_idx errors name the
+    argument and the rule."""
+    args = _small_case()
+    for bad in [(0.1,), (0.1, 0.2, 0.3), 0.5, ("a", "b")]:
+        with pytest.raises(ValueError, match=r"mamba_chunk_scan_combined: dt_limit must be a pair "
+                                             r"\(low, high\) of floats"):
+            mamba.mamba_chunk_scan_combined(*args, 8, dt_limit=bad)
+    with pytest.raises(ValueError, match=r"chunk_size must be a positive int that fits in int64, "
+                                         r"got 1180591620717411303424"):
+        mamba.mamba_chunk_scan_combined(*args, 2 ** 70)
+    with pytest.raises(ValueError, match=r"chunk_size must be a positive int"):
+        mamba.mamba_chunk_scan_combined(*args, 0)
+    with pytest.raises(TypeError, match=r"chunk_size must be a positive int .* got float 8.0"):
+        mamba.mamba_chunk_scan_combined(*args, 8.0)
+    m = mamba.Mamba2(32, d_state=8, headdim=16, chunk_size=8)
+    zxbcdt = torch.randn(2, 20, m.in_proj.out_features)
+    split = dict(conv1d_weight=m.conv1d.weight.squeeze(1), conv1d_bias=m.conv1d.bias, dt_bias=m.dt_bias,
+                 A=-torch.exp(m.A_log), D=m.D, chunk_size=8, headdim=16)
+    with pytest.raises(TypeError, match=r"rmsnorm_eps must be a float when rmsnorm_weight is given, "
+                                        r"got NoneType"):
+        mamba.mamba_split_conv1d_scan_combined(zxbcdt, rmsnorm_weight=m.norm.weight, rmsnorm_eps=None,
+                                               **split)
+    # without rmsnorm_weight the eps is unused (as in mamba_ssm)
+    mamba.mamba_split_conv1d_scan_combined(zxbcdt, rmsnorm_eps=None, **split)
+    with pytest.raises(ValueError, match=r"mamba_split_conv1d_scan_combined: dt_limit must be a pair"):
+        mamba.mamba_split_conv1d_scan_combined(zxbcdt, dt_limit=(0.1,), **split)
+    with pytest.raises(ValueError, match=r"mamba_split_conv1d_scan_combined: chunk_size must be a "
+                                         r"positive int"):
+        mamba.mamba_split_conv1d_scan_combined(zxbcdt, **{**split, "chunk_size": 2 ** 70})
+    with pytest.raises(ValueError, match=r"seq_idx must have shape \[B, L\] = \[2, 20\], got \[2, 19\]"):
+        m(torch.randn(2, 20, 32), seq_idx=torch.zeros(2, 19, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"seq_idx must have shape \[B, L\] = \[2, 20\], got \[20\]"):
+        m(torch.randn(2, 20, 32), seq_idx=torch.zeros(20, dtype=torch.int32))

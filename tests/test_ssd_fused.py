@@ -4,7 +4,9 @@ switch; float16/bfloat16, head_dim a multiple of 64, state_dim <= 128, chunk <= 
 seq_idx): which problems the plan gives them, and each kernel's forward (out,
 final_states, y_pre through the backward) against the float64 recurrence with every
 option it takes, odd lengths and chunks, strided inputs, poisoned outputs, bitwise
-determinism and CUDA-graph replay. CUDA only.
+determinism and CUDA-graph replay. Then the backward's group products ("group_mma",
+the intra-chunk dB/dC products once per group) likewise, next to the per-head ones. CUDA
+only.
 
 Tolerances: those of test_ssd_chunk_scan (rtol_for), through test_mamba's check_case.
 """
@@ -196,3 +198,129 @@ def test_forward_switch_names_its_choices():
     with pytest.raises(ValueError, match="auto, staged, fused_mma or fused_wgmma"):
         bt._C._ssd_cuda_forward("fused")
     assert bt._C._ssd_cuda_forward("auto") == "auto"
+
+
+# ---- the backward's group products ("group_mma": the intra-chunk dB/dC products once per
+# group, on Σ_heads of the per-head weights; the plan's choice where that matrix takes no
+# more memory than x, i.e. many heads per group)
+
+# (B, L, H, P, N, G, chunk): many heads per group (the 2.7B layer's G = 1), 4 heads per
+# group, P = 128 with N = 256 (four state tiles), N not a multiple of 8 with an odd chunk,
+# a ragged last chunk and L shorter than the chunk.
+GROUP_SHAPES = [
+    (1, 513, 16, 64, 128, 1, 256),
+    (2, 300, 12, 64, 64, 3, 128),
+    (1, 200, 8, 128, 256, 2, 64),
+    (1, 450, 6, 64, 48, 1, 100),
+    (2, 90, 4, 64, 32, 1, 256),
+]
+
+
+@pytest.fixture(params=["staged", "group_mma"])
+def backward(request):
+    """Runs the test with the plan's CUDA backward forced to the per-head ("staged") or the
+    per-group ("group_mma") dB/dC products."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the group products need the tensor-core backward (sm_80+)")
+    previous = bt._C._ssd_cuda_backward(request.param)
+    yield request.param
+    bt._C._ssd_cuda_backward(previous)
+
+
+def _backward_variant(inputs, Q):
+    x = inputs[0]
+    return bt.explain(ops.ssd_chunk_scan_backward, x, *inputs, Q).variant
+
+
+@requires_cuda
+def test_plan_picks_the_group_products_with_many_heads_per_group():
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the group products need the tensor-core backward (sm_80+)")
+    # the 2.7B layer's heads per group: dCB is 10 % of x
+    inputs = ssd_inputs(1, 1024, 80, 64, 128, 1, torch.bfloat16, "cuda")
+    assert _backward_variant(inputs, 256) == "group_mma"
+    # one head per group: dCB would be 8 x the size of x
+    inputs = ssd_inputs(1, 1024, 8, 64, 128, 8, torch.bfloat16, "cuda")
+    assert _backward_variant(inputs, 256) == "chunked_mma"
+    # not for float32 (SIMT) or head_dim > 128
+    for dtype, P, N in [(torch.float32, 64, 64), (torch.bfloat16, 256, 64)]:
+        inputs = ssd_inputs(1, 1024, 64, P, N, 1, dtype, "cuda")
+        assert _backward_variant(inputs, 256) != "group_mma", (dtype, P, N)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", GROUP_SHAPES + SHAPES[:3], ids=lambda s: "B{}L{}H{}P{}N{}G{}Q{}".format(*s))
+def test_backward_against_the_reference(dtype, shape, backward):
+    b, L, H, P, N, G, Q = shape
+    inputs = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    assert _backward_variant(inputs, Q) == ("group_mma" if backward == "group_mma" else "chunked_mma")
+    y = bt.ssd_chunk_scan(*leaves, chunk_size=Q)
+    dy = torch.randn(y.shape, dtype=torch.float64).to(device="cuda", dtype=dtype)
+    poison_fresh_outputs()
+    grads = torch.autograd.grad(y, leaves, dy)
+    _, g64 = reference_grads(inputs, dy)
+    rtol = rtol_for(dtype, "cuda")
+    for name, g, e in zip(("dx", "ddt", "dA", "dB", "dC"), grads, g64):
+        check(g, e, rtol, f"{name} of {shape} ({backward})")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_backward_every_option(dtype, backward):
+    """Every mamba_chunk_scan_combined option, seq_idx included (the group products see
+    only the cumsums, which carry the resets)."""
+    rng = random.Random(77 + HALF.index(dtype))
+    torch.manual_seed(9)
+    for i in range(8):
+        b, L, H, P, N, G, Q = GROUP_SHAPES[i % len(GROUP_SHAPES)]
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", seq_idx=(i % 2 == 1) or None,
+                          init=(i % 2 == 0) or None, z=(i % 3 != 2) or None)
+        check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {sorted(t)} {kw} ({backward})")
+
+
+@requires_cuda
+def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph():
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the group products need the tensor-core backward (sm_80+)")
+    b, L, H, P, N, G, Q = 2, 700, 16, 64, 128, 2, 256
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    dy = torch.randn_like(x)
+    run = lambda: ops.ssd_chunk_scan_backward(dy, x, dt, A, B, C, Q)  # noqa: E731
+    results = {}
+    for name in ("staged", "group_mma"):
+        previous = bt._C._ssd_cuda_backward(name)
+        try:
+            results[name] = run()
+            again = run()
+            assert all(torch.equal(u, v) for u, v in zip(results[name], again)), name
+            if name == "group_mma":
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    run()
+                torch.cuda.current_stream().wait_stream(s)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out_g = run()
+                for t in out_g:
+                    t.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                assert all(torch.equal(u, v) for u, v in zip(out_g, results[name]))
+        finally:
+            bt._C._ssd_cuda_backward(previous)
+    eps = torch.finfo(torch.bfloat16).eps
+    for name, u, v in zip(("dx", "ddt", "dA", "dB", "dC"), results["staged"], results["group_mma"]):
+        rel = ((u.double() - v.double()).norm() / v.double().norm()).item()
+        assert rel < 8 * eps, (name, rel)
+
+
+def test_backward_switch_names_its_choices():
+    assert bt._C._ssd_cuda_backward("auto") == "auto"
+    assert bt._C._ssd_cuda_backward("group_mma") == "auto"
+    assert bt._C._ssd_cuda_backward("staged") == "group_mma"
+    with pytest.raises(ValueError, match="auto, staged or group_mma"):
+        bt._C._ssd_cuda_backward("group")
+    assert bt._C._ssd_cuda_backward("auto") == "staged"

@@ -2,14 +2,16 @@
 by kernel, on the same tensors (bf16). Run on the GPU from the repo root, after
 ``scripts/peers.sh install`` (without peers/ only our side is shown):
   PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py [--options] [--shapes 0,1]
-      [--forwards auto,fused_mma]
+      [--forwards auto,fused_mma] [--backwards auto,staged,group_mma]
 For each shape and pass (forward; backward = the backward pass alone, autograd with a
 retained graph): the median time of the whole pass (CUDA events, benchmarks/harness.py's
 time_us) for both, then each side's kernels (torch.profiler, µs per call over REPS
 calls), largest first. ``--options`` passes what a Mamba2 layer passes (D, z, dt_bias
 with softplus, float32 initial states; A, D and dt_bias in float32). ``--forwards``: our
 CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma",
-"fused_wgmma": forced through the test switch where the kernel takes the problem).
+"fused_wgmma": forced through the test switch where the kernel takes the problem);
+``--backwards`` likewise for the backward ("staged": the per-head dB/dC products,
+"group_mma": the per-group ones). Every pair of the two lists is measured.
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ def main():
     ap.add_argument("--options", action="store_true")
     ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))))
     ap.add_argument("--forwards", default="auto")
+    ap.add_argument("--backwards", default="auto")
     a = ap.parse_args()
     theirs = peers.mamba_chunk_scan_combined()
     summary = []
@@ -91,17 +94,27 @@ def main():
         args, kw, leaves = make_inputs(b, L, H, P, N, G, a.options)
         info = bt.explain(torch.ops.baracuda.ssd_chunk_scan_combined, *[t.detach() for t in args], CHUNK)
         print(f"\n== {case}: our forward {info.variant}")
-        impls = {("ours" if k == "auto" else f"ours[{k}]"): (mamba_chunk_scan_combined, k)
-                 for k in a.forwards.split(",")}
+        impls = {}
+        for fk in a.forwards.split(","):
+            for bk in a.backwards.split(","):
+                name = "ours" if (fk, bk) == ("auto", "auto") else f"ours[{fk}/{bk}]"
+                impls[name] = (mamba_chunk_scan_combined, fk, bk)
         if theirs is not None:
-            impls["mamba_ssm"] = (theirs, None)
+            impls["mamba_ssm"] = (theirs, None, None)
         dy = torch.randn_like(args[0])
         outs = {}
-        for name, (f, forward) in impls.items():
+        for name, (f, forward, backward) in impls.items():
             if forward is not None:
                 bt._C._ssd_cuda_forward(forward)
-                name += " " + bt.explain(torch.ops.baracuda.ssd_chunk_scan_combined,
-                                         *[t.detach() for t in args], CHUNK).variant
+                bt._C._ssd_cuda_backward(backward)
+                d = [t.detach() for t in args]
+                name += " " + bt.explain(torch.ops.baracuda.ssd_chunk_scan_combined, *d, CHUNK).variant
+                try:  # (the plain op refuses the options' float32 A; same plan otherwise)
+                    name += "/" + bt.explain(torch.ops.baracuda.ssd_chunk_scan_backward, d[0],
+                                             d[0], d[1], d[2].to(d[0].dtype), d[3], d[4], CHUNK).variant
+                except Exception:  # noqa: BLE001
+                    name += "/?"
+
             fwd = lambda f=f: f(*args, CHUNK, **kw)  # noqa: E731
             with torch.no_grad():
                 outs[name] = fwd().float()
@@ -116,6 +129,7 @@ def main():
             show(f"{name} backward", kernels(bwd))
             summary.append((case, name, tf, tb))
             bt._C._ssd_cuda_forward("auto")
+            bt._C._ssd_cuda_backward("auto")
             del y
             torch.cuda.empty_cache()
         if "mamba_ssm" in outs:

@@ -201,6 +201,44 @@ TensorLayout output_layout_like(const TensorLayout& like) {
   return t;
 }
 
+TensorLayout empty_like_layout(const TensorLayout& like) {
+  if (like.is_non_overlapping_and_dense()) return output_layout_like(like);
+  // Dims from the innermost out: a stable insertion sort by increasing stride, starting
+  // from the row-major order; a stride-0 dim keeps its place, and of two equal strides
+  // the dim of the smaller size goes first (torch's rule, as its TensorIterator orders).
+  const int n = like.rank;
+  int perm[kMaxRank];
+  for (int i = 0; i < n; ++i) perm[i] = n - 1 - i;
+  const auto after = [&](int a, int b) {  // whether dim a goes after dim b
+    const int64_t sa = like.strides[a], sb = like.strides[b];
+    if (sa == 0 || sb == 0) return false;
+    return sa > sb || (sa == sb && like.sizes[a] > like.sizes[b]);
+  };
+  const auto before = [&](int a, int b) {
+    const int64_t sa = like.strides[a], sb = like.strides[b];
+    return sa != 0 && sb != 0 && sa < sb;
+  };
+  for (int i = 1; i < n; ++i) {
+    int at = i;
+    for (int j = i - 1; j >= 0; --j) {
+      if (after(perm[j], perm[at])) {
+        std::swap(perm[j], perm[at]);
+        at = j;
+      } else if (before(perm[j], perm[at])) {
+        break;
+      }
+    }
+  }
+  TensorLayout t = like;
+  int64_t stride = 1;
+  for (int i = 0; i < n; ++i) {
+    t.strides[perm[i]] = stride;
+    if (like.sizes[perm[i]] > 1) stride *= like.sizes[perm[i]];
+  }
+  t.alignment = 16;
+  return t;
+}
+
 CoalescedDims coalesce_dims(int rank, const std::array<int64_t, kMaxRank>& sizes,
                             const std::array<int64_t, kMaxRank>* const* operand_strides,
                             int num_operands) {

@@ -192,6 +192,11 @@ std::array<int64_t, kMaxRank> contiguous_strides(const std::array<int64_t, kMaxR
 TensorLayout dense_output_layout(ElementKind dtype, int rank, const int64_t* sizes);
 TensorLayout dense_output_layout(const TensorLayout& like);
 TensorLayout output_layout_like(const TensorLayout& like);
+//  - empty_like_layout: torch.empty_like(like)'s layout: like's strides when like is
+//    non-overlapping and dense, otherwise dense strides that keep the order of like's
+//    dims by stride (torch's infer_dense_strides), so that a sliced channel-last view
+//    gives a channel-last output.
+TensorLayout empty_like_layout(const TensorLayout& like);
 
 // Text of a size: int64_t, or a symbolic integer in a meta kernel (defined by the torch
 // layer). No iostreams anywhere in the library: some toolchains link a static libstdc++

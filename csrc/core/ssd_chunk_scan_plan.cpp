@@ -191,15 +191,17 @@ struct CudaForwardChoice {
 
 // The CUDA forward for this problem and, for a fused one, its state tile (see
 // SsdCudaForward). Measured on an H100 (BENCHMARKS.md, "SSD per kernel"; bf16, chunk 256):
-// the mma.sync fused forward takes 966 / 1040 / 274 µs at B4 L4096 H80 P64 N128 with G = 1
-// / G = 80 and at B2 L8192 H32 P64 N64 G32, the staged kernels 2138 / 2095 / 944 (issue
-// table) and the wgmma fused forward 1123 / 1190 / 306 in the same run.
+// the mma.sync fused forward takes 940 / 1017 / 267 µs at B4 L4096 H80 P64 N128 with G = 1
+// / G = 80 and at B2 L8192 H32 P64 N64 G32 where the staged kernels took 2138 / 2095 /
+// 944; in one run the wgmma fused forward took 1123 / 1190 / 306 against mma.sync's
+// 966 / 1040 / 274.
 CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
                                const SsdChunkScanLaunch& l) {
   const int forced = g_forced_forward.load(std::memory_order_relaxed);
   if (forced == static_cast<int>(SsdCudaForward::Staged) || !uses_tensor_cores(desc, v) ||
       desc.options.has_seq_idx || l.chunk_size > kSsdFusedMaxChunk ||
       l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim > kSsdFusedMaxState ||
+      l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||  // the kernels count positions in int
       l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() >= (int64_t{1} << 31))
     return {};
   CudaForwardChoice c;
@@ -212,14 +214,39 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
   return c;
 }
 
+// ssd_force_group_products's setting: -1 for the plan's own choice, 0 never, 1 wherever
+// it can run.
+std::atomic<int> g_forced_group{-1};
+
+// Whether the CUDA backward runs the intra-chunk dB/dC products once per group (see
+// ssd_force_group_products): the tensor-core backward, head_dim <= 128 and state_dim <=
+// 256 (the kernels' tiles; their shared memory then fits every sm_80+ device), and dCB
+// (B·nc·G·Q'² float32, Q' the longest chunk rounded up to 64) no larger than x. At the
+// Mamba-2 2.7B shape (H = 80, G = 1) dCB is 10 % of x; with one head per group it would
+// be 8× x at chunk 256 and P = 64, where the per-head products need no extra memory.
+bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChunkScanLaunch& l) {
+  const int forced = g_forced_group.load(std::memory_order_relaxed);
+  if (forced == 0 || !uses_tensor_cores(desc, v) || l.head_dim > 128 || l.state_dim > 256 ||
+      l.batch * l.seqlen * l.heads == 0)
+    return false;
+  if (forced == 1) return true;
+  const int64_t longest = std::min(l.chunk_size, l.seqlen), qp = (longest + 63) / 64 * 64;
+  const double dcb_bytes = 4.0 * static_cast<double>(l.batch) * static_cast<double>(l.nchunks()) *
+                           static_cast<double>(l.groups) * static_cast<double>(qp) * static_cast<double>(qp);
+  const double x_bytes = 2.0 * static_cast<double>(l.batch) * static_cast<double>(l.seqlen) *
+                         static_cast<double>(l.heads) * static_cast<double>(l.head_dim);
+  return dcb_bytes <= x_bytes;
+}
+
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
-                         SsdCudaForward forward = SsdCudaForward::Staged) {
+                         SsdCudaForward forward = SsdCudaForward::Staged, bool group = false) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
     case SsdVariant::CpuChunked: return "chunked";
     case SsdVariant::Chunked:
       if (forward == SsdCudaForward::FusedMma) return "fused_mma";
       if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
+      if (group) return "group_mma";
       return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
   }
@@ -227,12 +254,12 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
 }
 
 KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward,
-                   SsdCudaForward forward = SsdCudaForward::Staged) {
+                   SsdCudaForward forward = SsdCudaForward::Staged, bool group = false) {
   KernelSku sku;
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(desc, v, forward);
+  sku.variant = variant_name(desc, v, forward, group);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
@@ -249,15 +276,12 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
 void launch_forward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
   const auto cpu = v == SsdVariant::CpuChunked ? kernels::ssd_chunk_scan_cpu_chunked_forward
                                                : kernels::ssd_chunk_scan_cpu_forward;
-  if (l.cuda_forward == SsdCudaForward::FusedMma)
-    run_on_backend(backend_of(v), kOp, cpu,
-                   BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward), l, stream);
-  else if (l.cuda_forward == SsdCudaForward::FusedWgmma)
-    run_on_backend(backend_of(v), kOp, cpu,
-                   BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward_sm90), l, stream);
-  else
-    run_on_backend(backend_of(v), kOp, cpu, BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward),
-                   l, stream);
+  const auto cuda = l.cuda_forward == SsdCudaForward::FusedMma
+                        ? BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward)
+                    : l.cuda_forward == SsdCudaForward::FusedWgmma
+                        ? BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward_sm90)
+                        : BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_forward);
+  run_on_backend(backend_of(v), kOp, cpu, cuda, l, stream);
 }
 
 void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
@@ -272,6 +296,12 @@ std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForwar
   const int previous = g_forced_forward.exchange(kernel ? static_cast<int>(*kernel) : -1);
   if (previous < 0) return std::nullopt;
   return static_cast<SsdCudaForward>(previous);
+}
+
+std::optional<bool> ssd_force_group_products(std::optional<bool> force) {
+  const int previous = g_forced_group.exchange(force ? static_cast<int>(*force) : -1);
+  if (previous < 0) return std::nullopt;
+  return previous == 1;
 }
 
 SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
@@ -352,9 +382,10 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   if (o.has_dt_bias) p.opt_out_[2] = dense_output_layout(o.dt_bias);
   if (o.has_initial_states) p.opt_out_[3] = dense_output_layout(o.initial_states);
   p.launch_ = plan_launch(f, s, &desc);
+  p.launch_.group_products = group_products(f, p.variant_, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
-  p.sku_ = make_sku(f, p.variant_, true);
+  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products);
   return p;
 }
 

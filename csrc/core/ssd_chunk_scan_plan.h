@@ -49,6 +49,17 @@ enum class SsdCudaForward : uint8_t { Staged, FusedMma, FusedWgmma };
 // the plan's own choice (std::nullopt). Returns the previous setting.
 std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForward> kernel);
 
+// The CUDA backward's intra-chunk dB and dC products ("group_mma"): with several heads
+// per group, the per-head weight matrices M_h[q][s] = (dy_q·x_s)·exp(Acs_q − Acs_s)·dt_s
+// are summed over the group's heads first (dCB, float32, one Q × Q matrix per batch,
+// chunk and group) and multiplied with B and C once per group, instead of once per head
+// (kernels/cuda/ssd_chunk_scan_backward_group.cu). The plan takes it for the tensor-core
+// backward (float16/bfloat16, sm_80+) with head_dim <= 128 and state_dim <= 256 where
+// dCB takes no more memory than x (about 2·chunk / head_dim heads per group or more).
+// Tests and benchmarks only: `force` true / false makes the plan take it wherever it can
+// run / never; std::nullopt restores the plan's own choice. Returns the previous setting.
+std::optional<bool> ssd_force_group_products(std::optional<bool> force);
+
 // The fused forward's geometry, shared by the plan and the kernels: a block owns one chunk
 // (up to kSsdFusedMaxChunk positions) of one head and kSsdFusedHeadTile of its head_dim
 // columns; the state columns are padded to a tile of 64 or 128.
@@ -97,6 +108,9 @@ struct SsdChunkScanLaunch {
   // CUDA forward: the kernel the plan chose, and a fused kernel's state tile (64 or 128).
   SsdCudaForward cuda_forward = SsdCudaForward::Staged;
   int64_t fused_state_tile = 0;
+  // CUDA backward: the intra-chunk dB/dC products once per group (see
+  // ssd_force_group_products); the workspace then holds dCB.
+  bool group_products = false;
   int64_t nchunks() const { return chunk_size > 0 ? (seqlen + chunk_size - 1) / chunk_size : 0; }
 
   // Element strides of the inputs, in the order of their dims (any value, 0 included):

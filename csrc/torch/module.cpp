@@ -100,6 +100,20 @@ PYBIND11_MODULE(_C, m) {
       if (*previous == k) return std::string(n);
     return std::string("auto");
   }, py::arg("name"));
+  // Tests and benchmarks only: the SSD's CUDA backward, "auto" (the plan's choice),
+  // "staged" (the per-head dB/dC products) or "group_mma" (the intra-chunk dB/dC products
+  // once per group, wherever they can run); returns the previous setting.
+  m.def("_ssd_cuda_backward", [](const std::string& name) {
+    std::optional<bool> want;
+    if (name == "staged")
+      want = false;
+    else if (name == "group_mma")
+      want = true;
+    else if (name != "auto")
+      throw py::value_error("_ssd_cuda_backward: expected auto, staged or group_mma, got " + name);
+    const std::optional<bool> previous = ssd_force_group_products(want);
+    return std::string(!previous ? "auto" : *previous ? "group_mma" : "staged");
+  }, py::arg("name"));
   // Tests only: whether the build holds the architecture-specific kernels of compute
   // capability `arch` (sm_90a's wgmma kernels for 90).
   m.def("_arch_specific_kernels", [](int arch) {

@@ -177,21 +177,27 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   xs        [B, H, L]            X_s
 //   dap       [H, B·nc]            dA partials per (b, c)
 //   split     [S, B, L, G, N]      dC, then dB, partials of S = ⌈(H/G)/8⌉ head splits
-//                                  (only when S > 1)
+//                                  (only when S > 1, or with group_products: then the
+//                                  inter-chunk terms only)
+//   dcb       [B, G, nc, Q', Q']   group_products only: Σ_heads (dy_q·x_s)·exp(Acs_q −
+//                                  Acs_s)·dt_s over s <= q, Q' the longest chunk rounded
+//                                  up to 64 (ssd_chunk_scan_backward_group.cu)
 //   dbp       [H, B·nc]            ddt_bias partials per (b, c)
 //   dDp       [⌈B·L/256⌉, H, D]    dD partials per 256-position segment
 //   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
 //   workspace before it knows the pointers; both are small next to the states.)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
-// + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N, each buffer rounded up
+// + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N (+ B·G·nc·Q'² with
+// group_products, whose split buffer is there for S = 1 too), each buffer rounded up
 // to 256 bytes; the forward needs acs, dtf and states only (8·B·H·L bytes +
 // B·H·L + B·H·nc·D·N Acc).
 struct SsdWorkspace {
   size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
-         xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0;
+         xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dcb = 0;
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
+  int64_t dcb_ld = 0;           // Q' (group_products)
 };
 
 inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backward) {
@@ -227,9 +233,14 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     w.up = take(bh * l.seqlen * w.n_tiles);
     w.xs = take(bh * l.seqlen);
     w.dap = take(l.heads * l.batch * nc);
-    w.split = take(w.nsplit > 1 ? w.nsplit * l.batch * l.seqlen * l.groups * l.state_dim : 0);
+    w.split = take(w.nsplit > 1 || l.group_products ? w.nsplit * l.batch * l.seqlen * l.groups * l.state_dim : 0);
     w.dbp = take(l.heads * l.batch * nc);
     w.dDp = take((l.batch * l.seqlen + kSsdDSeg - 1) / kSsdDSeg * l.heads * l.head_dim);
+    if (l.group_products) {
+      const int64_t longest = std::min(l.chunk_size, l.seqlen);
+      w.dcb_ld = (longest + kSsdTile - 1) / kSsdTile * kSsdTile;
+      w.dcb = take(l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld);
+    }
   }
   w.total = off;
   return w;

@@ -15,6 +15,9 @@ void ssd_backward_scan_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cu
 void ssd_backward_scan_dc(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 void ssd_backward_scan_db(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 void ssd_backward_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
+// ssd_chunk_scan_backward_group.cu (group_products)
+void ssd_backward_group_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
+void ssd_backward_group_apply(const SsdChunkScanLaunch& l, const SsdWorkspace& w, bool db, cudaStream_t s);
 }  // namespace cuda
 
 size_t ssd_chunk_scan_cuda_backward_workspace(const SsdChunkScanLaunch& l) {
@@ -49,8 +52,16 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
     ssd_run_states<T, /*BW=*/true>(lb, w, l.dinitial_states, s);    // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
   });
   ssd_backward_scan_dx(lb, w, s);  // dx (+ D·dy_pre); partials of ddt(direct) and V
-  ssd_backward_scan_dc(lb, w, s);  // dC; partials of U
-  ssd_backward_scan_db(lb, w, s);  // dB
+  if (l.group_products) {
+    ssd_backward_group_dcb(lb, w, s);           // dCB = Σ_heads of the intra-chunk weights
+    ssd_backward_scan_dc(lb, w, s);             // inter-chunk dC per head split; partials of U
+    ssd_backward_group_apply(lb, w, false, s);  // dC = those + dCB·B
+    ssd_backward_scan_db(lb, w, s);             // inter-chunk dB per head split
+    ssd_backward_group_apply(lb, w, true, s);   // dB = those + dCBᵀ·C
+  } else {
+    ssd_backward_scan_dc(lb, w, s);  // dC; partials of U
+    ssd_backward_scan_db(lb, w, s);  // dB
+  }
   ssd_backward_dacs(lb, w, s);     // X_s
   dispatch_floating(l.element, [&](auto tag) {
     using T = decltype(tag);

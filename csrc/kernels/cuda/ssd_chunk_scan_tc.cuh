@@ -545,8 +545,10 @@ struct SsdTcScanParams {
 // (At most 168 registers, 3 blocks per multiprocessor: DC's U row dots would take it to
 // 208 and 2 blocks.)
 // EPI (Y, DX with an option of p.epi): a separate instantiation, so that the plain
-// kernel keeps its registers.
-template <typename T, int MODE, bool EPI = false>
+// kernel keeps its registers. INTER (DC, DB with group_products): the inter-chunk term
+// only, always into the split partials (ssd_chunk_scan_backward_group.cu adds the
+// intra-chunk term per group and sums the splits).
+template <typename T, int MODE, bool EPI = false, bool INTER = false>
 __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcScanParams<T> p) {
   constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;    // causal partners c >= r
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;  // per group, sum over heads
@@ -650,7 +652,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
       if constexpr (!kGroupLR)
         tc_fill<T, true>(sL, p.ld_l, kSsdTile, p.K1P, base(p.lft, h) + r0 * p.lft.s[1], p.lft.s[1], p.lft.s[3], rows,
                          p.K1);
-      issue_step(0, h);
+      if constexpr (!INTER) issue_step(0, h);
       ssd_cp_async_commit();
       // S tile into X, rounded to T: Y/DX S(k = n, j = d) = state[d·N + n], stored
       // [j][k]; DC/DB S(k = d, j = n) = state[d·N + n], stored [k][j].
@@ -688,7 +690,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
       }
 
       // (b) intra-chunk term over the causal column tiles, step k in buffer k % 2.
-      for (int k = 0; k < n_steps; ++k) {
+      for (int k = 0; k < (INTER ? 0 : n_steps); ++k) {
         const int ct = ct_begin + k, c0 = ct * kSsdTile;
         __syncthreads();  // step k − 1 (or the inter-chunk product) is done with buffer (k + 1) % 2 and the column data
         if (k + 1 < n_steps) issue_step(k + 1, h);
@@ -780,7 +782,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
           const int rg = r0 + rw + g8 + 8 * half;
           if (rg >= len) continue;
           const int64_t row = ((b * p.seqlen + t0 + rg) * p.groups + g) * p.J;
-          if (p.nsplit > 1)
+          if (INTER || p.nsplit > 1)
             tc_store_row<float>(p.out_split + split * p.batch * p.seqlen * p.groups * p.J + row, j0, p.J,
                                 p.J % 2 == 0, acc, half, 1.0f);
           else
@@ -1046,12 +1048,15 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
       ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
       ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
     }
+  } else if (l.group_products) {  // DC, DB: the inter-chunk term into the split partials
+    ssd_tc_smem(ssd_tc_scan_kernel<T, MODE, false, true>, smem, op);
+    ssd_tc_scan_kernel<T, MODE, false, true><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   } else {
     ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
     ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   }
   check_launch(op);
-  if (kMulti && p.nsplit > 1) {
+  if (kMulti && p.nsplit > 1 && !l.group_products) {
     const int64_t count = l.batch * l.seqlen * l.groups * l.state_dim;
     ssd_split_sum_kernel<T><<<ssd_grid((count + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(
         p.out_split, p.nsplit, count, p.out);
@@ -1131,6 +1136,11 @@ void ssd_run_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream
     const SsdTcDevice dev = ssd_tc_device();
     if (dev.ok && ssd_launch_tc_scan<T, MODE>(l, w, dev, s)) return;
   }
+  // The plan gives group_products only to problems the tensor-core DC/DB kernels take
+  // (their shared memory at head_dim <= 128, state_dim <= 256 fits every sm_80+ device).
+  if (l.group_products && (MODE == kSsdDC || MODE == kSsdDB))
+    fail(PlanErrorKind::Internal, "ssd_chunk_scan_backward",
+         "the group products need the tensor-core dB/dC kernels, which did not launch");
   ssd_launch_scan<T, MODE>(l, w, s);
 }
 

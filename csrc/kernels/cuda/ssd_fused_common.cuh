@@ -125,6 +125,36 @@ __device__ __forceinline__ uint4 gather8(const T* src, int64_t s_col, int K) {
   return raw;
 }
 
+// The kFusedQ rows of a [rows][COLS] 16-bit tile from src (row stride s_row, column stride
+// s_col) into shared memory, element (r, c) at at(r, c) with 8 rows `bytes_per_8_rows`
+// apart: 16-byte groups by cp.async where `vec` (needs K % 8 == 0, unit inner stride and
+// 16-byte aligned rows), else gathered; 0 where r >= rows or c >= K. A thread keeps one
+// column group and walks every kStep-th row, so its addresses advance by constants.
+template <typename T, int COLS, typename At>
+__device__ __forceinline__ void fused_load_tile(At at, int bytes_per_8_rows, const T* src, int64_t s_row,
+                                                int64_t s_col, bool vec, int rows, int K) {
+  constexpr int kGroups = COLS / 8;
+  constexpr int kStep = kFusedThreads / kGroups;  // rows between a thread's groups
+  static_assert(kFusedThreads % kGroups == 0 && kStep % 8 == 0, "whole 8-row groups per step");
+  const int c = (threadIdx.x % kGroups) * 8;
+  int r = threadIdx.x / kGroups;
+  const T* s = src + r * s_row + c * s_col;
+  unsigned char* d = at(r, c);
+  const int step = kStep / 8 * bytes_per_8_rows;
+  const bool col_in = c < K;
+#pragma unroll 4
+  for (; r < kFusedQ; r += kStep, s += kStep * s_row, d += step) {
+    if (r < rows && col_in) {
+      if (vec)
+        ssd_cp_async16(d, s);
+      else
+        *reinterpret_cast<uint4*>(d) = gather8(s, s_col, K - c);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Processes the chunk's dt (bias, softplus, clamp; 0 past the chunk's end) and writes,
 // one position per thread: dts (processed dt), acs2 = log2(e)·cumsum(dt·A) (the chunk's
 // decays in base 2) and wgt = 2^(acs2_last − acs2_s)·dt_s (the chunk-state weights).
@@ -286,6 +316,7 @@ inline void fused_check_launch(const SsdChunkScanLaunch& l, SsdCudaForward kerne
       l.compute != ElementKind::F32 || l.chunk_size < 1 || l.chunk_size > kSsdFusedMaxChunk ||
       l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim < 1 || l.state_dim > l.fused_state_tile ||
       (l.fused_state_tile != 64 && l.fused_state_tile != 128) || l.seq_idx != nullptr ||
+      l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
       fused_chains(l) * l.nchunks() >= (int64_t{1} << 31))
     fail(PlanErrorKind::Internal, "ssd_chunk_scan",
          "the fused forward got a launch description it was not planned for");

@@ -43,33 +43,12 @@ namespace {
 constexpr int kLdX = kFusedP + 8;  // 16-bit row stride: an odd multiple of 16 bytes (ldmatrix)
 static_assert(kFusedWarps * 2 * 16 == kFusedQ, "each warp owns two 16-row tiles of the output");
 
-// dst[r][k] = src[r·s_row + k·s_col] for the kFusedQ rows of a shared-memory tile of row
-// stride LD, k < COLS; 0 where r >= rows or k >= K. `vec`: 16-byte groups by cp.async
-// (needs K % 8 == 0, unit inner stride and 16-byte aligned rows), else gathered. A thread
-// keeps one column group and walks every kFusedThreads / (COLS / 8)-th row, so its
-// addresses advance by constants.
+// A [kFusedQ][COLS] tile of rows padded to LD elements (fused_load_tile).
 template <typename T, int LD, int COLS>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t s_row, int64_t s_col, bool vec,
                                           int rows, int K) {
-  constexpr int kGroups = COLS / 8;
-  constexpr int kStep = kFusedThreads / kGroups;
-  static_assert(kFusedThreads % kGroups == 0, "whole rows per step");
-  const int k = (threadIdx.x % kGroups) * 8;
-  int r = threadIdx.x / kGroups;
-  const T* s = src + r * s_row + k * s_col;
-  T* d = dst + r * LD + k;
-  const bool col_in = k < K;
-#pragma unroll 4
-  for (; r < kFusedQ; r += kStep, s += kStep * s_row, d += kStep * LD) {
-    if (r < rows && col_in) {
-      if (vec)
-        ssd_cp_async16(d, s);
-      else
-        *reinterpret_cast<uint4*>(d) = gather8(s, s_col, K - k);
-    } else {
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-    }
-  }
+  fused_load_tile<T, COLS>([&](int r, int c) { return reinterpret_cast<unsigned char*>(dst + r * LD + c); },
+                           8 * LD * static_cast<int>(sizeof(T)), src, s_row, s_col, vec, rows, K);
 }
 
 template <typename T, int NS>

@@ -33,32 +33,12 @@ __device__ __forceinline__ int core_off(int r, int c) {
   return ((r >> 3) * (COLS / 8) + (c >> 3)) * kCore + (r & 7) * 16 + (c & 7) * 2;
 }
 
-// The kFusedQ rows of a [rows][COLS] core-matrix tile from src (row stride s_row, column
-// stride s_col): 16-byte groups by cp.async where `vec`, else gathered; 0 where r >= rows
-// or c >= K. A thread keeps one column group and walks every kFusedThreads / (COLS / 8)-th
-// row, so its addresses advance by constants.
+// A [kFusedQ][COLS] tile stored as core matrices (fused_load_tile).
 template <typename T, int COLS>
 __device__ __forceinline__ void load_core_tile(unsigned char* dst, const T* src, int64_t s_row, int64_t s_col,
                                                bool vec, int rows, int K) {
-  constexpr int kGroups = COLS / 8;
-  constexpr int kStep = kFusedThreads / kGroups;  // rows between a thread's groups (8 | kStep)
-  static_assert(kFusedThreads % kGroups == 0 && kStep % 8 == 0, "whole core-matrix rows per step");
-  const int c = (threadIdx.x % kGroups) * 8;
-  int r = threadIdx.x / kGroups;
-  const T* s = src + r * s_row + c * s_col;
-  unsigned char* d = dst + core_off<COLS>(r, c);
-  const bool col_in = c < K;
-#pragma unroll 4
-  for (; r < kFusedQ; r += kStep, s += kStep * s_row, d += kStep / 8 * kGroups * kCore) {
-    if (r < rows && col_in) {
-      if (vec)
-        ssd_cp_async16(d, s);
-      else
-        *reinterpret_cast<uint4*>(d) = gather8(s, s_col, K - c);
-    } else {
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-    }
-  }
+  fused_load_tile<T, COLS>([&](int r, int c) { return dst + core_off<COLS>(r, c); }, COLS / 8 * kCore, src, s_row,
+                           s_col, vec, rows, K);
 }
 
 template <typename T, int NS>

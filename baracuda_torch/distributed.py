@@ -1,0 +1,377 @@
+"""Context parallelism for the Mamba-2 SSD scan and the Mamba-2 layer, over
+``torch.distributed``.
+
+A batch's sequences are split along L into contiguous shards, one per rank of a process
+group (``cp_group``), in rank order; shard lengths may differ (and may be 0). Each rank
+scans its own shard from a zero state, all at once. A shard's final state is affine in
+its initial state, ``S_end = a · S_in + S_local`` per (batch, head), with ``a`` the
+shard's total decay ``exp(Σ dt·A)`` (0 when a ``seq_idx`` reset falls inside the shard),
+so the ranks exchange only ``(S_local, a)`` (``B·H·P·N + B·H`` values each, independent
+of L), recover their true initial states ``S_in`` with an exclusive prefix combine over
+the ranks before them, and add the initial state's contribution to their outputs,
+``y_t += C_t · (exp(Acs_t) · S_in)`` (``Acs`` the shard-local cumulative sum of dt·A,
+the term zero from the shard's first reset on). The backward is the reverse combine of
+the state gradients: one more exchange of ``B·H·P·N`` values per rank.
+
+* :func:`mamba_chunk_scan_combined`: mamba_ssm's signature and return convention (as
+  :func:`baracuda_torch.mamba.mamba_chunk_scan_combined`) plus ``cp_group``.
+* :class:`baracuda_torch.mamba.Mamba2` with ``cp_group=...`` (and
+  ``mamba_split_conv1d_scan_combined(..., cp_group=...)``): the causal conv's halo (the
+  ``d_conv - 1`` tokens before each shard) is exchanged too, then the scan above.
+
+Every exchange is a ``torch.distributed.all_gather`` inside a custom
+``torch.autograd.Function`` whose backward is the adjoint exchange (another
+``all_gather``; no ``reduce_scatter`` or ``all_to_all``, so every backend with
+``all_gather`` works: gloo on CPU, NCCL on GPUs). Every rank of the group must call the
+same functions with the same shapes, dtypes and options (and, when training, run the
+backward: the backward exchanges are collectives too). See docs/distributed.md.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import mamba as _mamba
+from .reference import process_dt as _process_dt
+
+__all__ = ["mamba_chunk_scan_combined", "shard_bounds"]
+
+_INF = float("inf")
+
+
+def shard_bounds(seqlen: int, world_size: int, rank: int) -> Tuple[int, int]:
+    """``(start, end)`` of ``rank``'s contiguous shard when ``seqlen`` positions are split
+    as evenly as possible over ``world_size`` ranks (the first ``seqlen % world_size``
+    ranks get one more). Any other contiguous split in rank order works too."""
+    if world_size < 1 or not 0 <= rank < world_size or seqlen < 0:
+        raise ValueError(f"shard_bounds: need 0 <= rank < world_size and seqlen >= 0, got "
+                         f"seqlen={seqlen}, world_size={world_size}, rank={rank}")
+    base, extra = divmod(seqlen, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+
+
+def _group_info(group) -> Tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("baracuda_torch.distributed: torch.distributed is not initialized "
+                           "(call torch.distributed.init_process_group first)")
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+# ---- the layout exchange: shard lengths and seq_idx at the shard edges ----------------
+
+
+class _Layout:
+    """Every rank's shard length, first ``seq_idx`` and last ``k`` ``seq_idx`` values (one
+    int64 ``all_gather`` of ``1 + B + B·k`` values per rank, issued asynchronously at
+    construction so that it overlaps the local work; :meth:`wait` finishes it). Without
+    ``seq_idx`` only the lengths are exchanged."""
+
+    def __init__(self, seqlen: int, batch: int, seq_idx: Optional[Tensor], k: int, device,
+                 group, world: int):
+        self.k, self.batch, self.world, self.has_seq = k, batch, world, seq_idx is not None
+        parts = [torch.full((1,), seqlen, dtype=torch.int64, device=device)]
+        if seq_idx is not None:
+            s = seq_idx.to(torch.int64)
+            n = min(seqlen, k)
+            first = s[:, 0] if seqlen > 0 else s.new_zeros(batch)
+            tail = F.pad(s[:, seqlen - n:], (k - n, 0))   # right-aligned; the pad is never read
+            parts += [first, tail.reshape(-1)]
+        buf = torch.cat(parts)
+        self._bufs = [torch.empty_like(buf) for _ in range(world)]
+        self._work = dist.all_gather(self._bufs, buf, group=group, async_op=True)
+        self._done = False
+
+    def wait(self) -> "_Layout":
+        if not self._done:
+            self._work.wait()
+            g = torch.stack(self._bufs)                               # [W, 1 + B + B·k]
+            self.lengths = g[:, 0]                                    # [W]
+            if self.has_seq:
+                b, k = self.batch, self.k
+                self.first = g[:, 1:1 + b]                            # [W, B]
+                self.tails = g[:, 1 + b:].view(self.world, b, k)      # [W, B, k]
+            self._done = True
+            del self._bufs, self._work
+        return self
+
+    def halo_index(self) -> Tensor:
+        """[W, k] (:func:`_halo_index` of the lengths), computed once."""
+        self.wait()
+        if getattr(self, "_index", None) is None:
+            self._index = _halo_index(self.lengths, self.k)
+        return self._index
+
+    def carry(self) -> Optional[Tensor]:
+        """[W, B] bool: whether the state carries into rank j's first token (False where
+        its first ``seq_idx`` differs from the last one of the nearest non-empty rank
+        before it; True for empty ranks and when no non-empty rank precedes). None
+        without ``seq_idx`` (always carried)."""
+        self.wait()
+        if not self.has_seq:
+            return None
+        keep = []
+        seen = torch.zeros(self.batch, dtype=torch.bool, device=self.lengths.device)
+        last = torch.zeros(self.batch, dtype=torch.int64, device=self.lengths.device)
+        for j in range(self.world):
+            nonempty = self.lengths[j] > 0
+            keep.append(~(nonempty & seen) | (self.first[j] == last))
+            last = torch.where(nonempty, self.tails[j, :, -1], last)
+            seen = seen | nonempty
+        return torch.stack(keep)
+
+
+# ---- the state exchange ---------------------------------------------------------------
+
+
+class _StateExchange(torch.autograd.Function):
+    """``(S_local, a, out_local) -> (S_in, out_local)`` on every rank of ``group``:
+    ``S_in`` is this rank's true initial state, the exclusive prefix combine of every
+    earlier rank's ``(S_local, a)`` (``S ← carry_{j+1} · (a_j S + S_local_j)``).
+
+    ``out_local`` passes through unchanged: it anchors this node in every rank's graph
+    (rank 0 has no correction, so nothing else would reach it), because every rank must
+    join the backward's ``all_gather``. Backward: one ``all_gather`` of each rank's
+    ``dS_in``, then the reverse combine over the ranks after this one gives
+    ``dS_local = carry_{r+1} λ_{r+1}`` with ``λ_j = dS_in_j + a_j carry_{j+1} λ_{j+1}``,
+    and ``da = ⟨dS_local, S_in⟩``."""
+
+    @staticmethod
+    def forward(ctx, S_local: Tensor, a: Tensor, out_local: Tensor, group, layout):
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        n = S_local.numel()
+        buf = torch.cat([S_local.reshape(-1), a.reshape(-1).to(S_local.dtype)])
+        bufs = [torch.empty_like(buf) for _ in range(world)]
+        work = dist.all_gather(bufs, buf, group=group, async_op=True)
+        carry = layout.carry() if layout is not None else None   # overlaps the gather
+        work.wait()
+        a_all = torch.stack([b[n:] for b in bufs]).view(world, *a.shape)
+        S = torch.zeros_like(S_local)
+        for j in range(rank):
+            S = a_all[j][..., None, None] * S + bufs[j][:n].view_as(S_local)
+            if carry is not None:
+                S = torch.where(carry[j + 1][:, None, None, None], S, 0)
+        ctx.group, ctx.world, ctx.rank = group, world, rank
+        ctx.save_for_backward(S, a_all, carry if carry is not None else torch.empty(0))
+        ctx.has_carry = carry is not None
+        # An alias of out_local, not a view (a custom Function's output view could not be
+        # modified in place): `out` may be changed in place on rank 0 as the op's own
+        # output can (the scan's autograd node does not save it).
+        return S, out_local.detach()
+
+    @staticmethod
+    def backward(ctx, dS_in: Tensor, dout: Tensor):
+        S_in, a_all, carry = ctx.saved_tensors
+        world, rank = ctx.world, ctx.rank
+        g = dS_in.contiguous()
+        gs = [torch.empty_like(g) for _ in range(world)]
+        dist.all_gather(gs, g, group=ctx.group)
+        mu = torch.zeros_like(g)            # μ_j = carry_j λ_j, the gradient of S_end_{j-1}
+        for j in range(world - 1, rank, -1):
+            lam = gs[j] + a_all[j][..., None, None] * mu
+            mu = torch.where(carry[j][:, None, None, None], lam, 0) if ctx.has_carry else lam
+        da = (mu * S_in).sum((-2, -1)) if ctx.needs_input_grad[1] else None
+        return mu, da, dout, None, None
+
+
+# ---- the conv halo exchange -------------------------------------------------------------
+
+
+def _halo_index(lengths: Tensor, k: int) -> Tensor:
+    """[W, k] int64: for each rank j and halo slot i (global position start_j - k + i),
+    1 + (owner's rank)·k + (slot in the owner's right-aligned k-token tail), or 0 where
+    the position is before the sequence (a zero). Computed on the device (no host read)."""
+    ends = torch.cumsum(lengths, 0)
+    starts = ends - lengths
+    pos = starts[:, None] - k + torch.arange(k, device=lengths.device)   # [W, k]
+    owner = torch.searchsorted(ends, pos.clamp(min=0).reshape(-1), right=True).view_as(pos)
+    owner = owner.clamp(max=lengths.numel() - 1)
+    slot = k - (ends[owner] - pos)
+    return torch.where(pos >= 0, 1 + owner * k + slot, 0)
+
+
+class _HaloExchange(torch.autograd.Function):
+    """``tail [B, k, C] -> halo [B, k, C]``: every rank's last k tokens (right-aligned,
+    zero-padded) are all-gathered, and each rank picks the k tokens before its shard
+    (:meth:`_Layout.halo_index`; zeros before the sequence start). The gather is issued
+    before the layout exchange is waited for, so the two are in flight together.
+    Backward: an ``all_gather`` of every rank's ``dhalo``, each rank summing the entries
+    that came from its own tail (a one-hot product: deterministic)."""
+
+    @staticmethod
+    def forward(ctx, tail: Tensor, layout: "_Layout", group):
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        t = tail.contiguous()
+        ts = [torch.empty_like(t) for _ in range(world)]
+        work = dist.all_gather(ts, t, group=group, async_op=True)
+        index = layout.halo_index()                                             # [W, k]
+        work.wait()
+        table = torch.cat([t.new_zeros(t.size(0), 1, t.size(2))] + ts, dim=1)  # [B, 1+W·k, C]
+        ctx.group, ctx.world, ctx.rank = group, world, rank
+        ctx.save_for_backward(index)
+        return table.index_select(1, index[rank])
+
+    @staticmethod
+    def backward(ctx, dhalo: Tensor):
+        (index,) = ctx.saved_tensors
+        world, rank = ctx.world, ctx.rank
+        k = dhalo.size(1)
+        g = dhalo.contiguous()
+        gs = [torch.empty_like(g) for _ in range(world)]
+        dist.all_gather(gs, g, group=ctx.group)
+        mine = 1 + rank * k + torch.arange(k, device=index.device)               # [k]
+        onehot = (index.reshape(-1)[None, :] == mine[:, None]).to(g.dtype)      # [k, W·k]
+        dtail = torch.matmul(onehot, torch.cat(gs, dim=1))                       # [B, k, C]
+        return dtail, None, None
+
+
+def _causal_conv1d_with_halo(conv, xBC: Tensor, weight: Tensor, bias: Optional[Tensor],
+                            seq_idx: Optional[Tensor], silu: bool, group,
+                            layout: _Layout) -> Tensor:
+    """``conv(xBC, weight, bias, seq_idx, silu)`` (a causal depthwise conv over L of
+    ``xBC`` [B, L, C] with ``weight`` [C, W]) on this rank's shard as if on the whole
+    sequence: the ``W - 1`` tokens before the shard (and their ``seq_idx``) are fetched
+    from the ranks before (zeros before the sequence start), prepended, and their outputs
+    dropped. ``layout`` must have been made with ``k = W - 1``."""
+    k = weight.size(1) - 1
+    if k == 0:
+        return conv(xBC, weight, bias, seq_idx, silu)
+    batch, L, _ = xBC.shape
+    n = min(L, k)
+    tail = F.pad(xBC[:, L - n:], (0, 0, k - n, 0))
+    halo = _HaloExchange.apply(tail, layout, group)
+    ext = torch.cat([halo, xBC], dim=1)
+    ext_seq = None
+    if seq_idx is not None:
+        table = torch.cat([layout.first.new_zeros(batch, 1),
+                           layout.tails.permute(1, 0, 2).reshape(batch, -1)], dim=1)
+        picked = table.index_select(1, layout.halo_index()[dist.get_rank(group)])
+        ext_seq = torch.cat([picked.to(seq_idx.dtype), seq_idx], dim=1)
+    return conv(ext, weight, bias, ext_seq, silu)[:, k:]
+
+
+# ---- the context-parallel scan ---------------------------------------------------------
+
+
+def _cp_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
+             D: Optional[Tensor], z: Optional[Tensor], dt_bias: Optional[Tensor],
+             initial_states: Optional[Tensor], seq_idx: Optional[Tensor], dt_softplus: bool,
+             dt_limit: Tuple[float, float], state_dtype: Optional[torch.dtype], group,
+             layout: Optional[_Layout] = None,
+             fn: str = "mamba_chunk_scan_combined") -> Tuple[Tensor, Tensor]:
+    """``(out, S_end)`` of this rank's shard: the output and the state after the shard's
+    last token, both as one process over the whole sequence would compute them."""
+    world, rank = _group_info(group)
+    if world == 1:
+        return _mamba._scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                            seq_idx, dt_softplus, dt_limit, state_dtype, fn)
+    low, high = _mamba._check_dt_limit(fn, dt_limit)
+    if x.dim() != 4 or B.dim() != 4 or dt.dim() != 3:
+        # The op's own check, before any collective, names the argument.
+        return _mamba._scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                            seq_idx, dt_softplus, dt_limit, state_dtype, fn)
+    batch, L, H, P = x.shape
+    G, N = B.size(2), B.size(3)
+    if layout is None and seq_idx is not None:
+        # Started before the local scan, finished after it.
+        layout = _Layout(L, batch, seq_idx, 1, x.device, group, world)
+    out_local, S_local = _mamba._scan(
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states if rank == 0 else None,
+        seq_idx, dt_softplus, dt_limit, None, fn)
+    cd = S_local.dtype                       # float32, float64 for float64 inputs
+    if rank == 0:
+        # S_in is 0 on rank 0 (initial_states went into its scan): no correction, and its
+        # a never counts (it only ever multiplies that 0).
+        a = S_local.new_ones(batch, H)
+    else:
+        # The shard-local decays, from the same processed dt as the kernel's; the cumsum
+        # in float64 (as the kernels keep theirs).
+        dtp = _process_dt(dt.to(cd), None if dt_bias is None else dt_bias.to(cd), dt_softplus,
+                          (low, high))
+        Acs = torch.cumsum(dtp.double() * A.double(), dim=1)                      # [B, L, H]
+        decay = torch.exp(Acs).to(cd)
+        if seq_idx is not None and L > 1:
+            reset = (seq_idx[:, 1:] != seq_idx[:, :-1]).cumsum(1) > 0
+            carried = F.pad(~reset, (1, 0), value=True)                          # [B, L]
+            decay = torch.where(carried[..., None], decay, 0)
+        a = decay[:, -1] if L > 0 else decay.new_ones(batch, H)
+    S_in, out = _StateExchange.apply(S_local, a, out_local, group, layout)
+    if rank > 0:
+        Sg = S_in.view(batch, G, H // G, P, N)
+        corr = torch.einsum("blgn,bgkpn->blgkp", C.to(cd), Sg).reshape(batch, L, H, P)
+        corr = corr * decay[..., None]
+        if z is not None:
+            corr = corr * F.silu(z.to(cd))
+        out = (out.to(cd) + corr).to(x.dtype)
+    S_end = a[..., None, None] * S_in + S_local
+    if state_dtype is not None:
+        S_end = S_end.to(state_dtype)
+    return out, S_end
+
+
+def mamba_chunk_scan_combined(
+        x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
+        D: Optional[Tensor] = None, z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+        initial_states: Optional[Tensor] = None, seq_idx: Optional[Tensor] = None,
+        cu_seqlens: Optional[Tensor] = None, dt_softplus: bool = False,
+        dt_limit: Tuple[float, float] = (0.0, _INF), return_final_states: bool = False,
+        return_varlen_states: bool = False, state_dtype: Optional[torch.dtype] = None,
+        *, cp_group=None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Context-parallel :func:`baracuda_torch.mamba.mamba_chunk_scan_combined`: the same
+    arguments, each rank passing its contiguous shard of the sequence dimension
+    (x [B, L_r, H, P], dt [B, L_r, H], B and C [B, L_r, G, N], z [B, L_r, H, P],
+    seq_idx [B, L_r], the shards in rank order of ``cp_group``, any lengths, 0
+    included); A, D, dt_bias and every option the same on every rank.
+
+    Each rank's ``out`` [B, L_r, H, P] is its shard of what one process would compute
+    over the whole sequence, and the gradients of every input are too (A, D, dt_bias:
+    this rank's share; their sum over the group is the whole gradient).
+    ``initial_states`` is the state before the whole sequence: rank 0's is used (other
+    ranks may pass it too; it is ignored there). ``seq_idx`` holds global sequence
+    numbers: a change between the last token of one shard and the first of the next
+    resets the state as it would inside a shard. With ``return_final_states``, every
+    rank returns ``(out, S_end)``: the true state after its own shard's last token (on
+    the last rank, the final state of the whole sequence), differentiable.
+
+    ``cp_group=None`` runs :func:`baracuda_torch.mamba.mamba_chunk_scan_combined` (no
+    context parallelism). ``return_varlen_states`` (a sequence's final state may sit on
+    another rank) is not implemented with a ``cp_group``.
+    """
+    if cp_group is None:
+        return _mamba.mamba_chunk_scan_combined(
+            x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+            initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+            dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=return_final_states,
+            return_varlen_states=return_varlen_states, state_dtype=state_dtype)
+    if return_varlen_states:
+        raise NotImplementedError("mamba_chunk_scan_combined: return_varlen_states is not "
+                                  "implemented with a cp_group")
+    chunk_size = _mamba._check_chunk_size("mamba_chunk_scan_combined", chunk_size)
+    out, S_end = _cp_scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                          dt_softplus, dt_limit, state_dtype, cp_group)
+    return (out, S_end) if return_final_states else out
+
+
+def _split_conv1d_scan_cp(conv, xBC: Tensor, dt: Tensor, conv1d_weight: Tensor,
+                          conv1d_bias: Optional[Tensor], seq_idx: Optional[Tensor], silu: bool,
+                          split, scan_args: dict, group) -> Tuple[Tensor, Tensor]:
+    """The conv and the scan of :func:`baracuda_torch.mamba.mamba_split_conv1d_scan_combined`
+    under context parallelism: one layout exchange (lengths and the last ``d_conv - 1``
+    ``seq_idx`` of every shard), the conv halo, then the scan. ``split(xBC)`` gives
+    ``(x, B, C)``; returns ``(y, S_end)``."""
+    world, _ = _group_info(group)
+    if world == 1:
+        x, B, C = split(conv(xBC, conv1d_weight, conv1d_bias, seq_idx, silu))
+        return _cp_scan(x, dt, B=B, C=C, seq_idx=seq_idx, group=group, **scan_args)
+    batch, L, _ = xBC.shape
+    k = max(conv1d_weight.size(1) - 1, 1)
+    layout = _Layout(L, batch, seq_idx, k, xBC.device, group, world)
+    xBC = _causal_conv1d_with_halo(conv, xBC, conv1d_weight, conv1d_bias, seq_idx, silu, group,
+                                  layout)
+    x, B, C = split(xBC)
+    return _cp_scan(x, dt, B=B, C=C, seq_idx=seq_idx, group=group, layout=layout, **scan_args)

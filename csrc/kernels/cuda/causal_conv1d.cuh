@@ -1,0 +1,643 @@
+// CUDA causal conv1d kernels, forward and backward (core/causal_conv1d_plan.h has the
+// formulas, the layouts and the work decomposition).
+//
+// A thread owns C channels (16 bytes of them in the channel-last layout, one otherwise)
+// and a chunk of time steps, which it walks in order, S steps an iteration with their
+// loads issued first; it keeps the last W − 1 inputs of its channels (and their seq_idx)
+// in registers, so that x is read once (plus W − 1 halo steps a chunk). Blocks take
+// items (block_channels channel groups × block_chunks chunks of one batch) in turn from
+// the grid the plan sized to the resident blocks.
+//
+// The backward walks the same way with a lag of W − 1 steps: at step t it forms
+// g[t] = dout[t]·act'(pre[t]) (recomputing pre from the window) and completes
+// dx[t − (W − 1)], whose W terms g[t − (W − 1)] .. g[t] are then all known; it walks W − 1
+// steps past its chunk for the last ones. Its dweight/dbias terms (steps of its chunk
+// only) stay in registers; at the end of an item the block adds its threads' sums in
+// shared memory, chunk by chunk in order, into one workspace row, and a second kernel
+// adds the rows per channel in order: bitwise reproducible, no atomics.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/causal_conv1d.h"
+#include "kernels/causal_conv1d_math.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace baracuda::kernels::cuda {
+
+using Layout = CausalConv1dLayout;
+
+// The hardware exp and reciprocal for the activation of 16-bit data (gated_activation_math.h).
+template <typename T>
+constexpr bool kFast = sizeof(T) == 2;
+
+template <Layout Lay, typename T>
+struct ConvShape {
+  static constexpr int V = 16 / sizeof(T);  // elements a 16-byte vector (rows)
+  // Channels a thread (channel-last: a vector of kCausalConv1dChannelBytes at most).
+  static constexpr int C = Lay == Layout::ChannelsLastVec
+                               ? causal_conv1d_channel_vec(static_cast<int>(sizeof(T)))
+                               : 1;
+  // Steps an iteration (their loads issued together).
+  static constexpr int S = causal_conv1d_steps(Lay, static_cast<int>(sizeof(T)));
+};
+
+// N consecutive elements: one 8- or 16-byte access when they fill one (the plan has
+// checked the alignment), element by element otherwise.
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_vec(const T* p) {
+  if constexpr (sizeof(T) * N == 8) {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
+    Pack<T, N> out;
+    memcpy(&out, &raw, 8);
+    return out;
+  } else {
+    return load_pack<T, N>(p);
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Pack<T, N>& v) {
+  if constexpr (sizeof(T) * N == 8) {
+    uint2 raw;
+    memcpy(&raw, &v, 8);
+    *reinterpret_cast<uint2*>(p) = raw;
+  } else {
+    store_pack<T, N>(p, v);
+  }
+}
+
+// A thread's share of an item: batch b, channels d0 .. d0 + C − 1, chunk j covering steps
+// [t0, t1), and its block's workspace row.
+struct ConvThread {
+  int64_t b, d0, j, t0, t1, row, channel_block;
+  bool active;
+};
+
+__device__ __forceinline__ int64_t conv_channel_blocks(const CausalConv1dLaunch& l) {
+  return (l.groups + l.block_channels - 1) / l.block_channels;
+}
+__device__ __forceinline__ int64_t conv_chunk_blocks(const CausalConv1dLaunch& l) {
+  return (l.chunks + l.block_chunks - 1) / l.block_chunks;
+}
+__device__ __forceinline__ int64_t conv_items(const CausalConv1dLaunch& l) {
+  return l.batch * conv_chunk_blocks(l) * conv_channel_blocks(l);
+}
+
+template <int C>
+__device__ __forceinline__ ConvThread conv_thread(const CausalConv1dLaunch& l, int64_t item) {
+  const int tx = threadIdx.x % l.block_channels, ty = threadIdx.x / l.block_channels;
+  const int64_t channel_blocks = conv_channel_blocks(l), chunk_blocks = conv_chunk_blocks(l);
+  ConvThread th;
+  th.channel_block = item % channel_blocks;
+  const int64_t rest = item / channel_blocks, jb = rest % chunk_blocks;
+  th.b = rest / chunk_blocks;
+  th.row = th.b * chunk_blocks + jb;
+  const int64_t g = th.channel_block * l.block_channels + tx;
+  th.j = jb * l.block_chunks + ty;
+  th.active = g < l.groups && th.j < l.chunks;
+  th.d0 = g * C;
+  th.t0 = th.j * l.chunk;
+  th.t1 = min(l.seqlen, th.t0 + l.chunk);
+  return th;
+}
+
+__device__ __forceinline__ int64_t at(const Strides3& s, int64_t b, int64_t d, int64_t t) {
+  return b * s.b + d * s.d + t * s.t;
+}
+
+// seq_idx of step tau (−1 before time 0; 0 without seq_idx).
+__device__ __forceinline__ int32_t seq_at(const CausalConv1dLaunch& l, int64_t b, int64_t tau) {
+  if (!l.has_seq_idx) return 0;
+  return tau >= 0 ? l.seq_idx[b * l.seq.b + tau * l.seq.t] : -1;
+}
+
+// x̃ of C channels at step tau < L: x, the initial states (tau < 0) or 0; scalar loads
+// (the halo steps and the backward's recomputed first steps only).
+template <typename T, int C>
+__device__ __forceinline__ void load_state(const CausalConv1dLaunch& l, int64_t b, int64_t d0,
+                                           int64_t tau, acc_t<T> (&out)[C]) {
+  const T* x = static_cast<const T*>(l.x_data);
+  const T* init = static_cast<const T*>(l.initial_states);
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    if (tau >= 0)
+      out[c] = to_acc(x[at(l.x, b, d0 + c, tau)]);
+    else
+      out[c] = l.has_initial_states ? to_acc(init[at(l.init, b, d0 + c, tau + l.width - 1)])
+                                    : acc_t<T>(0);
+  }
+}
+
+template <typename T, typename Wt, int W, int C>
+__device__ __forceinline__ void load_weights(const CausalConv1dLaunch& l, int64_t d0,
+                                             acc_t<T> (&w)[W][C], acc_t<T> (&bias)[C]) {
+  const Wt* wp = static_cast<const Wt*>(l.weight);
+  const Wt* bp = static_cast<const Wt*>(l.bias);
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k][c] = to_acc(wp[(d0 + c) * l.w_stride_d + k * l.w_stride_k]);
+    bias[c] = l.has_bias ? acc_t<T>(to_acc(bp[(d0 + c) * l.bias_stride])) : acc_t<T>(0);
+  }
+}
+
+// Steps [t, t + S) of C channels of a streamed operand (p: its element at step 0 of the
+// thread's batch and first channel), as loaded (converted where used: half the registers
+// for 16-bit data); steps at or past `end` read as 0. The vector paths rely on the plan's
+// layout checks (and, for rows, on t being a multiple of S).
+template <Layout Lay, typename T, int C, int S>
+__device__ __forceinline__ void load_steps(const T* p, int64_t stride_t, int64_t t, int64_t end,
+                                           T (&out)[S][C]) {
+  using Sh = ConvShape<Lay, T>;
+  if constexpr (Lay == Layout::RowsVec16) {
+    if (t + S <= end) {
+#pragma unroll
+      for (int v = 0; v < S / Sh::V; ++v) {
+        const Pack<T, Sh::V> pk = load_pack<T, Sh::V>(p + t + v * Sh::V);
+#pragma unroll
+        for (int i = 0; i < Sh::V; ++i) out[v * Sh::V + i][0] = pk.v[i];
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    if (t + s < end) {
+      if constexpr (Lay == Layout::ChannelsLastVec) {
+        const Pack<T, C> pk = load_vec<T, C>(p + (t + s) * stride_t);
+#pragma unroll
+        for (int c = 0; c < C; ++c) out[s][c] = pk.v[c];
+      } else {
+        out[s][0] = p[(t + s) * stride_t];
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < C; ++c) out[s][c] = from_acc<T>(acc_t<T>(0));
+    }
+  }
+}
+
+template <typename T, int C>
+__device__ __forceinline__ void to_acc(const T (&in)[C], acc_t<T> (&out)[C]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) out[c] = to_acc(in[c]);
+}
+
+template <int S>
+__device__ __forceinline__ void load_seq(const CausalConv1dLaunch& l, int64_t b, int64_t t,
+                                         int64_t end, int32_t (&out)[S]) {
+#pragma unroll
+  for (int s = 0; s < S; ++s) out[s] = l.has_seq_idx && t + s < end ? seq_at(l, b, t + s) : 0;
+}
+
+// C channels of one step (a vector in the channel-last layout).
+template <Layout Lay, typename T, int C>
+__device__ __forceinline__ void store_step(T* p, const acc_t<T> (&v)[C]) {
+  if constexpr (Lay == Layout::ChannelsLastVec) {
+    Pack<T, C> pk;
+#pragma unroll
+    for (int c = 0; c < C; ++c) pk.v[c] = from_acc<T>(v[c]);
+    store_vec<T, C>(p, pk);
+  } else {
+    *p = from_acc<T>(v[0]);
+  }
+}
+
+// The window after step t's input: inputs (and their seq_idx) of the last W − 1 steps.
+template <typename Acc, int W, int C>
+__device__ __forceinline__ void shift_in(Acc (&win)[W - 1][C], const Acc (&v)[C]) {
+#pragma unroll
+  for (int k = 0; k + 1 < W - 1; ++k)
+#pragma unroll
+    for (int c = 0; c < C; ++c) win[k][c] = win[k + 1][c];
+#pragma unroll
+  for (int c = 0; c < C; ++c) win[W - 2][c] = v[c];
+}
+
+template <typename V, int W>
+__device__ __forceinline__ void shift_in(V (&win)[W - 1], V v) {
+#pragma unroll
+  for (int k = 0; k + 1 < W - 1; ++k) win[k] = win[k + 1];
+  win[W - 2] = v;
+}
+
+// pre = bias + Σ_k w[k]·x̃[t − (W−1) + k] over the open taps (the window holds taps
+// 0 .. W − 2, x_t is tap W − 1, always open), in tap order.
+template <typename Acc, int W, int C>
+__device__ __forceinline__ void conv_pre(const CausalConv1dLaunch& l, const Acc (&w)[W][C],
+                                         const Acc (&bias)[C], const Acc (&win)[W - 1][C],
+                                         const int32_t (&seq_win)[W - 1], int32_t seq_t,
+                                         const Acc (&x_t)[C], Acc (&pre)[C]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) pre[c] = bias[c];
+#pragma unroll
+  for (int k = 0; k < W - 1; ++k) {
+    const bool open = !l.has_seq_idx || seq_win[k] == seq_t;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (open) pre[c] += w[k][c] * win[k][c];
+  }
+#pragma unroll
+  for (int c = 0; c < C; ++c) pre[c] += w[W - 1][c] * x_t[c];
+}
+
+// ---- forward -----------------------------------------------------------------------------
+
+// Steps [t, t + S) of a thread's chunk (Full: all of them before t1, no predicates), the
+// window advanced over the steps before t1 only (so that it ends holding the chunk's last
+// W − 1 inputs).
+template <typename T, typename Wt, int W, Layout Lay, bool Full>
+__device__ __forceinline__ void forward_steps(const CausalConv1dLaunch& l, const ConvThread& th,
+                                              const acc_t<T> (&w)[W][ConvShape<Lay, T>::C],
+                                              const acc_t<T> (&bias)[ConvShape<Lay, T>::C],
+                                              acc_t<T> (&win)[W - 1][ConvShape<Lay, T>::C],
+                                              int32_t (&seq_win)[W - 1], const T* x, T* out,
+                                              int64_t t) {
+  using Acc = acc_t<T>;
+  constexpr int C = ConvShape<Lay, T>::C, S = ConvShape<Lay, T>::S;
+  T xs[S][C];
+  int32_t ss[S];
+  load_steps<Lay, T, C, S>(x, l.x.t, t, Full ? t + S : th.t1, xs);
+  load_seq<S>(l, th.b, t, Full ? t + S : th.t1, ss);
+  Acc ys[Lay == Layout::RowsVec16 ? S : 1][C];  // rows: the iteration's outputs
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    const bool in = Full || t + s < th.t1;
+    Acc x_t[C], y[C];
+    to_acc<T, C>(xs[s], x_t);
+    conv_pre<Acc, W, C>(l, w, bias, win, seq_win, ss[s], x_t, y);
+    const bool padding = l.has_seq_idx && ss[s] < 0;
+#pragma unroll
+    for (int c = 0; c < C; ++c) y[c] = padding ? Acc(0) : l.silu ? conv_silu<kFast<T>>(y[c]) : y[c];
+    if constexpr (Lay == Layout::RowsVec16) {
+      ys[s][0] = y[0];
+    } else if (in) {
+      store_step<Lay, T, C>(out + (t + s) * l.out.t, y);
+    }
+    if (in) {
+      shift_in<Acc, W, C>(win, x_t);
+      shift_in<int32_t, W>(seq_win, ss[s]);
+    }
+  }
+  if constexpr (Lay == Layout::RowsVec16) {
+    constexpr int V = ConvShape<Lay, T>::V;
+    if (Full) {
+#pragma unroll
+      for (int v = 0; v < S / V; ++v) {
+        Pack<T, V> pk;
+#pragma unroll
+        for (int i = 0; i < V; ++i) pk.v[i] = from_acc<T>(ys[v * V + i][0]);
+        store_pack<T, V>(out + t + v * V, pk);
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+        if (t + s < th.t1) out[t + s] = from_acc<T>(ys[s][0]);
+    }
+  }
+}
+
+template <typename T, typename Wt, int W, Layout Lay>
+__global__ void __launch_bounds__(kCausalConv1dThreads)
+    causal_conv1d_forward_kernel(const CausalConv1dLaunch l) {
+  using Acc = acc_t<T>;
+  constexpr int C = ConvShape<Lay, T>::C, S = ConvShape<Lay, T>::S;
+  const int64_t items = conv_items(l);
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const ConvThread th = conv_thread<C>(l, item);
+    if (!th.active) continue;
+    Acc w[W][C], bias[C];
+    load_weights<T, Wt, W, C>(l, th.d0, w, bias);
+    Acc win[W - 1][C];
+    int32_t seq_win[W - 1];
+#pragma unroll
+    for (int k = 0; k < W - 1; ++k) {
+      load_state<T, C>(l, th.b, th.d0, th.t0 - (W - 1) + k, win[k]);
+      seq_win[k] = seq_at(l, th.b, th.t0 - (W - 1) + k);
+    }
+    const T* x = static_cast<const T*>(l.x_data) + at(l.x, th.b, th.d0, 0);
+    T* out = static_cast<T*>(l.out_data) + at(l.out, th.b, th.d0, 0);
+    int64_t t = th.t0;
+    for (; t + S <= th.t1; t += S)
+      forward_steps<T, Wt, W, Lay, true>(l, th, w, bias, win, seq_win, x, out, t);
+    if (t < th.t1) forward_steps<T, Wt, W, Lay, false>(l, th, w, bias, win, seq_win, x, out, t);
+    if (th.t1 == l.seqlen) {  // final_states: the last W − 1 inputs, now the window
+      T* fin = static_cast<T*>(l.final_states);
+#pragma unroll
+      for (int k = 0; k < W - 1; ++k)
+#pragma unroll
+        for (int c = 0; c < C; ++c) fin[at(l.final, th.b, th.d0 + c, k)] = from_acc<T>(win[k][c]);
+    }
+  }
+}
+
+// ---- backward ----------------------------------------------------------------------------
+
+template <typename T, typename Wt, int W, Layout Lay>
+__global__ void __launch_bounds__(kCausalConv1dThreads)
+    causal_conv1d_backward_kernel(const CausalConv1dLaunch l) {
+  using Acc = acc_t<T>;
+  constexpr int C = ConvShape<Lay, T>::C, S = ConvShape<Lay, T>::S, K = W + 1;
+  // The block's dweight/dbias partials: [block_chunks][block_channels · C][W + 1].
+  __shared__ Acc partial[kCausalConv1dThreads * C * K];
+  const int64_t items = conv_items(l);
+  const int cols = l.block_channels * C * K;  // a chunk's partial row in shared memory
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const ConvThread th = conv_thread<C>(l, item);
+    Acc part[K][C];
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+      for (int c = 0; c < C; ++c) part[k][c] = 0;
+    if (th.active) {
+      Acc w[W][C], bias[C];
+      load_weights<T, Wt, W, C>(l, th.d0, w, bias);
+      Acc win[W - 1][C], gwin[W - 1][C];
+      int32_t seq_win[W - 1];
+      bool live_win[W - 1];
+#pragma unroll
+      for (int k = 0; k < W - 1; ++k) {
+        load_state<T, C>(l, th.b, th.d0, th.t0 - (W - 1) + k, win[k]);
+        seq_win[k] = seq_at(l, th.b, th.t0 - (W - 1) + k);
+        live_win[k] = false;  // before the chunk: never read (dx starts at t0)
+#pragma unroll
+        for (int c = 0; c < C; ++c) gwin[k][c] = 0;
+      }
+      const int64_t end = th.t1 + W - 1, in_end = min(end, l.seqlen);
+      const T* x = static_cast<const T*>(l.x_data) + at(l.x, th.b, th.d0, 0);
+      const T* dout = static_cast<const T*>(l.dout_data) + at(l.dout, th.b, th.d0, 0);
+      const T* dfinal = static_cast<const T*>(l.dfinal_states);
+      T* dx = static_cast<T*>(l.out_data) + at(l.out, th.b, th.d0, 0);
+      for (int64_t t = th.t0; t < end; t += S) {
+        T xs[S][C], gs[S][C];
+        int32_t ss[S];
+        load_steps<Lay, T, C, S>(x, l.x.t, t, in_end, xs);
+        load_steps<Lay, T, C, S>(dout, l.dout.t, t, in_end, gs);
+        load_seq<S>(l, th.b, t, in_end, ss);
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const int64_t tt = t + s;
+          const bool live = tt < in_end && !(l.has_seq_idx && ss[s] < 0);
+          Acc x_t[C], g[C];
+          to_acc<T, C>(xs[s], x_t);
+          to_acc<T, C>(gs[s], g);
+          if (l.silu) {
+            Acc pre[C];
+            conv_pre<Acc, W, C>(l, w, bias, win, seq_win, ss[s], x_t, pre);
+#pragma unroll
+            for (int c = 0; c < C; ++c) g[c] *= conv_silu_grad<kFast<T>>(pre[c]);
+          }
+          if (live && tt < th.t1) {  // this chunk's dweight and dbias terms
+#pragma unroll
+            for (int k = 0; k < W - 1; ++k) {
+              const bool open = !l.has_seq_idx || seq_win[k] == ss[s];
+#pragma unroll
+              for (int c = 0; c < C; ++c)
+                if (open) part[k][c] += g[c] * win[k][c];
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+              part[W - 1][c] += g[c] * x_t[c];
+              part[W][c] += g[c];
+            }
+          }
+          const int64_t sd = tt - (W - 1);  // dx[sd]: its last term is g[tt]
+          if (sd >= th.t0 && tt < end) {
+            Acc d[C];
+#pragma unroll
+            for (int c = 0; c < C; ++c) d[c] = 0;
+            // Tap k of step sd feeds output sd + W − 1 − k: window slot W − 1 − k (slot
+            // W − 1 is tt itself); sd is slot 0.
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+              const int slot = W - 1 - k;
+              const bool on = slot == W - 1 ? live : live_win[slot];
+              const int32_t sq = slot == W - 1 ? ss[s] : seq_win[slot];
+              const bool open = on && (!l.has_seq_idx || sq == seq_win[0]);
+#pragma unroll
+              for (int c = 0; c < C; ++c)
+                if (open) d[c] += w[k][c] * (slot == W - 1 ? g[c] : gwin[slot][c]);
+            }
+            const int64_t jf = sd - (l.seqlen - (W - 1));
+            if (l.has_dfinal_states && jf >= 0)
+#pragma unroll
+              for (int c = 0; c < C; ++c) d[c] += to_acc(dfinal[at(l.final, th.b, th.d0 + c, jf)]);
+            store_step<Lay, T, C>(dx + sd * l.out.t, d);
+          }
+          shift_in<Acc, W, C>(win, x_t);
+          shift_in<int32_t, W>(seq_win, ss[s]);
+          shift_in<bool, W>(live_win, live);
+#pragma unroll
+          for (int c = 0; c < C; ++c)
+            if (!live) g[c] = 0;
+          shift_in<Acc, W, C>(gwin, g);
+        }
+      }
+      if (l.has_initial_states && th.j == 0) {
+        // dinit[i] = Σ_k w[k]·g[i − k] over 0 <= i − k < min(L, W − 1) (+ dfinal[i − L]),
+        // with g of the first steps recomputed (no seq_idx with initial states).
+        Acc gf[W - 1][C];
+#pragma unroll
+        for (int tt = 0; tt < W - 1; ++tt) {
+#pragma unroll
+          for (int c = 0; c < C; ++c) gf[tt][c] = 0;
+          if (tt >= l.seqlen) continue;
+          Acc taps[W - 1][C], x_t[C], pre[C], dy[C];
+          int32_t none[W - 1];
+#pragma unroll
+          for (int k = 0; k < W - 1; ++k) {
+            load_state<T, C>(l, th.b, th.d0, tt - (W - 1) + k, taps[k]);
+            none[k] = 0;
+          }
+          load_state<T, C>(l, th.b, th.d0, tt, x_t);
+#pragma unroll
+          for (int c = 0; c < C; ++c) dy[c] = to_acc(static_cast<const T*>(l.dout_data)[at(l.dout, th.b, th.d0 + c, tt)]);
+          if (l.silu) conv_pre<Acc, W, C>(l, w, bias, taps, none, 0, x_t, pre);
+#pragma unroll
+          for (int c = 0; c < C; ++c) gf[tt][c] = l.silu ? dy[c] * conv_silu_grad<kFast<T>>(pre[c]) : dy[c];
+        }
+        T* dinit = static_cast<T*>(l.dinitial_states);
+#pragma unroll
+        for (int i = 0; i < W - 1; ++i) {
+          Acc d[C];
+#pragma unroll
+          for (int c = 0; c < C; ++c) d[c] = 0;
+#pragma unroll
+          for (int k = 0; k <= i; ++k)
+#pragma unroll
+            for (int c = 0; c < C; ++c)
+              if (i - k < l.seqlen) d[c] += w[k][c] * gf[i - k][c];
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+            if (l.has_dfinal_states && i >= l.seqlen)
+              d[c] += to_acc(dfinal[at(l.final, th.b, th.d0 + c, i - l.seqlen)]);
+            dinit[at(l.dinit, th.b, th.d0 + c, i)] = from_acc<T>(d[c]);
+          }
+        }
+      }
+    }
+    // The block's partial row: its chunks' sums in chunk order.
+    const int tx = threadIdx.x % l.block_channels, ty = threadIdx.x / l.block_channels;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int k = 0; k < K; ++k) partial[ty * cols + (tx * C + c) * K + k] = part[k][c];
+    __syncthreads();
+    Acc* row = static_cast<Acc*>(l.workspace) +
+               (th.row * l.dim + th.channel_block * l.block_channels * C) * K;
+    const int64_t valid = (min(l.dim, (th.channel_block + 1) * l.block_channels * C) -
+                           th.channel_block * l.block_channels * C) * K;
+    for (int col = threadIdx.x; col < valid; col += blockDim.x) {
+      Acc sum = 0;
+      for (int r = 0; r < l.block_chunks; ++r) sum += partial[r * cols + col];
+      row[col] = sum;
+    }
+    __syncthreads();
+  }
+}
+
+// dweight[d, k] = Σ_rows partial[row][d][k], dbias[d] = Σ_rows partial[row][d][W]: the rows
+// in order (zeros without rows).
+template <typename Acc, typename Wt>
+__global__ void __launch_bounds__(kCausalConv1dThreads)
+    causal_conv1d_weight_sum_kernel(const CausalConv1dLaunch l) {
+  const int K = l.width + 1;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kCausalConv1dThreads + threadIdx.x;
+  if (i >= l.dim * K) return;
+  const int64_t d = i / K;
+  const int k = static_cast<int>(i % K);
+  const Acc* ws = static_cast<const Acc*>(l.workspace);
+  Acc sum = 0;
+  for (int64_t r = 0; r < l.partial_rows; ++r) sum += ws[r * l.dim * K + i];
+  if (k < l.width)
+    static_cast<Wt*>(l.dweight)[d * l.width + k] = from_acc<Wt>(sum);
+  else if (l.has_bias)
+    static_cast<Wt*>(l.dbias)[d] = from_acc<Wt>(sum);
+}
+
+// ---- dispatch ----------------------------------------------------------------------------
+
+template <Layout Lay>
+using LayoutTag = std::integral_constant<Layout, Lay>;
+template <int W>
+using WidthTag = std::integral_constant<int, W>;
+
+// f(T{}, Wt{}, WidthTag<W>{}, LayoutTag<Lay>{}) with the device types of x and the weight,
+// the width and the layout the launch picked.
+template <typename F>
+void dispatch_causal_conv1d(const CausalConv1dLaunch& l, F&& f) {
+  dispatch_floating(l.element, [&](auto t) {
+    using T = decltype(t);
+    const auto with_weight = [&](auto wt) {
+      const auto with_width = [&](auto width) {
+        switch (l.layout) {
+          case Layout::ChannelsLastVec:
+            return f(T{}, wt, width, LayoutTag<Layout::ChannelsLastVec>{});
+          case Layout::RowsVec16: return f(T{}, wt, width, LayoutTag<Layout::RowsVec16>{});
+          default: return f(T{}, wt, width, LayoutTag<Layout::Strided>{});
+        }
+      };
+      switch (l.width) {
+        case 2: return with_width(WidthTag<2>{});
+        case 3: return with_width(WidthTag<3>{});
+        case 4: return with_width(WidthTag<4>{});
+        default: fail(PlanErrorKind::Internal, "causal_conv1d", "no CUDA kernel for this width");
+      }
+    };
+    if constexpr (!std::is_same_v<T, float>) {
+      if (l.weight_element == ElementKind::F32) return with_weight(float{});
+    }
+    with_weight(T{});
+  });
+}
+
+static_assert(kCausalConv1dMaxCudaWidth == 4 && kCausalConv1dMinCudaWidth == 2,
+              "dispatch_causal_conv1d instantiates widths 2 to 4");
+
+// The work split for `per_sm` resident blocks an SM. For each block shape (block_channels
+// from the fewest that cover a warp's worth of channel groups, or all of them, up to a
+// block of channels; block_chunks the rest of kCausalConv1dThreads), as many chunks per
+// (batch, channel group) as fill the resident blocks once, without chunks shorter than
+// kCausalConv1dMinChunk; the shape that keeps the most threads busy (per round of
+// resident blocks) wins, the one with more chunks a block on a tie (fewer partial rows).
+// Chunks are whole iterations (rows: whole vectors from a chunk's start); the grid is the
+// resident blocks, at most one per item.
+inline CausalConv1dWork causal_conv1d_work(const CausalConv1dLaunch& l, int per_sm) {
+  const int64_t resident = static_cast<int64_t>(per_sm) * (l.sm_count > 0 ? l.sm_count : 1);
+  const int64_t steps = causal_conv1d_steps(l.layout, element_size(l.element));
+  const int64_t len = l.seqlen > 0 ? l.seqlen : 1;
+  int64_t bx = 1;
+  while (bx < std::min<int64_t>(l.groups, kCausalConv1dMinBlockChannels)) bx *= 2;
+  CausalConv1dWork best;
+  double best_busy = -1;
+  for (; bx <= kCausalConv1dThreads; bx *= 2) {
+    const int64_t by = kCausalConv1dThreads / bx;
+    const int64_t rows = l.batch * ((l.groups + bx - 1) / bx);
+    const int64_t most = (len + by * kCausalConv1dMinChunk - 1) / (by * kCausalConv1dMinChunk);
+    const int64_t chunk_blocks = std::clamp<int64_t>(resident / std::max<int64_t>(rows, 1), 1,
+                                                     std::max<int64_t>(most, 1));
+    int64_t chunk = (len + chunk_blocks * by - 1) / (chunk_blocks * by);
+    chunk = (chunk + steps - 1) / steps * steps;
+    const int64_t chunks = (len + chunk - 1) / chunk;
+    const int64_t items = rows * ((chunks + by - 1) / by);
+    const int64_t rounds = (items + resident - 1) / std::max<int64_t>(resident, 1);
+    const double busy = static_cast<double>(l.batch * l.groups * chunks) /
+                        static_cast<double>(std::max<int64_t>(rounds * resident * kCausalConv1dThreads, 1));
+    if (busy > best_busy) {
+      best_busy = busy;
+      best = {chunk, std::clamp<int64_t>(std::min(items, resident), 1, INT32_MAX), static_cast<int>(bx),
+              static_cast<int>(by)};
+    }
+    if (bx >= l.groups) break;  // wider blocks would only add idle channel groups
+  }
+  return best;
+}
+
+// f(kernel) with the forward or backward kernel the launch picks.
+template <bool Backward, typename F>
+void with_conv_kernel(const CausalConv1dLaunch& l, F&& f) {
+  dispatch_causal_conv1d(l, [&](auto t, auto wt, auto width, auto lay) {
+    using T = decltype(t);
+    using Wt = decltype(wt);
+    constexpr int W = decltype(width)::value;
+    constexpr Layout Lay = decltype(lay)::value;
+    if constexpr (Backward)
+      f(causal_conv1d_backward_kernel<T, Wt, W, Lay>);
+    else
+      f(causal_conv1d_forward_kernel<T, Wt, W, Lay>);
+  });
+}
+
+// Blocks of kCausalConv1dThreads of that kernel resident on an SM (the occupancy
+// calculator; 1 if it fails, which is always correct).
+template <bool Backward>
+int conv_blocks_per_sm(const CausalConv1dLaunch& l) {
+  int n = 1;
+  with_conv_kernel<Backward>(l, [&](auto kernel) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kCausalConv1dThreads, 0) !=
+        cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      n = 1;
+    }
+  });
+  return std::max(n, 1);
+}
+
+// The walk over the items: l.grid blocks of block_channels × block_chunks threads.
+template <bool Backward>
+void launch_conv_walk(const CausalConv1dLaunch& l, cudaStream_t stream) {
+  const auto threads = static_cast<unsigned int>(l.block_channels * l.block_chunks);
+  with_conv_kernel<Backward>(l, [&](auto kernel) {
+    kernel<<<static_cast<unsigned int>(l.grid), threads, 0, stream>>>(l);
+  });
+}
+
+// Instantiated once per direction (causal_conv1d_forward.cu, causal_conv1d_backward.cu).
+void launch_causal_conv1d_forward(const CausalConv1dLaunch& l, cudaStream_t stream);
+void launch_causal_conv1d_backward(const CausalConv1dLaunch& l, cudaStream_t stream);
+int causal_conv1d_forward_blocks_per_sm(const CausalConv1dLaunch& l);
+int causal_conv1d_backward_blocks_per_sm(const CausalConv1dLaunch& l);
+
+}  // namespace baracuda::kernels::cuda

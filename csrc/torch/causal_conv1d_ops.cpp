@@ -1,0 +1,280 @@
+// baracuda::causal_conv1d and its backward baracuda::causal_conv1d_backward: CPU/CUDA
+// kernels (tensor -> plan -> run), meta kernels (the plans' checks on symbolic sizes, then
+// the outputs), and the ops' declarations (torch/op_def.h).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <deque>
+#include <tuple>
+
+#include "core/causal_conv1d_plan.h"
+#include "torch/op_def.h"
+
+namespace baracuda::torch_ops {
+
+namespace {
+constexpr const char* kOp = "causal_conv1d";
+constexpr const char* kBackwardOp = "causal_conv1d_backward";
+
+using OptTensor = std::optional<at::Tensor>;
+using OptStr = std::optional<c10::string_view>;
+using Tensors2 = std::tuple<at::Tensor, at::Tensor>;
+using Tensors4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+const at::Tensor* given(const OptTensor& t) { return t && t->defined() ? &*t : nullptr; }
+
+std::optional<std::string> activation_name(const OptStr& a) {
+  return a ? std::optional<std::string>(std::string(*a)) : std::nullopt;
+}
+
+// The tensor arguments of one call: the forward's five, and the backward's dout and
+// dfinal_states (null where absent or not an argument).
+struct ConvTensors {
+  const at::Tensor* x;
+  const at::Tensor* weight;
+  const at::Tensor* bias;
+  const at::Tensor* seq_idx;
+  const at::Tensor* initial_states;
+  const at::Tensor* dout = nullptr;
+  const at::Tensor* dfinal_states = nullptr;
+  bool backward = false;
+
+  const char* op() const { return backward ? kBackwardOp : kOp; }
+
+  void check_devices() const {
+    const at::Tensor none;
+    const auto or_none = [&](const at::Tensor* t) { return t ? t : &none; };
+    check_same_device(op(), {{"x", x},
+                             {"weight", weight},
+                             {"bias", or_none(bias)},
+                             {"seq_idx", or_none(seq_idx)},
+                             {"initial_states", or_none(initial_states)},
+                             {"dout", or_none(dout)},
+                             {"dfinal_states", or_none(dfinal_states)}});
+  }
+};
+
+template <class Int>
+std::vector<Int> sizes_of(const at::Tensor& t);
+template <>
+std::vector<int64_t> sizes_of(const at::Tensor& t) { return t.sizes().vec(); }
+template <>
+std::vector<c10::SymInt> sizes_of(const at::Tensor& t) { return sym_sizes_of(t); }
+
+// The problem checks of the plans on the tensors' own sizes (symbolic in a meta kernel),
+// devices first: what the meta kernels run, and what make_plan runs for an operand of
+// more dims than a TensorLayout holds (exceeds_layout_rank).
+template <class Int>
+void check_problem(const ConvTensors& a) {
+  a.check_devices();
+  std::deque<std::vector<Int>> sizes;  // what the ConvOperand views point at
+  const auto view = [&](const at::Tensor* t, const char* what) {
+    ConvOperand<Int> o;
+    if (!t) return o;
+    o.present = true;
+    o.dtype = element_of(*t, a.op(), what);
+    const std::vector<Int>& s = sizes.emplace_back(sizes_of<Int>(*t));
+    o.rank = static_cast<int>(s.size());
+    o.sizes = s.data();
+    return o;
+  };
+  const ConvOperand<Int> x = view(a.x, "x"), weight = view(a.weight, "weight");
+  check_causal_conv1d_problem(a.op(), x, weight, view(a.bias, "bias"), view(a.seq_idx, "seq_idx"),
+                              view(a.initial_states, "initial_states"));
+  if (a.backward)
+    check_causal_conv1d_backward(a.op(), x, weight, view(a.dout, "dout"),
+                                 view(a.dfinal_states, "dfinal_states"));
+}
+
+CausalConv1dDescriptor describe(const ConvTensors& a, const OptStr& activation) {
+  const char* op = a.op();
+  const bool silu = parse_causal_conv1d_activation(activation_name(activation), op);
+  if (exceeds_layout_rank({a.x, a.weight, a.bias, a.seq_idx, a.initial_states, a.dout,
+                           a.dfinal_states}))
+    check_problem<int64_t>(a);
+  a.check_devices();
+  CausalConv1dDescriptor d;
+  d.x = layout_of(*a.x, op, "x");
+  d.weight = layout_of(*a.weight, op, "weight");
+  d.has_bias = a.bias != nullptr;
+  if (a.bias) d.bias = layout_of(*a.bias, op, "bias");
+  d.has_seq_idx = a.seq_idx != nullptr;
+  if (a.seq_idx) d.seq_idx = layout_of(*a.seq_idx, op, "seq_idx");
+  d.has_initial_states = a.initial_states != nullptr;
+  if (a.initial_states) d.initial_states = layout_of(*a.initial_states, op, "initial_states");
+  d.silu = silu;
+  d.device = device_info(*a.x, op);
+  return d;
+}
+
+ConvTensors forward_tensors(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                            const OptTensor& seq_idx, const OptTensor& initial_states) {
+  return {&x, &weight, given(bias), given(seq_idx), given(initial_states)};
+}
+
+ConvTensors backward_tensors(const at::Tensor& dout, const OptTensor& dfinal_states,
+                             const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                             const OptTensor& seq_idx, const OptTensor& initial_states) {
+  ConvTensors a = forward_tensors(x, weight, bias, seq_idx, initial_states);
+  a.dout = &dout;
+  a.dfinal_states = given(dfinal_states);
+  a.backward = true;
+  return a;
+}
+
+// The plans a call runs, and explain reports.
+CausalConv1dPlan forward_plan(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                              const OptTensor& seq_idx, const OptTensor& initial_states,
+                              OptStr activation, PlanPreference pref) {
+  return CausalConv1dPlan::select(
+      describe(forward_tensors(x, weight, bias, seq_idx, initial_states), activation), pref);
+}
+
+CausalConv1dBackwardPlan backward_plan(const at::Tensor& dout, const OptTensor& dfinal_states,
+                                       const at::Tensor& x, const at::Tensor& weight,
+                                       const OptTensor& bias, const OptTensor& seq_idx,
+                                       const OptTensor& initial_states, OptStr activation,
+                                       PlanPreference pref) {
+  const ConvTensors a =
+      backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states);
+  CausalConv1dBackwardDescriptor d;
+  d.forward = describe(a, activation);
+  d.dout = layout_of(dout, kBackwardOp, "dout");
+  d.has_dfinal_states = a.dfinal_states != nullptr;
+  if (a.dfinal_states) d.dfinal_states = layout_of(*a.dfinal_states, kBackwardOp, "dfinal_states");
+  return CausalConv1dBackwardPlan::select(d, pref);
+}
+
+TensorRef optional_ref(const at::Tensor* t, const std::string& op, const char* what) {
+  return t ? ref_of(*t, op, what) : TensorRef{};
+}
+
+// The forward's five inputs of CausalConv1dArgs or CausalConv1dBackwardArgs.
+template <class Args>
+void set_input_refs(Args& args, const ConvTensors& t) {
+  const char* op = t.op();
+  args.x = ref_of(*t.x, op, "x");
+  args.weight = ref_of(*t.weight, op, "weight");
+  args.bias = optional_ref(t.bias, op, "bias");
+  args.seq_idx = optional_ref(t.seq_idx, op, "seq_idx");
+  args.initial_states = optional_ref(t.initial_states, op, "initial_states");
+}
+
+// -> (out, final_states)
+Tensors2 causal_conv1d_kernel(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                              const OptTensor& seq_idx, const OptTensor& initial_states,
+                              OptStr activation) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const auto plan =
+        forward_plan(x, weight, bias, seq_idx, initial_states, activation, current_preference());
+    at::Tensor out = allocate(plan.out_layout(), x);
+    at::Tensor final_states = allocate(plan.final_states_layout(), x);
+    CausalConv1dArgs a;
+    set_input_refs(a, forward_tensors(x, weight, bias, seq_idx, initial_states));
+    a.out = mut_ref_of(out, kOp, "out");
+    a.final_states = mut_ref_of(final_states, kOp, "final_states");
+    plan.run(current_stream(x), Workspace{}, a);
+    return Tensors2(out, final_states);
+  });
+}
+
+// -> (dx, dweight, dbias, dinitial_states); dbias and dinitial_states are empty tensors
+// where bias and initial_states are None.
+Tensors4 causal_conv1d_backward_kernel(const at::Tensor& dout, const OptTensor& dfinal_states,
+                                       const at::Tensor& x, const at::Tensor& weight,
+                                       const OptTensor& bias, const OptTensor& seq_idx,
+                                       const OptTensor& initial_states, OptStr activation) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const auto plan = backward_plan(dout, dfinal_states, x, weight, bias, seq_idx, initial_states,
+                                    activation, current_preference());
+    at::Tensor dx = allocate(plan.dx_layout(), x);
+    at::Tensor dweight = allocate(plan.dweight_layout(), x);
+    at::Tensor dbias = allocate(plan.dbias_layout(), x);
+    at::Tensor dinit = allocate(plan.dinitial_states_layout(), x);
+    at::Tensor ws = allocate_workspace(plan.workspace_size(), x);
+    CausalConv1dBackwardArgs a;
+    set_input_refs(a, backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states));
+    a.dout = ref_of(dout, kBackwardOp, "dout");
+    a.dfinal_states = optional_ref(given(dfinal_states), kBackwardOp, "dfinal_states");
+    a.dx = mut_ref_of(dx, kBackwardOp, "dx");
+    a.dweight = mut_ref_of(dweight, kBackwardOp, "dweight");
+    a.dbias = mut_ref_of(dbias, kBackwardOp, "dbias");
+    a.dinitial_states = mut_ref_of(dinit, kBackwardOp, "dinitial_states");
+    plan.run(current_stream(x), workspace_of(ws), a);
+    return Tensors4(dx, dweight, dbias, dinit);
+  });
+}
+
+// ---- meta (fake) kernels -----------------------------------------------------------------
+
+// out and dx: x's layout (torch.empty_like), contiguous when neither x's channel nor its
+// time stride is 1 (CausalConv1dPlan::out_layout).
+at::Tensor out_like(const at::Tensor& x) {
+  if (x.sym_stride(1) != 1 && x.sym_stride(2) != 1) return at::empty_symint(x.sym_sizes(), x.options());
+  return at::empty_like(x);
+}
+
+// [B, D, W − 1] in x's dtype, channel-last (the plans' final_states layout).
+at::Tensor states_like(const at::Tensor& x, const at::Tensor& weight) {
+  return at::empty_symint({x.sym_size(0), weight.sym_size(1) - 1, x.sym_size(1)}, x.options())
+      .transpose(1, 2);
+}
+
+Tensors2 causal_conv1d_meta(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                            const OptTensor& seq_idx, const OptTensor& initial_states,
+                            OptStr activation) {
+  return translate_errors([&] {
+    parse_causal_conv1d_activation(activation_name(activation), kOp);
+    check_problem<c10::SymInt>(forward_tensors(x, weight, bias, seq_idx, initial_states));
+    return Tensors2(out_like(x), states_like(x, weight));
+  });
+}
+
+Tensors4 causal_conv1d_backward_meta(const at::Tensor& dout, const OptTensor& dfinal_states,
+                                     const at::Tensor& x, const at::Tensor& weight,
+                                     const OptTensor& bias, const OptTensor& seq_idx,
+                                     const OptTensor& initial_states, OptStr activation) {
+  return translate_errors([&] {
+    parse_causal_conv1d_activation(activation_name(activation), kBackwardOp);
+    check_problem<c10::SymInt>(
+        backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states));
+    const auto w_options = x.options().dtype(weight.scalar_type());
+    const c10::SymInt none(0);
+    return Tensors4(out_like(x), at::empty_symint(weight.sym_sizes(), w_options),
+                    at::empty_symint({given(bias) ? x.sym_size(1) : none}, w_options),
+                    given(initial_states) ? states_like(x, weight)
+                                          : at::empty_symint({none}, x.options()));
+  });
+}
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(baracuda, m) {
+  // -> (out, final_states): out in x's memory layout; final_states [B, D, W - 1], the last
+  // W - 1 inputs (computed whatever the caller asks for: B·D·(W − 1) values).
+  OpDef(m,
+        "causal_conv1d(Tensor x, Tensor weight, Tensor? bias=None, Tensor? seq_idx=None, "
+        "Tensor? initial_states=None, str? activation=None) -> (Tensor, Tensor)")
+      .kernel(&causal_conv1d_kernel)
+      .meta(&causal_conv1d_meta)
+      .explain(&forward_plan)
+      .derivative("causal_conv1d_backward",
+                  {grad(0), grad(1), arg("x"), arg("weight"), arg("bias"), arg("seq_idx"),
+                   arg("initial_states"), arg("activation")},
+                  {{"x", 0}, {"weight", 1}, {"bias", 2}, {"initial_states", 3}});
+  // -> (dx, dweight, dbias, dinitial_states). vmap runs it once per sample (dweight and
+  // dbias sum over the batch).
+  OpDef(m,
+        "causal_conv1d_backward(Tensor dout, Tensor? dfinal_states, Tensor x, Tensor weight, "
+        "Tensor? bias=None, Tensor? seq_idx=None, Tensor? initial_states=None, "
+        "str? activation=None) -> (Tensor, Tensor, Tensor, Tensor)")
+      .kernel(&causal_conv1d_backward_kernel)
+      .meta(&causal_conv1d_backward_meta)
+      .explain(&backward_plan)
+      .not_differentiable("baracuda::causal_conv1d: double backward (the second derivative) is "
+                          "not implemented");
+}
+
+}  // namespace baracuda::torch_ops

@@ -1,0 +1,106 @@
+"""Context parallelism (baracuda_torch.distributed; Mamba2(cp_group=...)) on gloo, CPU:
+world sizes 2 and 4 in worker processes (distributed_harness.run: forked from a server
+that imported torch once, a file store, no ports; every worker killed on failure or
+timeout, every rank's traceback reported). Each rank compares its outputs and
+gradients with one float64 process over the whole sequence (distributed_cases.py):
+every gradient of the scan (x, dt, A, B, C, D, z, dt_bias, initial_states) and of the
+layer (its input and every parameter), the shared ones summed over the group, within
+the chunked tolerance of the dtype (test_ssd_chunk_scan.rtol_for); with and without
+seq_idx (resets inside shards, exactly at shard boundaries, after an empty shard) and
+initial_states, with uneven shard lengths (0, and shorter than the conv's halo,
+included); under DistributedDataParallel and FSDP2 (fully_shard). The bytes through
+the collectives per layer and rank are counted and do not change with L.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import distributed_cases as cases
+import distributed_harness as harness
+
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()
+         and "forkserver" in mp.get_all_start_methods()),
+    reason="needs torch.distributed with gloo and the forkserver start method")
+
+TIMEOUT = 180  # seconds for one run of workers (each takes a few seconds here)
+
+ALL_OPTIONS = dict(D="hdim", z=True, dt_bias=True, init=True, softplus=True)
+
+SCAN_2 = [
+    # resets inside both shards and exactly at the boundary (13 = rank 1's first token)
+    dict(name="all options, seq_idx", seed=1, b=2, H=4, P=3, N=5, G=2, chunk=8,
+         lengths=[13, 20], dtype=torch.float32, starts=[[5, 13, 20], [13]], **ALL_OPTIONS),
+    dict(name="initial_states, D [H], dt_limit", seed=2, b=2, H=4, P=4, N=3, G=1, chunk=8,
+         lengths=[31, 17], dtype=torch.float32, D="h", init=True, limit=True),
+    dict(name="no options", seed=3, b=1, H=2, P=4, N=4, G=2, chunk=16, lengths=[16, 16],
+         dtype=torch.float32),
+    # exact up to rounding: float64 against float64 at 1e-10
+    dict(name="float64", seed=4, b=2, H=4, P=3, N=5, G=2, chunk=8, lengths=[10, 26],
+         dtype=torch.float64, starts=[[3, 10], [30]], idx_dtype=torch.int32, **ALL_OPTIONS),
+    dict(name="bfloat16", seed=5, b=2, H=4, P=8, N=8, G=2, chunk=16, lengths=[24, 40],
+         dtype=torch.bfloat16, starts=[[24, 50]], **ALL_OPTIONS),
+]
+
+SCAN_4 = [
+    # uneven, an empty shard (rank 1); resets at rank 2's first token (after the empty
+    # shard), inside rank 2, at rank 3's first token and inside it; one row a single
+    # sequence over every shard
+    dict(name="uneven, empty shard, seq_idx", seed=11, b=2, H=4, P=3, N=5, G=2, chunk=4,
+         lengths=[7, 0, 19, 5], dtype=torch.float32, starts=[[7, 12, 26, 28], [2]],
+         **ALL_OPTIONS),
+    dict(name="uneven, initial_states, no seq_idx", seed=12, b=2, H=3, P=4, N=3, G=3, chunk=8,
+         lengths=[1, 30, 2, 11], dtype=torch.float32, init=True, z=True, limit=True),
+]
+
+LAYER_2 = [
+    dict(name="Mamba2, seq_idx", seed=21, b=2, lengths=[9, 14], starts=[[4, 9, 15], [9]]),
+    dict(name="Mamba2, D per channel, norm before gate", seed=22, b=1, lengths=[20, 5],
+         D_has_hdim=True, norm_before_gate=True, ngroups=1, dt_limit=(0.01, 0.5)),
+    dict(name="Mamba2 under DDP", seed=23, b=2, lengths=[12, 11], wrap="ddp",
+         starts=[[6, 12], []]),
+    dict(name="Mamba2 under FSDP2", seed=24, b=1, lengths=[8, 13], wrap="fsdp"),
+]
+
+LAYER_4 = [
+    # shards shorter than the halo (d_conv - 1 = 3) and an empty one: rank 3's halo comes
+    # from ranks 0 and 1 across the empty rank 2
+    dict(name="Mamba2, tiny and empty shards, seq_idx", seed=31, b=2, lengths=[2, 1, 0, 21],
+         starts=[[1, 3, 10], [2]]),
+    dict(name="Mamba2 under DDP, uneven", seed=32, b=1, lengths=[10, 7, 9, 6], wrap="ddp",
+         starts=[[10, 20]]),
+]
+
+
+def _run(world, fn, specs):
+    harness.run(world, fn, specs, timeout=TIMEOUT)
+    assert harness.alive(harness.LAST_PIDS) == []
+
+
+@pytest.mark.parametrize("world,specs", [(2, SCAN_2), (4, SCAN_4)], ids=["world2", "world4"])
+def test_scan_matches_one_process(world, specs):
+    _run(world, cases.scan_cases, specs)
+
+
+@pytest.mark.parametrize("world,specs", [(2, LAYER_2), (4, LAYER_4)], ids=["world2", "world4"])
+def test_mamba2_matches_one_process(world, specs):
+    _run(world, cases.layer_cases, specs)
+
+
+def test_bytes_per_layer_do_not_grow_with_L():
+    specs = [dict(name="seq_idx", seed=41, b=2, shard_lengths=[8, 64], with_seq_idx=True),
+             dict(name="no seq_idx", seed=42, b=1, shard_lengths=[5, 80])]
+    _run(2, cases.volume_cases, specs)
+
+
+def test_harness_reports_a_failure_and_leaves_no_process():
+    with pytest.raises(Exception, match="deliberate failure on rank 1"):
+        harness.run(2, cases.fail_on_rank, 1, timeout=TIMEOUT)
+    assert harness.LAST_PIDS and harness.alive(harness.LAST_PIDS) == []
+
+
+def test_harness_timeout_kills_every_worker():
+    with pytest.raises(TimeoutError):
+        harness.run(2, cases.hang, timeout=1.0)
+    assert harness.LAST_PIDS and harness.alive(harness.LAST_PIDS) == []
