@@ -1,8 +1,8 @@
 """The gated RMSNorm of a Mamba-2 layer at the 2.7B shape: y, z [4·4096, 5120] bf16
 (d_inner 5120), one group (ngroups 1) and 8 groups of 640, norm_before_gate=False (the
 Mamba2 module's default), a bf16 weight; ``baracuda`` (``gated_rms_norm``) against the
-PyTorch chain it replaces, ``baracuda_torch.mamba._gated_rmsnorm`` eager (``torch``) and
-under torch.compile (``compile``), and mamba_ssm's Triton ``rmsnorm_fn`` (``mamba_ssm``,
+PyTorch chain it replaces, ``reference.gated_rms_norm`` (float32 math for 16-bit data, as
+mamba_ssm's own PyTorch reference) eager (``torch``) and under torch.compile (``compile``), and mamba_ssm's Triton ``rmsnorm_fn`` (``mamba_ssm``,
 when peers/site has it: ``scripts/peers.sh install``).
 
 Bytes (R rows of N channels in G groups, e bytes an element; rstd 4 bytes a row group):
@@ -20,7 +20,7 @@ import torch
 
 import baracuda_torch as bt
 import peers
-from baracuda_torch import mamba
+from baracuda_torch import reference
 from harness import Row, backward_fn, format_table, full_fn, measure, measure_interleaved
 
 FAMILY = "gated_rmsnorm"
@@ -34,13 +34,18 @@ def nbytes(rows: int, hidden: int, groups: int, elt: int) -> dict:
     return {"forward": fwd, "backward": bwd, "full": fwd + bwd}
 
 
+def chain(x, z, w, eps: float, group_size: int, norm_before_gate: bool) -> torch.Tensor:
+    """The PyTorch chain: reference.gated_rms_norm's output."""
+    return reference.gated_rms_norm(x, w, None, z, eps, group_size, norm_before_gate)[0]
+
+
 def providers(x, z, w, group_size: int, with_compile: bool) -> dict:
     """{provider: () -> y} on the same tensors."""
     fns = {"baracuda": lambda: bt.gated_rms_norm(x, w, z, EPS, group_size, NORM_BEFORE_GATE),
-           "torch": lambda: mamba._gated_rmsnorm(x, z, w, EPS, group_size, NORM_BEFORE_GATE)}
+           "torch": lambda: chain(x, z, w, EPS, group_size, NORM_BEFORE_GATE)}
     if with_compile:
         torch._dynamo.reset()  # a fresh cache: no recompile limit across cases
-        compiled = torch.compile(mamba._gated_rmsnorm)
+        compiled = torch.compile(chain)
         fns["compile"] = lambda: compiled(x, z, w, EPS, group_size, NORM_BEFORE_GATE)
     theirs = peers.mamba_rmsnorm_fn() if x.is_cuda else None
     if theirs is not None:
