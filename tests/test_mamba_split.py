@@ -8,7 +8,7 @@ reference.gated_rms_norm, F.linear); options: seq_idx (int32 and int64, padding 
 initial states, a d_mlp part, no out_proj, no norm (the scan gated by z), no activation,
 one group and several, D [H] and [H, P]. Then what it keeps between the passes (mamba_ssm's
 set: not the conv's output), final_states alone, autocast, the Mamba2 module on it,
-mamba_ssm's signature, and on CUDA its agreement with the CPU."""
+mamba_ssm's signature, and on CUDA its agreement with the float64 reference."""
 import inspect
 
 import pytest
@@ -306,23 +306,29 @@ def test_signature_is_mamba_ssms():
 
 
 @requires_cuda
-@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[3]], ids=["mamba2", "mlp", "no_norm"])
-def test_cuda_matches_cpu(config):
-    """float32 on CUDA against the float64 reference (the SSD scan's CUDA float32 bound),
-    every gradient included."""
-    t, kw = make_problem(config, torch.float32, "cuda")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[3], CONFIGS[6]],
+                         ids=["mamba2", "mlp", "no_norm", "padding"])
+def test_cuda_matches_reference(config, dtype):
+    """On CUDA, against the float64 reference on the CPU within the SSD scan's CUDA bound
+    for the dtype (rtol_for), every gradient included."""
+    t, kw = make_problem(config, dtype, "cuda")
     chunk = 6
-    out_ref, final_ref = pure_reference({k: (v.double().cpu() if v is not None else None) for k, v in t.items()},
-                                        {**kw, "seq_idx": kw["seq_idx"].cpu() if kw["seq_idx"] is not None else None},
-                                        chunk)
-    dout = torch.randn(out_ref.shape, dtype=torch.float64)
-    dfinal = torch.randn(final_ref.shape, dtype=torch.float64)
-    ours = outputs_and_grads(fused, t, kw, chunk, dout.cuda().float(), dfinal.cuda().float())
     t64 = {k: (v.double().cpu() if v is not None else None) for k, v in t.items()}
     kw64 = {**kw, "seq_idx": kw["seq_idx"].cpu() if kw["seq_idx"] is not None else None}
+    out_ref, final_ref = pure_reference(t64, kw64, chunk)
+    dout = torch.randn(out_ref.shape, dtype=torch.float64)
+    dfinal = torch.randn(final_ref.shape, dtype=torch.float64)
+    ours = outputs_and_grads(fused, t, kw, chunk, dout.to("cuda", dtype), dfinal.to("cuda", ours_state(dtype)))
     expect = outputs_and_grads(pure_reference, t64, kw64, chunk, dout, dfinal)
-    rtol = rtol_for(torch.float32, "cuda")
+    rtol = rtol_for(dtype, "cuda")
     check(ours[0], expect[0], rtol, "out")
     check(ours[1], expect[1], rtol, "final_states")
     for k in ours[2]:
+        assert ours[2][k].dtype == dtype, k
         check(ours[2][k], expect[2][k], rtol, f"d{k}")
+
+
+def ours_state(dtype):
+    """final_states' dtype: float32, float64 for float64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
