@@ -212,9 +212,11 @@ class _SplitConfig(NamedTuple):
 
 
 def _split_zxbcdt(cfg: _SplitConfig, t: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(zx0, z, xBC, dt): views of zxbcdt (or of its gradient)."""
-    return tuple(torch.split(t, [2 * cfg.d_mlp, cfg.dim, cfg.dim + 2 * cfg.ngroups * cfg.dstate, cfg.nheads],
-                             dim=-1))
+    """(zx0, z, xBC, dt): views of zxbcdt (or of its gradient; one slice each, not
+    torch.split's multi-output views, so that the backward may write into them)."""
+    sizes = (2 * cfg.d_mlp, cfg.dim, cfg.dim + 2 * cfg.ngroups * cfg.dstate, cfg.nheads)
+    starts = (0, sizes[0], sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
+    return tuple(t[..., a:a + n] for a, n in zip(starts, sizes))
 
 
 def _conv_parts(cfg: _SplitConfig) -> Tuple[Tuple[int, int], ...]:
@@ -250,19 +252,23 @@ class _SplitConv1dScan(torch.autograd.Function):
     copied once into place; nothing is concatenated): the conv's backward runs once per
     x, B and C channel range so that the scan's three gradients are never joined, and with
     out_proj the d_mlp and SSM parts take their own products (out_proj's input is never
-    concatenated either)."""
+    concatenated either).
+
+    The forward is context-free (setup_context saves), so that torch.func's grad and vjp
+    apply (not vmap: the backward writes into its one buffer); what the backward needs
+    beyond the inputs (the scan's output and rstd) is returned as two more,
+    non-differentiable outputs that the caller drops."""
 
     @staticmethod
-    def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
+    def forward(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
                 rmsnorm_weight, outproj_weight, outproj_bias, cfg: _SplitConfig):
-        ctx.set_materialize_grads(False)
         zx0, z, xBC, dt = _split_zxbcdt(cfg, zxbcdt)
         x, B, C = _split_xBC(cfg, _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, cfg.silu))
         rms = rmsnorm_weight is not None
         y, final_states, y_pre = torch.ops.baracuda.ssd_chunk_scan_combined(
             x, dt, A, B, C, cfg.chunk_size, D, None if rms else z.unflatten(-1, (cfg.nheads, cfg.headdim)),
             dt_bias, initial_states, seq_idx, True, cfg.dt_limit[0], cfg.dt_limit[1], cfg.state_dtype)
-        rstd = None
+        rstd = y.new_empty(0, dtype=torch.float32)  # (none without the norm)
         if rms:
             saved = y  # the scan's output, the norm's input
             y, rstd = torch.ops.baracuda.gated_rms_norm(saved.flatten(-2), rmsnorm_weight, None, z, cfg.eps,
@@ -270,21 +276,31 @@ class _SplitConv1dScan(torch.autograd.Function):
         else:
             saved = y_pre  # the scan's output before the gate
             y = y.flatten(-2)
-        proj_dtype = outproj_weight.dtype if outproj_weight is not None else None
-        out, outproj_weight = _out_proj(_swiglu(zx0) if cfg.d_mlp else None, y, outproj_weight,
-                                        outproj_bias, cfg.linear_dtype)
+        out = _out_proj(_swiglu(zx0) if cfg.d_mlp else None, y, outproj_weight, outproj_bias,
+                        cfg.linear_dtype)
+        return out, final_states, saved, rstd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx, rmsnorm_weight,
+         outproj_weight, outproj_bias, cfg) = inputs
+        out, _, saved, rstd = output
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(saved, rstd)
         ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, saved, A, D, dt_bias, initial_states,
                               seq_idx, rmsnorm_weight, rstd, outproj_weight, outproj_bias)
         ctx.cfg = cfg
         ctx.out_meta = (out.shape, out.dtype)
-        ctx.outproj_dtype = proj_dtype
-        return out, final_states
 
     @staticmethod
-    def backward(ctx, dout, dfinal_states):
+    @torch.autograd.function.once_differentiable  # the ops have no second derivative
+    def backward(ctx, dout, dfinal_states, _dsaved, _drstd):
         (zxbcdt, conv1d_weight, conv1d_bias, saved, A, D, dt_bias, initial_states, seq_idx,
          rmsnorm_weight, rstd, outproj_weight, outproj_bias) = ctx.saved_tensors
         cfg = ctx.cfg
+        proj_dtype = outproj_weight.dtype if outproj_weight is not None else None
+        if outproj_weight is not None and cfg.linear_dtype is not None:  # as the forward used it
+            outproj_weight = outproj_weight.to(cfg.linear_dtype)
         if dout is None:  # only final_states was used
             dout = zxbcdt.new_zeros(ctx.out_meta[0], dtype=ctx.out_meta[1])
         zx0, z, xBC, dt = _split_zxbcdt(cfg, zxbcdt)
@@ -310,7 +326,7 @@ class _SplitConv1dScan(torch.autograd.Function):
                 parts = [dout2.t().mm(ssm_output().flatten(0, 1).to(dout.dtype))]
                 if d:
                     parts.insert(0, dout2.t().mm(_swiglu(zx0).flatten(0, 1).to(dout.dtype)))
-                doutproj_weight = (torch.cat(parts, 1) if d else parts[0]).to(ctx.outproj_dtype)  # small
+                doutproj_weight = (torch.cat(parts, 1) if d else parts[0]).to(proj_dtype)  # small
             if outproj_bias is not None and ctx.needs_input_grad[10]:
                 doutproj_bias = dout2.sum(0).to(outproj_bias.dtype)
             dmlp = F.linear(dout, outproj_weight[:, :d].t()) if d else None
@@ -351,23 +367,23 @@ class _SplitConv1dScan(torch.autograd.Function):
 
 
 def _out_proj(mlp: Optional[Tensor], y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-              linear_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Optional[Tensor]]:
-    """(out, the weight as used): ``F.linear(cat([mlp, y]), weight, bias)`` without
-    building the concatenation (the mlp part's product is added into the output in place),
-    in ``linear_dtype`` when autocast gives one (mamba_ssm casts there too); without a
-    weight, the concatenation itself (the output)."""
+              linear_dtype: Optional[torch.dtype]) -> Tensor:
+    """``F.linear(cat([mlp, y]), weight, bias)`` without building the concatenation (the
+    mlp part's product is added into the output in place), in ``linear_dtype`` when
+    autocast gives one (mamba_ssm casts there too); without a weight, the concatenation
+    itself (the output)."""
     if weight is None:
-        return (y if mlp is None else torch.cat([mlp, y], dim=-1)), None
+        return y if mlp is None else torch.cat([mlp, y], dim=-1)
     if linear_dtype is not None:
         weight, y = weight.to(linear_dtype), y.to(linear_dtype)
         bias = bias.to(linear_dtype) if bias is not None else None
         mlp = mlp.to(linear_dtype) if mlp is not None else None
     if mlp is None:
-        return F.linear(y, weight, bias), weight
+        return F.linear(y, weight, bias)
     d = mlp.size(-1)
     out = F.linear(y, weight[:, d:], bias)
     out.view(-1, out.size(-1)).addmm_(mlp.reshape(-1, d), weight[:, :d].t())
-    return out, weight
+    return out
 
 
 def _gated_tail(y: Tensor, z: Tensor, zx0: Tensor, cfg: _SplitConfig, rmsnorm_weight: Optional[Tensor],
@@ -379,7 +395,7 @@ def _gated_tail(y: Tensor, z: Tensor, zx0: Tensor, cfg: _SplitConfig, rmsnorm_we
         out = torch.ops.baracuda.gated_rms_norm(out, rmsnorm_weight, None, z, cfg.eps, cfg.dim // cfg.ngroups,
                                                 cfg.norm_before_gate)[0]
     return _out_proj(_swiglu(zx0) if cfg.d_mlp else None, out, outproj_weight, outproj_bias,
-                     cfg.linear_dtype)[0]
+                     cfg.linear_dtype)
 
 
 def mamba_split_conv1d_scan_combined(
@@ -482,7 +498,7 @@ def mamba_split_conv1d_scan_combined(
                        activation is not None, rmsnorm_eps if rmsnorm_weight is not None else 0.0,
                        norm_before_gate, state_dtype, linear_dtype)
     if cp_group is None:
-        out, final_states = _SplitConv1dScan.apply(
+        out, final_states, _, _ = _SplitConv1dScan.apply(
             zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
             rmsnorm_weight, outproj_weight, outproj_bias, cfg)
         return (out, final_states) if return_final_states else out

@@ -7,7 +7,7 @@ pure-PyTorch reference (reference.causal_conv1d, reference.ssd_chunk_scan_combin
 reference.gated_rms_norm, F.linear); options: seq_idx (int32 and int64, padding steps),
 initial states, a d_mlp part, no out_proj, no norm (the scan gated by z), no activation,
 one group and several, D [H] and [H, P]. Then what it keeps between the passes (mamba_ssm's
-set: not the conv's output), final_states alone, autocast, the Mamba2 module on it,
+set: not the conv's output), final_states alone, torch.func's grad and vjp, the second derivative's error, autocast, the Mamba2 module on it,
 mamba_ssm's signature, and on CUDA its agreement with the float64 reference."""
 import inspect
 
@@ -288,6 +288,41 @@ def test_autocast_cpu_bfloat16():
     for (n, p), a, e in zip(m.named_parameters(), got, exp):
         assert a.dtype == p.dtype == torch.float32, n
         torch.testing.assert_close(a, e, rtol=2e-2, atol=2e-2 * e.abs().max().item(), msg=n)
+
+
+@pytest.mark.parametrize("config", [CONFIGS[1], CONFIGS[3]], ids=["norm_mlp", "no_norm"])
+def test_torch_func_grad_and_vjp(config):
+    """torch.func.grad and vjp through the Function give torch.autograd's gradients."""
+    from torch.func import grad, vjp
+    t, kw = make_problem(config)
+    names = [k for k, v in t.items() if v is not None]
+
+    def loss(*ts):
+        out, final = fused({**t, **dict(zip(names, ts))}, kw, 6)
+        return out.sin().sum() + final.cos().sum()
+
+    inputs = [t[k] for k in names]
+    got = grad(loss, argnums=tuple(range(len(names))))(*inputs)
+    leaves = [v.detach().requires_grad_() for v in inputs]
+    expected = torch.autograd.grad(loss(*leaves), leaves)
+    for k, a, e in zip(names, got, expected):
+        torch.testing.assert_close(a, e, msg=k)
+    (out, final), pullback = vjp(lambda zx: fused({**t, "zxbcdt": zx}, kw, 6), t["zxbcdt"])
+    v = (torch.randn_like(out), torch.randn_like(final))
+    (dzx,) = pullback(v)
+    leaf = t["zxbcdt"].detach().requires_grad_()
+    o2, f2 = fused({**t, "zxbcdt": leaf}, kw, 6)
+    torch.testing.assert_close(dzx, torch.autograd.grad((o2, f2), leaf, v)[0])
+
+
+def test_second_derivative_raises():
+    """The Function is differentiable once (its ops are): a second derivative raises."""
+    t, kw = make_problem(CONFIGS[0])
+    leaf = t["zxbcdt"].detach().requires_grad_()
+    out, _ = fused({**t, "zxbcdt": leaf}, kw, 6)
+    (g,) = torch.autograd.grad(out.pow(2).sum(), leaf, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.sum().backward()
 
 
 def test_signature_is_mamba_ssms():
