@@ -15,6 +15,8 @@ and Autograd kernels) and exposes documented wrappers:
 * RMSNorm: :func:`rms_norm` (torch, LLaMA and Gemma conventions; an optional fused
   residual add), :func:`rms_norm_like` (what a given RMSNorm module computes); module
   :class:`nn.RMSNorm`
+* gated RMSNorm (Mamba-2's output norm): :func:`gated_rms_norm`, and
+  :mod:`baracuda_torch.layernorm_gated` with mamba_ssm's ``rmsnorm_fn`` and ``RMSNorm``
 * causal depthwise conv1d: :func:`causal_depthwise_conv1d`, and
   :mod:`baracuda_torch.causal_conv1d` with the causal-conv1d package's ``causal_conv1d_fn``
   and ``causal_conv1d_update`` (the decoding step)
@@ -33,7 +35,7 @@ shapes, errors, precision, determinism) is in the repository's ``docs/ops.md``.
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
-from . import causal_conv1d, functional, mamba, nn, reference
+from . import causal_conv1d, functional, layernorm_gated, mamba, nn, reference
 # torch.func rules (grad, vjp, jacrev, jacfwd, vmap) of every op; see _autograd.py.
 from . import _grad_gated_activation  # noqa: F401
 from . import _grad_gather  # noqa: F401
@@ -57,5 +59,5 @@ with_cuda: bool = _C.with_cuda
 
 __all__ = [
     "PlanInfo", "explain", "get_preference", "set_preference", "preference", "with_cuda",
-    "causal_conv1d", "functional", "mamba", "nn", "reference",
+    "causal_conv1d", "functional", "layernorm_gated", "mamba", "nn", "reference",
 ] + functional.__all__

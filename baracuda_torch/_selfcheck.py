@@ -278,6 +278,22 @@ def check_causal_conv1d(device: str, dtype: torch.dtype, big: bool) -> Iterator[
         ("causal_conv1d_update", (xs, st, w, b, "silu")), dtype, updated=(1,))
 
 
+# ---- gated_rms_norm
+@check
+def check_gated_rms_norm(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:
+    # Mamba-2 2.7B's output norm (d_inner 5120) with one group and with 8.
+    rows, hidden = (4096, 5120) if big else (256, 640)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype)
+    z = torch.randn(rows, hidden, device=device, dtype=dtype)
+    w = 1 + 0.1 * torch.randn(hidden, device=device, dtype=dtype)
+    for groups, before in ((1, True), (8, False)):
+        size = hidden // groups
+        yield run_case(f"gated_rms_norm[groups={groups},norm_before_gate={before}]",
+                       lambda t, g, v, s=size, b=before: bt.gated_rms_norm(t, v, g, 1e-5, s, b),
+                       lambda t, g, v, s=size, b=before: ref.gated_rms_norm(t, v, None, g, 1e-5, s, b)[0],
+                       [x, z, w], ("gated_rms_norm", (x, w, None, z, 1e-5, size, before)))
+
+
 # ---- ssd_chunk_scan
 @check
 def check_ssd_chunk_scan(device: str, dtype: torch.dtype, big: bool) -> Iterator[Result]:

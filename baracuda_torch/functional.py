@@ -552,6 +552,64 @@ def _hf_rms_norms() -> list:
             ("gemma", GemmaRMSNorm, "eps", ("forward", "_norm"))]
 
 
+# ---- gated_rms_norm ---------------------------------------------------------------
+
+__all__ += ["gated_rms_norm"]
+
+
+def gated_rms_norm(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: float = 1e-6,
+                   group_size: Optional[int] = None, norm_before_gate: bool = True, *,
+                   bias: Optional[Tensor] = None) -> Tensor:
+    """The gated RMSNorm of a Mamba-2 layer (mamba_ssm's ``rmsnorm_fn``; the same
+    function under mamba_ssm's names and signatures is in
+    :mod:`baracuda_torch.layernorm_gated`), forward and backward in one pass each.
+
+    The last dim's N channels split into groups of ``group_size`` (all N when None), each
+    normalized by its own ``rstd = rsqrt(mean(h²) + eps)``, in float32 (float64 for
+    float64 x)::
+
+        norm_before_gate=True:   h = x,            y = (h·rstd·weight + bias) · silu(z)
+        norm_before_gate=False:  h = x · silu(z),  y = h·rstd·weight + bias
+
+    without z, ``y = h·rstd·weight + bias`` with ``h = x``; y is cast once to x's dtype
+    (:func:`baracuda_torch.reference.gated_rms_norm` states it in PyTorch, its first
+    output).
+
+    Differentiable once (x, weight, z, bias; a second derivative raises
+    ``NotImplementedError``). The backward reuses the forward's per-group rstd (saved with
+    x, z, weight and bias) and sums the weight's and bias's gradients per fixed block of
+    rows, then over the blocks in order (bitwise reproducible). Any strides, every float
+    dtype.
+
+    Args:
+        x: ``[*, N]``; float32, float16, bfloat16 or float64.
+        weight: ``[N]``, x's dtype or float32.
+        z: the gate, x's shape and dtype, or None.
+        eps: added to each group's mean square; finite and >= 0.
+        group_size: channels a group (>= 1, dividing N), or None for one group.
+        norm_before_gate: normalize, then gate (True), or gate, then normalize.
+        bias: ``[N]``, the weight's dtype, or None (keyword only: mamba_ssm's RMSNorm
+            module has none).
+
+    Returns:
+        ``y``, contiguous, x's shape and dtype.
+
+    Raises:
+        ValueError: a weight, bias or z of another shape, group_size < 1 or not dividing
+            N, eps negative or not finite, a 0-dim x.
+        TypeError: non-floating x, a weight other than x's dtype or float32, a bias
+            other than the weight's dtype, a z other than x's dtype.
+        NotImplementedError: more than 8 dims.
+        RuntimeError: tensors on different devices.
+
+    Example::
+
+        >>> y = baracuda_torch.gated_rms_norm(y, norm.weight, z, 1e-5, group_size=d_ssm // ngroups,
+        ...                                    norm_before_gate=False)
+    """
+    return torch.ops.baracuda.gated_rms_norm(x, weight, bias, z, eps, group_size, norm_before_gate)[0]
+
+
 # ---- causal conv1d ---------------------------------------------------------------
 
 __all__ += ["causal_depthwise_conv1d"]

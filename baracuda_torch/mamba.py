@@ -4,13 +4,16 @@
   signature and return convention) on ``torch.ops.baracuda.ssd_chunk_scan_combined``.
 * :func:`mamba_split_conv1d_scan_combined`: mamba_ssm's fused Mamba-2 block body
   (in_proj output split, causal depthwise conv1d + SiLU, the scan, gated RMSNorm,
-  out_proj); the parts outside the scan are PyTorch ops.
+  out_proj) on baracuda's causal conv1d, SSD, gated RMSNorm and SwiGLU ops, in one
+  autograd Function that saves what mamba_ssm's does and recomputes the conv in the
+  backward.
+* :class:`RMSNormGated`: mamba_ssm's gated RMSNorm module
+  (:class:`baracuda_torch.layernorm_gated.RMSNorm`).
 * :func:`selective_state_update`: mamba_ssm's decoding step of the SSM (same signature),
   in place on the state (:func:`baracuda_torch.selective_state_update`).
 * :class:`Mamba2`: the Mamba-2 mixer layer with mamba_ssm's parameter names, shapes and
   initialisation (its ``state_dict`` loads into ``mamba_ssm.modules.mamba2.Mamba2`` and
   back), on :func:`mamba_split_conv1d_scan_combined`.
-
 * :class:`InferenceParams`: mamba_ssm's decoding cache holder (``utils.generation``);
   ``Mamba2.forward(..., inference_params=...)`` prefills through the chunked scan and then
   decodes one token at a time (``Mamba2.step``) on baracuda's decoding ops.
@@ -24,9 +27,10 @@ implemented. Context parallelism (the sequence split over the ranks of a process
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +39,7 @@ from torch import Tensor, nn
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
 from .causal_conv1d import causal_conv1d_update
 from .functional import selective_state_update
+from .layernorm_gated import RMSNorm
 
 __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "RMSNormGated",
            "Mamba2", "selective_state_update", "InferenceParams"]
@@ -179,43 +184,227 @@ def mamba_chunk_scan_combined(
 # ---- mamba_split_conv1d_scan_combined -----------------------------------------------
 
 
-def _causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seq_idx: Optional[Tensor],
+def _seq_idx_int32(seq_idx: Optional[Tensor]) -> Optional[Tensor]:
+    """seq_idx as the conv op takes it (int32; the scan takes int32 or int64)."""
+    return seq_idx if seq_idx is None or seq_idx.dtype == torch.int32 else seq_idx.to(torch.int32)
+
+
+def _causal_conv1d(xBC: Tensor, weight: Tensor, bias: Optional[Tensor], seq_idx: Optional[Tensor],
                    silu: bool) -> Tensor:
-    """Causal depthwise conv over L of x [B, L, C] with weight [C, W] (tap W-1 on the
-    current step): ``out[t] = bias + Σ_k weight[:, W-1-k] x[t-k]``, without the taps
-    that reach into an earlier sequence of ``seq_idx``; then SiLU."""
-    L, W = x.size(1), weight.size(1)
-    if seq_idx is None:
-        out = F.conv1d(x.transpose(1, 2), weight.unsqueeze(1), bias, padding=W - 1,
-                       groups=weight.size(0))[..., :L].transpose(1, 2)
-    else:
-        out = x * weight[:, W - 1]
-        for k in range(1, W):
-            if k >= L:
-                break
-            shifted = F.pad(x[:, :L - k], (0, 0, k, 0))
-            same = F.pad(seq_idx[:, k:] == seq_idx[:, :L - k], (k, 0), value=False)
-            out = out + torch.where(same[..., None], shifted, 0) * weight[:, W - 1 - k]
-        if bias is not None:
-            out = out + bias
-    return F.silu(out) if silu else out
+    """The causal depthwise conv over L (+ SiLU) of xBC [B, L, C] with weight [C, W] (tap
+    W-1 on the current step; no tap reaches into an earlier sequence of ``seq_idx``, and a
+    step with ``seq_idx < 0`` gives 0) on ``torch.ops.baracuda.causal_conv1d``: xBC is read
+    where it lies (a channel-last slice of zxbcdt), and the [B, L, C] result is one
+    channel-last buffer."""
+    out, _ = torch.ops.baracuda.causal_conv1d(xBC.transpose(1, 2), weight, bias,
+                                              _seq_idx_int32(seq_idx), None,
+                                              "silu" if silu else None)
+    return out.transpose(1, 2)
 
 
-def _gated_rmsnorm(x: Tensor, z: Optional[Tensor], weight: Tensor, eps: float, group_size: int,
-                   norm_before_gate: bool) -> Tensor:
-    """mamba_ssm's gated RMSNorm over groups of ``group_size`` channels, in float32:
-    ``rmsnorm(x) · weight · silu(z)`` (norm_before_gate) or
-    ``rmsnorm(x · silu(z)) · weight``. Returns x's dtype."""
-    dtype = x.dtype
-    xf = x.float() if x.dtype != torch.float64 else x
-    if z is not None and not norm_before_gate:
-        xf = xf * F.silu(z.to(xf.dtype))
-    g = xf.unflatten(-1, (-1, group_size))
-    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
-    out = g.flatten(-2) * weight.to(xf.dtype)
-    if z is not None and norm_before_gate:
-        out = out * F.silu(z.to(xf.dtype))
-    return out.to(dtype)
+class _SplitConfig(NamedTuple):
+    """The non-tensor arguments of the fused split-conv1d-scan, and zxbcdt's split."""
+    d_mlp: int
+    dim: int
+    nheads: int
+    headdim: int
+    ngroups: int
+    dstate: int
+    chunk_size: int
+    dt_limit: Tuple[float, float]
+    silu: bool
+    eps: float
+    norm_before_gate: bool
+    state_dtype: Optional[torch.dtype]
+    linear_dtype: Optional[torch.dtype]  # autocast's dtype for out_proj, or None
+
+
+
+def _split_zxbcdt(cfg: _SplitConfig, t: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(zx0, z, xBC, dt): views of zxbcdt (or of its gradient; one slice each, not
+    torch.split's multi-output views, so that the backward may write into them)."""
+    sizes = (2 * cfg.d_mlp, cfg.dim, cfg.dim + 2 * cfg.ngroups * cfg.dstate, cfg.nheads)
+    starts = (0, sizes[0], sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
+    return tuple(t[..., a:a + n] for a, n in zip(starts, sizes))
+
+
+def _conv_parts(cfg: _SplitConfig) -> Tuple[Tuple[int, int], ...]:
+    """The channel ranges of x, B and C in xBC."""
+    gn = cfg.ngroups * cfg.dstate
+    return (0, cfg.dim), (cfg.dim, cfg.dim + gn), (cfg.dim + gn, cfg.dim + 2 * gn)
+
+
+def _split_xBC(cfg: _SplitConfig, xBC: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """x [B, L, H, P], B and C [B, L, G, N]: views of the conv's output."""
+    x, B, C = (xBC[..., a:b] for a, b in _conv_parts(cfg))
+    return (x.unflatten(-1, (cfg.nheads, cfg.headdim)), B.unflatten(-1, (cfg.ngroups, cfg.dstate)),
+            C.unflatten(-1, (cfg.ngroups, cfg.dstate)))
+
+
+def _swiglu(zx0: Tensor) -> Tensor:
+    """silu(zx0[..., :d]) · zx0[..., d:] (gate first), on the gated-activation op."""
+    return torch.ops.baracuda.gated_activation(zx0, "swiglu", -1, True)
+
+
+class _SplitConv1dScan(torch.autograd.Function):
+    """The fused body of :func:`mamba_split_conv1d_scan_combined`, as mamba_ssm's own
+    autograd function does it, on baracuda's ops: the causal conv1d op on xBC read in
+    place from zxbcdt, the SSD op, the gated RMSNorm op, the SwiGLU op for the d_mlp part.
+
+    A Python Function rather than an op declared through OpDef: the body is a
+    composition of several ops (and out_proj's matrix products), not one kernel, and what
+    it saves and recomputes is the point: it saves what mamba_ssm saves (zxbcdt, the
+    scan's output before the norm or gate, the norm's rstd and the small parameters), so
+    the conv's output ([B, L, dim + 2GN]) is not kept between the passes but recomputed
+    in the backward. The backward writes every gradient of zxbcdt into one dzxbcdt
+    buffer, each part through its view (the ops allocate their outputs, so each part is
+    copied once into place; nothing is concatenated): the conv's backward runs once per
+    x, B and C channel range so that the scan's three gradients are never joined, and with
+    out_proj the d_mlp and SSM parts take their own products (out_proj's input is never
+    concatenated either).
+
+    The forward is context-free (setup_context saves), so that torch.func's grad and vjp
+    apply (not vmap: the backward writes into its one buffer); what the backward needs
+    beyond the inputs (the scan's output and rstd) is returned as two more,
+    non-differentiable outputs that the caller drops."""
+
+    @staticmethod
+    def forward(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
+                rmsnorm_weight, outproj_weight, outproj_bias, cfg: _SplitConfig):
+        zx0, z, xBC, dt = _split_zxbcdt(cfg, zxbcdt)
+        x, B, C = _split_xBC(cfg, _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, cfg.silu))
+        rms = rmsnorm_weight is not None
+        y, final_states, y_pre = torch.ops.baracuda.ssd_chunk_scan_combined(
+            x, dt, A, B, C, cfg.chunk_size, D, None if rms else z.unflatten(-1, (cfg.nheads, cfg.headdim)),
+            dt_bias, initial_states, seq_idx, True, cfg.dt_limit[0], cfg.dt_limit[1], cfg.state_dtype)
+        rstd = y.new_empty(0, dtype=torch.float32)  # (none without the norm)
+        if rms:
+            saved = y  # the scan's output, the norm's input
+            y, rstd = torch.ops.baracuda.gated_rms_norm(saved.flatten(-2), rmsnorm_weight, None, z, cfg.eps,
+                                                        cfg.dim // cfg.ngroups, cfg.norm_before_gate)
+        else:
+            saved = y_pre  # the scan's output before the gate
+            y = y.flatten(-2)
+        out = _out_proj(_swiglu(zx0) if cfg.d_mlp else None, y, outproj_weight, outproj_bias,
+                        cfg.linear_dtype)
+        return out, final_states, saved, rstd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx, rmsnorm_weight,
+         outproj_weight, outproj_bias, cfg) = inputs
+        out, _, saved, rstd = output
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(saved, rstd)
+        ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, saved, A, D, dt_bias, initial_states,
+                              seq_idx, rmsnorm_weight, rstd, outproj_weight, outproj_bias)
+        ctx.cfg = cfg
+        ctx.out_meta = (out.shape, out.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the ops have no second derivative
+    def backward(ctx, dout, dfinal_states, _dsaved, _drstd):
+        (zxbcdt, conv1d_weight, conv1d_bias, saved, A, D, dt_bias, initial_states, seq_idx,
+         rmsnorm_weight, rstd, outproj_weight, outproj_bias) = ctx.saved_tensors
+        cfg = ctx.cfg
+        proj_dtype = outproj_weight.dtype if outproj_weight is not None else None
+        if outproj_weight is not None and cfg.linear_dtype is not None:  # as the forward used it
+            outproj_weight = outproj_weight.to(cfg.linear_dtype)
+        if dout is None:  # only final_states was used
+            dout = zxbcdt.new_zeros(ctx.out_meta[0], dtype=ctx.out_meta[1])
+        zx0, z, xBC, dt = _split_zxbcdt(cfg, zxbcdt)
+        x, B, C = _split_xBC(cfg, _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, cfg.silu))
+        z4 = z.unflatten(-1, (cfg.nheads, cfg.headdim))
+        rms = rmsnorm_weight is not None
+        dzxbcdt = torch.empty_like(zxbcdt)
+        dzx0, dz, dxBC, ddt = _split_zxbcdt(cfg, dzxbcdt)
+        dtype, d = zxbcdt.dtype, cfg.d_mlp
+
+        def ssm_output():  # what the SSM part gave out_proj, recomputed
+            if rms:
+                return torch.ops.baracuda.gated_rms_norm(saved.flatten(-2), rmsnorm_weight, None, z, cfg.eps,
+                                                         cfg.dim // cfg.ngroups, cfg.norm_before_gate)[0]
+            return torch.ops.baracuda.gated_activation_pair(z4, saved, "swiglu").flatten(-2)
+
+        doutproj_weight = doutproj_bias = None
+        if outproj_weight is not None:
+            dout = dout.to(outproj_weight.dtype)
+            dy = F.linear(dout, outproj_weight[:, d:].t())
+            dout2 = dout.flatten(0, 1)
+            if ctx.needs_input_grad[9]:
+                parts = [dout2.t().mm(ssm_output().flatten(0, 1).to(dout.dtype))]
+                if d:
+                    parts.insert(0, dout2.t().mm(_swiglu(zx0).flatten(0, 1).to(dout.dtype)))
+                doutproj_weight = (torch.cat(parts, 1) if d else parts[0]).to(proj_dtype)  # small
+            if outproj_bias is not None and ctx.needs_input_grad[10]:
+                doutproj_bias = dout2.sum(0).to(outproj_bias.dtype)
+            dmlp = F.linear(dout, outproj_weight[:, :d].t()) if d else None
+        else:
+            dy, dmlp = dout[..., d:], dout[..., :d]
+        if d:
+            dzx0.copy_(torch.ops.baracuda.gated_activation_backward(dmlp.to(dtype), zx0, "swiglu", -1, True))
+        dy = dy.to(dtype)
+        drmsnorm_weight = None
+        if rms:
+            dy, drmsnorm_weight, _, dz_norm = torch.ops.baracuda.gated_rms_norm_backward(
+                dy, saved.flatten(-2), rmsnorm_weight, None, z, rstd, cfg.dim // cfg.ngroups,
+                cfg.norm_before_gate)
+            dz.copy_(dz_norm)
+        dx, dscan_dt, dA, dB, dC, dD, dz_scan, ddt_bias, dinitial_states = \
+            torch.ops.baracuda.ssd_chunk_scan_combined_backward(
+                dy.unflatten(-1, (cfg.nheads, cfg.headdim)), dfinal_states, x, dt, A, B, C, cfg.chunk_size, D,
+                None if rms else z4, dt_bias, initial_states, seq_idx, None if rms else saved, True,
+                cfg.dt_limit[0], cfg.dt_limit[1])
+        if not rms:
+            dz.copy_(dz_scan.flatten(-2))
+        ddt.copy_(dscan_dt)
+        dweights, dbiases = [], []
+        seq32 = _seq_idx_int32(seq_idx)
+        for (a, b), g in zip(_conv_parts(cfg), (dx, dB, dC)):
+            dpart, dw, db, _ = torch.ops.baracuda.causal_conv1d_backward(
+                g.flatten(-2).transpose(1, 2), None, xBC[..., a:b].transpose(1, 2), conv1d_weight[a:b],
+                conv1d_bias[a:b] if conv1d_bias is not None else None, seq32, None,
+                "silu" if cfg.silu else None)
+            dxBC[..., a:b].copy_(dpart.transpose(1, 2))
+            dweights.append(dw)
+            dbiases.append(db)
+        dconv1d_weight = torch.cat(dweights)  # [dim + 2GN, W]: small
+        dconv1d_bias = torch.cat(dbiases) if conv1d_bias is not None else None
+        return (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias if dt_bias is not None else None, dA, dD,
+                dinitial_states if initial_states is not None else None, None, drmsnorm_weight,
+                doutproj_weight, doutproj_bias, None)
+
+
+def _out_proj(mlp: Optional[Tensor], y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+              linear_dtype: Optional[torch.dtype]) -> Tensor:
+    """``F.linear(cat([mlp, y]), weight, bias)`` without building the concatenation (the
+    mlp part's product is added into the output in place), in ``linear_dtype`` when
+    autocast gives one (mamba_ssm casts there too); without a weight, the concatenation
+    itself (the output)."""
+    if weight is None:
+        return y if mlp is None else torch.cat([mlp, y], dim=-1)
+    if linear_dtype is not None:
+        weight, y = weight.to(linear_dtype), y.to(linear_dtype)
+        bias = bias.to(linear_dtype) if bias is not None else None
+        mlp = mlp.to(linear_dtype) if mlp is not None else None
+    if mlp is None:
+        return F.linear(y, weight, bias)
+    d = mlp.size(-1)
+    out = F.linear(y, weight[:, d:], bias)
+    out.view(-1, out.size(-1)).addmm_(mlp.reshape(-1, d), weight[:, :d].t())
+    return out
+
+
+def _gated_tail(y: Tensor, z: Tensor, zx0: Tensor, cfg: _SplitConfig, rmsnorm_weight: Optional[Tensor],
+                outproj_weight: Optional[Tensor], outproj_bias: Optional[Tensor]) -> Tensor:
+    """After the scan, composed from the ops (the context-parallel path): the gated
+    RMSNorm, the d_mlp part and out_proj."""
+    out = y.flatten(-2)
+    if rmsnorm_weight is not None:
+        out = torch.ops.baracuda.gated_rms_norm(out, rmsnorm_weight, None, z, cfg.eps, cfg.dim // cfg.ngroups,
+                                                cfg.norm_before_gate)[0]
+    return _out_proj(_swiglu(zx0) if cfg.d_mlp else None, out, outproj_weight, outproj_bias,
+                     cfg.linear_dtype)
 
 
 def mamba_split_conv1d_scan_combined(
@@ -246,6 +435,15 @@ def mamba_split_conv1d_scan_combined(
     be [B, L] of ``zxbcdt``.
 
     Returns ``out``, or ``(out, final_states)`` with ``return_final_states``.
+
+    Computed by baracuda's ops (``causal_conv1d`` reading xBC in place, with ``seq_idx``
+    as int32; ``ssd_chunk_scan_combined``; ``gated_rms_norm``; ``gated_activation``'s
+    SwiGLU for the d_mlp part) in one autograd Function: between the passes it keeps
+    zxbcdt, the scan's output (before the norm or the gate), the norm's rstd and the
+    parameters, as mamba_ssm does, recomputes the conv's output in the backward, and
+    returns zxbcdt's gradient as one buffer. A conv step whose ``seq_idx`` is negative
+    (padding) outputs 0 (the causal conv1d op's rule); under autocast, out_proj runs in
+    autocast's dtype, as in mamba_ssm.
 
     With ``cp_group`` (a ``torch.distributed`` process group), context parallelism:
     ``zxbcdt`` (and ``seq_idx``) are this rank's contiguous shard of the sequence, the
@@ -302,40 +500,28 @@ def mamba_split_conv1d_scan_combined(
                          f"[{batch}, {seqlen}], got {list(seq_idx.shape)}")
     chunk_size = _check_chunk_size("mamba_split_conv1d_scan_combined", chunk_size)
     dt_limit = _check_dt_limit("mamba_split_conv1d_scan_combined", dt_limit)
-    zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_mlp, dim, dim + 2 * ngroups * dstate, nheads],
-                                  dim=-1)
-    z4 = z.unflatten(-1, (nheads, headdim))
-
-    def split_xBC(xBC):
-        x, B, C = torch.split(xBC, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
-        return (x.unflatten(-1, (nheads, headdim)), B.unflatten(-1, (ngroups, dstate)),
-                C.unflatten(-1, (ngroups, dstate)))
-
-    if cp_group is not None:
-        from .distributed import _split_conv1d_scan_cp
-        y, final_states = _split_conv1d_scan_cp(
-            _causal_conv1d, xBC, dt, conv1d_weight, conv1d_bias, seq_idx, activation is not None,
-            split_xBC, dict(A=A, chunk_size=chunk_size, D=D,
-                            z=z4 if rmsnorm_weight is None else None, dt_bias=dt_bias,
-                            initial_states=initial_states, dt_softplus=True, dt_limit=dt_limit,
-                            state_dtype=state_dtype, fn="mamba_split_conv1d_scan_combined"),
-            cp_group)
-    else:
-        xBC = _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, activation is not None)
-        x, B, C = split_xBC(xBC)
-        y, final_states = _scan(x, dt, A, B, C, chunk_size, D,
-                                z4 if rmsnorm_weight is None else None, dt_bias, initial_states,
-                                seq_idx, True, dt_limit, state_dtype,
-                                "mamba_split_conv1d_scan_combined")
-    out = y.flatten(-2)
-    if rmsnorm_weight is not None:
-        out = _gated_rmsnorm(out, z, rmsnorm_weight, rmsnorm_eps, dim // ngroups,
-                             norm_before_gate)
-    if d_mlp > 0:
-        z0, x0 = zx0.chunk(2, dim=-1)
-        out = torch.cat([(F.silu(z0) * x0).to(out.dtype), out], dim=-1)
-    if outproj_weight is not None:
-        out = F.linear(out, outproj_weight, outproj_bias)
+    linear_dtype = None
+    if outproj_weight is not None and torch.is_autocast_enabled(zxbcdt.device.type):
+        linear_dtype = torch.get_autocast_dtype(zxbcdt.device.type)
+    cfg = _SplitConfig(d_mlp, dim, nheads, headdim, ngroups, dstate, chunk_size, dt_limit,
+                       activation is not None, rmsnorm_eps if rmsnorm_weight is not None else 0.0,
+                       norm_before_gate, state_dtype, linear_dtype)
+    if cp_group is None:
+        out, final_states, _, _ = _SplitConv1dScan.apply(
+            zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
+            rmsnorm_weight, outproj_weight, outproj_bias, cfg)
+        return (out, final_states) if return_final_states else out
+    from .distributed import _split_conv1d_scan_cp
+    zx0, z, xBC, dt = _split_zxbcdt(cfg, zxbcdt)
+    y, final_states = _split_conv1d_scan_cp(
+        _causal_conv1d, xBC, dt, conv1d_weight, conv1d_bias, seq_idx, activation is not None,
+        functools.partial(_split_xBC, cfg),
+        dict(A=A, chunk_size=chunk_size, D=D,
+             z=z.unflatten(-1, (nheads, headdim)) if rmsnorm_weight is None else None,
+             dt_bias=dt_bias, initial_states=initial_states, dt_softplus=True, dt_limit=dt_limit,
+             state_dtype=state_dtype, fn="mamba_split_conv1d_scan_combined"),
+        cp_group)
+    out = _gated_tail(y, z, zx0, cfg, rmsnorm_weight, outproj_weight, outproj_bias)
     return (out, final_states) if return_final_states else out
 
 
@@ -375,31 +561,17 @@ def _last_inputs(xBC: Tensor, width: int) -> Tensor:
 # ---- modules -----------------------------------------------------------------------
 
 
-class RMSNormGated(nn.Module):
-    """mamba_ssm's gated RMSNorm (``mamba_ssm.ops.triton.layernorm_gated.RMSNorm``):
-    ``forward(x, z=None)`` normalises groups of ``group_size`` channels (all of them by
-    default) and gates with ``silu(z)`` after (``norm_before_gate``) or before the norm."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: Optional[int] = None,
-                 norm_before_gate: bool = True, device: Optional[torch.device] = None,
-                 dtype: Optional[torch.dtype] = None) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
-        self.register_parameter("bias", None)
-        self.group_size = group_size
-        self.norm_before_gate = norm_before_gate
-
-    def forward(self, x: Tensor, z: Optional[Tensor] = None) -> Tensor:
-        return _gated_rmsnorm(x, z, self.weight, self.eps, self.group_size or x.size(-1),
-                              self.norm_before_gate)
+#: mamba_ssm's gated RMSNorm module (its ``layernorm_gated.RMSNorm``, which its Mamba2
+#: imports under this name): :class:`baracuda_torch.layernorm_gated.RMSNorm`, on the
+#: gated RMSNorm op.
+RMSNormGated = RMSNorm
 
 
 class Mamba2(nn.Module):
     """The Mamba-2 mixer layer with mamba_ssm's interface
     (``mamba_ssm.modules.mamba2.Mamba2``: the same constructor arguments, parameter
     names, shapes and initialisation, so state dicts load either way), its forward on
-    :func:`mamba_split_conv1d_scan_combined` (baracuda's fused SSD scan).
+    :func:`mamba_split_conv1d_scan_combined` (baracuda's fused ops).
 
     With ``d_inner = expand · d_model``, ``d_ssm`` (default d_inner) channels through
     the SSM, ``H = d_ssm / headdim`` heads, ``G = ngroups``, ``N = d_state``:

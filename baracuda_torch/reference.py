@@ -192,6 +192,31 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor] = None,
     return y, h, rstd
 
 
+def gated_rms_norm(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                   eps: float = 1e-6, group_size: Optional[int] = None,
+                   norm_before_gate: bool = True) -> Tuple[Tensor, Tensor]:
+    """mamba_ssm's gated RMSNorm (``rmsnorm_fn``): ``(y, rstd)``, each group of
+    ``group_size`` channels (all of them when None) normalized by its own
+    ``rstd = rsqrt(mean(h²) + eps)`` ([..., ngroups]), in float32 (float64 for float64 x):
+    ``y = (h·rstd·w + b)·silu(z)`` with ``h = x`` (``norm_before_gate``), or
+    ``y = h·rstd·w + b`` with ``h = x·silu(z)``; y in x's dtype."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    h = x.to(compute)
+    zf = z.to(compute) if z is not None else None
+    if zf is not None and not norm_before_gate:
+        h = h * F.silu(zf)
+    size = x.shape[-1] if group_size is None else group_size
+    groups = 1 if group_size is None else x.shape[-1] // group_size
+    hg = h.unflatten(-1, (groups, size))
+    rstd = torch.rsqrt(hg.pow(2).mean(-1, keepdim=True) + eps)
+    y = (hg * rstd).flatten(-2) * weight.to(compute)
+    if bias is not None:
+        y = y + bias.to(compute)
+    if zf is not None and norm_before_gate:
+        y = y * F.silu(zf)
+    return y.to(x.dtype), rstd.squeeze(-1)
+
+
 # ---- causal_conv1d ----------------------------------------------------------------
 
 

@@ -6,11 +6,11 @@ has no network); this module puts that folder on ``sys.path``. The package itsel
 imports a peer. Each loader returns None when its peer is missing or cannot load (no
 Triton, no GPU), so a benchmark simply has fewer providers.
 
-Providers: ``mamba_ssm`` (its Triton ``mamba_chunk_scan_combined`` and
-``selective_state_update``), ``causal_conv1d`` (the causal-conv1d package's
-``causal_conv1d_fn`` and ``causal_conv1d_update``, a compiled CUDA extension:
-``scripts/peers.sh build-causal-conv1d`` builds its wheel for the GPU machine and
-``install`` unpacks it; used where it imports), ``liger``
+Providers: ``mamba_ssm`` (its Triton ``mamba_chunk_scan_combined``,
+``selective_state_update`` and gated RMSNorm ``rmsnorm_fn``), ``causal_conv1d`` (the
+causal-conv1d package's ``causal_conv1d_fn`` and ``causal_conv1d_update``, a compiled CUDA
+extension: ``scripts/peers.sh build-causal-conv1d`` builds its wheel for the GPU machine
+and ``install`` unpacks it; used where it imports), ``liger``
 (Liger-Kernel's SwiGLU/GeGLU and HF-layout RoPE), ``flash_attn`` (flash-attention's
 Triton rotary kernel, ``[B, S, H, D]`` input and ``[S, R/2]`` cos/sin).
 """
@@ -40,6 +40,17 @@ def _try(load: Callable[[], object]) -> Optional[object]:
 def mamba_chunk_scan_combined() -> Optional[Callable]:
     def mamba_ssm():
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as f
+        return f
+    return _try(mamba_ssm)
+
+
+@functools.lru_cache(None)
+def mamba_rmsnorm_fn() -> Optional[Callable]:
+    """mamba_ssm's Triton gated RMSNorm, ``f(x, weight, bias, z=None, eps=1e-6,
+    group_size=None, norm_before_gate=True)`` (its ``ops/triton/layernorm_gated.py``:
+    torch, triton and einops only)."""
+    def mamba_ssm():
+        from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn as f
         return f
     return _try(mamba_ssm)
 

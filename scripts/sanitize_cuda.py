@@ -199,10 +199,61 @@ def rmsnorm_cases() -> Iterator[Case]:
                            build, run, ("rms_norm", "add_rms_norm"))
 
 
+def gated_rmsnorm_cases() -> Iterator[Case]:
+    """The gated RMSNorm over group widths that take each variant (8 lanes, a block, 4
+    vectors a thread, strided: odd, transposed, wider than the registers hold), several
+    groups a row, both gates, with and without a bias (its own backward kernels)."""
+    for dtype in DTYPES:
+        for hidden, group_size in ((64, 8), (5120, None), (5120, 640), (10240, None), (40000, 20000)):
+            for name, make in layouts((37, hidden), dtype):
+                for before, bias in ((True, False), (False, True)):
+                    def build(make=make, bias=bias, dtype=dtype):
+                        x = make()
+                        n = x.shape[-1]
+                        return (x, rand(*x.shape, dtype=dtype), rand(n, dtype=dtype),
+                                rand(n, dtype=dtype) if bias else None)
+
+                    def run(x, z, w, b, gs=group_size, hidden=hidden, before=before):
+                        return bt.gated_rms_norm(x, w, z, 1e-5, gs if x.shape[-1] == hidden else None,
+                                                 before, bias=b)
+                    yield (f"gated_rmsnorm norm_before_gate={before} bias={bias} [37, {hidden}] "
+                           f"group_size={group_size} {name}", build, run, ("gated_rms_norm",))
+
+
+def mamba_split_cases() -> Iterator[Case]:
+    """mamba_split_conv1d_scan_combined's fused Function: the causal conv1d on zxbcdt's
+    channel-last slice (and its backward once per x, B and C channel range), the scan, the
+    gated RMSNorm or the scan's own gate, SwiGLU for a d_mlp part, seq_idx with padding."""
+    from baracuda_torch.mamba import mamba_split_conv1d_scan_combined
+    for dtype in (torch.bfloat16, torch.float32):
+        for rms, d_mlp, seq in ((True, 0, False), (True, 8, True), (False, 0, True)):
+            def make(dtype=dtype, d_mlp=d_mlp, seq=seq):
+                b, L, H, P, G, N, W = 2, 70, 4, 16, 2, 16, 4
+                dim, f32 = H * P, torch.float32
+                seq_idx = None
+                if seq:
+                    seq_idx = torch.zeros(b, L, dtype=torch.int32, device="cuda")
+                    seq_idx[:, :3] = -1
+                    seq_idx[:, 40:] = 1
+                return (rand(b, L, 2 * d_mlp + 2 * dim + 2 * G * N + H, dtype=dtype),
+                        rand(dim + 2 * G * N, W, dtype=dtype), rand(dim + 2 * G * N, dtype=dtype),
+                        rand(H, dtype=f32), (-torch.rand(H, device="cuda")).requires_grad_(), rand(H, dtype=f32),
+                        rand(dim, dtype=dtype), rand(24, d_mlp + dim, dtype=dtype), seq_idx)
+
+            def run(zxbcdt, cw, cb, dt_bias, A, D, rms_w, out_w, seq_idx, rms=rms):
+                return mamba_split_conv1d_scan_combined(
+                    zxbcdt, cw, cb, dt_bias, A, D, 32, seq_idx=seq_idx, return_final_states=True,
+                    rmsnorm_weight=rms_w if rms else None, rmsnorm_eps=1e-5, outproj_weight=out_w,
+                    headdim=16, ngroups=2, norm_before_gate=False)
+            yield (f"mamba_split rms={rms} d_mlp={d_mlp} seq_idx={seq}", make, run,
+                   ("causal_conv1d", "ssd_chunk_scan_combined", "gated_rms_norm", "gated_activation"))
+
+
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,
             "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
-            "gather": gather_cases, "rmsnorm": rmsnorm_cases, "ssd": ssd_cases,
-            "ssd_options": ssd_option_cases}
+            "gather": gather_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
+            "ssd": ssd_cases,
+            "ssd_options": ssd_option_cases, "mamba_split": mamba_split_cases}
 
 
 def run_case(name: str, make, fn) -> str:

@@ -662,6 +662,91 @@ def rms_norm_bad(device):
     }
 
 
+def gated_rms_norm_samples(device, dtype, requires_grad):
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    return [SampleInput("gate after, one group", (r(4, 6, 32), r(32), None, r(4, 6, 32), 1e-6, None, True)),
+            SampleInput("gate before, 4 groups, float32 weight", (r(3, 40), w32(40), None, r(3, 40), 1e-5, 10,
+                                                                  False)),
+            SampleInput("bias, transposed x, 3 groups", (r(24, 5).t(), r(24), r(24), r(5, 24), 1e-6, 8, True)),
+            SampleInput("no z, float32 weight and bias", (r(2, 3, 16), w32(16), w32(16), None, 1e-6, 16, True)),
+            SampleInput("gate before, row slices, stride-0 weight",
+                        (r(6, 40)[:, 4:36], r(1).expand(32), None, r(6, 40)[:, 2:34], 1e-6, 4, False)),
+            SampleInput("1-d, bias", (r(16), r(16), r(16), r(16), 1e-6, 4, True)),
+            SampleInput("groups of 1, gate before", (r(3, 6), r(6), r(6), r(3, 6), 1e-2, 1, False)),
+            SampleInput("empty", (r(0, 8), r(8), r(8), r(0, 8), 1e-6, 4, True))]
+
+
+def gated_rstd(x, z, group_size, norm_before_gate):
+    """rstd of the gated op's h with eps = 0 in the op's rstd dtype (the backward samples'
+    saved value, which the reference recomputes)."""
+    ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+    return ref.gated_rms_norm(x.detach(), ones, None, None if z is None else z.detach(), 0.0, group_size,
+                              norm_before_gate)[1]
+
+
+def gated_rms_norm_backward_samples(device, dtype, requires_grad):
+    r, w32 = _rand(device, dtype), _w32(device, dtype)
+    x3, z3, x2, z2, xt, xe, ze = r(4, 6, 32), r(4, 6, 32), r(3, 40), r(3, 40), r(24, 5).t(), r(0, 8), r(0, 8)
+    return [SampleInput("gate after", (r(4, 6, 32), x3, r(32), None, z3, gated_rstd(x3, z3, None, True), None,
+                                       True)),
+            SampleInput("gate before, 4 groups, float32 weight and bias",
+                        (r(3, 40), x2, w32(40), w32(40), z2, gated_rstd(x2, z2, 10, False), 10, False)),
+            SampleInput("transposed x, no z, bias", (r(5, 24), xt, r(24), r(24), None, gated_rstd(xt, None, 8, True),
+                                                     8, True)),
+            SampleInput("empty rows: dw and db zeros", (r(0, 8), xe, r(8), r(8), ze, gated_rstd(xe, ze, 4, False), 4,
+                                                        False))]
+
+
+def gated_rms_norm_bad(device):
+    x, w, z = torch.randn(3, 8, device=device), torch.randn(8, device=device), torch.randn(3, 8, device=device)
+    rstd = gated_rstd(x, z, 4, True)
+    op, bwd = r"baracuda::gated_rms_norm: ", r"baracuda::gated_rms_norm_backward: "
+    return {
+        "gated_rms_norm": [
+            BadInput("integer x", lambda: args(x.int(), w), TypeError,
+                     op + r"x must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("0-d x", lambda: args(x[0, 0], w[:1]), ValueError,
+                     op + r"x must have at least one dimension \(the normalized one\), got a 0-dim tensor"),
+            BadInput("rank 9", lambda: args(torch.randn([1] * 8 + [4], device=device), w[:4]), NotImplementedError,
+                     op + r"x has 9 dims, at most 8"),
+            BadInput("weight size", lambda: args(x, w[:7]), ValueError,
+                     op + r"weight must have shape \[N\] = \[8\] \(x.size\(-1\)\), got \[7\]"),
+            BadInput("weight float16 for bfloat16 x", lambda: args(x.bfloat16(), w.half()), TypeError,
+                     op + r"weight must have x's dtype bfloat16 or float32, got float16"),
+            BadInput("z shape", lambda: args(x, w, None, z[:, :7]), ValueError,
+                     op + r"z must have x's sizes \[3, 8\], got \[3, 7\]"),
+            BadInput("z dtype", lambda: args(x, w, None, z.double()), TypeError,
+                     op + r"z must have x's dtype float32, got float64"),
+            BadInput("bias size", lambda: args(x, w, w[:4]), ValueError,
+                     op + r"bias must have shape \[N\] = \[8\] \(x.size\(-1\)\), got \[4\]"),
+            BadInput("bias dtype", lambda: args(x, w, w.double()), TypeError,
+                     op + r"bias must have weight's dtype float32, got float64"),
+            BadInput("group_size 0", lambda: args(x, w, None, z, 1e-6, 0), ValueError,
+                     op + r"group_size must be >= 1, got 0"),
+            BadInput("group_size not dividing N", lambda: args(x, w, None, z, 1e-6, 3), ValueError,
+                     op + r"group_size must divide x.size\(-1\) = 8, got 3"),
+            BadInput("eps negative", lambda: args(x, w, None, z, -1.0), ValueError,
+                     op + r"eps must be finite and >= 0, got -1"),
+        ],
+        "gated_rms_norm_backward": [
+            BadInput("dy shape", lambda: args(x[:, :7], x, w, None, z, rstd, 4), ValueError,
+                     bwd + r"dy must have x's sizes \[3, 8\], got \[3, 7\]"),
+            BadInput("dy dtype", lambda: args(x.double(), x, w, None, z, rstd, 4), TypeError,
+                     bwd + r"dy must have the output's dtype float32, got float64"),
+            BadInput("rstd without the groups", lambda: args(x, x, w, None, z, rstd[:, 0], 4), ValueError,
+                     bwd + r"rstd must have x's sizes without the last, then ngroups, \[3, 2\], got \[3\]"),
+            BadInput("rstd dtype", lambda: args(x, x, w, None, z, rstd.double(), 4), TypeError,
+                     bwd + r"rstd must be float32 for float32 x, got float64"),
+            BadInput("z shape", lambda: args(x, x, w, None, z[:2], rstd, 4), ValueError,
+                     bwd + r"z must have x's sizes \[3, 8\], got \[2, 8\]"),
+            BadInput("group_size not dividing N", lambda: args(x, x, w, None, z, rstd, 5), ValueError,
+                     bwd + r"group_size must divide x.size\(-1\) = 8, got 5"),
+            BadInput("bias dtype", lambda: args(x, x, w, w.half(), z, rstd, 4), TypeError,
+                     bwd + r"bias must have weight's dtype float32, got float16"),
+        ],
+    }
+
+
 # ---- causal conv1d -------------------------------------------------------------------------
 
 
@@ -1331,6 +1416,25 @@ def _rms_norm_backward_ref(dy, x, weight, rstd, convention="torch", dh=None):
     return dx, (grads[1] if weight is not None else x.new_empty(0))
 
 
+def _gated_rms_norm_backward_ref(dy, x, weight, bias, z, rstd, group_size=None, norm_before_gate=True):
+    """(dx, dw, db, dz) by autograd of the reference at eps = 0 (the samples' rstd); db
+    and dz are empty tensors without a bias, a z, as the op returns."""
+    inputs = [t for t in (x, weight, bias, z) if t is not None]
+
+    def forward(*ts):
+        it = iter(ts)
+        x, w = next(it), next(it)
+        b = next(it) if bias is not None else None
+        zz = next(it) if z is not None else None
+        return ref.gated_rms_norm(x, w, b, zz, 0.0, group_size, norm_before_gate)[0]
+
+    it = iter(_vjp(forward, dy, *inputs))
+    dx, dw = next(it), next(it)
+    db = next(it) if bias is not None else x.new_empty(0)
+    dz = next(it) if z is not None else x.new_empty(0)
+    return dx, dw, db, dz
+
+
 OP_DB = [
     OpInfo("gated_activation", gated_samples, _family(gated_bad, "gated_activation"), ref=ref.gated_activation),
     OpInfo("gated_activation_backward", gated_backward_samples, _family(gated_bad, "gated_activation_backward"),
@@ -1360,6 +1464,11 @@ OP_DB = [
     OpInfo("add_rms_norm", add_rms_norm_samples, _family(rms_norm_bad, "add_rms_norm"), ref=ref.add_rms_norm),
     OpInfo("rms_norm_backward", rms_norm_backward_samples, _family(rms_norm_bad, "rms_norm_backward"),
            ref=_rms_norm_backward_ref, supports_autograd=False),
+    OpInfo("gated_rms_norm", gated_rms_norm_samples, _family(gated_rms_norm_bad, "gated_rms_norm"),
+           ref=ref.gated_rms_norm),
+    OpInfo("gated_rms_norm_backward", gated_rms_norm_backward_samples,
+           _family(gated_rms_norm_bad, "gated_rms_norm_backward"), ref=_gated_rms_norm_backward_ref,
+           supports_autograd=False),
     OpInfo("causal_conv1d", conv_samples, _family(conv_bad, "causal_conv1d"), ref=ref.causal_conv1d),
     OpInfo("causal_conv1d_backward", conv_backward_samples, _family(conv_bad, "causal_conv1d_backward"),
            ref=_conv_backward_ref, supports_autograd=False),

@@ -13,6 +13,8 @@ constexpr const char* kFamily = "rms_norm";
 constexpr const char* kOp = "rms_norm";
 constexpr const char* kAddOp = "add_rms_norm";
 constexpr const char* kBackwardOp = "rms_norm_backward";
+constexpr const char* kGatedOp = "gated_rms_norm";
+constexpr const char* kGatedBackwardOp = "gated_rms_norm_backward";
 constexpr const char* kConventions[] = {"torch", "llama", "gemma"};
 
 int64_t pow2_ceil(int64_t v) {
@@ -58,8 +60,11 @@ void plan_variant(RmsNormLaunch& l, const DeviceInfo& device, bool unit_inner, i
       vec_ok = vec_ok && (l.lead.sizes[d] == 1 || l.lead.strides[k][d] % vec == 0);
   const int64_t v = l.cols / vec;
   int vecs = 1;
+  const int max_group = !l.backward ? (l.gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGroup)
+                        : l.gated   ? kRmsNormGatedBackwardThreads
+                                    : kRmsNormMaxBackwardGroup;
   if (l.backward) {
-    while (vecs < kRmsNormMaxVecs && (v + vecs - 1) / vecs > kRmsNormMaxBackwardGroup) vecs *= 2;
+    while (vecs < kRmsNormMaxVecs && (v + vecs - 1) / vecs > max_group) vecs *= 2;
   } else {
     // A couple of 16-byte loads in flight a thread for rows of 512+ vectors, with groups
     // of about 256 threads.
@@ -69,25 +74,40 @@ void plan_variant(RmsNormLaunch& l, const DeviceInfo& device, bool unit_inner, i
   // Groups smaller than a warp share it (a power of two, for the shuffles); larger ones
   // are whole warps.
   group = group <= 32 ? pow2_ceil(group) : (group + 31) / 32 * 32;
-  const int max_group = l.backward ? kRmsNormMaxBackwardGroup : kRmsNormMaxGroup;
   if (vec_ok && group <= max_group) {
     l.vec = vec;
     l.vecs = vecs;
     l.group = static_cast<int>(group);
-    const int threads = l.backward ? kRmsNormBackwardThreads : kRmsNormBlockThreads;
+    const int threads = !l.backward ? kRmsNormBlockThreads
+                        : l.gated   ? kRmsNormGatedBackwardThreads
+                                    : kRmsNormBackwardThreads;
     l.rows_per_block = std::max(1, threads / l.group);
   } else {  // not vectorizable, or wider than the registers hold
     l.layout = RmsNormLayout::Strided;
     l.group = kRmsNormLoopThreads;
   }
+  // The row groups on y (at least one block: with no groups the kernels do nothing).
+  l.grid_y = std::clamp<int64_t>(l.ngroups, 1, kCudaMaxGridY);  // the kernels loop over more
   if (!l.backward)
     l.grid = std::min<int64_t>((l.rows + l.rows_per_block - 1) / l.rows_per_block,
                                INT32_MAX);  // the kernels loop over more
 }
 
+// The backward's grid: the blocks that run at once (CPU: its fixed row blocks), split
+// over the row groups on y, at most one a group of rows_per_block rows.
+void plan_backward_grid(RmsNormLaunch& l, Backend backend, const std::string& op) {
+  const int64_t blocks =
+      query_backend(backend, op, kernels::rms_norm_cpu_backward_blocks,
+                    BARACUDA_CUDA_ENTRY(kernels::rms_norm_cuda_backward_blocks), l);
+  const int64_t row_groups = (l.rows + l.rows_per_block - 1) / l.rows_per_block;
+  l.grid = std::min(row_groups, std::max<int64_t>(1, blocks / l.grid_y));
+  l.dw_blocks = l.has_weight ? l.grid : 0;
+}
+
 std::string variant_name(const RmsNormLaunch& l, const DeviceInfo& device) {
   if (l.layout == RmsNormLayout::Strided) return "strided";
-  if (device.backend == Backend::Cpu) return l.element == ElementKind::F64 ? "rows" : "rows_simd";
+  if (device.backend == Backend::Cpu)  // AVX2: the plain ops, not float64
+    return l.element == ElementKind::F64 || l.gated ? "rows" : "rows_simd";
   return l.group <= 32 ? "warp_vec16" : "block_vec16";
 }
 
@@ -100,6 +120,52 @@ void set_scalars(RmsNormLaunch& l, double eps) {
 
 TensorLayout rows_layout(ElementKind dtype, const TensorLayout& x, bool drop_last) {
   return dense_output_layout(dtype, x.rank - (drop_last ? 1 : 0), x.sizes.data());
+}
+
+// rstd's layout: x's leading sizes (the gated op: then ngroups).
+TensorLayout rstd_output_layout(const RmsNormLaunch& l, const TensorLayout& x) {
+  const ElementKind dtype = rms_norm_rstd_dtype(x.dtype);
+  if (!l.gated) return rows_layout(dtype, x, true);
+  auto sizes = x.sizes;
+  sizes[x.rank - 1] = l.ngroups;
+  return dense_output_layout(dtype, x.rank, sizes.data());
+}
+
+// A 1-d output of `n` elements (0 when the operand is absent).
+TensorLayout vector_layout(ElementKind dtype, bool present, int64_t n) {
+  const int64_t size = present ? n : 0;
+  return dense_output_layout(dtype, 1, &size);
+}
+
+// The gated op's checks (x, weight, bias, z, group_size) and launch fields; returns
+// whether every gated operand has a unit inner stride, and lowers `align` to theirs.
+bool plan_gated(RmsNormLaunch& l, const RmsNormGated& g, const TensorLayout& x,
+                const TensorLayout& weight, const std::string& op, int& align) {
+  l.ngroups = check_gated_rms_norm_problem(
+      op, x.dtype, x.rank, x.sizes.data(), weight.dtype, weight.rank, weight.sizes.data(),
+      g.bias.dtype, g.has_bias ? g.bias.rank : -1, g.bias.sizes.data(), g.z.dtype,
+      g.has_z ? g.z.rank : -1, g.z.sizes.data(), g.group_size);
+  l.gated = true;
+  l.gate = !g.has_z ? RmsNormGate::None
+           : g.norm_before_gate ? RmsNormGate::After : RmsNormGate::Before;
+  l.has_bias = g.has_bias;
+  l.b_stride = g.has_bias ? g.bias.strides[0] : 0;
+  if (g.has_bias) align = std::min(align, g.bias.alignment);
+  if (g.has_z) align = std::min(align, g.z.alignment);
+  return !g.has_bias || l.b_stride == 1;
+}
+
+// After plan_rows: the gated op's row groups of `cols` channels.
+void split_groups(RmsNormLaunch& l) {
+  if (l.gated && l.ngroups > 0) l.cols /= l.ngroups;
+}
+
+const char* op_name(const RmsNormDescriptor& d) {
+  return d.gated.on ? kGatedOp : d.has_residual ? kAddOp : kOp;
+}
+
+const char* op_name(const RmsNormBackwardDescriptor& d) {
+  return d.gated.on ? kGatedBackwardOp : kBackwardOp;
 }
 
 void check_forward(const RmsNormDescriptor& d, const std::string& op) {
@@ -140,44 +206,54 @@ double resolve_rms_norm_eps(const std::string& op, std::optional<double> eps, El
 }
 
 RmsNormPlan RmsNormPlan::select(const RmsNormDescriptor& d, PlanPreference) {
-  const std::string op = d.has_residual ? kAddOp : kOp;
-  check_forward(d, op);
-  const double eps = resolve_rms_norm_eps(op, d.eps, d.x.dtype);
+  const std::string op = op_name(d);
   RmsNormPlan p;
   p.desc_ = d;
   RmsNormLaunch& l = p.launch_;
+  int align = d.x.alignment;
+  bool gated_unit = true;
+  if (d.gated.on)
+    gated_unit = plan_gated(l, d.gated, d.x, d.weight, op, align);
+  else
+    check_forward(d, op);
+  const double eps = resolve_rms_norm_eps(op, d.eps, d.x.dtype);
   l.element = d.x.dtype;
   l.weight_element = d.has_weight ? d.weight.dtype : d.x.dtype;
   l.out_element = rms_norm_out_dtype(d.x.dtype, d.has_weight, d.weight.dtype, d.convention);
   l.convention = d.convention;
   l.has_weight = d.has_weight;
   l.has_residual = d.has_residual;
-  const TensorLayout* inputs[2] = {&d.x, d.has_residual ? &d.residual : &d.x};
+  const TensorLayout* second = d.has_residual ? &d.residual : d.gated.has_z ? &d.gated.z : &d.x;
+  const TensorLayout* inputs[2] = {&d.x, second};
   plan_rows(l, d.x, inputs, 2);
+  split_groups(l);
   l.w_stride = d.has_weight ? d.weight.strides[0] : 0;
   set_scalars(l, eps);
-  const bool unit_inner =
-      l.col_stride[kRmsX] == 1 && l.col_stride[kRmsResidual] == 1 && (!d.has_weight || l.w_stride == 1);
-  int align = d.x.alignment;
+  const bool unit_inner = l.col_stride[kRmsX] == 1 && l.col_stride[kRmsResidual] == 1 &&
+                          (!d.has_weight || l.w_stride == 1) && gated_unit;
   if (d.has_residual) align = std::min(align, d.residual.alignment);
   if (d.has_weight) align = std::min(align, d.weight.alignment);
-  plan_variant(l, d.device, unit_inner || l.cols <= 1, align, 2);
+  plan_variant(l, d.device, unit_inner || (l.cols <= 1 && l.ngroups <= 1), align, 2);
   p.y_ = rows_layout(l.out_element, d.x, false);
   p.h_ = d.has_residual ? rows_layout(d.x.dtype, d.x, false) : TensorLayout{};
-  p.rstd_ = rows_layout(rms_norm_rstd_dtype(d.x.dtype), d.x, true);
-  // "rms_norm.llama/...", "rms_norm.add_llama/...": the convention names the kernel.
+  p.rstd_ = rstd_output_layout(l, d.x);
+  // "rms_norm.llama/...", "rms_norm.add_llama/...": the convention names the kernel;
+  // "rms_norm.gated/...": the gated op's (either gate, with or without a bias).
   p.sku_ = kernel_sku(kFamily,
-                      std::string(d.has_residual ? "add_" : "") +
-                          rms_norm_convention_name(d.convention),
+                      d.gated.on ? std::string("gated")
+                                 : std::string(d.has_residual ? "add_" : "") +
+                                       rms_norm_convention_name(d.convention),
                       d.x.dtype, variant_name(l, d.device), d.device);
   return p;
 }
 
 void RmsNormPlan::can_implement(const RmsNormArgs& a) const {
-  const std::string op = desc_.has_residual ? kAddOp : kOp;
+  const std::string op = op_name(desc_);
   check_same_layout(op, "x", desc_.x, a.x.layout);
   if (desc_.has_residual) check_same_layout(op, "residual", desc_.residual, a.residual.layout);
   if (desc_.has_weight) check_same_layout(op, "weight", desc_.weight, a.weight.layout);
+  if (desc_.gated.has_z) check_same_layout(op, "z", desc_.gated.z, a.z.layout);
+  if (desc_.gated.has_bias) check_same_layout(op, "bias", desc_.gated.bias, a.bias.layout);
   check_output(op, "y", y_, a.y);
   if (desc_.has_residual) check_output(op, "h", h_, a.h);
   check_output(op, "rstd", rstd_, a.rstd);
@@ -185,13 +261,15 @@ void RmsNormPlan::can_implement(const RmsNormArgs& a) const {
 
 void RmsNormPlan::run(void* stream, Workspace workspace, const RmsNormArgs& a) const {
   can_implement(a);
-  const std::string op = desc_.has_residual ? kAddOp : kOp;
+  const std::string op = op_name(desc_);
   check_workspace(op, 0, workspace);
-  if (launch_.rows == 0) return;
+  if (launch_.rows == 0 || launch_.ngroups == 0) return;
   RmsNormLaunch l = launch_;
   l.x = a.x.data;
   l.residual = a.residual.data;
   l.weight = a.weight.data;
+  l.z = a.z.data;
+  l.bias = a.bias.data;
   l.y = a.y.data;
   l.h = a.h.data;
   l.rstd = a.rstd.data;
@@ -201,17 +279,23 @@ void RmsNormPlan::run(void* stream, Workspace workspace, const RmsNormArgs& a) c
 
 RmsNormBackwardPlan RmsNormBackwardPlan::select(const RmsNormBackwardDescriptor& d,
                                                 PlanPreference) {
-  const std::string op = kBackwardOp;
+  const std::string op = op_name(d);
   const TensorLayout& x = d.x;
-  check_rms_norm_problem(op, "x", x.dtype, x.rank, x.sizes.data(), d.weight.dtype,
-                         d.has_weight ? d.weight.rank : -1, d.weight.sizes.data(), "dh",
-                         d.dh.dtype, d.has_dh ? d.dh.rank : -1, d.dh.sizes.data());
-  const ElementKind out = rms_norm_out_dtype(x.dtype, d.has_weight, d.weight.dtype, d.convention);
-  check_rms_norm_backward(op, x.dtype, x.rank, x.sizes.data(), out, d.dy.dtype, d.dy.rank,
-                          d.dy.sizes.data(), d.rstd.dtype, d.rstd.rank, d.rstd.sizes.data());
   RmsNormBackwardPlan p;
   p.desc_ = d;
   RmsNormLaunch& l = p.launch_;
+  int align = std::min(d.dy.alignment, x.alignment);
+  bool gated_unit = true;
+  if (d.gated.on)
+    gated_unit = plan_gated(l, d.gated, x, d.weight, op, align);
+  else
+    check_rms_norm_problem(op, "x", x.dtype, x.rank, x.sizes.data(), d.weight.dtype,
+                           d.has_weight ? d.weight.rank : -1, d.weight.sizes.data(), "dh",
+                           d.dh.dtype, d.has_dh ? d.dh.rank : -1, d.dh.sizes.data());
+  const ElementKind out = rms_norm_out_dtype(x.dtype, d.has_weight, d.weight.dtype, d.convention);
+  check_rms_norm_backward(op, x.dtype, x.rank, x.sizes.data(), out, d.dy.dtype, d.dy.rank,
+                          d.dy.sizes.data(), d.rstd.dtype, d.rstd.rank, d.rstd.sizes.data(),
+                          d.gated.on ? &l.ngroups : nullptr);
   l.backward = true;
   l.element = x.dtype;
   l.weight_element = d.has_weight ? d.weight.dtype : x.dtype;
@@ -219,52 +303,64 @@ RmsNormBackwardPlan RmsNormBackwardPlan::select(const RmsNormBackwardDescriptor&
   l.convention = d.convention;
   l.has_weight = d.has_weight;
   l.has_residual = d.has_dh;
-  // rstd has one dim fewer: give it x's rank with a last stride that is never used.
+  // rstd has one dim fewer (the gated op: its last dim is the row group): give it x's
+  // rank, with the row groups' stride last (never used by the plain ops).
   TensorLayout rstd = d.rstd;
   rstd.rank = x.rank;
   rstd.sizes = x.sizes;
-  rstd.strides[x.rank - 1] = 0;
-  const TensorLayout* inputs[4] = {&d.dy, &x, d.has_dh ? &d.dh : &x, &rstd};
+  if (!d.gated.on) rstd.strides[x.rank - 1] = 0;
+  const TensorLayout* third = d.has_dh ? &d.dh : d.gated.has_z ? &d.gated.z : &x;
+  const TensorLayout* inputs[4] = {&d.dy, &x, third, &rstd};
   plan_rows(l, x, inputs, 4);
-  l.col_stride[kRmsRstd] = 1;  // not an inner walk: keeps the unit-stride test simple
+  split_groups(l);
   l.w_stride = d.has_weight ? d.weight.strides[0] : 0;
   set_scalars(l, 0.0);
   const bool unit_inner = l.col_stride[kRmsDy] == 1 && l.col_stride[kRmsBx] == 1 &&
-                          l.col_stride[kRmsDh] == 1 && (!d.has_weight || l.w_stride == 1);
-  int align = std::min(d.dy.alignment, x.alignment);
+                          l.col_stride[kRmsDh] == 1 && (!d.has_weight || l.w_stride == 1) &&
+                          gated_unit;
   if (d.has_dh) align = std::min(align, d.dh.alignment);
   if (d.has_weight) align = std::min(align, d.weight.alignment);
-  plan_variant(l, d.device, unit_inner || l.cols <= 1, align, 3);
-  l.grid = query_backend(d.device.backend, op, kernels::rms_norm_cpu_backward_blocks,
-                         BARACUDA_CUDA_ENTRY(kernels::rms_norm_cuda_backward_blocks), l);
-  l.dw_blocks = d.has_weight ? l.grid : 0;
+  plan_variant(l, d.device, unit_inner || (l.cols <= 1 && l.ngroups <= 1), align, 3);
+  plan_backward_grid(l, d.device.backend, op);
   p.dx_ = rows_layout(x.dtype, x, false);
-  const int64_t dw_size = d.has_weight ? l.cols : 0;
-  p.dw_ = dense_output_layout(l.weight_element, 1, &dw_size);
-  p.workspace_ = static_cast<size_t>(l.dw_blocks * l.cols) *
+  p.dw_ = vector_layout(l.weight_element, d.has_weight, l.width());
+  if (d.gated.on) {
+    p.dz_ = d.gated.has_z ? rows_layout(x.dtype, x, false) : vector_layout(x.dtype, false, 0);
+    p.db_ = vector_layout(l.weight_element, d.gated.has_bias, l.width());
+  }
+  p.workspace_ = static_cast<size_t>(l.dw_blocks * l.width() * (l.has_bias ? 2 : 1)) *
                  static_cast<size_t>(element_size(rms_norm_rstd_dtype(x.dtype)));
   // Every sum has a fixed order (rows within a block, then blocks in order): deterministic.
-  p.sku_ = kernel_sku(kFamily, std::string(rms_norm_convention_name(d.convention)) + "_backward",
+  p.sku_ = kernel_sku(kFamily,
+                      std::string(d.gated.on ? "gated" : rms_norm_convention_name(d.convention)) +
+                          "_backward",
                       x.dtype, variant_name(l, d.device), d.device);
   return p;
 }
 
 void RmsNormBackwardPlan::can_implement(const RmsNormBackwardArgs& a) const {
-  const std::string op = kBackwardOp;
+  const std::string op = op_name(desc_);
   check_same_layout(op, "dy", desc_.dy, a.dy.layout);
   check_same_layout(op, "x", desc_.x, a.x.layout);
   if (desc_.has_weight) check_same_layout(op, "weight", desc_.weight, a.weight.layout);
   check_same_layout(op, "rstd", desc_.rstd, a.rstd.layout);
   if (desc_.has_dh) check_same_layout(op, "dh", desc_.dh, a.dh.layout);
+  if (desc_.gated.has_z) check_same_layout(op, "z", desc_.gated.z, a.z.layout);
+  if (desc_.gated.has_bias) check_same_layout(op, "bias", desc_.gated.bias, a.bias.layout);
   check_output(op, "dx", dx_, a.dx);
   check_output(op, "dw", dw_, a.dw);
+  if (desc_.gated.on) {
+    check_output(op, "dz", dz_, a.dz);
+    check_output(op, "db", db_, a.db);
+  }
 }
 
 void RmsNormBackwardPlan::run(void* stream, Workspace workspace,
                               const RmsNormBackwardArgs& a) const {
   can_implement(a);
-  check_workspace(kBackwardOp, workspace_, workspace);
-  // No rows: dw is still written (zeros) when there is a weight.
+  const std::string op = op_name(desc_);
+  check_workspace(op, workspace_, workspace);
+  // No rows: dw (and db) are still written (zeros) when there is a weight.
   if (launch_.rows == 0 && !desc_.has_weight) return;
   RmsNormLaunch l = launch_;
   l.dy = a.dy.data;
@@ -272,10 +368,14 @@ void RmsNormBackwardPlan::run(void* stream, Workspace workspace,
   l.weight = a.weight.data;
   l.rstd_in = a.rstd.data;
   l.dh = a.dh.data;
+  l.z = a.z.data;
+  l.bias = a.bias.data;
   l.dx = a.dx.data;
   l.dw = a.dw.data;
+  l.dz = a.dz.data;
+  l.db = a.db.data;
   l.workspace = workspace.data;
-  run_on_backend(desc_.device.backend, kBackwardOp, kernels::rms_norm_cpu,
+  run_on_backend(desc_.device.backend, op, kernels::rms_norm_cpu,
                  BARACUDA_CUDA_ENTRY(kernels::rms_norm_cuda), l, stream);
 }
 

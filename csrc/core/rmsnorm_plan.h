@@ -1,4 +1,5 @@
-// RMSNorm over the last dim, with an optional residual add before it.
+// RMSNorm over the last dim, with an optional residual add before it, and the gated
+// RMSNorm of a Mamba-2 layer's output (gated_rms_norm).
 //
 // Per row of N = x.size(-1) elements (h = x, or h = round_x(x + residual) with a residual):
 //   rstd = 1 / sqrt(Σ h² / N + eps)            (float32; float64 for float64 x)
@@ -19,6 +20,24 @@
 //   dw = Σ_rows dy · m,  m = round_x(n) (llama) or n
 // dw is reduced deterministically: per-block partial sums in float32 (float64) into the
 // workspace, then a column sum over the blocks in a fixed order.
+//
+// Gated RMSNorm (mamba_ssm's RMSNorm of layernorm_gated): the torch convention over row
+// groups, the N channels of a row split into N / group_size groups of `cols` = group_size
+// channels, each normalized by its own rstd (saved per row group, [..., ngroups]), with an
+// optional bias b and gate z (x's shape), all in float32 (float64), y cast once to x's
+// dtype:
+//   gate after the norm (norm_before_gate):  h = x,            y = (n·w + b) · silu(z)
+//   gate before it:                          h = x · silu(z),  y = n·w + b
+// Backward, with u = dy·silu(z) (gate after) or dy, and silu'(z) = σ(z)(1 + z(1 − σ(z))):
+//   dh = rstd · (u·w − n·c),  c = Σ u·w·n / cols per row group
+//   gate after:  dx = dh,              dz = dy · (n·w + b) · silu'(z)
+//   gate before: dx = dh · silu(z),    dz = dh · x · silu'(z)
+//   dw = Σ_rows u·n,  db = Σ_rows u   (per-block partials, as dw above)
+// It is this family's plan with options rather than a family of its own: a row group is
+// a row of `cols` elements at column g·cols, so the variants, the work decomposition, the
+// walks and the deterministic partial sums are RMSNorm's; z takes the residual's operand
+// slot (the gated op has no residual), and on CUDA the gate and bias are compiled only
+// into the gated op's kernel instantiations.
 #pragma once
 
 #include <optional>
@@ -43,6 +62,10 @@ RmsNormConvention parse_rms_norm_convention(const std::string& name, const std::
 //           threads on CUDA, two passes over the row ("strided").
 enum class RmsNormLayout : uint8_t { Rows, Strided };
 
+// Where the gated op applies silu(z): nowhere (no z, and the plain ops), after the norm
+// (norm_before_gate) or before it.
+enum class RmsNormGate : uint8_t { None, After, Before };
+
 // CUDA: threads a row in the strided variant (one row per block).
 constexpr int kRmsNormLoopThreads = 256;
 // CUDA, rows variant: vectors a thread holds (registers) and threads a row, at most
@@ -53,29 +76,46 @@ constexpr int kRmsNormLoopThreads = 256;
 constexpr int kRmsNormMaxVecs = 4;
 constexpr int kRmsNormMaxGroup = 1024;
 constexpr int kRmsNormMaxBackwardGroup = 512;
+// The gated op's forward holds z too: groups of up to 512 threads, so that 4 vectors a
+// thread fit in the 128 registers its launch bounds allow (ptxas for sm_90 spills them
+// within 64), rows of up to 2048 vectors (16384 16-bit elements) a row group.
+constexpr int kRmsNormGatedMaxGroup = 512;
 // CUDA, rows variant: threads a forward block at least (rows of small groups share a
 // block).
 constexpr int kRmsNormBlockThreads = 256;
 // CUDA, rows variant: threads a backward block (the kernels' launch bounds: up to 128
-// registers a thread; ptxas for sm_90 uses 78 for one bfloat16 vector a thread, 93 for
+// registers a thread; ptxas for sm_90 uses 90 for one bfloat16 vector a thread, 105 for
 // two). Its row groups add their dw partials in shared memory, so the workspace holds
 // one partial row per block, and the grid is the blocks that are resident at once
 // (kernels::rms_norm_cuda_backward_blocks asks the occupancy calculator).
 constexpr int kRmsNormBackwardThreads = 512;
+// CUDA, the gated op's rows backward: threads a row group at most, and a block; up to 2
+// vectors a thread, two blocks share an SM (the kernels' launch bounds cap them at 96
+// registers; ptxas for sm_90: no spills for 16-bit data without a bias, where it takes
+// 101 uncapped; with a bias, 2 vectors spill 40 bytes, 56 with a float32 weight), so
+// that rows of 5120 16-bit elements (Mamba-2 2.7B's d_inner, 320 threads of 2 vectors)
+// overlap one block's loads with the other's reduction.
+constexpr int kRmsNormGatedBackwardThreads = 320;
 // CPU: blocks of rows whose dw partials the backward sums (fixed, so the result does not
 // depend on the thread count).
 constexpr int64_t kRmsNormCpuDwBlocks = 64;
 // CUDA: threads a block of the dw column-sum kernel.
 constexpr int kRmsNormReduceThreads = 256;
 
-// Operands of the leading dims (per-row offsets), forward and backward.
-enum RmsNormOperand : int { kRmsX = 0, kRmsResidual = 1 };                    // forward
-enum RmsNormBackwardOperand : int { kRmsDy = 0, kRmsBx = 1, kRmsDh = 2, kRmsRstd = 3 };  // backward
+// Operands of the leading dims (per-row offsets), forward and backward. The gated op's z
+// takes the slot of the residual (forward) and of dh (backward), which it does not have.
+enum RmsNormOperand : int { kRmsX = 0, kRmsResidual = 1, kRmsZ = 1 };  // forward
+enum RmsNormBackwardOperand : int {
+  kRmsDy = 0, kRmsBx = 1, kRmsDh = 2, kRmsBz = 2, kRmsRstd = 3  // backward
+};
 
 // Everything a kernel needs; filled by the plan, consumed by the CPU and CUDA launchers.
 // Row r (row-major over x's leading dims) of input operand k starts at element offset
 // Σ_d coord_d(r) · lead.strides[k][d] (coords over lead.sizes), its element j at
-// + j · col_stride[k]. Outputs are contiguous: y, h and dx at r·cols, rstd at r.
+// + j · col_stride[k]. Row group g of row r (the gated op; g = 0 and ngroups = 1
+// otherwise) is that row's elements [g·cols, (g + 1)·cols); its saved rstd is backward
+// rstd operand's row offset + g · col_stride[kRmsRstd]. Outputs are contiguous: y, h, dx,
+// dz at (r·ngroups + g)·cols, rstd at r·ngroups + g.
 struct RmsNormLaunch {
   bool backward = false;
   ElementKind element = ElementKind::F32;         // x, residual, h, dh, dx
@@ -84,30 +124,41 @@ struct RmsNormLaunch {
   RmsNormConvention convention = RmsNormConvention::Torch;
   bool has_weight = false;
   bool has_residual = false;  // forward: h = x + residual; backward: dh given
+  // The gated op (torch convention, y in x's dtype): its gate, bias and row groups.
+  bool gated = false;
+  RmsNormGate gate = RmsNormGate::None;
+  bool has_bias = false;
+  int64_t ngroups = 1;
   RmsNormLayout layout = RmsNormLayout::Strided;
   int64_t rows = 0, cols = 0;
   CoalescedDims lead;                      // leading dims, strides of the input operands
   int64_t col_stride[kMaxOperands] = {};   // inner stride of each input operand
   int64_t w_stride = 0;
+  int64_t b_stride = 0;
   float eps = 0.0f;                        // in the compute type (float64: eps64)
   double eps64 = 0.0;
   float inv_cols = 0.0f;                   // 1 / N, rounded to the compute type
   double inv_cols64 = 0.0;
   // CUDA work decomposition (rows variant: `vec` elements a vector, `vecs` vectors a
   // thread, `group` threads a row, `rows_per_block` rows a block; strided: group =
-  // kRmsNormLoopThreads, one row a block). Block b walks the row groups b, b + grid, ...:
-  // the forward's grid is ceil(rows / rows_per_block) (at most 2^31 - 1), the
-  // backward's the blocks resident at once (CPU: its fixed row blocks), each writing its
-  // dw partial to workspace row b.
+  // kRmsNormLoopThreads, one row a block). Block (b, y) walks the groups of rows b,
+  // b + grid, ... (`rows_per_block` rows each) in the row groups g = y, y + grid_y, ...:
+  // the forward's grid is ceil(rows / rows_per_block) (at most 2^31 - 1) by
+  // min(ngroups, kCudaMaxGridY), the backward's the blocks resident at once split over
+  // the same y (CPU: its fixed row blocks, each over every row group), block b writing
+  // its dw (db) partials to workspace row b.
   int vec = 1, vecs = 1, group = 1, rows_per_block = 1;
-  int64_t grid = 0;
+  int64_t grid = 0, grid_y = 1;
   int sm_count = 0;  // the device's, for the backward's grid
-  // Backward: rows of float32 (float64) dw partials in the workspace (0 without a weight).
+  // Backward: rows of float32 (float64) dw partials in the workspace (0 without a weight),
+  // each ngroups·cols wide; with a bias, as many rows of db partials after them.
   int64_t dw_blocks = 0;
 
   const void* x = nullptr;         // forward: x; backward: x (h of the residual variant)
   const void* residual = nullptr;  // forward
   const void* weight = nullptr;
+  const void* z = nullptr;         // gated, with a gate
+  const void* bias = nullptr;      // gated, optional
   const void* dy = nullptr;        // backward
   const void* dh = nullptr;        // backward, optional
   const void* rstd_in = nullptr;   // backward
@@ -116,7 +167,11 @@ struct RmsNormLaunch {
   void* rstd = nullptr;            // forward
   void* dx = nullptr;              // backward
   void* dw = nullptr;              // backward, with a weight
-  void* workspace = nullptr;       // backward: dw partials [dw_blocks, cols]
+  void* dz = nullptr;              // backward, gated with a gate
+  void* db = nullptr;              // backward, gated with a bias
+  void* workspace = nullptr;       // backward: dw (then db) partials [dw_blocks, ngroups·cols]
+
+  int64_t width() const { return ngroups * cols; }  // x.size(-1)
 };
 
 // The dtype of y (and dy): x's, except the llama convention with a float32 weight and a
@@ -169,14 +224,56 @@ void check_rms_norm_problem(const std::string& op, const char* x_name, ElementKi
   }
 }
 
+// "[s0, ..., s(rank-1)]", then `last` as one more size when it is not null.
+template <class Int>
+std::string sizes_str(const Int* sizes, int rank, const Int* last) {
+  std::string s = sizes_str(sizes, rank);
+  if (!last) return s;
+  s.pop_back();
+  return s + (rank ? ", " : "") + size_str(*last) + "]";
+}
+
+// The gated op's problem: x and weight as rms_norm's; z (z_rank < 0: none) x's sizes
+// and dtype; bias (b_rank < 0: none) the weight's shape and dtype; group_size (none: one
+// group of all N channels) at least 1 and dividing N. Returns ngroups.
+template <class Int>
+Int check_gated_rms_norm_problem(const std::string& op, ElementKind x_dtype, int rank,
+                                 const Int* sizes, ElementKind w_dtype, int w_rank,
+                                 const Int* w_sizes, ElementKind b_dtype, int b_rank,
+                                 const Int* b_sizes, ElementKind z_dtype, int z_rank,
+                                 const Int* z_sizes, std::optional<int64_t> group_size) {
+  check_rms_norm_problem(op, "x", x_dtype, rank, sizes, w_dtype, w_rank, w_sizes, "z", z_dtype,
+                         z_rank, z_sizes);
+  const Int& n = sizes[rank - 1];
+  if (b_rank >= 0) {
+    if (b_rank != 1 || !(b_sizes[0] == n))
+      fail(PlanErrorKind::InvalidProblem, op,
+           "bias must have shape [N] = [" + size_str(n) + "] (x.size(-1)), got " +
+               sizes_str(b_sizes, b_rank));
+    if (b_dtype != w_dtype)
+      fail(PlanErrorKind::UnsupportedDtype, op,
+           std::string("bias must have weight's dtype ") + element_name(w_dtype) + ", got " +
+               element_name(b_dtype));
+  }
+  if (!group_size) return Int(1);
+  if (*group_size < 1)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "group_size must be >= 1, got " + size_str(*group_size));
+  if (!(n % *group_size == 0))
+    fail(PlanErrorKind::InvalidProblem, op,
+         "group_size must divide x.size(-1) = " + size_str(n) + ", got " +
+             size_str(*group_size));
+  return n / *group_size;
+}
+
 // The backward's operands besides x, weight and dh (checked as the forward's x, weight
-// and residual): dy has x's sizes and the output's dtype; rstd has x's leading sizes and
-// rstd's dtype.
+// and residual): dy has x's sizes and the output's dtype; rstd has x's leading sizes
+// (then ngroups, for the gated op: `groups` not null) and rstd's dtype.
 template <class Int>
 void check_rms_norm_backward(const std::string& op, ElementKind x_dtype, int rank,
                              const Int* sizes, ElementKind out_dtype, ElementKind dy_dtype,
                              int dy_rank, const Int* dy_sizes, ElementKind rstd_dtype,
-                             int rstd_rank, const Int* rstd_sizes) {
+                             int rstd_rank, const Int* rstd_sizes, const Int* groups = nullptr) {
   bool same = dy_rank == rank;
   for (int d = 0; same && d < rank; ++d) same = dy_sizes[d] == sizes[d];
   if (!same)
@@ -187,11 +284,14 @@ void check_rms_norm_backward(const std::string& op, ElementKind x_dtype, int ran
     fail(PlanErrorKind::UnsupportedDtype, op,
          std::string("dy must have the output's dtype ") + element_name(out_dtype) + ", got " +
              element_name(dy_dtype));
-  same = rstd_rank == rank - 1;
-  for (int d = 0; same && d < rank - 1; ++d) same = rstd_sizes[d] == sizes[d];
+  const int lead = rank - 1;
+  same = rstd_rank == lead + (groups ? 1 : 0);
+  for (int d = 0; same && d < lead; ++d) same = rstd_sizes[d] == sizes[d];
+  if (same && groups) same = rstd_sizes[lead] == *groups;
   if (!same)
     fail(PlanErrorKind::InvalidProblem, op,
-         "rstd must have x's sizes without the last, " + sizes_str(sizes, rank - 1) + ", got " +
+         std::string("rstd must have x's sizes without the last") +
+             (groups ? ", then ngroups, " : ", ") + sizes_str(sizes, lead, groups) + ", got " +
              sizes_str(rstd_sizes, rstd_rank));
   if (rstd_dtype != rms_norm_rstd_dtype(x_dtype))
     fail(PlanErrorKind::UnsupportedDtype, op,
@@ -203,6 +303,18 @@ void check_rms_norm_backward(const std::string& op, ElementKind x_dtype, int ran
 // torch.nn.functional.rms_norm. Returns the eps the kernels use.
 double resolve_rms_norm_eps(const std::string& op, std::optional<double> eps, ElementKind x);
 
+// The gated op's options (`on`: gated_rms_norm, with a weight, the torch convention, no
+// residual or dh).
+struct RmsNormGated {
+  bool on = false;
+  bool has_z = false;
+  TensorLayout z;
+  bool has_bias = false;
+  TensorLayout bias;
+  std::optional<int64_t> group_size;  // none: one group of all N channels
+  bool norm_before_gate = true;
+};
+
 struct RmsNormDescriptor {
   TensorLayout x;
   bool has_residual = false;
@@ -211,6 +323,7 @@ struct RmsNormDescriptor {
   TensorLayout weight;
   std::optional<double> eps;
   RmsNormConvention convention = RmsNormConvention::Torch;
+  RmsNormGated gated;
   DeviceInfo device;
 };
 
@@ -223,6 +336,7 @@ struct RmsNormBackwardDescriptor {
   bool has_dh = false;
   TensorLayout dh;
   RmsNormConvention convention = RmsNormConvention::Torch;
+  RmsNormGated gated;
   DeviceInfo device;
 };
 
@@ -230,6 +344,8 @@ struct RmsNormArgs {
   TensorRef x;
   TensorRef residual;  // data null without one
   TensorRef weight;    // data null without one
+  TensorRef z;         // gated with a gate only
+  TensorRef bias;      // gated with a bias only
   MutTensorRef y;
   MutTensorRef h;      // residual variant only
   MutTensorRef rstd;
@@ -241,15 +357,20 @@ struct RmsNormBackwardArgs {
   TensorRef weight;  // data null without one
   TensorRef rstd;
   TensorRef dh;      // data null without one
+  TensorRef z;       // gated with a gate only
+  TensorRef bias;    // gated with a bias only
   MutTensorRef dx;
   MutTensorRef dw;   // with a weight only
+  MutTensorRef dz;   // gated with a gate only
+  MutTensorRef db;   // gated with a bias only
 };
 
 class RmsNormPlan : public PlanOf<RmsNormDescriptor, RmsNormLaunch> {
  public:
   static RmsNormPlan select(const RmsNormDescriptor& desc, PlanPreference pref);
   // What the caller allocates: y (x's sizes, the output dtype), h (x's sizes and dtype;
-  // the residual variant), rstd (x's sizes without the last), all contiguous.
+  // the residual variant), rstd (x's sizes without the last; the gated op: then ngroups),
+  // all contiguous.
   const TensorLayout& y_layout() const { return y_; }
   const TensorLayout& h_layout() const { return h_; }
   const TensorLayout& rstd_layout() const { return rstd_; }
@@ -263,14 +384,18 @@ class RmsNormPlan : public PlanOf<RmsNormDescriptor, RmsNormLaunch> {
 class RmsNormBackwardPlan : public PlanOf<RmsNormBackwardDescriptor, RmsNormLaunch> {
  public:
   static RmsNormBackwardPlan select(const RmsNormBackwardDescriptor& desc, PlanPreference pref);
-  // dx (x's sizes and dtype) and dw (the weight's sizes and dtype), contiguous.
+  // dx (x's sizes and dtype), dw (the weight's sizes and dtype; [0] without a weight),
+  // and for the gated op dz (z's, or [0] without a gate) and db (the bias's, or [0]
+  // without one), contiguous.
   const TensorLayout& dx_layout() const { return dx_; }
   const TensorLayout& dw_layout() const { return dw_; }
+  const TensorLayout& dz_layout() const { return dz_; }
+  const TensorLayout& db_layout() const { return db_; }
   void can_implement(const RmsNormBackwardArgs& args) const;
   void run(void* stream, Workspace workspace, const RmsNormBackwardArgs& args) const;
 
  private:
-  TensorLayout dx_, dw_;
+  TensorLayout dx_, dw_, dz_, db_;
 };
 
 }  // namespace baracuda

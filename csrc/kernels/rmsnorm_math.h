@@ -1,6 +1,8 @@
 // RMSNorm's per-element formulas (core/rmsnorm_plan.h), written once for the CPU and
 // CUDA kernels. Acc is float (float64 for float64 data); `round_x(v)` rounds v to x's
-// dtype and back (the llama convention's cast; identity for float32 and float64).
+// dtype and back (the llama convention's cast; identity for float32 and float64). The
+// gated op's gate is the swiglu of gated_activation_math.h (Fast: its hardware exp and
+// reciprocal, which the CUDA kernels take for 16-bit data).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,7 @@
 
 #include "core/rmsnorm_plan.h"
 #include "kernels/common.h"
+#include "kernels/gated_activation_math.h"
 
 namespace baracuda::kernels {
 
@@ -51,6 +54,17 @@ BARACUDA_HD Acc rms_norm_grad_scale(RmsNormConvention c, bool has_weight, Acc w)
 template <class Acc, class Round>
 BARACUDA_HD Acc rms_norm_dw_factor(RmsNormConvention c, Acc n, Round round_x) {
   return c == RmsNormConvention::Llama ? round_x(n) : n;
+}
+
+// The gated op's gate: v·silu(z), and (dv, dz) from the gradient d of v·silu(z):
+// dv = d·silu(z), dz = d·v·silu'(z).
+template <bool Fast, typename Acc>
+BARACUDA_HD Acc silu_gate(Acc v, Acc z) {
+  return gated_forward<GatedKind::Swiglu, Fast>(v, z);
+}
+template <bool Fast, typename Acc>
+BARACUDA_HD void silu_gate_backward(Acc d, Acc v, Acc z, Acc& dv, Acc& dz) {
+  gated_backward<GatedKind::Swiglu, Fast>(d, v, z, dv, dz);
 }
 
 // f(T{}, W{}, O{}) with the types of x, the weight and the output: (T, T, T), or a float32

@@ -1,6 +1,7 @@
 // baracuda::rms_norm, baracuda::add_rms_norm (the residual add before it) and their
-// backward baracuda::rms_norm_backward: CPU/CUDA kernels (tensor -> plan -> run), meta
-// kernels (shapes only), and the ops' declarations (torch/op_def.h).
+// backward baracuda::rms_norm_backward, and the gated RMSNorm baracuda::gated_rms_norm and
+// its backward baracuda::gated_rms_norm_backward: CPU/CUDA kernels (tensor -> plan ->
+// run), meta kernels (shapes only), and the ops' declarations (torch/op_def.h).
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 
@@ -15,10 +16,13 @@ namespace {
 constexpr const char* kOp = "rms_norm";
 constexpr const char* kAddOp = "add_rms_norm";
 constexpr const char* kBackwardOp = "rms_norm_backward";
+constexpr const char* kGatedOp = "gated_rms_norm";
+constexpr const char* kGatedBackwardOp = "gated_rms_norm_backward";
 
 using OptTensor = std::optional<at::Tensor>;
 using Tensors2 = std::tuple<at::Tensor, at::Tensor>;
 using Tensors3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Tensors4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 const at::Tensor* given(const OptTensor& t) { return t && t->defined() ? &*t : nullptr; }
 
@@ -62,38 +66,133 @@ RmsNormBackwardPlan backward_plan(const at::Tensor& dy, const at::Tensor& x,
   return RmsNormBackwardPlan::select(d, pref);
 }
 
+RmsNormGated gated_options(const at::Tensor* bias, const at::Tensor* z,
+                           std::optional<int64_t> group_size, bool norm_before_gate,
+                           const char* op) {
+  RmsNormGated g;
+  g.on = true;
+  g.has_bias = bias != nullptr;
+  if (bias) g.bias = layout_of(*bias, op, "bias");
+  g.has_z = z != nullptr;
+  if (z) g.z = layout_of(*z, op, "z");
+  g.group_size = group_size;
+  g.norm_before_gate = norm_before_gate;
+  return g;
+}
+
+RmsNormPlan gated_forward_plan(const at::Tensor& x, const at::Tensor& weight,
+                               const OptTensor& bias_opt, const OptTensor& z_opt, double eps,
+                               std::optional<int64_t> group_size, bool norm_before_gate,
+                               PlanPreference pref) {
+  const at::Tensor *bias = given(bias_opt), *z = given(z_opt);
+  const at::Tensor none;
+  check_same_device(kGatedOp, {{"x", &x}, {"weight", &weight}, {"bias", bias ? bias : &none},
+                               {"z", z ? z : &none}});
+  RmsNormDescriptor d;
+  d.x = layout_of(x, kGatedOp, "x");
+  d.has_weight = true;
+  d.weight = layout_of(weight, kGatedOp, "weight");
+  d.eps = eps;
+  d.gated = gated_options(bias, z, group_size, norm_before_gate, kGatedOp);
+  d.device = device_info(x, kGatedOp);
+  return RmsNormPlan::select(d, pref);
+}
+
+RmsNormBackwardPlan gated_backward_plan(const at::Tensor& dy, const at::Tensor& x,
+                                        const at::Tensor& weight, const OptTensor& bias_opt,
+                                        const OptTensor& z_opt, const at::Tensor& rstd,
+                                        std::optional<int64_t> group_size, bool norm_before_gate,
+                                        PlanPreference pref) {
+  const at::Tensor *bias = given(bias_opt), *z = given(z_opt);
+  const at::Tensor none;
+  check_same_device(kGatedBackwardOp, {{"dy", &dy}, {"x", &x}, {"weight", &weight},
+                                       {"bias", bias ? bias : &none}, {"z", z ? z : &none},
+                                       {"rstd", &rstd}});
+  RmsNormBackwardDescriptor d;
+  d.dy = layout_of(dy, kGatedBackwardOp, "dy");
+  d.x = layout_of(x, kGatedBackwardOp, "x");
+  d.has_weight = true;
+  d.weight = layout_of(weight, kGatedBackwardOp, "weight");
+  d.rstd = layout_of(rstd, kGatedBackwardOp, "rstd");
+  d.gated = gated_options(bias, z, group_size, norm_before_gate, kGatedBackwardOp);
+  d.device = device_info(x, kGatedBackwardOp);
+  return RmsNormBackwardPlan::select(d, pref);
+}
+
+// A call's optional operands (null: absent).
+struct Operands {
+  const at::Tensor* residual = nullptr;
+  const at::Tensor* weight = nullptr;
+  const at::Tensor* bias = nullptr;
+  const at::Tensor* z = nullptr;
+  const at::Tensor* dh = nullptr;
+};
+
+// Runs a forward plan: (y, h, rstd); h undefined without a residual.
+Tensors3 run_forward(const RmsNormPlan& plan, const char* op, const at::Tensor& x,
+                     const Operands& o) {
+  at::Tensor y = allocate(plan.y_layout(), x);
+  at::Tensor h = o.residual ? allocate(plan.h_layout(), x) : at::Tensor();
+  at::Tensor rstd = allocate(plan.rstd_layout(), x);
+  RmsNormArgs a;
+  a.x = ref_of(x, op, "x");
+  if (o.residual) a.residual = ref_of(*o.residual, op, "residual");
+  if (o.weight) a.weight = ref_of(*o.weight, op, "weight");
+  if (o.bias) a.bias = ref_of(*o.bias, op, "bias");
+  if (o.z) a.z = ref_of(*o.z, op, "z");
+  a.y = mut_ref_of(y, op, "y");
+  if (o.residual) a.h = mut_ref_of(h, op, "h");
+  a.rstd = mut_ref_of(rstd, op, "rstd");
+  plan.run(current_stream(x), Workspace{}, a);
+  return Tensors3(y, h, rstd);
+}
+
+// Runs a backward plan: (dx, dw, db, dz); db and dz undefined for rms_norm_backward.
+Tensors4 run_backward(const RmsNormBackwardPlan& plan, const char* op, const at::Tensor& dy,
+                      const at::Tensor& x, const at::Tensor& rstd, const Operands& o, bool gated) {
+  at::Tensor dx = allocate(plan.dx_layout(), x);
+  at::Tensor dw = allocate(plan.dw_layout(), x);
+  at::Tensor db = gated ? allocate(plan.db_layout(), x) : at::Tensor();
+  at::Tensor dz = gated ? allocate(plan.dz_layout(), x) : at::Tensor();
+  at::Tensor ws = allocate_workspace(plan.workspace_size(), x);
+  RmsNormBackwardArgs a;
+  a.dy = ref_of(dy, op, "dy");
+  a.x = ref_of(x, op, "x");
+  if (o.weight) a.weight = ref_of(*o.weight, op, "weight");
+  a.rstd = ref_of(rstd, op, "rstd");
+  if (o.dh) a.dh = ref_of(*o.dh, op, "dh");
+  if (o.bias) a.bias = ref_of(*o.bias, op, "bias");
+  if (o.z) a.z = ref_of(*o.z, op, "z");
+  a.dx = mut_ref_of(dx, op, "dx");
+  a.dw = mut_ref_of(dw, op, "dw");
+  if (gated) {
+    a.db = mut_ref_of(db, op, "db");
+    a.dz = mut_ref_of(dz, op, "dz");
+  }
+  plan.run(current_stream(x), workspace_of(ws), a);
+  return Tensors4(dx, dw, db, dz);
+}
+
 // (y, h, rstd); h undefined for rms_norm.
-Tensors3 run_forward(const at::Tensor& x, const at::Tensor* residual, const OptTensor& weight,
-                     std::optional<double> eps, c10::string_view convention) {
+Tensors3 plain_forward(const at::Tensor& x, const at::Tensor* residual, const OptTensor& weight,
+                       std::optional<double> eps, c10::string_view convention) {
   return translate_errors([&] {
-    const char* op = residual ? kAddOp : kOp;
     c10::DeviceGuard guard(x.device());
     const auto plan = forward_plan(x, residual, given(weight), eps, convention, current_preference());
-    at::Tensor y = allocate(plan.y_layout(), x);
-    at::Tensor h = residual ? allocate(plan.h_layout(), x) : at::Tensor();
-    at::Tensor rstd = allocate(plan.rstd_layout(), x);
-    RmsNormArgs a;
-    a.x = ref_of(x, op, "x");
-    if (residual) a.residual = ref_of(*residual, op, "residual");
-    if (given(weight)) a.weight = ref_of(*weight, op, "weight");
-    a.y = mut_ref_of(y, op, "y");
-    if (residual) a.h = mut_ref_of(h, op, "h");
-    a.rstd = mut_ref_of(rstd, op, "rstd");
-    plan.run(current_stream(x), Workspace{}, a);
-    return Tensors3(y, h, rstd);
+    return run_forward(plan, residual ? kAddOp : kOp, x, {residual, given(weight)});
   });
 }
 
 Tensors2 rms_norm_kernel(const at::Tensor& x, const OptTensor& weight, std::optional<double> eps,
                          c10::string_view convention) {
-  auto [y, h, rstd] = run_forward(x, nullptr, weight, eps, convention);
+  auto [y, h, rstd] = plain_forward(x, nullptr, weight, eps, convention);
   return Tensors2(y, rstd);
 }
 
 Tensors3 add_rms_norm_kernel(const at::Tensor& x, const at::Tensor& residual,
                              const OptTensor& weight, std::optional<double> eps,
                              c10::string_view convention) {
-  return run_forward(x, &residual, weight, eps, convention);
+  return plain_forward(x, &residual, weight, eps, convention);
 }
 
 Tensors2 rms_norm_backward_kernel(const at::Tensor& dy, const at::Tensor& x,
@@ -103,19 +202,36 @@ Tensors2 rms_norm_backward_kernel(const at::Tensor& dy, const at::Tensor& x,
     c10::DeviceGuard guard(x.device());
     const auto plan = backward_plan(dy, x, given(weight), rstd, convention, given(dh),
                                     current_preference());
-    at::Tensor dx = allocate(plan.dx_layout(), x);
-    at::Tensor dw = allocate(plan.dw_layout(), x);
-    at::Tensor ws = allocate_workspace(plan.workspace_size(), x);
-    RmsNormBackwardArgs a;
-    a.dy = ref_of(dy, kBackwardOp, "dy");
-    a.x = ref_of(x, kBackwardOp, "x");
-    if (given(weight)) a.weight = ref_of(*weight, kBackwardOp, "weight");
-    a.rstd = ref_of(rstd, kBackwardOp, "rstd");
-    if (given(dh)) a.dh = ref_of(*dh, kBackwardOp, "dh");
-    a.dx = mut_ref_of(dx, kBackwardOp, "dx");
-    a.dw = mut_ref_of(dw, kBackwardOp, "dw");
-    plan.run(current_stream(x), workspace_of(ws), a);
+    Operands o;
+    o.weight = given(weight);
+    o.dh = given(dh);
+    auto [dx, dw, db, dz] = run_backward(plan, kBackwardOp, dy, x, rstd, o, false);
     return Tensors2(dx, dw);
+  });
+}
+
+Tensors2 gated_rms_norm_kernel(const at::Tensor& x, const at::Tensor& weight,
+                               const OptTensor& bias, const OptTensor& z, double eps,
+                               std::optional<int64_t> group_size, bool norm_before_gate) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const auto plan = gated_forward_plan(x, weight, bias, z, eps, group_size, norm_before_gate,
+                                         current_preference());
+    auto [y, h, rstd] = run_forward(plan, kGatedOp, x, {nullptr, &weight, given(bias), given(z)});
+    return Tensors2(y, rstd);
+  });
+}
+
+Tensors4 gated_rms_norm_backward_kernel(const at::Tensor& dy, const at::Tensor& x,
+                                        const at::Tensor& weight, const OptTensor& bias,
+                                        const OptTensor& z, const at::Tensor& rstd,
+                                        std::optional<int64_t> group_size, bool norm_before_gate) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const auto plan = gated_backward_plan(dy, x, weight, bias, z, rstd, group_size,
+                                          norm_before_gate, current_preference());
+    return run_backward(plan, kGatedBackwardOp, dy, x, rstd,
+                        {nullptr, &weight, given(bias), given(z)}, true);
   });
 }
 
@@ -199,6 +315,62 @@ Tensors2 rms_norm_backward_meta(const at::Tensor& dy, const at::Tensor& x, const
   });
 }
 
+// The gated op's checks on symbolic sizes (gated_forward_plan's and the plan's, in their
+// order); returns ngroups.
+c10::SymInt gated_meta_checks(const char* op, const SymOperand& xs, const SymOperand& ws,
+                              const at::Tensor* bias, const SymOperand& bs, const at::Tensor* z,
+                              const SymOperand& zs, std::optional<int64_t> group_size) {
+  return check_gated_rms_norm_problem(op, xs.dtype, xs.rank(), xs.sizes.data(), ws.dtype, ws.rank(),
+                                      ws.sizes.data(), bs.dtype, bias ? bs.rank() : -1,
+                                      bs.sizes.data(), zs.dtype, z ? zs.rank() : -1,
+                                      zs.sizes.data(), group_size);
+}
+
+Tensors2 gated_rms_norm_meta(const at::Tensor& x, const at::Tensor& weight,
+                             const OptTensor& bias_opt, const OptTensor& z_opt, double eps,
+                             std::optional<int64_t> group_size, bool) {
+  return translate_errors([&] {
+    const at::Tensor *bias = given(bias_opt), *z = given(z_opt);
+    const at::Tensor none;
+    check_same_device(kGatedOp, {{"x", &x}, {"weight", &weight}, {"bias", bias ? bias : &none},
+                                 {"z", z ? z : &none}});
+    const SymOperand xs = sym_operand(&x, kGatedOp, "x"),
+                     ws = sym_operand(&weight, kGatedOp, "weight"),
+                     bs = sym_operand(bias, kGatedOp, "bias"), zs = sym_operand(z, kGatedOp, "z");
+    const c10::SymInt groups = gated_meta_checks(kGatedOp, xs, ws, bias, bs, z, zs, group_size);
+    resolve_rms_norm_eps(kGatedOp, eps, xs.dtype);
+    std::vector<c10::SymInt> rstd_sizes(xs.sizes.begin(), xs.sizes.end() - 1);
+    rstd_sizes.push_back(groups);
+    return Tensors2(at::empty_symint(xs.sizes, x.options()),
+                    at::empty_symint(rstd_sizes, x.options().dtype(scalar_type_of(
+                                                     rms_norm_rstd_dtype(xs.dtype)))));
+  });
+}
+
+Tensors4 gated_rms_norm_backward_meta(const at::Tensor& dy, const at::Tensor& x,
+                                      const at::Tensor& weight, const OptTensor& bias_opt,
+                                      const OptTensor& z_opt, const at::Tensor& rstd,
+                                      std::optional<int64_t> group_size, bool) {
+  return translate_errors([&] {
+    const char* op = kGatedBackwardOp;
+    const at::Tensor *bias = given(bias_opt), *z = given(z_opt);
+    const at::Tensor none;
+    check_same_device(op, {{"dy", &dy}, {"x", &x}, {"weight", &weight},
+                           {"bias", bias ? bias : &none}, {"z", z ? z : &none}, {"rstd", &rstd}});
+    const SymOperand ds = sym_operand(&dy, op, "dy"), xs = sym_operand(&x, op, "x"),
+                     ws = sym_operand(&weight, op, "weight"), rs = sym_operand(&rstd, op, "rstd"),
+                     bs = sym_operand(bias, op, "bias"), zs = sym_operand(z, op, "z");
+    const c10::SymInt groups = gated_meta_checks(op, xs, ws, bias, bs, z, zs, group_size);
+    check_rms_norm_backward(op, xs.dtype, xs.rank(), xs.sizes.data(), xs.dtype, ds.dtype, ds.rank(),
+                            ds.sizes.data(), rs.dtype, rs.rank(), rs.sizes.data(), &groups);
+    const auto w_options = x.options().dtype(scalar_type_of(ws.dtype));
+    const std::vector<c10::SymInt> n{xs.sizes.back()}, zero{c10::SymInt(0)};
+    return Tensors4(at::empty_symint(xs.sizes, x.options()), at::empty_symint(n, w_options),
+                    at::empty_symint(bias ? n : zero, w_options),
+                    at::empty_symint(z ? xs.sizes : zero, x.options()));
+  });
+}
+
 // The plans explain reports, one per op.
 RmsNormPlan rms_norm_plan(const at::Tensor& x, const OptTensor& weight, std::optional<double> eps,
                           c10::string_view convention, PlanPreference pref) {
@@ -253,6 +425,31 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .explain(&rms_norm_backward_plan)
       .not_differentiable("baracuda::rms_norm: double backward (the second derivative) is not "
                           "implemented");
+  // The gated RMSNorm of a Mamba-2 layer (mamba_ssm's rmsnorm_fn: its arguments, order and
+  // defaults): -> (y, rstd); rstd [x.shape[:-1], ngroups] float32 (float64 for float64 x),
+  // saved for the backward with x, weight, bias and z (no Σx² or output recomputed).
+  OpDef(m,
+        "gated_rms_norm(Tensor x, Tensor weight, Tensor? bias=None, Tensor? z=None, "
+        "float eps=1e-6, int? group_size=None, bool norm_before_gate=True) -> (Tensor, Tensor)")
+      .kernel(&gated_rms_norm_kernel)
+      .meta(&gated_rms_norm_meta)
+      .explain(&gated_forward_plan)
+      .derivative("gated_rms_norm_backward",
+                  {grad(0), arg("x"), arg("weight"), arg("bias"), arg("z"), output(1),
+                   arg("group_size"), arg("norm_before_gate")},
+                  {{"x", 0}, {"weight", 1}, {"bias", 2}, {"z", 3}})
+      .vmap_rows({"x", "z"});
+  // -> (dx, dw, db, dz); db and dz are empty tensors without a bias, a z. vmap runs it
+  // once per sample (dw and db sum over the rows).
+  OpDef(m,
+        "gated_rms_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor? bias, Tensor? z, "
+        "Tensor rstd, int? group_size=None, bool norm_before_gate=True) "
+        "-> (Tensor, Tensor, Tensor, Tensor)")
+      .kernel(&gated_rms_norm_backward_kernel)
+      .meta(&gated_rms_norm_backward_meta)
+      .explain(&gated_backward_plan)
+      .not_differentiable("baracuda::gated_rms_norm: double backward (the second derivative) is "
+                          "not implemented");
 }
 
 }  // namespace baracuda::torch_ops

@@ -2,8 +2,8 @@
 // and bfloat16 x: 16 elements a step in two float32 registers (vec_avx2_util.h), the
 // weight and the output in their own dtypes (x's or float32). The formulas are
 // rmsnorm_math.h's, term for term; the row sums add a step's lanes into two registers
-// and flush them into a float total every 64 steps (a fixed order). Other layouts and
-// float64 take the scalar kernels of rmsnorm.cpp.
+// and flush them into a float total every 64 steps (a fixed order). Other layouts,
+// float64 and the gated op take the scalar kernels of rmsnorm.cpp.
 #include <cmath>
 
 #include "kernels/cpu/rmsnorm_rows.h"
@@ -105,7 +105,8 @@ void backward(const RmsNormLaunch& l) {
   T* dx = static_cast<T*>(l.dx);
   const int64_t cols = l.cols;
   const RmsNormConvention conv = l.convention;
-  for_each_backward_row<float>(l, [&](int64_t row, const int64_t* off, float* dw_part) {
+  for_each_backward_row<float>(l, [&](int64_t row, int64_t, const int64_t* off, float* dw_part,
+                                      float*) {
     const O* dyr = dy + off[kRmsDy];
     const T* xr = x + off[kRmsBx];
     const FVec rstd(rstd_in[off[kRmsRstd]]);
@@ -153,7 +154,7 @@ void backward(const RmsNormLaunch& l) {
 }  // namespace
 
 bool rms_norm_avx2(const RmsNormLaunch& l) {
-  if (l.layout != RmsNormLayout::Rows || l.element == ElementKind::F64) return false;
+  if (l.layout != RmsNormLayout::Rows || l.element == ElementKind::F64 || l.gated) return false;
   dispatch_rms_norm(l, [&](auto t, auto wt, auto ot) {
     using T = decltype(t);
     using W = decltype(wt);

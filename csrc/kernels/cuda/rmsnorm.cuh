@@ -16,6 +16,15 @@
 // block of kRmsNormLoopThreads threads, two passes over the row (the backward's dw
 // partial accumulated in the block's workspace row).
 //
+// The gated op (Gated = true: separate instantiations, so the plain ops carry none of
+// the gate's, bias's or row groups' work; ptxas for sm_90 still gives their rows backward
+// 12 more registers than before the templating, 90 for one bfloat16 vector a thread, one
+// 512-thread block an SM either way) runs the same kernels over row groups: block (b, y) takes the groups
+// g = y, y + gridDim.y, ... of its rows, a row group being `cols` elements at column
+// g·cols; z is held in registers next to x, silu(z) is recomputed where the second
+// pass needs it (16-bit data: the hardware exp and reciprocal), and the backward keeps
+// db partials next to dw's, flushed per row group to the block's workspace rows.
+//
 // rstd is rsqrtf(mean + eps) in float32, as torch's CUDA rsqrt computes it (1/sqrt in
 // float64).
 #pragma once
@@ -35,12 +44,17 @@ struct RmsNormParams {
   int64_t w_stride;
   RmsNormConvention conv;
   bool has_weight, has_residual;
+  RmsNormGate gate;  // the gated op
+  bool has_bias;
+  int64_t ngroups, b_stride;
   float eps, inv_cols;
   double eps64, inv_cols64;
   int group, rows_per_block;
   const void* x;
   const void* residual;
   const void* weight;
+  const void* z;
+  const void* bias;
   const void* dy;
   const void* dh;
   const void* rstd_in;
@@ -48,7 +62,8 @@ struct RmsNormParams {
   void* h;
   void* rstd;
   void* dx;
-  void* workspace;  // backward: dw partials [gridDim.x, cols]
+  void* dz;
+  void* workspace;  // backward: dw (then db) partials [gridDim.x, ngroups·cols]
 
   template <typename Acc>
   __device__ __forceinline__ Acc eps_of() const {
@@ -140,6 +155,39 @@ __device__ __forceinline__ void for_each_row_group(const RmsNormParams& p, F&& b
   }
 }
 
+// body(g) for the row groups g = blockIdx.y, + gridDim.y, ... < ngroups of the gated op;
+// the plain ops: body(0), once.
+template <bool Gated, typename F>
+__device__ __forceinline__ void for_each_group(const RmsNormParams& p, F&& body) {
+  if constexpr (Gated) {
+    for (int64_t g = blockIdx.y; g < p.ngroups; g += gridDim.y) body(g);
+  } else {
+    body(int64_t{0});
+  }
+}
+
+// The index of row group g of `row` (the position of its rstd; its outputs start at
+// that times cols).
+template <bool Gated>
+__device__ __forceinline__ int64_t row_group(const RmsNormParams& p, int64_t row, int64_t g) {
+  if constexpr (Gated) return row * p.ngroups + g; else return row;
+}
+
+// The gated op's silu(z) takes the hardware exp and reciprocal for 16-bit data.
+template <typename T>
+constexpr bool kFastGate = sizeof(T) == 2;
+
+// v·silu(*z) where the gated op's gate sits at `where` (Before: v is x, giving h; After,
+// in the backward: v is dy, giving u), else v (the plain ops: always v). z is read only
+// then.
+template <bool Gated, typename T>
+__device__ __forceinline__ acc_t<T> gated_at(const RmsNormParams& p, RmsNormGate where,
+                                             acc_t<T> v, const T* z) {
+  if constexpr (Gated)
+    if (p.gate == where) return silu_gate<kFastGate<T>>(v, acc_t<T>(to_acc(*z)));
+  return v;
+}
+
 // f(k, c) for the vectors a thread holds of a row: vector k (< VPT) starts at column
 // c = (lane + k·group)·V, for those with c < cols (cols 0 for an inactive row).
 template <int VPT, int V, typename F>
@@ -153,209 +201,336 @@ __device__ __forceinline__ void for_each_vector(int lane, int group, int64_t col
 
 // ---- rows variant ----------------------------------------------------------------------
 
-template <typename T, typename W, typename O, int VPT>
-__global__ void __launch_bounds__(kRmsNormMaxGroup)
+template <typename T, typename W, typename O, int VPT, bool Gated>
+__global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGroup)
     rms_norm_rows_forward(const RmsNormParams p) {
   using Acc = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
+  constexpr bool Fast = kFastGate<T>;
   __shared__ Acc red[32];
   const int G = p.group;
   const int lane = threadIdx.x % G;
-  const W* w = static_cast<const W*>(p.weight);
-  // One pass unless there are more than 2^31 - 1 row groups.
-  for_each_row_group<2>(p, [&](int64_t row, bool active, const int64_t* off) {
-    const T* x = static_cast<const T*>(p.x) + off[kRmsX];
-    T v[VPT][V];
-    Acc ss = 0;
-    for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
-      load_vec<T, V>(x + c, v[k]);
-      if (p.has_residual) {
-        T r[V];
-        load_vec<T, V>(static_cast<const T*>(p.residual) + off[kRmsResidual] + c, r);
+  for_each_group<Gated>(p, [&](int64_t g) {
+    const int64_t c0 = g * p.cols;  // the row group's first column (unit strides here)
+    const W* w = static_cast<const W*>(p.weight) + c0;
+    const W* b = static_cast<const W*>(p.bias) + c0;
+    // One pass unless there are more than 2^31 - 1 row groups.
+    for_each_row_group<2>(p, [&](int64_t row, bool active, const int64_t* off) {
+      const T* x = static_cast<const T*>(p.x) + off[kRmsX] + c0;
+      const T* z = static_cast<const T*>(p.z) + off[kRmsZ] + c0;
+      T v[VPT][V], zv[VPT][V];
+      Acc ss = 0;
+      for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
+        load_vec<T, V>(x + c, v[k]);
+        if constexpr (Gated) {
+          if (p.gate != RmsNormGate::None) load_vec<T, V>(z + c, zv[k]);
+        } else if (p.has_residual) {
+          T r[V];
+          load_vec<T, V>(static_cast<const T*>(p.residual) + off[kRmsResidual] + c, r);
 #pragma unroll
-        for (int i = 0; i < V; ++i) v[k][i] = from_acc<T>(to_acc(v[k][i]) + to_acc(r[i]));
-        store_vec<T, V>(static_cast<T*>(p.h) + row * p.cols + c, v[k]);
-      }
+          for (int i = 0; i < V; ++i) v[k][i] = from_acc<T>(to_acc(v[k][i]) + to_acc(r[i]));
+          store_vec<T, V>(static_cast<T*>(p.h) + row * p.cols + c, v[k]);
+        }
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const Acc a = to_acc(v[k][i]);
-        ss += a * a;
-      }
-    });
-    ss = group_sum(ss, G, red);
-    const Acc rstd = rsqrt_acc(ss * p.inv_of<Acc>() + p.eps_of<Acc>());
-    if (!active) return;
-    if (lane == 0) static_cast<Acc*>(p.rstd)[row] = rstd;
-    O* y = static_cast<O*>(p.y) + row * p.cols;
-    for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
-      W wv[V];
-      if (p.has_weight) load_vec<W, V>(w + c, wv);
-      O out[V];
+        for (int i = 0; i < V; ++i) {
+          const Acc a = gated_at<Gated>(p, RmsNormGate::Before, to_acc(v[k][i]), &zv[k][i]);
+          ss += a * a;
+        }
+      });
+      ss = group_sum(ss, G, red);
+      const Acc rstd = rsqrt_acc(ss * p.inv_of<Acc>() + p.eps_of<Acc>());
+      if (!active) return;
+      const int64_t rg = row_group<Gated>(p, row, g);
+      if (lane == 0) static_cast<Acc*>(p.rstd)[rg] = rstd;
+      O* y = static_cast<O*>(p.y) + rg * p.cols;
+      for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
+        W wv[V], bv[V];
+        if (p.has_weight) load_vec<W, V>(w + c, wv);
+        if (Gated && p.has_bias) load_vec<W, V>(b + c, bv);
+        O out[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i)
-        out[i] = from_acc<O>(rms_norm_output<Acc>(p.conv, p.has_weight, to_acc(v[k][i]) * rstd,
-                                                  p.has_weight ? Acc(to_acc(wv[i])) : Acc(0),
-                                                  RoundTo<T>()));
-      store_vec<O, V>(y + c, out);
+        for (int i = 0; i < V; ++i) {
+          const Acc wi = p.has_weight ? Acc(to_acc(wv[i])) : Acc(0);
+          Acc o;
+          if constexpr (Gated) {  // (n·w + b), then ·silu(z) with the gate after the norm
+            o = gated_at<Gated>(p, RmsNormGate::Before, to_acc(v[k][i]), &zv[k][i]) * rstd *
+                wi;
+            if (p.has_bias) o += Acc(to_acc(bv[i]));
+            if (p.gate == RmsNormGate::After) o = silu_gate<Fast>(o, Acc(to_acc(zv[k][i])));
+          } else {
+            o = rms_norm_output<Acc>(p.conv, p.has_weight, to_acc(v[k][i]) * rstd, wi, RoundTo<T>());
+          }
+          out[i] = from_acc<O>(o);
+        }
+        store_vec<O, V>(y + c, out);
+      });
     });
   });
 }
 
-template <typename T, typename W, typename O, int VPT>
-__global__ void __launch_bounds__(kRmsNormBackwardThreads)
-    rms_norm_rows_backward(const RmsNormParams p) {
-  using Acc = acc_t<T>;
-  constexpr int V = 16 / sizeof(T);
-  __shared__ Acc red[32];
-  extern __shared__ __align__(16) unsigned char dw_smem_raw[];  // [cols]: several groups a block
-  const int G = p.group, R = p.rows_per_block;
+// The block's partial row of `acc` (each thread's sums over its columns of the row group)
+// into `row`: its row groups' registers added in shared memory `smem` (cols entries) in
+// group order when the block has several (R > 1). Every thread of the block calls it.
+template <typename Acc, int VPT, int V>
+__device__ __forceinline__ void store_block_partial(const Acc (&acc)[VPT][V], Acc* row, Acc* smem,
+                                                    int G, int R, int64_t cols) {
   const int lane = threadIdx.x % G, grp = threadIdx.x / G;
-  const W* w = static_cast<const W*>(p.weight);
-  const Acc inv = p.inv_of<Acc>();
-
-  Acc dw[VPT][V];
-#pragma unroll
-  for (int k = 0; k < VPT; ++k)
-#pragma unroll
-    for (int i = 0; i < V; ++i) dw[k][i] = 0;
-
-  for_each_row_group<4>(p, [&](int64_t row, bool active, const int64_t* off) {
-    const O* dy = static_cast<const O*>(p.dy) + off[kRmsDy];
-    const T* x = static_cast<const T*>(p.x) + off[kRmsBx];
-    const Acc rstd = active ? static_cast<const Acc*>(p.rstd_in)[off[kRmsRstd]] : Acc(0);
-
-    O d[VPT][V];
-    T xv[VPT][V];
-    Acc part = 0;
-    for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
-      load_vec<O, V>(dy + c, d[k]);
-      load_vec<T, V>(x + c, xv[k]);
-      W wv[V];
-      if (p.has_weight) load_vec<W, V>(w + c, wv);
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const Acc s = rms_norm_grad_scale<Acc>(p.conv, p.has_weight,
-                                               p.has_weight ? Acc(to_acc(wv[i])) : Acc(0));
-        part += Acc(to_acc(d[k][i])) * s * (to_acc(xv[k][i]) * rstd);
-      }
-    });
-    const Acc c_row = group_sum(part, G, red) * inv;
-    if (!active) return;
-    T* dx = static_cast<T*>(p.dx) + row * p.cols;
-    const T* dh = static_cast<const T*>(p.dh) + off[kRmsDh];
-    for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
-      W wv[V];
-      if (p.has_weight) load_vec<W, V>(w + c, wv);
-      T e[V];
-      if (p.has_residual) load_vec<T, V>(dh + c, e);
-      T out[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const Acc wi = p.has_weight ? Acc(to_acc(wv[i])) : Acc(0);
-        const Acc di = to_acc(d[k][i]);
-        const Acc n = to_acc(xv[k][i]) * rstd;
-        Acc r = rstd * (di * rms_norm_grad_scale<Acc>(p.conv, p.has_weight, wi) - n * c_row);
-        if (p.has_residual) r += to_acc(e[i]);
-        out[i] = from_acc<T>(r);
-        dw[k][i] += di * rms_norm_dw_factor<Acc>(p.conv, n, RoundTo<T>());
-      }
-      store_vec<T, V>(dx + c, out);
-    });
-  });
-  if (!p.has_weight) return;
-  // The block's partial row: its groups' partials added in group order.
-  Acc* part_row = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * p.cols;
   if (R == 1) {
-    for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
+    for_each_vector<VPT, V>(lane, G, cols, [&](int k, int64_t c) {
 #pragma unroll
-      for (int i = 0; i < V; ++i) part_row[c + i] = dw[k][i];
+      for (int i = 0; i < V; ++i) row[c + i] = acc[k][i];
     });
     return;
   }
-  Acc* smem = reinterpret_cast<Acc*>(dw_smem_raw);
   for (int r = 0; r < R; ++r) {
-    for_each_vector<VPT, V>(lane, G, grp == r ? p.cols : 0, [&](int k, int64_t c) {
+    for_each_vector<VPT, V>(lane, G, grp == r ? cols : 0, [&](int k, int64_t c) {
 #pragma unroll
-      for (int i = 0; i < V; ++i) smem[c + i] = r == 0 ? dw[k][i] : smem[c + i] + dw[k][i];
+      for (int i = 0; i < V; ++i) smem[c + i] = r == 0 ? acc[k][i] : smem[c + i] + acc[k][i];
     });
     __syncthreads();
   }
-  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) part_row[c] = smem[c];
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row[c] = smem[c];
+  __syncthreads();  // smem is free again
+}
+
+// Bias (the gated op with a bias): db partials in registers too (instantiated apart, so
+// that the usual case holds 8 fewer registers per vector).
+template <typename T, typename W, typename O, int VPT, bool Gated, bool Bias>
+__global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNormBackwardThreads,
+                                  Gated && VPT <= 2 ? 2 : 1)
+    rms_norm_rows_backward(const RmsNormParams p) {
+  static_assert(Gated || !Bias, "only the gated op has a bias");
+  using Acc = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  constexpr bool Fast = kFastGate<T>;
+  __shared__ Acc red[32];
+  extern __shared__ __align__(16) unsigned char dw_smem_raw[];  // [cols]: several groups a block
+  const int G = p.group, R = p.rows_per_block;
+  const int lane = threadIdx.x % G;
+  const Acc inv = p.inv_of<Acc>();
+  const int64_t width = p.ngroups * p.cols;
+
+  for_each_group<Gated>(p, [&](int64_t g) {
+    const int64_t c0 = g * p.cols;  // the row group's first column (unit strides here)
+    const W* w = static_cast<const W*>(p.weight) + c0;
+    const W* b = static_cast<const W*>(p.bias) + c0;
+    Acc dw[VPT][V], db[VPT][V];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+      for (int i = 0; i < V; ++i) dw[k][i] = db[k][i] = 0;
+
+    for_each_row_group<4>(p, [&](int64_t row, bool active, const int64_t* off) {
+      const O* dy = static_cast<const O*>(p.dy) + off[kRmsDy] + c0;
+      const T* x = static_cast<const T*>(p.x) + off[kRmsBx] + c0;
+      const T* z = static_cast<const T*>(p.z) + off[kRmsBz] + c0;
+      const int64_t rstd_at = off[kRmsRstd] + (Gated ? g * p.col_stride[kRmsRstd] : 0);
+      const Acc rstd = active ? static_cast<const Acc*>(p.rstd_in)[rstd_at] : Acc(0);
+
+      O d[VPT][V];
+      T xv[VPT][V], zv[VPT][V];
+      Acc part = 0;
+      for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
+        load_vec<O, V>(dy + c, d[k]);
+        load_vec<T, V>(x + c, xv[k]);
+        if (Gated && p.gate != RmsNormGate::None) load_vec<T, V>(z + c, zv[k]);
+        W wv[V];
+        if (p.has_weight) load_vec<W, V>(w + c, wv);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const Acc s = rms_norm_grad_scale<Acc>(p.conv, p.has_weight,
+                                                 p.has_weight ? Acc(to_acc(wv[i])) : Acc(0));
+          const Acc u = gated_at<Gated>(p, RmsNormGate::After, Acc(to_acc(d[k][i])), &zv[k][i]);
+          const Acc h = gated_at<Gated>(p, RmsNormGate::Before, to_acc(xv[k][i]), &zv[k][i]);
+          part += u * s * (h * rstd);
+        }
+      });
+      const Acc c_row = group_sum(part, G, red) * inv;
+      if (!active) return;
+      const int64_t rg = row_group<Gated>(p, row, g);
+      T* dx = static_cast<T*>(p.dx) + rg * p.cols;
+      T* dz = static_cast<T*>(p.dz) + rg * p.cols;
+      const T* dh = static_cast<const T*>(p.dh) + off[kRmsDh];
+      for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
+        W wv[V], bv[V];
+        if (p.has_weight) load_vec<W, V>(w + c, wv);
+        if constexpr (Bias) load_vec<W, V>(b + c, bv);
+        T e[V];
+        if (!Gated && p.has_residual) load_vec<T, V>(dh + c, e);
+        T out[V], dzo[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const Acc wi = p.has_weight ? Acc(to_acc(wv[i])) : Acc(0);
+          const Acc di = to_acc(d[k][i]);
+          const Acc n =
+              gated_at<Gated>(p, RmsNormGate::Before, to_acc(xv[k][i]), &zv[k][i]) * rstd;
+          if constexpr (Gated) {
+            const Acc xi = to_acc(xv[k][i]), zi = to_acc(zv[k][i]);
+            Acc u = di, dzi = 0;
+            if (p.gate == RmsNormGate::After)  // y = (n·w + b)·silu(z)
+              silu_gate_backward<Fast>(di, n * wi + (Bias ? Acc(to_acc(bv[i])) : Acc(0)), zi, u,
+                                       dzi);
+            Acc r = rstd * (u * wi - n * c_row);  // the gradient of h
+            if (p.gate == RmsNormGate::Before) {  // h = x·silu(z)
+              const Acc dhi = r;
+              silu_gate_backward<Fast>(dhi, xi, zi, r, dzi);
+            }
+            out[i] = from_acc<T>(r);
+            dzo[i] = from_acc<T>(dzi);
+            dw[k][i] += u * n;
+            if constexpr (Bias) db[k][i] += u;
+          } else {
+            Acc r = rstd * (di * rms_norm_grad_scale<Acc>(p.conv, p.has_weight, wi) - n * c_row);
+            if (p.has_residual) r += to_acc(e[i]);
+            out[i] = from_acc<T>(r);
+            dw[k][i] += di * rms_norm_dw_factor<Acc>(p.conv, n, RoundTo<T>());
+          }
+        }
+        store_vec<T, V>(dx + c, out);
+        if (Gated && p.gate != RmsNormGate::None) store_vec<T, V>(dz + c, dzo);
+      });
+    });
+    if (!p.has_weight) return;
+    // The block's partial rows (dw, then db), its row groups added in group order.
+    Acc* ws = static_cast<Acc*>(p.workspace);
+    Acc* smem = reinterpret_cast<Acc*>(dw_smem_raw);
+    store_block_partial(dw, ws + static_cast<int64_t>(blockIdx.x) * width + c0, smem, G, R, p.cols);
+    if constexpr (Bias)
+      store_block_partial(db, ws + (gridDim.x + static_cast<int64_t>(blockIdx.x)) * width + c0,
+                          smem, G, R, p.cols);
+  });
 }
 
 // ---- strided variant -------------------------------------------------------------------
 
-template <typename T, typename W, typename O>
+template <typename T, typename W, typename O, bool Gated>
 __global__ void __launch_bounds__(kRmsNormLoopThreads)
     rms_norm_strided_forward(const RmsNormParams p) {
   using Acc = acc_t<T>;
+  constexpr bool Fast = kFastGate<T>;
   __shared__ Acc red[32];
-  const W* w = static_cast<const W*>(p.weight);
-  const int64_t sx = p.col_stride[kRmsX], sr = p.col_stride[kRmsResidual];
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    int64_t off[2];
-    p.offsets(2, row, off);
-    const T* x = static_cast<const T*>(p.x) + off[kRmsX];
-    T* h = static_cast<T*>(p.h) + row * p.cols;
-    Acc ss = 0;
-    for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads) {
-      Acc v = to_acc(x[c * sx]);
-      if (p.has_residual) {
-        const T hv = from_acc<T>(v + to_acc(static_cast<const T*>(p.residual)[off[kRmsResidual] + c * sr]));
-        h[c] = hv;
-        v = to_acc(hv);
+  const int64_t sx = p.col_stride[kRmsX], sr = p.col_stride[kRmsResidual];  // sr: z's too
+  for_each_group<Gated>(p, [&](int64_t g) {
+    const int64_t c0 = g * p.cols;  // the row group's first column
+    const W* w = static_cast<const W*>(p.weight) + c0 * p.w_stride;
+    const W* b = static_cast<const W*>(p.bias) + c0 * p.b_stride;
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+      int64_t off[2];
+      p.offsets(2, row, off);
+      const T* x = static_cast<const T*>(p.x) + off[kRmsX] + c0 * sx;
+      const T* z = static_cast<const T*>(p.z) + off[kRmsZ] + c0 * sr;
+      T* h = static_cast<T*>(p.h) + row * p.cols;
+      // h of column c: x, round(x + residual) (written to h by this thread), or x·silu(z).
+      const auto h_at = [&](int64_t c) {
+        return gated_at<Gated>(p, RmsNormGate::Before, to_acc(x[c * sx]), z + c * sr);
+      };
+      Acc ss = 0;
+      for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads) {
+        Acc v = h_at(c);
+        if (!Gated && p.has_residual) {
+          const T* res = static_cast<const T*>(p.residual) + off[kRmsResidual];
+          const T hv = from_acc<T>(v + to_acc(res[c * sr]));
+          h[c] = hv;
+          v = to_acc(hv);
+        }
+        ss += v * v;
       }
-      ss += v * v;
+      ss = group_sum(ss, kRmsNormLoopThreads, red);
+      const Acc rstd = rsqrt_acc(ss * p.inv_of<Acc>() + p.eps_of<Acc>());
+      const int64_t rg = row_group<Gated>(p, row, g);
+      if (threadIdx.x == 0) static_cast<Acc*>(p.rstd)[rg] = rstd;
+      O* y = static_cast<O*>(p.y) + rg * p.cols;
+      for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads) {
+        const Acc v = !Gated && p.has_residual ? to_acc(h[c]) : h_at(c);
+        const Acc wc = p.has_weight ? Acc(to_acc(w[c * p.w_stride])) : Acc(0);
+        Acc o;
+        if constexpr (Gated) {
+          o = v * rstd * wc;
+          if (p.has_bias) o += Acc(to_acc(b[c * p.b_stride]));
+          if (p.gate == RmsNormGate::After) o = silu_gate<Fast>(o, Acc(to_acc(z[c * sr])));
+        } else {
+          o = rms_norm_output<Acc>(p.conv, p.has_weight, v * rstd, wc, RoundTo<T>());
+        }
+        y[c] = from_acc<O>(o);
+      }
     }
-    ss = group_sum(ss, kRmsNormLoopThreads, red);
-    const Acc rstd = rsqrt_acc(ss * p.inv_of<Acc>() + p.eps_of<Acc>());
-    if (threadIdx.x == 0) static_cast<Acc*>(p.rstd)[row] = rstd;
-    O* y = static_cast<O*>(p.y) + row * p.cols;
-    for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads) {
-      // h[c] was written by this thread above.
-      const Acc v = p.has_residual ? to_acc(h[c]) : to_acc(x[c * sx]);
-      const Acc wc = p.has_weight ? Acc(to_acc(w[c * p.w_stride])) : Acc(0);
-      y[c] = from_acc<O>(rms_norm_output<Acc>(p.conv, p.has_weight, v * rstd, wc, RoundTo<T>()));
-    }
-  }
+  });
 }
 
-template <typename T, typename W, typename O>
+template <typename T, typename W, typename O, bool Gated>
 __global__ void __launch_bounds__(kRmsNormLoopThreads)
     rms_norm_strided_backward(const RmsNormParams p) {
   using Acc = acc_t<T>;
+  constexpr bool Fast = kFastGate<T>;
   __shared__ Acc red[32];
-  const W* w = static_cast<const W*>(p.weight);
-  Acc* part_row = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * p.cols;
-  // This thread's columns of the block's partial row, zeroed, then added to row by row.
-  if (p.has_weight)
-    for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads) part_row[c] = 0;
+  const int64_t width = p.ngroups * p.cols;
+  Acc* part_row = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * width;
+  Acc* db_row = part_row + static_cast<int64_t>(gridDim.x) * width;  // with a bias
+  // sdh: z's stride too.
   const int64_t sdy = p.col_stride[kRmsDy], sx = p.col_stride[kRmsBx], sdh = p.col_stride[kRmsDh];
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    int64_t off[4];
-    p.offsets(4, row, off);
-    const O* dy = static_cast<const O*>(p.dy) + off[kRmsDy];
-    const T* x = static_cast<const T*>(p.x) + off[kRmsBx];
-    const T* dh = static_cast<const T*>(p.dh) + off[kRmsDh];
-    const Acc rstd = static_cast<const Acc*>(p.rstd_in)[off[kRmsRstd]];
-    const auto g_at = [&](int64_t c) {
-      const Acc wc = p.has_weight ? Acc(to_acc(w[c * p.w_stride])) : Acc(0);
-      return Acc(to_acc(dy[c * sdy])) * rms_norm_grad_scale<Acc>(p.conv, p.has_weight, wc);
-    };
-    Acc part = 0;
-    for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads)
-      part += g_at(c) * (to_acc(x[c * sx]) * rstd);
-    const Acc c_row = group_sum(part, kRmsNormLoopThreads, red) * p.inv_of<Acc>();
-    T* dx = static_cast<T*>(p.dx) + row * p.cols;
+  for_each_group<Gated>(p, [&](int64_t g) {
+    const int64_t c0 = g * p.cols;  // the row group's first column
+    const W* w = static_cast<const W*>(p.weight) + c0 * p.w_stride;
+    const W* b = static_cast<const W*>(p.bias) + c0 * p.b_stride;
+    // This thread's columns of the block's partial rows, zeroed, then added to row by row.
     for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads) {
-      const Acc n = to_acc(x[c * sx]) * rstd;
-      Acc r = rstd * (g_at(c) - n * c_row);
-      if (p.has_residual) r += to_acc(dh[c * sdh]);
-      dx[c] = from_acc<T>(r);
-      if (p.has_weight)
-        part_row[c] += Acc(to_acc(dy[c * sdy])) * rms_norm_dw_factor<Acc>(p.conv, n, RoundTo<T>());
+      if (p.has_weight) part_row[c0 + c] = 0;
+      if (Gated && p.has_bias) db_row[c0 + c] = 0;
     }
-  }
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+      int64_t off[4];
+      p.offsets(4, row, off);
+      const O* dy = static_cast<const O*>(p.dy) + off[kRmsDy] + c0 * sdy;
+      const T* x = static_cast<const T*>(p.x) + off[kRmsBx] + c0 * sx;
+      const T* dh = static_cast<const T*>(p.dh) + off[kRmsDh];
+      const T* z = static_cast<const T*>(p.z) + off[kRmsBz] + c0 * sdh;
+      const int64_t rstd_at = off[kRmsRstd] + (Gated ? g * p.col_stride[kRmsRstd] : 0);
+      const Acc rstd = static_cast<const Acc*>(p.rstd_in)[rstd_at];
+      const auto w_at = [&](int64_t c) {
+        return p.has_weight ? Acc(to_acc(w[c * p.w_stride])) : Acc(0);
+      };
+      // u (dy, or dy·silu(z)) and h (x, or x·silu(z)) of column c.
+      const auto u_at = [&](int64_t c) {
+        return gated_at<Gated>(p, RmsNormGate::After, Acc(to_acc(dy[c * sdy])), z + c * sdh);
+      };
+      const auto h_at = [&](int64_t c) {
+        return gated_at<Gated>(p, RmsNormGate::Before, to_acc(x[c * sx]), z + c * sdh);
+      };
+      Acc part = 0;
+      for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads)
+        part +=
+            u_at(c) * rms_norm_grad_scale<Acc>(p.conv, p.has_weight, w_at(c)) * (h_at(c) * rstd);
+      const Acc c_row = group_sum(part, kRmsNormLoopThreads, red) * p.inv_of<Acc>();
+      const int64_t rg = row_group<Gated>(p, row, g);
+      T* dx = static_cast<T*>(p.dx) + rg * p.cols;
+      T* dz = static_cast<T*>(p.dz) + rg * p.cols;
+      for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads) {
+        const Acc n = h_at(c) * rstd, wc = w_at(c), di = to_acc(dy[c * sdy]);
+        if constexpr (Gated) {
+          const Acc xi = to_acc(x[c * sx]);
+          const Acc zi = p.gate != RmsNormGate::None ? Acc(to_acc(z[c * sdh])) : Acc(0);
+          Acc u = di, dzi = 0;
+          if (p.gate == RmsNormGate::After)  // y = (n·w + b)·silu(z)
+            silu_gate_backward<Fast>(
+                di, n * wc + (p.has_bias ? Acc(to_acc(b[c * p.b_stride])) : Acc(0)), zi, u, dzi);
+          Acc r = rstd * (u * wc - n * c_row);  // the gradient of h
+          if (p.gate == RmsNormGate::Before) {  // h = x·silu(z)
+            const Acc dhi = r;
+            silu_gate_backward<Fast>(dhi, xi, zi, r, dzi);
+          }
+          dx[c] = from_acc<T>(r);
+          if (p.gate != RmsNormGate::None) dz[c] = from_acc<T>(dzi);
+          part_row[c0 + c] += u * n;
+          if (p.has_bias) db_row[c0 + c] += u;
+        } else {
+          Acc r = rstd * (di * rms_norm_grad_scale<Acc>(p.conv, p.has_weight, wc) - n * c_row);
+          if (p.has_residual) r += to_acc(dh[c * sdh]);
+          dx[c] = from_acc<T>(r);
+          if (p.has_weight) part_row[c] += di * rms_norm_dw_factor<Acc>(p.conv, n, RoundTo<T>());
+        }
+      }
+    }
+  });
 }
 
 // dw[c] = Σ_b partial[b][c] over the backward's blocks, in order (zeros without rows).
@@ -385,6 +560,10 @@ inline RmsNormParams rms_norm_params(const RmsNormLaunch& l) {
   p.conv = l.convention;
   p.has_weight = l.has_weight;
   p.has_residual = l.has_residual;
+  p.gate = l.gate;
+  p.has_bias = l.has_bias;
+  p.ngroups = l.ngroups;
+  p.b_stride = l.b_stride;
   p.eps = l.eps;
   p.inv_cols = l.inv_cols;
   p.eps64 = l.eps64;
@@ -394,6 +573,8 @@ inline RmsNormParams rms_norm_params(const RmsNormLaunch& l) {
   p.x = l.x;
   p.residual = l.residual;
   p.weight = l.weight;
+  p.z = l.z;
+  p.bias = l.bias;
   p.dy = l.dy;
   p.dh = l.dh;
   p.rstd_in = l.rstd_in;
@@ -401,6 +582,7 @@ inline RmsNormParams rms_norm_params(const RmsNormLaunch& l) {
   p.h = l.h;
   p.rstd = l.rstd;
   p.dx = l.dx;
+  p.dz = l.dz;
   p.workspace = l.workspace;
   return p;
 }
@@ -411,15 +593,123 @@ void dispatch_rms_norm(const RmsNormLaunch& l, F&& f) {
   dispatch_rms_norm_types(l, [](ElementKind e, auto&& g) { dispatch_floating(e, g); }, f);
 }
 
-// The rows backward's shared memory: the block's dw partial row when it has several
-// row groups.
+// f(T{}, W{}, O{}) for the plain ops (dispatch_rms_norm) or the gated op, whose output
+// has x's dtype (O = T: the only types it is instantiated for).
+template <bool Gated, typename F>
+void dispatch_rms_norm_of(const RmsNormLaunch& l, F&& f) {
+  dispatch_rms_norm(l, [&](auto t, auto wt, auto ot) {
+    if constexpr (!Gated || std::is_same_v<decltype(t), decltype(ot)>)
+      f(t, wt, ot);
+    else
+      fail(PlanErrorKind::Internal, "gated_rms_norm", "the output must have x's dtype");
+  });
+}
+
+// The rows backward's shared memory: the block's dw (then db) partial row when it has
+// several row groups.
 template <typename Acc>
 size_t rms_norm_backward_smem(const RmsNormLaunch& l) {
   return l.rows_per_block > 1 && l.has_weight ? static_cast<size_t>(l.cols) * sizeof(Acc) : 0;
 }
 
-// Instantiated once per direction (rmsnorm_forward.cu, rmsnorm_backward.cu).
-void launch_rms_norm_forward(const RmsNormLaunch& l, cudaStream_t stream);
-void launch_rms_norm_backward(const RmsNormLaunch& l, cudaStream_t stream);
+// ---- launchers: defined here, instantiated once per direction for the plain ops
+// (rmsnorm_forward.cu, rmsnorm_backward.cu) and for the gated op (rmsnorm_gated_*.cu) ----
+
+template <bool Gated>
+void launch_rms_norm_forward(const RmsNormLaunch& l, cudaStream_t stream) {
+  const RmsNormParams p = rms_norm_params(l);
+  const dim3 grid(static_cast<unsigned int>(l.grid), static_cast<unsigned int>(l.grid_y));
+  dispatch_rms_norm_of<Gated>(l, [&](auto t, auto wt, auto ot) {
+    using T = decltype(t);
+    using W = decltype(wt);
+    using O = decltype(ot);
+    if (l.layout == RmsNormLayout::Strided) {
+      rms_norm_strided_forward<T, W, O, Gated><<<grid, kRmsNormLoopThreads, 0, stream>>>(p);
+      return;
+    }
+    const unsigned int threads = static_cast<unsigned int>(l.group * l.rows_per_block);
+    switch (l.vecs) {
+      case 1: rms_norm_rows_forward<T, W, O, 1, Gated><<<grid, threads, 0, stream>>>(p); break;
+      case 2: rms_norm_rows_forward<T, W, O, 2, Gated><<<grid, threads, 0, stream>>>(p); break;
+      case 4: rms_norm_rows_forward<T, W, O, 4, Gated><<<grid, threads, 0, stream>>>(p); break;
+      default: fail(PlanErrorKind::Internal, "rms_norm", "no kernel for this vector count");
+    }
+  });
+  check_launch(Gated ? "gated_rms_norm" : l.has_residual ? "add_rms_norm" : "rms_norm");
+}
+
+using RmsNormBackwardKernel = void (*)(const RmsNormParams);
+
+// f(kernel, threads, shared memory bytes) of the backward kernel the launch picks.
+template <bool Gated, typename F>
+void with_backward_kernel(const RmsNormLaunch& l, F&& f) {
+  dispatch_rms_norm_of<Gated>(l, [&](auto t, auto wt, auto ot) {
+    using T = decltype(t);
+    using W = decltype(wt);
+    using O = decltype(ot);
+    using K = RmsNormBackwardKernel;
+    if (l.layout == RmsNormLayout::Strided)
+      return f(K(rms_norm_strided_backward<T, W, O, Gated>), kRmsNormLoopThreads, size_t{0});
+    const int threads = l.group * l.rows_per_block;
+    const size_t smem = rms_norm_backward_smem<acc_t<T>>(l);
+    const auto rows = [&](auto bias) {
+      constexpr bool B = decltype(bias)::value;
+      switch (l.vecs) {
+        case 1: return f(K(rms_norm_rows_backward<T, W, O, 1, Gated, B>), threads, smem);
+        case 2: return f(K(rms_norm_rows_backward<T, W, O, 2, Gated, B>), threads, smem);
+        case 4: return f(K(rms_norm_rows_backward<T, W, O, 4, Gated, B>), threads, smem);
+        default: fail(PlanErrorKind::Internal, "rms_norm_backward", "no kernel for this vector count");
+      }
+    };
+    if constexpr (Gated)
+      if (l.has_bias) return rows(std::true_type{});
+    return rows(std::false_type{});
+  });
+}
+
+template <bool Gated>
+void launch_rms_norm_backward(const RmsNormLaunch& l, cudaStream_t stream) {
+  const RmsNormParams p = rms_norm_params(l);
+  if (l.rows > 0)
+    with_backward_kernel<Gated>(l, [&](RmsNormBackwardKernel kernel, int threads, size_t smem) {
+      const dim3 grid(static_cast<unsigned int>(l.grid), static_cast<unsigned int>(l.grid_y));
+      kernel<<<grid, threads, smem, stream>>>(p);
+    });
+  const int64_t width = l.width();
+  if (l.has_weight && width > 0)
+    dispatch_rms_norm_of<Gated>(l, [&](auto t, auto wt, auto) {
+      using Acc = acc_t<decltype(t)>;
+      using W = decltype(wt);
+      const auto sum = [&](const Acc* partials, void* out) {
+        rms_norm_dw_sum<Acc, W><<<blocks_for(width, kRmsNormReduceThreads), kRmsNormReduceThreads,
+                                  0, stream>>>(partials, l.dw_blocks, width, static_cast<W*>(out));
+      };
+      const Acc* ws = static_cast<const Acc*>(l.workspace);
+      sum(ws, l.dw);
+      if (l.has_bias) sum(ws + l.dw_blocks * width, l.db);
+    });
+  check_launch(Gated ? "gated_rms_norm_backward" : "rms_norm_backward");
+}
+
+// The backward blocks resident on the device at once (the occupancy calculator on the
+// kernel the launch picks; one an SM if it cannot tell).
+template <bool Gated>
+int64_t rms_norm_backward_blocks(const RmsNormLaunch& l) {
+  int per_sm = 1;
+  with_backward_kernel<Gated>(l, [&](RmsNormBackwardKernel kernel, int threads, size_t smem) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it; one block an SM is always correct
+      per_sm = 1;
+    }
+  });
+  return static_cast<int64_t>(std::max(l.sm_count, 1)) * std::max(per_sm, 1);
+}
+
+extern template void launch_rms_norm_forward<false>(const RmsNormLaunch&, cudaStream_t);
+extern template void launch_rms_norm_forward<true>(const RmsNormLaunch&, cudaStream_t);
+extern template void launch_rms_norm_backward<false>(const RmsNormLaunch&, cudaStream_t);
+extern template void launch_rms_norm_backward<true>(const RmsNormLaunch&, cudaStream_t);
+extern template int64_t rms_norm_backward_blocks<false>(const RmsNormLaunch&);
+extern template int64_t rms_norm_backward_blocks<true>(const RmsNormLaunch&);
 
 }  // namespace baracuda::kernels::cuda

@@ -1,34 +1,25 @@
+// The plain RMSNorm ops' forward kernels, and the CUDA entry point of every RMSNorm
+// launch.
 #include "kernels/cuda/rmsnorm.cuh"
 
 namespace baracuda::kernels {
 
 namespace cuda {
-void launch_rms_norm_forward(const RmsNormLaunch& l, cudaStream_t stream) {
-  const RmsNormParams p = rms_norm_params(l);
-  const auto grid = static_cast<unsigned int>(l.grid);
-  dispatch_rms_norm(l, [&](auto t, auto wt, auto ot) {
-    using T = decltype(t);
-    using W = decltype(wt);
-    using O = decltype(ot);
-    if (l.layout == RmsNormLayout::Strided) {
-      rms_norm_strided_forward<T, W, O><<<grid, kRmsNormLoopThreads, 0, stream>>>(p);
-      return;
-    }
-    const unsigned int threads = static_cast<unsigned int>(l.group * l.rows_per_block);
-    switch (l.vecs) {
-      case 1: rms_norm_rows_forward<T, W, O, 1><<<grid, threads, 0, stream>>>(p); break;
-      case 2: rms_norm_rows_forward<T, W, O, 2><<<grid, threads, 0, stream>>>(p); break;
-      case 4: rms_norm_rows_forward<T, W, O, 4><<<grid, threads, 0, stream>>>(p); break;
-      default: fail(PlanErrorKind::Internal, "rms_norm", "no kernel for this vector count");
-    }
-  });
-  check_launch(l.has_residual ? "add_rms_norm" : "rms_norm");
-}
+template void launch_rms_norm_forward<false>(const RmsNormLaunch&, cudaStream_t);
 }  // namespace cuda
 
 void rms_norm_cuda(const RmsNormLaunch& l, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  return l.backward ? cuda::launch_rms_norm_backward(l, s) : cuda::launch_rms_norm_forward(l, s);
+  if (l.backward)
+    return l.gated ? cuda::launch_rms_norm_backward<true>(l, s)
+                   : cuda::launch_rms_norm_backward<false>(l, s);
+  return l.gated ? cuda::launch_rms_norm_forward<true>(l, s)
+                 : cuda::launch_rms_norm_forward<false>(l, s);
+}
+
+int64_t rms_norm_cuda_backward_blocks(const RmsNormLaunch& l) {
+  return l.gated ? cuda::rms_norm_backward_blocks<true>(l)
+                 : cuda::rms_norm_backward_blocks<false>(l);
 }
 
 }  // namespace baracuda::kernels

@@ -1,0 +1,7 @@
+// The gated RMSNorm's forward kernels (a file of their own: they compile in parallel
+// with the plain ops').
+#include "kernels/cuda/rmsnorm.cuh"
+
+namespace baracuda::kernels::cuda {
+template void launch_rms_norm_forward<true>(const RmsNormLaunch&, cudaStream_t);
+}  // namespace baracuda::kernels::cuda
