@@ -224,6 +224,8 @@ std::atomic<int> g_forced_group{-1};
 // (B·nc·G·Q'² float32, Q' the longest chunk rounded up to 64) no larger than x. At the
 // Mamba-2 2.7B shape (H = 80, G = 1) dCB is 10 % of x; with one head per group it would
 // be 8× x at chunk 256 and P = 64, where the per-head products need no extra memory.
+// Measured at the 2.7B shape (H100, bf16; BENCHMARKS.md "SSD backward with the group
+// products"): backward kernels 5.6 ms with them, 9.2 ms with the per-head products.
 bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChunkScanLaunch& l) {
   const int forced = g_forced_group.load(std::memory_order_relaxed);
   if (forced == 0 || !uses_tensor_cores(desc, v) || l.head_dim > 128 || l.state_dim > 256 ||
