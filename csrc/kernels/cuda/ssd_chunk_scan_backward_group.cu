@@ -67,6 +67,8 @@ struct SsdGroupDcbParams {
 //   xsuf[pair][q − r0] = Σ_{q' >= q} Σ_{s' in tj} T[q'][s']     (for s in tiles after tj)
 // which ssd_group_xs_kernel adds up per position in a fixed order. Every T is added
 // once per X_s it belongs to: no cancelling subtraction.
+// 4 blocks per multiprocessor (128 registers, with C·Bᵀ's 32 floats a few words spill):
+// the 2.7B layer's 640 blocks are 1.2 rounds on an H100's 132 multiprocessors.
 template <typename T>
 __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdGroupDcbParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
