@@ -75,19 +75,29 @@ def check_compiled(fn, inputs, dynamic=False):
                 torch.testing.assert_close(a.grad, b.grad)
 
 
-def check_graph_replay(step, refresh) -> None:
-    """``step()`` (CUDA work returning tensors) captured in a CUDA graph after a warm-up on
-    a side stream, then replayed twice after ``refresh()`` writes new inputs in place:
-    each replay gives eager's outputs bit for bit."""
+def capture_graph(step, before_capture=None):
+    """``step()`` (CUDA work returning tensors) run once on a side stream (warm-up), then
+    captured in a CUDA graph (after ``before_capture()``, e.g. to restore in-place state);
+    returns the graph and the captured outputs."""
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         step()
     torch.cuda.current_stream().wait_stream(side)
+    if before_capture is not None:
+        before_capture()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
+    return graph, captured
+
+
+def check_graph_replay(step, refresh) -> None:
+    """``step()`` captured in a CUDA graph (capture_graph), then replayed twice after
+    ``refresh()`` writes new inputs in place: each replay gives eager's outputs bit for
+    bit."""
+    graph, captured = capture_graph(step)
     for _ in range(2):
         refresh()
         graph.replay()

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import baracuda_torch as bt
 from baracuda_torch import reference as ref
 from baracuda_torch.causal_conv1d import causal_conv1d_update
-from helpers import DEVICES, FLOAT_DTYPES, assert_close_to_reference, randn, requires_cuda
+from helpers import DEVICES, FLOAT_DTYPES, assert_close_to_reference, capture_graph, randn, requires_cuda
 
 ops = torch.ops.baracuda
 
@@ -269,15 +269,7 @@ def test_cuda_graph_capture():
     def step():
         return causal_conv1d_update(x, st, w, b, "silu")
 
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture_graph(step)
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         st.copy_(start)

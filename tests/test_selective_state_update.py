@@ -16,7 +16,7 @@ from torch.func import vmap
 import baracuda_torch as bt
 from baracuda_torch import mamba
 from baracuda_torch import reference as ref
-from helpers import DEVICES, FLOAT_DTYPES, assert_close_to_reference, randn, requires_cuda
+from helpers import DEVICES, FLOAT_DTYPES, assert_close_to_reference, capture_graph, randn, requires_cuda
 
 ops = torch.ops.baracuda
 
@@ -432,16 +432,7 @@ def test_cuda_graph_capture():
                     False, state_batch_indices=idx)
         return out1, call(p, True, state_batch_indices=idx)
 
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    p["state"].copy_(start)
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture_graph(step, before_capture=lambda: p["state"].copy_(start))
     for _ in range(2):
         for k in ("x", "dt", "z", "B", "C"):
             p[k].copy_(torch.randn_like(p[k]))

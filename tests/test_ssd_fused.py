@@ -17,7 +17,7 @@ import torch
 
 import baracuda_torch as bt
 from baracuda_torch import mamba
-from helpers import poison_fresh_outputs, requires_cuda
+from helpers import capture_graph, poison_fresh_outputs, requires_cuda
 from test_mamba import check_case, make_case
 from test_ssd_chunk_scan import check, reference_grads, rtol_for, ssd_inputs
 
@@ -296,14 +296,7 @@ def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph()
             again = run()
             assert all(torch.equal(u, v) for u, v in zip(results[name], again)), name
             if name == "group_mma":
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    run()
-                torch.cuda.current_stream().wait_stream(s)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out_g = run()
+                graph, out_g = capture_graph(run)
                 for t in out_g:
                     t.fill_(float("nan"))
                 graph.replay()
