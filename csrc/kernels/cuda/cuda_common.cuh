@@ -46,6 +46,17 @@ void dispatch_floating(ElementKind e, F&& f) {
   }
 }
 
+// Calls f(tag) with the device type of a 16-bit floating ElementKind (the tensor-core
+// kernels' inputs); any other kind is an internal error of `op`'s plan.
+template <typename F>
+void dispatch_half(ElementKind e, const char* op, F&& f) {
+  switch (e) {
+    case ElementKind::F16: f(__half{}); return;
+    case ElementKind::BF16: f(__nv_bfloat16{}); return;
+    default: fail(PlanErrorKind::Internal, op, "a 16-bit kernel was planned for another element type");
+  }
+}
+
 // V consecutive elements; 16 bytes on the vector path.
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Pack {

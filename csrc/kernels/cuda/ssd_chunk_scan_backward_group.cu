@@ -264,30 +264,6 @@ struct SsdGroupGradParams {
   T* out;                // dC or dB, [B, L, G, N] contiguous
 };
 
-// acc += A·V over k-steps kk_lo <= kk < kk_hi of one 64-deep tile: A is the warp's 16
-// rows, stored [m][k] (A_KM false) or [k][m] (true; sA then points at the warp's first
-// column); V is stored [k][n] with 64 columns.
-template <typename T, bool A_KM>
-__device__ __forceinline__ void apply_steps(float (&acc)[8][4], const T* sA, const T* sV, int kk_lo, int kk_hi) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    if (kk < kk_lo || kk >= kk_hi) continue;
-    uint32_t a[4];
-    if constexpr (A_KM)
-      ssd_ldsm_x4_t(a, sA + (kk * 16 + (lane / 16) * 8 + lane % 8) * kTcLd + ((lane / 8) % 2) * 8);
-    else
-      ssd_ldsm_x4(a, sA + (lane % 16) * kTcLd + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t bf[4];
-      ssd_ldsm_x4_t(bf, sV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kTcLd + np * 16 + (lane / 16) * 8);
-      ssd_mma16816<T>(acc[2 * np], a, bf[0], bf[1]);
-      ssd_mma16816<T>(acc[2 * np + 1], a, bf[2], bf[3]);
-    }
-  }
-}
-
 // dC (DB false; rows q) or dB (DB true; rows s) of one (b, g, c, 64-row tile, 64-column
 // tile of N), whole:
 //  1. the intra-chunk term: dCB (rounded to T, as mamba_ssm rounds its dCB) times B over
@@ -345,13 +321,11 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
                  p.v.s[1], p.v.s[3], min(kSsdTile, len - kt * kSsdTile), p.N - j0);
       __syncthreads();
       // The diagonal tile: only the 16-position k-steps with causal partners.
+      // A is stored [m][k] (dC) or read k-major (dB); V is [k][n].
       const int lo = kt == rt && DB ? warp : 0, hi = kt == rt && !DB ? warp + 1 : 4;
-      if (live) {
-        if constexpr (DB)
-          apply_steps<T, true>(acc, sA + rw, sV, lo, hi);
-        else
-          apply_steps<T, false>(acc, sA + rw * kTcLd, sV, lo, hi);
-      }
+      if (live)
+        tc_warp_gemm<T, DB, true>(acc, DB ? sA + lo * 16 * kTcLd + rw : sA + rw * kTcLd + lo * 16, kTcLd,
+                                  sV + lo * 16 * kTcLd, kTcLd, hi - lo, 0, 4);
     }
 
     // ---- 2. inter-chunk, head by head
@@ -540,24 +514,14 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   check_launch(op);
 }
 
-template <typename F>
-void dispatch_half(ElementKind e, F&& f) {
-  if (e == ElementKind::F16)
-    f(__half{});
-  else if (e == ElementKind::BF16)
-    f(__nv_bfloat16{});
-  else
-    fail(PlanErrorKind::Internal, "ssd_chunk_scan_backward", "group products planned for a non-16-bit input");
-}
-
 }  // namespace
 
 void ssd_backward_group_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
-  dispatch_half(l.element, [&](auto tag) { launch_dcb<decltype(tag)>(l, w, s); });
+  dispatch_half(l.element, "ssd_chunk_scan_backward", [&](auto tag) { launch_dcb<decltype(tag)>(l, w, s); });
 }
 
 void ssd_backward_group_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, bool db, cudaStream_t s) {
-  dispatch_half(l.element, [&](auto tag) {
+  dispatch_half(l.element, "ssd_chunk_scan_backward", [&](auto tag) {
     using T = decltype(tag);
     db ? launch_grad<T, true>(l, w, s) : launch_grad<T, false>(l, w, s);
   });

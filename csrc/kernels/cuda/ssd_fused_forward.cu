@@ -262,12 +262,10 @@ void ssd_chunk_scan_cuda_fused_forward(const SsdChunkScanLaunch& l, void* stream
   using namespace cuda;
   fused_check_launch(l, SsdCudaForward::FusedMma);
   auto s = static_cast<cudaStream_t>(stream);
-  const bool wide = l.fused_state_tile == 128;
-  if (l.element == ElementKind::F16) {
-    wide ? launch_fused<__half, 128>(l, s) : launch_fused<__half, 64>(l, s);
-  } else {
-    wide ? launch_fused<__nv_bfloat16, 128>(l, s) : launch_fused<__nv_bfloat16, 64>(l, s);
-  }
+  dispatch_half(l.element, "ssd_chunk_scan", [&](auto tag) {
+    using T = decltype(tag);
+    l.fused_state_tile == 128 ? launch_fused<T, 128>(l, s) : launch_fused<T, 64>(l, s);
+  });
 }
 
 }  // namespace baracuda::kernels

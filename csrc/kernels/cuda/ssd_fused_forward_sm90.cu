@@ -274,12 +274,10 @@ void ssd_chunk_scan_cuda_fused_forward_sm90(const SsdChunkScanLaunch& l, void* s
   using namespace cuda;
   fused_check_launch(l, SsdCudaForward::FusedWgmma);
   auto s = static_cast<cudaStream_t>(stream);
-  const bool wide = l.fused_state_tile == 128;
-  if (l.element == ElementKind::F16) {
-    wide ? launch_fused_sm90<__half, 128>(l, s) : launch_fused_sm90<__half, 64>(l, s);
-  } else {
-    wide ? launch_fused_sm90<__nv_bfloat16, 128>(l, s) : launch_fused_sm90<__nv_bfloat16, 64>(l, s);
-  }
+  dispatch_half(l.element, "ssd_chunk_scan", [&](auto tag) {
+    using T = decltype(tag);
+    l.fused_state_tile == 128 ? launch_fused_sm90<T, 128>(l, s) : launch_fused_sm90<T, 64>(l, s);
+  });
 }
 
 }  // namespace baracuda::kernels
