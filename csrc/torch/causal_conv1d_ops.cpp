@@ -55,13 +55,6 @@ struct ConvTensors {
   }
 };
 
-template <class Int>
-std::vector<Int> sizes_of(const at::Tensor& t);
-template <>
-std::vector<int64_t> sizes_of(const at::Tensor& t) { return t.sizes().vec(); }
-template <>
-std::vector<c10::SymInt> sizes_of(const at::Tensor& t) { return sym_sizes_of(t); }
-
 // The problem checks of the plans on the tensors' own sizes (symbolic in a meta kernel),
 // devices first: what the meta kernels run, and what make_plan runs for an operand of
 // more dims than a TensorLayout holds (exceeds_layout_rank).

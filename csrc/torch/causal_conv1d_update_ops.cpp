@@ -46,13 +46,6 @@ UpdateTensors tensors_of(const at::Tensor& x, const at::Tensor& conv_state, cons
   return {&x, &conv_state, &weight, given(bias), given(cache_seqlens), given(conv_state_indices)};
 }
 
-template <class Int>
-std::vector<Int> sizes_of(const at::Tensor& t);
-template <>
-std::vector<int64_t> sizes_of(const at::Tensor& t) { return t.sizes().vec(); }
-template <>
-std::vector<c10::SymInt> sizes_of(const at::Tensor& t) { return sym_sizes_of(t); }
-
 // The plan's problem checks on the tensors' own sizes (symbolic in the meta kernel),
 // devices first.
 template <class Int>

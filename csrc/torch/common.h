@@ -173,4 +173,13 @@ inline std::vector<c10::SymInt> sym_sizes_of(const at::Tensor& t) {
   return t.sym_sizes().vec();
 }
 
+// A tensor's sizes as the integer type of a templated problem check: int64_t in a real
+// kernel, c10::SymInt (sym_sizes_of) in a meta kernel.
+template <class Int>
+std::vector<Int> sizes_of(const at::Tensor& t);
+template <>
+inline std::vector<int64_t> sizes_of(const at::Tensor& t) { return t.sizes().vec(); }
+template <>
+inline std::vector<c10::SymInt> sizes_of(const at::Tensor& t) { return sym_sizes_of(t); }
+
 }  // namespace baracuda::torch_ops

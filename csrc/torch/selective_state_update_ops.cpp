@@ -50,13 +50,6 @@ UpdateTensors tensors_of(bool tokens, const at::Tensor& state, const at::Tensor&
   return {tokens, &state, &x, &dt, &A, &B, &C, given(D), given(z), given(dt_bias), given(indices)};
 }
 
-template <class Int>
-std::vector<Int> sizes_of(const at::Tensor& t);
-template <>
-std::vector<int64_t> sizes_of(const at::Tensor& t) { return t.sizes().vec(); }
-template <>
-std::vector<c10::SymInt> sizes_of(const at::Tensor& t) { return sym_sizes_of(t); }
-
 // The plan's problem checks on the tensors' own sizes (symbolic in a meta kernel), devices
 // first: what the meta kernels run, and what make_plan runs for an operand of more dims
 // than a TensorLayout holds.
