@@ -247,6 +247,14 @@ def rope_qk_cos_sin(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
                                               interleaved)
 
 
+def _broadcasts(a, b) -> bool:
+    try:
+        torch.broadcast_shapes(a, b)
+        return True
+    except RuntimeError:
+        return False
+
+
 def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
                          position_ids: Tensor | None = None,
                          unsqueeze_dim: int = 1) -> tuple[Tensor, Tensor]:
@@ -279,7 +287,20 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
     if cos.dim() != 3 or sin.shape != cos.shape:
         raise ValueError("baracuda_torch.apply_rotary_pos_emb: cos and sin must both be "
                          f"[B or 1, S, R] or [S, R], got {list(cos.shape)} and {list(sin.shape)}")
-    if unsqueeze_dim in (2, -2):
+    heads_first = unsqueeze_dim in (1, -3)
+    seq = q.size(2 if heads_first else 1)
+    if cos.size(1) == 1 and seq != 1:  # one position's table broadcast over the sequence
+        cos, sin = cos.expand(-1, seq, -1), sin.expand(-1, seq, -1)
+    c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    fits = (k.dim() == 4 and cos.size(1) == seq and cos.size(0) in (1, q.size(0))
+            and k.size(0) == q.size(0) and k.size(2 if heads_first else 1) == seq)
+    if not fits and _broadcasts(q.shape, c.shape) and _broadcasts(k.shape, c.shape):
+        # another broadcast transformers' formula allows (q or k taking the table's batch or
+        # length): that formula as it is, with its result shape. Shapes that broadcast
+        # nowhere go on to the op, whose error names them.
+        from .reference import rotate_half
+        return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+    if not heads_first:
         qe, ke = torch.ops.baracuda.rope_qk_cos_sin(q.transpose(1, 2), k.transpose(1, 2), cos,
                                                      sin, False)
         return qe.transpose(1, 2), ke.transpose(1, 2)

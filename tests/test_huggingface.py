@@ -14,6 +14,7 @@ alone. Written for every transformers of the supported range (scripts/compat.sh 
 TRANSFORMERS runs them on one)."""
 import copy
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -483,7 +484,13 @@ def test_generate_decodes_on_our_ops(name, device):
     ids = torch.randint(1, 96, (2, 9), generator=g).to(device)
     new = 12
     with torch.no_grad():
-        want = base.generate(input_ids=ids, max_new_tokens=new, do_sample=False, pad_token_id=0)
+        try:
+            want = base.generate(input_ids=ids, max_new_tokens=new, do_sample=False, pad_token_id=0)
+        except RuntimeError as e:  # transformers 5.17's FalconH1: its attention cache outgrows the mask
+            # the patched model must fail the same way; there are no tokens to compare
+            with pytest.raises(type(e), match=re.escape(str(e))):
+                patched.generate(input_ids=ids, max_new_tokens=new, do_sample=False, pad_token_id=0)
+            pytest.skip(f"transformers {TF_VERSION}'s unpatched {type(base).__name__} cannot generate: {e}")
         with CountOps() as ops:
             got = patched.generate(input_ids=ids, max_new_tokens=new, do_sample=False, pad_token_id=0)
     assert torch.equal(got, want)

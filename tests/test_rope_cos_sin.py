@@ -227,6 +227,36 @@ def test_hf_signature(device):
         torch.testing.assert_close(a, b)
 
 
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_hf_signature_broadcasts(device, unsqueeze_dim):
+    """transformers' broadcasting: a one-position table over a longer sequence (the fused
+    op on the expanded table), one query position against a longer table (transformers'
+    result shape), a batch-1 q against a batch-2 table. A table whose length fits nothing
+    is the op's ValueError where transformers raises a broadcasting RuntimeError."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+
+    def qk(B, S):
+        q, k = torch.randn(B, 4, S, 16, device=device), torch.randn(B, 2, S, 16, device=device)
+        return (q, k) if unsqueeze_dim == 1 else (q.transpose(1, 2), k.transpose(1, 2))
+
+    for (B, S), (Bc, Sc) in [((2, 5), (2, 1)), ((2, 5), (1, 1)), ((2, 1), (2, 3)), ((1, 3), (2, 3))]:
+        q, k = qk(B, S)
+        cos, sin = torch.randn(Bc, Sc, 16, device=device), torch.randn(Bc, Sc, 16, device=device)
+        exp = hf_apply(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        got = bt.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        for a, b in zip(got, exp):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b)
+    q, k = qk(2, 5)
+    cos = torch.randn(2, 3, 16, device=device)
+    with pytest.raises(RuntimeError):
+        hf_apply(q, k, cos, cos, unsqueeze_dim=unsqueeze_dim)
+    with pytest.raises(ValueError, match=r"baracuda::rope_qk_cos_sin: cos/sin of rank 3 must be"):
+        bt.apply_rotary_pos_emb(q, k, cos, cos, unsqueeze_dim=unsqueeze_dim)
+
+
 def test_explain_and_cpu_variant():
     q = torch.randn(2, 4, 5, 16)
     cos = torch.randn(1, 5, 16)
