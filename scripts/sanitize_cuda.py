@@ -249,11 +249,32 @@ def mamba_split_cases() -> Iterator[Case]:
                    ("causal_conv1d", "ssd_chunk_scan_combined", "gated_rms_norm", "gated_activation"))
 
 
+def ssd_group_cases() -> Iterator[Case]:
+    """The backward's group products (dCB, dx from the B·Cᵀ tiles, dC/dB): one group of
+    4 heads (the plan's choice at these sizes), a short last chunk, head_dim past one
+    64-column tile, state_dim padded to the MMA step (40) or not a multiple of 4 (38, the
+    scalar copies), with and without D and z."""
+    from baracuda_torch.mamba import mamba_chunk_scan_combined
+    for dtype in (torch.bfloat16, torch.float16):
+        for N, options in ((40, False), (38, True)):
+            def make(dtype=dtype, N=N, options=options):
+                B, L, H, P = 2, 100, 4, 96
+                t = (rand(B, L, H, P, dtype=dtype), (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5),
+                     (-torch.rand(H, device="cuda", dtype=dtype)), rand(B, L, 1, N, dtype=dtype),
+                     rand(B, L, 1, N, dtype=dtype))
+                extra = (rand(H, P, dtype=torch.float32), rand(B, L, H, P, dtype=dtype)) if options else (None, None)
+                return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra
+
+            def run(x, dt, A, B, C, D, z):
+                return mamba_chunk_scan_combined(x, dt, A, B, C, 64, D=D, z=z)
+            yield f"ssd group products N={N} options={options}", make, run, ("ssd_chunk_scan_combined",)
+
+
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,
             "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
             "gather": gather_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
             "ssd": ssd_cases,
-            "ssd_options": ssd_option_cases, "mamba_split": mamba_split_cases}
+            "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "mamba_split": mamba_split_cases}
 
 
 def run_case(name: str, make, fn) -> str:

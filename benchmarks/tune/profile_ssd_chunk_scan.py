@@ -12,6 +12,10 @@ CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma
 "fused_wgmma": forced through the test switch where the kernel takes the problem);
 ``--backwards`` likewise for the backward ("staged": the per-head dB/dC products,
 "group_mma": the per-group ones). Every pair of the two lists is measured.
+``--once``: our forward and backward (first of each list), three times each and nothing
+else (no timing, profiler or mamba_ssm), for a profiler that wraps the process:
+  ncu --clock-control none -k regex:ssd_tc_scan_kernel --launch-skip 2 --launch-count 1 \
+      python benchmarks/tune/profile_ssd_chunk_scan.py --shapes 0 --once
 """
 from __future__ import annotations
 
@@ -85,8 +89,9 @@ def main():
     ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))))
     ap.add_argument("--forwards", default="auto")
     ap.add_argument("--backwards", default="auto")
+    ap.add_argument("--once", action="store_true", help="run ours 3 times, nothing else (for ncu)")
     a = ap.parse_args()
-    theirs = peers.mamba_chunk_scan_combined()
+    theirs = None if a.once else peers.mamba_chunk_scan_combined()
     summary = []
     for i in [int(s) for s in a.shapes.split(",")]:
         b, L, H, P, N, G = SHAPES[i]
@@ -102,6 +107,13 @@ def main():
         if theirs is not None:
             impls["mamba_ssm"] = (theirs, None, None)
         dy = torch.randn_like(args[0])
+        if a.once:
+            bt._C._ssd_cuda_forward(a.forwards.split(",")[0])
+            bt._C._ssd_cuda_backward(a.backwards.split(",")[0])
+            for _ in range(3):
+                torch.autograd.grad(mamba_chunk_scan_combined(*args, CHUNK, **kw), leaves, dy)
+            torch.cuda.synchronize()
+            continue
         outs = {}
         for name, (f, forward, backward) in impls.items():
             if forward is not None:

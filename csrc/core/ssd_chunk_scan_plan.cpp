@@ -220,7 +220,8 @@ std::atomic<int> g_forced_group{-1};
 
 // Whether the CUDA backward runs the intra-chunk dB/dC products once per group (see
 // ssd_force_group_products): the tensor-core backward, head_dim <= 128 and state_dim <=
-// 256 (the kernels' tiles; their shared memory then fits every sm_80+ device), and dCB
+// 256 (the kernels' tiles), the dx kernel's shared memory within the device's opt-in
+// limit (at state_dim 256 it is 117 KB: not on the 99 KB sm_86/sm_89 parts), and dCB
 // (B·nc·G·Q'² float32, Q' the longest chunk rounded up to 64) no larger than x. At the
 // Mamba-2 2.7B shape (H = 80, G = 1) dCB is 10 % of x; with one head per group it would
 // be 8× x at chunk 256 and P = 64, where the per-head products need no extra memory.
@@ -229,7 +230,7 @@ std::atomic<int> g_forced_group{-1};
 bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChunkScanLaunch& l) {
   const int forced = g_forced_group.load(std::memory_order_relaxed);
   if (forced == 0 || !uses_tensor_cores(desc, v) || l.head_dim > 128 || l.state_dim > 256 ||
-      l.batch * l.seqlen * l.heads == 0)
+      desc.device.smem_optin_bytes < ssd_group_dx_smem_bytes(l.state_dim) || l.batch * l.seqlen * l.heads == 0)
     return false;
   if (forced == 1) return true;
   const int64_t longest = std::min(l.chunk_size, l.seqlen), qp = (longest + 63) / 64 * 64;

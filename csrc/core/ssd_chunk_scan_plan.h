@@ -79,6 +79,16 @@ constexpr int64_t ssd_fused_smem_bytes(SsdCudaForward kernel, int64_t ns) {
          exchange + 3 * kSsdFusedMaxChunk * 4 + 64;
 }
 
+// The group products' dx kernel (kernels/cuda/ssd_chunk_scan_backward_group.cu): a block
+// takes up to kSsdGroupDxHeads heads of a group for one 64-row tile of a chunk. Its
+// dynamic shared memory: the B rows [64][N16 + 8] (16-bit), a head's float32 state tile
+// [64][N16 + 8] and two dy tiles [64][72] (16-bit), N16 = state_dim rounded up to 16.
+constexpr int64_t kSsdGroupDxHeads = 8;
+constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
+  const int64_t ld = (state_dim + 15) / 16 * 16 + 8;
+  return 64 * ld * 2 + 64 * ld * 4 + 2 * 64 * 72 * 2;
+}
+
 // The mamba_ssm `mamba_chunk_scan_combined` contract on top of the recurrence above
 // (every option is absent when its pointer is null / its flag is false, and then the
 // kernels compute exactly the plain scan):
@@ -108,8 +118,9 @@ struct SsdChunkScanLaunch {
   // CUDA forward: the kernel the plan chose, and a fused kernel's state tile (64 or 128).
   SsdCudaForward cuda_forward = SsdCudaForward::Staged;
   int64_t fused_state_tile = 0;
-  // CUDA backward: the intra-chunk dB/dC products once per group (see
-  // ssd_force_group_products); the workspace then holds dCB.
+  // CUDA backward: the intra-chunk dB/dC products once per group and dx from the
+  // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
+  // those tiles.
   bool group_products = false;
   int64_t nchunks() const { return chunk_size > 0 ? (seqlen + chunk_size - 1) / chunk_size : 0; }
 

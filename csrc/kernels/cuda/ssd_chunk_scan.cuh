@@ -183,18 +183,20 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  up to 64 (ssd_chunk_scan_backward_group.cu)
 //   xin, xsuf [B, H, nc, P', 64]   group_products only: the X_s partials of the P' =
 //                                  t'(t' + 1)/2 tile pairs (t' = Q'/64) of a chunk
+//   cbt       [B, G, nc, P', 64, 64]  group_products only: each tile pair's B_s·C_q,
+//                                  stored [s][q] (the dCB pass computes it, dx reads it)
 //   dbp       [H, B·nc]            ddt_bias partials per (b, c)
 //   dDp       [⌈B·L/256⌉, H, D]    dD partials per 256-position segment
 //   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
 //   workspace before it knows the pointers; both are small next to the states.)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
 // + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N (B·G·nc·Q'² + 2·B·H·nc·P'·64
-// in place of the splits with group_products), each buffer rounded up
+// + B·G·nc·P'·4096 in place of the splits with group_products), each buffer rounded up
 // to 256 bytes; the forward needs acs, dtf and states only (8·B·H·L bytes +
 // B·H·L + B·H·nc·D·N Acc).
 struct SsdWorkspace {
   size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
-         xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dcb = 0, xin = 0, xsuf = 0;
+         xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dcb = 0, xin = 0, xsuf = 0, cbt = 0;
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
@@ -244,6 +246,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
       const int64_t tiles = w.dcb_ld / kSsdTile, pairs = tiles * (tiles + 1) / 2;
       w.xin = take(bh * nc * pairs * kSsdTile);
       w.xsuf = take(bh * nc * pairs * kSsdTile);
+      w.cbt = take(l.batch * l.groups * nc * pairs * kSsdTile * kSsdTile);
     }
   }
   w.total = off;

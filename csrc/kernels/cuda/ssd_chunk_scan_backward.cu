@@ -18,6 +18,7 @@ void ssd_backward_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaS
 // ssd_chunk_scan_backward_group.cu (group_products)
 void ssd_backward_group_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 void ssd_backward_group_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, bool db, cudaStream_t s);
+void ssd_backward_group_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 }  // namespace cuda
 
 size_t ssd_chunk_scan_cuda_backward_workspace(const SsdChunkScanLaunch& l) {
@@ -51,12 +52,13 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
     ssd_run_states<T, /*BW=*/false>(lb, w, nullptr, s);             // S_c → H_c
     ssd_run_states<T, /*BW=*/true>(lb, w, l.dinitial_states, s);    // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
   });
-  ssd_backward_scan_dx(lb, w, s);  // dx (+ D·dy_pre); partials of ddt(direct) and V
   if (l.group_products) {
-    ssd_backward_group_dcb(lb, w, s);          // dCB = Σ_heads of the intra-chunk weights; X_s
+    ssd_backward_group_dcb(lb, w, s);          // dCB = Σ_heads of the intra-chunk weights; X_s; B·Cᵀ tiles
+    ssd_backward_group_dx(lb, w, s);           // dx (+ D·dy_pre) from those tiles; partials of ddt(direct) and V
     ssd_backward_group_grad(lb, w, false, s);  // dC = dCB·B + the heads' inter-chunk terms; partials of U
     ssd_backward_group_grad(lb, w, true, s);   // dB = dCBᵀ·C + the heads' inter-chunk terms
   } else {
+    ssd_backward_scan_dx(lb, w, s);  // dx (+ D·dy_pre); partials of ddt(direct) and V
     ssd_backward_scan_dc(lb, w, s);  // dC; partials of U
     ssd_backward_scan_db(lb, w, s);  // dB
     ssd_backward_dacs(lb, w, s);     // X_s

@@ -19,6 +19,14 @@
 //                           outside the chunk); and each head's partials of the crossing
 //                           sums X_s (see the kernel), which ssd_group_xs_kernel adds up
 //                           (the per-head ssd_tc_dacs_kernel does not run)
+//                           It also stores the pair's C·Bᵀ tile (float32, transposed) for
+//                           the dx kernel.
+//   ssd_group_dx_kernel     block per (b, g, c, up to 8 of the group's heads, 64-row tile,
+//                           64-column tile of head_dim): dx from those B·Cᵀ tiles (read
+//                           into registers; no per-head products and no shared-memory
+//                           cache of them), the inter-chunk term from the float32 state
+//                           tile, and the ddt partials; a stage per (head, column tile)
+//                           with the next stage's copies in flight
 //   ssd_group_grad_kernel   block per (b, g, c, 64-row tile, 64-column tile of N), for dC
 //                           (rows q) or dB (rows s), whole: dCB (rounded to the input
 //                           type, as mamba_ssm rounds its dCB) times B or C, plus the
@@ -55,6 +63,7 @@ struct SsdGroupDcbParams {
   float* dcb;        // [B, G, nc, Q', Q']
   float* xin;        // [B, H, nc, pairs, 64]: the pair's crossing sums at its column positions
   float* xsuf;       // [B, H, nc, pairs, 64]: suffix sums of the pair's row sums
+  float* cbt;        // [B, G, nc, pairs, 64, 64]: the pair's C·Bᵀ tile transposed, [s][q]
 };
 
 // The crossing sums X_s of the stable da (ssd_chunk_scan.cuh) come from the same pass:
@@ -138,6 +147,15 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
     float cb[8][4];
     tc_zero(cb);
     if (live) tc_warp_gemm<T, false, false>(cb, sC + rw * p.ldn, p.ldn, sB, p.ldn, p.NP / 16, 0, hi_np);
+    {  // for the dx kernel: B_s·C_q at [s][q] (zeros where nothing was computed)
+      float* tile = p.cbt + (((b * p.groups + g) * p.nchunks + c) * p.pairs + pair) * (kSsdTile * kSsdTile);
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) tile[(nt * 8 + 2 * t4 + e) * kSsdTile + rw + g8 + 8 * half] = cb[nt][2 * half + e];
+    }
     __syncthreads();  // the C and B tiles are done before the heads' copies reuse the space
 
     float acc[8][4];
@@ -444,6 +462,299 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
 }
 
 template <typename T>
+struct SsdGroupDxParams {
+  int64_t seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
+  int64_t nsplit, hps;  // head splits per group, heads per split
+  int P, N, NP, ld, r_tiles, j_tiles, pairs;
+  int off_stage, off_v;  // byte offsets in dynamic shared memory (the B rows at 0)
+  SsdOperand<T> x, dy, B;
+  const double* acs;
+  const float* dtf;
+  const float* state;  // Gn_c [B, H, nc, P, N]
+  const float* cbt;    // [B, G, nc, pairs, 64, 64] (ssd_group_dcb_kernel)
+  T* out;              // dx [B, L, H, P] contiguous
+  float* part;         // [B, H, L, j_tiles]: x·dxpre
+  float* part2;        // [B, H, L, j_tiles]: x·dxpre of the inter-chunk term
+  SsdEpilogue<T> epi;  // D·dy_pre (EPI)
+};
+
+// Two adjacent elements j, j + 1 (< J) of a 16-bit row, packed; 0 past J.
+template <typename T>
+__device__ __forceinline__ uint32_t ssd_pair_at(const T* row, int64_t s, int j, int J) {
+  if (s == 1 && j + 1 < J && reinterpret_cast<uintptr_t>(row + j) % 4 == 0)
+    return *reinterpret_cast<const uint32_t*>(row + j);
+  return ssd_pack2<T>(j < J ? to_acc(row[j * s]) : 0.0f, j + 1 < J ? to_acc(row[(j + 1) * s]) : 0.0f);
+}
+
+// The lane's values of rows r0 + g8, r0 + g8 + 8 (below len) of a 16-bit [position][j]
+// operand at columns j0 + 8·nt + 2·t4 and the next (below J), packed in pairs.
+template <typename T>
+__device__ __forceinline__ void ssd_lane_pairs(const T* base, int64_t s1, int64_t s3, int r0, int len, int j0, int J,
+                                               uint32_t (&v)[2][8]) {
+  const int lane = threadIdx.x % 32, g8 = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + g8 + 8 * half;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) v[half][nt] = r < len ? ssd_pair_at<T>(base + r * s1, s3, j0 + nt * 8 + 2 * t4, J) : 0u;
+  }
+}
+
+// dx of one (b, g, c, head split, 64-row tile s, 64-column tile j of head_dim), head by
+// head, with the notation of ssd_chunk_scan.cuh:
+//   dxpre[s][j] = Σ_{q >= s} (B_s·C_q)·exp(Acs_q − Acs_s)·dy_q[j]
+//               + exp(Acs_last − Acs_s)·Σ_n B_s[n]·Gn_c[j][n],     dx = dt_s·dxpre
+// (+ D·dy_pre with EPI), and the ddt partials x·dxpre and x·(the inter-chunk term).
+// B_s·C_q comes from the dCB pass's tiles (cbt, float32; read straight into registers),
+// times the decay, rounded to T and multiplied with dy on mma.sync; the inter-chunk term
+// multiplies the block's B rows with the float32 state tile, rounded to T as it is read.
+// Pipeline: one "stage" per (head, causal column tile); the next stage's dy tile is
+// copied (cp.async) while the current one is multiplied, and the next head's state tile
+// right after the current head's inter-chunk product (so during its column tiles).
+// Every output has one block and a fixed order of products: deterministic.
+template <typename T, bool EPI>
+__global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
+  extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
+  T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                             // [64][ld]: B rows s
+  float* sS = reinterpret_cast<float*>(ssd_dyn_smem + p.off_stage);       // [64][ld]: Gn rows j
+  T* sV = reinterpret_cast<T*>(ssd_dyn_smem + p.off_v);                   // [2][64][kTcLd]: dy rows q
+  __shared__ double sRowAcs[2][kSsdTile], sColAcs[2][kSsdTile], sLast[2];
+  __shared__ float sRowDt[2][kSsdTile];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
+  const int rw = 16 * warp;
+  const int64_t n_gs = p.groups * p.nsplit;
+  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int64_t rest = vb;
+    const int jt = static_cast<int>(rest % p.j_tiles);
+    rest /= p.j_tiles;
+    const int rt = static_cast<int>(rest % p.r_tiles);
+    rest /= p.r_tiles;
+    const int64_t c = rest % p.nchunks;
+    rest /= p.nchunks;
+    const int64_t gs = rest % n_gs, b = rest / n_gs;
+    const int64_t g = gs / p.nsplit, split = gs % p.nsplit;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
+    const int r0 = rt * kSsdTile, j0 = jt * kSsdTile;
+    if (r0 >= len) continue;  // a row tile past the end of the last (short) chunk
+    const int rows = min(kSsdTile, len - r0), jrows = min(kSsdTile, p.P - j0);
+    const int n_steps = (len + kSsdTile - 1) / kSsdTile - rt;  // column tiles rt, rt + 1, ...
+    const int64_t h_begin = g * p.hpg + split * p.hps;
+    const int nh = static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin));
+    const bool live = rw < rows;  // (warp-uniform)
+    const float* cbt = p.cbt + ((b * p.groups + g) * p.nchunks + c) * p.pairs * (kSsdTile * kSsdTile);
+    const bool s_vec = p.N % 4 == 0;
+
+    // Stage copies: head hi's dy rows of column tile rt + k into buffer `buf`, and (threads
+    // below 64) that tile's Acs into a register, stored to shared memory at the stage.
+    auto issue_v = [&](int hi, int k, int buf, double& col_acs) {
+      const int64_t h = h_begin + hi;
+      const int c0 = (rt + k) * kSsdTile, cols = min(kSsdTile, len - c0);
+      tc_fill<T, true>(sV + buf * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile,
+                       p.dy.p + b * p.dy.s[0] + (t0 + c0) * p.dy.s[1] + h * p.dy.s[2] + j0 * p.dy.s[3], p.dy.s[1],
+                       p.dy.s[3], cols, p.P - j0);
+      if (tid < kSsdTile) col_acs = tid < cols ? p.acs[(b * p.heads + h) * p.seqlen + t0 + c0 + tid] : 0.0;
+    };
+    // Head hi's state rows j0.. (float32) into the staging tile, and its row data into
+    // registers (threads below 64).
+    auto issue_s = [&](int hi, double& row_acs, float& row_dt, double& last) {
+      const int64_t bh = b * p.heads + h_begin + hi;
+      const float* st = p.state + ((bh * p.nchunks + c) * p.P + j0) * static_cast<int64_t>(p.N);
+      const int quads = (p.N + 3) / 4;
+      for (int e = tid; e < jrows * quads; e += kTcThreads) {
+        const int r = e / quads, k = (e - r * quads) * 4;
+        float* dst = sS + r * p.ld + k;
+        const float* src = st + static_cast<int64_t>(r) * p.N + k;
+        if (s_vec) {
+          ssd_cp_async16(dst, src);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dst[i] = k + i < p.N ? src[i] : 0.0f;
+        }
+      }
+      if (tid < kSsdTile) {
+        const int64_t at = bh * p.seqlen + t0;
+        row_acs = tid < rows ? p.acs[at + r0 + tid] : 0.0;
+        row_dt = tid < rows ? p.dtf[at + r0 + tid] : 0.0f;
+        last = p.acs[at + len - 1];
+      }
+    };
+
+    __syncthreads();  // the previous virtual block is done with shared memory
+    // Zeros where the state copies never write: columns past N (rounded up to 4) of the
+    // copied rows, and the rows past P.
+    const int n4 = (p.N + 3) / 4 * 4;
+    for (int e = tid; e < jrows * (p.NP - n4); e += kTcThreads) {
+      const int r = e / (p.NP - n4);
+      sS[r * p.ld + n4 + (e - r * (p.NP - n4))] = 0.0f;
+    }
+    for (int e = tid; e < (kSsdTile - jrows) * p.NP; e += kTcThreads) sS[(jrows + e / p.NP) * p.ld + e % p.NP] = 0.0f;
+    tc_fill<T, true>(sL, p.ld, kSsdTile, p.NP, p.B.p + b * p.B.s[0] + (t0 + r0) * p.B.s[1] + g * p.B.s[2], p.B.s[1],
+                     p.B.s[3], rows, p.N);
+    double col_acs = 0.0, row_acs = 0.0, last = 0.0;
+    float row_dt = 0.0f;
+    issue_s(0, row_acs, row_dt, last);
+    issue_v(0, 0, 0, col_acs);
+    ssd_cp_async_commit();
+    int st = 0;  // stages so far: buffer st % 2
+    for (int hi = 0; hi < nh; ++hi) {
+      const int64_t h = h_begin + hi, bh = b * p.heads + h;
+      const int hb = hi & 1;
+      // The lane's 16-bit values of a per-head [B, L, H, P] operand (rows g8, g8 + 8 of
+      // the warp, its 16 columns), packed in pairs: x for the ddt dots, dy_pre for D.
+      auto lane_values = [&](bool dy, uint32_t (&v)[2][8]) {
+        if (dy)
+          ssd_lane_pairs<T>(p.dy.p + b * p.dy.s[0] + t0 * p.dy.s[1] + h * p.dy.s[2], p.dy.s[1], p.dy.s[3], r0 + rw, len,
+                            j0, p.P, v);
+        else
+          ssd_lane_pairs<T>(p.x.p + b * p.x.s[0] + t0 * p.x.s[1] + h * p.x.s[2], p.x.s[1], p.x.s[3], r0 + rw, len, j0,
+                            p.P, v);
+      };
+      // this stage's B·Cᵀ values (rows g8, g8 + 8 of the warp; the lane's columns)
+      auto load_cb = [&](int ct, float (&cb)[8][4]) {
+        const float* tile = cbt + (ct * (ct + 1) / 2 + rt) * (kSsdTile * kSsdTile);
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            const float2 v = *reinterpret_cast<const float2*>(tile + (rw + g8 + 8 * half) * kSsdTile + nt * 8 + 2 * t4);
+            cb[nt][2 * half] = v.x, cb[nt][2 * half + 1] = v.y;
+          }
+      };
+      uint32_t xv[2][8];  // for the ddt dots
+      lane_values(false, xv);
+      uint32_t dyv[2][8];  // EPI: dy_pre for the D term
+      float acc[8][4];
+      tc_zero(acc);
+      for (int k = 0; k < n_steps; ++k, ++st) {
+        const int buf = st & 1, ct = rt + k, c0 = ct * kSsdTile;
+        if (tid < kSsdTile) {
+          sColAcs[buf][tid] = col_acs;
+          if (k == 0) {
+            sRowAcs[hb][tid] = row_acs;
+            sRowDt[hb][tid] = row_dt;
+            if (tid == 0) sLast[hb] = last;
+          }
+        }
+        float cb[8][4];
+        load_cb(ct, cb);
+        ssd_cp_async_wait<0>();  // this stage's copies (the only group in flight)
+        __syncthreads();
+        if (k == 0) {
+          // the inter-chunk term: exp(Acs_last − Acs_s)·Σ_n B_s[n]·Gn[j][n] into acc
+          if (live) {
+            const int ksteps = p.NP / 16;
+            for (int kk = 0; kk < ksteps; ++kk) {
+              uint32_t a[4];
+              ssd_ldsm_x4(a, sL + (rw + lane % 16) * p.ld + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+              for (int nt = 0; nt < 8; ++nt) {
+                const float* bp = sS + (nt * 8 + g8) * p.ld + kk * 16 + 2 * t4;
+                const float2 lo = *reinterpret_cast<const float2*>(bp), hi2 = *reinterpret_cast<const float2*>(bp + 8);
+                ssd_mma16816<T>(acc[nt], a, ssd_pack2<T>(lo.x, lo.y), ssd_pack2<T>(hi2.x, hi2.y));
+              }
+            }
+            float dot[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int rl = rw + g8 + 8 * half;
+              const float scale = r0 + rl < len ? ssd_decay<float>(sLast[hb] - sRowAcs[hb][rl]) : 0.0f;
+#pragma unroll
+              for (int nt = 0; nt < 8; ++nt) {
+                T xs[2];
+                memcpy(xs, &xv[half][nt], 4);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  acc[nt][2 * half + e] *= scale;
+                  dot[half] += to_acc(xs[e]) * acc[nt][2 * half + e];
+                }
+              }
+            }
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {  // part2: fixed xor tree over the row's 4 lanes
+              float s = dot[half];
+              s += __shfl_xor_sync(0xffffffffu, s, 1);
+              s += __shfl_xor_sync(0xffffffffu, s, 2);
+              const int rg = r0 + rw + g8 + 8 * half;
+              if (t4 == 0 && rg < len) p.part2[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = s;
+            }
+          }
+          if constexpr (EPI)  // dy_pre of the lane's rows from the diagonal tile
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+              for (int nt = 0; nt < 8; ++nt)
+                dyv[half][nt] = *reinterpret_cast<const uint32_t*>(sV + buf * kSsdTile * kTcLd +
+                                                                   (rw + g8 + 8 * half) * kTcLd + nt * 8 + 2 * t4);
+          __syncthreads();  // every warp is done with the state tile
+        }
+        // the next stage's copies (and, after the inter-chunk product, the next head's state)
+        if (k + 1 < n_steps)
+          issue_v(hi, k + 1, buf ^ 1, col_acs);
+        else if (hi + 1 < nh)
+          issue_v(hi + 1, 0, buf ^ 1, col_acs);
+        if (k == 0 && hi + 1 < nh) issue_s(hi + 1, row_acs, row_dt, last);
+        ssd_cp_async_commit();
+        if (!live) continue;
+        // P = B·Cᵀ ∘ exp(Acs_q − Acs_s) over q >= s (selected, not multiplied, to 0), then P·dy
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int rl = rw + g8 + 8 * half, rg = r0 + rl;
+          const double ra = sRowAcs[hb][rl];
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int cl = nt * 8 + 2 * t4 + e, cg = c0 + cl;
+              float v = 0.0f;
+              if (cg >= rg && rg < len && cg < len) v = cb[nt][2 * half + e] * ssd_decay<float>(sColAcs[buf][cl] - ra);
+              cb[nt][2 * half + e] = v;
+            }
+        }
+        uint32_t pa[4][4];
+        tc_to_a_frags<T>(cb, pa);
+        tc_warp_pv<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4);
+      }
+      if (!live) continue;
+      // part: x·dxpre; dx = dt·dxpre (+ D·dy_pre)
+
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int rl = rw + g8 + 8 * half, rg = r0 + rl;
+        float s = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          T xs[2];
+          memcpy(xs, &xv[half][nt], 4);
+          s += to_acc(xs[0]) * acc[nt][2 * half];
+          s += to_acc(xs[1]) * acc[nt][2 * half + 1];
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (rg >= len) continue;
+        if (t4 == 0) p.part[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = s;
+        const float dt = sRowDt[hb][rl];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float v = acc[nt][2 * half + e] * dt;
+            if constexpr (EPI) {
+              const int jg = j0 + nt * 8 + 2 * t4 + e;
+              T dys[2];
+              memcpy(dys, &dyv[half][nt], 4);
+              if (jg < p.P) v += p.epi.D[h * p.epi.D_s0 + jg * p.epi.D_s1] * to_acc(dys[e]);
+            }
+            acc[nt][2 * half + e] = v;
+          }
+        tc_store_row<T>(p.out + ((b * p.seqlen + t0 + rg) * p.heads + h) * p.P, j0, p.P, p.P % 2 == 0, acc, half, 1.0f);
+      }
+    }
+    ssd_cp_async_wait<0>();  // (no copies are left in flight; keep every thread idle)
+  }
+}
+
+template <typename T>
 void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   SsdGroupDcbParams<T> p;
   p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
@@ -467,6 +778,7 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   p.dcb = ssd_ws<float>(l, w.dcb);
   p.xin = ssd_ws<float>(l, w.xin);
   p.xsuf = ssd_ws<float>(l, w.xsuf);
+  p.cbt = ssd_ws<float>(l, w.cbt);
   if (p.total_blocks == 0) return;
   // the heads' two dy and two x buffers, or (before them) the C and B tiles
   const int smem = std::max(4 * kSsdTile * p.ld, 2 * kSsdTile * p.ldn) * static_cast<int>(sizeof(T));
@@ -514,7 +826,57 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   check_launch(op);
 }
 
+template <typename T, bool EPI>
+void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, cudaStream_t stream) {
+  ssd_tc_smem(ssd_group_dx_kernel<T, EPI>, smem, "ssd_chunk_scan_backward(group_dx)");
+  ssd_group_dx_kernel<T, EPI><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  check_launch("ssd_chunk_scan_backward(group_dx)");
+}
+
+template <typename T>
+void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+  SsdGroupDxParams<T> p;
+  p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
+  p.chunk = l.chunk_size, p.nchunks = l.nchunks();
+  p.P = static_cast<int>(l.head_dim);
+  p.N = static_cast<int>(l.state_dim);
+  p.NP = ssd_k16(p.N);
+  p.ld = p.NP + 8;
+  p.r_tiles = static_cast<int>(w.dcb_ld / kSsdTile);
+  p.pairs = p.r_tiles * (p.r_tiles + 1) / 2;
+  p.j_tiles = static_cast<int>((l.head_dim + kSsdTile - 1) / kSsdTile);
+  // up to kSsdGroupDxHeads heads per block, spread evenly over the splits (none empty)
+  const int64_t most = std::min<int64_t>(p.hpg, kSsdGroupDxHeads);
+  p.nsplit = (p.hpg + most - 1) / most;
+  p.hps = (p.hpg + p.nsplit - 1) / p.nsplit;
+  p.total_blocks = l.batch * l.groups * p.nsplit * p.nchunks * p.r_tiles * p.j_tiles;
+  p.off_stage = kSsdTile * p.ld * static_cast<int>(sizeof(T));
+  p.off_v = p.off_stage + kSsdTile * p.ld * 4;
+  const int smem = static_cast<int>(ssd_group_dx_smem_bytes(l.state_dim));  // (the plan checked it fits)
+  p.x = ssd_operand<T>(l.x, l.x_stride, true);
+  p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
+  p.B = ssd_operand<T>(l.B, l.B_stride, false);
+  p.acs = ssd_ws<double>(l, w.acs);
+  p.dtf = ssd_ws<float>(l, w.dtf);
+  p.state = ssd_ws<float>(l, w.gstates);
+  p.cbt = ssd_ws<float>(l, w.cbt);
+  p.out = static_cast<T*>(l.dx);
+  p.part = ssd_ws<float>(l, w.ddtp);
+  p.part2 = ssd_ws<float>(l, w.vp);
+  p.epi = SsdEpilogue<T>{};
+  p.epi.D = static_cast<const float*>(l.D);
+  p.epi.D_s0 = l.D_stride[0];
+  p.epi.D_s1 = l.D_per_dim ? l.D_stride[1] : 0;
+  p.epi.on = p.epi.D != nullptr;
+  if (p.total_blocks == 0) return;
+  p.epi.on ? launch_dx_with<T, true>(p, smem, stream) : launch_dx_with<T, false>(p, smem, stream);
+}
+
 }  // namespace
+
+void ssd_backward_group_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
+  dispatch_half(l.element, "ssd_chunk_scan_backward", [&](auto tag) { launch_dx<decltype(tag)>(l, w, s); });
+}
 
 void ssd_backward_group_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   dispatch_half(l.element, "ssd_chunk_scan_backward", [&](auto tag) { launch_dcb<decltype(tag)>(l, w, s); });
