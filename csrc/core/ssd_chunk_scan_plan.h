@@ -122,6 +122,11 @@ struct SsdChunkScanLaunch {
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.
   bool group_products = false;
+  // CUDA tensor-core path: the chunk states H_c (forward, and the backward's recompute)
+  // from one kernel that walks the chunks (ssd_tc_state_scan_kernel) instead of the
+  // chunk-state kernel plus the state pass; see ssd_fuse_states. The backward's reverse
+  // scan (Gn_c) always runs as the two kernels.
+  bool fuse_states = false;
   int64_t nchunks() const { return chunk_size > 0 ? (seqlen + chunk_size - 1) / chunk_size : 0; }
 
   // Element strides of the inputs, in the order of their dims (any value, 0 included):

@@ -169,8 +169,7 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   states    [B, H, nc, D, N]     S_c, then (in place) H_c, the state entering chunk c
 // backward only:
 //   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1}
-//   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks =
-//                                  max(⌈D·N/256⌉, ⌈D/64⌉·⌈N/64⌉)
+//   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks = ⌈D·N/256⌉
 //   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
 //   vp        [B, H, L, ⌈D/64⌉]     partials of x·dxpre(inter-chunk part) (→ V)
 //   up        [B, H, L, ⌈N/64⌉]     partials of U per 64-column tile
@@ -211,9 +210,8 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   SsdWorkspace w;
   w.d_tiles = (l.head_dim + kSsdTile - 1) / kSsdTile;
   w.n_tiles = (l.state_dim + kSsdTile - 1) / kSsdTile;
-  // ⟨Gn_c, H_c⟩ partials: one per 256 elements (ssd_state_pass_bwd_kernel) or one per
-  // 64 × 64 tile (the tensor-core path's fused state scan); the unused ones are zeros.
-  w.kblocks = std::max((dn + kSsdThreads - 1) / kSsdThreads, w.d_tiles * w.n_tiles);
+  // ⟨Gn_c, H_c⟩ partials: one per 256 elements (ssd_state_pass_bwd_kernel)
+  w.kblocks = (dn + kSsdThreads - 1) / kSsdThreads;
   const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 0;
   w.nsplit = hpg > kSsdHeadsPerBlock ? (hpg + kSsdHeadsPerBlock - 1) / kSsdHeadsPerBlock : 1;
   // Splits of hps ≤ 8 heads, the last possibly fewer but never empty:
@@ -612,6 +610,11 @@ struct SsdPassParams {
 // Forward: per (b, h) and element e of D·N, sequentially over c:
 //   H_0 = initial_states (or 0); H_{c+1} = exp(Acs_last(c))·H_c + S_c, storing H_c
 //   where S_c was; final_states = H_nc (the state after the last step).
+// The chunks go kSsdPassWindow at a time: their S_c and decays are loaded before the
+// window's steps run, so that many loads are in flight instead of one per step (the
+// stores of H_c to the same buffer otherwise keep each load behind the previous step).
+constexpr int kSsdPassWindow = 8;
+
 template <typename Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPassParams<Acc> p) {
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
@@ -621,11 +624,22 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
     const double* acs = p.acs + bh * p.seqlen;
     Acc* st = p.states + bh * p.nchunks * p.dn + e;
     Acc run = p.seed_of(bh, e);
-    for (int64_t c = 0; c < p.nchunks; ++c) {
-      const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
-      const Acc s = st[c * p.dn];
-      st[c * p.dn] = run;
-      run = ssd_decay<Acc>(acs[last]) * run + s;
+    for (int64_t c0 = 0; c0 < p.nchunks; c0 += kSsdPassWindow) {
+      Acc s[kSsdPassWindow], dec[kSsdPassWindow];
+#pragma unroll
+      for (int i = 0; i < kSsdPassWindow; ++i) {
+        const int64_t c = c0 + i;
+        if (c < p.nchunks) {
+          s[i] = st[c * p.dn];
+          dec[i] = ssd_decay<Acc>(acs[min(c * p.chunk + p.chunk, p.seqlen) - 1]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kSsdPassWindow; ++i) {
+        if (c0 + i >= p.nchunks) break;
+        st[(c0 + i) * p.dn] = run;
+        run = dec[i] * run + s[i];
+      }
     }
     if (p.last != nullptr) p.last[bh * p.dn + e] = run;
   }
@@ -638,7 +652,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
 // fixed tree (W_c = exp(Acs_last(c)) · Σ_blocks kpart).
 template <typename Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
-  __shared__ Acc red[kSsdThreads / 32];
+  __shared__ Acc red[kSsdPassWindow][kSsdThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
     const int64_t bh = vb / p.kblocks, kb = vb % p.kblocks;
@@ -648,26 +662,39 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
     Acc* gs = p.gstates + bh * p.nchunks * p.dn + e;
     const Acc* hs = p.states + bh * p.nchunks * p.dn + e;
     Acc run = ok ? p.seed_of(bh, e) : Acc(0);  // G_{c+1}
-    for (int64_t c = p.nchunks - 1; c >= 0; --c) {
-      Acc kd = 0;
-      Acc local = 0;
-      if (ok) {
-        local = gs[c * p.dn];
-        gs[c * p.dn] = run;
-        kd = run * hs[c * p.dn];
+    // windows of kSsdPassWindow chunks from the last one down (see ssd_state_pass_kernel)
+    for (int64_t c0 = p.nchunks - 1; c0 >= 0; c0 -= kSsdPassWindow) {
+      Acc local[kSsdPassWindow], h[kSsdPassWindow], dec[kSsdPassWindow], kd[kSsdPassWindow];
+#pragma unroll
+      for (int i = 0; i < kSsdPassWindow; ++i) {
+        const int64_t c = c0 - i;
+        local[i] = h[i] = dec[i] = Acc(0);
+        if (c >= 0) {
+          if (ok) local[i] = gs[c * p.dn], h[i] = hs[c * p.dn];
+          dec[i] = ssd_decay<Acc>(acs[min(c * p.chunk + p.chunk, p.seqlen) - 1]);
+        }
       }
-      kd = ssd_sum32(kd);
-      __syncthreads();  // the previous chunk's read of red[] is done
-      if (lane == 0) red[warp] = kd;
+#pragma unroll
+      for (int i = 0; i < kSsdPassWindow; ++i) {
+        kd[i] = Acc(0);
+        if (c0 - i < 0) continue;
+        if (ok) gs[(c0 - i) * p.dn] = run;
+        kd[i] = run * h[i];
+        run = local[i] + dec[i] * run;
+      }
+      __syncthreads();  // the previous window's reads of red[] are done
+#pragma unroll
+      for (int i = 0; i < kSsdPassWindow; ++i) {
+        const Acc t = ssd_sum32(kd[i]);
+        if (lane == 0) red[i][warp] = t;
+      }
       __syncthreads();
-      if (threadIdx.x == 0) {
+      if (threadIdx.x < kSsdPassWindow && c0 - threadIdx.x >= 0) {
         Acc t = 0;
 #pragma unroll
-        for (int i = 0; i < kSsdThreads / 32; ++i) t += red[i];
-        p.kpart[(bh * p.nchunks + c) * p.kblocks + kb] = t;
+        for (int w = 0; w < kSsdThreads / 32; ++w) t += red[threadIdx.x][w];
+        p.kpart[(bh * p.nchunks + c0 - threadIdx.x) * p.kblocks + kb] = t;
       }
-      const int64_t last = min(c * p.chunk + p.chunk, p.seqlen) - 1;
-      run = local + ssd_decay<Acc>(acs[last]) * run;
     }
     if (ok && p.last != nullptr) p.last[bh * p.dn + e] = run;  // G_0 = dL/dH_0
   }

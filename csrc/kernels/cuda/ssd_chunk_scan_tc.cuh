@@ -23,9 +23,9 @@
 //  - Loads overlap the products: the scan kernel copies the next column tile with
 //    cp.async into a second buffer, the chunk-state kernels load the next 64 positions
 //    into registers.
-//  - When B·H·(64 × 64 state tiles) blocks fill the GPU, chunk states and state passing
-//    are one kernel (ssd_tc_state_scan_kernel): S_c and the local dstate stay in
-//    registers instead of going through memory.
+//  - When B·H·(64 × 64 state tiles) blocks fill the GPU, the forward's chunk states and
+//    state passing are one kernel (ssd_tc_state_scan_kernel): S_c stays in registers
+//    instead of going through memory.
 // Determinism: the MMA sequence of every output depends on the shapes alone (the head
 // split of Y/DX/X_s only picks the block that computes a head; cached and recomputed
 // C·Bᵀ tiles are the same bits), DC/DB keep the workspace's fixed head split, and the
@@ -338,30 +338,26 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
   }
 }
 
-// ---- 2'' + 3'. chunk states and state passing in one kernel --------------------------------
-// A block per (b, h, 64 × 64 (d, n) tile) walks the chunks in order (forward) or in
-// reverse (backward), keeping the running state in its MMA accumulators, so that
-// neither S_c nor the local dstate goes through memory:
-//   forward:  H = 0; for c = 0..nc−1: H_c = H (stored); H = exp(Acs_last)·H + S_c
-//   backward: G = 0; for c = nc−1..0: Gn_c = G (stored), kpart = the tile's ⟨G, H_c⟩;
-//             G = Σ_q exp(Acs_q)·dy_q ⊗ C_q + exp(Acs_last)·G
-// with S_c and the local dstate from ssd_tc_chunk_state_kernel's product (64-position
-// steps, the next step's raw operands in registers while the current one multiplies).
-// Used when B·H·tiles blocks fill the GPU; otherwise the chunk-state kernel (a block
-// per chunk) and ssd_state_pass_*_kernel.
+// ---- 2'' + 3'. chunk states and state passing in one kernel (forward) --------------------
+// A block per (b, h, 64 × 64 (d, n) tile) walks the chunks in order, keeping the running
+// state in its MMA accumulators, so that S_c does not go through memory:
+//   H = 0; for c = 0..nc−1: H_c = H (stored); H = exp(Acs_last)·H + S_c
+// with S_c from ssd_tc_chunk_state_kernel's product (64-position steps, the next step's
+// raw operands in registers while the current one multiplies). The plan's fuse_states
+// picks it (when B·H·tiles blocks fill the GPU); otherwise the chunk-state kernel (a
+// block per chunk) and ssd_state_pass_kernel. (The backward's reverse scan of Gn_c ran
+// this way too until the state pass kept several chunks' loads in flight: as two kernels
+// it took half the time; SsdChunkScanLaunch::fuse_states.)
 template <typename T>
 struct SsdTcStateScanParams {
-  int64_t batch, seqlen, heads, hpg, chunk, nchunks, D, N, total_blocks, kblocks;
+  int64_t batch, seqlen, heads, hpg, chunk, nchunks, D, N, total_blocks;
   int d_tiles, n_tiles;
-  SsdOperand<T> xo;  // x (forward) or dy (backward), per head, [.., D]
-  SsdOperand<T> yo;  // B (forward) or C (backward), per group, [.., N]
+  SsdOperand<T> xo;  // x, per head, [.., D]
+  SsdOperand<T> yo;  // B, per group, [.., N]
   const double* acs;
   const float* dtf;
-  float* out;             // [B, H, nc, D, N]: H_c (forward) or Gn_c (backward)
-  const float* hstates;   // backward: H_c
-  float* kpart;           // backward: [B, H, nc, kblocks]
-  // forward: initial_states → final_states; backward: dfinal_states → dinitial_states
-  // (see SsdPassParams; each optional)
+  float* out;        // [B, H, nc, D, N]: H_c
+  // initial_states → final_states (see SsdPassParams; each optional)
   const float* seed;
   int64_t seed_s[4];
   float* last;
@@ -369,12 +365,11 @@ struct SsdTcStateScanParams {
 
 // ENDS (p.seed or p.last non-null): a separate instantiation, so that the plain kernel
 // keeps its registers.
-template <typename T, bool BW, bool ENDS = false>
+template <typename T, bool ENDS = false>
 __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const SsdTcStateScanParams<T> p) {
   constexpr int kPer = kSsdTile * 8 / kTcThreads;  // 16-byte groups per thread and tile
   __shared__ __align__(16) T sX[kSsdTile * kTcLd];
   __shared__ __align__(16) T sY[kSsdTile * kTcLd];
-  __shared__ float sRed[kTcThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
     int64_t rest = vb;
@@ -392,8 +387,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const Ssd
     // Chunk and step offsets keep 16-byte alignment when a row's stride is a multiple of 8.
     const bool xvec = tc_vec_ok(X0, p.xo.s[1], p.xo.s[3]), yvec = tc_vec_ok(Y0, p.yo.s[1], p.yo.s[3]);
     const bool live = 16 * warp < dv;
-    const int64_t last_ci = p.nchunks - 1;
-    auto chunk_of = [&](int64_t ci) { return BW ? last_ci - ci : ci; };
+    const int64_t last_c = p.nchunks - 1;
     auto chunk_len = [&](int64_t c) { return static_cast<int>(min(p.chunk, p.seqlen - c * p.chunk)); };
     uint4 xr[kPer], yr[kPer];
     auto load_step = [&](int64_t c, int s0) {
@@ -409,7 +403,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const Ssd
     float run[8][4], acc[8][4];
     tc_zero(run);
     tc_zero(acc);
-    if (ENDS && p.seed != nullptr) {  // H_0 = initial_states (forward), G_nc = dfinal_states (backward)
+    if (ENDS && p.seed != nullptr) {  // H_0 = initial_states
       const float* sd = p.seed + b * p.seed_s[0] + h * p.seed_s[1];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -423,47 +417,19 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const Ssd
           }
       }
     }
-    load_step(chunk_of(0), 0);
-    for (int64_t ci = 0; ci <= last_ci; ++ci) {
-      const int64_t c = chunk_of(ci);
+    load_step(0, 0);
+    for (int64_t c = 0; c <= last_c; ++c) {
       const int len = chunk_len(c);
       const double* acs = p.acs + bh * p.seqlen + c * p.chunk;
       const float* dtf = p.dtf + bh * p.seqlen + c * p.chunk;
       const double acs_last = acs[len - 1];
-      // The state entering the chunk (forward) or leaving it (backward), and W's partial.
+      // The state entering the chunk.
       float* out = p.out + (bh * p.nchunks + c) * p.D * p.N + n0;
       if (live) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int dl = 16 * warp + g8 + 8 * half;
           if (dl < dv) tc_store_row(out + static_cast<int64_t>(d0 + dl) * p.N, 0, nv, p.N % 2 == 0, run, half, 1.0f);
-        }
-      }
-      if constexpr (BW) {
-        // kpart = Σ over the tile of Gn_c·H_c, read back from memory (fewer live registers
-        // than from the accumulators): each thread's elements in a fixed order, the warp
-        // in an xor tree, the 4 warps in order.
-        const float* hs = p.hstates + (bh * p.nchunks + c) * p.D * p.N + n0;
-        __syncthreads();  // Gn_c's stores are visible; the previous chunk's reader of sRed is done
-        float kd = 0.0f;
-#pragma unroll 4
-        for (int e = threadIdx.x; e < kSsdTile * kSsdTile; e += kTcThreads) {
-          const int dl = e / kSsdTile, nl = e % kSsdTile;
-          const int64_t at = static_cast<int64_t>(d0 + dl) * p.N + nl;
-          if (dl < dv && nl < nv) kd += out[at] * hs[at];
-        }
-        kd = ssd_sum32(kd);
-        if (lane == 0) sRed[warp] = kd;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          float t = 0.0f;
-#pragma unroll
-          for (int i = 0; i < kTcThreads / 32; ++i) t += sRed[i];
-          float* kp = p.kpart + (bh * p.nchunks + c) * p.kblocks;
-          kp[dtl * p.n_tiles + nt_] = t;
-          if (dtl == 0 && nt_ == 0)  // the partials no tile owns (kblocks > tiles)
-#pragma unroll 1  // (unrolled, this loop cost the kernel 80 registers)
-            for (int64_t i = static_cast<int64_t>(p.d_tiles) * p.n_tiles; i < p.kblocks; ++i) kp[i] = 0.0f;
         }
       }
       tc_zero(acc);
@@ -474,16 +440,14 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const Ssd
         for (int u = 0; u < kPer; ++u) {
           const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
           const int s = s0 + r;
-          const float w = r >= rows ? 0.0f
-                          : BW      ? ssd_decay<float>(acs[s])
-                                    : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
+          const float w = r >= rows ? 0.0f : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
           *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = ssd_scale8<T>(xr[u], w);
           *reinterpret_cast<uint4*>(sY + r * kTcLd + k) = yr[u];
         }
         // The next step's operands, possibly the next chunk's, in flight during the
         // products (one call site: two would double the live registers).
         const bool more = s0 + kSsdTile < len;
-        if (more || ci < last_ci) load_step(more ? c : chunk_of(ci + 1), more ? s0 + kSsdTile : 0);
+        if (more || c < last_c) load_step(more ? c : c + 1, more ? s0 + kSsdTile : 0);
         __syncthreads();
         if (live) tc_warp_gemm<T, true, true>(acc, sX + 16 * warp, kTcLd, sY, kTcLd, (rows + 15) / 16, 0, 4);
       }
@@ -491,9 +455,9 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const Ssd
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) run[nt][i] = BW ? acc[nt][i] + decay * run[nt][i] : decay * run[nt][i] + acc[nt][i];
+        for (int i = 0; i < 4; ++i) run[nt][i] = decay * run[nt][i] + acc[nt][i];
     }
-    if (ENDS && p.last != nullptr && live) {  // final_states = H_nc (forward), dinitial_states = G_0 (backward)
+    if (ENDS && p.last != nullptr && live) {  // final_states = H_nc
       float* out = p.last + bh * p.D * p.N + n0;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -959,33 +923,25 @@ void ssd_launch_tc_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& 
   check_launch(DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)");
 }
 
-// Whether the fused state scan has enough blocks (b, h, tile) to fill the GPU.
-inline bool ssd_tc_fuse_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev) {
-  return l.batch * l.heads * w.d_tiles * w.n_tiles >= 2 * static_cast<int64_t>(dev.sms);
-}
-
-template <typename T, bool BW>
+template <typename T>
 void ssd_launch_tc_state_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t stream) {
   SsdTcStateScanParams<T> p;
   p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups;
   p.chunk = l.chunk_size, p.nchunks = l.nchunks(), p.D = l.head_dim, p.N = l.state_dim;
-  p.kblocks = w.kblocks;
   p.d_tiles = static_cast<int>(w.d_tiles), p.n_tiles = static_cast<int>(w.n_tiles);
   p.total_blocks = l.batch * l.heads * p.d_tiles * p.n_tiles;
-  p.xo = ssd_operand<T>(BW ? l.dy : l.x, BW ? l.dy_stride : l.x_stride, true);
-  p.yo = ssd_operand<T>(BW ? l.C : l.B, BW ? l.C_stride : l.B_stride, false);
+  p.xo = ssd_operand<T>(l.x, l.x_stride, true);
+  p.yo = ssd_operand<T>(l.B, l.B_stride, false);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
-  p.out = ssd_ws<float>(l, BW ? w.gstates : w.states);
-  p.hstates = BW ? ssd_ws<float>(l, w.states) : nullptr;
-  p.kpart = BW ? ssd_ws<float>(l, w.kpart) : nullptr;
-  ssd_pass_ends<T, BW>(p, l, last);
-  if (p.total_blocks == 0 || p.nchunks == 0) return;  // (the caller routes L == 0 to the SIMT pass)
+  p.out = ssd_ws<float>(l, w.states);
+  ssd_pass_ends<T, /*BW=*/false>(p, l, last);
+  if (p.total_blocks == 0) return;
   if (p.seed != nullptr || p.last != nullptr)
-    ssd_tc_state_scan_kernel<T, BW, true><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
+    ssd_tc_state_scan_kernel<T, true><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
   else
-    ssd_tc_state_scan_kernel<T, BW><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
-  check_launch(BW ? "ssd_chunk_scan_backward(state_scan)" : "ssd_chunk_scan(state_scan)");
+    ssd_tc_state_scan_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
+  check_launch("ssd_chunk_scan(state_scan)");
 }
 
 // False (and nothing launched) when the kernel's shared memory exceeds the device's
@@ -1111,16 +1067,16 @@ void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
 }
 
 // The chunk states H_c (BW = false) or Gn_c and the ⟨Gn_c, H_c⟩ partials (BW = true),
-// from the inputs and Acs: fused on tensor cores when that fills the GPU, else the chunk
-// state kernel (tensor cores or SIMT) followed by the SIMT state pass.
+// from the inputs and Acs: H_c in one tensor-core kernel where the plan says so
+// (SsdChunkScanLaunch::fuse_states), else the chunk state kernel (tensor cores or SIMT)
+// followed by the state pass.
 // `last`: final_states (forward; null for the backward's recompute) or dinitial_states
 // (backward), written when non-null.
 template <typename T, bool BW>
 void ssd_run_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t s) {
-  if constexpr (ssd_is_half<T>) {
-    const SsdTcDevice dev = ssd_tc_device();
-    if (dev.ok && l.nchunks() > 0 && ssd_tc_fuse_states(l, w, dev)) {
-      ssd_launch_tc_state_scan<T, BW>(l, w, last, s);
+  if constexpr (ssd_is_half<T> && !BW) {
+    if (l.fuse_states) {  // (the plan sets it for 16-bit inputs on sm_80+ with chunks only)
+      ssd_launch_tc_state_scan<T>(l, w, last, s);
       return;
     }
   }
