@@ -193,6 +193,31 @@ bool fuse_states(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChun
          l.batch * l.heads * tiles >= 2 * static_cast<int64_t>(desc.device.sm_count);
 }
 
+// The dCB pass's head splits (SsdChunkScanLaunch::dcb_splits): 1 to 4, the fewest with the
+// least rounds × heads per block, counting 4 blocks per multiprocessor, as long as the
+// partial dCBs together take no more memory than x. At the Mamba-2 2.7B shape (640 tile
+// pairs and 80 heads, 132 multiprocessors) that is 4: 5 rounds of 20 heads in place of 2
+// rounds of 80.
+int64_t ssd_dcb_splits(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
+  const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 1;
+  const int64_t longest = std::min(l.chunk_size, l.seqlen), tiles = (longest + 63) / 64;
+  const int64_t blocks = l.batch * l.groups * l.nchunks() * tiles * (tiles + 1) / 2;
+  const int64_t slots = 4 * static_cast<int64_t>(std::max(desc.device.sm_count, 1));
+  const double dcb_bytes = 4.0 * static_cast<double>(l.batch) * static_cast<double>(l.nchunks()) *
+                           static_cast<double>(l.groups) * static_cast<double>(tiles * 64) *
+                           static_cast<double>(tiles * 64);
+  const double x_bytes = 2.0 * static_cast<double>(l.batch) * static_cast<double>(l.seqlen) *
+                         static_cast<double>(l.heads) * static_cast<double>(l.head_dim);
+  int64_t best = 1, best_cost = -1;
+  for (int64_t s = 1; s <= std::min<int64_t>(4, hpg); ++s) {
+    if (s > 1 && dcb_bytes * static_cast<double>(s) > x_bytes) break;
+    if ((s - 1) * ((hpg + s - 1) / s) >= hpg) continue;  // every split gets a head
+    const int64_t cost = (blocks * s + slots - 1) / slots * ((hpg + s - 1) / s);
+    if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
+}
+
 // ssd_force_cuda_forward's setting: -1 for the plan's own choice, else a SsdCudaForward.
 std::atomic<int> g_forced_forward{-1};
 
@@ -399,6 +424,7 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   if (o.has_initial_states) p.opt_out_[3] = dense_output_layout(o.initial_states);
   p.launch_ = plan_launch(f, s, &desc);
   p.launch_.group_products = group_products(f, p.variant_, p.launch_);
+  p.launch_.dcb_splits = p.launch_.group_products ? ssd_dcb_splits(f, p.launch_) : 1;
   p.launch_.fuse_states = fuse_states(f, p.variant_, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);

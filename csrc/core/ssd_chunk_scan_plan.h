@@ -122,6 +122,10 @@ struct SsdChunkScanLaunch {
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.
   bool group_products = false;
+  // With group_products: the dCB pass splits each group's heads over this many blocks
+  // per tile pair, each writing its own partial dCB (summed in split order where dC and
+  // dB read it), so that its blocks fill whole rounds of the GPU (see ssd_dcb_splits).
+  int64_t dcb_splits = 1;
   // CUDA tensor-core path: the chunk states H_c (forward, and the backward's recompute)
   // from one kernel that walks the chunks (ssd_tc_state_scan_kernel) instead of the
   // chunk-state kernel plus the state pass; see ssd_fuse_states. The backward's reverse

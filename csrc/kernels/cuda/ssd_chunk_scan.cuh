@@ -177,9 +177,10 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   dap       [H, B·nc]            dA partials per (b, c)
 //   split     [S, B, L, G, N]      dC, then dB, partials of S = ⌈(H/G)/8⌉ head splits
 //                                  (only when S > 1; not with group_products)
-//   dcb       [B, G, nc, Q', Q']   group_products only: Σ_heads (dy_q·x_s)·exp(Acs_q −
-//                                  Acs_s)·dt_s over s <= q, Q' the longest chunk rounded
-//                                  up to 64 (ssd_chunk_scan_backward_group.cu)
+//   dcb       [S', B, G, nc, Q', Q']  group_products only: Σ_heads (dy_q·x_s)·exp(Acs_q −
+//                                  Acs_s)·dt_s over s <= q, one partial per dCB head split
+//                                  (S' = dcb_splits), Q' the longest chunk rounded up to
+//                                  64 (ssd_chunk_scan_backward_group.cu)
 //   xin, xsuf [B, H, nc, P', 64]   group_products only: the X_s partials of the P' =
 //                                  t'(t' + 1)/2 tile pairs (t' = Q'/64) of a chunk
 //   cbt       [B, G, nc, P', 64, 64]  group_products only: each tile pair's B_s·C_q,
@@ -189,7 +190,7 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
 //   workspace before it knows the pointers; both are small next to the states.)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
-// + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N (B·G·nc·Q'² + 2·B·H·nc·P'·64
+// + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N (S'·B·G·nc·Q'² + 2·B·H·nc·P'·64
 // + B·G·nc·P'·4096 in place of the splits with group_products), each buffer rounded up
 // to 256 bytes; the forward needs acs, dtf and states only (8·B·H·L bytes +
 // B·H·L + B·H·nc·D·N Acc).
@@ -240,7 +241,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     if (l.group_products) {
       const int64_t longest = std::min(l.chunk_size, l.seqlen);
       w.dcb_ld = (longest + kSsdTile - 1) / kSsdTile * kSsdTile;
-      w.dcb = take(l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld);
+      w.dcb = take(l.dcb_splits * l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld);
       const int64_t tiles = w.dcb_ld / kSsdTile, pairs = tiles * (tiles + 1) / 2;
       w.xin = take(bh * nc * pairs * kSsdTile);
       w.xsuf = take(bh * nc * pairs * kSsdTile);

@@ -53,14 +53,15 @@ __device__ __forceinline__ void tile_pair(int pair, int& ti, int& tj) {
 
 template <typename T>
 struct SsdGroupDcbParams {
-  int64_t seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
+  int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
   int P, KP, ld;     // head_dim, rounded up to the k-step, shared-memory row stride
   int N, NP, ldn;    // state_dim, rounded up, row stride of the C and B tiles
   int pairs, qp;     // tile pairs per chunk; Q' (dCB's row length)
+  int64_t nsplit, hps;  // head splits (SsdChunkScanLaunch::dcb_splits), heads per split
   SsdOperand<T> x, dy, B, C;
   const double* acs;
   const float* dtf;
-  float* dcb;        // [B, G, nc, Q', Q']
+  float* dcb;        // [nsplit, B, G, nc, Q', Q']: each split's partial sum
   float* xin;        // [B, H, nc, pairs, 64]: the pair's crossing sums at its column positions
   float* xsuf;       // [B, H, nc, pairs, 64]: suffix sums of the pair's row sums
   float* cbt;        // [B, G, nc, pairs, 64, 64]: the pair's C·Bᵀ tile transposed, [s][q]
@@ -93,10 +94,12 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
-    const int pair = static_cast<int>(vb % p.pairs);
+    const int64_t split = vb % p.nsplit;
+    int64_t rest = vb / p.nsplit;
+    const int pair = static_cast<int>(rest % p.pairs);
     int ti, tj;
     tile_pair(pair, ti, tj);
-    int64_t rest = vb / p.pairs;
+    rest /= p.pairs;
     const int64_t c = rest % p.nchunks;
     rest /= p.nchunks;
     const int64_t g = rest % p.groups, b = rest / p.groups;
@@ -121,7 +124,8 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
       }
     };
     // Head hh's X partials from the warps' shared sums (threads 0..63, one position each).
-    const int64_t h0 = g * p.hpg;
+    const int64_t h0 = g * p.hpg + split * p.hps;
+    const int nh = static_cast<int>(min(p.hps, p.hpg - split * p.hps));
     auto flush = [&](int hh) {
       if (tid >= kSsdTile) return;
       const int pb = hh & 1;
@@ -147,7 +151,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
     float cb[8][4];
     tc_zero(cb);
     if (live) tc_warp_gemm<T, false, false>(cb, sC + rw * p.ldn, p.ldn, sB, p.ldn, p.NP / 16, 0, hi_np);
-    {  // for the dx kernel: B_s·C_q at [s][q] (zeros where nothing was computed)
+    if (split == 0) {  // for the dx kernel: B_s·C_q at [s][q] (zeros where nothing was computed)
       float* tile = p.cbt + (((b * p.groups + g) * p.nchunks + c) * p.pairs + pair) * (kSsdTile * kSsdTile);
 #pragma unroll
       for (int half = 0; half < 2; ++half)
@@ -162,9 +166,9 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
     tc_zero(acc);
     load(h0, 0);
     ssd_cp_async_commit();
-    for (int hi = 0; hi < p.hpg; ++hi) {
+    for (int hi = 0; hi < nh; ++hi) {
       const int buf = hi & 1;
-      if (hi + 1 < p.hpg) load(h0 + hi + 1, buf ^ 1);
+      if (hi + 1 < nh) load(h0 + hi + 1, buf ^ 1);
       ssd_cp_async_commit();
       ssd_cp_async_wait<1>();  // head hi's copies are done
       __syncthreads();
@@ -232,8 +236,8 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
       __syncthreads();  // buffer `buf` is free for head hi + 2; the X sums of head hi are visible
     }
     ssd_cp_async_wait<0>();
-    flush(p.hpg - 1);
-    float* tile = p.dcb + ((b * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp +
+    flush(nh - 1);
+    float* tile = p.dcb + (((split * p.batch + b) * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp +
                   static_cast<int64_t>(r0) * p.qp;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
@@ -266,6 +270,25 @@ __global__ void __launch_bounds__(256) ssd_group_xs_kernel(const float* xin, con
   }
 }
 
+// A 64 × 64 dCB tile (row stride qp, 16-byte rows) rounded to T into dst [64][kTcLd]: the
+// sum of the `parts` head-split partials (`stride` apart), added in split order.
+template <typename T>
+__device__ __forceinline__ void ssd_fill_dcb(T* dst, const float* src, int64_t qp, int64_t parts, int64_t stride) {
+  for (int e = threadIdx.x; e < kSsdTile * 16; e += kTcThreads) {
+    const int r = e / 16, k = (e % 16) * 4;
+    const float* at = src + r * qp + k;
+    float4 v = *reinterpret_cast<const float4*>(at);
+    for (int64_t s = 1; s < parts; ++s) {
+      const float4 u = *reinterpret_cast<const float4*>(at + s * stride);
+      v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+    }
+    uint2 o;
+    o.x = ssd_pack2<T>(v.x, v.y);
+    o.y = ssd_pack2<T>(v.z, v.w);
+    *reinterpret_cast<uint2*>(dst + r * kTcLd + k) = o;
+  }
+}
+
 template <typename T>
 struct SsdGroupGradParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
@@ -277,7 +300,8 @@ struct SsdGroupGradParams {
   const float* state;    // H_c (dC) or Gn_c (dB), [B, H, nc, P, N]
   const double* acs;
   const float* dtf;
-  const float* dcb;      // [B, G, nc, Q', Q']
+  const float* dcb;      // [dcb_parts, B, G, nc, Q', Q']: the dCB pass's head-split partials
+  int64_t dcb_parts, dcb_part_stride;
   float* upart;          // dC: U partials [B, H, L, j_tiles]; null for dB
   T* out;                // dC or dB, [B, L, G, N] contiguous
 };
@@ -334,7 +358,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
       // dC: dCB[q = rt rows][s = kt cols]; dB: dCB[q = kt rows][s = rt cols] (read k-major)
       const float* src = DB ? mat + static_cast<int64_t>(kt * kSsdTile) * p.qp + r0
                             : mat + static_cast<int64_t>(r0) * p.qp + kt * kSsdTile;
-      tc_fill_f32<T>(sA, kTcLd, kSsdTile, kSsdTile, src, p.qp, kSsdTile, kSsdTile);
+      ssd_fill_dcb<T>(sA, src, p.qp, p.dcb_parts, p.dcb_part_stride);
       tc_fill<T>(sV, kTcLd, kSsdTile, kSsdTile, vbase + static_cast<int64_t>(kt * kSsdTile) * p.v.s[1] + j0 * p.v.s[3],
                  p.v.s[1], p.v.s[3], min(kSsdTile, len - kt * kSsdTile), p.N - j0);
       __syncthreads();
@@ -757,8 +781,10 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
 template <typename T>
 void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   SsdGroupDcbParams<T> p;
-  p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
+  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
   p.chunk = l.chunk_size, p.nchunks = l.nchunks();
+  p.nsplit = l.dcb_splits;
+  p.hps = (p.hpg + p.nsplit - 1) / p.nsplit;  // (the plan keeps nsplit <= hpg: no split is empty)
   p.P = static_cast<int>(l.head_dim);
   p.KP = ssd_k16(p.P);
   p.ld = p.KP + 8;
@@ -768,7 +794,7 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   p.qp = static_cast<int>(w.dcb_ld);
   const int tiles = p.qp / kSsdTile;
   p.pairs = tiles * (tiles + 1) / 2;
-  p.total_blocks = l.batch * l.groups * p.nchunks * p.pairs;
+  p.total_blocks = l.batch * l.groups * p.nchunks * p.pairs * p.nsplit;
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.B = ssd_operand<T>(l.B, l.B_stride, false);
@@ -818,6 +844,8 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.dcb = ssd_ws<float>(l, w.dcb);
+  p.dcb_parts = l.dcb_splits;
+  p.dcb_part_stride = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
   p.upart = DB ? nullptr : ssd_ws<float>(l, w.up);
   p.out = static_cast<T*>(DB ? l.dB : l.dC);
   if (p.total_blocks == 0) return;
