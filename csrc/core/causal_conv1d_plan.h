@@ -145,15 +145,8 @@ struct CausalConv1dWork {
   int block_channels = 1, block_chunks = 1;
 };
 
-// A tensor argument of the problem checks: its dtype and sizes, or absent. Int: int64_t,
-// or a symbolic integer in a meta kernel.
 template <class Int>
-struct ConvOperand {
-  bool present = false;
-  ElementKind dtype = ElementKind::F32;
-  int rank = 0;
-  const Int* sizes = nullptr;
-};
+using ConvOperand = ProblemOperand<Int>;
 
 // None, "silu" or "swish" (SiLU): whether the op applies SiLU; ValueError otherwise.
 bool parse_causal_conv1d_activation(const std::optional<std::string>& activation,

@@ -54,14 +54,8 @@ struct ConvUpdateLaunch {
   void* out = nullptr;
 };
 
-// A tensor argument of the problem checks: its dtype and sizes, or absent.
 template <class Int>
-struct ConvUpdateOperand {
-  bool present = false;
-  ElementKind dtype = ElementKind::F32;
-  int rank = 0;
-  const Int* sizes = nullptr;
-};
+using ConvUpdateOperand = ProblemOperand<Int>;
 
 // The problem checks shared by the plan and the meta kernel, in this order: x (floating,
 // 2-d or 3-d), conv_state (x's dtype, [S, D, M], M >= W − 1), weight (x's dtype or

@@ -210,6 +210,17 @@ std::string sizes_str(const Int* sizes, int rank) {
   return s + "]";
 }
 
+// A tensor argument of a family's templated problem checks (the causal conv1d, its
+// update and the state update share them between the plan and the meta kernel): its
+// dtype and sizes, or absent. Int: int64_t, or a symbolic integer in a meta kernel.
+template <class Int>
+struct ProblemOperand {
+  bool present = false;
+  ElementKind dtype = ElementKind::F32;
+  int rank = 0;
+  const Int* sizes = nullptr;
+};
+
 // Text of a double for error messages ("nan", "-1", "0.5").
 inline std::string double_str(double v) {
   char buf[32];

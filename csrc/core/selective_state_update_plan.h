@@ -100,15 +100,8 @@ struct StateUpdateLaunch {
   void* out = nullptr;
 };
 
-// A tensor argument of the problem checks: its dtype and sizes, or absent. Int: int64_t,
-// or a symbolic integer in a meta kernel.
 template <class Int>
-struct StateUpdateOperand {
-  bool present = false;
-  ElementKind dtype = ElementKind::F32;
-  int rank = 0;
-  const Int* sizes = nullptr;
-};
+using StateUpdateOperand = ProblemOperand<Int>;
 
 // The operands in the order of the checks.
 template <class Int>

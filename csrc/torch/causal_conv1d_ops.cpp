@@ -5,7 +5,6 @@
 #include <ATen/ops/empty_like.h>
 #include <c10/core/DeviceGuard.h>
 
-#include <deque>
 #include <tuple>
 
 #include "core/causal_conv1d_plan.h"
@@ -61,17 +60,7 @@ struct ConvTensors {
 template <class Int>
 void check_problem(const ConvTensors& a) {
   a.check_devices();
-  std::deque<std::vector<Int>> sizes;  // what the ConvOperand views point at
-  const auto view = [&](const at::Tensor* t, const char* what) {
-    ConvOperand<Int> o;
-    if (!t) return o;
-    o.present = true;
-    o.dtype = element_of(*t, a.op(), what);
-    const std::vector<Int>& s = sizes.emplace_back(sizes_of<Int>(*t));
-    o.rank = static_cast<int>(s.size());
-    o.sizes = s.data();
-    return o;
-  };
+  ProblemViews<Int> view(a.op());
   const ConvOperand<Int> x = view(a.x, "x"), weight = view(a.weight, "weight");
   check_causal_conv1d_problem(a.op(), x, weight, view(a.bias, "bias"), view(a.seq_idx, "seq_idx"),
                               view(a.initial_states, "initial_states"));

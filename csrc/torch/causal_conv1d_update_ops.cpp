@@ -5,7 +5,6 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 
-#include <deque>
 
 #include "core/causal_conv1d_plan.h"
 #include "core/causal_conv1d_update_plan.h"
@@ -51,17 +50,7 @@ UpdateTensors tensors_of(const at::Tensor& x, const at::Tensor& conv_state, cons
 template <class Int>
 void check_problem(const UpdateTensors& a) {
   a.check_devices();
-  std::deque<std::vector<Int>> sizes;
-  const auto view = [&](const at::Tensor* t, const char* what) {
-    ConvUpdateOperand<Int> o;
-    if (!t) return o;
-    o.present = true;
-    o.dtype = element_of(*t, kOp, what);
-    const std::vector<Int>& s = sizes.emplace_back(sizes_of<Int>(*t));
-    o.rank = static_cast<int>(s.size());
-    o.sizes = s.data();
-    return o;
-  };
+  ProblemViews<Int> view(kOp);
   check_conv_update_problem(kOp, view(a.x, "x"), view(a.state, "conv_state"), view(a.weight, "weight"),
                             view(a.bias, "bias"), view(a.seqlens, "cache_seqlens"),
                             view(a.indices, "conv_state_indices"));

@@ -8,9 +8,11 @@
 #include <c10/core/SymInt.h>
 #include <torch/library.h>
 
+#include <deque>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/plan.h"
@@ -181,5 +183,28 @@ template <>
 inline std::vector<int64_t> sizes_of(const at::Tensor& t) { return t.sizes().vec(); }
 template <>
 inline std::vector<c10::SymInt> sizes_of(const at::Tensor& t) { return sym_sizes_of(t); }
+
+// Tensors as the ProblemOperands of a templated problem check, named in its errors as
+// arguments of `op`: `views(t, "x")` (absent for a null t). The sizes a view points at
+// live as long as this object.
+template <class Int>
+class ProblemViews {
+ public:
+  explicit ProblemViews(std::string op) : op_(std::move(op)) {}
+  ProblemOperand<Int> operator()(const at::Tensor* t, const char* what) {
+    ProblemOperand<Int> o;
+    if (!t) return o;
+    o.present = true;
+    o.dtype = element_of(*t, op_, what);
+    const std::vector<Int>& s = sizes_.emplace_back(sizes_of<Int>(*t));
+    o.rank = static_cast<int>(s.size());
+    o.sizes = s.data();
+    return o;
+  }
+
+ private:
+  std::string op_;
+  std::deque<std::vector<Int>> sizes_;
+};
 
 }  // namespace baracuda::torch_ops

@@ -5,7 +5,6 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 
-#include <deque>
 
 #include "core/selective_state_update_plan.h"
 #include "torch/op_def.h"
@@ -56,17 +55,7 @@ UpdateTensors tensors_of(bool tokens, const at::Tensor& state, const at::Tensor&
 template <class Int>
 StateUpdateSizes<Int> check_problem(const UpdateTensors& a) {
   a.check_devices();
-  std::deque<std::vector<Int>> sizes;  // what the operands' views point at
-  const auto view = [&](const at::Tensor* t, const char* what) {
-    StateUpdateOperand<Int> o;
-    if (!t) return o;
-    o.present = true;
-    o.dtype = element_of(*t, a.op(), what);
-    const std::vector<Int>& s = sizes.emplace_back(sizes_of<Int>(*t));
-    o.rank = static_cast<int>(s.size());
-    o.sizes = s.data();
-    return o;
-  };
+  ProblemViews<Int> view(a.op());
   StateUpdateOperands<Int> ops;
   ops.state = view(a.state, "state");
   ops.x = view(a.x, "x");
