@@ -21,7 +21,7 @@
 //                           (the per-head ssd_tc_dacs_kernel does not run)
 //                           It also stores the pair's C·Bᵀ tile (float32, transposed) for
 //                           the dx kernel.
-//   ssd_group_dx_kernel     block per (b, g, c, up to 8 of the group's heads, 64-row tile,
+//   ssd_group_dx_kernel     block per (b, g, c, up to 4 of the group's heads, 64-row tile,
 //                           64-column tile of head_dim): dx from those B·Cᵀ tiles (read
 //                           into registers; no per-head products and no shared-memory
 //                           cache of them), the inter-chunk term from the float32 state
