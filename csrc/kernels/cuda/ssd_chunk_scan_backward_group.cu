@@ -624,30 +624,11 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
     for (int hi = 0; hi < nh; ++hi) {
       const int64_t h = h_begin + hi, bh = b * p.heads + h;
       const int hb = hi & 1;
-      // The lane's 16-bit values of a per-head [B, L, H, P] operand (rows g8, g8 + 8 of
-      // the warp, its 16 columns), packed in pairs: x for the ddt dots, dy_pre for D.
-      auto lane_values = [&](bool dy, uint32_t (&v)[2][8]) {
-        if (dy)
-          ssd_lane_pairs<T>(p.dy.p + b * p.dy.s[0] + t0 * p.dy.s[1] + h * p.dy.s[2], p.dy.s[1], p.dy.s[3], r0 + rw, len,
-                            j0, p.P, v);
-        else
-          ssd_lane_pairs<T>(p.x.p + b * p.x.s[0] + t0 * p.x.s[1] + h * p.x.s[2], p.x.s[1], p.x.s[3], r0 + rw, len, j0,
-                            p.P, v);
-      };
-      // this stage's B·Cᵀ values (rows g8, g8 + 8 of the warp; the lane's columns)
-      auto load_cb = [&](int ct, float (&cb)[8][4]) {
-        const float* tile = cbt + (ct * (ct + 1) / 2 + rt) * (kSsdTile * kSsdTile);
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            const float2 v = *reinterpret_cast<const float2*>(tile + (rw + g8 + 8 * half) * kSsdTile + nt * 8 + 2 * t4);
-            cb[nt][2 * half] = v.x, cb[nt][2 * half + 1] = v.y;
-          }
-      };
-      uint32_t xv[2][8];  // for the ddt dots
-      lane_values(false, xv);
-      uint32_t dyv[2][8];  // EPI: dy_pre for the D term
+      // the lane's x values (rows g8, g8 + 8 of the warp, its 16 columns) for the ddt dots
+      uint32_t xv[2][8];
+      ssd_lane_pairs<T>(p.x.p + b * p.x.s[0] + t0 * p.x.s[1] + h * p.x.s[2], p.x.s[1], p.x.s[3], r0 + rw, len, j0, p.P,
+                        xv);
+      uint32_t dyv[2][8];  // EPI: dy_pre for the D term (from the diagonal stage's tile)
       float acc[8][4];
       tc_zero(acc);
       for (int k = 0; k < n_steps; ++k, ++st) {
@@ -660,8 +641,16 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
             if (tid == 0) sLast[hb] = last;
           }
         }
+        // this stage's B·Cᵀ values (rows g8, g8 + 8 of the warp; the lane's columns)
         float cb[8][4];
-        load_cb(ct, cb);
+        const float* tile = cbt + (ct * (ct + 1) / 2 + rt) * (kSsdTile * kSsdTile);
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            const float2 v = *reinterpret_cast<const float2*>(tile + (rw + g8 + 8 * half) * kSsdTile + nt * 8 + 2 * t4);
+            cb[nt][2 * half] = v.x, cb[nt][2 * half + 1] = v.y;
+          }
         ssd_cp_async_wait<0>();  // this stage's copies (the only group in flight)
         __syncthreads();
         if (k == 0) {
