@@ -131,8 +131,8 @@ struct SsdChunkScanLaunch {
   int64_t dcb_splits = 1;
   // CUDA tensor-core path: the chunk states H_c (forward, and the backward's recompute)
   // from one kernel that walks the chunks (ssd_tc_state_scan_kernel) instead of the
-  // chunk-state kernel plus the state pass; see ssd_fuse_states. The backward's reverse
-  // scan (Gn_c) always runs as the two kernels.
+  // chunk-state kernel plus the state pass (fuse_states in ssd_chunk_scan_plan.cpp). The
+  // backward's reverse scan (Gn_c) always runs as the two kernels.
   bool fuse_states = false;
   int64_t nchunks() const { return chunk_size > 0 ? (seqlen + chunk_size - 1) / chunk_size : 0; }
 
