@@ -193,6 +193,18 @@ bool fuse_states(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChun
          l.batch * l.heads * tiles >= 2 * static_cast<int64_t>(desc.device.sm_count);
 }
 
+// Bytes of one dCB (B·nc·G·Q'² float32) and of x (16-bit), which the group products'
+// memory is held against.
+double dcb_bytes(const SsdChunkScanLaunch& l) {
+  const double qp = static_cast<double>(l.dcb_ld());
+  return 4.0 * static_cast<double>(l.batch) * static_cast<double>(l.nchunks()) * static_cast<double>(l.groups) *
+         qp * qp;
+}
+double x_bytes(const SsdChunkScanLaunch& l) {
+  return 2.0 * static_cast<double>(l.batch) * static_cast<double>(l.seqlen) * static_cast<double>(l.heads) *
+         static_cast<double>(l.head_dim);
+}
+
 // The dCB pass's head splits (SsdChunkScanLaunch::dcb_splits): 1 to 4, the fewest with the
 // least rounds × heads per block, counting 4 blocks per multiprocessor, as long as the
 // partial dCBs together take no more memory than x. At the Mamba-2 2.7B shape (640 tile
@@ -200,17 +212,13 @@ bool fuse_states(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChun
 // rounds of 80.
 int64_t ssd_dcb_splits(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 1;
-  const int64_t longest = std::min(l.chunk_size, l.seqlen), tiles = (longest + 63) / 64;
+  const int64_t tiles = l.dcb_ld() / 64;
   const int64_t blocks = l.batch * l.groups * l.nchunks() * tiles * (tiles + 1) / 2;
   const int64_t slots = 4 * static_cast<int64_t>(std::max(desc.device.sm_count, 1));
-  const double dcb_bytes = 4.0 * static_cast<double>(l.batch) * static_cast<double>(l.nchunks()) *
-                           static_cast<double>(l.groups) * static_cast<double>(tiles * 64) *
-                           static_cast<double>(tiles * 64);
-  const double x_bytes = 2.0 * static_cast<double>(l.batch) * static_cast<double>(l.seqlen) *
-                         static_cast<double>(l.heads) * static_cast<double>(l.head_dim);
+  const double dcb = dcb_bytes(l), x = x_bytes(l);
   int64_t best = 1, best_cost = -1;
   for (int64_t s = 1; s <= std::min<int64_t>(4, hpg); ++s) {
-    if (s > 1 && dcb_bytes * static_cast<double>(s) > x_bytes) break;
+    if (s > 1 && dcb * static_cast<double>(s) > x) break;
     if ((s - 1) * ((hpg + s - 1) / s) >= hpg) continue;  // every split gets a head
     const int64_t cost = (blocks * s + slots - 1) / slots * ((hpg + s - 1) / s);
     if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
@@ -270,12 +278,7 @@ bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdC
       desc.device.smem_optin_bytes < ssd_group_dx_smem_bytes(l.state_dim) || l.batch * l.seqlen * l.heads == 0)
     return false;
   if (forced == 1) return true;
-  const int64_t longest = std::min(l.chunk_size, l.seqlen), qp = (longest + 63) / 64 * 64;
-  const double dcb_bytes = 4.0 * static_cast<double>(l.batch) * static_cast<double>(l.nchunks()) *
-                           static_cast<double>(l.groups) * static_cast<double>(qp) * static_cast<double>(qp);
-  const double x_bytes = 2.0 * static_cast<double>(l.batch) * static_cast<double>(l.seqlen) *
-                         static_cast<double>(l.heads) * static_cast<double>(l.head_dim);
-  return dcb_bytes <= x_bytes;
+  return dcb_bytes(l) <= x_bytes(l);
 }
 
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,

@@ -135,6 +135,8 @@ struct SsdChunkScanLaunch {
   // backward's reverse scan (Gn_c) always runs as the two kernels.
   bool fuse_states = false;
   int64_t nchunks() const { return chunk_size > 0 ? (seqlen + chunk_size - 1) / chunk_size : 0; }
+  // Q' of the group products: the longest chunk rounded up to the 64-position tile.
+  int64_t dcb_ld() const { return ((chunk_size < seqlen ? chunk_size : seqlen) + 63) / 64 * 64; }
 
   // Element strides of the inputs, in the order of their dims (any value, 0 included):
   //   x, dy [B, L, H, D]   dt [B, L, H]   A [H] (compute)   B, C [B, L, G, N]

@@ -239,8 +239,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     w.dbp = take(l.heads * l.batch * nc);
     w.dDp = take((l.batch * l.seqlen + kSsdDSeg - 1) / kSsdDSeg * l.heads * l.head_dim);
     if (l.group_products) {
-      const int64_t longest = std::min(l.chunk_size, l.seqlen);
-      w.dcb_ld = (longest + kSsdTile - 1) / kSsdTile * kSsdTile;
+      w.dcb_ld = l.dcb_ld();  // (a multiple of kSsdTile)
       w.dcb = take(l.dcb_splits * l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld);
       const int64_t tiles = w.dcb_ld / kSsdTile, pairs = tiles * (tiles + 1) / 2;
       w.xin = take(bh * nc * pairs * kSsdTile);

@@ -270,6 +270,28 @@ __global__ void __launch_bounds__(256) ssd_group_xs_kernel(const float* xin, con
   }
 }
 
+// Two adjacent elements j, j + 1 (< J) of a 16-bit row, packed; 0 past J.
+template <typename T>
+__device__ __forceinline__ uint32_t ssd_pair_at(const T* row, int64_t s, int j, int J) {
+  if (s == 1 && j + 1 < J && reinterpret_cast<uintptr_t>(row + j) % 4 == 0)
+    return *reinterpret_cast<const uint32_t*>(row + j);
+  return ssd_pack2<T>(j < J ? to_acc(row[j * s]) : 0.0f, j + 1 < J ? to_acc(row[(j + 1) * s]) : 0.0f);
+}
+
+// The lane's values of rows r0 + g8, r0 + g8 + 8 (below len) of a 16-bit [position][j]
+// operand at columns j0 + 8·nt + 2·t4 and the next (below J), packed in pairs.
+template <typename T>
+__device__ __forceinline__ void ssd_lane_pairs(const T* base, int64_t s1, int64_t s3, int r0, int len, int j0, int J,
+                                               uint32_t (&v)[2][8]) {
+  const int lane = threadIdx.x % 32, g8 = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + g8 + 8 * half;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) v[half][nt] = r < len ? ssd_pair_at<T>(base + r * s1, s3, j0 + nt * 8 + 2 * t4, J) : 0u;
+  }
+}
+
 // A 64 × 64 dCB tile (row stride qp, 16-byte rows) rounded to T into dst [64][kTcLd]: the
 // sum of the `parts` head-split partials (`stride` apart), added in split order.
 template <typename T>
@@ -374,20 +396,9 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
     // dC's U partials: the lane's C values (rows g8, g8 + 8 of the warp; its 16 columns),
     // kept packed for all heads.
     uint32_t cdot[2][8] = {};
-    if constexpr (!DB) {
-      const T* cb = p.dot.p + b * p.dot.s[0] + t0 * p.dot.s[1] + g * p.dot.s[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = r0 + rw + g8 + 8 * half;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const int j = j0 + nt * 8 + 2 * t4;
-          const float c0v = r < len && j < p.N ? to_acc(cb[r * p.dot.s[1] + j * p.dot.s[3]]) : 0.0f;
-          const float c1v = r < len && j + 1 < p.N ? to_acc(cb[r * p.dot.s[1] + (j + 1) * p.dot.s[3]]) : 0.0f;
-          cdot[half][nt] = ssd_pack2<T>(c0v, c1v);
-        }
-      }
-    }
+    if constexpr (!DB)
+      ssd_lane_pairs<T>(p.dot.p + b * p.dot.s[0] + t0 * p.dot.s[1] + g * p.dot.s[2], p.dot.s[1], p.dot.s[3], r0 + rw,
+                        len, j0, p.N, cdot);
     const int64_t h0 = g * p.hpg;
     const bool stage_vec = p.N % 4 == 0;  // 16-byte rows of the state tile (j0 is a multiple of 64)
     // Copies head hi's Lft rows into buffer hi % 2, its state tile into the staging
@@ -464,9 +475,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
       if constexpr (!DB) {  // U partial of this head, row and column tile (fixed xor tree over the row's 4 lanes)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          float s = u[half];
-          s += __shfl_xor_sync(0xffffffffu, s, 1);
-          s += __shfl_xor_sync(0xffffffffu, s, 2);
+          const float s = ssd_quad_sum(u[half]);
           const int r = r0 + rw + g8 + 8 * half;
           if (t4 == 0 && r < len)
             p.upart[((b * p.heads + h0 + hi) * p.seqlen + t0 + r) * p.j_tiles + jt] = s;
@@ -501,28 +510,6 @@ struct SsdGroupDxParams {
   float* part2;        // [B, H, L, j_tiles]: x·dxpre of the inter-chunk term
   SsdEpilogue<T> epi;  // D·dy_pre (EPI)
 };
-
-// Two adjacent elements j, j + 1 (< J) of a 16-bit row, packed; 0 past J.
-template <typename T>
-__device__ __forceinline__ uint32_t ssd_pair_at(const T* row, int64_t s, int j, int J) {
-  if (s == 1 && j + 1 < J && reinterpret_cast<uintptr_t>(row + j) % 4 == 0)
-    return *reinterpret_cast<const uint32_t*>(row + j);
-  return ssd_pack2<T>(j < J ? to_acc(row[j * s]) : 0.0f, j + 1 < J ? to_acc(row[(j + 1) * s]) : 0.0f);
-}
-
-// The lane's values of rows r0 + g8, r0 + g8 + 8 (below len) of a 16-bit [position][j]
-// operand at columns j0 + 8·nt + 2·t4 and the next (below J), packed in pairs.
-template <typename T>
-__device__ __forceinline__ void ssd_lane_pairs(const T* base, int64_t s1, int64_t s3, int r0, int len, int j0, int J,
-                                               uint32_t (&v)[2][8]) {
-  const int lane = threadIdx.x % 32, g8 = lane / 4, t4 = lane % 4;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = r0 + g8 + 8 * half;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) v[half][nt] = r < len ? ssd_pair_at<T>(base + r * s1, s3, j0 + nt * 8 + 2 * t4, J) : 0u;
-  }
-}
 
 // dx of one (b, g, c, head split, 64-row tile s, 64-column tile j of head_dim), head by
 // head, with the notation of ssd_chunk_scan.cuh:
@@ -685,9 +672,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
             }
 #pragma unroll
             for (int half = 0; half < 2; ++half) {  // part2: fixed xor tree over the row's 4 lanes
-              float s = dot[half];
-              s += __shfl_xor_sync(0xffffffffu, s, 1);
-              s += __shfl_xor_sync(0xffffffffu, s, 2);
+              const float s = ssd_quad_sum(dot[half]);
               const int rg = r0 + rw + g8 + 8 * half;
               if (t4 == 0 && rg < len) p.part2[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = s;
             }
@@ -742,8 +727,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
           s += to_acc(xs[0]) * acc[nt][2 * half];
           s += to_acc(xs[1]) * acc[nt][2 * half + 1];
         }
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        s = ssd_quad_sum(s);
         if (rg >= len) continue;
         if (t4 == 0) p.part[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = s;
         const float dt = sRowDt[hb][rl];

@@ -210,6 +210,13 @@ __device__ __forceinline__ void tc_zero(float (&v)[8][4]) {
     for (int i = 0; i < 4; ++i) v[nt][i] = 0.0f;
 }
 
+// v summed over the 4 lanes that hold one accumulator row (a fixed xor tree; every one of
+// them gets the sum).
+__device__ __forceinline__ float ssd_quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // part[rg·tiles + jt] = Σ_j dot(rg, j)·v(rg, j) over the warp's 16 rows rg = r0 + rw + ..
 // (rows >= len skipped) and this 64-column tile: each lane sums its 16 columns of a row
 // in a fixed order, then the 4 lanes of the row in a fixed xor tree. Warp-uniform call.
@@ -228,8 +235,7 @@ __device__ __forceinline__ void tc_row_dot(const T* dot, int64_t s_t, int64_t s_
         const int jg = j0 + nt * 8 + 2 * t4 + e;
         if (rg < len && jg < J) s += to_acc(dot[static_cast<int64_t>(rg) * s_t + jg * s_j]) * v[nt][2 * half + e];
       }
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s = ssd_quad_sum(s);
     if (t4 == 0 && rg < len) part[static_cast<int64_t>(rg) * tiles + jt] = s;
   }
 }
