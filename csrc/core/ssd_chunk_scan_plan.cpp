@@ -96,6 +96,8 @@ SsdChunkScanLaunch plan_launch(const SsdChunkScanDescriptor& desc, const SsdSize
   // A chunk longer than the sequence is one chunk of length L: the same function, and
   // the kernels never see a chunk_size beyond L (nchunks() cannot overflow).
   l.chunk_size = std::min(desc.chunk_size, std::max<int64_t>(s.seqlen, 1));
+  l.sm_count = std::max(desc.device.sm_count, 1);
+  if (desc.device.smem_optin_bytes > 0) l.smem_optin_bytes = desc.device.smem_optin_bytes;
   for (int d = 0; d < 4; ++d) {
     l.x_stride[d] = desc.x.strides[d];
     l.B_stride[d] = desc.B.strides[d];
@@ -181,16 +183,14 @@ bool uses_tensor_cores(const SsdChunkScanDescriptor& desc, SsdVariant v) {
   return v == SsdVariant::Chunked && half && desc.device.arch >= 80;
 }
 
-// Whether the tensor-core states run as one kernel per (b, h, 64 × 64 state tile) walking
-// the chunks (see SsdChunkScanLaunch::fuse_states): when those blocks fill the GPU twice
-// over. Measured at the Mamba-2 2.7B shape (H100, bf16, 640 such blocks): 453 us fused
-// against 382 + 160 us for the chunk-state kernel and the state pass; the backward's
-// reverse scan went the other way (947 us fused, 256 + 241 us as two kernels), so it is
-// never fused.
-bool fuse_states(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChunkScanLaunch& l) {
-  const int64_t tiles = ((l.head_dim + 63) / 64) * ((l.state_dim + 63) / 64);
-  return uses_tensor_cores(desc, v) && l.nchunks() > 0 &&
-         l.batch * l.heads * tiles >= 2 * static_cast<int64_t>(desc.device.sm_count);
+// The tensor-core chunk-state kernel's state columns per block (see
+// SsdChunkScanLaunch::state_tile_n): 128 where N > 64, so that each x (or dy) tile is read
+// once for both 64-column halves. Measured at the Mamba-2 2.7B shape (H200, bf16, N = 128;
+// BENCHMARKS.md "SSD chunk states with a copy ring"): the recomputed S_c 226 µs with 128
+// columns against 321 with 64, the backward's local dstate 194 against 234.
+int64_t state_tile_n(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChunkScanLaunch& l) {
+  if (!uses_tensor_cores(desc, v)) return 0;
+  return l.state_dim > 64 ? 128 : 64;
 }
 
 // Bytes of one dCB (B·nc·G·Q'² float32) and of x (16-bit), which the group products'
@@ -360,7 +360,8 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
   const CudaForwardChoice forward = cuda_forward(desc, p.variant_, p.launch_);
   p.launch_.cuda_forward = forward.kernel;
   p.launch_.fused_state_tile = forward.state_tile;
-  p.launch_.fuse_states = fuse_states(desc, p.variant_, p.launch_);
+  p.launch_.tensor_cores = uses_tensor_cores(desc, p.variant_);
+  p.launch_.state_tile_n = state_tile_n(desc, p.variant_, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, false, kOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
   p.sku_ = make_sku(desc, p.variant_, false, p.launch_.cuda_forward);
@@ -428,7 +429,8 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_ = plan_launch(f, s, &desc);
   p.launch_.group_products = group_products(f, p.variant_, p.launch_);
   p.launch_.dcb_splits = p.launch_.group_products ? ssd_dcb_splits(f, p.launch_) : 1;
-  p.launch_.fuse_states = fuse_states(f, p.variant_, p.launch_);
+  p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
+  p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
   p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products);

@@ -129,11 +129,17 @@ struct SsdChunkScanLaunch {
   // per tile pair, each writing its own partial dCB (summed in split order where dC and
   // dB read it), so that its blocks fill whole rounds of the GPU (see ssd_dcb_splits).
   int64_t dcb_splits = 1;
-  // CUDA tensor-core path: the chunk states H_c (forward, and the backward's recompute)
-  // from one kernel that walks the chunks (ssd_tc_state_scan_kernel) instead of the
-  // chunk-state kernel plus the state pass (fuse_states in ssd_chunk_scan_plan.cpp). The
-  // backward's reverse scan (Gn_c) always runs as the two kernels.
-  bool fuse_states = false;
+  // CUDA tensor-core path: the state columns (64 or 128) one block of the chunk-state
+  // kernel computes (H_c's S_c and the backward's local dstate), reading each x (or dy)
+  // tile once for all of them (state_tile_n in ssd_chunk_scan_plan.cpp). 0 elsewhere.
+  int64_t state_tile_n = 0;
+  // The device the plan was made for (DeviceInfo): whether the 16-bit inputs run on the
+  // tensor-core kernels (sm_80+), its multiprocessors (grid sizes, head splits) and the
+  // shared memory a block may opt into (which tensor-core kernels fit). The kernels take
+  // these from here: no device query at launch.
+  bool tensor_cores = false;
+  int sm_count = 1;
+  int64_t smem_optin_bytes = 48 * 1024;
   int64_t nchunks() const { return chunk_size > 0 ? (seqlen + chunk_size - 1) / chunk_size : 0; }
   // Q' of the group products: the longest chunk rounded up to the 64-position tile.
   int64_t dcb_ld() const { return ((chunk_size < seqlen ? chunk_size : seqlen) + 63) / 64 * 64; }

@@ -49,9 +49,9 @@
 //                    so no other kernel knows about seq_idx, forward or backward; the
 //                    stable da below then is the gradient of the reset recurrence (0 at
 //                    a start, whose decay is not used).
-//   initial_states   seed of the forward state pass (H_0), in ssd_state_pass_kernel or
-//   final_states     ssd_tc_state_scan_kernel, which also write H_nc (the state after
-//                    the last step) when asked; with L = 0 the pass only copies.
+//   initial_states   seed of the forward state pass (H_0), in ssd_state_pass_kernel,
+//   final_states     which also writes H_nc (the state after the last step) when
+//                    asked; with L = 0 the pass only copies.
 //   dfinal_states    seed of the reverse state pass (G_nc); it ends in G_0 =
 //   dinitial_states  dinitial_states. Gn_c, W, V and the DX/DB inter-chunk products
 //                    take the seed through the states as they are.
@@ -1313,6 +1313,8 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "dt_element must be the element or the compute type");
   if (backward && l.z != nullptr && (l.dz == nullptr || l.y_pre == nullptr))
     fail(PlanErrorKind::Internal, op, "z needs dz and y_pre in the backward");
+  if (l.state_tile_n != 0 && l.state_tile_n != kSsdTile && l.state_tile_n != 2 * kSsdTile)
+    fail(PlanErrorKind::Internal, op, "state_tile_n must be 0, 64 or 128");
   const SsdWorkspace w = ssd_workspace_layout(l, backward);
   if (w.total > 0 && (l.workspace == nullptr || l.workspace_bytes < w.total))
     fail(PlanErrorKind::Internal, op, "workspace too small");

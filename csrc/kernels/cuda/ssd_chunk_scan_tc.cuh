@@ -21,11 +21,7 @@
 //    16 × 64 accumulators in registers. P goes from the accumulator layout straight into
 //    A fragments, and diagonal tiles skip the 16-column steps without causal pairs.
 //  - Loads overlap the products: the scan kernel copies the next column tile with
-//    cp.async into a second buffer, the chunk-state kernels load the next 64 positions
-//    into registers.
-//  - When B·H·(64 × 64 state tiles) blocks fill the GPU, the forward's chunk states and
-//    state passing are one kernel (ssd_tc_state_scan_kernel): S_c stays in registers
-//    instead of going through memory.
+//    cp.async into a second buffer, the chunk-state kernel the next 64 positions.
 // Determinism: the MMA sequence of every output depends on the shapes alone (the head
 // split of Y/DX/X_s only picks the block that computes a head; cached and recomputed
 // C·Bᵀ tiles are the same bits), DC/DB keep the workspace's fixed head split, and the
@@ -271,20 +267,41 @@ __device__ __forceinline__ void tc_store_row(O* orow, int j0, int J, bool pairs,
 
 // ---- 2'. chunk state (and the backward's local dstate) ------------------------------------
 // ssd_chunk_state_kernel's product on tensor cores: out[d, n] = Σ_s (w_s·X_s[d])·Y_s[n]
-// for a 64 × 64 (d, n) tile, K = the chunk's positions in steps of 64; w_s·X_s is
+// for a 64 × (64·NT) (d, n) tile, K = the chunk's positions in steps of 64; w_s·X_s is
 // rounded to T. X is stored [s][d] (A read transposed), Y [s][n] (B read transposed).
-// The next step's raw X and Y groups are loaded into registers while the tensor cores
-// work on the current one.
-template <typename T, bool DSTATE>
+// A two-step cp.async ring of (X, Y) steps: step k + 1 is copied while step k
+// multiplies; each thread scales the X groups it copied once they have landed (its own
+// copies: no barrier needed before), then one barrier per step. NT = 2 (the plan's
+// SsdChunkScanLaunch::state_tile_n = 128) reads each X tile once for 128 state columns.
+// Measured at the Mamba-2 2.7B shape (H200, bf16, N = 128; states recomputed in the
+// backward / chunk dstate): NT = 2 with 2 steps 226 / 194 µs; NT = 1: 321 / 234; 3 steps
+// (2 blocks per multiprocessor instead of 4): 370 / 296 with NT = 2, 323 / 259 with
+// NT = 1 (the same build and run).
+constexpr int kSsdCsStages = 2;
+template <int NT>
+__host__ __device__ constexpr int ssd_cs_ldy() {
+  return 64 * NT + 8;  // an odd multiple of 16 bytes (ldmatrix)
+}
+template <int NT>
+__host__ __device__ constexpr int ssd_cs_smem() {
+  return kSsdCsStages * (kSsdTile * kTcLd + kSsdTile * ssd_cs_ldy<NT>()) * 2;
+}
+
+template <typename T, bool DSTATE, int NT>
 __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const SsdStateParams<T> p) {
-  constexpr int kPer = kSsdTile * 8 / kTcThreads;  // 16-byte groups per thread and tile
-  __shared__ __align__(16) T sX[kSsdTile * kTcLd];
-  __shared__ __align__(16) T sY[kSsdTile * kTcLd];
+  constexpr int STAGES = kSsdCsStages;
+  constexpr int kLdY = ssd_cs_ldy<NT>();
+  constexpr int kStage = kSsdTile * kTcLd + kSsdTile * kLdY;  // elements of one step's X and Y
+  extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
+  T* ring = reinterpret_cast<T*>(ssd_dyn_smem);
+  auto sX = [&](int k) { return ring + (k % STAGES) * kStage; };
+  auto sY = [&](int k) { return ring + (k % STAGES) * kStage + kSsdTile * kTcLd; };
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
+  const int n_blocks = (p.n_tiles + NT - 1) / NT;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
     int64_t rest = vb;
-    const int nt_ = static_cast<int>(rest % p.n_tiles);
-    rest /= p.n_tiles;
+    const int nb = static_cast<int>(rest % n_blocks);
+    rest /= n_blocks;
     const int dtl = static_cast<int>(rest % p.d_tiles);
     rest /= p.d_tiles;
     const int64_t c = rest % p.nchunks;
@@ -293,184 +310,65 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
     const int64_t g = h / p.hpg, bh = b * p.heads + h;
     const int64_t t0 = c * p.chunk;
     const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
-    const int d0 = dtl * kSsdTile, n0 = nt_ * kSsdTile;
+    const int d0 = dtl * kSsdTile, n0 = nb * NT * kSsdTile;
     const int dv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.D - d0));
-    const int nv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.N - n0));
+    const int nv = static_cast<int>(min(static_cast<int64_t>(NT * kSsdTile), p.N - n0));
     const double* acs = p.acs + bh * p.seqlen + t0;
     const float* dtf = p.dtf + bh * p.seqlen + t0;
     const double acs_last = acs[len - 1];
     const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2] + d0 * p.xo.s[3];
     const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2] + n0 * p.yo.s[3];
-    // Row steps of 64 keep 16-byte alignment when a row's stride is a multiple of 8.
-    const bool xvec = tc_vec_ok(X, p.xo.s[1], p.xo.s[3]), yvec = tc_vec_ok(Y, p.yo.s[1], p.yo.s[3]);
     const bool live = 16 * warp < dv;
-    uint4 xr[kPer], yr[kPer];
-    auto load_step = [&](int s0) {
-      const int rows = min(kSsdTile, len - s0);
-#pragma unroll
-      for (int u = 0; u < kPer; ++u) {
-        const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
-        xr[u] = tc_load8(X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], xvec, r, k, rows, dv);
-        yr[u] = tc_load8(Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], yvec, r, k, rows, nv);
+    const int steps = (len + kSsdTile - 1) / kSsdTile;
+    auto issue = [&](int k) {  // step k's copies (none past the chunk); always a commit group
+      if (k < steps) {
+        const int s0 = k * kSsdTile, rows = min(kSsdTile, len - s0);
+        tc_fill<T, true>(sX(k), kTcLd, kSsdTile, kSsdTile, X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], rows, dv);
+        tc_fill<T, true>(sY(k), kLdY, kSsdTile, NT * kSsdTile, Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], rows, nv);
       }
+      ssd_cp_async_commit();
     };
-    float acc[8][4];
-    tc_zero(acc);
-    load_step(0);
-    for (int s0 = 0; s0 < len; s0 += kSsdTile) {
-      const int rows = min(kSsdTile, len - s0);
-      __syncthreads();  // the previous step (or virtual block) is done with sX / sY
+    float acc[NT][8][4];
 #pragma unroll
-      for (int u = 0; u < kPer; ++u) {
-        const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
-        const int s = s0 + r;
+    for (int j = 0; j < NT; ++j) tc_zero(acc[j]);
+    __syncthreads();  // the previous virtual block is done with the ring
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; ++k) issue(k);
+    for (int k = 0; k < steps; ++k) {
+      ssd_cp_async_wait<STAGES - 2>();  // step k's copies (this thread's) have landed
+      const int s0 = k * kSsdTile, rows = min(kSsdTile, len - s0);
+      T* x = sX(k);
+      // The X groups this thread copied (tc_fill's assignment), times w_s, in place.
+      for (int e = threadIdx.x; e < kSsdTile * 8; e += kTcThreads) {
+        const int r = e / 8, kk = (e % 8) * 8, s = s0 + r;
         const float w = r >= rows ? 0.0f
                         : DSTATE  ? ssd_decay<float>(acs[s])
                                   : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
-        *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = ssd_scale8<T>(xr[u], w);
-        *reinterpret_cast<uint4*>(sY + r * kTcLd + k) = yr[u];
+        uint4* at = reinterpret_cast<uint4*>(x + r * kTcLd + kk);
+        *at = ssd_scale8<T>(*at, w);
       }
-      if (s0 + kSsdTile < len) load_step(s0 + kSsdTile);  // in flight during the products
-      __syncthreads();
-      if (live) tc_warp_gemm<T, true, true>(acc, sX + 16 * warp, kTcLd, sY, kTcLd, (rows + 15) / 16, 0, 4);
+      __syncthreads();  // step k is scaled and visible; step k − 1's buffers are free
+      issue(k + STAGES - 1);
+      if (live) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          if (j * kSsdTile < nv)
+            tc_warp_gemm<T, true, true>(acc[j], x + 16 * warp, kTcLd, sY(k) + j * kSsdTile, kLdY, (rows + 15) / 16, 0,
+                                        4);
+      }
     }
+    ssd_cp_async_wait<0>();  // (only empty groups are left)
     if (!live) continue;
     float* out = p.out + (bh * p.nchunks + c) * p.D * p.N + n0;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int dl = 16 * warp + g8 + 8 * half;
-      if (dl < dv) tc_store_row(out + static_cast<int64_t>(d0 + dl) * p.N, 0, nv, p.N % 2 == 0, acc, half, 1.0f);
-    }
-  }
-}
-
-// ---- 2'' + 3'. chunk states and state passing in one kernel (forward) --------------------
-// A block per (b, h, 64 × 64 (d, n) tile) walks the chunks in order, keeping the running
-// state in its MMA accumulators, so that S_c does not go through memory:
-//   H = 0; for c = 0..nc−1: H_c = H (stored); H = exp(Acs_last)·H + S_c
-// with S_c from ssd_tc_chunk_state_kernel's product (64-position steps, the next step's
-// raw operands in registers while the current one multiplies). The plan's fuse_states
-// picks it (when B·H·tiles blocks fill the GPU); otherwise the chunk-state kernel (a
-// block per chunk) and ssd_state_pass_kernel. (The backward's reverse scan of Gn_c ran
-// this way too until the state pass kept several chunks' loads in flight: as two kernels
-// it took half the time; SsdChunkScanLaunch::fuse_states.)
-template <typename T>
-struct SsdTcStateScanParams {
-  int64_t batch, seqlen, heads, hpg, chunk, nchunks, D, N, total_blocks;
-  int d_tiles, n_tiles;
-  SsdOperand<T> xo;  // x, per head, [.., D]
-  SsdOperand<T> yo;  // B, per group, [.., N]
-  const double* acs;
-  const float* dtf;
-  float* out;        // [B, H, nc, D, N]: H_c
-  // initial_states → final_states (see SsdPassParams; each optional)
-  const float* seed;
-  int64_t seed_s[4];
-  float* last;
-};
-
-// ENDS (p.seed or p.last non-null): a separate instantiation, so that the plain kernel
-// keeps its registers.
-template <typename T, bool ENDS = false>
-__global__ void __launch_bounds__(kTcThreads) ssd_tc_state_scan_kernel(const SsdTcStateScanParams<T> p) {
-  constexpr int kPer = kSsdTile * 8 / kTcThreads;  // 16-byte groups per thread and tile
-  __shared__ __align__(16) T sX[kSsdTile * kTcLd];
-  __shared__ __align__(16) T sY[kSsdTile * kTcLd];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
-  for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
-    int64_t rest = vb;
-    const int nt_ = static_cast<int>(rest % p.n_tiles);
-    rest /= p.n_tiles;
-    const int dtl = static_cast<int>(rest % p.d_tiles);
-    rest /= p.d_tiles;
-    const int64_t h = rest % p.heads, b = rest / p.heads;
-    const int64_t g = h / p.hpg, bh = b * p.heads + h;
-    const int d0 = dtl * kSsdTile, n0 = nt_ * kSsdTile;
-    const int dv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.D - d0));
-    const int nv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.N - n0));
-    const T* X0 = p.xo.p + b * p.xo.s[0] + h * p.xo.s[2] + d0 * p.xo.s[3];  // chunk c: + c·Q·s1
-    const T* Y0 = p.yo.p + b * p.yo.s[0] + g * p.yo.s[2] + n0 * p.yo.s[3];
-    // Chunk and step offsets keep 16-byte alignment when a row's stride is a multiple of 8.
-    const bool xvec = tc_vec_ok(X0, p.xo.s[1], p.xo.s[3]), yvec = tc_vec_ok(Y0, p.yo.s[1], p.yo.s[3]);
-    const bool live = 16 * warp < dv;
-    const int64_t last_c = p.nchunks - 1;
-    auto chunk_len = [&](int64_t c) { return static_cast<int>(min(p.chunk, p.seqlen - c * p.chunk)); };
-    uint4 xr[kPer], yr[kPer];
-    auto load_step = [&](int64_t c, int s0) {
-      const int64_t t = c * p.chunk + s0;
-      const int rows = min(kSsdTile, chunk_len(c) - s0);
-#pragma unroll
-      for (int u = 0; u < kPer; ++u) {
-        const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
-        xr[u] = tc_load8(X0 + t * p.xo.s[1], p.xo.s[1], p.xo.s[3], xvec, r, k, rows, dv);
-        yr[u] = tc_load8(Y0 + t * p.yo.s[1], p.yo.s[1], p.yo.s[3], yvec, r, k, rows, nv);
-      }
-    };
-    float run[8][4], acc[8][4];
-    tc_zero(run);
-    tc_zero(acc);
-    if (ENDS && p.seed != nullptr) {  // H_0 = initial_states
-      const float* sd = p.seed + b * p.seed_s[0] + h * p.seed_s[1];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int dl = 16 * warp + g8 + 8 * half;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int nl = nt * 8 + 2 * (lane % 4) + e;
-            if (dl < dv && nl < nv) run[nt][2 * half + e] = sd[(d0 + dl) * p.seed_s[2] + (n0 + nl) * p.seed_s[3]];
-          }
-      }
-    }
-    load_step(0, 0);
-    for (int64_t c = 0; c <= last_c; ++c) {
-      const int len = chunk_len(c);
-      const double* acs = p.acs + bh * p.seqlen + c * p.chunk;
-      const float* dtf = p.dtf + bh * p.seqlen + c * p.chunk;
-      const double acs_last = acs[len - 1];
-      // The state entering the chunk.
-      float* out = p.out + (bh * p.nchunks + c) * p.D * p.N + n0;
-      if (live) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int dl = 16 * warp + g8 + 8 * half;
-          if (dl < dv) tc_store_row(out + static_cast<int64_t>(d0 + dl) * p.N, 0, nv, p.N % 2 == 0, run, half, 1.0f);
-        }
-      }
-      tc_zero(acc);
-      for (int s0 = 0; s0 < len; s0 += kSsdTile) {
-        const int rows = min(kSsdTile, len - s0);
-        __syncthreads();  // the previous step (or virtual block) is done with sX / sY
-#pragma unroll
-        for (int u = 0; u < kPer; ++u) {
-          const int e = threadIdx.x + u * kTcThreads, r = e / 8, k = (e % 8) * 8;
-          const int s = s0 + r;
-          const float w = r >= rows ? 0.0f : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
-          *reinterpret_cast<uint4*>(sX + r * kTcLd + k) = ssd_scale8<T>(xr[u], w);
-          *reinterpret_cast<uint4*>(sY + r * kTcLd + k) = yr[u];
-        }
-        // The next step's operands, possibly the next chunk's, in flight during the
-        // products (one call site: two would double the live registers).
-        const bool more = s0 + kSsdTile < len;
-        if (more || c < last_c) load_step(more ? c : c + 1, more ? s0 + kSsdTile : 0);
-        __syncthreads();
-        if (live) tc_warp_gemm<T, true, true>(acc, sX + 16 * warp, kTcLd, sY, kTcLd, (rows + 15) / 16, 0, 4);
-      }
-      const float decay = ssd_decay<float>(acs_last);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) run[nt][i] = decay * run[nt][i] + acc[nt][i];
-    }
-    if (ENDS && p.last != nullptr && live) {  // final_states = H_nc
-      float* out = p.last + bh * p.D * p.N + n0;
+    for (int j = 0; j < NT; ++j) {
+      if (j * kSsdTile >= nv) continue;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int dl = 16 * warp + g8 + 8 * half;
         if (dl < dv)
-          tc_store_row(out + static_cast<int64_t>(d0 + dl) * p.N, 0, nv,
-                       p.N % 2 == 0 && reinterpret_cast<uintptr_t>(p.last) % 8 == 0, run, half, 1.0f);
+          tc_store_row(out + static_cast<int64_t>(d0 + dl) * p.N + j * kSsdTile, 0, nv - j * kSsdTile,
+                       p.N % 2 == 0, acc[j], half, 1.0f);
       }
     }
   }
@@ -876,16 +774,12 @@ struct SsdTcDevice {
   int smem_optin = 48 * 1024;  // largest dynamic shared memory a block may opt into
 };
 
-inline SsdTcDevice ssd_tc_device() {
+// The plan's device (SsdChunkScanLaunch: tensor_cores, sm_count, smem_optin_bytes).
+inline SsdTcDevice ssd_tc_device(const SsdChunkScanLaunch& l) {
   SsdTcDevice d;
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    (void)cudaGetLastError();  // leave no sticky error for the next check_launch
-    return SsdTcDevice{};
-  }
-  d.ok = major >= 8;
+  d.ok = l.tensor_cores;
+  d.sms = l.sm_count;
+  d.smem_optin = static_cast<int>(std::min<int64_t>(l.smem_optin_bytes, 1 << 30));
   return d;
 }
 
@@ -912,42 +806,33 @@ void ssd_tc_smem(K kernel, int bytes, const char* op) {
     check_launch(op);
 }
 
+template <typename T, bool DSTATE, int NT>
+void ssd_launch_tc_chunk_state_nt(SsdStateParams<T> p, cudaStream_t stream) {
+  p.total_blocks = p.batch * p.heads * p.nchunks * p.d_tiles * ((p.n_tiles + NT - 1) / NT);
+  if (p.total_blocks == 0) return;
+  constexpr int smem = ssd_cs_smem<NT>();
+  const char* op = DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)";
+  ssd_tc_smem(ssd_tc_chunk_state_kernel<T, DSTATE, NT>, smem, op);
+  ssd_tc_chunk_state_kernel<T, DSTATE, NT><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  check_launch(op);
+}
+
 template <typename T, bool DSTATE>
 void ssd_launch_tc_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   SsdStateParams<T> p;
   p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups;
   p.chunk = l.chunk_size, p.nchunks = l.nchunks(), p.D = l.head_dim, p.N = l.state_dim;
   p.d_tiles = static_cast<int>(w.d_tiles), p.n_tiles = static_cast<int>(w.n_tiles);
-  p.total_blocks = l.batch * l.heads * p.nchunks * p.d_tiles * p.n_tiles;
   p.xo = ssd_operand<T>(DSTATE ? l.dy : l.x, DSTATE ? l.dy_stride : l.x_stride, true);
   p.yo = ssd_operand<T>(DSTATE ? l.C : l.B, DSTATE ? l.C_stride : l.B_stride, false);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.out = ssd_ws<float>(l, DSTATE ? w.gstates : w.states);
-  if (p.total_blocks == 0) return;
-  ssd_tc_chunk_state_kernel<T, DSTATE><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
-  check_launch(DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)");
-}
-
-template <typename T>
-void ssd_launch_tc_state_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t stream) {
-  SsdTcStateScanParams<T> p;
-  p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.hpg = l.heads / l.groups;
-  p.chunk = l.chunk_size, p.nchunks = l.nchunks(), p.D = l.head_dim, p.N = l.state_dim;
-  p.d_tiles = static_cast<int>(w.d_tiles), p.n_tiles = static_cast<int>(w.n_tiles);
-  p.total_blocks = l.batch * l.heads * p.d_tiles * p.n_tiles;
-  p.xo = ssd_operand<T>(l.x, l.x_stride, true);
-  p.yo = ssd_operand<T>(l.B, l.B_stride, false);
-  p.acs = ssd_ws<double>(l, w.acs);
-  p.dtf = ssd_ws<float>(l, w.dtf);
-  p.out = ssd_ws<float>(l, w.states);
-  ssd_pass_ends<T, /*BW=*/false>(p, l, last);
-  if (p.total_blocks == 0) return;
-  if (p.seed != nullptr || p.last != nullptr)
-    ssd_tc_state_scan_kernel<T, true><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
+  // The plan's state tile (SsdChunkScanLaunch::state_tile_n, checked with the launch).
+  if (l.state_tile_n == 2 * kSsdTile)
+    ssd_launch_tc_chunk_state_nt<T, DSTATE, 2>(p, stream);
   else
-    ssd_tc_state_scan_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, 0, stream>>>(p);
-  check_launch("ssd_chunk_scan(state_scan)");
+    ssd_launch_tc_chunk_state_nt<T, DSTATE, 1>(p, stream);
 }
 
 // False (and nothing launched) when the kernel's shared memory exceeds the device's
@@ -1064,7 +949,7 @@ bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
 template <typename T, bool DSTATE>
 void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
-    if (ssd_tc_device().ok) {
+    if (ssd_tc_device(l).ok) {
       ssd_launch_tc_chunk_state<T, DSTATE>(l, w, s);
       return;
     }
@@ -1073,19 +958,14 @@ void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
 }
 
 // The chunk states H_c (BW = false) or Gn_c and the ⟨Gn_c, H_c⟩ partials (BW = true),
-// from the inputs and Acs: H_c in one tensor-core kernel where the plan says so
-// (SsdChunkScanLaunch::fuse_states), else the chunk state kernel (tensor cores or SIMT)
-// followed by the state pass.
+// from the inputs and Acs: the chunk state kernel (tensor cores or SIMT) followed by the
+// state pass. (A tensor-core kernel that walked the chunks with the running state in
+// registers served the forward states until the chunk-state kernel above got its copy
+// ring: 446 µs against 226 + 143 as two kernels at the 2.7B shape, H200.)
 // `last`: final_states (forward; null for the backward's recompute) or dinitial_states
 // (backward), written when non-null.
 template <typename T, bool BW>
 void ssd_run_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t s) {
-  if constexpr (ssd_is_half<T> && !BW) {
-    if (l.fuse_states) {  // (the plan sets it for 16-bit inputs on sm_80+ with chunks only)
-      ssd_launch_tc_state_scan<T>(l, w, last, s);
-      return;
-    }
-  }
   ssd_run_chunk_state<T, /*DSTATE=*/BW>(l, w, s);
   ssd_launch_state_pass<T, BW>(l, w, last, s);
 }
@@ -1093,7 +973,7 @@ void ssd_run_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* la
 template <typename T, int MODE>
 void ssd_run_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
-    const SsdTcDevice dev = ssd_tc_device();
+    const SsdTcDevice dev = ssd_tc_device(l);
     if (dev.ok && ssd_launch_tc_scan<T, MODE>(l, w, dev, s)) return;
   }
   ssd_launch_scan<T, MODE>(l, w, s);
@@ -1102,7 +982,7 @@ void ssd_run_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream
 template <typename T>
 void ssd_run_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
-    const SsdTcDevice dev = ssd_tc_device();
+    const SsdTcDevice dev = ssd_tc_device(l);
     if (dev.ok && ssd_launch_tc_dacs<T>(l, w, dev, s)) return;
   }
   ssd_launch_dacs<T>(l, w, s);
