@@ -169,7 +169,8 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   states    [B, H, nc, D, N]     S_c, then (in place) H_c, the state entering chunk c
 // backward only:
 //   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1}
-//   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks = ⌈D·N/256⌉
+//   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks = ⌈D·N/(256·V)⌉
+//                                  (V = ssd_pass_vec: 4 float32 or 2 float64 elements)
 //   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
 //   vp        [B, H, L, ⌈D/64⌉]     partials of x·dxpre(inter-chunk part) (→ V)
 //   up        [B, H, L, ⌈N/64⌉]     partials of U per 64-column tile
@@ -203,6 +204,9 @@ struct SsdWorkspace {
   int64_t dcb_ld = 0;           // Q' (group_products)
 };
 
+// Elements of D·N per thread in the state passes: 16 bytes of the compute type.
+__host__ __device__ constexpr int ssd_pass_vec(ElementKind compute) { return compute == ElementKind::F64 ? 2 : 4; }
+
 inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backward) {
   const size_t esz = l.element == ElementKind::F64 ? 8 : 4;
   const int64_t nc = l.nchunks();
@@ -211,8 +215,9 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   SsdWorkspace w;
   w.d_tiles = (l.head_dim + kSsdTile - 1) / kSsdTile;
   w.n_tiles = (l.state_dim + kSsdTile - 1) / kSsdTile;
-  // ⟨Gn_c, H_c⟩ partials: one per 256 elements (ssd_state_pass_bwd_kernel)
-  w.kblocks = (dn + kSsdThreads - 1) / kSsdThreads;
+  // ⟨Gn_c, H_c⟩ partials: one per block of ssd_state_pass_bwd_kernel (256·V elements)
+  const int64_t per_block = kSsdThreads * ssd_pass_vec(l.compute);
+  w.kblocks = (dn + per_block - 1) / per_block;
   const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 0;
   w.nsplit = hpg > kSsdHeadsPerBlock ? (hpg + kSsdHeadsPerBlock - 1) / kSsdHeadsPerBlock : 1;
   // Splits of hps ≤ 8 heads, the last possibly fewer but never empty:
@@ -607,70 +612,116 @@ struct SsdPassParams {
   }
 };
 
+// V consecutive elements of D·N (16 bytes) at p: one vector access where `vec` (D·N a
+// multiple of V, so every thread's V elements exist and are 16-byte aligned), else
+// element by element up to n (0 past it).
+template <typename Acc, int V>
+__device__ __forceinline__ void ssd_pass_load(Acc (&v)[V], const Acc* p, bool vec, int64_t n) {
+  static_assert(sizeof(Acc) * V == 16, "16-byte vectors");
+  if (vec) {
+    const uint4 t = *reinterpret_cast<const uint4*>(p);
+    memcpy(v, &t, 16);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = i < n ? p[i] : Acc(0);
+  }
+}
+template <typename Acc, int V>
+__device__ __forceinline__ void ssd_pass_store(Acc* p, const Acc (&v)[V], bool vec, int64_t n) {
+  if (vec) {
+    uint4 t;
+    memcpy(&t, v, 16);
+    *reinterpret_cast<uint4*>(p) = t;
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (i < n) p[i] = v[i];
+  }
+}
+
 // Forward: per (b, h) and element e of D·N, sequentially over c:
 //   H_0 = initial_states (or 0); H_{c+1} = exp(Acs_last(c))·H_c + S_c, storing H_c
 //   where S_c was; final_states = H_nc (the state after the last step).
-// The chunks go kSsdPassWindow at a time: their S_c and decays are loaded before the
-// window's steps run, so that many loads are in flight instead of one per step (the
-// stores of H_c to the same buffer otherwise keep each load behind the previous step).
+// A thread takes V = 16 bytes of elements (ssd_pass_vec); the chunks go kSsdPassWindow at
+// a time: their S_c and decays are loaded before the window's steps run, so that many
+// loads are in flight instead of one per step (the stores of H_c to the same buffer
+// otherwise keep each load behind the previous step). Measured at the Mamba-2 2.7B shape
+// (H200, bf16 inputs; BENCHMARKS.md): 121 µs forward and 169 µs backward with 16 bytes a
+// thread, 143 and 218 µs with one element a thread.
 constexpr int kSsdPassWindow = 8;
 
 template <typename Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPassParams<Acc> p) {
+  constexpr int V = ssd_pass_vec(std::is_same_v<Acc, double> ? ElementKind::F64 : ElementKind::F32);
+  const bool vec = p.dn % V == 0;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
     const int64_t bh = vb / p.kblocks;
-    const int64_t e = (vb % p.kblocks) * kSsdThreads + threadIdx.x;
+    const int64_t e = ((vb % p.kblocks) * kSsdThreads + threadIdx.x) * V;
     if (e >= p.dn) continue;  // no barriers in this kernel
+    const int64_t n = p.dn - e;
     const double* acs = p.acs + bh * p.seqlen;
     Acc* st = p.states + bh * p.nchunks * p.dn + e;
-    Acc run = p.seed_of(bh, e);
+    Acc run[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) run[i] = i < n ? p.seed_of(bh, e + i) : Acc(0);
     for (int64_t c0 = 0; c0 < p.nchunks; c0 += kSsdPassWindow) {
-      Acc s[kSsdPassWindow], dec[kSsdPassWindow];
+      Acc s[kSsdPassWindow][V], dec[kSsdPassWindow];
 #pragma unroll
       for (int i = 0; i < kSsdPassWindow; ++i) {
         const int64_t c = c0 + i;
         if (c < p.nchunks) {
-          s[i] = st[c * p.dn];
+          ssd_pass_load(s[i], st + c * p.dn, vec, n);
           dec[i] = ssd_decay<Acc>(acs[min(c * p.chunk + p.chunk, p.seqlen) - 1]);
         }
       }
 #pragma unroll
       for (int i = 0; i < kSsdPassWindow; ++i) {
         if (c0 + i >= p.nchunks) break;
-        st[(c0 + i) * p.dn] = run;
-        run = dec[i] * run + s[i];
+        ssd_pass_store(st + (c0 + i) * p.dn, run, vec, n);
+#pragma unroll
+        for (int k = 0; k < V; ++k) run[k] = dec[i] * run[k] + s[i][k];
       }
     }
-    if (p.last != nullptr) p.last[bh * p.dn + e] = run;
+    if (p.last != nullptr) ssd_pass_store(p.last + bh * p.dn + e, run, vec, n);
   }
 }
 
 // Backward: per (b, h) and element e, from the last chunk down:
 //   G_nc = dfinal_states (or 0); Gn_c = G_{c+1} (stored where the local dstate was);
 //   G_c = local_c + exp(Acs_last(c))·G_{c+1};
-// and kpart[b,h,c,block] = Σ_{e in block} Gn_c[e]·H_c[e], reduced over the block in a
-// fixed tree (W_c = exp(Acs_last(c)) · Σ_blocks kpart).
+// and kpart[b,h,c,block] = Σ_{e in block} Gn_c[e]·H_c[e]: each thread's V products in
+// order, then a fixed tree over the block (W_c = exp(Acs_last(c)) · Σ_blocks kpart).
 template <typename Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
+  constexpr int V = ssd_pass_vec(std::is_same_v<Acc, double> ? ElementKind::F64 : ElementKind::F32);
   __shared__ Acc red[kSsdPassWindow][kSsdThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const bool vec = p.dn % V == 0;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
     const int64_t bh = vb / p.kblocks, kb = vb % p.kblocks;
-    const int64_t e = kb * kSsdThreads + threadIdx.x;
+    const int64_t e = (kb * kSsdThreads + threadIdx.x) * V;
     const bool ok = e < p.dn;
+    const int64_t n = ok ? p.dn - e : 0;
     const double* acs = p.acs + bh * p.seqlen;
     Acc* gs = p.gstates + bh * p.nchunks * p.dn + e;
     const Acc* hs = p.states + bh * p.nchunks * p.dn + e;
-    Acc run = ok ? p.seed_of(bh, e) : Acc(0);  // G_{c+1}
+    Acc run[V];  // G_{c+1}
+#pragma unroll
+    for (int i = 0; i < V; ++i) run[i] = i < n ? p.seed_of(bh, e + i) : Acc(0);
     // windows of kSsdPassWindow chunks from the last one down (see ssd_state_pass_kernel)
     for (int64_t c0 = p.nchunks - 1; c0 >= 0; c0 -= kSsdPassWindow) {
-      Acc local[kSsdPassWindow], h[kSsdPassWindow], dec[kSsdPassWindow], kd[kSsdPassWindow];
+      Acc local[kSsdPassWindow][V], h[kSsdPassWindow][V], dec[kSsdPassWindow], kd[kSsdPassWindow];
 #pragma unroll
       for (int i = 0; i < kSsdPassWindow; ++i) {
         const int64_t c = c0 - i;
-        local[i] = h[i] = dec[i] = Acc(0);
+        dec[i] = Acc(0);
+#pragma unroll
+        for (int k = 0; k < V; ++k) local[i][k] = h[i][k] = Acc(0);
         if (c >= 0) {
-          if (ok) local[i] = gs[c * p.dn], h[i] = hs[c * p.dn];
+          if (ok) {
+            ssd_pass_load(local[i], gs + c * p.dn, vec, n);
+            ssd_pass_load(h[i], hs + c * p.dn, vec, n);
+          }
           dec[i] = ssd_decay<Acc>(acs[min(c * p.chunk + p.chunk, p.seqlen) - 1]);
         }
       }
@@ -678,9 +729,12 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
       for (int i = 0; i < kSsdPassWindow; ++i) {
         kd[i] = Acc(0);
         if (c0 - i < 0) continue;
-        if (ok) gs[(c0 - i) * p.dn] = run;
-        kd[i] = run * h[i];
-        run = local[i] + dec[i] * run;
+        if (ok) ssd_pass_store(gs + (c0 - i) * p.dn, run, vec, n);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          kd[i] += run[k] * h[i][k];
+          run[k] = local[i][k] + dec[i] * run[k];
+        }
       }
       __syncthreads();  // the previous window's reads of red[] are done
 #pragma unroll
@@ -696,7 +750,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
         p.kpart[(bh * p.nchunks + c0 - threadIdx.x) * p.kblocks + kb] = t;
       }
     }
-    if (ok && p.last != nullptr) p.last[bh * p.dn + e] = run;  // G_0 = dL/dH_0
+    if (ok && p.last != nullptr) ssd_pass_store(p.last + bh * p.dn + e, run, vec, n);  // G_0 = dL/dH_0
   }
 }
 
