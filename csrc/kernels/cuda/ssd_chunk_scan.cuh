@@ -57,7 +57,7 @@
 //                    take the seed through the states as they are.
 //   D                forward: the Y epilogue (ssd_epilogue) adds D·x to the float
 //                    accumulator; backward: the DX epilogue adds D·dy_pre to dx, and
-//                    ssd_gate_pre_kernel writes per-256-position partials of dy_pre·x
+//                    ssd_gate_pre_kernel writes per-64-position partials of dy_pre·x
 //                    that ssd_dD_kernel sums in a fixed order.
 //   z                forward: the Y epilogue writes y_pre (when y_pre_out is given) and
 //                    then y_pre·silu(z). Backward: ssd_gate_pre_kernel writes dy_pre =
@@ -108,6 +108,7 @@
 #pragma once
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/ssd_chunk_scan.h"
@@ -121,8 +122,9 @@ constexpr int kSsdTile = 64;      // rows and columns of every output tile
 // in split order by ssd_split_sum_kernel (for G = 1 and H = 80 a block per group would
 // leave the GPU with B·nc·4·2 long blocks).
 constexpr int kSsdHeadsPerBlock = 8;
-// Positions (of the flattened b·L + t) per dD partial (ssd_gate_pre_kernel).
-constexpr int64_t kSsdDSeg = 256;
+// Positions (of the flattened b·L + t) per dD partial (ssd_gate_pre_kernel): 64, so that
+// its threads of 16 bytes (8 bf16 of d) still fill the GPU (B·L/64 · H·D/8 of them).
+constexpr int64_t kSsdDSeg = 64;
 
 // K-step depth and row padding of the k-major operand tiles. The padding keeps rows
 // 16-byte aligned (vector loads) and spreads the transposing stores over banks. float64
@@ -187,7 +189,7 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   cbt       [B, G, nc, P', 64, 64]  group_products only: each tile pair's B_s·C_q,
 //                                  stored [s][q] (the dCB pass computes it, dx reads it)
 //   dbp       [H, B·nc]            ddt_bias partials per (b, c)
-//   dDp       [⌈B·L/256⌉, H, D]    dD partials per 256-position segment
+//   dDp       [⌈B·L/64⌉, H, D]     dD partials per 64-position segment (kSsdDSeg)
 //   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
 //   workspace before it knows the pointers; both are small next to the states.)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
@@ -1590,7 +1592,8 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
 
 // ---- 7. backward D and z -------------------------------------------------------------------
 // Before the other backward kernels (z or D given), a thread per (position segment of
-// kSsdDSeg positions of the flattened b·L + t, h, d) walks its segment in order:
+// kSsdDSeg positions of the flattened b·L + t, h, V consecutive d) walks its segment in
+// order:
 //   z:  dy_pre = dy·silu(z), rounded to T, into `dyp` (dense [B, L, H, D]; the dz output
 //       serves as this scratch until ssd_gate_post_kernel overwrites it), which every
 //       later kernel reads in place of dy;
@@ -1610,42 +1613,101 @@ __device__ __forceinline__ const T* ssd_at(const SsdOperand<T>& o, int64_t b, in
   return o.p + b * o.s[0] + t * o.s[1] + h * o.s[2] + d * o.s[3];
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGateParams<T> p) {
-  using Acc = acc_t<T>;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
-       i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
-    const int64_t seg = i / p.hd, e = i % p.hd;
-    const int64_t h = e / p.D, d = e % p.D;
-    const int64_t q_begin = seg * kSsdDSeg, q_end = min(q_begin + kSsdDSeg, p.positions);
-    int64_t b = q_begin / p.seqlen, t = q_begin % p.seqlen;  // position q = b·L + t
-    Acc sum = 0;
-    for (int64_t q = q_begin; q < q_end; ++q) {
-      Acc g = to_acc(*ssd_at(p.dy, b, t, h, d));
-      if (p.dyp != nullptr) {
-        const Acc zv = to_acc(*ssd_at(p.z, b, t, h, d));
-        const T r = from_acc<T>(g * (zv / (Acc(1) + ssd_exp(-zv))));
-        p.dyp[q * p.hd + e] = r;
-        g = to_acc(r);
-      }
-      if (p.part != nullptr) sum += g * to_acc(*ssd_at(p.x, b, t, h, d));
-      if (++t == p.seqlen) t = 0, ++b;
-    }
-    if (p.part != nullptr) p.part[i] = sum;
+// The gate kernels take V consecutive d of one (b, t, h) a thread: 16 bytes (V =
+// 16 / sizeof(T)) where every operand's d is contiguous and V-aligned (ssd_gate_vec), else
+// one element. Measured at the Mamba-2 2.7B shape with z and D (H200, bf16;
+// BENCHMARKS.md): pre 305 µs and post 181 µs this way; one element a thread with four
+// 64-bit divisions each (and 256-position segments) took 669 and 752 µs. The dD sum over
+// the 4× more partials went from 60 to 243 µs.
+template <typename T, int V>
+__device__ __forceinline__ void ssd_gate_load(T (&v)[V], const T* p) {
+  if constexpr (V * sizeof(T) == 16) {
+    const uint4 t = *reinterpret_cast<const uint4*>(p);
+    memcpy(v, &t, 16);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = p[i];
+  }
+}
+template <typename T, int V>
+__device__ __forceinline__ void ssd_gate_store(T* p, const T (&v)[V]) {
+  if constexpr (V * sizeof(T) == 16) {
+    uint4 t;
+    memcpy(&t, v, 16);
+    *reinterpret_cast<uint4*>(p) = t;
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = v[i];
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kSsdThreads) ssd_gate_post_kernel(const SsdGateParams<T> p) {
+// Per (segment of kSsdDSeg positions, V consecutive elements e = h·D + d), the positions
+// in order: dy_pre = dy·silu(z) (stored, z given) and the dD partials Σ dy_pre·x.
+template <typename T, int V>
+__global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGateParams<T> p) {
   using Acc = acc_t<T>;
+  const int64_t row_vecs = p.hd / V;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
        i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
-    const int64_t q = i / p.hd, e = i % p.hd;
-    const int64_t b = q / p.seqlen, t = q % p.seqlen, h = e / p.D, d = e % p.D;
-    const Acc zv = to_acc(*ssd_at(p.z, b, t, h, d));
-    const Acc sg = Acc(1) / (Acc(1) + ssd_exp(-zv));
-    const Acc g = to_acc(*ssd_at(p.dy, b, t, h, d)) * to_acc(*ssd_at(p.y_pre, b, t, h, d));
-    p.dz[i] = from_acc<T>(g * sg * (Acc(1) + zv * (Acc(1) - sg)));
+    const int64_t seg = i / row_vecs, e = (i - seg * row_vecs) * V;
+    const int64_t h = e / p.D, d = e - h * p.D;
+    const int64_t q_begin = seg * kSsdDSeg, q_end = min(q_begin + kSsdDSeg, p.positions);
+    int64_t b = q_begin / p.seqlen, t = q_begin % p.seqlen;  // position q = b·L + t
+    Acc sum[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum[k] = 0;
+    for (int64_t q = q_begin; q < q_end; ++q) {
+      T dv[V];
+      ssd_gate_load<T, V>(dv, ssd_at(p.dy, b, t, h, d));
+      Acc g[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) g[k] = to_acc(dv[k]);
+      if (p.dyp != nullptr) {
+        T zv[V], r[V];
+        ssd_gate_load<T, V>(zv, ssd_at(p.z, b, t, h, d));
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const Acc zk = to_acc(zv[k]);
+          r[k] = from_acc<T>(g[k] * (zk / (Acc(1) + ssd_exp(-zk))));
+          g[k] = to_acc(r[k]);
+        }
+        ssd_gate_store<T, V>(p.dyp + q * p.hd + e, r);
+      }
+      if (p.part != nullptr) {
+        T xv[V];
+        ssd_gate_load<T, V>(xv, ssd_at(p.x, b, t, h, d));
+#pragma unroll
+        for (int k = 0; k < V; ++k) sum[k] += g[k] * to_acc(xv[k]);
+      }
+      if (++t == p.seqlen) t = 0, ++b;
+    }
+    if (p.part != nullptr)
+#pragma unroll
+      for (int k = 0; k < V; ++k) p.part[seg * p.hd + e + k] = sum[k];
+  }
+}
+
+// dz = dy·y_pre·σ(z)·(1 + z·(1 − σ(z))), per V consecutive elements.
+template <typename T, int V>
+__global__ void __launch_bounds__(kSsdThreads) ssd_gate_post_kernel(const SsdGateParams<T> p) {
+  using Acc = acc_t<T>;
+  const int64_t row_vecs = p.hd / V;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
+       i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
+    const int64_t q = i / row_vecs, e = (i - q * row_vecs) * V;
+    const int64_t b = q / p.seqlen, t = q - b * p.seqlen, h = e / p.D, d = e - h * p.D;
+    T zv[V], dv[V], yv[V], out[V];
+    ssd_gate_load<T, V>(zv, ssd_at(p.z, b, t, h, d));
+    ssd_gate_load<T, V>(dv, ssd_at(p.dy, b, t, h, d));
+    ssd_gate_load<T, V>(yv, ssd_at(p.y_pre, b, t, h, d));
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const Acc zk = to_acc(zv[k]);
+      const Acc sg = Acc(1) / (Acc(1) + ssd_exp(-zk));
+      const Acc g = to_acc(dv[k]) * to_acc(yv[k]);
+      out[k] = from_acc<T>(g * sg * (Acc(1) + zk * (Acc(1) - sg)));
+    }
+    ssd_gate_store<T, V>(p.dz + q * p.hd + e, out);
   }
 }
 
@@ -1671,6 +1733,23 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dD_kernel(const Acc* part, in
   }
 }
 
+// Whether the gate kernels may take 16 bytes of d a thread: D a multiple of V and, for
+// every operand given (data non-null), d contiguous, the other strides multiples of V and
+// the data 16-byte aligned; `dense` (the dense output, or null) 16-byte aligned.
+template <typename T>
+bool ssd_gate_vec(int64_t D, std::initializer_list<const SsdOperand<T>*> ops, const T* dense) {
+  constexpr int V = 16 / sizeof(T);
+  if (D % V != 0) return false;
+  if (dense != nullptr && reinterpret_cast<uintptr_t>(dense) % 16 != 0) return false;
+  for (const SsdOperand<T>* o : ops) {
+    if (o->p == nullptr) continue;
+    if (o->s[3] != 1 || o->s[0] % V != 0 || o->s[1] % V != 0 || o->s[2] % V != 0 ||
+        reinterpret_cast<uintptr_t>(o->p) % 16 != 0)
+      return false;
+  }
+  return true;
+}
+
 // dy_pre (into l.dz) and the dD partials; no-op without z and D.
 template <typename T>
 void ssd_launch_gate_pre(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
@@ -1688,7 +1767,13 @@ void ssd_launch_gate_pre(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.part = l.D != nullptr ? ssd_ws<acc_t<T>>(l, w.dDp) : nullptr;
   p.dz = nullptr;
   if (p.total == 0) return;
-  ssd_gate_pre_kernel<T><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
+  constexpr int V = 16 / sizeof(T);
+  const bool vec = ssd_gate_vec<T>(p.D, {&p.dy, &p.z, &p.x}, p.dyp);
+  p.total = vec ? p.nseg * (p.hd / V) : p.nseg * p.hd;
+  if (vec)
+    ssd_gate_pre_kernel<T, V><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
+  else
+    ssd_gate_pre_kernel<T, 1><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(gate)");
 }
 
@@ -1715,7 +1800,13 @@ void ssd_launch_gate_post(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cu
   p.y_pre = ssd_operand<T>(l.y_pre, l.y_pre_stride, true);
   p.dz = static_cast<T*>(l.dz);
   if (p.total == 0) return;
-  ssd_gate_post_kernel<T><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
+  constexpr int V = 16 / sizeof(T);
+  if (ssd_gate_vec<T>(p.D, {&p.dy, &p.z, &p.y_pre}, p.dz)) {
+    p.total = p.positions * (p.hd / V);
+    ssd_gate_post_kernel<T, V><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
+  } else {
+    ssd_gate_post_kernel<T, 1><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
+  }
   check_launch("ssd_chunk_scan_backward(dz)");
 }
 
