@@ -317,3 +317,63 @@ def test_backward_switch_names_its_choices():
     with pytest.raises(ValueError, match="auto, staged or group_mma"):
         bt._C._ssd_cuda_backward("group")
     assert bt._C._ssd_cuda_backward("auto") == "staged"
+
+
+# The SSD kernels each variant `explain` names must run, and those of no other variant
+# (names as torch.profiler reports them; a kernel name is matched as a whole word).
+_VARIANT_KERNELS = {
+    ("forward", "fused_mma"): {"ssd_fused_forward_kernel"},
+    ("forward", "chunked_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_tc_scan_kernel"},
+    ("forward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_scan_kernel"},
+    ("backward", "group_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
+                                "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"},
+    ("backward", "chunked_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
+                                  "ssd_tc_scan_kernel", "ssd_tc_dacs_kernel"},
+    ("backward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
+                              "ssd_scan_kernel", "ssd_dacs_kernel"},
+}
+# Kernels no variant shares: each is the mark of the variants that list it.
+_MARKS = {"ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel", "ssd_tc_chunk_state_kernel",
+          "ssd_chunk_state_kernel", "ssd_tc_scan_kernel", "ssd_scan_kernel", "ssd_tc_dacs_kernel", "ssd_dacs_kernel",
+          "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"}
+
+
+def _ssd_kernels_run(fn):
+    import re
+
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # (first-call work stays out of the profile)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = " ".join(e.key for e in prof.key_averages() if e.device_time_total > 0)
+    return {k for k in _MARKS | {"ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel"}
+            if re.search(r"(?<![A-Za-z0-9_])" + k + r"(?![A-Za-z0-9_])", names)}
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", [
+    (torch.bfloat16, (2, 700, 16, 64, 128, 1, 256)),  # fused forward, group products
+    (torch.bfloat16, (1, 600, 4, 64, 128, 4, 256)),   # fused forward, per-head products
+    (torch.bfloat16, (1, 600, 4, 64, 256, 2, 256)),   # N = 256: the staged tensor-core forward
+    (torch.float32, (1, 300, 4, 64, 64, 1, 128)),     # the SIMT kernels
+], ids=["bf16-group", "bf16-perhead", "bf16-N256", "f32"])
+def test_explain_names_the_kernels_that_run(case):
+    """What `explain` reports for the forward and the backward is what the profiler sees run:
+    every kernel of that variant, and no kernel that marks another (issue: the plan owns
+    every SSD choice; before, a tensor-core or SIMT choice at launch could differ)."""
+    dtype, (b, L, H, P, N, G, Q) = case
+    inputs = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
+    fwd = bt.explain("ssd_chunk_scan", *inputs, chunk_size=Q).variant
+    bwd = _backward_variant(inputs, Q)
+    dy = torch.randn_like(inputs[0])
+    for mode, variant, fn in [
+        ("forward", fwd, lambda: ops.ssd_chunk_scan(*inputs, Q)),
+        ("backward", bwd, lambda: ops.ssd_chunk_scan_backward(dy, *inputs, Q)),
+    ]:
+        want = _VARIANT_KERNELS[(mode, variant)]
+        ran = _ssd_kernels_run(fn)
+        assert want <= ran, (mode, variant, sorted(want - ran))
+        assert not (ran & _MARKS) - want, (mode, variant, sorted((ran & _MARKS) - want))
