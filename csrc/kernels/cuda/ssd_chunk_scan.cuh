@@ -614,31 +614,34 @@ struct SsdPassParams {
   }
 };
 
-// V consecutive elements of D·N (16 bytes) at p: one vector access where `vec` (D·N a
-// multiple of V, so every thread's V elements exist and are 16-byte aligned), else
-// element by element up to n (0 past it).
+// V consecutive elements at p: one 16-byte access where `vec` (the caller has checked
+// that all V exist and p is 16-byte aligned) and V elements fill 16 bytes, else element
+// by element up to n (0 past it). The state passes and the gate kernels use them.
 template <typename Acc, int V>
-__device__ __forceinline__ void ssd_pass_load(Acc (&v)[V], const Acc* p, bool vec, int64_t n) {
-  static_assert(sizeof(Acc) * V == 16, "16-byte vectors");
-  if (vec) {
-    const uint4 t = *reinterpret_cast<const uint4*>(p);
-    memcpy(v, &t, 16);
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) v[i] = i < n ? p[i] : Acc(0);
+__device__ __forceinline__ void ssd_load_vec(Acc (&v)[V], const Acc* p, bool vec, int64_t n) {
+  if constexpr (sizeof(Acc) * V == 16) {
+    if (vec) {
+      const uint4 t = *reinterpret_cast<const uint4*>(p);
+      memcpy(v, &t, 16);
+      return;
+    }
   }
+#pragma unroll
+  for (int i = 0; i < V; ++i) v[i] = i < n ? p[i] : Acc{};  // (Acc{}: no conversion from int for 16-bit types)
 }
 template <typename Acc, int V>
-__device__ __forceinline__ void ssd_pass_store(Acc* p, const Acc (&v)[V], bool vec, int64_t n) {
-  if (vec) {
-    uint4 t;
-    memcpy(&t, v, 16);
-    *reinterpret_cast<uint4*>(p) = t;
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i)
-      if (i < n) p[i] = v[i];
+__device__ __forceinline__ void ssd_store_vec(Acc* p, const Acc (&v)[V], bool vec, int64_t n) {
+  if constexpr (sizeof(Acc) * V == 16) {
+    if (vec) {
+      uint4 t;
+      memcpy(&t, v, 16);
+      *reinterpret_cast<uint4*>(p) = t;
+      return;
+    }
   }
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    if (i < n) p[i] = v[i];
 }
 
 // Forward: per (b, h) and element e of D·N, sequentially over c:
@@ -672,19 +675,19 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
       for (int i = 0; i < kSsdPassWindow; ++i) {
         const int64_t c = c0 + i;
         if (c < p.nchunks) {
-          ssd_pass_load(s[i], st + c * p.dn, vec, n);
+          ssd_load_vec(s[i], st + c * p.dn, vec, n);
           dec[i] = ssd_decay<Acc>(acs[min(c * p.chunk + p.chunk, p.seqlen) - 1]);
         }
       }
 #pragma unroll
       for (int i = 0; i < kSsdPassWindow; ++i) {
         if (c0 + i >= p.nchunks) break;
-        ssd_pass_store(st + (c0 + i) * p.dn, run, vec, n);
+        ssd_store_vec(st + (c0 + i) * p.dn, run, vec, n);
 #pragma unroll
         for (int k = 0; k < V; ++k) run[k] = dec[i] * run[k] + s[i][k];
       }
     }
-    if (p.last != nullptr) ssd_pass_store(p.last + bh * p.dn + e, run, vec, n);
+    if (p.last != nullptr) ssd_store_vec(p.last + bh * p.dn + e, run, vec, n);
   }
 }
 
@@ -721,8 +724,8 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
         for (int k = 0; k < V; ++k) local[i][k] = h[i][k] = Acc(0);
         if (c >= 0) {
           if (ok) {
-            ssd_pass_load(local[i], gs + c * p.dn, vec, n);
-            ssd_pass_load(h[i], hs + c * p.dn, vec, n);
+            ssd_load_vec(local[i], gs + c * p.dn, vec, n);
+            ssd_load_vec(h[i], hs + c * p.dn, vec, n);
           }
           dec[i] = ssd_decay<Acc>(acs[min(c * p.chunk + p.chunk, p.seqlen) - 1]);
         }
@@ -731,7 +734,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
       for (int i = 0; i < kSsdPassWindow; ++i) {
         kd[i] = Acc(0);
         if (c0 - i < 0) continue;
-        if (ok) ssd_pass_store(gs + (c0 - i) * p.dn, run, vec, n);
+        if (ok) ssd_store_vec(gs + (c0 - i) * p.dn, run, vec, n);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           kd[i] += run[k] * h[i][k];
@@ -752,7 +755,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
         p.kpart[(bh * p.nchunks + c0 - threadIdx.x) * p.kblocks + kb] = t;
       }
     }
-    if (ok && p.last != nullptr) ssd_pass_store(p.last + bh * p.dn + e, run, vec, n);  // G_0 = dL/dH_0
+    if (ok && p.last != nullptr) ssd_store_vec(p.last + bh * p.dn + e, run, vec, n);  // G_0 = dL/dH_0
   }
 }
 
@@ -1619,28 +1622,6 @@ __device__ __forceinline__ const T* ssd_at(const SsdOperand<T>& o, int64_t b, in
 // BENCHMARKS.md): pre 305 µs and post 181 µs this way; one element a thread with four
 // 64-bit divisions each (and 256-position segments) took 669 and 752 µs. The dD sum over
 // the 4× more partials went from 60 to 243 µs.
-template <typename T, int V>
-__device__ __forceinline__ void ssd_gate_load(T (&v)[V], const T* p) {
-  if constexpr (V * sizeof(T) == 16) {
-    const uint4 t = *reinterpret_cast<const uint4*>(p);
-    memcpy(v, &t, 16);
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) v[i] = p[i];
-  }
-}
-template <typename T, int V>
-__device__ __forceinline__ void ssd_gate_store(T* p, const T (&v)[V]) {
-  if constexpr (V * sizeof(T) == 16) {
-    uint4 t;
-    memcpy(&t, v, 16);
-    *reinterpret_cast<uint4*>(p) = t;
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) p[i] = v[i];
-  }
-}
-
 // Per (segment of kSsdDSeg positions, V consecutive elements e = h·D + d), the positions
 // in order: dy_pre = dy·silu(z) (stored, z given) and the dD partials Σ dy_pre·x.
 template <typename T, int V>
@@ -1658,24 +1639,24 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGate
     for (int k = 0; k < V; ++k) sum[k] = 0;
     for (int64_t q = q_begin; q < q_end; ++q) {
       T dv[V];
-      ssd_gate_load<T, V>(dv, ssd_at(p.dy, b, t, h, d));
+      ssd_load_vec<T, V>(dv, ssd_at(p.dy, b, t, h, d), true, V);
       Acc g[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) g[k] = to_acc(dv[k]);
       if (p.dyp != nullptr) {
         T zv[V], r[V];
-        ssd_gate_load<T, V>(zv, ssd_at(p.z, b, t, h, d));
+        ssd_load_vec<T, V>(zv, ssd_at(p.z, b, t, h, d), true, V);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const Acc zk = to_acc(zv[k]);
           r[k] = from_acc<T>(g[k] * (zk / (Acc(1) + ssd_exp(-zk))));
           g[k] = to_acc(r[k]);
         }
-        ssd_gate_store<T, V>(p.dyp + q * p.hd + e, r);
+        ssd_store_vec<T, V>(p.dyp + q * p.hd + e, r, true, V);
       }
       if (p.part != nullptr) {
         T xv[V];
-        ssd_gate_load<T, V>(xv, ssd_at(p.x, b, t, h, d));
+        ssd_load_vec<T, V>(xv, ssd_at(p.x, b, t, h, d), true, V);
 #pragma unroll
         for (int k = 0; k < V; ++k) sum[k] += g[k] * to_acc(xv[k]);
       }
@@ -1697,9 +1678,9 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_post_kernel(const SsdGat
     const int64_t q = i / row_vecs, e = (i - q * row_vecs) * V;
     const int64_t b = q / p.seqlen, t = q - b * p.seqlen, h = e / p.D, d = e - h * p.D;
     T zv[V], dv[V], yv[V], out[V];
-    ssd_gate_load<T, V>(zv, ssd_at(p.z, b, t, h, d));
-    ssd_gate_load<T, V>(dv, ssd_at(p.dy, b, t, h, d));
-    ssd_gate_load<T, V>(yv, ssd_at(p.y_pre, b, t, h, d));
+    ssd_load_vec<T, V>(zv, ssd_at(p.z, b, t, h, d), true, V);
+    ssd_load_vec<T, V>(dv, ssd_at(p.dy, b, t, h, d), true, V);
+    ssd_load_vec<T, V>(yv, ssd_at(p.y_pre, b, t, h, d), true, V);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const Acc zk = to_acc(zv[k]);
@@ -1707,7 +1688,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_post_kernel(const SsdGat
       const Acc g = to_acc(dv[k]) * to_acc(yv[k]);
       out[k] = from_acc<T>(g * sg * (Acc(1) + zk * (Acc(1) - sg)));
     }
-    ssd_gate_store<T, V>(p.dz + q * p.hd + e, out);
+    ssd_store_vec<T, V>(p.dz + q * p.hd + e, out, true, V);
   }
 }
 
