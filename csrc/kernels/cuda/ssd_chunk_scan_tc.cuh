@@ -768,20 +768,8 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacs
 }
 
 // ---- host side -------------------------------------------------------------------------------
-struct SsdTcDevice {
-  bool ok = false;  // sm_80 or newer: mma.sync with bf16 / f16 operands
-  int sms = 1;
-  int smem_optin = 48 * 1024;  // largest dynamic shared memory a block may opt into
-};
-
-// The plan's device (SsdChunkScanLaunch: tensor_cores, sm_count, smem_optin_bytes).
-inline SsdTcDevice ssd_tc_device(const SsdChunkScanLaunch& l) {
-  SsdTcDevice d;
-  d.ok = l.tensor_cores;
-  d.sms = l.sm_count;
-  d.smem_optin = static_cast<int>(std::min<int64_t>(l.smem_optin_bytes, 1 << 30));
-  return d;
-}
+// The device comes from the plan (SsdChunkScanLaunch: tensor_cores, sm_count,
+// smem_optin_bytes).
 
 // Heads per block for the kernels that share C·Bᵀ over a group's heads: at most
 // kTcMaxHeads, halved while the grid would have fewer than 4 blocks per multiprocessor;
@@ -838,8 +826,7 @@ void ssd_launch_tc_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& 
 // False (and nothing launched) when the kernel's shared memory exceeds the device's
 // opt-in limit (D or N near 256 on a 99 KB part): the caller runs the SIMT kernel.
 template <typename T, int MODE>
-bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev,
-                        cudaStream_t stream) {
+bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;
   const char* op = MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)";
   SsdTcScanParams<T> p;
@@ -855,7 +842,7 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
   if (kMulti) {
     p.nsplit = w.nsplit, p.hps = w.hps;  // the workspace's split partials
   } else {
-    ssd_tc_head_split(p.hpg, per_split, dev.sms, p.nsplit, p.hps);
+    ssd_tc_head_split(p.hpg, per_split, l.sm_count, p.nsplit, p.hps);
   }
   p.total_blocks = per_split * p.nsplit;
   // Shared memory (see the kernel): L, buffer 0 (V0, R0), X (S, or V1 + R1), cache.
@@ -881,8 +868,8 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
   // them (2 KB left for the static arrays); otherwise no cache.
   const int want = !kMulti && p.hps > 1 ? std::min(p.r_tiles, kTcCacheTiles) : 0;
   int smem = layout(want);
-  if (want > 0 && smem > dev.smem_optin - 2048) smem = layout(0);
-  if (smem > dev.smem_optin - 2048) return false;
+  if (want > 0 && smem > l.smem_optin_bytes - 2048) smem = layout(0);
+  if (smem > l.smem_optin_bytes - 2048) return false;
   p.out_split = kMulti ? ssd_ws<float>(l, w.split) : nullptr;
   p.state = ssd_ws<float>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
   p.state_ld = l.state_dim;
@@ -912,8 +899,7 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
 
 // False (and nothing launched) when the shared memory exceeds the device's limit.
 template <typename T>
-bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, const SsdTcDevice& dev,
-                        cudaStream_t stream) {
+bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   SsdTcDacsParams<T> p;
   p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
   p.chunk = l.chunk_size, p.nchunks = l.nchunks();
@@ -921,14 +907,14 @@ bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
   p.KP = ssd_k16(p.D > p.N ? p.D : p.N);
   p.ld = p.KP + 8;
   const int64_t per_split = l.batch * l.groups * p.nchunks;
-  ssd_tc_head_split(p.hpg, per_split, dev.sms, p.nsplit, p.hps);
+  ssd_tc_head_split(p.hpg, per_split, l.sm_count, p.nsplit, p.hps);
   p.total_blocks = per_split * p.nsplit;
   const int ab_bytes = ssd_align16(kSsdTile * p.ld * 2);
   p.off_b = ab_bytes;
   p.off_t = 2 * ab_bytes;
   p.off_rowtot = p.off_t + ssd_align16(kSsdTile * (kSsdTile + 1) * 4);
   const int smem = p.off_rowtot + static_cast<int>(p.hps) * kSsdTile * 4;
-  if (smem > dev.smem_optin - 2048) return false;
+  if (smem > l.smem_optin_bytes - 2048) return false;
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.B = ssd_operand<T>(l.B, l.B_stride, false);
@@ -949,7 +935,7 @@ bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cons
 template <typename T, bool DSTATE>
 void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
-    if (ssd_tc_device(l).ok) {
+    if (l.tensor_cores) {
       ssd_launch_tc_chunk_state<T, DSTATE>(l, w, s);
       return;
     }
@@ -973,8 +959,7 @@ void ssd_run_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* la
 template <typename T, int MODE>
 void ssd_run_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
-    const SsdTcDevice dev = ssd_tc_device(l);
-    if (dev.ok && ssd_launch_tc_scan<T, MODE>(l, w, dev, s)) return;
+    if (l.tensor_cores && ssd_launch_tc_scan<T, MODE>(l, w, s)) return;
   }
   ssd_launch_scan<T, MODE>(l, w, s);
 }
@@ -982,8 +967,7 @@ void ssd_run_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream
 template <typename T>
 void ssd_run_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
-    const SsdTcDevice dev = ssd_tc_device(l);
-    if (dev.ok && ssd_launch_tc_dacs<T>(l, w, dev, s)) return;
+    if (l.tensor_cores && ssd_launch_tc_dacs<T>(l, w, s)) return;
   }
   ssd_launch_dacs<T>(l, w, s);
 }
