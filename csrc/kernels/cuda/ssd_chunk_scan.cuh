@@ -1692,25 +1692,40 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_post_kernel(const SsdGat
   }
 }
 
-// Warp per output of dD ([H] or [H, D]): the fixed-order sum of its partials over the
-// segments (and over d for a [H] D), lane-strided, then a fixed tree.
+// Block per output of dD ([H] or [H, D]): each thread sums its items (segment-major,
+// d-minor for a [H] D; thread-strided, in order), then a fixed tree: the warps' xor trees,
+// then the 8 warp sums in warp order. (A [H] D at the Mamba-2 2.7B shape has 80 outputs
+// of 16384 partials each: a warp per output left most of the GPU idle.)
 template <typename Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_dD_kernel(const Acc* part, int64_t nseg, int64_t heads,
                                                              int64_t D, bool per_dim, Acc* dD) {
-  const int lane = threadIdx.x % 32;
+  __shared__ Acc warp_sums[kSsdThreads / 32];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t outs = per_dim ? heads * D : heads;
-  const int64_t items = per_dim ? nseg : nseg * D;
-  const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
-  for (int64_t o = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32; o < outs;
-       o += warps_per_grid) {
+  const int64_t hd = heads * D;
+  // the thread's first item (seg, d) and the step of kSsdThreads items, carried: no
+  // division per item
+  const int64_t per_seg = per_dim ? 1 : D;
+  const int64_t dseg = kSsdThreads / per_seg, dd = kSsdThreads % per_seg;
+  for (int64_t o = blockIdx.x; o < outs; o += gridDim.x) {
+    const Acc* base = part + (per_dim ? o : o * D);
     Acc s = 0;
-    for (int64_t it = lane; it < items; it += 32) {
-      const int64_t seg = per_dim ? it : it / D;
-      const int64_t e = per_dim ? o : o * D + it % D;  // h·D + d
-      s += part[seg * heads * D + e];
+    int64_t seg = tid / per_seg, d = tid % per_seg;
+    while (seg < nseg) {
+      s += base[seg * hd + d];
+      seg += dseg, d += dd;
+      if (d >= per_seg) d -= per_seg, ++seg;
     }
     s = ssd_sum32(s);
-    if (lane == 0) dD[o] = s;
+    __syncthreads();  // the previous output's reader of warp_sums is done
+    if (lane == 0) warp_sums[warp] = s;
+    __syncthreads();
+    if (tid == 0) {
+      Acc t = 0;
+#pragma unroll
+      for (int w = 0; w < kSsdThreads / 32; ++w) t += warp_sums[w];
+      dD[o] = t;
+    }
   }
 }
 
@@ -1769,7 +1784,7 @@ void ssd_launch_gate_post(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cu
   if (l.dD != nullptr) {
     const int64_t outs = l.D_per_dim ? l.heads * l.head_dim : l.heads;
     if (outs > 0) {
-      ssd_dD_kernel<Acc><<<ssd_grid((outs + 7) / 8), kSsdThreads, 0, stream>>>(
+      ssd_dD_kernel<Acc><<<ssd_grid(outs), kSsdThreads, 0, stream>>>(
           ssd_ws<Acc>(l, w.dDp), p.nseg, l.heads, l.head_dim, l.D_per_dim, static_cast<Acc*>(l.dD));
       check_launch("ssd_chunk_scan_backward(dD)");
     }
