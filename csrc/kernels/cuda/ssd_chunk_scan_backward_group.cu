@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
   T* sX = sDy + 2 * tile_elems;                 // [2][64][ld]: s rows of x
   T* sC = reinterpret_cast<T*>(ssd_dyn_smem);   // before the heads: [64][ldn] C rows (q)
   T* sB = sC + kSsdTile * p.ldn;                // and [64][ldn] B rows (s)
-  __shared__ double sRowAcs[2][kSsdTile], sColAcs[2][kSsdTile];
-  __shared__ float sColDt[2][kSsdTile];
+  // decays in base 2 relative to the column tile's last position (ssd_log2_rel)
+  __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sColDt[2][kSsdTile];
   __shared__ float sXcol[2][kTcThreads / 32][kSsdTile];  // per warp: Σ_q of the masked row prefixes
   __shared__ float sRowT[2][kSsdTile];                   // the row sums of T
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
@@ -118,8 +118,9 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
       tc_fill<T, true>(sX + buf * tile_elems, p.ld, kSsdTile, p.KP, xp, p.x.s[1], p.x.s[3], cols, p.P);
       if (tid < kSsdTile) {
         const int64_t at = (b * p.heads + h) * p.seqlen + t0;
-        sRowAcs[buf][tid] = tid < rows ? p.acs[at + r0 + tid] : 0.0;
-        sColAcs[buf][tid] = tid < cols ? p.acs[at + c0 + tid] : 0.0;
+        const double ref = p.acs[at + c0 + cols - 1];
+        sRowL[buf][tid] = tid < rows ? ssd_log2_rel(p.acs[at + r0 + tid], ref) : 0.0f;
+        sColL[buf][tid] = tid < cols ? ssd_log2_rel(p.acs[at + c0 + tid], ref) : 0.0f;
         sColDt[buf][tid] = tid < cols ? p.dtf[at + c0 + tid] : 0.0f;
       }
     };
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int ql = rw + g8 + 8 * half;
-          const double ra = sRowAcs[buf][ql];
+          const float ra = sRowL[buf][ql];
           // M (into acc) and T (in place of m), then T's inclusive row prefix sums in
           // column order (8-column steps: the quad's pair sums scanned across its lanes).
           float carry = 0.0f;
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
               const int sl = nt * 8 + 2 * t4 + e;
               float mv = 0.0f;  // selected, not multiplied: masked pairs add exactly nothing
               if (ql < rows && sl < cols && c0 + sl <= r0 + ql)
-                mv = m[nt][2 * half + e] * (ssd_decay<float>(ra - sColAcs[buf][sl]) * sColDt[buf][sl]);
+                mv = m[nt][2 * half + e] * (ssd_exp2(ra - sColL[buf][sl]) * sColDt[buf][sl]);
               acc[nt][2 * half + e] += mv;
               tv[e] = c0 + sl < r0 + ql ? cb[nt][2 * half + e] * mv : 0.0f;
             }
@@ -529,8 +530,10 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
   T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                             // [64][ld]: B rows s
   float* sS = reinterpret_cast<float*>(ssd_dyn_smem + p.off_stage);       // [64][ld]: Gn rows j
   T* sV = reinterpret_cast<T*>(ssd_dyn_smem + p.off_v);                   // [2][64][kTcLd]: dy rows q
-  __shared__ double sRowAcs[2][kSsdTile], sColAcs[2][kSsdTile], sLast[2];
-  __shared__ float sRowDt[2][kSsdTile];
+  // Decays in base 2 relative to the row tile's last row (ssd_log2_rel); the inter-chunk
+  // row scales exp(Acs_last − Acs_s).
+  __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sRowScale[2][kSsdTile], sRowDt[2][kSsdTile];
+  __shared__ double sRef[2];  // written alike by threads 0..63, each reading back its own store
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   const int64_t n_gs = p.groups * p.nsplit;
@@ -566,21 +569,21 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
                        p.dy.s[3], cols, p.P - j0);
       if (tid < kSsdTile) col_acs = tid < cols ? p.acs[(b * p.heads + h) * p.seqlen + t0 + c0 + tid] : 0.0;
     };
-    // Head hi's state rows j0.. (float32) into the staging tile, and its row data into
-    // registers (threads below 64).
-    auto issue_s = [&](int hi, double& row_acs, float& row_dt, double& last) {
+    // Head hi's state rows j0.. (float32) into the staging tile (a warp per row, 4 values
+    // a lane), and its row data into registers (threads below 64).
+    auto issue_s = [&](int hi, double& row_acs, float& row_dt, double& last, double& ref) {
       const int64_t bh = b * p.heads + h_begin + hi;
       const float* st = p.state + ((bh * p.nchunks + c) * p.P + j0) * static_cast<int64_t>(p.N);
-      const int quads = (p.N + 3) / 4;
-      for (int e = tid; e < jrows * quads; e += kTcThreads) {
-        const int r = e / quads, k = (e - r * quads) * 4;
-        float* dst = sS + r * p.ld + k;
-        const float* src = st + static_cast<int64_t>(r) * p.N + k;
-        if (s_vec) {
-          ssd_cp_async16(dst, src);
-        } else {
+      for (int r = warp; r < jrows; r += kTcThreads / 32) {
+        const float* src = st + static_cast<int64_t>(r) * p.N;
+        for (int k = 4 * lane; k < p.N; k += 4 * 32) {
+          float* dst = sS + r * p.ld + k;
+          if (s_vec) {
+            ssd_cp_async16(dst, src + k);
+          } else {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) dst[i] = k + i < p.N ? src[i] : 0.0f;
+            for (int i = 0; i < 4; ++i) dst[i] = k + i < p.N ? src[k + i] : 0.0f;
+          }
         }
       }
       if (tid < kSsdTile) {
@@ -588,6 +591,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
         row_acs = tid < rows ? p.acs[at + r0 + tid] : 0.0;
         row_dt = tid < rows ? p.dtf[at + r0 + tid] : 0.0f;
         last = p.acs[at + len - 1];
+        ref = p.acs[at + r0 + rows - 1];
       }
     };
 
@@ -602,9 +606,9 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
     for (int e = tid; e < (kSsdTile - jrows) * p.NP; e += kTcThreads) sS[(jrows + e / p.NP) * p.ld + e % p.NP] = 0.0f;
     tc_fill<T, true>(sL, p.ld, kSsdTile, p.NP, p.B.p + b * p.B.s[0] + (t0 + r0) * p.B.s[1] + g * p.B.s[2], p.B.s[1],
                      p.B.s[3], rows, p.N);
-    double col_acs = 0.0, row_acs = 0.0, last = 0.0;
+    double col_acs = 0.0, row_acs = 0.0, last = 0.0, ref_next = 0.0;
     float row_dt = 0.0f;
-    issue_s(0, row_acs, row_dt, last);
+    issue_s(0, row_acs, row_dt, last, ref_next);
     issue_v(0, 0, 0, col_acs);
     ssd_cp_async_commit();
     int st = 0;  // stages so far: buffer st % 2
@@ -621,12 +625,13 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
       for (int k = 0; k < n_steps; ++k, ++st) {
         const int buf = st & 1, ct = rt + k, c0 = ct * kSsdTile;
         if (tid < kSsdTile) {
-          sColAcs[buf][tid] = col_acs;
-          if (k == 0) {
-            sRowAcs[hb][tid] = row_acs;
+          if (k == 0) {  // (the registers hold head hi's row data until issue_s(hi + 1) below)
+            sRef[hb] = ref_next;
+            sRowL[hb][tid] = ssd_log2_rel(row_acs, ref_next);
             sRowDt[hb][tid] = row_dt;
-            if (tid == 0) sLast[hb] = last;
+            sRowScale[hb][tid] = tid < rows ? ssd_decay<float>(last - row_acs) : 0.0f;
           }
+          sColL[buf][tid] = ssd_log2_rel(col_acs, sRef[hb]);
         }
         // this stage's B·Cᵀ values (rows g8, g8 + 8 of the warp; the lane's columns)
         float cb[8][4];
@@ -658,7 +663,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               const int rl = rw + g8 + 8 * half;
-              const float scale = r0 + rl < len ? ssd_decay<float>(sLast[hb] - sRowAcs[hb][rl]) : 0.0f;
+              const float scale = sRowScale[hb][rl];
 #pragma unroll
               for (int nt = 0; nt < 8; ++nt) {
                 T xs[2];
@@ -691,23 +696,24 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
           issue_v(hi, k + 1, buf ^ 1, col_acs);
         else if (hi + 1 < nh)
           issue_v(hi + 1, 0, buf ^ 1, col_acs);
-        if (k == 0 && hi + 1 < nh) issue_s(hi + 1, row_acs, row_dt, last);
+        if (k == 0 && hi + 1 < nh) issue_s(hi + 1, row_acs, row_dt, last, ref_next);
         ssd_cp_async_commit();
         if (!live) continue;
         // P = B·Cᵀ ∘ exp(Acs_q − Acs_s) over q >= s (selected, not multiplied, to 0), then P·dy
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int rl = rw + g8 + 8 * half, rg = r0 + rl;
-          const double ra = sRowAcs[hb][rl];
+          const float ra = sRowL[hb][rl];
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
+          for (int nt = 0; nt < 8; ++nt) {
+            const float2 ca = *reinterpret_cast<const float2*>(&sColL[buf][nt * 8 + 2 * t4]);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int cl = nt * 8 + 2 * t4 + e, cg = c0 + cl;
-              float v = 0.0f;
-              if (cg >= rg && rg < len && cg < len) v = cb[nt][2 * half + e] * ssd_decay<float>(sColAcs[buf][cl] - ra);
-              cb[nt][2 * half + e] = v;
+              const int cg = c0 + nt * 8 + 2 * t4 + e;
+              const float w = ssd_exp2((e ? ca.y : ca.x) - ra);
+              cb[nt][2 * half + e] = cg >= rg && rg < len && cg < len ? cb[nt][2 * half + e] * w : 0.0f;
             }
+          }
         }
         uint32_t pa[4][4];
         tc_to_a_frags<T>(cb, pa);
@@ -715,7 +721,6 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
       }
       if (!live) continue;
       // part: x·dxpre; dx = dt·dxpre (+ D·dy_pre)
-
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int rl = rw + g8 + 8 * half, rg = r0 + rl;

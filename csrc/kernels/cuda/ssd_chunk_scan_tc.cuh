@@ -58,6 +58,24 @@ __device__ __forceinline__ T ssd_zero() {
   return from_acc<T>(0.0f);
 }
 
+// ---- decays in base 2 ----------------------------------------------------------------------
+// The tile kernels weigh each (q, s) pair of a 64 × 64 tile with exp(Acs_q − Acs_s). They
+// take it as 2^(a_q − a_s) with a = (Acs − Acs_ref)·log2(e) in float32 for a reference
+// position ref of the tile pair (one conversion per position instead of per pair) and
+// one ex2.approx per pair. With ref between s and q (or inside the diagonal tile), |a_q|
+// and |a_s| are at most the tile's total decay (in base 2), so the exponent's error is a
+// few float32 ulps of that: far below the 16-bit rounding of every use.
+constexpr double kSsdLog2e = 1.4426950408889634;
+__device__ __forceinline__ float ssd_log2_rel(double acs, double ref) {
+  return static_cast<float>((acs - ref) * kSsdLog2e);
+}
+// 2^v (ex2.approx.ftz: about 2 ulp; results below 2^-126 flush to 0)
+__device__ __forceinline__ float ssd_exp2(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
 // ---- shared-memory tile fills (all kTcThreads threads) -------------------------------------
 // Whether 8-element groups of rows of src (row stride s1, inner stride s3) can move as
 // 16-byte vectors: unit inner stride and 16-byte aligned rows.
@@ -89,15 +107,22 @@ __device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, co
                                         int64_t s3, int rows, int K) {
   const int groups = kcols / 8;
   const bool vec = tc_vec_ok(src, s1, s3);
-  for (int e = threadIdx.x; e < nrows * groups; e += kTcThreads) {
-    const int r = e / groups, k = (e - r * groups) * 8;
+  // Group e = r·groups + g of thread t: e = t, t + kTcThreads, ...; a step adds dr rows
+  // and dg groups (with a carry), so no group needs a division.
+  const int dr = kTcThreads / groups, dg = kTcThreads - dr * groups;
+  int r = static_cast<int>(threadIdx.x) / groups, g = static_cast<int>(threadIdx.x) - r * groups;
+  while (r < nrows) {
+    const int k = g * 8;
+    bool done = false;
     if constexpr (ASYNC) {
       if (vec && r < rows && k + 8 <= K) {
         ssd_cp_async16(dst + r * ld + k, src + r * s1 + k);
-        continue;
+        done = true;
       }
     }
-    *reinterpret_cast<uint4*>(dst + r * ld + k) = tc_load8(src, s1, s3, vec, r, k, rows, K);
+    if (!done) *reinterpret_cast<uint4*>(dst + r * ld + k) = tc_load8(src, s1, s3, vec, r, k, rows, K);
+    r += dr, g += dg;
+    if (g >= groups) g -= groups, ++r;
   }
 }
 
@@ -425,7 +450,8 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
   auto sV = [&](int k) { return reinterpret_cast<T*>(ssd_dyn_smem + (k % 2 ? p.off_x : p.off_v0)); };
   auto sR = [&](int k) { return reinterpret_cast<T*>(ssd_dyn_smem + (k % 2 ? p.off_r1 : p.off_r0)); };
   float* sCache = reinterpret_cast<float*>(ssd_dyn_smem + p.off_cache);
-  __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
+  // decays in base 2 relative to the row tile's first (Y, DC) or last (DX, DB) row
+  __shared__ float sRowL[kSsdTile], sColL[kSsdTile];
   __shared__ float sRowDt[kSsdTile], sRowScale[kSsdTile], sColDt[kSsdTile];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;  // the warp's first row in the tile
@@ -503,13 +529,14 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
       const double* acs = p.acs + bh * p.seqlen + t0;
       const float* dtf = p.dtf + bh * p.seqlen + t0;
       const double acs_last = acs[len - 1];
+      const double acs_ref = acs[kRev ? r0 + rows - 1 : r0];
       __syncthreads();  // the previous head (or the cache) is done with all buffers and the row data
       if (threadIdx.x < kSsdTile) {
         const int r = r0 + threadIdx.x;
         const bool ok = r < len;
         const double ar = ok ? acs[r] : 0.0;
         const float dr = ok ? dtf[r] : 0.0f;
-        sRowAcs[threadIdx.x] = ar;
+        sRowL[threadIdx.x] = ssd_log2_rel(ar, acs_ref);
         sRowDt[threadIdx.x] = dr;
         float scale = kRev ? ssd_decay<float>(acs_last - ar) : ssd_decay<float>(ar);
         if (MODE == kSsdDB) scale *= dr;
@@ -563,7 +590,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
         ssd_cp_async_commit();
         if (threadIdx.x < kSsdTile) {
           const int cc = c0 + threadIdx.x;
-          sColAcs[threadIdx.x] = cc < len ? acs[cc] : 0.0;
+          sColL[threadIdx.x] = cc < len ? ssd_log2_rel(acs[cc], acs_ref) : 0.0f;
           sColDt[threadIdx.x] = cc < len ? dtf[cc] : 0.0f;
         }
         ssd_cp_async_wait<1>();  // step k's copies (the group before the newest) are done
@@ -585,7 +612,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int rl = rw + g8 + 8 * half, rg = r0 + rl;
-          const double ra = sRowAcs[rl];
+          const float ra = sRowL[rl];
           const float rd = sRowDt[rl];
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt)
@@ -596,10 +623,10 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
               float v = 0.0f;
               if (causal && rg < len && cg < len) {
                 if (kRev) {
-                  v = cb[nt][2 * half + e] * ssd_decay<float>(sColAcs[cl] - ra);
+                  v = cb[nt][2 * half + e] * ssd_exp2(sColL[cl] - ra);
                   if (MODE == kSsdDB) v *= rd;
                 } else {
-                  v = cb[nt][2 * half + e] * (ssd_decay<float>(ra - sColAcs[cl]) * sColDt[cl]);
+                  v = cb[nt][2 * half + e] * (ssd_exp2(ra - sColL[cl]) * sColDt[cl]);
                 }
               }
               cb[nt][2 * half + e] = v;
@@ -685,7 +712,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacs
   T* sB = reinterpret_cast<T*>(ssd_dyn_smem + p.off_b);
   float* sT = reinterpret_cast<float*>(ssd_dyn_smem + p.off_t);
   float* sRowTotAll = reinterpret_cast<float*>(ssd_dyn_smem + p.off_rowtot);  // [hps][64]
-  __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
+  __shared__ float sRowL[kSsdTile], sColL[kSsdTile];  // base-2 decays relative to the column tile's last position
   __shared__ float sColDt[kSsdTile], sColSum[kSsdTile];
   __shared__ float sFull;
   const int tid = threadIdx.x;
@@ -734,8 +761,9 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacs
           const T* dyp = p.dy.p + b * p.dy.s[0] + t0 * p.dy.s[1] + h * p.dy.s[2];
           __syncthreads();  // sA, sB, sT and the row/column data are free
           if (tid < kSsdTile) {
-            sRowAcs[tid] = r0 + tid < len ? acs[r0 + tid] : 0.0;
-            sColAcs[tid] = c0 + tid < len ? acs[c0 + tid] : 0.0;
+            const double ref = acs[c0 + cols - 1];
+            sRowL[tid] = r0 + tid < len ? ssd_log2_rel(acs[r0 + tid], ref) : 0.0f;
+            sColL[tid] = c0 + tid < len ? ssd_log2_rel(acs[c0 + tid], ref) : 0.0f;
             sColDt[tid] = c0 + tid < len ? dtf[c0 + tid] : 0.0f;
           }
           tc_fill<T>(sA, p.ld, kSsdTile, ssd_k16(p.D), dyp + r0 * p.dy.s[1], p.dy.s[1], p.dy.s[3], rows, p.D);
@@ -755,7 +783,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacs
                 float v = 0.0f;
                 if (q < len && sc < q)
                   v = cb[nt][2 * half + e] * m[nt][2 * half + e] *
-                      (ssd_decay<float>(sRowAcs[ql] - sColAcs[sl]) * sColDt[sl]);
+                      (ssd_exp2(sRowL[ql] - sColL[sl]) * sColDt[sl]);
                 sT[ql * TLD + sl] = v;
               }
           }
