@@ -266,7 +266,7 @@ std::atomic<int> g_forced_group{-1};
 // Whether the CUDA backward runs the intra-chunk dB/dC products once per group (see
 // ssd_force_group_products): the tensor-core backward, head_dim <= 128 and state_dim <=
 // 256 (the kernels' tiles), the dx kernel's shared memory within the device's opt-in
-// limit (at state_dim 256 it is 117 KB: not on the 99 KB sm_86/sm_89 parts), and dCB
+// limit (at state_dim 256 it is 84 KB), and dCB
 // (B·nc·G·Q'² float32, Q' the longest chunk rounded up to 64) no larger than x. At the
 // Mamba-2 2.7B shape (H = 80, G = 1) dCB is 10 % of x; with one head per group it would
 // be 8× x at chunk 256 and P = 64, where the per-head products need no extra memory.

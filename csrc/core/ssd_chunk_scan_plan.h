@@ -81,15 +81,16 @@ constexpr int64_t ssd_fused_smem_bytes(SsdCudaForward kernel, int64_t ns) {
 
 // The group products' dx kernel (kernels/cuda/ssd_chunk_scan_backward_group.cu): a block
 // takes up to kSsdGroupDxHeads heads of a group for one 64-row tile of a chunk. Its
-// dynamic shared memory: the B rows [64][N16 + 8] (16-bit), a head's float32 state tile
-// [64][N16 + 8] and two dy tiles [64][72] (16-bit), N16 = state_dim rounded up to 16.
+// dynamic shared memory: the B rows [64][N16 + 8], a head's state tile [64][N16 + 8] (Gn_c
+// rounded by the state pass) and two dy tiles [64][72], all 16-bit; N16 = state_dim
+// rounded up to 16.
 // Heads per block, measured at the 2.7B shape (H100, bf16; 80 heads a group): dx took
 // 1163 us with 4, 1239 with 8, 1353 with 16 and 2277 with all 80 (fewer heads: more,
 // shorter blocks and a shorter tail; the B rows are loaded once a block).
 constexpr int64_t kSsdGroupDxHeads = 4;
 constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
   const int64_t ld = (state_dim + 15) / 16 * 16 + 8;
-  return 64 * ld * 2 + 64 * ld * 4 + 2 * 64 * 72 * 2;
+  return 64 * ld * 2 + 64 * ld * 2 + 2 * 64 * 72 * 2;
 }
 
 // The mamba_ssm `mamba_chunk_scan_combined` contract on top of the recurrence above

@@ -169,8 +169,14 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  (the sequential recurrence in float32: ~2e-7).
 //   dtf       [B, H, L]            dt converted
 //   states    [B, H, nc, D, N]     S_c, then (in place) H_c, the state entering chunk c
+//   states_t  [B, H, nc, D, N] T   16-bit inputs on tensor cores (ssd_state_copies): H_c
+//                                  rounded to the input type, written by the state pass
+//                                  beside the float32 H_c; the tensor-core products read
+//                                  it (they round the state to T anyway) with 16-byte
+//                                  copies straight into their operand tiles
 // backward only:
 //   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1}
+//   gstates_t [B, H, nc, D, N] T   as states_t, for Gn_c
 //   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks = ⌈D·N/(256·V)⌉
 //                                  (V = ssd_pass_vec: 4 float32 or 2 float64 elements)
 //   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
@@ -195,16 +201,24 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
 // + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N (S'·B·G·nc·Q'² + 2·B·H·nc·P'·64
 // + B·G·nc·P'·4096 in place of the splits with group_products), each buffer rounded up
-// to 256 bytes; the forward needs acs, dtf and states only (8·B·H·L bytes +
-// B·H·L + B·H·nc·D·N Acc).
+// to 256 bytes, plus 2·2·B·H·nc·D·N bytes with the state copies; the forward needs acs,
+// dtf and states (and states_t) only (8·B·H·L bytes + B·H·L + B·H·nc·D·N Acc, plus
+// 2·B·H·nc·D·N bytes).
 struct SsdWorkspace {
   size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
          xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dcb = 0, xin = 0, xsuf = 0, cbt = 0;
+  size_t states_t = 0, gstates_t = 0;  // (ssd_state_copies only)
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
   int64_t dcb_ld = 0;           // Q' (group_products)
 };
+
+// Whether the state passes also write H_c and Gn_c rounded to the input type (states_t,
+// gstates_t): 16-bit inputs on the tensor-core kernels.
+inline bool ssd_state_copies(const SsdChunkScanLaunch& l) {
+  return l.tensor_cores && (l.element == ElementKind::F16 || l.element == ElementKind::BF16);
+}
 
 // Elements of D·N per thread in the state passes: 16 bytes of the compute type.
 __host__ __device__ constexpr int ssd_pass_vec(ElementKind compute) { return compute == ElementKind::F64 ? 2 : 4; }
@@ -234,8 +248,11 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   w.acs = take(bh * l.seqlen, sizeof(double));
   w.dtf = take(bh * l.seqlen);
   w.states = take(bh * nc * dn);
+  const bool copies = ssd_state_copies(l);
+  if (copies) w.states_t = take(bh * nc * dn, 2);
   if (backward) {
     w.gstates = take(bh * nc * dn);
+    if (copies) w.gstates_t = take(bh * nc * dn, 2);
     w.kpart = take(bh * nc * w.kblocks);
     w.ddtp = take(bh * l.seqlen * w.d_tiles);
     w.vp = take(bh * l.seqlen * w.d_tiles);
@@ -600,6 +617,7 @@ struct SsdPassParams {
   Acc* states;         // [B, H, nc, D·N]: S_c in, H_c out (forward pass)
   Acc* gstates;        // [B, H, nc, D·N]: local dstate in, Gn_c out (backward pass)
   Acc* kpart;          // [B, H, nc, kblocks]
+  void* copy;          // states_t (forward) or gstates_t (backward), or null (ssd_state_copies)
   // The run's seed and result, per (b, h) and element (d, n), each optional:
   //   forward: seed = initial_states (H_0), last = final_states (H_nc);
   //   backward: seed = dfinal_states (G_nc), last = dinitial_states (G_0).
@@ -644,6 +662,26 @@ __device__ __forceinline__ void ssd_store_vec(Acc* p, const Acc (&v)[V], bool ve
     if (i < n) p[i] = v[i];
 }
 
+// The V values rounded to O (the state copies): one 8-byte store for 4 16-bit values
+// where `vec`, else element by element up to n.
+template <typename O, typename Acc, int V>
+__device__ __forceinline__ void ssd_store_rounded(O* p, const Acc (&v)[V], bool vec, int64_t n) {
+  O o[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) o[i] = from_acc<O>(v[i]);
+  if constexpr (sizeof(O) * V == 8) {
+    if (vec) {
+      uint2 t;
+      memcpy(&t, o, 8);
+      *reinterpret_cast<uint2*>(p) = t;
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    if (i < n) p[i] = o[i];
+}
+
 // Forward: per (b, h) and element e of D·N, sequentially over c:
 //   H_0 = initial_states (or 0); H_{c+1} = exp(Acs_last(c))·H_c + S_c, storing H_c
 //   where S_c was; final_states = H_nc (the state after the last step).
@@ -653,11 +691,13 @@ __device__ __forceinline__ void ssd_store_vec(Acc* p, const Acc (&v)[V], bool ve
 // otherwise keep each load behind the previous step). Measured at the Mamba-2 2.7B shape
 // (H200, bf16 inputs; BENCHMARKS.md): 121 µs forward and 169 µs backward with 16 bytes a
 // thread, 143 and 218 µs with one element a thread.
+// O (a 16-bit type, or Acc for none): each H_c is also written, rounded, to p.copy.
 constexpr int kSsdPassWindow = 8;
 
-template <typename Acc>
+template <typename Acc, typename O = Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPassParams<Acc> p) {
   constexpr int V = ssd_pass_vec(std::is_same_v<Acc, double> ? ElementKind::F64 : ElementKind::F32);
+  constexpr bool kCopy = !std::is_same_v<O, Acc>;
   const bool vec = p.dn % V == 0;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
     const int64_t bh = vb / p.kblocks;
@@ -666,6 +706,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
     const int64_t n = p.dn - e;
     const double* acs = p.acs + bh * p.seqlen;
     Acc* st = p.states + bh * p.nchunks * p.dn + e;
+    O* cp = kCopy ? static_cast<O*>(p.copy) + bh * p.nchunks * p.dn + e : nullptr;
     Acc run[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) run[i] = i < n ? p.seed_of(bh, e + i) : Acc(0);
@@ -683,6 +724,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
       for (int i = 0; i < kSsdPassWindow; ++i) {
         if (c0 + i >= p.nchunks) break;
         ssd_store_vec(st + (c0 + i) * p.dn, run, vec, n);
+        if constexpr (kCopy) ssd_store_rounded(cp + (c0 + i) * p.dn, run, vec, n);
 #pragma unroll
         for (int k = 0; k < V; ++k) run[k] = dec[i] * run[k] + s[i][k];
       }
@@ -696,9 +738,11 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
 //   G_c = local_c + exp(Acs_last(c))·G_{c+1};
 // and kpart[b,h,c,block] = Σ_{e in block} Gn_c[e]·H_c[e]: each thread's V products in
 // order, then a fixed tree over the block (W_c = exp(Acs_last(c)) · Σ_blocks kpart).
-template <typename Acc>
+// O as in the forward pass: each Gn_c is also written, rounded, to p.copy.
+template <typename Acc, typename O = Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
   constexpr int V = ssd_pass_vec(std::is_same_v<Acc, double> ? ElementKind::F64 : ElementKind::F32);
+  constexpr bool kCopy = !std::is_same_v<O, Acc>;
   __shared__ Acc red[kSsdPassWindow][kSsdThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const bool vec = p.dn % V == 0;
@@ -710,6 +754,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
     const double* acs = p.acs + bh * p.seqlen;
     Acc* gs = p.gstates + bh * p.nchunks * p.dn + e;
     const Acc* hs = p.states + bh * p.nchunks * p.dn + e;
+    O* cp = kCopy ? static_cast<O*>(p.copy) + bh * p.nchunks * p.dn + e : nullptr;
     Acc run[V];  // G_{c+1}
 #pragma unroll
     for (int i = 0; i < V; ++i) run[i] = i < n ? p.seed_of(bh, e + i) : Acc(0);
@@ -735,6 +780,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
         kd[i] = Acc(0);
         if (c0 - i < 0) continue;
         if (ok) ssd_store_vec(gs + (c0 - i) * p.dn, run, vec, n);
+        if (kCopy && ok) ssd_store_rounded(cp + (c0 - i) * p.dn, run, vec, n);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           kd[i] += run[k] * h[i][k];
@@ -1441,16 +1487,28 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, v
   p.states = ssd_ws<Acc>(l, w.states);
   p.gstates = BW ? ssd_ws<Acc>(l, w.gstates) : nullptr;
   p.kpart = BW ? ssd_ws<Acc>(l, w.kpart) : nullptr;
+  p.copy = nullptr;
   ssd_pass_ends<T, BW>(p, l, last);
   // With L == 0 the run is only seed → last (final_states = initial_states).
   if (p.total_blocks == 0 || (p.nchunks == 0 && last == nullptr)) return;
-  if (BW) {
-    ssd_state_pass_bwd_kernel<Acc><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
-    check_launch("ssd_chunk_scan_backward(state_pass)");
-  } else {
-    ssd_state_pass_kernel<Acc><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
-    check_launch("ssd_chunk_scan(state_pass)");
+  auto run = [&](auto copy_tag) {
+    using O = decltype(copy_tag);
+    if (BW) {
+      ssd_state_pass_bwd_kernel<Acc, O><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+      check_launch("ssd_chunk_scan_backward(state_pass)");
+    } else {
+      ssd_state_pass_kernel<Acc, O><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+      check_launch("ssd_chunk_scan(state_pass)");
+    }
+  };
+  if constexpr (!std::is_same_v<T, Acc>) {  // 16-bit inputs
+    if (ssd_state_copies(l)) {
+      p.copy = ssd_ws<T>(l, BW ? w.gstates_t : w.states_t);
+      run(T{});
+      return;
+    }
   }
+  run(Acc{});
 }
 
 // The operands, output and partial-sum buffers of a scan kernel of MODE (the SIMT and the

@@ -44,6 +44,22 @@
 namespace baracuda::kernels::cuda {
 namespace {
 
+// Peels one index off a virtual block number: returns v % d and leaves v / d in v, in
+// 32-bit arithmetic where `narrow` (every virtual block number of the launch fits 32
+// bits, as in any grid the GPU can hold in memory): a 64-bit division is a long
+// instruction sequence, and each block peels four or five indices.
+__device__ __forceinline__ int64_t ssd_peel(int64_t& v, int64_t d, bool narrow) {
+  if (narrow) {
+    const uint32_t v32 = static_cast<uint32_t>(v), d32 = static_cast<uint32_t>(d), q = v32 / d32;
+    v = q;
+    return v32 - q * d32;
+  }
+  const int64_t q = v / d, r = v - q * d;
+  v = q;
+  return r;
+}
+__host__ __device__ inline bool ssd_narrow(int64_t total_blocks) { return total_blocks <= int64_t{0xffffffff}; }
+
 // The (row tile, column tile) of lower-triangular tile pair `pair`: (0,0), (1,0), (1,1), ...
 __device__ __forceinline__ void tile_pair(int pair, int& ti, int& tj) {
   ti = 0;
@@ -94,15 +110,14 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
-    const int64_t split = vb % p.nsplit;
-    int64_t rest = vb / p.nsplit;
-    const int pair = static_cast<int>(rest % p.pairs);
+    const bool narrow = ssd_narrow(p.total_blocks);
+    int64_t rest = vb;
+    const int64_t split = ssd_peel(rest, p.nsplit, narrow);
+    const int pair = static_cast<int>(ssd_peel(rest, p.pairs, narrow));
     int ti, tj;
     tile_pair(pair, ti, tj);
-    rest /= p.pairs;
-    const int64_t c = rest % p.nchunks;
-    rest /= p.nchunks;
-    const int64_t g = rest % p.groups, b = rest / p.groups;
+    const int64_t c = ssd_peel(rest, p.nchunks, narrow);
+    const int64_t g = ssd_peel(rest, p.groups, narrow), b = rest;
     const int64_t t0 = c * p.chunk;
     const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
     const int r0 = ti * kSsdTile, c0 = tj * kSsdTile;
@@ -316,11 +331,11 @@ template <typename T>
 struct SsdGroupGradParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
   int P, KP, ldl, N, qp, r_tiles, j_tiles;
-  int off_stage, off_s;  // byte offsets in dynamic shared memory (Lft buffers at 0)
+  int off_s;             // byte offset of the two state tiles in dynamic shared memory (Lft buffers at 0)
   SsdOperand<T> lft;     // dy (dC) or x (dB), per head: the inter-chunk term's rows
   SsdOperand<T> v;       // B (dC) or C (dB), per group: dCB's partner
   SsdOperand<T> dot;     // C (dC's U partials)
-  const float* state;    // H_c (dC) or Gn_c (dB), [B, H, nc, P, N]
+  const T* state;        // H_c (dC) or Gn_c (dB) rounded to T, [B, H, nc, P, N] (states_t, gstates_t)
   const double* acs;
   const float* dtf;
   const float* dcb;      // [dcb_parts, B, G, nc, Q', Q']: the dCB pass's head-split partials
@@ -336,9 +351,9 @@ struct SsdGroupGradParams {
 //     the stored tile read k-major);
 //  2. the inter-chunk term, over the group's heads in order: rs_r·Σ_p Lft_h[r][p]·S_h[p][j]
 //     (S = H_c, rs = exp(Acs_r) for dC; S = Gn_c, rs = exp(Acs_last − Acs_r)·dt_r for dB),
-//     with S rounded to T; dC also writes each head's U partial (its C row dot). Head
-//     h + 1's Lft rows and float32 state tile are copied (cp.async) during head h's
-//     products; the state is rounded into the operand tile once it has landed.
+//     S as the state pass rounded it to T; dC also writes each head's U partial (its C
+//     row dot). Head h + 1's Lft rows and state tile are copied (cp.async) into the other
+//     buffers during head h's products.
 template <typename T, bool DB>
 __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const SsdGroupGradParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
@@ -346,22 +361,20 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
   T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                          // [2][64][ldl]
   T* sA = sL;                                                          // phase 1: [64][kTcLd]
   T* sV = sL + kSsdTile * kTcLd;                                       // phase 1: [64][kTcLd]
-  float* sStage = reinterpret_cast<float*>(ssd_dyn_smem + p.off_stage);  // [KP][64] float32
-  T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                // [KP][kTcLd]
+  T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                // [2][KP][kTcLd]
+  const int s_elems = p.KP * kTcLd;
   __shared__ double sAcs[2][kSsdTile];
   __shared__ float sDt[2][kSsdTile];
   __shared__ double sLast[2];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const bool narrow = ssd_narrow(p.total_blocks);
     int64_t rest = vb;
-    const int jt = static_cast<int>(rest % p.j_tiles);
-    rest /= p.j_tiles;
-    const int rt = static_cast<int>(rest % p.r_tiles);
-    rest /= p.r_tiles;
-    const int64_t c = rest % p.nchunks;
-    rest /= p.nchunks;
-    const int64_t g = rest % p.groups, b = rest / p.groups;
+    const int jt = static_cast<int>(ssd_peel(rest, p.j_tiles, narrow));
+    const int rt = static_cast<int>(ssd_peel(rest, p.r_tiles, narrow));
+    const int64_t c = ssd_peel(rest, p.nchunks, narrow);
+    const int64_t g = ssd_peel(rest, p.groups, narrow), b = rest;
     const int64_t t0 = c * p.chunk;
     const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
     const int r0 = rt * kSsdTile, j0 = jt * kSsdTile;
@@ -401,26 +414,16 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
       ssd_lane_pairs<T>(p.dot.p + b * p.dot.s[0] + t0 * p.dot.s[1] + g * p.dot.s[2], p.dot.s[1], p.dot.s[3], r0 + rw,
                         len, j0, p.N, cdot);
     const int64_t h0 = g * p.hpg;
-    const bool stage_vec = p.N % 4 == 0;  // 16-byte rows of the state tile (j0 is a multiple of 64)
-    // Copies head hi's Lft rows into buffer hi % 2, its state tile into the staging
-    // buffer and its row data into slot hi % 2.
+    // Copies head hi's Lft rows and state tile S[k = p][j] (rows p >= P and columns past N
+    // zero) into buffers hi % 2, and its row data into slot hi % 2.
     auto issue = [&](int hi) {
       const int64_t h = h0 + hi, bh = b * p.heads + h;
       const int buf = hi & 1;
       tc_fill<T, true>(sL + buf * l_elems, p.ldl, kSsdTile, p.KP,
                        p.lft.p + b * p.lft.s[0] + (t0 + r0) * p.lft.s[1] + h * p.lft.s[2], p.lft.s[1], p.lft.s[3],
                        rows, p.P);
-      const float* st = p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.P) * p.N + j0;
-      for (int e = tid; e < p.P * 16; e += kTcThreads) {
-        const int r = e / 16, k = (e % 16) * 4;
-        float* dst = sStage + r * kSsdTile + k;
-        if (stage_vec && j0 + k + 4 <= p.N) {
-          ssd_cp_async16(dst, st + static_cast<int64_t>(r) * p.N + k);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) dst[i] = j0 + k + i < p.N ? st[static_cast<int64_t>(r) * p.N + k + i] : 0.0f;
-        }
-      }
+      tc_fill<T, true>(sS + buf * s_elems, kTcLd, p.KP, kSsdTile,
+                       p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.P) * p.N + j0, p.N, 1, p.P, p.N - j0);
       if (tid < kSsdTile) {
         const int64_t at = bh * p.seqlen + t0;
         sAcs[buf][tid] = tid < rows ? p.acs[at + r0 + tid] : 0.0;
@@ -434,24 +437,14 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
     for (int hi = 0; hi < p.hpg; ++hi) {
       const int buf = hi & 1;
       ssd_cp_async_wait<0>();  // head hi's copies (the only group in flight)
-      __syncthreads();
-      // the state tile rounded to T: S[k = p][j], rows p >= P zero
-      for (int e = tid; e < p.KP * 16; e += kTcThreads) {
-        const int r = e / 16, k = (e % 16) * 4;
-        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < p.P) f = *reinterpret_cast<const float4*>(sStage + r * kSsdTile + k);
-        uint2 o;
-        o.x = ssd_pack2<T>(f.x, f.y);
-        o.y = ssd_pack2<T>(f.z, f.w);
-        *reinterpret_cast<uint2*>(sS + r * kTcLd + k) = o;
-      }
-      __syncthreads();  // sS is ready, the staging buffer free
+      __syncthreads();         // ... for every thread; head hi − 1's buffers are free
       if (hi + 1 < p.hpg) issue(hi + 1);
       ssd_cp_async_commit();
       if (!live) continue;
       float acc_h[8][4];
       tc_zero(acc_h);
-      tc_warp_gemm<T, false, true>(acc_h, sL + buf * l_elems + rw * p.ldl, p.ldl, sS, kTcLd, p.KP / 16, 0, 4);
+      tc_warp_gemm<T, false, true>(acc_h, sL + buf * l_elems + rw * p.ldl, p.ldl, sS + buf * s_elems, kTcLd, p.KP / 16,
+                                   0, 4);
       float u[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -500,11 +493,11 @@ struct SsdGroupDxParams {
   int64_t seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
   int64_t nsplit, hps;  // head splits per group, heads per split
   int P, N, NP, ld, r_tiles, j_tiles, pairs;
-  int off_stage, off_v;  // byte offsets in dynamic shared memory (the B rows at 0)
+  int off_s, off_v;  // byte offsets in dynamic shared memory (the B rows at 0)
   SsdOperand<T> x, dy, B;
   const double* acs;
   const float* dtf;
-  const float* state;  // Gn_c [B, H, nc, P, N]
+  const T* state;      // Gn_c rounded to T [B, H, nc, P, N] (gstates_t)
   const float* cbt;    // [B, G, nc, pairs, 64, 64] (ssd_group_dcb_kernel)
   T* out;              // dx [B, L, H, P] contiguous
   float* part;         // [B, H, L, j_tiles]: x·dxpre
@@ -519,7 +512,7 @@ struct SsdGroupDxParams {
 // (+ D·dy_pre with EPI), and the ddt partials x·dxpre and x·(the inter-chunk term).
 // B_s·C_q comes from the dCB pass's tiles (cbt, float32; read straight into registers),
 // times the decay, rounded to T and multiplied with dy on mma.sync; the inter-chunk term
-// multiplies the block's B rows with the float32 state tile, rounded to T as it is read.
+// multiplies the block's B rows with the state tile (Gn_c rounded to T by the state pass).
 // Pipeline: one "stage" per (head, causal column tile); the next stage's dy tile is
 // copied (cp.async) while the current one is multiplied, and the next head's state tile
 // right after the current head's inter-chunk product (so during its column tiles).
@@ -528,7 +521,7 @@ template <typename T, bool EPI>
 __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                             // [64][ld]: B rows s
-  float* sS = reinterpret_cast<float*>(ssd_dyn_smem + p.off_stage);       // [64][ld]: Gn rows j
+  T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                   // [64][ld]: Gn rows j
   T* sV = reinterpret_cast<T*>(ssd_dyn_smem + p.off_v);                   // [2][64][kTcLd]: dy rows q
   // Decays in base 2 relative to the row tile's last row (ssd_log2_rel); the inter-chunk
   // row scales exp(Acs_last − Acs_s).
@@ -538,15 +531,14 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
   const int rw = 16 * warp;
   const int64_t n_gs = p.groups * p.nsplit;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const bool narrow = ssd_narrow(p.total_blocks);
     int64_t rest = vb;
-    const int jt = static_cast<int>(rest % p.j_tiles);
-    rest /= p.j_tiles;
-    const int rt = static_cast<int>(rest % p.r_tiles);
-    rest /= p.r_tiles;
-    const int64_t c = rest % p.nchunks;
-    rest /= p.nchunks;
-    const int64_t gs = rest % n_gs, b = rest / n_gs;
-    const int64_t g = gs / p.nsplit, split = gs % p.nsplit;
+    const int jt = static_cast<int>(ssd_peel(rest, p.j_tiles, narrow));
+    const int rt = static_cast<int>(ssd_peel(rest, p.r_tiles, narrow));
+    const int64_t c = ssd_peel(rest, p.nchunks, narrow);
+    const int64_t gs = ssd_peel(rest, n_gs, narrow), b = rest;
+    int64_t g = gs;
+    const int64_t split = ssd_peel(g, p.nsplit, narrow);
     const int64_t t0 = c * p.chunk;
     const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
     const int r0 = rt * kSsdTile, j0 = jt * kSsdTile;
@@ -557,7 +549,6 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
     const int nh = static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin));
     const bool live = rw < rows;  // (warp-uniform)
     const float* cbt = p.cbt + ((b * p.groups + g) * p.nchunks + c) * p.pairs * (kSsdTile * kSsdTile);
-    const bool s_vec = p.N % 4 == 0;
 
     // Stage copies: head hi's dy rows of column tile rt + k into buffer `buf`, and (threads
     // below 64) that tile's Acs into a register, stored to shared memory at the stage.
@@ -569,23 +560,12 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
                        p.dy.s[3], cols, p.P - j0);
       if (tid < kSsdTile) col_acs = tid < cols ? p.acs[(b * p.heads + h) * p.seqlen + t0 + c0 + tid] : 0.0;
     };
-    // Head hi's state rows j0.. (float32) into the staging tile (a warp per row, 4 values
-    // a lane), and its row data into registers (threads below 64).
+    // Head hi's state rows j0.. into the state tile (zeros past P and N), and its row data
+    // into registers (threads below 64).
     auto issue_s = [&](int hi, double& row_acs, float& row_dt, double& last, double& ref) {
       const int64_t bh = b * p.heads + h_begin + hi;
-      const float* st = p.state + ((bh * p.nchunks + c) * p.P + j0) * static_cast<int64_t>(p.N);
-      for (int r = warp; r < jrows; r += kTcThreads / 32) {
-        const float* src = st + static_cast<int64_t>(r) * p.N;
-        for (int k = 4 * lane; k < p.N; k += 4 * 32) {
-          float* dst = sS + r * p.ld + k;
-          if (s_vec) {
-            ssd_cp_async16(dst, src + k);
-          } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) dst[i] = k + i < p.N ? src[k + i] : 0.0f;
-          }
-        }
-      }
+      tc_fill<T, true>(sS, p.ld, kSsdTile, p.NP, p.state + ((bh * p.nchunks + c) * p.P + j0) * static_cast<int64_t>(p.N),
+                       p.N, 1, jrows, p.N);
       if (tid < kSsdTile) {
         const int64_t at = bh * p.seqlen + t0;
         row_acs = tid < rows ? p.acs[at + r0 + tid] : 0.0;
@@ -596,14 +576,6 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
     };
 
     __syncthreads();  // the previous virtual block is done with shared memory
-    // Zeros where the state copies never write: columns past N (rounded up to 4) of the
-    // copied rows, and the rows past P.
-    const int n4 = (p.N + 3) / 4 * 4;
-    for (int e = tid; e < jrows * (p.NP - n4); e += kTcThreads) {
-      const int r = e / (p.NP - n4);
-      sS[r * p.ld + n4 + (e - r * (p.NP - n4))] = 0.0f;
-    }
-    for (int e = tid; e < (kSsdTile - jrows) * p.NP; e += kTcThreads) sS[(jrows + e / p.NP) * p.ld + e % p.NP] = 0.0f;
     tc_fill<T, true>(sL, p.ld, kSsdTile, p.NP, p.B.p + b * p.B.s[0] + (t0 + r0) * p.B.s[1] + g * p.B.s[2], p.B.s[1],
                      p.B.s[3], rows, p.N);
     double col_acs = 0.0, row_acs = 0.0, last = 0.0, ref_next = 0.0;
@@ -648,17 +620,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
         if (k == 0) {
           // the inter-chunk term: exp(Acs_last − Acs_s)·Σ_n B_s[n]·Gn[j][n] into acc
           if (live) {
-            const int ksteps = p.NP / 16;
-            for (int kk = 0; kk < ksteps; ++kk) {
-              uint32_t a[4];
-              ssd_ldsm_x4(a, sL + (rw + lane % 16) * p.ld + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-              for (int nt = 0; nt < 8; ++nt) {
-                const float* bp = sS + (nt * 8 + g8) * p.ld + kk * 16 + 2 * t4;
-                const float2 lo = *reinterpret_cast<const float2*>(bp), hi2 = *reinterpret_cast<const float2*>(bp + 8);
-                ssd_mma16816<T>(acc[nt], a, ssd_pack2<T>(lo.x, lo.y), ssd_pack2<T>(hi2.x, hi2.y));
-              }
-            }
+            tc_warp_gemm<T, false, false>(acc, sL + rw * p.ld, p.ld, sS, p.ld, p.NP / 16, 0, 4);
             float dot[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
@@ -809,16 +771,15 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.r_tiles = p.qp / kSsdTile;
   p.j_tiles = static_cast<int>((l.state_dim + kSsdTile - 1) / kSsdTile);
   p.total_blocks = l.batch * l.groups * p.nchunks * p.r_tiles * p.j_tiles;
-  // Shared memory: the two Lft buffers (also phase 1's two [64][kTcLd] tiles), the
-  // float32 staging tile, the rounded state tile.
+  // Shared memory: the two Lft buffers (also phase 1's two [64][kTcLd] tiles), the two
+  // state tiles.
   const int lbuf = ssd_align16(std::max(2 * kSsdTile * p.ldl, 2 * kSsdTile * kTcLd) * static_cast<int>(sizeof(T)));
-  p.off_stage = lbuf;
-  p.off_s = p.off_stage + p.KP * kSsdTile * 4;
-  const int smem = p.off_s + p.KP * kTcLd * static_cast<int>(sizeof(T));
+  p.off_s = lbuf;
+  const int smem = p.off_s + 2 * p.KP * kTcLd * static_cast<int>(sizeof(T));
   p.lft = DB ? ssd_operand<T>(l.x, l.x_stride, true) : ssd_operand<T>(l.dy, l.dy_stride, true);
   p.v = DB ? ssd_operand<T>(l.C, l.C_stride, false) : ssd_operand<T>(l.B, l.B_stride, false);
   p.dot = ssd_operand<T>(l.C, l.C_stride, false);
-  p.state = ssd_ws<float>(l, DB ? w.gstates : w.states);
+  p.state = ssd_ws<T>(l, DB ? w.gstates_t : w.states_t);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.dcb = ssd_ws<float>(l, w.dcb);
@@ -856,15 +817,15 @@ void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t 
   p.nsplit = (p.hpg + most - 1) / most;
   p.hps = (p.hpg + p.nsplit - 1) / p.nsplit;
   p.total_blocks = l.batch * l.groups * p.nsplit * p.nchunks * p.r_tiles * p.j_tiles;
-  p.off_stage = kSsdTile * p.ld * static_cast<int>(sizeof(T));
-  p.off_v = p.off_stage + kSsdTile * p.ld * 4;
+  p.off_s = kSsdTile * p.ld * static_cast<int>(sizeof(T));
+  p.off_v = p.off_s + kSsdTile * p.ld * static_cast<int>(sizeof(T));
   const int smem = static_cast<int>(ssd_group_dx_smem_bytes(l.state_dim));  // (the plan checked it fits)
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.B = ssd_operand<T>(l.B, l.B_stride, false);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
-  p.state = ssd_ws<float>(l, w.gstates);
+  p.state = ssd_ws<T>(l, w.gstates_t);
   p.cbt = ssd_ws<float>(l, w.cbt);
   p.out = static_cast<T*>(l.dx);
   p.part = ssd_ws<float>(l, w.ddtp);

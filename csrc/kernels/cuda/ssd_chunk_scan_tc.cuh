@@ -8,7 +8,9 @@
 //    type and float32 accumulation. The inputs x, B, C, dy enter exactly; an
 //    intermediate is rounded to the input type only where it becomes an operand, as
 //    mamba_ssm does: P = (Lft·Rgtᵀ)∘dec, the decay-weighted x (or dy) of the chunk
-//    states, and the float32 states H_c / Gn_c of the inter-chunk products. Row scales
+//    states, and the float32 states H_c / Gn_c of the inter-chunk products (rounded once,
+//    by the state pass, into states_t / gstates_t, which the products copy with
+//    cp.async straight into their operand tiles). Row scales
 //    rs_r are applied to the float32 accumulators, not to an operand. X_s (the stable da)
 //    uses T = (C·Bᵀ)∘(dy·xᵀ)∘dec formed in float32 from two exact-operand products, so
 //    da loses nothing to the 16-bit operands beyond what U, V and W carry.
@@ -123,30 +125,6 @@ __device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, co
     if (!done) *reinterpret_cast<uint4*>(dst + r * ld + k) = tc_load8(src, s1, s3, vec, r, k, rows, K);
     r += dr, g += dg;
     if (g >= groups) g -= groups, ++r;
-  }
-}
-
-// dst[r·ld + k] = T(src[r·sld + k]) for r < nrows, k < kcols, 0 where r >= rows or
-// k >= K (a float32 state tile rounded to the MMA type). kcols is a multiple of 4.
-template <typename T>
-__device__ __forceinline__ void tc_fill_f32(T* dst, int ld, int nrows, int kcols, const float* src, int64_t sld,
-                                            int rows, int K) {
-  const int groups = kcols / 4;
-  const bool vec = sld % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  for (int e = threadIdx.x; e < nrows * groups; e += kTcThreads) {
-    const int r = e / groups, k = (e - r * groups) * 4;
-    float f[4];
-    if (vec && r < rows && k + 4 <= K) {
-      const float4 v = *reinterpret_cast<const float4*>(src + r * sld + k);
-      f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) f[i] = r < rows && k + i < K ? src[r * sld + k + i] : 0.0f;
-    }
-    uint2 out;
-    out.x = ssd_pack2<T>(f[0], f[1]);
-    out.y = ssd_pack2<T>(f[2], f[3]);
-    *reinterpret_cast<uint2*>(dst + r * ld + k) = out;
   }
 }
 
@@ -424,7 +402,7 @@ struct SsdTcScanParams {
   int ld_l, ld_s;       // row strides of the Lft / Rgt tiles and of the state tile
   int off_v0, off_r0, off_x, off_r1, off_cache;  // byte offsets in dynamic shared memory
   SsdOperand<T> lft, rgt, val, dot;
-  const float* state;   // [B, H, nc, D, N]: H_c (Y, DC) or Gn_c (DX, DB)
+  const T* state;       // [B, H, nc, D, N]: H_c (Y, DC) or Gn_c (DX, DB) rounded to T (states_t, gstates_t)
   int64_t state_ld;     // N
   const double* acs;
   const float* dtf;
@@ -547,14 +525,15 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
                          p.K1);
       issue_step(0, h);
       ssd_cp_async_commit();
-      // S tile into X, rounded to T: Y/DX S(k = n, j = d) = state[d·N + n], stored
-      // [j][k]; DC/DB S(k = d, j = n) = state[d·N + n], stored [k][j].
-      const float* st = p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.K1) * p.J;
+      // S tile into X (as the state pass rounded it to T): Y/DX S(k = n, j = d) =
+      // state[d·N + n], stored [j][k]; DC/DB S(k = d, j = n) = state[d·N + n], stored [k][j].
+      const T* st = p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.K1) * p.J;
       if constexpr (kGroupLR)
-        tc_fill_f32<T>(sX, p.ld_s, kSsdTile, p.K1P, st + static_cast<int64_t>(j0) * p.state_ld, p.state_ld, p.J - j0,
-                       p.K1);
+        tc_fill<T, true>(sX, p.ld_s, kSsdTile, p.K1P, st + static_cast<int64_t>(j0) * p.state_ld, p.state_ld, 1,
+                         p.J - j0, p.K1);
       else
-        tc_fill_f32<T>(sX, p.ld_s, p.K1P, kSsdTile, st + j0, p.state_ld, p.K1, p.J - j0);
+        tc_fill<T, true>(sX, p.ld_s, p.K1P, kSsdTile, st + j0, p.state_ld, 1, p.K1, p.J - j0);
+      ssd_cp_async_commit();
       ssd_cp_async_wait<0>();
       __syncthreads();
 
@@ -899,7 +878,7 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   if (want > 0 && smem > l.smem_optin_bytes - 2048) smem = layout(0);
   if (smem > l.smem_optin_bytes - 2048) return false;
   p.out_split = kMulti ? ssd_ws<float>(l, w.split) : nullptr;
-  p.state = ssd_ws<float>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
+  p.state = ssd_ws<T>(l, MODE == kSsdY || MODE == kSsdDC ? w.states_t : w.gstates_t);
   p.state_ld = l.state_dim;
   ssd_scan_roles<T, float, MODE>(p, l, w);
   if (p.total_blocks == 0) return true;
