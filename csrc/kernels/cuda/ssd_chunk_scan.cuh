@@ -175,7 +175,9 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  it (they round the state to T anyway) with 16-byte
 //                                  copies straight into their operand tiles
 // backward only:
-//   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1}
+//   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1} (with
+//                                  group_products it keeps the local dstate: Gn_c goes
+//                                  to gstates_t alone)
 //   gstates_t [B, H, nc, D, N] T   as states_t, for Gn_c
 //   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks = ⌈D·N/(256·V)⌉
 //                                  (V = ssd_pass_vec: 4 float32 or 2 float64 elements)
@@ -618,6 +620,8 @@ struct SsdPassParams {
   Acc* gstates;        // [B, H, nc, D·N]: local dstate in, Gn_c out (backward pass)
   Acc* kpart;          // [B, H, nc, kblocks]
   void* copy;          // states_t (forward) or gstates_t (backward), or null (ssd_state_copies)
+  bool copy_only;      // backward with a copy: Gn_c goes to the copy alone (group_products:
+                       // every reader of Gn_c takes the copy; the local dstate stays)
   // The run's seed and result, per (b, h) and element (d, n), each optional:
   //   forward: seed = initial_states (H_0), last = final_states (H_nc);
   //   backward: seed = dfinal_states (G_nc), last = dinitial_states (G_0).
@@ -779,7 +783,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
       for (int i = 0; i < kSsdPassWindow; ++i) {
         kd[i] = Acc(0);
         if (c0 - i < 0) continue;
-        if (ok) ssd_store_vec(gs + (c0 - i) * p.dn, run, vec, n);
+        if (ok && !(kCopy && p.copy_only)) ssd_store_vec(gs + (c0 - i) * p.dn, run, vec, n);
         if (kCopy && ok) ssd_store_rounded(cp + (c0 - i) * p.dn, run, vec, n);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
@@ -1488,6 +1492,7 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, v
   p.gstates = BW ? ssd_ws<Acc>(l, w.gstates) : nullptr;
   p.kpart = BW ? ssd_ws<Acc>(l, w.kpart) : nullptr;
   p.copy = nullptr;
+  p.copy_only = BW && l.group_products;
   ssd_pass_ends<T, BW>(p, l, last);
   // With L == 0 the run is only seed → last (final_states = initial_states).
   if (p.total_blocks == 0 || (p.nchunks == 0 && last == nullptr)) return;

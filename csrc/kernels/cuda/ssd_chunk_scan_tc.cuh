@@ -78,6 +78,22 @@ __device__ __forceinline__ float ssd_exp2(float v) {
   return r;
 }
 
+// Peels one index off a virtual block number: returns v % d and leaves v / d in v, in
+// 32-bit arithmetic where `narrow` (every virtual block number of the launch fits 32
+// bits, as in any grid the GPU can hold in memory): a 64-bit division is a long
+// instruction sequence, and each block peels four or five indices.
+__device__ __forceinline__ int64_t ssd_peel(int64_t& v, int64_t d, bool narrow) {
+  if (narrow) {
+    const uint32_t v32 = static_cast<uint32_t>(v), d32 = static_cast<uint32_t>(d), q = v32 / d32;
+    v = q;
+    return v32 - q * d32;
+  }
+  const int64_t q = v / d, r = v - q * d;
+  v = q;
+  return r;
+}
+__host__ __device__ inline bool ssd_narrow(int64_t total_blocks) { return total_blocks <= int64_t{0xffffffff}; }
+
 // ---- shared-memory tile fills (all kTcThreads threads) -------------------------------------
 // Whether 8-element groups of rows of src (row stride s1, inner stride s3) can move as
 // 16-byte vectors: unit inner stride and 16-byte aligned rows.
@@ -126,19 +142,6 @@ __device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, co
     r += dr, g += dg;
     if (g >= groups) g -= groups, ++r;
   }
-}
-
-// Eight 16-bit values (one 16-byte load) times w, rounded back to T.
-template <typename T>
-__device__ __forceinline__ uint4 ssd_scale8(const uint4& raw, float w) {
-  T v[8];
-  memcpy(v, &raw, 16);
-  uint4 out;
-  out.x = ssd_pack2<T>(w * to_acc(v[0]), w * to_acc(v[1]));
-  out.y = ssd_pack2<T>(w * to_acc(v[2]), w * to_acc(v[3]));
-  out.z = ssd_pack2<T>(w * to_acc(v[4]), w * to_acc(v[5]));
-  out.w = ssd_pack2<T>(w * to_acc(v[6]), w * to_acc(v[7]));
-  return out;
 }
 
 // ---- warp-level tile products -------------------------------------------------------------
@@ -269,12 +272,48 @@ __device__ __forceinline__ void tc_store_row(O* orow, int j0, int J, bool pairs,
 }
 
 // ---- 2'. chunk state (and the backward's local dstate) ------------------------------------
+// tc_warp_gemm<T, true, true> into NT accumulator tiles (B columns 64·j.., for the j with
+// 64·j < nv) with the A operand's k-th column scaled by w[k] in registers (each A
+// fragment value times the weight of its k, rounded back to T) before its MMAs.
+template <typename T, int NT>
+__device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const T* sA, int lda, const T* sB, int ldb,
+                                                int ksteps, const float* w, int nv) {
+  const int lane = threadIdx.x % 32, t4 = lane % 4;
+  for (int kk = 0; kk < ksteps; ++kk) {
+    uint32_t a[4];
+    ssd_ldsm_x4_t(a, sA + (kk * 16 + (lane / 16) * 8 + lane % 8) * lda + ((lane / 8) % 2) * 8);
+    // a[0], a[1]: columns 2·t4, 2·t4 + 1; a[2], a[3]: columns 2·t4 + 8, 2·t4 + 9
+    const float2 wl = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4);
+    const float2 wh = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4 + 8);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      T v[2];
+      memcpy(v, &a[i], 4);
+      const float2 ww = i < 2 ? wl : wh;
+      a[i] = ssd_pack2<T>(ww.x * to_acc(v[0]), ww.y * to_acc(v[1]));
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      if (j * kSsdTile >= nv) continue;
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ssd_ldsm_x4_t(b, sB + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * ldb + j * kSsdTile + np * 16 + (lane / 16) * 8);
+        ssd_mma16816<T>(acc[j][2 * np], a, b[0], b[1]);
+        ssd_mma16816<T>(acc[j][2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+}
+
 // ssd_chunk_state_kernel's product on tensor cores: out[d, n] = Σ_s (w_s·X_s[d])·Y_s[n]
 // for a 64 × (64·NT) (d, n) tile, K = the chunk's positions in steps of 64; w_s·X_s is
 // rounded to T. X is stored [s][d] (A read transposed), Y [s][n] (B read transposed).
 // A two-step cp.async ring of (X, Y) steps: step k + 1 is copied while step k
-// multiplies; each thread scales the X groups it copied once they have landed (its own
-// copies: no barrier needed before), then one barrier per step. NT = 2 (the plan's
+// multiplies; threads 0..63 write the step's weights w_s, one barrier per step, and each
+// warp scales its A fragments in registers (tc_warp_gemm_wk: w_s·X_s rounded to T, the
+// same bits as scaling the tile in shared memory, which an earlier version did with a
+// read-modify-write pass and a decay per 16 bytes). NT = 2 (the plan's
 // SsdChunkScanLaunch::state_tile_n = 128) reads each X tile once for 128 state columns.
 // Measured at the Mamba-2 2.7B shape (H200, bf16, N = 128; states recomputed in the
 // backward / chunk dstate): NT = 2 with 2 steps 226 / 194 µs; NT = 1: 321 / 234; 3 steps
@@ -297,19 +336,18 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
   constexpr int kStage = kSsdTile * kTcLd + kSsdTile * kLdY;  // elements of one step's X and Y
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   T* ring = reinterpret_cast<T*>(ssd_dyn_smem);
+  __shared__ __align__(16) float sW[STAGES][kSsdTile];  // the step's w_s
   auto sX = [&](int k) { return ring + (k % STAGES) * kStage; };
   auto sY = [&](int k) { return ring + (k % STAGES) * kStage + kSsdTile * kTcLd; };
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
   const int n_blocks = (p.n_tiles + NT - 1) / NT;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    const bool narrow = ssd_narrow(p.total_blocks);
     int64_t rest = vb;
-    const int nb = static_cast<int>(rest % n_blocks);
-    rest /= n_blocks;
-    const int dtl = static_cast<int>(rest % p.d_tiles);
-    rest /= p.d_tiles;
-    const int64_t c = rest % p.nchunks;
-    rest /= p.nchunks;
-    const int64_t h = rest % p.heads, b = rest / p.heads;
+    const int nb = static_cast<int>(ssd_peel(rest, n_blocks, narrow));
+    const int dtl = static_cast<int>(ssd_peel(rest, p.d_tiles, narrow));
+    const int64_t c = ssd_peel(rest, p.nchunks, narrow);
+    const int64_t h = ssd_peel(rest, p.heads, narrow), b = rest;
     const int64_t g = h / p.hpg, bh = b * p.heads + h;
     const int64_t t0 = c * p.chunk;
     const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
@@ -340,25 +378,14 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
     for (int k = 0; k < steps; ++k) {
       ssd_cp_async_wait<STAGES - 2>();  // step k's copies (this thread's) have landed
       const int s0 = k * kSsdTile, rows = min(kSsdTile, len - s0);
-      T* x = sX(k);
-      // The X groups this thread copied (tc_fill's assignment), times w_s, in place.
-      for (int e = threadIdx.x; e < kSsdTile * 8; e += kTcThreads) {
-        const int r = e / 8, kk = (e % 8) * 8, s = s0 + r;
-        const float w = r >= rows ? 0.0f
-                        : DSTATE  ? ssd_decay<float>(acs[s])
-                                  : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
-        uint4* at = reinterpret_cast<uint4*>(x + r * kTcLd + kk);
-        *at = ssd_scale8<T>(*at, w);
+      float* w = sW[k % STAGES];
+      if (threadIdx.x < kSsdTile) {  // (0 past the chunk: those X rows are zeros, w may not be finite)
+        const int r = threadIdx.x, s = s0 + r;
+        w[r] = r >= rows ? 0.0f : DSTATE ? ssd_decay<float>(acs[s]) : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
       }
-      __syncthreads();  // step k is scaled and visible; step k − 1's buffers are free
+      __syncthreads();  // step k and its weights are visible; step k − 1's buffers are free
       issue(k + STAGES - 1);
-      if (live) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-          if (j * kSsdTile < nv)
-            tc_warp_gemm<T, true, true>(acc[j], x + 16 * warp, kTcLd, sY(k) + j * kSsdTile, kLdY, (rows + 15) / 16, 0,
-                                        4);
-      }
+      if (live) tc_warp_gemm_wk<T, NT>(acc, sX(k) + 16 * warp, kTcLd, sY(k), kLdY, (rows + 15) / 16, w, nv);
     }
     ssd_cp_async_wait<0>();  // (only empty groups are left)
     if (!live) continue;
