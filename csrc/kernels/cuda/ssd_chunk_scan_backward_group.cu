@@ -24,15 +24,15 @@
 //   ssd_group_dx_kernel     block per (b, g, c, up to 4 of the group's heads, 64-row tile,
 //                           64-column tile of head_dim): dx from those B·Cᵀ tiles (read
 //                           into registers; no per-head products and no shared-memory
-//                           cache of them), the inter-chunk term from the float32 state
-//                           tile, and the ddt partials; a stage per (head, column tile)
+//                           cache of them), the inter-chunk term from the state tile (Gn_c
+//                           in the input type: gstates_t), and the ddt partials; a stage per (head, column tile)
 //                           with the next stage's copies in flight
 //   ssd_group_grad_kernel   block per (b, g, c, 64-row tile, 64-column tile of N), for dC
 //                           (rows q) or dB (rows s), whole: dCB (rounded to the input
 //                           type, as mamba_ssm rounds its dCB) times B or C, plus the
 //                           inter-chunk term over the group's heads in order (each head's
-//                           rows times its float32 state tile rounded to the input type,
-//                           the next head's tiles copied during the products); dC also
+//                           rows times its state tile in the input type: states_t or
+//                           gstates_t, the next head's tiles copied during the products); dC also
 //                           writes each head's U partial
 // Determinism: every sum has an order fixed by the shapes (heads in order, k-steps in
 // order); no atomics.
