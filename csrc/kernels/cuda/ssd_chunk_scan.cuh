@@ -1111,6 +1111,11 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_split_sum_kernel(const acc_t<
   }
 }
 
+// out (dC or dB, the launch's element type, [B, L, G, N] dense) = Σ_splits of `part`
+// ([nsplit, B·L·G·N] in the compute type): ssd_split_sum_kernel, launched from
+// ssd_chunk_scan_backward_dc.cu only, so that DC's and DB's launchers share one copy.
+void ssd_split_sum(const SsdChunkScanLaunch& l, const void* part, int64_t nsplit, void* out, cudaStream_t stream);
+
 // ---- 5. the crossing sums X_s ------------------------------------------------------------
 template <typename T>
 struct SsdDacsParams {
@@ -1498,7 +1503,7 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, v
   if (p.total_blocks == 0 || (p.nchunks == 0 && last == nullptr)) return;
   auto run = [&](auto copy_tag) {
     using O = decltype(copy_tag);
-    if (BW) {
+    if constexpr (BW) {
       ssd_state_pass_bwd_kernel<Acc, O><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
       check_launch("ssd_chunk_scan_backward(state_pass)");
     } else {
@@ -1596,12 +1601,8 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
     ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
   }
   check_launch(MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)");
-  if (kMulti && p.nsplit > 1) {
-    const int64_t count = l.batch * l.seqlen * l.groups * l.state_dim;
-    ssd_split_sum_kernel<T><<<ssd_grid((count + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(
-        p.out_split, p.nsplit, count, p.out);
-    check_launch("ssd_chunk_scan_backward(split_sum)");
-  }
+  if constexpr (kMulti)
+    if (p.nsplit > 1) ssd_split_sum(l, p.out_split, p.nsplit, p.out, stream);
 }
 
 template <typename T>

@@ -1,5 +1,5 @@
 // Mamba-2 SSD chunk scan, CUDA backward: dy_pre and the dD partials (with z or D), then
-// recompute the chunk states H_c, the reverse state pass for Gn_c = G_{c+1} (seeded by
+// recompute the chunk states H_c (ssd_chunk_scan_states.cu, shared with the forward), the reverse state pass for Gn_c = G_{c+1} (seeded by
 // dfinal_states, ending in dinitial_states), the per-chunk products for dx, dC and dB and
 // the crossing sums X_s (each in its own translation unit so they compile in parallel),
 // then the finalize kernels for ddt, dA, ddt_bias, and last dD and dz (see
@@ -10,6 +10,8 @@
 namespace baracuda::kernels {
 
 namespace cuda {
+// ssd_chunk_scan_states.cu
+void ssd_run_forward_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t s);
 // ssd_chunk_scan_backward_{dx,dc,db,dacs}.cu
 void ssd_backward_scan_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 void ssd_backward_scan_dc(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
@@ -45,12 +47,10 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   // With B·L == 0 only dA, ddt_bias, dD and dinitial_states can be non-empty: every
   // launch below but theirs has no work and is skipped; they are written as zeros (and
   // dinitial_states = dfinal_states).
+  dispatch_floating(l.element, [&](auto tag) { ssd_launch_gate_pre<decltype(tag)>(l, w, s); });  // dy_pre, dD partials
+  ssd_run_forward_states(lb, w, nullptr, s);  // Acs, dt; S_c → H_c (recomputed)
   dispatch_floating(l.element, [&](auto tag) {
-    using T = decltype(tag);
-    ssd_launch_gate_pre<T>(l, w, s);                                // dy_pre, dD partials
-    ssd_launch_cumsum<T>(lb, w, s);                                 // Acs, dt → workspace
-    ssd_run_states<T, /*BW=*/false>(lb, w, nullptr, s);             // S_c → H_c
-    ssd_run_states<T, /*BW=*/true>(lb, w, l.dinitial_states, s);    // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
+    ssd_run_states<decltype(tag), /*BW=*/true>(lb, w, l.dinitial_states, s);  // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
   });
   if (l.group_products) {
     ssd_backward_group_dcb(lb, w, s);          // dCB = Σ_heads of the intra-chunk weights; X_s; B·Cᵀ tiles

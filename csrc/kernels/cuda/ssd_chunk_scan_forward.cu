@@ -1,9 +1,14 @@
-// Mamba-2 SSD chunk scan, CUDA forward: cumsum → chunk states and state passing → chunk
-// scan (see ssd_chunk_scan.cuh for the formulas, the options and the workspace layout;
+// Mamba-2 SSD chunk scan, CUDA forward: cumsum → chunk states and state passing
+// (ssd_chunk_scan_states.cu) → chunk scan (see ssd_chunk_scan.cuh for the formulas, the options and the workspace layout;
 // float16 and bfloat16 run the tensor-core kernels of ssd_chunk_scan_tc.cuh on sm_80+).
 #include "kernels/cuda/ssd_chunk_scan_tc.cuh"
 
 namespace baracuda::kernels {
+
+namespace cuda {
+// ssd_chunk_scan_states.cu
+void ssd_run_forward_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t s);
+}  // namespace cuda
 
 size_t ssd_chunk_scan_cuda_forward_workspace(const SsdChunkScanLaunch& l) {
   return cuda::ssd_workspace_layout(l, /*backward=*/false).total;
@@ -15,16 +20,9 @@ void ssd_chunk_scan_cuda_forward(const SsdChunkScanLaunch& l, void* stream) {
   ssd_check_launch_struct(l, /*backward=*/false);
   const SsdWorkspace w = ssd_workspace_layout(l, /*backward=*/false);
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch_floating(l.element, [&](auto tag) {
-    using T = decltype(tag);
-    if (l.seqlen == 0) {  // y is empty; final_states = initial_states (or 0)
-      ssd_launch_state_pass<T, /*BW=*/false>(l, w, l.final_states, s);
-      return;
-    }
-    ssd_launch_cumsum<T>(l, w, s);                                // Acs, dt → workspace
-    ssd_run_states<T, /*BW=*/false>(l, w, l.final_states, s);     // S_c → H_c, final_states
-    ssd_run_scan<T, kSsdY>(l, w, s);                              // y (D, y_pre, z gate)
-  });
+  ssd_run_forward_states(l, w, l.final_states, s);  // Acs, dt; S_c → H_c, final_states
+  if (l.seqlen == 0) return;                        // y is empty
+  dispatch_floating(l.element, [&](auto tag) { ssd_run_scan<decltype(tag), kSsdY>(l, w, s); });  // y (D, y_pre, z gate)
 }
 
 }  // namespace baracuda::kernels

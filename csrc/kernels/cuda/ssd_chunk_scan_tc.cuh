@@ -922,12 +922,8 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
     ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   }
   check_launch(op);
-  if (kMulti && p.nsplit > 1) {
-    const int64_t count = l.batch * l.seqlen * l.groups * l.state_dim;
-    ssd_split_sum_kernel<T><<<ssd_grid((count + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(
-        p.out_split, p.nsplit, count, p.out);
-    check_launch("ssd_chunk_scan_backward(split_sum)");
-  }
+  if constexpr (kMulti)
+    if (p.nsplit > 1) ssd_split_sum(l, p.out_split, p.nsplit, p.out, stream);
   return true;
 }
 
