@@ -1768,13 +1768,13 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dD_kernel(const Acc* part, in
   const int64_t outs = per_dim ? heads * D : heads;
   const int64_t hd = heads * D;
   // the thread's first item (seg, d) and the step of kSsdThreads items, carried: no
-  // division per item
+  // division per item (D = 0, which the plan sends to its zeros variant, sums nothing)
   const int64_t per_seg = per_dim ? 1 : D;
-  const int64_t dseg = kSsdThreads / per_seg, dd = kSsdThreads % per_seg;
+  const int64_t dseg = per_seg > 0 ? kSsdThreads / per_seg : 0, dd = per_seg > 0 ? kSsdThreads % per_seg : 0;
   for (int64_t o = blockIdx.x; o < outs; o += gridDim.x) {
     const Acc* base = part + (per_dim ? o : o * D);
     Acc s = 0;
-    int64_t seg = tid / per_seg, d = tid % per_seg;
+    int64_t seg = per_seg > 0 ? tid / per_seg : nseg, d = per_seg > 0 ? tid % per_seg : 0;
     while (seg < nseg) {
       s += base[seg * hd + d];
       seg += dseg, d += dd;
