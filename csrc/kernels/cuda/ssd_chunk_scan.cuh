@@ -651,6 +651,8 @@ __device__ __forceinline__ void ssd_load_vec(Acc (&v)[V], const Acc* p, bool vec
 #pragma unroll
   for (int i = 0; i < V; ++i) v[i] = i < n ? p[i] : Acc{};  // (Acc{}: no conversion from int for 16-bit types)
 }
+// (The store also takes one 8-byte access where V elements fill 8 bytes: the state
+// copies' 4 16-bit values, p then 8-byte aligned.)
 template <typename Acc, int V>
 __device__ __forceinline__ void ssd_store_vec(Acc* p, const Acc (&v)[V], bool vec, int64_t n) {
   if constexpr (sizeof(Acc) * V == 16) {
@@ -660,30 +662,26 @@ __device__ __forceinline__ void ssd_store_vec(Acc* p, const Acc (&v)[V], bool ve
       *reinterpret_cast<uint4*>(p) = t;
       return;
     }
-  }
-#pragma unroll
-  for (int i = 0; i < V; ++i)
-    if (i < n) p[i] = v[i];
-}
-
-// The V values rounded to O (the state copies): one 8-byte store for 4 16-bit values
-// where `vec`, else element by element up to n.
-template <typename O, typename Acc, int V>
-__device__ __forceinline__ void ssd_store_rounded(O* p, const Acc (&v)[V], bool vec, int64_t n) {
-  O o[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) o[i] = from_acc<O>(v[i]);
-  if constexpr (sizeof(O) * V == 8) {
+  } else if constexpr (sizeof(Acc) * V == 8) {
     if (vec) {
       uint2 t;
-      memcpy(&t, o, 8);
+      memcpy(&t, v, 8);
       *reinterpret_cast<uint2*>(p) = t;
       return;
     }
   }
 #pragma unroll
   for (int i = 0; i < V; ++i)
-    if (i < n) p[i] = o[i];
+    if (i < n) p[i] = v[i];
+}
+
+// The V values rounded to O (the state copies), stored as ssd_store_vec stores.
+template <typename O, typename Acc, int V>
+__device__ __forceinline__ void ssd_store_rounded(O* p, const Acc (&v)[V], bool vec, int64_t n) {
+  O o[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) o[i] = from_acc<O>(v[i]);
+  ssd_store_vec(p, o, vec, n);
 }
 
 // Forward: per (b, h) and element e of D·N, sequentially over c:
