@@ -142,6 +142,11 @@ __device__ __forceinline__ void fused_load_tile(At at, int bytes_per_8_rows, con
   unsigned char* d = at(r, c);
   const int step = kStep / 8 * bytes_per_8_rows;
   const bool col_in = c < K;
+  if (vec && rows >= kFusedQ && K >= COLS) {  // the usual whole tile: a copy per group, no checks
+#pragma unroll
+    for (int i = 0; i < kFusedQ / kStep; ++i) ssd_cp_async16(d + i * step, s + i * kStep * s_row);
+    return;
+  }
 #pragma unroll 4
   for (; r < kFusedQ; r += kStep, s += kStep * s_row, d += step) {
     if (r < rows && col_in) {
@@ -155,21 +160,37 @@ __device__ __forceinline__ void fused_load_tile(At at, int bytes_per_8_rows, con
   }
 }
 
-// Processes the chunk's dt (bias, softplus, clamp; 0 past the chunk's end) and writes,
-// one position per thread: dts (processed dt), acs2 = log2(e)·cumsum(dt·A) (the chunk's
-// decays in base 2) and wgt = 2^(acs2_last − acs2_s)·dt_s (the chunk-state weights).
-// Returns acs2_last. Ends with __syncthreads(). `warp_total`: kFusedWarps floats.
+// What fused_dt_cumsum reads from global memory: the chunk's raw dt at this thread's
+// position (plus dt_bias; 0 past the chunk's end) and the head's A; and, for the output
+// epilogue, the head's D where D is [H] (one value per head; 0 otherwise). The kernels
+// issue these loads before their tile copies, so that they do not queue behind them:
+// fused_dt_cumsum, which needs them first, runs while the copies are in flight.
+struct FusedDt {
+  float dt, A, D;
+};
 template <typename T>
-__device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const FusedTile& tile,
-                                                 float* acs2, float* dts, float* wgt,
-                                                 float* warp_total) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const float A2 = p.A[tile.h * p.As] * 1.4426950408889634f;
-  float dtv = 0.0f;
+__device__ __forceinline__ FusedDt fused_dt_load(const FusedParams& p, const FusedTile& tile) {
+  const int tid = threadIdx.x;
+  FusedDt r{0.0f, p.A[tile.h * p.As], p.D != nullptr && p.Ds1 == 0 ? p.D[tile.h * p.Ds0] : 0.0f};
   if (tid < tile.len) {
     const int64_t at = tile.b * p.dts[0] + (tile.t0 + tid) * p.dts[1] + tile.h * p.dts[2];
-    float d = p.dt_f32 ? static_cast<const float*>(p.dt)[at] : to_acc(static_cast<const T*>(p.dt)[at]);
-    if (p.dt_bias != nullptr) d += p.dt_bias[tile.h * p.dbs];
+    r.dt = p.dt_f32 ? static_cast<const float*>(p.dt)[at] : to_acc(static_cast<const T*>(p.dt)[at]);
+    if (p.dt_bias != nullptr) r.dt += p.dt_bias[tile.h * p.dbs];
+  }
+  return r;
+}
+
+// Processes the chunk's dt (`in`: fused_dt_load's values; softplus, clamp; 0 past the
+// chunk's end) and writes, one position per thread: dts (processed dt), acs2 =
+// log2(e)·cumsum(dt·A) (the chunk's decays in base 2) and wgt = 2^(acs2_last − acs2_s)·dt_s
+// (the chunk-state weights). Returns acs2_last. Ends with __syncthreads(). `warp_total`:
+// kFusedWarps floats.
+__device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const FusedTile& tile, FusedDt in,
+                                                 float* acs2, float* dts, float* wgt, float* warp_total) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float A2 = in.A * 1.4426950408889634f;
+  float dtv = 0.0f, d = in.dt;
+  if (tid < tile.len) {
     if (p.softplus && d <= 20.0f) d = log1pf(expf(d));
     d = d < p.dt_min ? p.dt_min : d;  // NaN stays NaN
     d = d > p.dt_max ? p.dt_max : d;
@@ -204,6 +225,13 @@ __device__ __forceinline__ void fused_wait_for_state(const FusedParams& p, const
       __nanosleep(32);
     }
   __syncthreads();
+}
+
+// Whether H_c is already there (chunk 0, or chunk c − 1 has published), without waiting.
+// For thread 0, which hands the answer to the block through shared memory and a barrier
+// (the same acquire-then-barrier order as fused_wait_for_state).
+__device__ __forceinline__ bool fused_state_ready(const FusedParams& p, const FusedTile& tile) {
+  return tile.c == 0 || ld_acquire(p.ticket + 1 + tile.chain) >= tile.c;
 }
 
 // H_c[p][n] and H_c[p][n + 1] (float32): the ring's slot of chunk c − 1, or the initial
@@ -250,12 +278,16 @@ __device__ __forceinline__ void fused_state_out(const FusedParams& p, const Fuse
   }
 }
 
-// After every thread's fused_state_out: chunk c + 1 may read H_{c+1}.
+// After every thread's fused_state_out: chunk c + 1 may read H_{c+1}. The barrier orders
+// the block's stores before thread 0's fence and release store (cumulativity: the
+// pattern of cooperative groups' grid sync), so one thread fences, not every thread.
 __device__ __forceinline__ void fused_publish_state(const FusedParams& p, const FusedTile& tile) {
   if (tile.c == p.nchunks - 1) return;
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) st_release(p.ticket + 1 + tile.chain, tile.c + 1);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    st_release(p.ticket + 1 + tile.chain, tile.c + 1);
+  }
 }
 
 // z at row t (chunk-local) and the head_dim columns col, col + 1 of the tile, packed as
@@ -273,16 +305,22 @@ __device__ __forceinline__ uint32_t fused_z_pair(const FusedParams& p, const Fus
 }
 
 // The output of row t (chunk-local, < len) at head_dim columns col, col + 1 of the tile:
-// v + D·x (x: the two input values), y_pre, then the z gate (z2: fused_z_pair); stored as T.
+// v + D·x (x: the two input values; d_head: FusedDt::D, the value of a [H] D), y_pre,
+// then the z gate (z2: fused_z_pair); stored as T.
 template <typename T>
 __device__ __forceinline__ void fused_store_out(const FusedParams& p, const FusedTile& tile, int t, int col,
-                                                float v0, float v1, uint32_t x2, uint32_t z2) {
+                                                float v0, float v1, uint32_t x2, uint32_t z2, float d_head) {
   const int pc = tile.p0 + col;
   if (p.D != nullptr) {
     const float2 xv = unpack2<T>(x2);
-    const float* Dh = p.D + tile.h * p.Ds0;
-    v0 = fmaf(Dh[pc * p.Ds1], xv.x, v0);
-    v1 = fmaf(Dh[(pc + 1) * p.Ds1], xv.y, v1);
+    float d0 = d_head, d1 = d_head;
+    if (p.Ds1 != 0) {  // [H, head_dim]
+      const float* Dh = p.D + tile.h * p.Ds0;
+      d0 = Dh[pc * p.Ds1];
+      d1 = Dh[(pc + 1) * p.Ds1];
+    }
+    v0 = fmaf(d0, xv.x, v0);
+    v1 = fmaf(d1, xv.y, v1);
   }
   const int64_t out_at =
       ((static_cast<int64_t>(tile.b) * p.seqlen + tile.t0 + t) * p.heads + tile.h) * p.head_dim + pc;

@@ -11,10 +11,11 @@
 //      (cp.async), and processes dt (bias, softplus, clamp) and its cumsum Acs in fp32;
 //   2. S_c = Σ_s exp(Acs_last − Acs_s)·dt_s · x_sᵀ ⊗ B_s   (64 × N, tensor cores; the
 //      decay-weighted x rounded to the input type once, as mamba_ssm does);
-//   3. waits until the block of chunk c − 1 of the same (b, h, slice) has published
-//      H_c (float32, through L2), publishes H_{c+1} = exp(Acs_last)·H_c + S_c for chunk
-//      c + 1 (or writes final_states), and keeps H_c, rounded to the input type, in
-//      shared memory;
+//   3. takes H_c (float32, through L2) from the block of chunk c − 1 of the same (b, h,
+//      slice): into registers before step 2 where that block has already published it
+//      (the usual case), else after waiting for it here; publishes H_{c+1} =
+//      exp(Acs_last)·H_c + S_c for chunk c + 1 (or writes final_states), and keeps H_c,
+//      rounded to the input type, in shared memory;
 //   4. y_t = exp(Acs_t)·C_t·H_cᵀ + Σ_{s ≤ t} (C_t·B_s)·exp(Acs_t − Acs_s)·dt_s · x_s,
 //      C·Bᵀ computed per 16 × 16 tile and turned into the second product's operand in
 //      registers (P rounded to the input type), then D·x, y_pre and the z gate.
@@ -68,12 +69,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, q4 = lane & 3;  // mma fragment row and column pair
+  int& s_ready = *(&s_ticket + 1);
   if (tid == 0) s_ticket = atomicAdd(p.ticket, 1);
   __syncthreads();
   const FusedTile tile = fused_tile(p, s_ticket);
   const int len = tile.len;
 
-  // ---- 1. loads (x and B first: the state product needs them), dt and its cumsum
+  // ---- 1. loads (dt, then x and B: the state product needs them first), dt's cumsum
+  const FusedDt dt_in = fused_dt_load<T>(p, tile);
   {
     const T* x = static_cast<const T*>(p.x) + tile.b * p.xs[0] + tile.t0 * p.xs[1] + tile.h * p.xs[2] +
                  tile.p0 * p.xs[3];
@@ -85,14 +88,29 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
     load_tile<T, kLdN, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, len, p.state_dim);
     ssd_cp_async_commit();
   }
-  const float last2 = fused_dt_cumsum<T>(p, tile, acs2, dts, wgt, warp_total);
+  const float last2 = fused_dt_cumsum(p, tile, dt_in, acs2, dts, wgt, warp_total);
+  if (tid == 0) s_ready = fused_state_ready(p, tile);
   ssd_cp_async_wait<1>();
-  __syncthreads();  // x and B visible
+  __syncthreads();  // x and B visible, s_ready set
+
+  // H_c for step 3, in registers: every load in flight at once (one L2 round trip, not one
+  // per store that follows), and before the state product where H_c has already been
+  // published (the usual case: chunk c − 1 ran B·H·slices tickets earlier).
+  const int mt = warp & 3, nh = (warp >> 2) * (NS / 2);
+  float2 hin[kNT][2];
+  auto load_state = [&] {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        hin[j][half] = fused_state_in<NS>(p, tile, mt * 16 + g8 + half * 8, nh + j * 8 + 2 * q4);
+  };
+  const bool early = s_ready != 0;
+  if (early) load_state();
 
   // ---- 2. S_c[p][n] = Σ_s (wgt_s·x[s][p])·B[s][n]: warp (mt, nh) owns rows 16·mt.. of p
   // and half of the N columns.
   const int len16 = (len + 15) / 16 * 16;
-  const int mt = warp & 3, nh = (warp >> 2) * (NS / 2);
   float sacc[kNT][4];
 #pragma unroll
   for (int j = 0; j < kNT; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
@@ -115,7 +133,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
   }
 
   // ---- 3. the hand-over: H_c in (also kept, rounded, for the output), H_{c+1} out
-  fused_wait_for_state(p, tile);
+  if (!early) {  // block-uniform
+    fused_wait_for_state(p, tile);
+    load_state();
+  }
   {
     const float decay = fast_exp2(last2);
 #pragma unroll
@@ -123,11 +144,11 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int pr = mt * 16 + g8 + half * 8, n = nh + j * 8 + 2 * q4;
-        const float2 hin = fused_state_in<NS>(p, tile, pr, n);
-        *reinterpret_cast<uint32_t*>(sH + pr * kLdN + n) = ssd_pack2<T>(hin.x, hin.y);
+        const float2 h = hin[j][half];
+        *reinterpret_cast<uint32_t*>(sH + pr * kLdN + n) = ssd_pack2<T>(h.x, h.y);
         fused_state_out<NS>(p, tile, pr, n,
-                            make_float2(fmaf(decay, hin.x, sacc[j][2 * half]),
-                                        fmaf(decay, hin.y, sacc[j][2 * half + 1])));
+                            make_float2(fmaf(decay, h.x, sacc[j][2 * half]),
+                                        fmaf(decay, h.y, sacc[j][2 * half + 1])));
       }
     }
     fused_publish_state(p, tile);
@@ -235,7 +256,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
       for (int j = 0; j < kFusedP / 8; ++j) {
         const int col = j * 8 + 2 * q4;
         fused_store_out<T>(p, tile, t, col, acc[j][2 * half], acc[j][2 * half + 1],
-                           *reinterpret_cast<const uint32_t*>(sX + t * kLdX + col), zr[half][j]);
+                           *reinterpret_cast<const uint32_t*>(sX + t * kLdX + col), zr[half][j], dt_in.D);
       }
     }
   }

@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
   const FusedTile tile = fused_tile(p, s_ticket);
   const int len = tile.len;
 
-  // ---- loads, dt and its cumsum, the incoming state
+  // ---- loads (dt first), dt's cumsum, the incoming state
+  const FusedDt dt_in = fused_dt_load<T>(p, tile);
   {
     const T* x = static_cast<const T*>(p.x) + tile.b * p.xs[0] + tile.t0 * p.xs[1] + tile.h * p.xs[2] +
                  tile.p0 * p.xs[3];
@@ -77,16 +78,27 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
     load_core_tile<T, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, len, p.state_dim);
     ssd_cp_async_commit();
   }
-  const float last2 = fused_dt_cumsum<T>(p, tile, acs2, dts, wgt, warp_total);
+  const float last2 = fused_dt_cumsum(p, tile, dt_in, acs2, dts, wgt, warp_total);
   fused_wait_for_state(p, tile);
   const float decay = fast_exp2(last2);
-  // H_c rounded into sH, and decay·H_c into sS (the warpgroups add their S_c halves to it)
-  for (int e = tid; e < kFusedP * NS / 4; e += kFusedThreads) {
-    const int pr = e / (NS / 4), n = (e % (NS / 4)) * 4;
-    const float4 h = fused_state_in4<NS>(p, tile, pr, n);
-    *reinterpret_cast<float4*>(sS + pr * NS + n) = make_float4(decay * h.x, decay * h.y, decay * h.z, decay * h.w);
-    *reinterpret_cast<uint2*>(sH + core_off<NS>(pr, n)) =
-        make_uint2(ssd_pack2<T>(h.x, h.y), ssd_pack2<T>(h.z, h.w));
+  // H_c rounded into sH, and decay·H_c into sS (the warpgroups add their S_c halves to
+  // it); every thread's loads in flight at once
+  {
+    constexpr int kPer = kFusedP * NS / 4 / kFusedThreads;
+    float4 h[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = tid + i * kFusedThreads;
+      h[i] = fused_state_in4<NS>(p, tile, e / (NS / 4), (e % (NS / 4)) * 4);
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = tid + i * kFusedThreads, pr = e / (NS / 4), n = (e % (NS / 4)) * 4;
+      *reinterpret_cast<float4*>(sS + pr * NS + n) =
+          make_float4(decay * h[i].x, decay * h[i].y, decay * h[i].z, decay * h[i].w);
+      *reinterpret_cast<uint2*>(sH + core_off<NS>(pr, n)) =
+          make_uint2(ssd_pack2<T>(h[i].x, h[i].y), ssd_pack2<T>(h[i].z, h[i].w));
+    }
   }
   ssd_cp_async_wait<0>();
   fence_proxy_async();
@@ -246,7 +258,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       for (int j = 0; j < 8; ++j) {
         const int col = j * 8 + 2 * q4;
         fused_store_out<T>(p, tile, t, col, y[4 * j + 2 * half], y[4 * j + 2 * half + 1],
-                           *reinterpret_cast<const uint32_t*>(sX + core_off<kFusedP>(t, col)), zr[half][j]);
+                           *reinterpret_cast<const uint32_t*>(sX + core_off<kFusedP>(t, col)), zr[half][j], dt_in.D);
       }
     }
   }
