@@ -542,7 +542,9 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
       tc_fill<T, true>(sV + buf * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile,
                        p.dy.p + b * p.dy.s[0] + (t0 + c0) * p.dy.s[1] + h * p.dy.s[2] + j0 * p.dy.s[3], p.dy.s[1],
                        p.dy.s[3], cols, p.P - j0);
-      if (tid < kSsdTile) col_acs = tid < cols ? p.acs[(b * p.heads + h) * p.seqlen + t0 + c0 + tid] : 0.0;
+      // (the index clamped into the tile: an unconditional load, which nothing waits for
+      // before the stage; columns past the chunk are masked where the value is used)
+      if (tid < kSsdTile) col_acs = p.acs[(b * p.heads + h) * p.seqlen + t0 + c0 + min(tid, cols - 1)];
     };
     // Head hi's state rows j0.. into the state tile (zeros past P and N), and its row data
     // into registers (threads below 64).
@@ -552,8 +554,8 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
                        p.N, 1, jrows, p.N);
       if (tid < kSsdTile) {
         const int64_t at = bh * p.seqlen + t0;
-        row_acs = tid < rows ? p.acs[at + r0 + tid] : 0.0;
-        row_dt = tid < rows ? p.dtf[at + r0 + tid] : 0.0f;
+        row_acs = p.acs[at + r0 + min(tid, rows - 1)];  // (clamped, as in issue_v; rows past
+        row_dt = p.dtf[at + r0 + min(tid, rows - 1)];   // the chunk are masked where used)
         last = p.acs[at + len - 1];
         ref = p.acs[at + r0 + rows - 1];
       }

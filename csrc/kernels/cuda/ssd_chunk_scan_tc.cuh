@@ -129,6 +129,22 @@ __device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, co
   // and dg groups (with a carry), so no group needs a division.
   const int dr = kTcThreads / groups, dg = kTcThreads - dr * groups;
   int r = static_cast<int>(threadIdx.x) / groups, g = static_cast<int>(threadIdx.x) - r * groups;
+  if constexpr (ASYNC) {
+    if (vec && rows >= nrows && K >= kcols) {  // every group one 16-byte copy: no checks per group
+      if (dg == 0) {  // (kcols / 8 divides kTcThreads) the thread's groups share a column
+        const T* s = src + r * s1 + g * 8;
+        T* d = dst + r * ld + g * 8;
+        for (; r < nrows; r += dr, s += dr * s1, d += dr * ld) ssd_cp_async16(d, s);
+      } else {
+        while (r < nrows) {
+          ssd_cp_async16(dst + r * ld + g * 8, src + r * s1 + g * 8);
+          r += dr, g += dg;
+          if (g >= groups) g -= groups, ++r;
+        }
+      }
+      return;
+    }
+  }
   while (r < nrows) {
     const int k = g * 8;
     bool done = false;
@@ -369,22 +385,36 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
       }
       ssd_cp_async_commit();
     };
+    // Threads 0..63 load step k's Acs_s and dt_s one step ahead, into registers (the index
+    // clamped into the chunk, so the load is unconditional and nothing waits for it before
+    // the step that uses it).
+    double a_s = 0.0;
+    float dt_s = 0.0f;
+    auto load_w = [&](int k) {
+      if (threadIdx.x < kSsdTile && k < steps) {
+        const int s = min(k * kSsdTile + static_cast<int>(threadIdx.x), len - 1);
+        a_s = acs[s];
+        if constexpr (!DSTATE) dt_s = dtf[s];
+      }
+    };
     float acc[NT][8][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) tc_zero(acc[j]);
     __syncthreads();  // the previous virtual block is done with the ring
 #pragma unroll
     for (int k = 0; k < STAGES - 1; ++k) issue(k);
+    load_w(0);
     for (int k = 0; k < steps; ++k) {
       ssd_cp_async_wait<STAGES - 2>();  // step k's copies (this thread's) have landed
       const int s0 = k * kSsdTile, rows = min(kSsdTile, len - s0);
       float* w = sW[k % STAGES];
       if (threadIdx.x < kSsdTile) {  // (0 past the chunk: those X rows are zeros, w may not be finite)
-        const int r = threadIdx.x, s = s0 + r;
-        w[r] = r >= rows ? 0.0f : DSTATE ? ssd_decay<float>(acs[s]) : ssd_decay<float>(acs_last - acs[s]) * dtf[s];
+        const int r = threadIdx.x;
+        w[r] = r >= rows ? 0.0f : DSTATE ? ssd_decay<float>(a_s) : ssd_decay<float>(acs_last - a_s) * dt_s;
       }
       __syncthreads();  // step k and its weights are visible; step k − 1's buffers are free
       issue(k + STAGES - 1);
+      load_w(k + 1);
       if (live) tc_warp_gemm_wk<T, NT>(acc, sX(k) + 16 * warp, kTcLd, sY(k), kLdY, (rows + 15) / 16, w, nv);
     }
     ssd_cp_async_wait<0>();  // (only empty groups are left)
