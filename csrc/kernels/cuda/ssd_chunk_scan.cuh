@@ -288,6 +288,22 @@ inline unsigned int ssd_grid(int64_t total) {
 }
 
 // ---- device helpers ----------------------------------------------------------------------
+// Peels one index off a flat index (a virtual block number, an element index): returns
+// v % d and leaves v / d in v, in 32-bit arithmetic where `narrow` (every flat index of the
+// launch fits 32 bits: ssd_narrow of their count): a 64-bit division is a long
+// instruction sequence, and each block or element peels several indices.
+__device__ __forceinline__ int64_t ssd_peel(int64_t& v, int64_t d, bool narrow) {
+  if (narrow) {
+    const uint32_t v32 = static_cast<uint32_t>(v), d32 = static_cast<uint32_t>(d), q = v32 / d32;
+    v = q;
+    return v32 - q * d32;
+  }
+  const int64_t q = v / d, r = v - q * d;
+  v = q;
+  return r;
+}
+__host__ __device__ inline bool ssd_narrow(int64_t total_blocks) { return total_blocks <= int64_t{0xffffffff}; }
+
 __device__ __forceinline__ float ssd_exp(float v) { return expf(v); }
 __device__ __forceinline__ double ssd_exp(double v) { return exp(v); }
 __device__ __forceinline__ float ssd_fma(float a, float b, float c) { return fmaf(a, b, c); }
@@ -1689,6 +1705,7 @@ __device__ __forceinline__ const T* ssd_at(const SsdOperand<T>& o, int64_t b, in
 template <typename T, int V>
 __global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGateParams<T> p) {
   using Acc = acc_t<T>;
+  constexpr int U = 4;  // positions whose loads are in flight together
   const int64_t row_vecs = p.hd / V;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
        i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
@@ -1699,30 +1716,38 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGate
     Acc sum[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) sum[k] = 0;
-    for (int64_t q = q_begin; q < q_end; ++q) {
-      T dv[V];
-      ssd_load_vec<T, V>(dv, ssd_at(p.dy, b, t, h, d), true, V);
-      Acc g[V];
+    for (int64_t q0 = q_begin; q0 < q_end; q0 += U) {
+      // U positions' loads first (the segment's positions are H·D elements apart: each
+      // load is its own round trip), then their arithmetic in position order
+      T dv[U][V], zv[U][V], xv[U][V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) g[k] = to_acc(dv[k]);
-      if (p.dyp != nullptr) {
-        T zv[V], r[V];
-        ssd_load_vec<T, V>(zv, ssd_at(p.z, b, t, h, d), true, V);
+      for (int u = 0; u < U; ++u) {
+        if (q0 + u >= q_end) break;
+        ssd_load_vec<T, V>(dv[u], ssd_at(p.dy, b, t, h, d), true, V);
+        if (p.dyp != nullptr) ssd_load_vec<T, V>(zv[u], ssd_at(p.z, b, t, h, d), true, V);
+        if (p.part != nullptr) ssd_load_vec<T, V>(xv[u], ssd_at(p.x, b, t, h, d), true, V);
+        if (++t == p.seqlen) t = 0, ++b;
+      }
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const Acc zk = to_acc(zv[k]);
-          r[k] = from_acc<T>(g[k] * (zk / (Acc(1) + ssd_exp(-zk))));
-          g[k] = to_acc(r[k]);
+      for (int u = 0; u < U; ++u) {
+        if (q0 + u >= q_end) break;
+        Acc g[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) g[k] = to_acc(dv[u][k]);
+        if (p.dyp != nullptr) {
+          T r[V];
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            const Acc zk = to_acc(zv[u][k]);
+            r[k] = from_acc<T>(g[k] * (zk / (Acc(1) + ssd_exp(-zk))));
+            g[k] = to_acc(r[k]);
+          }
+          ssd_store_vec<T, V>(p.dyp + (q0 + u) * p.hd + e, r, true, V);
         }
-        ssd_store_vec<T, V>(p.dyp + q * p.hd + e, r, true, V);
-      }
-      if (p.part != nullptr) {
-        T xv[V];
-        ssd_load_vec<T, V>(xv, ssd_at(p.x, b, t, h, d), true, V);
+        if (p.part != nullptr)
 #pragma unroll
-        for (int k = 0; k < V; ++k) sum[k] += g[k] * to_acc(xv[k]);
+          for (int k = 0; k < V; ++k) sum[k] += g[k] * to_acc(xv[u][k]);
       }
-      if (++t == p.seqlen) t = 0, ++b;
     }
     if (p.part != nullptr)
 #pragma unroll
@@ -1735,10 +1760,13 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kSsdThreads) ssd_gate_post_kernel(const SsdGateParams<T> p) {
   using Acc = acc_t<T>;
   const int64_t row_vecs = p.hd / V;
+  const bool narrow = ssd_narrow(p.total);  // 32-bit index peels (see ssd_peel)
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
        i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
-    const int64_t q = i / row_vecs, e = (i - q * row_vecs) * V;
-    const int64_t b = q / p.seqlen, t = q - b * p.seqlen, h = e / p.D, d = e - h * p.D;
+    int64_t q = i;
+    const int64_t e = ssd_peel(q, row_vecs, narrow) * V;
+    int64_t b = q, h = e;
+    const int64_t t = ssd_peel(b, p.seqlen, narrow), d = ssd_peel(h, p.D, narrow);
     T zv[V], dv[V], yv[V], out[V];
     ssd_load_vec<T, V>(zv, ssd_at(p.z, b, t, h, d), true, V);
     ssd_load_vec<T, V>(dv, ssd_at(p.dy, b, t, h, d), true, V);

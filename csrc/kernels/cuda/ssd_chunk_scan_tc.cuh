@@ -78,22 +78,6 @@ __device__ __forceinline__ float ssd_exp2(float v) {
   return r;
 }
 
-// Peels one index off a virtual block number: returns v % d and leaves v / d in v, in
-// 32-bit arithmetic where `narrow` (every virtual block number of the launch fits 32
-// bits, as in any grid the GPU can hold in memory): a 64-bit division is a long
-// instruction sequence, and each block peels four or five indices.
-__device__ __forceinline__ int64_t ssd_peel(int64_t& v, int64_t d, bool narrow) {
-  if (narrow) {
-    const uint32_t v32 = static_cast<uint32_t>(v), d32 = static_cast<uint32_t>(d), q = v32 / d32;
-    v = q;
-    return v32 - q * d32;
-  }
-  const int64_t q = v / d, r = v - q * d;
-  v = q;
-  return r;
-}
-__host__ __device__ inline bool ssd_narrow(int64_t total_blocks) { return total_blocks <= int64_t{0xffffffff}; }
-
 // ---- shared-memory tile fills (all kTcThreads threads) -------------------------------------
 // Whether 8-element groups of rows of src (row stride s1, inner stride s3) can move as
 // 16-byte vectors: unit inner stride and 16-byte aligned rows.
