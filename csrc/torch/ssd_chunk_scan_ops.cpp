@@ -580,6 +580,10 @@ class SsdChunkScanCombinedFunction
                                const OptT& dt_bias, const OptT& init, const OptT& seq_idx,
                                bool dt_softplus, double dt_min, std::optional<double> dt_max,
                                std::optional<at::ScalarType> state_dtype) {
+    // Gradients of outputs that are not used stay undefined (backward handles them): the
+    // engine would otherwise materialize a zero tensor for y_pre, which is never
+    // differentiable, on every backward with z (the size of x).
+    ctx->set_materialize_grads(false);
     at::Tensor out, final_states, y_pre;
     {
       at::AutoDispatchBelowADInplaceOrView below;
