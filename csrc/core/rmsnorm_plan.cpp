@@ -66,9 +66,16 @@ void plan_variant(RmsNormLaunch& l, const DeviceInfo& device, bool unit_inner, i
   if (l.backward) {
     while (vecs < kRmsNormMaxVecs && (v + vecs - 1) / vecs > max_group) vecs *= 2;
   } else {
-    // A couple of 16-byte loads in flight a thread for rows of 512+ vectors, with groups
-    // of about 256 threads.
-    vecs = static_cast<int>(std::clamp<int64_t>(pow2_floor(v / 256), 1, kRmsNormMaxVecs));
+    // Up to 4 16-byte loads in flight a thread, with groups of about 128 threads: a
+    // 256-thread block holds two rows of 512 vectors (4096 bf16), so a multiprocessor
+    // (4 blocks at these registers) keeps twice the rows' loads in flight as with one row
+    // a block. Measured (H200, [8192, 4096] bf16, llama convention): 67.0 -> 60.1 µs
+    // forward, add + norm 90.8 -> 86.1; rows of 1024+ vectors (8192 bf16, 4096 float32)
+    // get 4 vectors a thread either way (BENCHMARKS.md). The forward is still latency
+    // bound (ncu: 39 % of DRAM bandwidth, long-scoreboard stalls on the row's loads).
+    // The gated op keeps groups of about 256 threads: the change was not timed for it.
+    const int64_t per_group = l.gated ? 256 : 128;
+    vecs = static_cast<int>(std::clamp<int64_t>(pow2_floor(v / per_group), 1, kRmsNormMaxVecs));
   }
   int64_t group = (v + vecs - 1) / vecs;
   // Groups smaller than a warp share it (a power of two, for the shuffles); larger ones
