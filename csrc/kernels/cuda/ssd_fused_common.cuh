@@ -214,24 +214,24 @@ __device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const Fus
   return last;
 }
 
+// Whether H_c is already there (chunk 0, or chunk c − 1 has published), without waiting.
+// For thread 0, which hands the answer to the block through shared memory and a barrier
+// (the same acquire-then-barrier order as fused_wait_for_state).
+__device__ __forceinline__ bool fused_state_ready(const FusedParams& p, const FusedTile& tile) {
+  return tile.c == 0 || ld_acquire(p.ticket + 1 + tile.chain) >= tile.c;
+}
+
 // Blocks until chunk c − 1 of the block's chain has published H_c (c > 0). The ticket
 // order guarantees progress; a wait of seconds can only be a bug, and a trap (an error
 // the caller sees) is better than a hang. Ends with __syncthreads().
 __device__ __forceinline__ void fused_wait_for_state(const FusedParams& p, const FusedTile& tile) {
   if (tile.c == 0) return;
   if (threadIdx.x == 0)
-    for (int64_t spins = 0; ld_acquire(p.ticket + 1 + tile.chain) < tile.c; ++spins) {
+    for (int64_t spins = 0; !fused_state_ready(p, tile); ++spins) {
       if (spins > (int64_t{1} << 26)) __trap();
       __nanosleep(32);
     }
   __syncthreads();
-}
-
-// Whether H_c is already there (chunk 0, or chunk c − 1 has published), without waiting.
-// For thread 0, which hands the answer to the block through shared memory and a barrier
-// (the same acquire-then-barrier order as fused_wait_for_state).
-__device__ __forceinline__ bool fused_state_ready(const FusedParams& p, const FusedTile& tile) {
-  return tile.c == 0 || ld_acquire(p.ticket + 1 + tile.chain) >= tile.c;
 }
 
 // H_c[p][n] and H_c[p][n + 1] (float32): the ring's slot of chunk c − 1, or the initial

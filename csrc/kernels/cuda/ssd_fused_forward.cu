@@ -66,10 +66,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
   float* wgt = dts + kFusedQ;                                    // [kFusedQ]
   float* warp_total = wgt + kFusedQ;                             // [kFusedWarps]
   int& s_ticket = *reinterpret_cast<int*>(warp_total + kFusedWarps);
+  int& s_ready = *(&s_ticket + 1);  // (within the 64 bytes ssd_fused_smem_bytes adds)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, q4 = lane & 3;  // mma fragment row and column pair
-  int& s_ready = *(&s_ticket + 1);
   if (tid == 0) s_ticket = atomicAdd(p.ticket, 1);
   __syncthreads();
   const FusedTile tile = fused_tile(p, s_ticket);
