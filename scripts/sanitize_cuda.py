@@ -270,11 +270,33 @@ def ssd_group_cases() -> Iterator[Case]:
             yield f"ssd group products N={N} options={options}", make, run, ("ssd_chunk_scan_combined",)
 
 
+def ssd_fused_cases() -> Iterator[Case]:
+    """The one-launch forwards (16-bit, head_dim 64, no seq_idx): the plan's fused_mma_cb (4
+    heads a group: the C·Bᵀ table, H_c where B was) and fused_mma (a head a group); a short
+    last chunk, N = 128 (whole 16-byte rows) and N = 38 (scalar loads, padded state
+    columns), with D, z and initial states; forward and backward."""
+    from baracuda_torch.mamba import mamba_chunk_scan_combined
+    for G in (1, 4):
+        for N, options in ((128, False), (38, True)):
+            def make(G=G, N=N, options=options):
+                B, L, H, P, dtype = 1, 300, 4, 64, torch.bfloat16
+                t = (rand(B, L, H, P, dtype=dtype), (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5),
+                     (-torch.rand(H, device="cuda")), rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype))
+                extra = ((rand(H, dtype=torch.float32), rand(B, L, H, P, dtype=dtype),
+                          rand(B, H, P, N, dtype=torch.float32)) if options else (None, None, None))
+                return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra
+
+            def run(x, dt, A, B, C, D, z, init):
+                return mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, z=z, initial_states=init)
+            yield f"ssd fused G={G} N={N} options={options}", make, run, ("ssd_chunk_scan_combined",)
+
+
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,
             "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
             "gather": gather_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
             "ssd": ssd_cases,
-            "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "mamba_split": mamba_split_cases}
+            "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases,
+            "ssd_fused": ssd_fused_cases, "mamba_split": mamba_split_cases}
 
 
 def run_case(name: str, make, fn) -> str:

@@ -1,4 +1,6 @@
-"""The SSD's one-launch CUDA forwards ("fused_mma": mma.sync, sm_80+, the plan's choice;
+"""The SSD's one-launch CUDA forwards ("fused_mma": mma.sync, sm_80+, the plan's choice
+with fewer than 4 heads per group; "fused_mma_cb": the same reading C·Bᵀ from a table
+computed once per (batch, chunk, group), the plan's choice with 4 or more;
 "fused_wgmma": Hopper's wgmma, sm_90 with the build's sm_90a code, run through the test
 switch; float16/bfloat16, head_dim a multiple of 64, state_dim <= 128, chunk <= 256, no
 seq_idx): which problems the plan gives them, and each kernel's forward (out,
@@ -38,10 +40,13 @@ SHAPES = [
 ]
 
 
-def fused_variant():
+def fused_variant(H, G):
     """The fused forward the plan picks: mma.sync on every sm_80+ device (the wgmma kernel is
-    slower on an H100 today; tests run it through the switch)."""
-    return "fused_mma" if torch.cuda.get_device_capability()[0] >= 8 else "chunked"
+    slower on an H100 today; tests run it through the switch), with the C·Bᵀ table where a
+    group has 4 heads or more."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        return "chunked"
+    return "fused_mma_cb" if H // G >= 4 else "fused_mma"
 
 
 def has_wgmma():
@@ -52,10 +57,10 @@ def fused_kernels():
     """The fused forwards this device and build can run (each test runs on all of them)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
         return []
-    return ["fused_mma"] + (["fused_wgmma"] if has_wgmma() else [])
+    return ["fused_mma", "fused_mma_cb"] + (["fused_wgmma"] if has_wgmma() else [])
 
 
-@pytest.fixture(params=["fused_mma", "fused_wgmma"])
+@pytest.fixture(params=["fused_mma", "fused_mma_cb", "fused_wgmma"])
 def kernel(request):
     """Runs the test with the plan's CUDA forward forced to this fused kernel (skipped where
     the device or build has no such kernel)."""
@@ -72,7 +77,7 @@ def test_plan_picks_the_fused_forward_where_it_applies():
     for b, L, H, P, N, G, Q in SHAPES:
         x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
         info = bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=Q)
-        assert info.variant == fused_variant(), (b, L, H, P, N, G, Q)
+        assert info.variant == fused_variant(H, G), (b, L, H, P, N, G, Q)
         # the backward keeps the staged kernels
         binfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q)
         assert binfo.variant == ("chunked_mma" if sm80 else "chunked")
@@ -176,6 +181,32 @@ def test_bitwise_reproducible_and_graph_capture(kernel):
 
 
 @requires_cuda
+@pytest.mark.parametrize("shape", [(2, 700, 8, 64, 128, 2, 256), (1, 333, 4, 128, 40, 1, 100)],
+                         ids=["N128", "N40-chunk100"])
+def test_cb_table_gives_fused_mma_bits(shape):
+    """fused_mma_cb reads C·Bᵀ from a table computed by the same products in the same order
+    as fused_mma's blocks compute them, and C·H_cᵀ from C rows staged per warp: the same
+    outputs and final states, bit for bit (options on; a short last chunk; N padded)."""
+    if "fused_mma_cb" not in fused_kernels():
+        pytest.skip("no fused forward on this device")
+    b, L, H, P, N, G, Q = shape
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    init = torch.randn(b, H, P, N, device="cuda")
+    D, z = torch.randn(H, P, device="cuda"), torch.randn_like(x)
+    results = {}
+    for name in ("fused_mma", "fused_mma_cb"):
+        previous = bt._C._ssd_cuda_forward(name)
+        try:
+            assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=Q).variant == name
+            results[name] = mamba.mamba_chunk_scan_combined(
+                x, dt, A, B, C, Q, D=D, z=z, initial_states=init, return_final_states=True)
+        finally:
+            bt._C._ssd_cuda_forward(previous)
+    for u, v in zip(results["fused_mma"], results["fused_mma_cb"]):
+        assert torch.equal(u, v)
+
+
+@requires_cuda
 def test_forced_staged_forward_agrees():
     """The staged kernels (forced) and the fused forward compute the same function."""
     if not fused_kernels():
@@ -195,7 +226,7 @@ def test_forced_staged_forward_agrees():
 
 def test_forward_switch_names_its_choices():
     assert bt._C._ssd_cuda_forward("auto") == "auto"
-    with pytest.raises(ValueError, match="auto, staged, fused_mma or fused_wgmma"):
+    with pytest.raises(ValueError, match="auto, staged, fused_mma, fused_mma_cb or fused_wgmma"):
         bt._C._ssd_cuda_forward("fused")
     assert bt._C._ssd_cuda_forward("auto") == "auto"
 
@@ -323,6 +354,7 @@ def test_backward_switch_names_its_choices():
 # (names as torch.profiler reports them; a kernel name is matched as a whole word).
 _VARIANT_KERNELS = {
     ("forward", "fused_mma"): {"ssd_fused_forward_kernel"},
+    ("forward", "fused_mma_cb"): {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel"},
     ("forward", "chunked_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_tc_scan_kernel"},
     ("forward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_scan_kernel"},
     ("backward", "group_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
@@ -333,8 +365,9 @@ _VARIANT_KERNELS = {
                               "ssd_scan_kernel", "ssd_dacs_kernel"},
 }
 # Kernels no variant shares: each is the mark of the variants that list it.
-_MARKS = {"ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel", "ssd_tc_chunk_state_kernel",
-          "ssd_chunk_state_kernel", "ssd_tc_scan_kernel", "ssd_scan_kernel", "ssd_tc_dacs_kernel", "ssd_dacs_kernel",
+_MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel",
+          "ssd_tc_chunk_state_kernel", "ssd_chunk_state_kernel", "ssd_tc_scan_kernel", "ssd_scan_kernel",
+          "ssd_tc_dacs_kernel", "ssd_dacs_kernel",
           "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"}
 
 

@@ -8,7 +8,7 @@ retained graph): the median time of the whole pass (CUDA events, benchmarks/harn
 time_us) for both, then each side's kernels (torch.profiler, µs per call over REPS
 calls), largest first. ``--options`` passes what a Mamba2 layer passes (D, z, dt_bias
 with softplus, float32 initial states; A, D and dt_bias in float32). ``--forwards``: our
-CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma",
+CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma", "fused_mma_cb",
 "fused_wgmma": forced through the test switch where the kernel takes the problem);
 ``--backwards`` likewise for the backward ("staged": the per-head dB/dC products,
 "group_mma": the per-group ones). Every pair of the two lists is measured.

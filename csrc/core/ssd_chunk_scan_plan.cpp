@@ -239,7 +239,12 @@ struct CudaForwardChoice {
 // the mma.sync fused forward takes 940 / 1017 / 267 µs at B4 L4096 H80 P64 N128 with G = 1
 // / G = 80 and at B2 L8192 H32 P64 N64 G32 where the staged kernels took 2138 / 2095 /
 // 944; in one run the wgmma fused forward took 1123 / 1190 / 306 against mma.sync's
-// 966 / 1040 / 274.
+// 966 / 1040 / 274. With the C·Bᵀ table (FusedMmaCb; H200, same run, BENCHMARKS.md "SSD
+// forward with the group's C·Bᵀ table"): 603 µs at the first shape, table included,
+// against 684 for FusedMma. It takes kSsdFusedCbMinHeads heads per group or more, where
+// the table (about 136 KB per chunk and group at chunk 256) is no larger than x's tiles
+// of those heads and is read by each of them; with one head per group it would only add
+// memory traffic.
 CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
                                const SsdChunkScanLaunch& l) {
   const int forced = g_forced_forward.load(std::memory_order_relaxed);
@@ -251,10 +256,14 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
     return {};
   CudaForwardChoice c;
   c.state_tile = l.state_dim <= 64 ? 64 : 128;
-  c.kernel = forced == static_cast<int>(SsdCudaForward::FusedWgmma) && desc.device.arch == 90 &&
-                     desc.device.arch_specific_kernels
-                 ? SsdCudaForward::FusedWgmma
-                 : SsdCudaForward::FusedMma;
+  const bool wgmma = desc.device.arch == 90 && desc.device.arch_specific_kernels;
+  if (forced == static_cast<int>(SsdCudaForward::FusedWgmma) && wgmma)
+    c.kernel = SsdCudaForward::FusedWgmma;
+  else if (forced == static_cast<int>(SsdCudaForward::FusedMmaCb) ||
+           (forced < 0 && l.heads / l.groups >= kSsdFusedCbMinHeads))
+    c.kernel = SsdCudaForward::FusedMmaCb;
+  else
+    c.kernel = SsdCudaForward::FusedMma;
   if (desc.device.smem_optin_bytes < ssd_fused_smem_bytes(c.kernel, c.state_tile)) return {};
   return c;
 }
@@ -288,6 +297,7 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
     case SsdVariant::CpuChunked: return "chunked";
     case SsdVariant::Chunked:
       if (forward == SsdCudaForward::FusedMma) return "fused_mma";
+      if (forward == SsdCudaForward::FusedMmaCb) return "fused_mma_cb";
       if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
       if (group) return "group_mma";
       return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
@@ -319,7 +329,7 @@ KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backwa
 void launch_forward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
   const auto cpu = v == SsdVariant::CpuChunked ? kernels::ssd_chunk_scan_cpu_chunked_forward
                                                : kernels::ssd_chunk_scan_cpu_forward;
-  const auto cuda = l.cuda_forward == SsdCudaForward::FusedMma
+  const auto cuda = l.cuda_forward == SsdCudaForward::FusedMma || l.cuda_forward == SsdCudaForward::FusedMmaCb
                         ? BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward)
                     : l.cuda_forward == SsdCudaForward::FusedWgmma
                         ? BARACUDA_CUDA_ENTRY(kernels::ssd_chunk_scan_cuda_fused_forward_sm90)

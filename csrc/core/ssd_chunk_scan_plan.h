@@ -37,12 +37,18 @@ namespace baracuda {
 // passing, chunk scan: any problem), or the one-launch fused kernel (float16/bfloat16,
 // head_dim a multiple of kSsdFusedHeadTile, state_dim <= kSsdFusedMaxState, chunk <=
 // kSsdFusedMaxChunk, no seq_idx, and the device's opt-in shared memory holds
-// ssd_fused_smem_bytes) on mma.sync (kernels/cuda/ssd_fused_forward.cu, sm_80+: the
-// plan's choice wherever the fused forward applies) or on Hopper's wgmma
+// ssd_fused_smem_bytes) on mma.sync (kernels/cuda/ssd_fused_forward.cu, sm_80+), either
+// computing each 16 × 16 tile of C·Bᵀ in every head's block (FusedMma) or reading it from a
+// table that a small kernel computes once per (batch, chunk, group) first (FusedMmaCb:
+// the plan's choice with kSsdFusedCbMinHeads or more heads per group, where the table
+// costs no more memory than x and saves each block that product and C's shared-memory
+// tile, so that two blocks share a multiprocessor), or on Hopper's wgmma
 // (ssd_fused_forward_sm90.cu, sm_90 devices with the build's sm_90a code). The wgmma
 // kernel is slower than mma.sync on an H100 today (BENCHMARKS.md, "SSD per kernel"), so
-// the plan does not pick it; ssd_force_cuda_forward runs it for tests and measurements.
-enum class SsdCudaForward : uint8_t { Staged, FusedMma, FusedWgmma };
+// the plan does not pick it; ssd_force_cuda_forward runs any of them for tests and
+// measurements.
+enum class SsdCudaForward : uint8_t { Staged, FusedMma, FusedMmaCb, FusedWgmma };
+constexpr int64_t kSsdFusedCbMinHeads = 4;
 
 // Tests and benchmarks only: makes the plan pick `kernel` for the CUDA forward wherever
 // that kernel takes the problem and runs on the device (Staged always does), or restores
@@ -67,16 +73,25 @@ constexpr int64_t kSsdFusedMaxChunk = 256;
 constexpr int64_t kSsdFusedHeadTile = 64;
 constexpr int64_t kSsdFusedMaxState = 128;
 // Dynamic shared memory of a fused forward for a state tile of `ns` columns: x [256][64],
-// B and C [256][ns], the incoming state [64][ns] (16-bit; the mma.sync kernel pads each
-// row by 16 bytes for ldmatrix), the wgmma kernel's float32 exchange of its two
+// B and C [256][ns] (FusedMmaCb: no C tile), the incoming state [64][ns] (16-bit;
+// FusedMmaCb keeps it where B was, once the chunk state is done; the mma.sync kernels pad
+// each row by 16 bytes for ldmatrix), the wgmma kernel's float32 exchange of its two
 // warpgroups' chunk-state halves [64][ns], the cumsum, dt and weight vectors (float32),
 // and 64 bytes of per-warp scan totals and the block's ticket.
 constexpr int64_t ssd_fused_smem_bytes(SsdCudaForward kernel, int64_t ns) {
-  const int64_t pad = kernel == SsdCudaForward::FusedMma ? 8 : 0;
+  const int64_t pad = kernel == SsdCudaForward::FusedWgmma ? 0 : 8;
   const int64_t exchange = kernel == SsdCudaForward::FusedWgmma ? kSsdFusedHeadTile * ns * 4 : 0;
-  return (kSsdFusedMaxChunk * (kSsdFusedHeadTile + pad) +
-          (2 * kSsdFusedMaxChunk + kSsdFusedHeadTile) * (ns + pad)) * 2 +
-         exchange + 3 * kSsdFusedMaxChunk * 4 + 64;
+  const int64_t bch_rows =
+      kernel == SsdCudaForward::FusedMmaCb ? kSsdFusedMaxChunk : 2 * kSsdFusedMaxChunk + kSsdFusedHeadTile;
+  return (kSsdFusedMaxChunk * (kSsdFusedHeadTile + pad) + bch_rows * (ns + pad)) * 2 + exchange +
+         3 * kSsdFusedMaxChunk * 4 + 64;
+}
+// FusedMmaCb's C·Bᵀ table: per (batch, chunk, group), the causal 16 × 16 tiles (row tile
+// i, column tile j <= i; i·(i+1)/2 + j in order) of float32, each as the 32 lanes'
+// mma.sync accumulator fragments (8 floats a lane, lane-major).
+constexpr int64_t ssd_fused_cb_tiles(int64_t chunk) {
+  const int64_t t = (chunk + 15) / 16;
+  return t * (t + 1) / 2;
 }
 
 // The group products' dx kernel (kernels/cuda/ssd_chunk_scan_backward_group.cu): a block

@@ -82,18 +82,20 @@ PYBIND11_MODULE(_C, m) {
   // Tests only: the CPU chunked SSD's products on its plain loops (false) or the BLAS.
   m.def("_ssd_cpu_blas", &kernels::ssd_chunk_scan_cpu_chunked_use_blas, py::arg("enabled"));
   // Tests and benchmarks only: the SSD's CUDA forward, "auto" (the plan's choice),
-  // "staged", "fused_mma" or "fused_wgmma" (each where it takes the problem); returns the
-  // previous setting.
+  // "staged", "fused_mma", "fused_mma_cb" or "fused_wgmma" (each where it takes the
+  // problem); returns the previous setting.
   m.def("_ssd_cuda_forward", [](const std::string& name) {
     static const std::pair<const char*, SsdCudaForward> kNames[] = {
         {"staged", SsdCudaForward::Staged},
         {"fused_mma", SsdCudaForward::FusedMma},
+        {"fused_mma_cb", SsdCudaForward::FusedMmaCb},
         {"fused_wgmma", SsdCudaForward::FusedWgmma}};
     std::optional<SsdCudaForward> want;
     for (const auto& [n, k] : kNames)
       if (name == n) want = k;
     if (!want && name != "auto")
-      throw py::value_error("_ssd_cuda_forward: expected auto, staged, fused_mma or fused_wgmma, got " + name);
+      throw py::value_error(
+          "_ssd_cuda_forward: expected auto, staged, fused_mma, fused_mma_cb or fused_wgmma, got " + name);
     const std::optional<SsdCudaForward> previous = ssd_force_cuda_forward(want);
     if (!previous) return std::string("auto");
     for (const auto& [n, k] : kNames)

@@ -52,6 +52,8 @@ struct FusedParams {
   float* final_states;  // dense [B, H, head_dim, N] or null
   int* ticket;          // then one counter per chain: chunks published
   float* ring;          // [chains][2][kFusedP][NS]: the last two states handed over
+  float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][32 lanes][8] (ssd_fused_cb_tiles)
+  int cb_tiles;
 };
 
 // A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile.
@@ -342,10 +344,18 @@ inline int64_t fused_chains(const SsdChunkScanLaunch& l) {
 
 inline int64_t fused_align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// FusedMmaCb's C·Bᵀ table, in bytes (0 for the other kernels).
+inline int64_t fused_cb_bytes(const SsdChunkScanLaunch& l) {
+  if (l.cuda_forward != SsdCudaForward::FusedMmaCb) return 0;
+  return l.batch * l.nchunks() * l.groups * ssd_fused_cb_tiles(l.chunk_size) * 256 * 4;
+}
+
+// The ticket and counters, the ring (a multiple of 256 bytes), then the C·Bᵀ table.
+inline int64_t fused_ring_bytes(const SsdChunkScanLaunch& l) {
+  return fused_chains(l) * 2 * kSsdFusedHeadTile * l.fused_state_tile * 4;
+}
 inline size_t fused_workspace_bytes(const SsdChunkScanLaunch& l) {
-  const int64_t chains = fused_chains(l);
-  return static_cast<size_t>(fused_align256((chains + 1) * 4) +
-                             chains * 2 * kSsdFusedHeadTile * l.fused_state_tile * 4);
+  return static_cast<size_t>(fused_align256((fused_chains(l) + 1) * 4) + fused_ring_bytes(l) + fused_cb_bytes(l));
 }
 
 // The plan's launch description must be one these kernels were written for.
@@ -414,6 +424,10 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   auto* ws = static_cast<unsigned char*>(l.workspace);
   p.ticket = reinterpret_cast<int*>(ws);
   p.ring = reinterpret_cast<float*>(ws + fused_align256((chains + 1) * 4));
+  if (l.cuda_forward == SsdCudaForward::FusedMmaCb) {
+    p.cb = reinterpret_cast<float*>(ws + fused_align256((chains + 1) * 4) + fused_ring_bytes(l));
+    p.cb_tiles = static_cast<int>(ssd_fused_cb_tiles(l.chunk_size));
+  }
   if (cudaMemsetAsync(ws, 0, (chains + 1) * 4, stream) != cudaSuccess) check_launch("ssd_chunk_scan");
   return p;
 }

@@ -23,6 +23,20 @@
 // consecutive chunks (a float32 P × N tile per block, read from L2), and x, B, C are read
 // once per block.
 //
+// FusedMmaCb (the plan's choice with several heads per group): C·Bᵀ does not depend on
+// the head, so ssd_fused_cb_kernel computes its causal 16 × 16 tiles once per (batch,
+// chunk, group), with the same instructions in the same order as step 4 would (the same
+// bits), into a float32 table in the workspace, stored as the mma accumulator fragments of
+// each lane; step 4 then reads them (two 16-byte loads a lane and tile from L2, the next
+// tile's in flight while one is used) instead of multiplying. That removes C·Bᵀ from every
+// head's block (about 40 % of its products at N = 128) and C's whole shared-memory tile:
+// once the chunk state is done, H_c goes where B was, and each warp copies the 16 C rows
+// of its next output tile into a [16][N] tile of its own there (C·H_cᵀ is all that still
+// needs them). A block then takes 107 KB instead of 193 and two blocks share a
+// multiprocessor (128 registers a thread), one's loads and waits overlapping the other's
+// products. Every value is computed by the same operations in the same order as in
+// FusedMma, so the outputs are the same bits (tests/test_ssd_fused.py checks that).
+//
 // Ordering and progress: blocks take a ticket (atomicAdd) when they start and work on the
 // ticket's problem, chunk-major, so the block a block waits for has a smaller ticket: it
 // has started, is resident, and waits only for smaller tickets itself. Chunk c − 1 of a
@@ -52,19 +66,92 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t s_row, i
                            8 * LD * static_cast<int>(sizeof(T)), src, s_row, s_col, vec, rows, K);
 }
 
+// The rows [rows0, rows0 + nrows) of a 16-bit [len][K] tile from src (row stride s_row,
+// column stride s_col) into dst (row stride LD elements), zero-filled past len and K;
+// 16-byte cp.async groups where `vec`, else gathered. Any thread count.
+template <typename T, int LD, int COLS>
+__device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t s_row, int64_t s_col, bool vec, int rows0,
+                                          int nrows, int len, int K) {
+  constexpr int kGroups = COLS / 8;
+  for (int i = threadIdx.x; i < nrows * kGroups; i += blockDim.x) {
+    const int r = rows0 + i / kGroups, c = (i % kGroups) * 8;
+    T* d = dst + (r - rows0) * LD + c;
+    const T* sp = src + r * s_row + c * s_col;
+    if (r < len && c < K) {
+      if (vec)
+        ssd_cp_async16(d, sp);
+      else
+        *reinterpret_cast<uint4*>(d) = gather8(sp, s_col, K - c);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// FusedMmaCb's table (see the header): one block of 4 warps per (batch, chunk, group, 64-row
+// block of the chunk); warp w computes the tiles (i, j <= i) of row tile i = 4·block + w:
+// C's 16 rows as A fragments over N, B's 16 rows j as B fragments, k-steps over N in order
+// (as step 4 of the fused kernel does).
+constexpr int kCbThreads = 128;
 template <typename T, int NS>
-__global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(const FusedParams p) {
+__global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedParams p) {
+  constexpr int kLdN = NS + 8;
+  constexpr int kNT = NS / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sC = reinterpret_cast<T*>(smem);  // [64][kLdN]: rows 64·rb ..
+  T* sB = sC + 64 * kLdN;              // [64·(rb + 1)][kLdN]: rows 0 ..
+  const int groups = p.heads / p.hpg;
+  int rest = blockIdx.x;
+  const int rb = rest % (kFusedQ / 64);
+  rest /= kFusedQ / 64;
+  const int grp = rest % groups;
+  rest /= groups;
+  const int c = rest % p.nchunks, b = rest / p.nchunks;
+  const int t0 = c * p.chunk, len = min(p.chunk, p.seqlen - t0);
+  if (rb * 64 >= len) return;
+  const T* Cg = static_cast<const T*>(p.C) + b * p.Cs[0] + t0 * p.Cs[1] + grp * p.Cs[2];
+  const T* Bg = static_cast<const T*>(p.B) + b * p.Bs[0] + t0 * p.Bs[1] + grp * p.Bs[2];
+  load_rows<T, kLdN, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, rb * 64, 64, len, p.state_dim);
+  load_rows<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, 0, 64 * (rb + 1), len, p.state_dim);
+  ssd_cp_async_commit();
+  ssd_cp_async_wait<0>();
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int mtile = rb * 4 + warp;
+  if (mtile * 16 >= len) return;
+  uint32_t cf[kNT][4];
+#pragma unroll
+  for (int kk = 0; kk < kNT; ++kk)
+    ssd_ldsm_x4(cf[kk], sC + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + kk * 16 + (lane >> 4) * 8);
+  float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * groups + grp) * p.cb_tiles * 256 +
+               (mtile * (mtile + 1) / 2) * 256 + lane * 8;
+  for (int st = 0; st <= mtile; ++st) {
+    float cb[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kNT; ++kk) {
+      uint32_t bf[4];
+      ssd_ldsm_x4(bf, sB + (st * 16 + (lane >> 4) * 8 + (lane & 7)) * kLdN + kk * 16 + ((lane >> 3) & 1) * 8);
+      ssd_mma16816<T>(cb[0], cf[kk], bf[0], bf[1]);
+      ssd_mma16816<T>(cb[1], cf[kk], bf[2], bf[3]);
+    }
+    *reinterpret_cast<float4*>(out + st * 256) = make_float4(cb[0][0], cb[0][1], cb[0][2], cb[0][3]);
+    *reinterpret_cast<float4*>(out + st * 256 + 4) = make_float4(cb[1][0], cb[1][1], cb[1][2], cb[1][3]);
+  }
+}
+
+template <typename T, int NS, bool CB>
+__global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1) ssd_fused_forward_kernel(const FusedParams p) {
   constexpr int kLdN = NS + 8;
   constexpr int kNT = NS / 16;  // k-steps over N; 8-column tiles per warp in the state product
   extern __shared__ __align__(16) unsigned char smem[];
   T* sX = reinterpret_cast<T*>(smem);   // [kFusedQ][kLdX]
   T* sB = sX + kFusedQ * kLdX;          // [kFusedQ][kLdN]
-  T* sC = sB + kFusedQ * kLdN;          // [kFusedQ][kLdN]
-  T* sH = sC + kFusedQ * kLdN;          // [kFusedP][kLdN]: H_c, rounded
-  float* acs2 = reinterpret_cast<float*>(sH + kFusedP * kLdN);  // [kFusedQ]
-  float* dts = acs2 + kFusedQ;                                   // [kFusedQ]
-  float* wgt = dts + kFusedQ;                                    // [kFusedQ]
-  float* warp_total = wgt + kFusedQ;                             // [kFusedWarps]
+  T* sC = sB + kFusedQ * kLdN;          // [kFusedQ][kLdN] (not with CB)
+  T* sH = CB ? sB : sC + kFusedQ * kLdN;  // [kFusedP][kLdN]: H_c, rounded (CB: once B is done)
+  float* acs2 = reinterpret_cast<float*>(CB ? sC : sH + kFusedP * kLdN);  // [kFusedQ]
+  float* dts = acs2 + kFusedQ;                                             // [kFusedQ]
+  float* wgt = dts + kFusedQ;                                              // [kFusedQ]
+  float* warp_total = wgt + kFusedQ;                                       // [kFusedWarps]
   int& s_ticket = *reinterpret_cast<int*>(warp_total + kFusedWarps);
   int& s_ready = *(&s_ticket + 1);  // (within the 64 bytes ssd_fused_smem_bytes adds)
 
@@ -84,13 +171,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
     const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2];
     load_tile<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim);
     ssd_cp_async_commit();
-    const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + tile.t0 * p.Cs[1] + tile.grp * p.Cs[2];
-    load_tile<T, kLdN, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, len, p.state_dim);
-    ssd_cp_async_commit();
+    if constexpr (!CB) {
+      const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + tile.t0 * p.Cs[1] + tile.grp * p.Cs[2];
+      load_tile<T, kLdN, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, len, p.state_dim);
+      ssd_cp_async_commit();
+    }
   }
   const float last2 = fused_dt_cumsum(p, tile, dt_in, acs2, dts, wgt, warp_total);
   if (tid == 0) s_ready = fused_state_ready(p, tile);
-  ssd_cp_async_wait<1>();
+  ssd_cp_async_wait<CB ? 0 : 1>();
   __syncthreads();  // x and B visible, s_ready set
 
   // H_c for step 3, in registers: every load in flight at once (one L2 round trip, not one
@@ -110,7 +199,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
 
   // ---- 2. S_c[p][n] = Σ_s (wgt_s·x[s][p])·B[s][n]: warp (mt, nh) owns rows 16·mt.. of p
   // and half of the N columns.
-  const int len16 = (len + 15) / 16 * 16;
+  const int len16 = (len + 15) / 16 * 16, mtiles = len16 / 16;
   float sacc[kNT][4];
 #pragma unroll
   for (int j = 0; j < kNT; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
@@ -137,6 +226,35 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
     fused_wait_for_state(p, tile);
     load_state();
   }
+  // CB: C's rows come through a [16][kLdN] tile per warp where B was, after sH
+  T* sCw = sB + (kFusedP + warp * 16) * kLdN;
+  auto load_c_rows = [&](int r0) {
+    const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + (tile.t0 + r0) * p.Cs[1] + tile.grp * p.Cs[2];
+    constexpr int kGroups = NS / 8;  // 16-byte groups of a row
+    if (p.bc_vec && r0 + 16 <= len && p.state_dim == NS) {  // whole rows: a copy per group, no checks
+#pragma unroll
+      for (int i = lane; i < 16 * kGroups; i += 32)
+        ssd_cp_async16(sCw + (i / kGroups) * kLdN + (i % kGroups) * 8,
+                       Cg + (i / kGroups) * p.Cs[1] + (i % kGroups) * 8);
+    } else {
+#pragma unroll 1
+      for (int i = lane; i < 16 * kGroups; i += 32) {
+        const int r = i / kGroups, c = (i % kGroups) * 8;
+        T* d = sCw + r * kLdN + c;
+        const T* src = Cg + r * p.Cs[1] + c * p.Cs[3];
+        if (r0 + r < len && c < p.state_dim) {
+          if (p.bc_vec)
+            ssd_cp_async16(d, src);
+          else
+            *reinterpret_cast<uint4*>(d) = gather8(src, p.Cs[3], p.state_dim - c);
+        } else {
+          *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    ssd_cp_async_commit();
+  };
+  if constexpr (CB) __syncthreads();  // every warp is done with B, where sH and the C tiles go
   {
     const float decay = fast_exp2(last2);
 #pragma unroll
@@ -153,11 +271,17 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
     }
     fused_publish_state(p, tile);
   }
+  if constexpr (CB) {
+    if (warp < mtiles) load_c_rows(warp * 16);
+  }
   ssd_cp_async_wait<0>();
   __syncthreads();  // C and H_c visible
 
   // ---- 4. the output: warp w owns 16-row tiles w and 15 − w (equal causal work)
-  const int mtiles = len16 / 16;
+  const float* cb_chunk =
+      CB ? p.cb + ((static_cast<int64_t>(tile.b) * p.nchunks + tile.c) * (p.heads / p.hpg) + tile.grp) *
+                      p.cb_tiles * 256 + lane * 8
+         : nullptr;
   for (int pass = 0; pass < 2; ++pass) {
     const int mtile = pass == 0 ? warp : 2 * kFusedWarps - 1 - warp;
     if (mtile >= mtiles) continue;
@@ -172,9 +296,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
           if ((half == 0 ? ta : tb) < len) zr[half][j] = fused_z_pair<T>(p, tile, half == 0 ? ta : tb, j * 8 + 2 * q4);
     }
     uint32_t cf[kNT][4];  // C rows r0..r0+15 as A fragments, k over N
+    if constexpr (CB) {
+      ssd_cp_async_wait<0>();
+      __syncwarp();
+    }
 #pragma unroll
-    for (int kk = 0; kk < kNT; ++kk)
-      ssd_ldsm_x4(cf[kk], sC + (r0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + kk * 16 + (lane >> 4) * 8);
+    for (int kk = 0; kk < kNT; ++kk) {
+      const int row = ((lane >> 3) & 1) * 8 + (lane & 7);
+      ssd_ldsm_x4(cf[kk], (CB ? sCw + row * kLdN : sC + (r0 + row) * kLdN) + kk * 16 + (lane >> 4) * 8);
+    }
     float acc[kFusedP / 8][4];
 #pragma unroll
     for (int j = 0; j < kFusedP / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -189,6 +319,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
         ssd_mma16816<T>(acc[j + 1], cf[kk], bf[2], bf[3]);
       }
     }
+    if constexpr (CB) {  // the warp's C rows of its next pass, copied during this one
+      __syncwarp();
+      if (pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles) load_c_rows((2 * kFusedWarps - 1 - warp) * 16);
+    }
     const float acs_a = acs2[ta], acs_b = acs2[tb];
     {
       const float ea = fast_exp2(acs_a), eb = fast_exp2(acs_b);
@@ -200,53 +334,75 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
         acc[j][3] *= eb;
       }
     }
-    // intra-chunk: per 16-column step s0 <= r0, P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (s <= t),
-    // STEPS steps at a time (two independent C·Bᵀ chains keep the tensor cores busier)
-    auto steps = [&]<int STEPS>(int s_first) {
-      float cb[STEPS][2][4];
+    // intra-chunk, per 16-column step s0 <= r0: P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (s <= t)
+    // from the step's C·Bᵀ fragments, rounded to the input type, times x's rows s0..
+    auto consume = [&](const float (&cb)[2][4], int s0) {
+      uint32_t pf[4];
 #pragma unroll
-      for (int u = 0; u < STEPS; ++u)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) cb[u][nt][0] = cb[u][nt][1] = cb[u][nt][2] = cb[u][nt][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kNT; ++kk) {
-#pragma unroll
-        for (int u = 0; u < STEPS; ++u) {
-          uint32_t bf[4];
-          ssd_ldsm_x4(bf, sB + (s_first + u * 16 + (lane >> 4) * 8 + (lane & 7)) * kLdN + kk * 16 +
-                              ((lane >> 3) & 1) * 8);
-          ssd_mma16816<T>(cb[u][0], cf[kk], bf[0], bf[1]);
-          ssd_mma16816<T>(cb[u][1], cf[kk], bf[2], bf[3]);
-        }
+      for (int nt = 0; nt < 2; ++nt) {
+        const int s = s0 + nt * 8 + 2 * q4;
+        const float2 as = *reinterpret_cast<const float2*>(acs2 + s);
+        const float2 ds = *reinterpret_cast<const float2*>(dts + s);
+        const float pa0 = s <= ta ? cb[nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
+        const float pa1 = s + 1 <= ta ? cb[nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
+        const float pb0 = s <= tb ? cb[nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
+        const float pb1 = s + 1 <= tb ? cb[nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
+        pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
+        pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
       }
 #pragma unroll
-      for (int u = 0; u < STEPS; ++u) {
-        const int s0 = s_first + u * 16;
-        uint32_t pf[4];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const int s = s0 + nt * 8 + 2 * q4;
-          const float2 as = *reinterpret_cast<const float2*>(acs2 + s);
-          const float2 ds = *reinterpret_cast<const float2*>(dts + s);
-          const float pa0 = s <= ta ? cb[u][nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
-          const float pa1 = s + 1 <= ta ? cb[u][nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
-          const float pb0 = s <= tb ? cb[u][nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
-          const float pb1 = s + 1 <= tb ? cb[u][nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
-          pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
-          pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
-        }
-#pragma unroll
-        for (int j = 0; j < kFusedP / 8; j += 2) {
-          uint32_t bf[4];
-          ssd_ldsm_x4_t(bf, sX + (s0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdX + j * 8 + (lane >> 4) * 8);
-          ssd_mma16816<T>(acc[j], pf, bf[0], bf[1]);
-          ssd_mma16816<T>(acc[j + 1], pf, bf[2], bf[3]);
-        }
+      for (int j = 0; j < kFusedP / 8; j += 2) {
+        uint32_t bf[4];
+        ssd_ldsm_x4_t(bf, sX + (s0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdX + j * 8 + (lane >> 4) * 8);
+        ssd_mma16816<T>(acc[j], pf, bf[0], bf[1]);
+        ssd_mma16816<T>(acc[j + 1], pf, bf[2], bf[3]);
       }
     };
-    int s0 = 0;
-    for (; s0 + 16 <= r0; s0 += 32) steps.template operator()<2>(s0);
-    if (s0 <= r0) steps.template operator()<1>(s0);
+    if constexpr (CB) {
+      // the table's tiles (mtile, 0..mtile), the next tile's loads in flight while this one
+      // is consumed
+      const float* row = cb_chunk + (mtile * (mtile + 1) / 2) * 256;
+      auto fetch = [&](float (&v)[2][4], int st) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+          *reinterpret_cast<float4*>(v[nt]) = __ldg(reinterpret_cast<const float4*>(row + st * 256 + nt * 4));
+      };
+      float cur[2][4], nxt[2][4];
+      fetch(cur, 0);
+      for (int st = 0; st <= mtile; st += 2) {
+        if (st + 1 <= mtile) fetch(nxt, st + 1);
+        consume(cur, st * 16);
+        if (st + 1 > mtile) break;
+        if (st + 2 <= mtile) fetch(cur, st + 2);
+        consume(nxt, st * 16 + 16);
+      }
+    } else {
+      // C·Bᵀ per step, STEPS steps at a time (two independent chains keep the tensor cores
+      // busier)
+      auto steps = [&]<int STEPS>(int s_first) {
+        float cb[STEPS][2][4];
+#pragma unroll
+        for (int u = 0; u < STEPS; ++u)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) cb[u][nt][0] = cb[u][nt][1] = cb[u][nt][2] = cb[u][nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < kNT; ++kk) {
+#pragma unroll
+          for (int u = 0; u < STEPS; ++u) {
+            uint32_t bf[4];
+            ssd_ldsm_x4(bf, sB + (s_first + u * 16 + (lane >> 4) * 8 + (lane & 7)) * kLdN + kk * 16 +
+                                ((lane >> 3) & 1) * 8);
+            ssd_mma16816<T>(cb[u][0], cf[kk], bf[0], bf[1]);
+            ssd_mma16816<T>(cb[u][1], cf[kk], bf[2], bf[3]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < STEPS; ++u) consume(cb[u], s_first + u * 16);
+      };
+      int s0 = 0;
+      for (; s0 + 16 <= r0; s0 += 32) steps.template operator()<2>(s0);
+      if (s0 <= r0) steps.template operator()<1>(s0);
+    }
     // epilogue: rows ta and tb, columns j·8 + 2·q4 (+1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -262,13 +418,20 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_kernel(con
   }
 }
 
-template <typename T, int NS>
+template <typename T, int NS, bool CB>
 void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   const FusedParams p = fused_params(l, stream);
-  const int64_t smem = ssd_fused_smem_bytes(SsdCudaForward::FusedMma, NS);
-  fused_allow_smem(ssd_fused_forward_kernel<T, NS>, smem);
+  if constexpr (CB) {
+    const int64_t smem = (64 + kFusedQ) * (NS + 8) * 2;
+    fused_allow_smem(ssd_fused_cb_kernel<T, NS>, smem);
+    const int64_t blocks = l.batch * l.nchunks() * l.groups * (kFusedQ / 64);
+    ssd_fused_cb_kernel<T, NS><<<static_cast<unsigned int>(blocks), kCbThreads, smem, stream>>>(p);
+    check_launch("ssd_chunk_scan");
+  }
+  const int64_t smem = ssd_fused_smem_bytes(l.cuda_forward, NS);
+  fused_allow_smem(ssd_fused_forward_kernel<T, NS, CB>, smem);
   const int64_t blocks = fused_chains(l) * p.nchunks;
-  ssd_fused_forward_kernel<T, NS><<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
+  ssd_fused_forward_kernel<T, NS, CB><<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan");
 }
 
@@ -281,11 +444,15 @@ size_t ssd_chunk_scan_cuda_fused_forward_workspace(const SsdChunkScanLaunch& l) 
 
 void ssd_chunk_scan_cuda_fused_forward(const SsdChunkScanLaunch& l, void* stream) {
   using namespace cuda;
-  fused_check_launch(l, SsdCudaForward::FusedMma);
+  const bool cb = l.cuda_forward == SsdCudaForward::FusedMmaCb;
+  fused_check_launch(l, cb ? SsdCudaForward::FusedMmaCb : SsdCudaForward::FusedMma);
   auto s = static_cast<cudaStream_t>(stream);
   dispatch_half(l.element, "ssd_chunk_scan", [&](auto tag) {
     using T = decltype(tag);
-    l.fused_state_tile == 128 ? launch_fused<T, 128>(l, s) : launch_fused<T, 64>(l, s);
+    if (cb)
+      l.fused_state_tile == 128 ? launch_fused<T, 128, true>(l, s) : launch_fused<T, 64, true>(l, s);
+    else
+      l.fused_state_tile == 128 ? launch_fused<T, 128, false>(l, s) : launch_fused<T, 64, false>(l, s);
   });
 }
 
