@@ -1,10 +1,12 @@
-"""The per-rank bodies of tests/test_distributed.py (run by distributed_harness.run in
-spawned gloo processes; not a test module). Each rank builds the whole problem from the
-same seed, runs the single-process float64 computation over the whole sequence as the
-reference, runs the context-parallel one on its own shard, and asserts: its outputs and
-its shard of every per-token gradient against the reference's slice, and the sum over
-the group of every shared gradient (A, D, dt_bias, initial_states, the layer's
-parameters) against the reference's, within ``rtol_for`` of the dtype."""
+"""The per-rank bodies of tests/test_distributed.py and tests/test_distributed_nccl.py
+(run by distributed_harness.run in spawned processes; not a test module). Each rank
+builds the whole problem from the same seed, runs the single-process float64
+computation over the whole sequence on the CPU as the reference, runs the
+context-parallel one on its own shard on its device (:func:`rank_device`: the CPU under
+gloo, its GPU under NCCL), and asserts: its outputs and its shard of every per-token
+gradient against the reference's slice, and the sum over the group of every shared
+gradient (A, D, dt_bias, initial_states, the layer's parameters) against the
+reference's, within ``rtol_for`` of the dtype (the same rule on either device)."""
 from __future__ import annotations
 
 import copy
@@ -19,6 +21,14 @@ from test_ssd_chunk_scan import check, rtol_for
 
 SCAN_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
 PER_TOKEN = ("x", "dt", "B", "C", "z")
+
+
+def rank_device() -> torch.device:
+    """This rank's device: its GPU (``torch.cuda.current_device()``, which
+    distributed_harness sets to cuda:rank) when the default group is NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def bounds_of(lengths, rank):
@@ -110,20 +120,22 @@ def scan_case(rank, world, spec):
     names = [k for k in SCAN_NAMES if k in ref]
     g64 = dict(zip(names, torch.autograd.grad(loss, [ref[k] for k in names])))
 
-    # Context parallel: this rank's shard.
-    mine = _leaves(t, slice(start, end))
+    # Context parallel: this rank's shard, on this rank's device.
+    device = rank_device()
+    mine = _leaves({k: v.to(device) for k, v in t.items()}, slice(start, end))
     out, s_end = _call(bdist.mamba_chunk_scan_combined, mine, chunk, kw,
                        cp_group=dist.group.WORLD)
     dtype = t["x"].dtype
-    rtol = rtol_for(dtype, "cpu")
+    rtol = rtol_for(dtype, device.type)
     what = f"rank {rank}/{world} of {spec['name']}"
-    assert out.shape == (b, end - start, H, P) and out.dtype == dtype
+    assert out.shape == (b, end - start, H, P) and out.dtype == dtype and out.device == device
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     assert s_end.shape == (b, H, P, N) and s_end.dtype == state_dtype
     check(out, out64[:, start:end], rtol, f"out of {what}")
     check(s_end, ends64[rank], rtol, f"final_states of {what}")
     grads = torch.autograd.grad([out, s_end], [mine[k] for k in names],
-                                [dout[:, start:end].to(dtype), dstate[rank].to(state_dtype)],
+                                [dout[:, start:end].to(device, dtype),
+                                 dstate[rank].to(device, state_dtype)],
                                 allow_unused=True)
     for k, gr in zip(names, grads):
         if gr is None:
@@ -178,31 +190,35 @@ def layer_reference(spec):
 
 
 def layer_case(rank, world, spec):
-    """Mamba2(cp_group=...) on this rank's shard against one float64 process. With
-    spec["wrap"] = "ddp" (DistributedDataParallel) or "fsdp" (FSDP2's fully_shard, the
-    parameters sharded over the ranks), the wrapper's collectives on WORLD and the CP
-    exchanges on a separate group; the loss scaled by the world size, so that the
-    wrapper's average of the gradients is the whole gradient."""
+    """Mamba2(cp_group=...) in float32 on this rank's shard and device against one float64
+    process on the CPU. With spec["wrap"] = "ddp" (DistributedDataParallel; under NCCL
+    with ``device_ids=[this GPU]``) or "fsdp" (FSDP2's fully_shard on a 1-d mesh of the
+    rank's device type, the parameters sharded over the ranks), the wrapper's collectives
+    on WORLD and the CP exchanges on a separate group; the loss scaled by the world size,
+    so that the wrapper's average of the gradients is the whole gradient."""
     lengths = spec["lengths"]
     assert len(lengths) == world
     out64, du64, dp64 = layer_reference(spec)
     start, end = bounds_of(lengths, rank)
     u, w, seq_idx = layer_inputs(spec)
+    device = rank_device()
     wrap = spec.get("wrap")
-    model = make_layer(spec)
+    model = make_layer(spec).to(device)
     model.cp_group = dist.new_group(list(range(world))) if wrap else dist.group.WORLD
     runner = model
     if wrap == "ddp":
-        runner = torch.nn.parallel.DistributedDataParallel(model)
+        runner = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
     elif wrap == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        runner = fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
-    u_r = u[:, start:end].float().requires_grad_()
-    out = runner(u_r, seq_idx=None if seq_idx is None else seq_idx[:, start:end])
-    loss = (out * w[:, start:end].float()).sum()
+        runner = fully_shard(model, mesh=init_device_mesh(device.type, (world,)))
+    u_r = u[:, start:end].float().to(device).requires_grad_()
+    seq_r = None if seq_idx is None else seq_idx[:, start:end].to(device)
+    out = runner(u_r, seq_idx=seq_r)
+    loss = (out * w[:, start:end].float().to(device)).sum()
     (loss * world if wrap else loss).backward()
-    rtol = rtol_for(torch.float32, "cpu")
+    rtol = rtol_for(torch.float32, device.type)
     what = f"rank {rank}/{world} of {spec['name']}"
     check(out, out64[:, start:end], rtol, f"out of {what}")
     du = u_r.grad / world if wrap else u_r.grad   # the scaled loss; wrappers average parameters only
@@ -259,7 +275,8 @@ def volume_case(rank, world, spec):
     and backward, at several sequence lengths: the same for every L, equal to the
     formula of docs/distributed.md, and only all_gather."""
     group = dist.group.WORLD
-    model = make_layer(spec)
+    device = rank_device()
+    model = make_layer(spec).to(device)
     model.cp_group = group
     b, d = spec["b"], spec.get("d_model", 16)
     H, P, N, G = model.nheads, model.headdim, model.d_state, model.ngroups
@@ -277,10 +294,11 @@ def volume_case(rank, world, spec):
         for n, f in wrapped.items():
             setattr(dist, n, f)
         try:
-            u = torch.randn(b, L_rank, d, requires_grad=True)
+            u = torch.randn(b, L_rank, d, device=device, requires_grad=True)
             seq_idx = None
             if with_seq:
-                seq_idx = (torch.arange(L_rank) // 7 + rank * 1000).expand(b, L_rank).to(torch.int32)
+                seq_idx = (torch.arange(L_rank, device=device) // 7
+                           + rank * 1000).expand(b, L_rank).to(torch.int32)
             model(u, seq_idx=seq_idx).square().sum().backward()
         finally:
             for n, f in real.items():

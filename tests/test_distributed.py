@@ -10,6 +10,7 @@ seq_idx (resets inside shards, exactly at shard boundaries, after an empty shard
 initial_states, with uneven shard lengths (0, and shorter than the conv's halo,
 included); under DistributedDataParallel and FSDP2 (fully_shard). The bytes through
 the collectives per layer and rank are counted and do not change with L.
+tests/test_distributed_nccl.py runs the same specs over NCCL, one GPU per rank.
 """
 import pytest
 import torch
@@ -72,6 +73,9 @@ LAYER_4 = [
          starts=[[10, 20]]),
 ]
 
+VOLUME_2 = [dict(name="seq_idx", seed=41, b=2, shard_lengths=[8, 64], with_seq_idx=True),
+            dict(name="no seq_idx", seed=42, b=1, shard_lengths=[5, 80])]
+
 
 def _run(world, fn, specs):
     harness.run(world, fn, specs, timeout=TIMEOUT)
@@ -89,9 +93,7 @@ def test_mamba2_matches_one_process(world, specs):
 
 
 def test_bytes_per_layer_do_not_grow_with_L():
-    specs = [dict(name="seq_idx", seed=41, b=2, shard_lengths=[8, 64], with_seq_idx=True),
-             dict(name="no seq_idx", seed=42, b=1, shard_lengths=[5, 80])]
-    _run(2, cases.volume_cases, specs)
+    _run(2, cases.volume_cases, VOLUME_2)
 
 
 def test_harness_reports_a_failure_and_leaves_no_process():
