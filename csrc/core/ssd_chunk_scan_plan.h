@@ -48,6 +48,8 @@ namespace baracuda {
 // the plan does not pick it; ssd_force_cuda_forward runs any of them for tests and
 // measurements.
 enum class SsdCudaForward : uint8_t { Staged, FusedMma, FusedMmaCb, FusedWgmma };
+// Heads per group from which the plan takes FusedMmaCb (ssd_chunk_scan_plan.cpp's
+// cuda_forward says why).
 constexpr int64_t kSsdFusedCbMinHeads = 4;
 
 // Tests and benchmarks only: makes the plan pick `kernel` for the CUDA forward wherever

@@ -43,9 +43,10 @@ size_t ssd_chunk_scan_cuda_forward_workspace(const SsdChunkScanLaunch& l);
 size_t ssd_chunk_scan_cuda_backward_workspace(const SsdChunkScanLaunch& l);
 void ssd_chunk_scan_cuda_forward(const SsdChunkScanLaunch& l, void* stream);
 void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream);
-// CUDA: the one-launch forwards (l.cuda_forward FusedMma, sm_80+, and FusedWgmma, sm_90a;
-// see SsdCudaForward for the problems they take). Workspace (both): a ticket and one
-// counter per (b, h, head_dim tile), and two float32 state tiles per (b, h, head_dim tile).
+// CUDA: the one-launch forwards (l.cuda_forward FusedMma and FusedMmaCb, sm_80+, and
+// FusedWgmma, sm_90a; see SsdCudaForward for the problems they take). Workspace (all): a
+// ticket and one counter per (b, h, head_dim tile), and two float32 state tiles per (b, h,
+// head_dim tile); FusedMmaCb's also holds its C·Bᵀ table (ssd_fused_cb_tiles).
 size_t ssd_chunk_scan_cuda_fused_forward_workspace(const SsdChunkScanLaunch& l);
 void ssd_chunk_scan_cuda_fused_forward(const SsdChunkScanLaunch& l, void* stream);
 void ssd_chunk_scan_cuda_fused_forward_sm90(const SsdChunkScanLaunch& l, void* stream);

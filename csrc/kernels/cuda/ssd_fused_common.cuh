@@ -350,10 +350,12 @@ inline int64_t fused_cb_bytes(const SsdChunkScanLaunch& l) {
   return l.batch * l.nchunks() * l.groups * ssd_fused_cb_tiles(l.chunk_size) * 256 * 4;
 }
 
-// The ticket and counters, the ring (a multiple of 256 bytes), then the C·Bᵀ table.
 inline int64_t fused_ring_bytes(const SsdChunkScanLaunch& l) {
   return fused_chains(l) * 2 * kSsdFusedHeadTile * l.fused_state_tile * 4;
 }
+
+// The workspace: the ticket and counters, the ring (a multiple of 256 bytes), then the
+// C·Bᵀ table.
 inline size_t fused_workspace_bytes(const SsdChunkScanLaunch& l) {
   return static_cast<size_t>(fused_align256((fused_chains(l) + 1) * 4) + fused_ring_bytes(l) + fused_cb_bytes(l));
 }
