@@ -68,12 +68,13 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t s_row, i
 
 // The rows [rows0, rows0 + nrows) of a 16-bit [len][K] tile from src (row stride s_row,
 // column stride s_col) into dst (row stride LD elements), zero-filled past len and K;
-// 16-byte cp.async groups where `vec`, else gathered. Any thread count.
+// 16-byte cp.async groups where `vec`, else gathered. Copied by `nthreads` threads, this
+// one being number `tid` of them.
 template <typename T, int LD, int COLS>
 __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t s_row, int64_t s_col, bool vec, int rows0,
-                                          int nrows, int len, int K) {
+                                          int nrows, int len, int K, int tid, int nthreads) {
   constexpr int kGroups = COLS / 8;
-  for (int i = threadIdx.x; i < nrows * kGroups; i += blockDim.x) {
+  for (int i = tid; i < nrows * kGroups; i += nthreads) {
     const int r = rows0 + i / kGroups, c = (i % kGroups) * 8;
     T* d = dst + (r - rows0) * LD + c;
     const T* sp = src + r * s_row + c * s_col;
@@ -111,8 +112,10 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
   if (rb * 64 >= len) return;
   const T* Cg = static_cast<const T*>(p.C) + b * p.Cs[0] + t0 * p.Cs[1] + grp * p.Cs[2];
   const T* Bg = static_cast<const T*>(p.B) + b * p.Bs[0] + t0 * p.Bs[1] + grp * p.Bs[2];
-  load_rows<T, kLdN, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, rb * 64, 64, len, p.state_dim);
-  load_rows<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, 0, 64 * (rb + 1), len, p.state_dim);
+  load_rows<T, kLdN, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, rb * 64, 64, len, p.state_dim, threadIdx.x,
+                         blockDim.x);
+  load_rows<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, 0, 64 * (rb + 1), len, p.state_dim, threadIdx.x,
+                         blockDim.x);
   ssd_cp_async_commit();
   ssd_cp_async_wait<0>();
   __syncthreads();
@@ -236,21 +239,8 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1) ssd_fused_forward_k
       for (int i = lane; i < 16 * kGroups; i += 32)
         ssd_cp_async16(sCw + (i / kGroups) * kLdN + (i % kGroups) * 8,
                        Cg + (i / kGroups) * p.Cs[1] + (i % kGroups) * 8);
-    } else {
-#pragma unroll 1
-      for (int i = lane; i < 16 * kGroups; i += 32) {
-        const int r = i / kGroups, c = (i % kGroups) * 8;
-        T* d = sCw + r * kLdN + c;
-        const T* src = Cg + r * p.Cs[1] + c * p.Cs[3];
-        if (r0 + r < len && c < p.state_dim) {
-          if (p.bc_vec)
-            ssd_cp_async16(d, src);
-          else
-            *reinterpret_cast<uint4*>(d) = gather8(src, p.Cs[3], p.state_dim - c);
-        } else {
-          *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-        }
-      }
+    } else {  // (Cg is row r0: its rows 0 .. 15)
+      load_rows<T, kLdN, NS>(sCw, Cg, p.Cs[1], p.Cs[3], p.bc_vec, 0, 16, len - r0, p.state_dim, lane, 32);
     }
     ssd_cp_async_commit();
   };
