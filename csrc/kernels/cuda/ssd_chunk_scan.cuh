@@ -208,7 +208,7 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 // 2·B·H·nc·D·N bytes).
 struct SsdWorkspace {
   size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
-         xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dcb = 0, xin = 0, xsuf = 0, cbt = 0;
+         xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
   size_t states_t = 0, gstates_t = 0;  // (ssd_state_copies only)
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
@@ -267,6 +267,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     if (l.group_products) {
       w.dcb_ld = l.dcb_ld();  // (a multiple of kSsdTile)
       w.dcb = take(l.dcb_splits * l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld);
+      w.dcb_t = take(l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld, 2);  // the splits' sum, rounded to T
       const int64_t tiles = w.dcb_ld / kSsdTile, pairs = tiles * (tiles + 1) / 2;
       w.xin = take(bh * nc * pairs * kSsdTile);
       w.xsuf = take(bh * nc * pairs * kSsdTile);

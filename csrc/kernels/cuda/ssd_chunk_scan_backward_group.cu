@@ -292,13 +292,16 @@ __device__ __forceinline__ void ssd_lane_pairs(const T* base, int64_t s1, int64_
   }
 }
 
-// A 64 × 64 dCB tile (row stride qp, 16-byte rows) rounded to T into dst [64][kTcLd]: the
-// sum of the `parts` head-split partials (`stride` apart), added in split order.
+// dCB for the dC and dB products: the dCB pass's head-split partials summed in split order
+// and rounded to T (as mamba_ssm rounds its dCB), once, so that those kernels copy 16-bit
+// tiles by cp.async instead of each summing the float32 partials through registers.
+// Four elements a thread and step.
 template <typename T>
-__device__ __forceinline__ void ssd_fill_dcb(T* dst, const float* src, int64_t qp, int64_t parts, int64_t stride) {
-  for (int e = threadIdx.x; e < kSsdTile * 16; e += kTcThreads) {
-    const int r = e / 16, k = (e % 16) * 4;
-    const float* at = src + r * qp + k;
+__global__ void __launch_bounds__(256) ssd_group_dcb_round_kernel(const float* dcb, T* out, int64_t n4,
+                                                                  int64_t parts, int64_t stride) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float* at = dcb + 4 * i;
     float4 v = *reinterpret_cast<const float4*>(at);
     for (int64_t s = 1; s < parts; ++s) {
       const float4 u = *reinterpret_cast<const float4*>(at + s * stride);
@@ -307,7 +310,7 @@ __device__ __forceinline__ void ssd_fill_dcb(T* dst, const float* src, int64_t q
     uint2 o;
     o.x = ssd_pack2<T>(v.x, v.y);
     o.y = ssd_pack2<T>(v.z, v.w);
-    *reinterpret_cast<uint2*>(dst + r * kTcLd + k) = o;
+    *reinterpret_cast<uint2*>(out + 4 * i) = o;
   }
 }
 
@@ -322,8 +325,7 @@ struct SsdGroupGradParams {
   const T* state;        // H_c (dC) or Gn_c (dB) rounded to T, [B, H, nc, P, N] (states_t, gstates_t)
   const double* acs;
   const float* dtf;
-  const float* dcb;      // [dcb_parts, B, G, nc, Q', Q']: the dCB pass's head-split partials
-  int64_t dcb_parts, dcb_part_stride;
+  const T* dcb;          // [B, G, nc, Q', Q']: dCB rounded to T (ssd_group_dcb_round_kernel)
   float* upart;          // dC: U partials [B, H, L, j_tiles]; null for dB
   T* out;                // dC or dB, [B, L, G, N] contiguous
 };
@@ -370,17 +372,24 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
     tc_zero(acc);
 
     // ---- 1. intra-chunk: dCB times B (dC) or C (dB)
-    const float* mat = p.dcb + ((b * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp;
+    const T* mat = p.dcb + ((b * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp;
     const T* vbase = p.v.p + b * p.v.s[0] + t0 * p.v.s[1] + g * p.v.s[2];
     const int k_first = DB ? rt : 0, k_last = DB ? n_t - 1 : rt;
     for (int kt = k_first; kt <= k_last; ++kt) {
       __syncthreads();  // the previous step (or virtual block) is done with shared memory
       // dC: dCB[q = rt rows][s = kt cols]; dB: dCB[q = kt rows][s = rt cols] (read k-major)
-      const float* src = DB ? mat + static_cast<int64_t>(kt * kSsdTile) * p.qp + r0
-                            : mat + static_cast<int64_t>(r0) * p.qp + kt * kSsdTile;
-      ssd_fill_dcb<T>(sA, src, p.qp, p.dcb_parts, p.dcb_part_stride);
-      tc_fill<T>(sV, kTcLd, kSsdTile, kSsdTile, vbase + static_cast<int64_t>(kt * kSsdTile) * p.v.s[1] + j0 * p.v.s[3],
-                 p.v.s[1], p.v.s[3], min(kSsdTile, len - kt * kSsdTile), p.N - j0);
+      // (both tiles by cp.async, in flight together; dCB's tile is whole: zeros where s > q
+      // or past the chunk, Q' a multiple of 64)
+      const T* src = DB ? mat + static_cast<int64_t>(kt * kSsdTile) * p.qp + r0
+                        : mat + static_cast<int64_t>(r0) * p.qp + kt * kSsdTile;
+#pragma unroll 1
+      for (int e = tid; e < kSsdTile * 8; e += kTcThreads)
+        ssd_cp_async16(sA + (e / 8) * kTcLd + (e % 8) * 8, src + static_cast<int64_t>(e / 8) * p.qp + (e % 8) * 8);
+      tc_fill<T, true>(sV, kTcLd, kSsdTile, kSsdTile,
+                       vbase + static_cast<int64_t>(kt * kSsdTile) * p.v.s[1] + j0 * p.v.s[3], p.v.s[1], p.v.s[3],
+                       min(kSsdTile, len - kt * kSsdTile), p.N - j0);
+      ssd_cp_async_commit();
+      ssd_cp_async_wait<0>();
       __syncthreads();
       // The diagonal tile: only the 16-position k-steps with causal partners.
       // A is stored [m][k] (dC) or read k-major (dB); V is [k][n].
@@ -737,6 +746,10 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   ssd_tc_smem(ssd_group_dcb_kernel<T>, smem, "ssd_chunk_scan_backward(group_dcb)");
   ssd_group_dcb_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(group_dcb)");
+  const int64_t per_split = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
+  ssd_group_dcb_round_kernel<T><<<ssd_grid((per_split / 4 + 255) / 256), 256, 0, stream>>>(
+      p.dcb, ssd_ws<T>(l, w.dcb_t), per_split / 4, p.nsplit, per_split);
+  check_launch("ssd_chunk_scan_backward(group_dcb_round)");
   const int64_t total = l.batch * l.heads * l.seqlen;
   ssd_group_xs_kernel<<<ssd_grid((total + 255) / 256), 256, 0, stream>>>(
       p.xin, p.xsuf, ssd_ws<float>(l, w.xs), total, l.seqlen, l.chunk_size, p.nchunks, p.pairs);
@@ -768,9 +781,7 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.state = ssd_ws<T>(l, DB ? w.gstates_t : w.states_t);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
-  p.dcb = ssd_ws<float>(l, w.dcb);
-  p.dcb_parts = l.dcb_splits;
-  p.dcb_part_stride = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
+  p.dcb = ssd_ws<T>(l, w.dcb_t);
   p.upart = DB ? nullptr : ssd_ws<float>(l, w.up);
   p.out = static_cast<T*>(DB ? l.dB : l.dC);
   if (p.total_blocks == 0) return;

@@ -277,14 +277,19 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1) ssd_fused_forward_k
     if (mtile >= mtiles) continue;
     const int r0 = mtile * 16;
     const int ta = r0 + g8, tb = ta + 8;
-    uint32_t zr[2][kFusedP / 8] = {};  // z of rows ta, tb for the epilogue, loaded early
-    if (p.z != nullptr) {
+    // z of rows ta, tb for the epilogue, all loads in flight together: loaded here, before the
+    // products, where the block has the registers (one block an SM), and after them in the CB
+    // kernel, whose 128 registers (two blocks an SM) would spill z across the products
+    uint32_t zr[2][kFusedP / 8] = {};
+    const auto load_z = [&] {
+      if (p.z == nullptr) return;
 #pragma unroll
       for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int j = 0; j < kFusedP / 8; ++j)
           if ((half == 0 ? ta : tb) < len) zr[half][j] = fused_z_pair<T>(p, tile, half == 0 ? ta : tb, j * 8 + 2 * q4);
-    }
+    };
+    if constexpr (!CB) load_z();
     uint32_t cf[kNT][4];  // C rows r0..r0+15 as A fragments, k over N
     if constexpr (CB) {
       ssd_cp_async_wait<0>();
@@ -394,6 +399,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1) ssd_fused_forward_k
       if (s0 <= r0) steps.template operator()<1>(s0);
     }
     // epilogue: rows ta and tb, columns j·8 + 2·q4 (+1)
+    if constexpr (CB) load_z();
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int t = half == 0 ? ta : tb;
