@@ -129,42 +129,49 @@ class _Layout:
 
 
 class _StateExchange(torch.autograd.Function):
-    """``(S_local, a, out_local) -> (S_in, out_local)`` on every rank of ``group``:
-    ``S_in`` is this rank's true initial state, the exclusive prefix combine of every
-    earlier rank's ``(S_local, a)`` (``S ← carry_{j+1} · (a_j S + S_local_j)``).
+    """``(S_local, a, S_first) -> S_in`` on every rank of ``group``: ``S_in`` is this rank's
+    true initial state. Rank 0's is ``S_first`` (the caller's initial state, zeros without
+    one; a copy); rank r's is the exclusive prefix combine of the ranks before it,
+    ``S ← carry_{j+1} · (a_j S + S_end'_j)`` from ``S = 0``, where each rank sends
+    ``S_end'_j = S_local_j`` and rank 0 ``a_0 S_first + S_local_0`` (its whole final state).
+    Every rank's scan consumes ``S_in``; ``anchors`` (the scan's differentiable inputs,
+    the same kinds on every rank) make ``S_in`` require a gradient on every rank or on none,
+    whatever this rank's own inputs to the combine (none on an empty shard, a constant
+    ``S_local`` on the last rank), so every rank joins the backward's ``all_gather``.
 
-    ``out_local`` passes through unchanged: it anchors this node in every rank's graph
-    (rank 0 has no correction, so nothing else would reach it), because every rank must
-    join the backward's ``all_gather``. Backward: one ``all_gather`` of each rank's
-    ``dS_in``, then the reverse combine over the ranks after this one gives
-    ``dS_local = carry_{r+1} λ_{r+1}`` with ``λ_j = dS_in_j + a_j carry_{j+1} λ_{j+1}``,
-    and ``da = ⟨dS_local, S_in⟩``."""
+    Backward: one ``all_gather`` of each rank's ``dS_in``, then the reverse combine over the
+    ranks after this one gives ``dS_local = carry_{r+1} λ_{r+1}`` with
+    ``λ_j = dS_in_j + a_j carry_{j+1} λ_{j+1}``, ``da = ⟨dS_local, S_in⟩`` and, on rank 0,
+    ``dS_first = dS_in + a_0 dS_local``."""
 
     @staticmethod
-    def forward(ctx, S_local: Tensor, a: Tensor, out_local: Tensor, group, layout):
+    def forward(ctx, S_local: Tensor, a: Tensor, S_first: Tensor, group, layout, *anchors):
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         n = S_local.numel()
-        buf = torch.cat([S_local.reshape(-1), a.reshape(-1).to(S_local.dtype)])
+        a4 = a[..., None, None]
+        sent = S_local + a4 * S_first if rank == 0 else S_local
+        buf = torch.cat([sent.reshape(-1), a.reshape(-1).to(S_local.dtype)])
         bufs = [torch.empty_like(buf) for _ in range(world)]
         work = dist.all_gather(bufs, buf, group=group, async_op=True)
         carry = layout.carry() if layout is not None else None   # overlaps the gather
         work.wait()
         a_all = torch.stack([b[n:] for b in bufs]).view(world, *a.shape)
-        S = torch.zeros_like(S_local)
-        for j in range(rank):
-            S = a_all[j][..., None, None] * S + bufs[j][:n].view_as(S_local)
-            if carry is not None:
-                S = torch.where(carry[j + 1][:, None, None, None], S, 0)
+        if rank == 0:
+            S = S_first.clone()
+        else:
+            S = torch.zeros_like(S_local)
+            for j in range(rank):
+                S = a_all[j][..., None, None] * S + bufs[j][:n].view_as(S_local)
+                if carry is not None:
+                    S = torch.where(carry[j + 1][:, None, None, None], S, 0)
         ctx.group, ctx.world, ctx.rank = group, world, rank
         ctx.save_for_backward(S, a_all, carry if carry is not None else torch.empty(0))
         ctx.has_carry = carry is not None
-        # An alias of out_local, not a view (a custom Function's output view could not be
-        # modified in place): `out` may be changed in place on rank 0 as the op's own
-        # output can (the scan's autograd node does not save it).
-        return S, out_local.detach()
+        ctx.anchors = len(anchors)
+        return S
 
     @staticmethod
-    def backward(ctx, dS_in: Tensor, dout: Tensor):
+    def backward(ctx, dS_in: Tensor):
         S_in, a_all, carry = ctx.saved_tensors
         world, rank = ctx.world, ctx.rank
         g = dS_in.contiguous()
@@ -175,7 +182,77 @@ class _StateExchange(torch.autograd.Function):
             lam = gs[j] + a_all[j][..., None, None] * mu
             mu = torch.where(carry[j][:, None, None, None], lam, 0) if ctx.has_carry else lam
         da = (mu * S_in).sum((-2, -1)) if ctx.needs_input_grad[1] else None
-        return mu, da, dout, None, None
+        dS_first = None
+        if rank == 0 and ctx.needs_input_grad[2]:
+            dS_first = g + a_all[0][..., None, None] * mu
+        return (mu, da, dS_first, None, None) + (None,) * ctx.anchors
+
+
+# ---- the shard's own final state ------------------------------------------------------
+
+
+def _bmm_dtype_ok() -> bool:
+    """Whether this torch has ``bmm(…, out_dtype)`` (16-bit products, float32 results)."""
+    return hasattr(torch.ops.aten.bmm, "dtype")
+
+
+class _ShardState(torch.autograd.Function):
+    """``(x, w, B) -> S_local`` [B, H, P, N] in ``w``'s dtype (the compute type): the state
+    after the shard's last token from a zero initial state,
+    ``S_local[h] = Σ_t w[h, t] · x_t[h] ⊗ B_t[g(h)]`` with ``w[h, t] = exp(Acs_end − Acs_t) · dt_t``
+    (0 before the shard's last reset). One product a (batch, group) over the shard's
+    tokens; for 16-bit inputs on CUDA ``x·w`` is rounded to bfloat16 (as the chunk-state
+    products round their operands) and the product accumulates and returns float32, else
+    everything is in the compute type. x [B, L, H, P], w [B, H, L], B [B, L, G, N]."""
+
+    @staticmethod
+    def _xw(x: Tensor, w: Tensor, G: int, mm: torch.dtype) -> Tensor:
+        """[B·G, L, K·P] (K = H / G heads a group): x · w in ``mm``, one pass."""
+        b, L, H, P = x.shape
+        K = H // G
+        out = torch.empty(b, G, L, K, P, dtype=mm, device=x.device)
+        torch.mul(x.unflatten(2, (G, K)).permute(0, 2, 1, 3, 4),
+                  w.view(b, G, K, L).permute(0, 1, 3, 2)[..., None], out=out)
+        return out.view(b * G, L, K * P)
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, B: Tensor):
+        b, L, H, P = x.shape
+        G, N = B.size(2), B.size(3)
+        cd = w.dtype
+        half = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and _bmm_dtype_ok()
+        mm = torch.bfloat16 if half else cd        # bfloat16 keeps float16's large states finite
+        xw = _ShardState._xw(x, w, G, mm)                                   # [B·G, L, K·P]
+        Bm = B.to(mm).permute(0, 2, 1, 3).reshape(b * G, L, N)              # [B·G, L, N]
+        xt = xw.transpose(1, 2)
+        S = torch.ops.aten.bmm.dtype(xt, Bm, cd) if half else torch.bmm(xt, Bm)
+        ctx.save_for_backward(x, w, B)
+        ctx.mm = mm
+        return S.view(b, H, P, N)
+
+    @staticmethod
+    def backward(ctx, dS: Tensor):
+        x, w, B = ctx.saved_tensors
+        b, L, H, P = x.shape
+        G, N = B.size(2), B.size(3)
+        K, mm = H // G, ctx.mm
+        dSm = dS.to(mm).reshape(b * G, K * P, N)
+        Bm = B.to(mm).permute(0, 2, 1, 3).reshape(b * G, L, N)
+        dx = dw = dB = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            # d(x·w) as [B, L, G, K, P] (a view of the product's [B, G, L, K, P])
+            dxw = torch.bmm(Bm, dSm.transpose(1, 2)).view(b, G, L, K, P).permute(0, 2, 1, 3, 4)
+            if ctx.needs_input_grad[0]:
+                dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                torch.mul(dxw, w.view(b, G, K, L).permute(0, 3, 1, 2)[..., None],
+                          out=dx.view(b, L, G, K, P))
+            if ctx.needs_input_grad[1]:
+                dw = torch.sum(dxw * x.unflatten(2, (G, K)).to(mm), -1, dtype=w.dtype)  # [B, L, G, K]
+                dw = dw.permute(0, 2, 3, 1).reshape(b, H, L)
+        if ctx.needs_input_grad[2]:
+            xw = _ShardState._xw(x, w, G, mm)
+            dB = torch.bmm(xw, dSm).view(b, G, L, N).permute(0, 2, 1, 3).to(B.dtype)
+        return dx, dw, dB
 
 
 # ---- the conv halo exchange -------------------------------------------------------------
@@ -277,40 +354,42 @@ def _cp_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size:
     batch, L, H, P = x.shape
     G, N = B.size(2), B.size(3)
     if layout is None and seq_idx is not None:
-        # Started before the local scan, finished after it.
+        # Started before the shard's own state is computed, finished in the exchange.
         layout = _Layout(L, batch, seq_idx, 1, x.device, group, world)
-    out_local, S_local = _mamba._scan(
-        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states if rank == 0 else None,
-        seq_idx, dt_softplus, dt_limit, None, fn)
-    cd = S_local.dtype                       # float32, float64 for float64 inputs
-    if rank == 0:
-        # S_in is 0 on rank 0 (initial_states went into its scan): no correction, and its
-        # a never counts (it only ever multiplies that 0).
-        a = S_local.new_ones(batch, H)
+    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    # The shard-local decays from the same processed dt as the kernel's, the cumsum in
+    # float64 as the kernels keep theirs and along the last dimension ([B, H, L]: a scan
+    # along L of [B, L, H] runs one thread a column on CUDA, 17 ms at 32k tokens).
+    dtp = _process_dt(dt.to(cd), None if dt_bias is None else dt_bias.to(cd), dt_softplus,
+                      (low, high)).transpose(1, 2)                               # [B, H, L]
+    Acs = torch.cumsum((dtp.double() * A.double()[:, None]).contiguous(), dim=-1)
+    last_seq = None                          # [B, L]: the token is in the shard's last sequence
+    if seq_idx is not None and L > 1:
+        resets = F.pad((seq_idx[:, 1:] != seq_idx[:, :-1]).cumsum(1), (1, 0))
+        last_seq = resets == resets[:, -1:]
+    if L > 0:
+        a = torch.exp(Acs[..., -1]).to(cd)                                       # [B, H]
+        if last_seq is not None:
+            a = torch.where(last_seq[:, :1], a, 0)     # a reset inside the shard: no carry
     else:
-        # The shard-local decays, from the same processed dt as the kernel's; the cumsum
-        # in float64 (as the kernels keep theirs).
-        dtp = _process_dt(dt.to(cd), None if dt_bias is None else dt_bias.to(cd), dt_softplus,
-                          (low, high))
-        Acs = torch.cumsum(dtp.double() * A.double(), dim=1)                      # [B, L, H]
-        decay = torch.exp(Acs).to(cd)
-        if seq_idx is not None and L > 1:
-            reset = (seq_idx[:, 1:] != seq_idx[:, :-1]).cumsum(1) > 0
-            carried = F.pad(~reset, (1, 0), value=True)                          # [B, L]
-            decay = torch.where(carried[..., None], decay, 0)
-        a = decay[:, -1] if L > 0 else decay.new_ones(batch, H)
-    S_in, out = _StateExchange.apply(S_local, a, out_local, group, layout)
-    if rank > 0:
-        Sg = S_in.view(batch, G, H // G, P, N)
-        corr = torch.einsum("blgn,bgkpn->blgkp", C.to(cd), Sg).reshape(batch, L, H, P)
-        corr = corr * decay[..., None]
-        if z is not None:
-            corr = corr * F.silu(z.to(cd))
-        out = (out.to(cd) + corr).to(x.dtype)
-    S_end = a[..., None, None] * S_in + S_local
-    if state_dtype is not None:
-        S_end = S_end.to(state_dtype)
-    return out, S_end
+        a = x.new_ones(batch, H, dtype=cd)
+    if rank < world - 1 and L > 0:
+        w = torch.exp(Acs[..., -1:] - Acs) * dtp.double()
+        if last_seq is not None:
+            w = torch.where(last_seq[:, None, :], w, 0)
+        S_local = _ShardState.apply(x, w.to(cd), B)
+    else:
+        S_local = x.new_zeros(batch, H, P, N, dtype=cd)   # (the last rank's is never read)
+    if rank == 0 and initial_states is not None:
+        S_first = initial_states.to(cd)
+    else:
+        S_first = x.new_zeros(batch, H, P, N, dtype=cd)
+    anchors = [t for t in (x, dt, A, B, C, D, z, dt_bias) if t is not None]
+    S_in = _StateExchange.apply(S_local, a, S_first, group, layout, *anchors)
+    # The shard's scan from its true initial state: its output and final state are what
+    # one process over the whole sequence computes.
+    return _mamba._scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, S_in, seq_idx, dt_softplus,
+                        dt_limit, state_dtype, fn)
 
 
 def mamba_chunk_scan_combined(

@@ -356,17 +356,18 @@ class _Worker:
                  "peak_gib": None if peak is None else peak / 1024,
                  "peak_above_gib": None if above is None else above / 1024}
         if mode != "single" and cfg["profile"]:
-            if self.rank == 0:
-                kernels = kernel_breakdown(step, self.device.type, iters=2)
-                comm = [k for k in kernels if _is_comm(k[0], self.device.type)]
-                stats.update(comm_ms=sum(k[1] for k in comm) / 1e3,
-                             comm_calls=sum(k[2] for k in comm),
-                             kernel_ms=sum(k[1] for k in kernels) / 1e3,
-                             comm_top=[(k[0][:100], k[1] / 1e3, k[2]) for k in comm[:4]])
-            else:
-                for _ in range(3):                # kernel_breakdown's calls on rank 0
-                    step()
-                self.sync()
+            # every rank profiles the same steps (the collectives keep them together): its
+            # kernel time, its communication and its largest other kernels, so that an
+            # imbalance between ranks (time one rank spends waiting inside a collective) is
+            # seen with the work that causes it
+            kernels = kernel_breakdown(step, self.device.type, iters=2)
+            comm = [k for k in kernels if _is_comm(k[0], self.device.type)]
+            stats.update(comm_ms=sum(k[1] for k in comm) / 1e3,
+                         comm_calls=sum(k[2] for k in comm),
+                         kernel_ms=sum(k[1] for k in kernels) / 1e3,
+                         comm_top=[(k[0][:100], k[1] / 1e3, k[2]) for k in comm[:4]],
+                         work_top=[(k[0][:100], k[1] / 1e3, k[2]) for k in kernels
+                                   if not _is_comm(k[0], self.device.type)][:12])
         del u, dy, fwd, step
         return stats
 
@@ -418,6 +419,9 @@ class _Worker:
                               iters=per_rank[0][2]["iters"], rank_median_ms=meds, slowest_rank=slowest,
                               peak_gib=[s["peak_gib"] for _, _, s in per_rank],
                               **{k: v for k, v in per_rank[0][2].items() if k.startswith(("comm", "kernel"))})
+                if "kernel_ms" in per_rank[0][2]:
+                    record.update(ranks=[{k: s[k] for k in ("kernel_ms", "comm_ms", "work_top")}
+                                         for _, _, s in per_rank])
         if record["status"] == "ok":
             peaks = record["peak_gib"] if isinstance(record["peak_gib"], list) else [record["peak_gib"]]
             if all(p is not None for p in peaks):
@@ -550,6 +554,9 @@ def _phase_line(r: dict) -> str:
          f"peak {'/'.join(_fmt(p, '.1f') for p in peak)} GiB")
     if "comm_ms" in r:
         s += f", comm {r['comm_ms']:.2f} ms/step on rank 0"
+    for rank, k in enumerate(r.get("ranks", [])):
+        s += (f"\n    rank {rank}: kernels {k['kernel_ms']:.2f} ms/step, communication {k['comm_ms']:.2f}; "
+              "largest others: " + ", ".join(f"{name} {ms:.2f} ms x{n:g}" for name, ms, n in k["work_top"][:8]))
     return s
 
 
