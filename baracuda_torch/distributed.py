@@ -2,16 +2,16 @@
 ``torch.distributed``.
 
 A batch's sequences are split along L into contiguous shards, one per rank of a process
-group (``cp_group``), in rank order; shard lengths may differ (and may be 0). Each rank
-scans its own shard from a zero state, all at once. A shard's final state is affine in
-its initial state, ``S_end = a · S_in + S_local`` per (batch, head), with ``a`` the
-shard's total decay ``exp(Σ dt·A)`` (0 when a ``seq_idx`` reset falls inside the shard),
-so the ranks exchange only ``(S_local, a)`` (``B·H·P·N + B·H`` values each, independent
-of L), recover their true initial states ``S_in`` with an exclusive prefix combine over
-the ranks before them, and add the initial state's contribution to their outputs,
-``y_t += C_t · (exp(Acs_t) · S_in)`` (``Acs`` the shard-local cumulative sum of dt·A,
-the term zero from the shard's first reset on). The backward is the reverse combine of
-the state gradients: one more exchange of ``B·H·P·N`` values per rank.
+group (``cp_group``), in rank order; shard lengths may differ (and may be 0). A shard's
+final state is affine in its initial state, ``S_end = a · S_in + S_local`` per (batch,
+head), with ``a`` the shard's total decay ``exp(Σ dt·A)`` (0 when a ``seq_idx`` reset falls
+inside the shard) and ``S_local`` its final state from a zero state. Each rank but the last
+computes ``S_local`` first (one product a (batch, group) over its tokens, far cheaper than
+the scan), the ranks exchange ``(S_local, a)`` (``B·H·P·N + B·H`` values each, independent
+of L) and recover their true initial states ``S_in`` with an exclusive prefix combine over
+the ranks before them, and each rank scans its shard from ``S_in`` with the fused op: its
+output and final state are the single process's own computation. The backward is the
+reverse combine of the state gradients: one more exchange of ``B·H·P·N`` values per rank.
 
 * :func:`mamba_chunk_scan_combined`: mamba_ssm's signature and return convention (as
   :func:`baracuda_torch.mamba.mamba_chunk_scan_combined`) plus ``cp_group``.
