@@ -199,11 +199,12 @@ def _bmm_dtype_ok() -> bool:
 class _ShardState(torch.autograd.Function):
     """``(x, w, B) -> S_local`` [B, H, P, N] in ``w``'s dtype (the compute type): the state
     after the shard's last token from a zero initial state,
-    ``S_local[h] = Σ_t w[h, t] · x_t[h] ⊗ B_t[g(h)]`` with ``w[h, t] = exp(Acs_end − Acs_t) · dt_t``
+    ``S_local[h] = Σ_t w[t, h] · x_t[h] ⊗ B_t[g(h)]`` with ``w[t, h] = exp(Acs_end − Acs_t) · dt_t``
     (0 before the shard's last reset). One product a (batch, group) over the shard's
     tokens; for 16-bit inputs on CUDA ``x·w`` is rounded to bfloat16 (as the chunk-state
     products round their operands) and the product accumulates and returns float32, else
-    everything is in the compute type. x [B, L, H, P], w [B, H, L], B [B, L, G, N]."""
+    everything is in the compute type. x [B, L, H, P], w [B, L, H] (contiguous, so that the
+    elementwise products over [B, L, H, P] index two dimensions at one group), B [B, L, G, N]."""
 
     @staticmethod
     def _xw(x: Tensor, w: Tensor, G: int, mm: torch.dtype) -> Tensor:
@@ -212,7 +213,7 @@ class _ShardState(torch.autograd.Function):
         K = H // G
         out = torch.empty(b, G, L, K, P, dtype=mm, device=x.device)
         torch.mul(x.unflatten(2, (G, K)).permute(0, 2, 1, 3, 4),
-                  w.view(b, G, K, L).permute(0, 1, 3, 2)[..., None], out=out)
+                  w.view(b, L, G, K).permute(0, 2, 1, 3)[..., None], out=out)
         return out.view(b * G, L, K * P)
 
     @staticmethod
@@ -244,11 +245,9 @@ class _ShardState(torch.autograd.Function):
             dxw = torch.bmm(Bm, dSm.transpose(1, 2)).view(b, G, L, K, P).permute(0, 2, 1, 3, 4)
             if ctx.needs_input_grad[0]:
                 dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-                torch.mul(dxw, w.view(b, G, K, L).permute(0, 3, 1, 2)[..., None],
-                          out=dx.view(b, L, G, K, P))
+                torch.mul(dxw, w.view(b, L, G, K)[..., None], out=dx.view(b, L, G, K, P))
             if ctx.needs_input_grad[1]:
-                dw = torch.sum(dxw * x.unflatten(2, (G, K)).to(mm), -1, dtype=w.dtype)  # [B, L, G, K]
-                dw = dw.permute(0, 2, 3, 1).reshape(b, H, L)
+                dw = torch.sum(dxw * x.unflatten(2, (G, K)).to(mm), -1, dtype=w.dtype).view(b, L, H)
         if ctx.needs_input_grad[2]:
             xw = _ShardState._xw(x, w, G, mm)
             dB = torch.bmm(xw, dSm).view(b, G, L, N).permute(0, 2, 1, 3).to(B.dtype)
@@ -271,64 +270,83 @@ def _halo_index(lengths: Tensor, k: int) -> Tensor:
     return torch.where(pos >= 0, 1 + owner * k + slot, 0)
 
 
-class _HaloExchange(torch.autograd.Function):
-    """``tail [B, k, C] -> halo [B, k, C]``: every rank's last k tokens (right-aligned,
-    zero-padded) are all-gathered, and each rank picks the k tokens before its shard
-    (:meth:`_Layout.halo_index`; zeros before the sequence start). The gather is issued
-    before the layout exchange is waited for, so the two are in flight together.
-    Backward: an ``all_gather`` of every rank's ``dhalo``, each rank summing the entries
-    that came from its own tail (a one-hot product: deterministic)."""
+class _HaloConv(torch.autograd.Function):
+    """The causal depthwise conv (+ SiLU) of this rank's shard ``xBC`` [B, L, C] (``weight``
+    [C, W], k = W − 1) as if over the whole sequence, returned as the output's channel
+    ranges of ``sizes`` ([B, L, c] each, views of one buffer).
+
+    Forward: every rank's last k tokens (right-aligned, zero-padded) are all-gathered (issued
+    before the layout exchange is waited for: the two are in flight together); each rank
+    picks the k tokens before its shard (:meth:`_Layout.halo_index`; zeros before the
+    sequence start) and their ``seq_idx``, and runs the conv op over ``[halo, xBC]``.
+    Backward: the parts' gradients written into one buffer (zeros for the halo's outputs),
+    the conv's backward over the extended sequence, an ``all_gather`` of every rank's halo
+    gradient, and each rank adds the entries that came from its own tail into its last k
+    rows (a one-hot product: deterministic). One Function, so that autograd makes no
+    full-size gradient of a slice (the tail, the halo's dropped outputs, each part) and
+    adds none up."""
 
     @staticmethod
-    def forward(ctx, tail: Tensor, layout: "_Layout", group):
+    def forward(ctx, xBC: Tensor, weight: Tensor, bias: Optional[Tensor], seq_idx: Optional[Tensor],
+                silu: bool, sizes: Tuple[int, ...], layout: "_Layout", group):
         world, rank = dist.get_world_size(group), dist.get_rank(group)
-        t = tail.contiguous()
+        batch, L, _ = xBC.shape
+        k = weight.size(1) - 1
+        n = min(L, k)
+        t = F.pad(xBC[:, L - n:], (0, 0, k - n, 0)).contiguous()               # [B, k, C]
         ts = [torch.empty_like(t) for _ in range(world)]
         work = dist.all_gather(ts, t, group=group, async_op=True)
         index = layout.halo_index()                                             # [W, k]
+        ext_seq = None
+        if seq_idx is not None:
+            table = torch.cat([layout.first.new_zeros(batch, 1),
+                               layout.tails.permute(1, 0, 2).reshape(batch, -1)], dim=1)
+            picked = table.index_select(1, index[rank])
+            ext_seq = _mamba._seq_idx_int32(torch.cat([picked.to(seq_idx.dtype), seq_idx], dim=1))
         work.wait()
-        table = torch.cat([t.new_zeros(t.size(0), 1, t.size(2))] + ts, dim=1)  # [B, 1+W·k, C]
-        ctx.group, ctx.world, ctx.rank = group, world, rank
-        ctx.save_for_backward(index)
-        return table.index_select(1, index[rank])
+        table = torch.cat([t.new_zeros(batch, 1, t.size(2))] + ts, dim=1)      # [B, 1+W·k, C]
+        ext = torch.cat([table.index_select(1, index[rank]), xBC], dim=1)      # [B, k+L, C]
+        act = "silu" if silu else None
+        out, _ = torch.ops.baracuda.causal_conv1d(ext.transpose(1, 2), weight, bias, ext_seq, None, act)
+        y = out.transpose(1, 2)[:, k:]
+        ctx.save_for_backward(ext, weight, bias, ext_seq, index)
+        ctx.group, ctx.world, ctx.rank, ctx.k, ctx.act, ctx.sizes = group, world, rank, k, act, sizes
+        ctx.set_materialize_grads(False)
+        parts, a = [], 0
+        for c in sizes:
+            parts.append(y[..., a:a + c])
+            a += c
+        return tuple(parts)
 
     @staticmethod
-    def backward(ctx, dhalo: Tensor):
-        (index,) = ctx.saved_tensors
-        world, rank = ctx.world, ctx.rank
-        k = dhalo.size(1)
-        g = dhalo.contiguous()
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *dparts):
+        ext, weight, bias, ext_seq, index = ctx.saved_tensors
+        k, world, rank = ctx.k, ctx.world, ctx.rank
+        batch, kL, C = ext.shape
+        dy = torch.empty_like(ext)
+        dy[:, :k].zero_()
+        a = 0
+        for c, g in zip(ctx.sizes, dparts):
+            part = dy[:, k:, a:a + c]
+            part.zero_() if g is None else part.copy_(g)
+            a += c
+        if a < C:
+            dy[:, k:, a:].zero_()
+        dext, dweight, dbias, _ = torch.ops.baracuda.causal_conv1d_backward(
+            dy.transpose(1, 2), None, ext.transpose(1, 2), weight, bias, ext_seq, None, ctx.act)
+        dext = dext.transpose(1, 2)                                             # [B, k+L, C]
+        g = dext[:, :k].contiguous()
         gs = [torch.empty_like(g) for _ in range(world)]
         dist.all_gather(gs, g, group=ctx.group)
         mine = 1 + rank * k + torch.arange(k, device=index.device)               # [k]
         onehot = (index.reshape(-1)[None, :] == mine[:, None]).to(g.dtype)      # [k, W·k]
         dtail = torch.matmul(onehot, torch.cat(gs, dim=1))                       # [B, k, C]
-        return dtail, None, None
-
-
-def _causal_conv1d_with_halo(conv, xBC: Tensor, weight: Tensor, bias: Optional[Tensor],
-                            seq_idx: Optional[Tensor], silu: bool, group,
-                            layout: _Layout) -> Tensor:
-    """``conv(xBC, weight, bias, seq_idx, silu)`` (a causal depthwise conv over L of
-    ``xBC`` [B, L, C] with ``weight`` [C, W]) on this rank's shard as if on the whole
-    sequence: the ``W - 1`` tokens before the shard (and their ``seq_idx``) are fetched
-    from the ranks before (zeros before the sequence start), prepended, and their outputs
-    dropped. ``layout`` must have been made with ``k = W - 1``."""
-    k = weight.size(1) - 1
-    if k == 0:
-        return conv(xBC, weight, bias, seq_idx, silu)
-    batch, L, _ = xBC.shape
-    n = min(L, k)
-    tail = F.pad(xBC[:, L - n:], (0, 0, k - n, 0))
-    halo = _HaloExchange.apply(tail, layout, group)
-    ext = torch.cat([halo, xBC], dim=1)
-    ext_seq = None
-    if seq_idx is not None:
-        table = torch.cat([layout.first.new_zeros(batch, 1),
-                           layout.tails.permute(1, 0, 2).reshape(batch, -1)], dim=1)
-        picked = table.index_select(1, layout.halo_index()[dist.get_rank(group)])
-        ext_seq = torch.cat([picked.to(seq_idx.dtype), seq_idx], dim=1)
-    return conv(ext, weight, bias, ext_seq, silu)[:, k:]
+        dxBC = dext[:, k:]
+        n = min(kL - k, k)
+        if n:
+            dxBC[:, kL - k - n:] += dtail[:, k - n:]
+        return (dxBC, dweight, dbias if bias is not None else None) + (None,) * 5
 
 
 # ---- the context-parallel scan ---------------------------------------------------------
@@ -377,7 +395,7 @@ def _cp_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size:
         w = torch.exp(Acs[..., -1:] - Acs) * dtp.double()
         if last_seq is not None:
             w = torch.where(last_seq[:, None, :], w, 0)
-        S_local = _ShardState.apply(x, w.to(cd), B)
+        S_local = _ShardState.apply(x, w.to(cd).transpose(1, 2).contiguous(), B)
     else:
         S_local = x.new_zeros(batch, H, P, N, dtype=cd)   # (the last rank's is never read)
     if rank == 0 and initial_states is not None:
@@ -436,21 +454,26 @@ def mamba_chunk_scan_combined(
     return (out, S_end) if return_final_states else out
 
 
-def _split_conv1d_scan_cp(conv, xBC: Tensor, dt: Tensor, conv1d_weight: Tensor,
+def _split_conv1d_scan_cp(xBC: Tensor, dt: Tensor, conv1d_weight: Tensor,
                           conv1d_bias: Optional[Tensor], seq_idx: Optional[Tensor], silu: bool,
-                          split, scan_args: dict, group) -> Tuple[Tensor, Tensor]:
+                          cfg, scan_args: dict, group) -> Tuple[Tensor, Tensor]:
     """The conv and the scan of :func:`baracuda_torch.mamba.mamba_split_conv1d_scan_combined`
-    under context parallelism: one layout exchange (lengths and the last ``d_conv - 1``
-    ``seq_idx`` of every shard), the conv halo, then the scan. ``split(xBC)`` gives
-    ``(x, B, C)``; returns ``(y, S_end)``."""
+    under context parallelism (``cfg`` its split): one layout exchange (lengths and the last
+    ``d_conv - 1`` ``seq_idx`` of every shard), the conv with its halo, then the scan.
+    Returns ``(y, S_end)``."""
     world, _ = _group_info(group)
-    if world == 1:
-        x, B, C = split(conv(xBC, conv1d_weight, conv1d_bias, seq_idx, silu))
-        return _cp_scan(x, dt, B=B, C=C, seq_idx=seq_idx, group=group, **scan_args)
+    k = conv1d_weight.size(1) - 1
+    if world == 1 or k == 0:
+        layout = None
+        if world > 1 and seq_idx is not None:
+            layout = _Layout(xBC.size(1), xBC.size(0), seq_idx, 1, xBC.device, group, world)
+        x, B, C = _mamba._split_xBC(cfg, _mamba._causal_conv1d(xBC, conv1d_weight, conv1d_bias,
+                                                               seq_idx, silu))
+        return _cp_scan(x, dt, B=B, C=C, seq_idx=seq_idx, group=group, layout=layout, **scan_args)
     batch, L, _ = xBC.shape
-    k = max(conv1d_weight.size(1) - 1, 1)
     layout = _Layout(L, batch, seq_idx, k, xBC.device, group, world)
-    xBC = _causal_conv1d_with_halo(conv, xBC, conv1d_weight, conv1d_bias, seq_idx, silu, group,
-                                  layout)
-    x, B, C = split(xBC)
+    sizes = tuple(b - a for a, b in _mamba._conv_parts(cfg))
+    x, B, C = _HaloConv.apply(xBC, conv1d_weight, conv1d_bias, seq_idx, silu, sizes, layout, group)
+    x = x.unflatten(-1, (cfg.nheads, cfg.headdim))
+    B, C = (t.unflatten(-1, (cfg.ngroups, cfg.dstate)) for t in (B, C))
     return _cp_scan(x, dt, B=B, C=C, seq_idx=seq_idx, group=group, layout=layout, **scan_args)

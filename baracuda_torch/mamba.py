@@ -27,7 +27,6 @@ implemented. Context parallelism (the sequence split over the ranks of a process
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional, Tuple, Union
@@ -226,6 +225,31 @@ def _split_zxbcdt(cfg: _SplitConfig, t: Tensor) -> Tuple[Tensor, Tensor, Tensor,
     sizes = (2 * cfg.d_mlp, cfg.dim, cfg.dim + 2 * cfg.ngroups * cfg.dstate, cfg.nheads)
     starts = (0, sizes[0], sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2])
     return tuple(t[..., a:a + n] for a, n in zip(starts, sizes))
+
+
+class _ZxbcdtParts(torch.autograd.Function):
+    """``_split_zxbcdt`` for the composed (context-parallel) path: the same views, but the
+    backward writes the parts' gradients into one zxbcdt-shaped buffer (zeros only for a
+    part without one), where autograd's own slicing gives every part a zero-filled
+    full-size gradient and adds them up."""
+
+    @staticmethod
+    def forward(ctx, zxbcdt: Tensor, cfg: _SplitConfig):
+        ctx.cfg = cfg
+        ctx.set_materialize_grads(False)
+        return _split_zxbcdt(cfg, zxbcdt)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        shape = ctx.cfg.d_mlp * 2 + ctx.cfg.dim * 2 + 2 * ctx.cfg.ngroups * ctx.cfg.dstate + ctx.cfg.nheads
+        ref = next((g for g in grads if g is not None), None)
+        if ref is None:
+            return None, None
+        dzxbcdt = ref.new_empty(*ref.shape[:-1], shape)
+        for part, g in zip(_split_zxbcdt(ctx.cfg, dzxbcdt), grads):
+            part.zero_() if g is None else part.copy_(g)
+        return dzxbcdt, None
 
 
 def _conv_parts(cfg: _SplitConfig) -> Tuple[Tuple[int, int], ...]:
@@ -512,10 +536,9 @@ def mamba_split_conv1d_scan_combined(
             rmsnorm_weight, outproj_weight, outproj_bias, cfg)
         return (out, final_states) if return_final_states else out
     from .distributed import _split_conv1d_scan_cp
-    zx0, z, xBC, dt = _split_zxbcdt(cfg, zxbcdt)
+    zx0, z, xBC, dt = _ZxbcdtParts.apply(zxbcdt, cfg)
     y, final_states = _split_conv1d_scan_cp(
-        _causal_conv1d, xBC, dt, conv1d_weight, conv1d_bias, seq_idx, activation is not None,
-        functools.partial(_split_xBC, cfg),
+        xBC, dt, conv1d_weight, conv1d_bias, seq_idx, activation is not None, cfg,
         dict(A=A, chunk_size=chunk_size, D=D,
              z=z.unflatten(-1, (nheads, headdim)) if rmsnorm_weight is None else None,
              dt_bias=dt_bias, initial_states=initial_states, dt_softplus=True, dt_limit=dt_limit,

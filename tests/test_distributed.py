@@ -92,6 +92,23 @@ def test_mamba2_matches_one_process(world, specs):
     _run(world, cases.layer_cases, specs)
 
 
+@pytest.mark.parametrize("b,L,H,P,G,N", [(2, 7, 4, 3, 2, 5), (1, 9, 6, 2, 1, 4), (2, 5, 6, 3, 3, 2)])
+def test_shard_state_is_the_weighted_outer_product_sum(b, L, H, P, G, N):
+    """The shard's own final state (every rank but the last computes it before the
+    exchange): Σ_t w[t, h] · x_t[h] ⊗ B_t[g(h)] against an einsum, in float64, and its
+    gradients by gradcheck (x contiguous and strided; several heads a group)."""
+    from baracuda_torch.distributed import _ShardState
+    g = torch.Generator().manual_seed(b * 100 + L)
+    x = torch.randn(b, L, H, P, generator=g, dtype=torch.float64, requires_grad=True)
+    xs = torch.randn(b, L, 2 * H, P, generator=g, dtype=torch.float64)[:, :, ::2].requires_grad_()
+    w = torch.rand(b, L, H, generator=g, dtype=torch.float64, requires_grad=True)
+    B = torch.randn(b, L, G, N, generator=g, dtype=torch.float64, requires_grad=True)
+    for xx in (x, xs):
+        ref = torch.einsum("blh,blhp,blhn->bhpn", w, xx, B.repeat_interleave(H // G, dim=2))
+        torch.testing.assert_close(_ShardState.apply(xx, w, B), ref, rtol=1e-12, atol=1e-12)
+        assert torch.autograd.gradcheck(_ShardState.apply, (xx, w, B))
+
+
 def test_bytes_per_layer_do_not_grow_with_L():
     _run(2, cases.volume_cases, VOLUME_2)
 
