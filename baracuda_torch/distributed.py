@@ -323,13 +323,13 @@ class _HaloConv(torch.autograd.Function):
     def backward(ctx, *dparts):
         ext, weight, bias, ext_seq, index = ctx.saved_tensors
         k, world, rank = ctx.k, ctx.world, ctx.rank
-        batch, kL, C = ext.shape
+        kL, C = ext.shape[1:]
         dy = torch.empty_like(ext)
         dy[:, :k].zero_()
         a = 0
-        for c, g in zip(ctx.sizes, dparts):
+        for c, dpart in zip(ctx.sizes, dparts):
             part = dy[:, k:, a:a + c]
-            part.zero_() if g is None else part.copy_(g)
+            part.zero_() if dpart is None else part.copy_(dpart)
             a += c
         if a < C:
             dy[:, k:, a:].zero_()
@@ -370,7 +370,7 @@ def _cp_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size:
         return _mamba._scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
                             seq_idx, dt_softplus, dt_limit, state_dtype, fn)
     batch, L, H, P = x.shape
-    G, N = B.size(2), B.size(3)
+    N = B.size(3)
     if layout is None and seq_idx is not None:
         # Started before the shard's own state is computed, finished in the exchange.
         layout = _Layout(L, batch, seq_idx, 1, x.device, group, world)

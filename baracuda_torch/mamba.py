@@ -235,18 +235,17 @@ class _ZxbcdtParts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, zxbcdt: Tensor, cfg: _SplitConfig):
-        ctx.cfg = cfg
+        ctx.cfg, ctx.width = cfg, zxbcdt.size(-1)
         ctx.set_materialize_grads(False)
         return _split_zxbcdt(cfg, zxbcdt)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        shape = ctx.cfg.d_mlp * 2 + ctx.cfg.dim * 2 + 2 * ctx.cfg.ngroups * ctx.cfg.dstate + ctx.cfg.nheads
         ref = next((g for g in grads if g is not None), None)
         if ref is None:
             return None, None
-        dzxbcdt = ref.new_empty(*ref.shape[:-1], shape)
+        dzxbcdt = ref.new_empty(*ref.shape[:-1], ctx.width)
         for part, g in zip(_split_zxbcdt(ctx.cfg, dzxbcdt), grads):
             part.zero_() if g is None else part.copy_(g)
         return dzxbcdt, None
