@@ -355,19 +355,20 @@ class _Worker:
         stats = {"median_ms": med / 1e3, "p20_ms": p20 / 1e3, "p80_ms": p80 / 1e3, "iters": iters,
                  "peak_gib": None if peak is None else peak / 1024,
                  "peak_above_gib": None if above is None else above / 1024}
-        if mode != "single" and cfg["profile"]:
+        if cfg["profile"]:
             # every rank profiles the same steps (the collectives keep them together): its
             # kernel time, its communication and its largest other kernels, so that an
             # imbalance between ranks (time one rank spends waiting inside a collective) is
-            # seen with the work that causes it
+            # seen with the work that causes it; the single GPU's list is the baseline
             kernels = kernel_breakdown(step, self.device.type, iters=2)
             comm = [k for k in kernels if _is_comm(k[0], self.device.type)]
-            stats.update(comm_ms=sum(k[1] for k in comm) / 1e3,
-                         comm_calls=sum(k[2] for k in comm),
-                         kernel_ms=sum(k[1] for k in kernels) / 1e3,
-                         comm_top=[(k[0][:100], k[1] / 1e3, k[2]) for k in comm[:4]],
+            stats.update(kernel_ms=sum(k[1] for k in kernels) / 1e3,
                          work_top=[(k[0][:100], k[1] / 1e3, k[2]) for k in kernels
                                    if not _is_comm(k[0], self.device.type)][:12])
+            if mode != "single":
+                stats.update(comm_ms=sum(k[1] for k in comm) / 1e3,
+                             comm_calls=sum(k[2] for k in comm),
+                             comm_top=[(k[0][:100], k[1] / 1e3, k[2]) for k in comm[:4]])
         del u, dy, fwd, step
         return stats
 
@@ -554,6 +555,9 @@ def _phase_line(r: dict) -> str:
          f"peak {'/'.join(_fmt(p, '.1f') for p in peak)} GiB")
     if "comm_ms" in r:
         s += f", comm {r['comm_ms']:.2f} ms/step on rank 0"
+    if r["mode"] == "single" and "work_top" in r:
+        s += (f"\n    kernels {r['kernel_ms']:.2f} ms/step; largest: "
+              + ", ".join(f"{name} {ms:.2f} ms x{n:g}" for name, ms, n in r["work_top"][:8]))
     for rank, k in enumerate(r.get("ranks", [])):
         s += (f"\n    rank {rank}: kernels {k['kernel_ms']:.2f} ms/step, communication {k['comm_ms']:.2f}; "
               "largest others: " + ", ".join(f"{name} {ms:.2f} ms x{n:g}" for name, ms, n in k["work_top"][:8]))
