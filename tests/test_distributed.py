@@ -62,6 +62,9 @@ LAYER_2 = [
     dict(name="Mamba2 under DDP", seed=23, b=2, lengths=[12, 11], wrap="ddp",
          starts=[[6, 12], []]),
     dict(name="Mamba2 under FSDP2", seed=24, b=1, lengths=[8, 13], wrap="fsdp"),
+    # a conv of width 1 has no halo: the layout exchange still gives the scan its carry
+    dict(name="Mamba2, d_conv 1, seq_idx", seed=25, b=2, lengths=[11, 6], d_conv=1,
+         starts=[[11], [4]]),
 ]
 
 LAYER_4 = [
