@@ -379,8 +379,8 @@ def _cp_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size:
     # float64 as the kernels keep theirs and along the last dimension ([B, H, L]: a scan
     # along L of [B, L, H] runs one thread a column on CUDA, 17 ms at 32k tokens).
     dtp = _process_dt(dt.to(cd), None if dt_bias is None else dt_bias.to(cd), dt_softplus,
-                      (low, high)).transpose(1, 2)                               # [B, H, L]
-    Acs = torch.cumsum((dtp.double() * A.double()[:, None]).contiguous(), dim=-1)
+                      (low, high)).transpose(1, 2).double()                      # [B, H, L]
+    Acs = torch.cumsum((dtp * A.double()[:, None]).contiguous(), dim=-1)
     last_seq = None                          # [B, L]: the token is in the shard's last sequence
     if seq_idx is not None and L > 1:
         resets = F.pad((seq_idx[:, 1:] != seq_idx[:, :-1]).cumsum(1), (1, 0))
@@ -392,7 +392,7 @@ def _cp_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size:
     else:
         a = x.new_ones(batch, H, dtype=cd)
     if rank < world - 1 and L > 0:
-        w = torch.exp(Acs[..., -1:] - Acs) * dtp.double()
+        w = torch.exp(Acs[..., -1:] - Acs) * dtp
         if last_seq is not None:
             w = torch.where(last_seq[:, None, :], w, 0)
         S_local = _ShardState.apply(x, w.to(cd).transpose(1, 2).contiguous(), B)
