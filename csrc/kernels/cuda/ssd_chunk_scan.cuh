@@ -168,10 +168,12 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  alone cost ~1e-6 relative error in y at Q = 100-256
 //                                  (the sequential recurrence in float32: ~2e-7).
 //   dtf       [B, H, L]            dt converted
-//   states    [B, H, nc, D, N]     S_c, then (in place) H_c, the state entering chunk c
+//   states    [B, H, nc, D, N]     S_c, then (in place, without states_t) H_c, the state
+//                                  entering chunk c
 //   states_t  [B, H, nc, D, N] T   16-bit inputs on tensor cores (ssd_state_copies): H_c
 //                                  rounded to the input type, written by the state pass
-//                                  beside the float32 H_c; the tensor-core products read
+//                                  in place of the float32 H_c (`states` keeps S_c); every
+//                                  reader takes it: the tensor-core products read
 //                                  it (they round the state to T anyway) with 16-byte
 //                                  copies straight into their operand tiles
 // backward only:
@@ -216,8 +218,8 @@ struct SsdWorkspace {
   int64_t dcb_ld = 0;           // Q' (group_products)
 };
 
-// Whether the state passes also write H_c and Gn_c rounded to the input type (states_t,
-// gstates_t): 16-bit inputs on the tensor-core kernels.
+// Whether the state passes write H_c (only) and Gn_c (also) rounded to the input type
+// (states_t, gstates_t): 16-bit inputs on the tensor-core kernels.
 inline bool ssd_state_copies(const SsdChunkScanLaunch& l) {
   return l.tensor_cores && (l.element == ElementKind::F16 || l.element == ElementKind::BF16);
 }
@@ -633,10 +635,11 @@ template <typename Acc>
 struct SsdPassParams {
   int64_t batch, heads, seqlen, chunk, nchunks, dn, kblocks, total_blocks;
   const double* acs;
-  Acc* states;         // [B, H, nc, D·N]: S_c in, H_c out (forward pass)
+  Acc* states;         // [B, H, nc, D·N]: S_c in, H_c out (forward pass without a copy)
   Acc* gstates;        // [B, H, nc, D·N]: local dstate in, Gn_c out (backward pass)
   Acc* kpart;          // [B, H, nc, kblocks]
   void* copy;          // states_t (forward) or gstates_t (backward), or null (ssd_state_copies)
+  const void* hcopy;   // backward with a copy: states_t (H_c rounded), read in place of states
   bool copy_only;      // backward with a copy: Gn_c goes to the copy alone (group_products:
                        // every reader of Gn_c takes the copy; the local dstate stays)
   // The run's seed and result, per (b, h) and element (d, n), each optional:
@@ -656,6 +659,8 @@ struct SsdPassParams {
 // V consecutive elements at p: one 16-byte access where `vec` (the caller has checked
 // that all V exist and p is 16-byte aligned) and V elements fill 16 bytes, else element
 // by element up to n (0 past it). The state passes and the gate kernels use them.
+// (Also one 8-byte access where V elements fill 8 bytes: the state copies' 4 16-bit
+// values, p then 8-byte aligned.)
 template <typename Acc, int V>
 __device__ __forceinline__ void ssd_load_vec(Acc (&v)[V], const Acc* p, bool vec, int64_t n) {
   if constexpr (sizeof(Acc) * V == 16) {
@@ -664,12 +669,17 @@ __device__ __forceinline__ void ssd_load_vec(Acc (&v)[V], const Acc* p, bool vec
       memcpy(v, &t, 16);
       return;
     }
+  } else if constexpr (sizeof(Acc) * V == 8) {
+    if (vec) {
+      const uint2 t = *reinterpret_cast<const uint2*>(p);
+      memcpy(v, &t, 8);
+      return;
+    }
   }
 #pragma unroll
   for (int i = 0; i < V; ++i) v[i] = i < n ? p[i] : Acc{};  // (Acc{}: no conversion from int for 16-bit types)
 }
-// (The store also takes one 8-byte access where V elements fill 8 bytes: the state
-// copies' 4 16-bit values, p then 8-byte aligned.)
+// (The same for the store.)
 template <typename Acc, int V>
 __device__ __forceinline__ void ssd_store_vec(Acc* p, const Acc (&v)[V], bool vec, int64_t n) {
   if constexpr (sizeof(Acc) * V == 16) {
@@ -703,14 +713,16 @@ __device__ __forceinline__ void ssd_store_rounded(O* p, const Acc (&v)[V], bool 
 
 // Forward: per (b, h) and element e of D·N, sequentially over c:
 //   H_0 = initial_states (or 0); H_{c+1} = exp(Acs_last(c))·H_c + S_c, storing H_c
-//   where S_c was; final_states = H_nc (the state after the last step).
+//   where S_c was (or in the copy, below); final_states = H_nc (the state after the last step).
 // A thread takes V = 16 bytes of elements (ssd_pass_vec); the chunks go kSsdPassWindow at
 // a time: their S_c and decays are loaded before the window's steps run, so that many
 // loads are in flight instead of one per step (the stores of H_c to the same buffer
 // otherwise keep each load behind the previous step). Measured at the Mamba-2 2.7B shape
 // (H200, bf16 inputs; BENCHMARKS.md): 121 µs forward and 169 µs backward with 16 bytes a
 // thread, 143 and 218 µs with one element a thread.
-// O (a 16-bit type, or Acc for none): each H_c is also written, rounded, to p.copy.
+// O (a 16-bit type, or Acc for none): with a copy, H_c is written only rounded, to p.copy:
+// every later reader takes the copy (the products, and the backward pass's ⟨Gn_c, H_c⟩),
+// which saves a float32 write of B·H·nc·D·N (168 MB, ~40 µs at the 2.7B shape).
 constexpr int kSsdPassWindow = 8;
 
 template <typename Acc, typename O = Acc>
@@ -742,8 +754,8 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
 #pragma unroll
       for (int i = 0; i < kSsdPassWindow; ++i) {
         if (c0 + i >= p.nchunks) break;
-        ssd_store_vec(st + (c0 + i) * p.dn, run, vec, n);
         if constexpr (kCopy) ssd_store_rounded(cp + (c0 + i) * p.dn, run, vec, n);
+        else ssd_store_vec(st + (c0 + i) * p.dn, run, vec, n);
 #pragma unroll
         for (int k = 0; k < V; ++k) run[k] = dec[i] * run[k] + s[i][k];
       }
@@ -757,7 +769,9 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
 //   G_c = local_c + exp(Acs_last(c))·G_{c+1};
 // and kpart[b,h,c,block] = Σ_{e in block} Gn_c[e]·H_c[e]: each thread's V products in
 // order, then a fixed tree over the block (W_c = exp(Acs_last(c)) · Σ_blocks kpart).
-// O as in the forward pass: each Gn_c is also written, rounded, to p.copy.
+// O as in the forward pass: each Gn_c is also written, rounded, to p.copy, and H_c comes
+// from the forward pass's copy (p.hcopy; the kpart products then round H_c as mamba_ssm's
+// _state_passing_bwd does with its 16-bit states).
 template <typename Acc, typename O = Acc>
 __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
   constexpr int V = ssd_pass_vec(std::is_same_v<Acc, double> ? ElementKind::F64 : ElementKind::F32);
@@ -774,22 +788,28 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
     Acc* gs = p.gstates + bh * p.nchunks * p.dn + e;
     const Acc* hs = p.states + bh * p.nchunks * p.dn + e;
     O* cp = kCopy ? static_cast<O*>(p.copy) + bh * p.nchunks * p.dn + e : nullptr;
+    const O* hcp = kCopy ? static_cast<const O*>(p.hcopy) + bh * p.nchunks * p.dn + e : nullptr;
     Acc run[V];  // G_{c+1}
 #pragma unroll
     for (int i = 0; i < V; ++i) run[i] = i < n ? p.seed_of(bh, e + i) : Acc(0);
     // windows of kSsdPassWindow chunks from the last one down (see ssd_state_pass_kernel)
     for (int64_t c0 = p.nchunks - 1; c0 >= 0; c0 -= kSsdPassWindow) {
-      Acc local[kSsdPassWindow][V], h[kSsdPassWindow][V], dec[kSsdPassWindow], kd[kSsdPassWindow];
+      // H_c as stored (the copy's 16-bit values are widened where they are used, so that
+      // the window's loads all go out before the first one is waited for)
+      using Hv = std::conditional_t<kCopy, O, Acc>;
+      Acc local[kSsdPassWindow][V], dec[kSsdPassWindow], kd[kSsdPassWindow];
+      Hv h[kSsdPassWindow][V];
 #pragma unroll
       for (int i = 0; i < kSsdPassWindow; ++i) {
         const int64_t c = c0 - i;
         dec[i] = Acc(0);
 #pragma unroll
-        for (int k = 0; k < V; ++k) local[i][k] = h[i][k] = Acc(0);
+        for (int k = 0; k < V; ++k) local[i][k] = Acc(0), h[i][k] = Hv{};
         if (c >= 0) {
           if (ok) {
             ssd_load_vec(local[i], gs + c * p.dn, vec, n);
-            ssd_load_vec(h[i], hs + c * p.dn, vec, n);
+            if constexpr (kCopy) ssd_load_vec(h[i], hcp + c * p.dn, vec, n);
+            else ssd_load_vec(h[i], hs + c * p.dn, vec, n);
           }
           dec[i] = ssd_decay<Acc>(acs[min(c * p.chunk + p.chunk, p.seqlen) - 1]);
         }
@@ -802,7 +822,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const S
         if (kCopy && ok) ssd_store_rounded(cp + (c0 - i) * p.dn, run, vec, n);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          kd[i] += run[k] * h[i][k];
+          kd[i] += run[k] * to_acc(h[i][k]);
           run[k] = local[i][k] + dec[i] * run[k];
         }
       }
@@ -1512,6 +1532,7 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, v
   p.gstates = BW ? ssd_ws<Acc>(l, w.gstates) : nullptr;
   p.kpart = BW ? ssd_ws<Acc>(l, w.kpart) : nullptr;
   p.copy = nullptr;
+  p.hcopy = nullptr;
   p.copy_only = BW && l.group_products;
   ssd_pass_ends<T, BW>(p, l, last);
   // With L == 0 the run is only seed → last (final_states = initial_states).
@@ -1529,6 +1550,7 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, v
   if constexpr (!std::is_same_v<T, Acc>) {  // 16-bit inputs
     if (ssd_state_copies(l)) {
       p.copy = ssd_ws<T>(l, BW ? w.gstates_t : w.states_t);
+      if (BW) p.hcopy = ssd_ws<T>(l, w.states_t);
       run(T{});
       return;
     }

@@ -382,9 +382,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
       // or past the chunk, Q' a multiple of 64)
       const T* src = DB ? mat + static_cast<int64_t>(kt * kSsdTile) * p.qp + r0
                         : mat + static_cast<int64_t>(r0) * p.qp + kt * kSsdTile;
-#pragma unroll 1
-      for (int e = tid; e < kSsdTile * 8; e += kTcThreads)
-        ssd_cp_async16(sA + (e / 8) * kTcLd + (e % 8) * 8, src + static_cast<int64_t>(e / 8) * p.qp + (e % 8) * 8);
+      tc_fill<T, true>(sA, kTcLd, kSsdTile, kSsdTile, src, p.qp, 1, kSsdTile, kSsdTile);
       tc_fill<T, true>(sV, kTcLd, kSsdTile, kSsdTile,
                        vbase + static_cast<int64_t>(kt * kSsdTile) * p.v.s[1] + j0 * p.v.s[3], p.v.s[1], p.v.s[3],
                        min(kSsdTile, len - kt * kSsdTile), p.N - j0);
