@@ -360,7 +360,8 @@ class _Worker:
             # kernel time, its communication and its largest other kernels, so that an
             # imbalance between ranks (time one rank spends waiting inside a collective) is
             # seen with the work that causes it; the single GPU's list is the baseline
-            kernels = kernel_breakdown(step, self.device.type, iters=2)
+            fence = None if mode == "single" else (lambda: dist.barrier(group=self.fence))
+            kernels = kernel_breakdown(step, self.device.type, iters=2, start=fence)
             comm = [k for k in kernels if _is_comm(k[0], self.device.type)]
             stats.update(kernel_ms=sum(k[1] for k in kernels) / 1e3,
                          work_top=[(k[0][:100], k[1] / 1e3, k[2]) for k in kernels

@@ -271,9 +271,12 @@ def step_peak_memory(fn: Callable[[], object], device: str) -> tuple[Optional[fl
     return (peak - before) / 2**20, peak / 2**20
 
 
-def kernel_breakdown(fn: Callable[[], object], device: str, iters: int = 3) -> list:
+def kernel_breakdown(fn: Callable[[], object], device: str, iters: int = 3,
+                     start: Optional[Callable[[], object]] = None) -> list:
     """[(name, µs per call of fn, launches per call)] over ``iters`` profiled calls, largest
-    first: the CUDA kernels (and copies) on a GPU, each operator's self time on the CPU."""
+    first: the CUDA kernels (and copies) on a GPU, each operator's self time on the CPU.
+    ``start`` runs once inside the profiler before the calls: a barrier there keeps one
+    rank's collective from waiting, profiled, for a peer whose profiler is still starting."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -281,6 +284,8 @@ def kernel_breakdown(fn: Callable[[], object], device: str, iters: int = 3) -> l
         torch.cuda.synchronize()
     activity = ProfilerActivity.CPU if device == "cpu" else ProfilerActivity.CUDA
     with profile(activities=[activity]) as prof:
+        if start is not None:
+            start()
         for _ in range(iters):
             fn()
         if device != "cpu":
