@@ -722,11 +722,17 @@ __device__ __forceinline__ void ssd_store_rounded(O* p, const Acc (&v)[V], bool 
 // thread, 143 and 218 µs with one element a thread.
 // O (a 16-bit type, or Acc for none): with a copy, H_c is written only rounded, to p.copy:
 // every later reader takes the copy (the products, and the backward pass's ⟨Gn_c, H_c⟩),
-// which saves a float32 write of B·H·nc·D·N (168 MB, ~40 µs at the 2.7B shape).
-constexpr int kSsdPassWindow = 8;
+// which saves a float32 write of B·H·nc·D·N (168 MB; 137 -> 107 µs, H200).
+// Windows of 4 and 4 resident blocks an SM (54 and 60 registers, bf16 copies; float64 keeps
+// 2, as its backward pass would spill): a window of 8 took 88 and 110 registers, two blocks
+// an SM, 25 % occupancy (ncu: 2.3 and 2.4 TB/s); the same bytes in flight an SM with twice
+// the warps to cover each window's steps and stores.
+constexpr int kSsdPassWindow = 4;
+template <typename Acc>
+constexpr int kSsdPassBlocks = std::is_same_v<Acc, double> ? 2 : 4;
 
 template <typename Acc, typename O = Acc>
-__global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPassParams<Acc> p) {
+__global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pass_kernel(const SsdPassParams<Acc> p) {
   constexpr int V = ssd_pass_vec(std::is_same_v<Acc, double> ? ElementKind::F64 : ElementKind::F32);
   constexpr bool kCopy = !std::is_same_v<O, Acc>;
   const bool vec = p.dn % V == 0;
@@ -773,7 +779,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_kernel(const SsdPa
 // from the forward pass's copy (p.hcopy; the kpart products then round H_c as mamba_ssm's
 // _state_passing_bwd does with its 16-bit states).
 template <typename Acc, typename O = Acc>
-__global__ void __launch_bounds__(kSsdThreads) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
+__global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
   constexpr int V = ssd_pass_vec(std::is_same_v<Acc, double> ? ElementKind::F64 : ElementKind::F32);
   constexpr bool kCopy = !std::is_same_v<O, Acc>;
   __shared__ Acc red[kSsdPassWindow][kSsdThreads / 32];
