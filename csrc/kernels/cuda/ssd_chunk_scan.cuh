@@ -726,7 +726,8 @@ __device__ __forceinline__ void ssd_store_rounded(O* p, const Acc (&v)[V], bool 
 // Windows of 4 and 4 resident blocks an SM (54 and 60 registers, bf16 copies; float64 keeps
 // 2, as its backward pass would spill): a window of 8 took 88 and 110 registers, two blocks
 // an SM, 25 % occupancy (ncu: 2.3 and 2.4 TB/s); the same bytes in flight an SM with twice
-// the warps to cover each window's steps and stores.
+// the warps to cover each window's steps and stores (107 -> 73.5 µs forward, 137.5 -> 96.6
+// backward, H200).
 constexpr int kSsdPassWindow = 4;
 template <typename Acc>
 constexpr int kSsdPassBlocks = std::is_same_v<Acc, double> ? 2 : 4;
