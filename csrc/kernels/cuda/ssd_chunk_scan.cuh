@@ -793,17 +793,16 @@ __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pa
     const int64_t n = ok ? p.dn - e : 0;
     const double* acs = p.acs + bh * p.seqlen;
     Acc* gs = p.gstates + bh * p.nchunks * p.dn + e;
-    const Acc* hs = p.states + bh * p.nchunks * p.dn + e;
+    // H_c as stored: the forward pass's copy with one (its 16-bit values are widened where
+    // they are used, so that a window's loads all go out before the first is waited for)
+    using Hv = std::conditional_t<kCopy, O, Acc>;
+    const Hv* hs = static_cast<const Hv*>(kCopy ? p.hcopy : p.states) + bh * p.nchunks * p.dn + e;
     O* cp = kCopy ? static_cast<O*>(p.copy) + bh * p.nchunks * p.dn + e : nullptr;
-    const O* hcp = kCopy ? static_cast<const O*>(p.hcopy) + bh * p.nchunks * p.dn + e : nullptr;
     Acc run[V];  // G_{c+1}
 #pragma unroll
     for (int i = 0; i < V; ++i) run[i] = i < n ? p.seed_of(bh, e + i) : Acc(0);
     // windows of kSsdPassWindow chunks from the last one down (see ssd_state_pass_kernel)
     for (int64_t c0 = p.nchunks - 1; c0 >= 0; c0 -= kSsdPassWindow) {
-      // H_c as stored (the copy's 16-bit values are widened where they are used, so that
-      // the window's loads all go out before the first one is waited for)
-      using Hv = std::conditional_t<kCopy, O, Acc>;
       Acc local[kSsdPassWindow][V], dec[kSsdPassWindow], kd[kSsdPassWindow];
       Hv h[kSsdPassWindow][V];
 #pragma unroll
@@ -815,8 +814,7 @@ __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pa
         if (c >= 0) {
           if (ok) {
             ssd_load_vec(local[i], gs + c * p.dn, vec, n);
-            if constexpr (kCopy) ssd_load_vec(h[i], hcp + c * p.dn, vec, n);
-            else ssd_load_vec(h[i], hs + c * p.dn, vec, n);
+            ssd_load_vec(h[i], hs + c * p.dn, vec, n);
           }
           dec[i] = ssd_decay<Acc>(acs[min(c * p.chunk + p.chunk, p.seqlen) - 1]);
         }
