@@ -313,27 +313,17 @@ class _HaloConv(torch.autograd.Function):
         ctx.save_for_backward(ext, weight, bias, ext_seq, index)
         ctx.group, ctx.world, ctx.rank, ctx.k, ctx.act, ctx.sizes = group, world, rank, k, act, sizes
         ctx.set_materialize_grads(False)
-        parts, a = [], 0
-        for c in sizes:
-            parts.append(y[..., a:a + c])
-            a += c
-        return tuple(parts)
+        return y.split(sizes, dim=-1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *dparts):
         ext, weight, bias, ext_seq, index = ctx.saved_tensors
         k, world, rank = ctx.k, ctx.world, ctx.rank
-        kL, C = ext.shape[1:]
+        kL = ext.size(1)
         dy = torch.empty_like(ext)
         dy[:, :k].zero_()
-        a = 0
-        for c, dpart in zip(ctx.sizes, dparts):
-            part = dy[:, k:, a:a + c]
-            part.zero_() if dpart is None else part.copy_(dpart)
-            a += c
-        if a < C:
-            dy[:, k:, a:].zero_()
+        _mamba._write_grads(dy[:, k:].split(ctx.sizes, dim=-1), dparts)
         dext, dweight, dbias, _ = torch.ops.baracuda.causal_conv1d_backward(
             dy.transpose(1, 2), None, ext.transpose(1, 2), weight, bias, ext_seq, None, ctx.act)
         dext = dext.transpose(1, 2)                                             # [B, k+L, C]

@@ -227,6 +227,14 @@ def _split_zxbcdt(cfg: _SplitConfig, t: Tensor) -> Tuple[Tensor, Tensor, Tensor,
     return tuple(t[..., a:a + n] for a, n in zip(starts, sizes))
 
 
+def _write_grads(parts, grads) -> None:
+    """Each part's gradient into its view of one gradient buffer (zeros for a part without
+    one): what the composed path's Functions return instead of autograd's full-size
+    gradient per slice."""
+    for part, g in zip(parts, grads):
+        part.zero_() if g is None else part.copy_(g)
+
+
 class _ZxbcdtParts(torch.autograd.Function):
     """``_split_zxbcdt`` for the composed (context-parallel) path: the same views, but the
     backward writes the parts' gradients into one zxbcdt-shaped buffer (zeros only for a
@@ -246,8 +254,7 @@ class _ZxbcdtParts(torch.autograd.Function):
         if ref is None:
             return None, None
         dzxbcdt = ref.new_empty(*ref.shape[:-1], ctx.width)
-        for part, g in zip(_split_zxbcdt(ctx.cfg, dzxbcdt), grads):
-            part.zero_() if g is None else part.copy_(g)
+        _write_grads(_split_zxbcdt(ctx.cfg, dzxbcdt), grads)
         return dzxbcdt, None
 
 
