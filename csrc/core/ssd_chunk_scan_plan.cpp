@@ -113,6 +113,7 @@ SsdChunkScanLaunch plan_launch(const SsdChunkScanDescriptor& desc, const SsdSize
     if (l.D_per_dim) l.D_stride[1] = o.D.strides[1];
   }
   if (o.has_dt_bias) l.dt_bias_stride = o.dt_bias.strides[0];
+  l.gated = o.has_z;
   if (o.has_seq_idx) {
     l.seq_idx_int64 = o.seq_idx.dtype == ElementKind::I64;
     for (int d = 0; d < 2; ++d) l.seq_idx_stride[d] = o.seq_idx.strides[d];

@@ -151,6 +151,9 @@ struct SsdChunkScanLaunch {
   // kernel computes (H_c's S_c and the backward's local dstate), reading each x (or dy)
   // tile once for all of them (state_tile_n in ssd_chunk_scan_plan.cpp). 0 elsewhere.
   int64_t state_tile_n = 0;
+  // z is given (the plan knows before the pointers arrive): the CUDA backward's workspace
+  // then holds dy_pre = dy·silu(z), which its kernels read in place of dy.
+  bool gated = false;
   // The device the plan was made for (DeviceInfo): whether the 16-bit inputs run on the
   // tensor-core kernels (sm_80+), its multiprocessors (grid sizes, head splits) and the
   // shared memory a block may opt into (which tensor-core kernels fit). The kernels take

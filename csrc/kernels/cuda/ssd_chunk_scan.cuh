@@ -57,13 +57,13 @@
 //                    take the seed through the states as they are.
 //   D                forward: the Y epilogue (ssd_epilogue) adds D·x to the float
 //                    accumulator; backward: the DX epilogue adds D·dy_pre to dx, and
-//                    ssd_gate_pre_kernel writes per-64-position partials of dy_pre·x
+//                    ssd_gate_kernel writes per-64-position partials of dy_pre·x
 //                    that ssd_dD_kernel sums in a fixed order.
 //   z                forward: the Y epilogue writes y_pre (when y_pre_out is given) and
-//                    then y_pre·silu(z). Backward: ssd_gate_pre_kernel writes dy_pre =
-//                    dy·silu(z) (rounded to T) into the dz output, every later kernel
-//                    reads it as dy, and ssd_gate_post_kernel finally overwrites it
-//                    with dz = dy·y_pre·σ(z)·(1 + z·(1 − σ(z))).
+//                    then y_pre·silu(z). Backward: ssd_gate_kernel writes dy_pre =
+//                    dy·silu(z) (rounded to T) into the workspace (dyp), which every
+//                    later kernel reads as dy, and dz = dy·y_pre·σ(z)·(1 + z·(1 − σ(z)))
+//                    in the same pass over dy and z.
 // Without options these add only the clamp to [0, inf) in the cumsum and a second read
 // of the raw dt (for its factor of 1) in the finalize: the scan and fused state kernels
 // with an option are separate instantiations (EPI, ENDS), the plain ones are unchanged.
@@ -82,8 +82,8 @@
 //   ssd_dacs_kernel         block per (b,h,c): X_s from 64×64 tiles of T
 //   ssd_finalize_kernel     warp per (b,h,c): da, ddt, dA partials
 //   ssd_dA_kernel           warp per h: fixed-order sum of the dA (and ddt_bias) partials
-//   ssd_gate_pre_kernel     backward with z or D: dy_pre, dD partials
-//   ssd_gate_post_kernel    backward with z: dz;  ssd_dD_kernel: dD from its partials
+//   ssd_gate_kernel         backward with z or D: dy_pre, dz, dD partials
+//   ssd_dD_kernel           dD from its partials
 //
 // Determinism: no atomics. Every output element and every workspace partial is written
 // by exactly one thread; every sum runs in an order fixed by the shapes alone.
@@ -122,7 +122,7 @@ constexpr int kSsdTile = 64;      // rows and columns of every output tile
 // in split order by ssd_split_sum_kernel (for G = 1 and H = 80 a block per group would
 // leave the GPU with B·nc·4·2 long blocks).
 constexpr int kSsdHeadsPerBlock = 8;
-// Positions (of the flattened b·L + t) per dD partial (ssd_gate_pre_kernel): 64, so that
+// Positions (of the flattened b·L + t) per dD partial (ssd_gate_kernel): 64, so that
 // its threads of 16 bytes (8 bf16 of d) still fill the GPU (B·L/64 · H·D/8 of them).
 constexpr int64_t kSsdDSeg = 64;
 
@@ -200,17 +200,20 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  stored [s][q] (the dCB pass computes it, dx reads it)
 //   dbp       [H, B·nc]            ddt_bias partials per (b, c)
 //   dDp       [⌈B·L/64⌉, H, D]     dD partials per 64-position segment (kSsdDSeg)
+//   dyp       [B, L, H, D] T       with z (SsdChunkScanLaunch::gated): dy_pre = dy·silu(z),
+//                                  which the backward's kernels read in place of dy
 //   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
 //   workspace before it knows the pointers; both are small next to the states.)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
 // + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N (S'·B·G·nc·Q'² + 2·B·H·nc·P'·64
 // + B·G·nc·P'·4096 in place of the splits with group_products), each buffer rounded up
-// to 256 bytes, plus 2·2·B·H·nc·D·N bytes with the state copies; the forward needs acs,
+// to 256 bytes, plus 2·2·B·H·nc·D·N bytes with the state copies and B·L·H·D elements of
+// the input type with z (dyp); the forward needs acs,
 // dtf and states (and states_t) only (8·B·H·L bytes + B·H·L + B·H·nc·D·N Acc, plus
 // 2·B·H·nc·D·N bytes).
 struct SsdWorkspace {
   size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
-         xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
+         xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dyp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
   size_t states_t = 0, gstates_t = 0;  // (ssd_state_copies only)
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
@@ -266,6 +269,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     w.split = take(w.nsplit > 1 && !l.group_products ? w.nsplit * l.batch * l.seqlen * l.groups * l.state_dim : 0);
     w.dbp = take(l.heads * l.batch * nc);
     w.dDp = take((l.batch * l.seqlen + kSsdDSeg - 1) / kSsdDSeg * l.heads * l.head_dim);
+    if (l.gated) w.dyp = take(l.batch * l.seqlen * l.heads * l.head_dim, element_size(l.element));
     if (l.group_products) {
       w.dcb_ld = l.dcb_ld();  // (a multiple of kSsdTile)
       w.dcb = take(l.dcb_splits * l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld);
@@ -1467,6 +1471,8 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "dt_element must be the element or the compute type");
   if (backward && l.z != nullptr && (l.dz == nullptr || l.y_pre == nullptr))
     fail(PlanErrorKind::Internal, op, "z needs dz and y_pre in the backward");
+  if (backward && l.gated != (l.z != nullptr))
+    fail(PlanErrorKind::Internal, op, "gated must say whether z is given (the workspace's dy_pre)");
   if (l.state_tile_n != 0 && l.state_tile_n != kSsdTile && l.state_tile_n != 2 * kSsdTile)
     fail(PlanErrorKind::Internal, op, "state_tile_n must be 0, 64 or 128");
   const SsdWorkspace w = ssd_workspace_layout(l, backward);
@@ -1703,18 +1709,19 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
 // Before the other backward kernels (z or D given), a thread per (position segment of
 // kSsdDSeg positions of the flattened b·L + t, h, V consecutive d) walks its segment in
 // order:
-//   z:  dy_pre = dy·silu(z), rounded to T, into `dyp` (dense [B, L, H, D]; the dz output
-//       serves as this scratch until ssd_gate_post_kernel overwrites it), which every
-//       later kernel reads in place of dy;
-//   D:  part[seg, h, d] = Σ_{positions of seg} dy_pre·x   (dD's partials).
-// After them (z given): dz = dy·y_pre·σ(z)·(1 + z·(1 − σ(z))), element-wise.
+//   z:  dy_pre = dy·silu(z), rounded to T, into `dyp` (the workspace's dense [B, L, H, D]),
+//       which every later kernel reads in place of dy, and dz = dy·y_pre·σ(z)·(1 + z·(1 −
+//       σ(z))) into the dz output: one pass over dy and z, as mamba_ssm's
+//       _chunk_scan_bwd_dz (which also allocates its dout_x);
+//   D:  part[seg, h, d] = Σ_{positions of seg} dy_pre·x   (dD's partials; ssd_dD_kernel sums
+//       them after the other kernels).
 template <typename T>
 struct SsdGateParams {
   int64_t seqlen, heads, hd, D, positions, nseg, total;
   SsdOperand<T> x, dy, z, y_pre;
-  T* dyp;               // pre: dy_pre out (z given), or null
-  acc_t<T>* part;       // pre: [nseg, H, D] dD partials (D given), or null
-  T* dz;                // post: dense [B, L, H, D]
+  T* dyp;               // dy_pre out (z given), or null
+  T* dz;                // dense [B, L, H, D] (z given), or null
+  acc_t<T>* part;       // [nseg, H, D] dD partials (D given), or null
 };
 
 template <typename T>
@@ -1722,18 +1729,19 @@ __device__ __forceinline__ const T* ssd_at(const SsdOperand<T>& o, int64_t b, in
   return o.p + b * o.s[0] + t * o.s[1] + h * o.s[2] + d * o.s[3];
 }
 
-// The gate kernels take V consecutive d of one (b, t, h) a thread: 16 bytes (V =
+// The gate kernel takes V consecutive d of one (b, t, h) a thread: 16 bytes (V =
 // 16 / sizeof(T)) where every operand's d is contiguous and V-aligned (ssd_gate_vec), else
 // one element. Measured at the Mamba-2 2.7B shape with z and D (H200, bf16;
-// BENCHMARKS.md): pre 305 µs and post 181 µs this way; one element a thread with four
-// 64-bit divisions each (and 256-position segments) took 669 and 752 µs. The dD sum over
-// the 4× more partials went from 60 to 243 µs.
-// Per (segment of kSsdDSeg positions, V consecutive elements e = h·D + d), the positions
-// in order: dy_pre = dy·silu(z) (stored, z given) and the dD partials Σ dy_pre·x.
+// BENCHMARKS.md): 304 µs this way (a position's four loads in flight a thread, 76
+// registers, 3 blocks a multiprocessor; four positions' loads in flight took 125 registers
+// and 330 µs, and five blocks forced by the launch bound spilled: 393). Before, one kernel
+// for dy_pre and the dD partials (209 µs) and another for dz (171 µs) read dy and z twice;
+// one element a thread with four 64-bit divisions each (and 256-position segments) took
+// 669 and 752 µs, and the dD sum over the 4× more partials went from 60 to 243 µs.
 template <typename T, int V>
-__global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGateParams<T> p) {
+__global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGateParams<T> p) {
   using Acc = acc_t<T>;
-  constexpr int U = 4;  // positions whose loads are in flight together
+  const bool gated = p.dyp != nullptr, with_D = p.part != nullptr;
   const int64_t row_vecs = p.hd / V;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
        i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
@@ -1744,69 +1752,40 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_pre_kernel(const SsdGate
     Acc sum[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) sum[k] = 0;
-    for (int64_t q0 = q_begin; q0 < q_end; q0 += U) {
-      // U positions' loads first (the segment's positions are H·D elements apart: each
-      // load is its own round trip), then their arithmetic in position order
-      T dv[U][V], zv[U][V], xv[U][V];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (q0 + u >= q_end) break;
-        ssd_load_vec<T, V>(dv[u], ssd_at(p.dy, b, t, h, d), true, V);
-        if (p.dyp != nullptr) ssd_load_vec<T, V>(zv[u], ssd_at(p.z, b, t, h, d), true, V);
-        if (p.part != nullptr) ssd_load_vec<T, V>(xv[u], ssd_at(p.x, b, t, h, d), true, V);
-        if (++t == p.seqlen) t = 0, ++b;
+    for (int64_t q = q_begin; q < q_end; ++q) {
+      T dv[V], zv[V], yv[V], xv[V];
+      ssd_load_vec<T, V>(dv, ssd_at(p.dy, b, t, h, d), true, V);
+      if (gated) {
+        ssd_load_vec<T, V>(zv, ssd_at(p.z, b, t, h, d), true, V);
+        if (p.dz != nullptr) ssd_load_vec<T, V>(yv, ssd_at(p.y_pre, b, t, h, d), true, V);
       }
+      if (with_D) ssd_load_vec<T, V>(xv, ssd_at(p.x, b, t, h, d), true, V);
+      if (++t == p.seqlen) t = 0, ++b;
+      Acc g[V];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (q0 + u >= q_end) break;
-        Acc g[V];
+      for (int k = 0; k < V; ++k) g[k] = to_acc(dv[k]);
+      if (gated) {
+        T r[V], dz[V];
 #pragma unroll
-        for (int k = 0; k < V; ++k) g[k] = to_acc(dv[u][k]);
-        if (p.dyp != nullptr) {
-          T r[V];
-#pragma unroll
-          for (int k = 0; k < V; ++k) {
-            const Acc zk = to_acc(zv[u][k]);
-            r[k] = from_acc<T>(g[k] * (zk / (Acc(1) + ssd_exp(-zk))));
-            g[k] = to_acc(r[k]);
+        for (int k = 0; k < V; ++k) {
+          const Acc zk = to_acc(zv[k]), ez = ssd_exp(-zk);
+          if (p.dz != nullptr) {
+            const Acc sg = Acc(1) / (Acc(1) + ez);
+            dz[k] = from_acc<T>(g[k] * to_acc(yv[k]) * sg * (Acc(1) + zk * (Acc(1) - sg)));
           }
-          ssd_store_vec<T, V>(p.dyp + (q0 + u) * p.hd + e, r, true, V);
+          r[k] = from_acc<T>(g[k] * (zk / (Acc(1) + ez)));
+          g[k] = to_acc(r[k]);
         }
-        if (p.part != nullptr)
-#pragma unroll
-          for (int k = 0; k < V; ++k) sum[k] += g[k] * to_acc(xv[u][k]);
+        ssd_store_vec<T, V>(p.dyp + q * p.hd + e, r, true, V);
+        if (p.dz != nullptr) ssd_store_vec<T, V>(p.dz + q * p.hd + e, dz, true, V);
       }
+      if (with_D)
+#pragma unroll
+        for (int k = 0; k < V; ++k) sum[k] += g[k] * to_acc(xv[k]);
     }
-    if (p.part != nullptr)
+    if (with_D)
 #pragma unroll
       for (int k = 0; k < V; ++k) p.part[seg * p.hd + e + k] = sum[k];
-  }
-}
-
-// dz = dy·y_pre·σ(z)·(1 + z·(1 − σ(z))), per V consecutive elements.
-template <typename T, int V>
-__global__ void __launch_bounds__(kSsdThreads) ssd_gate_post_kernel(const SsdGateParams<T> p) {
-  using Acc = acc_t<T>;
-  const int64_t row_vecs = p.hd / V;
-  const bool narrow = ssd_narrow(p.total);  // 32-bit index peels (see ssd_peel)
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
-       i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
-    int64_t q = i;
-    const int64_t e = ssd_peel(q, row_vecs, narrow) * V;
-    int64_t b = q, h = e;
-    const int64_t t = ssd_peel(b, p.seqlen, narrow), d = ssd_peel(h, p.D, narrow);
-    T zv[V], dv[V], yv[V], out[V];
-    ssd_load_vec<T, V>(zv, ssd_at(p.z, b, t, h, d), true, V);
-    ssd_load_vec<T, V>(dv, ssd_at(p.dy, b, t, h, d), true, V);
-    ssd_load_vec<T, V>(yv, ssd_at(p.y_pre, b, t, h, d), true, V);
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const Acc zk = to_acc(zv[k]);
-      const Acc sg = Acc(1) / (Acc(1) + ssd_exp(-zk));
-      const Acc g = to_acc(dv[k]) * to_acc(yv[k]);
-      out[k] = from_acc<T>(g * sg * (Acc(1) + zk * (Acc(1) - sg)));
-    }
-    ssd_store_vec<T, V>(p.dz + q * p.hd + e, out, true, V);
   }
 }
 
@@ -1847,14 +1826,15 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dD_kernel(const Acc* part, in
   }
 }
 
-// Whether the gate kernels may take 16 bytes of d a thread: D a multiple of V and, for
+// Whether the gate kernel may take 16 bytes of d a thread: D a multiple of V and, for
 // every operand given (data non-null), d contiguous, the other strides multiples of V and
-// the data 16-byte aligned; `dense` (the dense output, or null) 16-byte aligned.
+// the data 16-byte aligned; the dense outputs given (non-null) 16-byte aligned.
 template <typename T>
-bool ssd_gate_vec(int64_t D, std::initializer_list<const SsdOperand<T>*> ops, const T* dense) {
+bool ssd_gate_vec(int64_t D, std::initializer_list<const SsdOperand<T>*> ops, std::initializer_list<const T*> dense) {
   constexpr int V = 16 / sizeof(T);
   if (D % V != 0) return false;
-  if (dense != nullptr && reinterpret_cast<uintptr_t>(dense) % 16 != 0) return false;
+  for (const T* o : dense)
+    if (o != nullptr && reinterpret_cast<uintptr_t>(o) % 16 != 0) return false;
   for (const SsdOperand<T>* o : ops) {
     if (o->p == nullptr) continue;
     if (o->s[3] != 1 || o->s[0] % V != 0 || o->s[1] % V != 0 || o->s[2] % V != 0 ||
@@ -1864,64 +1844,44 @@ bool ssd_gate_vec(int64_t D, std::initializer_list<const SsdOperand<T>*> ops, co
   return true;
 }
 
-// dy_pre (into l.dz) and the dD partials; no-op without z and D.
+// dy_pre (into the workspace's dyp) and dz, and the dD partials; no-op without z and D.
 template <typename T>
-void ssd_launch_gate_pre(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+void ssd_launch_gate(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   if (l.z == nullptr && l.D == nullptr) return;
   SsdGateParams<T> p;
   p.seqlen = l.seqlen, p.heads = l.heads, p.D = l.head_dim, p.hd = l.heads * l.head_dim;
   p.positions = l.batch * l.seqlen;
   p.nseg = (p.positions + kSsdDSeg - 1) / kSsdDSeg;
   p.total = p.nseg * p.hd;
-  p.x = ssd_operand<T>(l.x, l.x_stride, true);
+  p.x = ssd_operand<T>(l.D != nullptr ? l.x : nullptr, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.z = ssd_operand<T>(l.z, l.z_stride, true);
-  p.y_pre = ssd_operand<T>(l.y_pre, l.y_pre_stride, true);
-  p.dyp = l.z != nullptr ? static_cast<T*>(l.dz) : nullptr;
+  p.y_pre = ssd_operand<T>(l.z != nullptr ? l.y_pre : nullptr, l.y_pre_stride, true);
+  p.dyp = l.z != nullptr ? ssd_ws<T>(l, w.dyp) : nullptr;
+  p.dz = l.z != nullptr ? static_cast<T*>(l.dz) : nullptr;
   p.part = l.D != nullptr ? ssd_ws<acc_t<T>>(l, w.dDp) : nullptr;
-  p.dz = nullptr;
   if (p.total == 0) return;
   constexpr int V = 16 / sizeof(T);
-  const bool vec = ssd_gate_vec<T>(p.D, {&p.dy, &p.z, &p.x}, p.dyp);
+  const bool vec = ssd_gate_vec<T>(p.D, {&p.dy, &p.z, &p.x, &p.y_pre}, {p.dyp, p.dz});
   p.total = vec ? p.nseg * (p.hd / V) : p.nseg * p.hd;
   if (vec)
-    ssd_gate_pre_kernel<T, V><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
+    ssd_gate_kernel<T, V><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
   else
-    ssd_gate_pre_kernel<T, 1><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
+    ssd_gate_kernel<T, 1><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(gate)");
 }
 
-// dz (overwriting the dy_pre scratch) and dD from its partials.
+// dD from its partials (after the kernels that write them).
 template <typename T>
-void ssd_launch_gate_post(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+void ssd_launch_dD(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   using Acc = acc_t<T>;
-  SsdGateParams<T> p;
-  p.seqlen = l.seqlen, p.heads = l.heads, p.D = l.head_dim, p.hd = l.heads * l.head_dim;
-  p.positions = l.batch * l.seqlen;
-  p.nseg = (p.positions + kSsdDSeg - 1) / kSsdDSeg;
-  if (l.dD != nullptr) {
-    const int64_t outs = l.D_per_dim ? l.heads * l.head_dim : l.heads;
-    if (outs > 0) {
-      ssd_dD_kernel<Acc><<<ssd_grid(outs), kSsdThreads, 0, stream>>>(
-          ssd_ws<Acc>(l, w.dDp), p.nseg, l.heads, l.head_dim, l.D_per_dim, static_cast<Acc*>(l.dD));
-      check_launch("ssd_chunk_scan_backward(dD)");
-    }
-  }
-  if (l.z == nullptr || l.dz == nullptr) return;
-  p.total = p.positions * p.hd;
-  p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
-  p.z = ssd_operand<T>(l.z, l.z_stride, true);
-  p.y_pre = ssd_operand<T>(l.y_pre, l.y_pre_stride, true);
-  p.dz = static_cast<T*>(l.dz);
-  if (p.total == 0) return;
-  constexpr int V = 16 / sizeof(T);
-  if (ssd_gate_vec<T>(p.D, {&p.dy, &p.z, &p.y_pre}, p.dz)) {
-    p.total = p.positions * (p.hd / V);
-    ssd_gate_post_kernel<T, V><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
-  } else {
-    ssd_gate_post_kernel<T, 1><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
-  }
-  check_launch("ssd_chunk_scan_backward(dz)");
+  if (l.dD == nullptr) return;
+  const int64_t outs = l.D_per_dim ? l.heads * l.head_dim : l.heads;
+  if (outs == 0) return;
+  const int64_t nseg = (l.batch * l.seqlen + kSsdDSeg - 1) / kSsdDSeg;
+  ssd_dD_kernel<Acc><<<ssd_grid(outs), kSsdThreads, 0, stream>>>(ssd_ws<Acc>(l, w.dDp), nseg, l.heads, l.head_dim,
+                                                                  l.D_per_dim, static_cast<Acc*>(l.dD));
+  check_launch("ssd_chunk_scan_backward(dD)");
 }
 
 }  // namespace baracuda::kernels::cuda

@@ -1,8 +1,8 @@
-// Mamba-2 SSD chunk scan, CUDA backward: dy_pre and the dD partials (with z or D), then
+// Mamba-2 SSD chunk scan, CUDA backward: dy_pre, dz and the dD partials (with z or D), then
 // recompute the chunk states H_c (ssd_chunk_scan_states.cu, shared with the forward), the reverse state pass for Gn_c = G_{c+1} (seeded by
 // dfinal_states, ending in dinitial_states), the per-chunk products for dx, dC and dB and
 // the crossing sums X_s (each in its own translation unit so they compile in parallel),
-// then the finalize kernels for ddt, dA, ddt_bias, and last dD and dz (see
+// then the finalize kernels for ddt, dA, ddt_bias, and last dD (see
 // ssd_chunk_scan.cuh for the formulas and the workspace layout; float16 and bfloat16 run
 // the tensor-core kernels of ssd_chunk_scan_tc.cuh on sm_80+).
 #include "kernels/cuda/ssd_chunk_scan_tc.cuh"
@@ -34,11 +34,10 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   const SsdWorkspace w = ssd_workspace_layout(l, /*backward=*/true);
   auto s = static_cast<cudaStream_t>(stream);
   // With z, every kernel below reads dy_pre = dy·silu(z) in place of dy: the gate kernel
-  // writes it into the dz output (dense), which ssd_launch_gate_post overwrites with dz
-  // at the end.
+  // writes it into the workspace (dense), with dz.
   SsdChunkScanLaunch lb = l;
   if (l.z != nullptr) {
-    lb.dy = l.dz;
+    lb.dy = ssd_ws<void>(l, w.dyp);
     lb.dy_stride[3] = 1;
     lb.dy_stride[2] = l.head_dim;
     lb.dy_stride[1] = l.heads * l.head_dim;
@@ -47,7 +46,7 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   // With B·L == 0 only dA, ddt_bias, dD and dinitial_states can be non-empty: every
   // launch below but theirs has no work and is skipped; they are written as zeros (and
   // dinitial_states = dfinal_states).
-  dispatch_floating(l.element, [&](auto tag) { ssd_launch_gate_pre<decltype(tag)>(l, w, s); });  // dy_pre, dD partials
+  dispatch_floating(l.element, [&](auto tag) { ssd_launch_gate<decltype(tag)>(l, w, s); });  // dy_pre, dz, dD partials
   ssd_run_forward_states(lb, w, nullptr, s);  // Acs, dt; S_c → H_c (recomputed)
   dispatch_floating(l.element, [&](auto tag) {
     ssd_run_states<decltype(tag), /*BW=*/true>(lb, w, l.dinitial_states, s);  // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
@@ -66,7 +65,7 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   dispatch_floating(l.element, [&](auto tag) {
     using T = decltype(tag);
     ssd_launch_finalize<T>(lb, w, s);  // da → ddt, dA, ddt_bias
-    ssd_launch_gate_post<T>(l, w, s);  // dD; dz over the dy_pre scratch
+    ssd_launch_dD<T>(l, w, s);         // dD from its partials
   });
 }
 
