@@ -506,7 +506,9 @@ struct SsdGroupDxParams {
 // multiplies the block's B rows with the state tile (Gn_c rounded to T by the state pass).
 // Pipeline: one "stage" per (head, causal column tile); the next stage's dy tile is
 // copied (cp.async) while the current one is multiplied, and the next head's state tile
-// right after the current head's inter-chunk product (so during its column tiles).
+// right after the current head's inter-chunk product (so during its column tiles). With
+// EPI the column tiles run last to first, so that the D term reads dy_pre from the
+// diagonal tile's buffer after the loop.
 // Every output has one block and a fixed order of products: deterministic.
 template <typename T, bool EPI>
 __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
@@ -535,17 +537,21 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
     const int r0 = rt * kSsdTile, j0 = jt * kSsdTile;
     if (r0 >= len) continue;  // a row tile past the end of the last (short) chunk
     const int rows = min(kSsdTile, len - r0), jrows = min(kSsdTile, p.P - j0);
-    const int n_steps = (len + kSsdTile - 1) / kSsdTile - rt;  // column tiles rt, rt + 1, ...
+    // Column tiles rt, rt + 1, ..., last; with EPI in the reverse order, the diagonal one
+    // last, so that its dy_pre rows are still in their buffer after the loop. (The plain
+    // kernel keeps the forward order: reversed, ptxas spilled 152 bytes instead of 92.)
+    const int last_tile = (len - 1) / kSsdTile, n_steps = last_tile + 1 - rt;
+    auto col_tile = [&](int k) { return EPI ? last_tile - k : rt + k; };
     const int64_t h_begin = g * p.hpg + split * p.hps;
     const int nh = static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin));
     const bool live = rw < rows;  // (warp-uniform)
     const float* cbt = p.cbt + ((b * p.groups + g) * p.nchunks + c) * p.pairs * (kSsdTile * kSsdTile);
 
-    // Stage copies: head hi's dy rows of column tile rt + k into buffer `buf`, and (threads
+    // Stage copies: head hi's dy rows of column tile col_tile(k) into buffer `buf`, and (threads
     // below 64) that tile's Acs into a register, stored to shared memory at the stage.
     auto issue_v = [&](int hi, int k, int buf, double& col_acs) {
       const int64_t h = h_begin + hi;
-      const int c0 = (rt + k) * kSsdTile, cols = min(kSsdTile, len - c0);
+      const int c0 = col_tile(k) * kSsdTile, cols = min(kSsdTile, len - c0);
       tc_fill<T, true>(sV + buf * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile,
                        p.dy.p + b * p.dy.s[0] + (t0 + c0) * p.dy.s[1] + h * p.dy.s[2] + j0 * p.dy.s[3], p.dy.s[1],
                        p.dy.s[3], cols, p.P - j0);
@@ -584,11 +590,10 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
       uint32_t xv[2][8];
       ssd_lane_pairs<T>(p.x.p + b * p.x.s[0] + t0 * p.x.s[1] + h * p.x.s[2], p.x.s[1], p.x.s[3], r0 + rw, len, j0, p.P,
                         xv);
-      uint32_t dyv[2][8];  // EPI: dy_pre for the D term (from the diagonal stage's tile)
       float acc[8][4];
       tc_zero(acc);
       for (int k = 0; k < n_steps; ++k, ++st) {
-        const int buf = st & 1, ct = rt + k, c0 = ct * kSsdTile;
+        const int buf = st & 1, ct = col_tile(k), c0 = ct * kSsdTile;
         if (tid < kSsdTile) {
           if (k == 0) {  // (the registers hold head hi's row data until issue_s(hi + 1) below)
             sRef[hb] = ref_next;
@@ -637,13 +642,6 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
               if (t4 == 0 && rg < len) p.part2[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = s;
             }
           }
-          if constexpr (EPI)  // dy_pre of the lane's rows from the diagonal tile
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-#pragma unroll
-              for (int nt = 0; nt < 8; ++nt)
-                dyv[half][nt] = *reinterpret_cast<const uint32_t*>(sV + buf * kSsdTile * kTcLd +
-                                                                   (rw + g8 + 8 * half) * kTcLd + nt * 8 + 2 * t4);
           __syncthreads();  // every warp is done with the state tile
         }
         // the next stage's copies (and, after the inter-chunk product, the next head's state)
@@ -676,6 +674,18 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
       }
       if (!live) continue;
       // part: x·dxpre; dx = dt·dxpre (+ D·dy_pre)
+      // EPI: dy_pre of the lane's rows from the diagonal (last) stage's tile, still in its
+      // buffer (the next stage's copies went to the other one). Read at a first diagonal
+      // stage and held through the column tiles, these 16 registers were spilled at every
+      // head (dx with D 830 µs against 665 without at the Mamba-2 2.7B shape, H200).
+      uint32_t dyv[2][8];
+      if constexpr (EPI)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            dyv[half][nt] = *reinterpret_cast<const uint32_t*>(sV + ((st - 1) & 1) * kSsdTile * kTcLd +
+                                                               (rw + g8 + 8 * half) * kTcLd + nt * 8 + 2 * t4);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int rl = rw + g8 + 8 * half, rg = r0 + rl;
