@@ -519,6 +519,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
   // Decays in base 2 relative to the row tile's last row (ssd_log2_rel); the inter-chunk
   // row scales exp(Acs_last − Acs_s).
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sRowScale[2][kSsdTile], sRowDt[2][kSsdTile];
+  __shared__ float sD[EPI ? 2 : 1][kSsdTile];  // EPI: the head's D of columns j0.. (0 past P)
   __shared__ double sRef[2];  // written alike by threads 0..63, each reading back its own store
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
@@ -600,6 +601,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
             sRowL[hb][tid] = ssd_log2_rel(row_acs, ref_next);
             sRowDt[hb][tid] = row_dt;
             sRowScale[hb][tid] = tid < rows ? ssd_decay<float>(last - row_acs) : 0.0f;
+            if constexpr (EPI) sD[hb][tid] = j0 + tid < p.P ? p.epi.D[h * p.epi.D_s0 + (j0 + tid) * p.epi.D_s1] : 0.0f;
           }
           sColL[buf][tid] = ssd_log2_rel(col_acs, sRef[hb]);
         }
@@ -674,18 +676,12 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
       }
       if (!live) continue;
       // part: x·dxpre; dx = dt·dxpre (+ D·dy_pre)
-      // EPI: dy_pre of the lane's rows from the diagonal (last) stage's tile, still in its
-      // buffer (the next stage's copies went to the other one). Read at a first diagonal
-      // stage and held through the column tiles, these 16 registers were spilled at every
-      // head (dx with D 830 µs against 665 without at the Mamba-2 2.7B shape, H200).
-      uint32_t dyv[2][8];
-      if constexpr (EPI)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            dyv[half][nt] = *reinterpret_cast<const uint32_t*>(sV + ((st - 1) & 1) * kSsdTile * kTcLd +
-                                                               (rw + g8 + 8 * half) * kTcLd + nt * 8 + 2 * t4);
+      // EPI: dy_pre of the lane's rows read where it is used from the diagonal (last)
+      // stage's tile, still in its buffer (the next stage's copies went to the other one),
+      // and D from shared memory (staged with the head's row data). Read at a first
+      // diagonal stage and held through the column tiles, dy_pre's 16 registers were spilled
+      // at every head (dx with D 830 µs against 665 without at the Mamba-2 2.7B shape, H200).
+      const T* dy_last = sV + ((st - 1) & 1) * kSsdTile * kTcLd;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int rl = rw + g8 + 8 * half, rg = r0 + rl;
@@ -702,18 +698,20 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGr
         if (t4 == 0) p.part[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = s;
         const float dt = sRowDt[hb][rl];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 8; ++nt) {
+          T dys[2];
+          float2 dd;
+          if constexpr (EPI) {
+            memcpy(dys, dy_last + rl * kTcLd + nt * 8 + 2 * t4, 4);
+            dd = *reinterpret_cast<const float2*>(&sD[hb][nt * 8 + 2 * t4]);
+          }
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float v = acc[nt][2 * half + e] * dt;
-            if constexpr (EPI) {
-              const int jg = j0 + nt * 8 + 2 * t4 + e;
-              T dys[2];
-              memcpy(dys, &dyv[half][nt], 4);
-              if (jg < p.P) v += p.epi.D[h * p.epi.D_s0 + jg * p.epi.D_s1] * to_acc(dys[e]);
-            }
+            if constexpr (EPI) v += (e ? dd.y : dd.x) * to_acc(dys[e]);
             acc[nt][2 * half + e] = v;
           }
+        }
         tc_store_row<T>(p.out + ((b * p.seqlen + t0 + rg) * p.heads + h) * p.P, j0, p.P, p.P % 2 == 0, acc, half, 1.0f);
       }
     }
