@@ -291,12 +291,50 @@ def ssd_fused_cases() -> Iterator[Case]:
             yield f"ssd fused G={G} N={N} options={options}", make, run, ("ssd_chunk_scan_combined",)
 
 
+def state_update_cases() -> Iterator[Case]:
+    """The state update and its tokens op over d_state classes (lanes and chunks a row), a
+    batch large enough for several passes a block (both ways of computing a row's values:
+    a lane per (row, token) pair, and every lane), a transposed state (tile_strided), and a
+    pool with a padding row and an index past it (the kernel's NaN row)."""
+    def build(batch, heads, dim, N, tokens, dtype, strided=False, pool=None):
+        def make():
+            t = () if tokens is None else (tokens,)
+            st = torch.randn(pool or batch, heads, N, dim, device="cuda").transpose(-1, -2) if strided else \
+                torch.randn(pool or batch, heads, dim, N, device="cuda")
+            return (st, rand(batch, *t, heads, dim, dtype=dtype, grad=False),
+                    rand(batch, *t, heads, dim, dtype=dtype, grad=False),
+                    -torch.rand(heads, dim, N, device="cuda"), rand(batch, *t, 1, N, dtype=dtype, grad=False),
+                    rand(batch, *t, 1, N, dtype=dtype, grad=False))
+        return make
+
+    def run(state, x, dt, A, B, C, tokens=None, pool=None):
+        fn = bt.selective_state_update_tokens if tokens else bt.selective_state_update
+        idx = None if pool is None else torch.tensor([pool - 1, -1, pool] + [0] * (x.shape[0] - 3), device="cuda")
+        return fn(state, x, dt, A, B, C, D=torch.randn(A.shape[:2], device="cuda"), dt_softplus=True,
+                  state_batch_indices=idx)
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        for N in (5, 16, 128, 256):
+            for tokens in (None, 3):
+                # (64 × 70 heads of 4 block passes' rows: several passes on 132 multiprocessors)
+                lanes = min(32, 1 << max(0, (N + 3) // 4 - 1).bit_length())
+                for batch, heads, dim in ((3, 4, 9), (64, 70, 4 * 128 // lanes)):
+                    if dtype == torch.float64 and batch == 64:
+                        continue
+                    yield (f"state update B{batch} H{heads} P{dim} N{N} tokens={tokens}",
+                           build(batch, heads, dim, N, tokens, dtype), lambda *a, t=tokens: run(*a, tokens=t),
+                           ("selective_state_update", "selective_state_update_tokens"))
+        yield ("state update strided state, pool with padding",
+               build(4, 4, 9, 16, None, dtype, strided=True, pool=5), lambda *a: run(*a, pool=5),
+               ("selective_state_update",))
+
+
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,
             "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
             "gather": gather_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
             "ssd": ssd_cases,
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases,
-            "ssd_fused": ssd_fused_cases, "mamba_split": mamba_split_cases}
+            "ssd_fused": ssd_fused_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
 
 def run_case(name: str, make, fn) -> str:

@@ -447,6 +447,19 @@ def test_cuda_graph_capture():
 
 
 @requires_cuda
+@pytest.mark.parametrize("tokens", [None, 3])
+def test_cuda_several_passes(tokens):
+    """A batch large enough that a block walks 2 passes of 32 rows (d_state 16: row groups of
+    4 lanes, 8 a warp; 64 × 40 heads of 256 rows on 132 multiprocessors), per-element A:
+    one token takes the path where each lane computes one (row, token) pair's δ and out
+    (passes · tokens = 2 <= 4 lanes), 3 tokens the path where every lane computes them (6 >
+    4). Against the float64 reference."""
+    p = problem("cuda", torch.bfloat16, batch=64, tokens=tokens, heads=40, dim=256, dstate=16, groups=4,
+                state_dtype=torch.float32)
+    check_against_reference(p, tokens is not None)
+
+
+@requires_cuda
 @pytest.mark.parametrize("batch", [1, 64])
 def test_cuda_mamba2_2_7b_shape(batch):
     """The Mamba-2 2.7B layer's step (80 heads of 64, d_state 128, 1 group), bfloat16 data,

@@ -84,6 +84,9 @@ void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::s
          blocks(passes * 2) >= target)
     passes *= 2;
   l.passes = passes;
+  // (one pair a group: nothing to share, and its lane would read D and x after the sum:
+  // B1 at the 2.7B shape 12.4 µs without, 13.2 with; H200)
+  l.lane_scalars = passes * l.tokens > 1 && passes * l.tokens <= l.lanes;
   const int64_t rows = static_cast<int64_t>(l.rows_per_pass) * passes;
   l.ptiles = (l.headdim + rows - 1) / rows;
   l.grid = l.batch * l.nheads * l.ptiles;

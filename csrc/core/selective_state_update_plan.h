@@ -86,6 +86,10 @@ struct StateUpdateLaunch {
   StateUpdateLayout layout = StateUpdateLayout::Strided;
   int lanes = 32, chunks = 1, rows_per_pass = 4, passes = 1;
   int64_t ptiles = 0, grid = 0;
+  // 1 < passes · tokens <= lanes: the values of a (row, token) pair that do not depend on
+  // n (x, δ, exp(A·δ), D, z, out) are computed by one lane of the row's group each, and
+  // shuffled to the others, instead of by every lane of the group.
+  bool lane_scalars = false;
 
   void* state = nullptr;
   const void* x = nullptr;
