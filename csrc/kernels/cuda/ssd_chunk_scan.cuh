@@ -1755,9 +1755,9 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGatePara
     for (int64_t q = q_begin; q < q_end; ++q) {
       T dv[V], zv[V], yv[V], xv[V];
       ssd_load_vec<T, V>(dv, ssd_at(p.dy, b, t, h, d), true, V);
-      if (gated) {
+      if (gated) {  // z given: the launch check guarantees dz and y_pre
         ssd_load_vec<T, V>(zv, ssd_at(p.z, b, t, h, d), true, V);
-        if (p.dz != nullptr) ssd_load_vec<T, V>(yv, ssd_at(p.y_pre, b, t, h, d), true, V);
+        ssd_load_vec<T, V>(yv, ssd_at(p.y_pre, b, t, h, d), true, V);
       }
       if (with_D) ssd_load_vec<T, V>(xv, ssd_at(p.x, b, t, h, d), true, V);
       if (++t == p.seqlen) t = 0, ++b;
@@ -1769,15 +1769,13 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGatePara
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const Acc zk = to_acc(zv[k]), ez = ssd_exp(-zk);
-          if (p.dz != nullptr) {
-            const Acc sg = Acc(1) / (Acc(1) + ez);
-            dz[k] = from_acc<T>(g[k] * to_acc(yv[k]) * sg * (Acc(1) + zk * (Acc(1) - sg)));
-          }
+          const Acc sg = Acc(1) / (Acc(1) + ez);
+          dz[k] = from_acc<T>(g[k] * to_acc(yv[k]) * sg * (Acc(1) + zk * (Acc(1) - sg)));
           r[k] = from_acc<T>(g[k] * (zk / (Acc(1) + ez)));
           g[k] = to_acc(r[k]);
         }
         ssd_store_vec<T, V>(p.dyp + q * p.hd + e, r, true, V);
-        if (p.dz != nullptr) ssd_store_vec<T, V>(p.dz + q * p.hd + e, dz, true, V);
+        ssd_store_vec<T, V>(p.dz + q * p.hd + e, dz, true, V);
       }
       if (with_D)
 #pragma unroll
