@@ -294,16 +294,18 @@ def ssd_fused_cases() -> Iterator[Case]:
 def state_update_cases() -> Iterator[Case]:
     """The state update and its tokens op over d_state classes (lanes and chunks a row), a
     batch large enough for several passes a block (both ways of computing a row's values:
-    a lane per (row, token) pair, and every lane), a transposed state (tile_strided), and a
-    pool with a padding row and an index past it (the kernel's NaN row)."""
-    def build(batch, heads, dim, N, tokens, dtype, strided=False, pool=None):
+    a lane per (row, token) pair, and every lane), a transposed state (tile_strided), a
+    pool with a padding row and an index past it (the kernel's NaN row), and A per element
+    and per head (Mamba-2's expanded A: tile_staged, the rows through shared memory)."""
+    def build(batch, heads, dim, N, tokens, dtype, strided=False, pool=None, head_A=False):
         def make():
             t = () if tokens is None else (tokens,)
             st = torch.randn(pool or batch, heads, N, dim, device="cuda").transpose(-1, -2) if strided else \
                 torch.randn(pool or batch, heads, dim, N, device="cuda")
             return (st, rand(batch, *t, heads, dim, dtype=dtype, grad=False),
                     rand(batch, *t, heads, dim, dtype=dtype, grad=False),
-                    -torch.rand(heads, dim, N, device="cuda"), rand(batch, *t, 1, N, dtype=dtype, grad=False),
+                    -torch.rand(heads, 1 if head_A else dim, 1 if head_A else N, device="cuda").expand(heads, dim, N),
+                    rand(batch, *t, 1, N, dtype=dtype, grad=False),
                     rand(batch, *t, 1, N, dtype=dtype, grad=False))
         return make
 
@@ -317,16 +319,19 @@ def state_update_cases() -> Iterator[Case]:
         for N in (5, 16, 128, 256):
             for tokens in (None, 3):
                 # (64 × 70 heads of 4 block passes' rows: several passes on 132 multiprocessors)
-                lanes = min(32, 1 << max(0, (N + 3) // 4 - 1).bit_length())
+                lanes = min(32, max(4, 1 << max(0, (N + 3) // 4 - 1).bit_length()))  # the plan's lanes
                 for batch, heads, dim in ((3, 4, 9), (64, 70, 4 * 128 // lanes)):
                     if dtype == torch.float64 and batch == 64:
                         continue
-                    yield (f"state update B{batch} H{heads} P{dim} N{N} tokens={tokens}",
-                           build(batch, heads, dim, N, tokens, dtype), lambda *a, t=tokens: run(*a, tokens=t),
-                           ("selective_state_update", "selective_state_update_tokens"))
-        yield ("state update strided state, pool with padding",
-               build(4, 4, 9, 16, None, dtype, strided=True, pool=5), lambda *a: run(*a, pool=5),
-               ("selective_state_update",))
+                    for head_A in (False, True):
+                        yield (f"state update B{batch} H{heads} P{dim} N{N} tokens={tokens} head_A={head_A}",
+                               build(batch, heads, dim, N, tokens, dtype, head_A=head_A),
+                               lambda *a, t=tokens: run(*a, tokens=t),
+                               ("selective_state_update", "selective_state_update_tokens"))
+        for head_A in (False, True):
+            yield (f"state update {'' if head_A else 'strided state, '}pool with padding, head_A={head_A}",
+                   build(4, 4, 9, 16, None, dtype, strided=not head_A, pool=5, head_A=head_A),
+                   lambda *a: run(*a, pool=5), ("selective_state_update",))
 
 
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,

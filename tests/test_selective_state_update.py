@@ -343,7 +343,8 @@ def test_explain_cpu():
 @requires_cuda
 def test_cuda_variants():
     """tile_vec4 where the state's N is innermost with 4-element-aligned strides and data,
-    tile_strided otherwise."""
+    tile_strided otherwise; tile_staged where the layout is tile_vec4's and A is per head
+    (Mamba-2's expanded A: the block's rows go through shared memory)."""
     p = problem("cuda", torch.bfloat16, dstate=16)
     cases = {
         "tile_vec4": [randn((3, 4, 5, 16), torch.float32, "cuda"), randn((3, 4, 5, 16), torch.bfloat16, "cuda"),
@@ -359,18 +360,27 @@ def test_cuda_variants():
     p = problem("cuda", torch.float32, dstate=10)  # N % 4 != 0
     assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], p["A"], p["B"],
                       p["C"]).variant == "tile_strided"
+    for N, variant in ((16, "tile_staged"), (10, "tile_strided")):
+        p = problem("cuda", torch.float32, dstate=N)
+        head_A = p["A"][:, :1, :1].expand(p["A"].shape)
+        assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], head_A, p["B"],
+                          p["C"]).variant == variant
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_cuda_matches_cpu(dtype):
+@pytest.mark.parametrize("head_A", [False, True])
+def test_cuda_matches_cpu(dtype, head_A):
     """The same inputs on both devices, every d_state class (lanes and chunks a row), both
-    layouts, both ops, a pool with padding: within a few units of float32 (the sum over N
-    runs in another order), and the CUDA result against the float64 reference."""
+    layouts, both ops, a pool with padding, A per element and per head (staged where N % 4
+    == 0): within a few units of float32 (the sum over N runs in another order), and the
+    CUDA result against the float64 reference."""
     for N in (1, 5, 16, 64, 128, 200, 256, 1024):
         for tokens in (None, 3):
             p = problem("cuda", dtype, tokens=tokens, dstate=N, state_dtype=torch.float32
                         if dtype != torch.float64 else dtype, pool=6, heads=4, dim=9)
+            if head_A:
+                p["A"] = p["A"][:, :1, :1].expand(p["A"].shape)
             idx = torch.tensor([4, -1, 0], device="cuda")
             cpu = {k: v.cpu() for k, v in p.items()}
             out = call(p, tokens is not None, state_batch_indices=idx)
@@ -447,15 +457,21 @@ def test_cuda_graph_capture():
 
 
 @requires_cuda
+@pytest.mark.parametrize("head_A", [False, True])
 @pytest.mark.parametrize("tokens", [None, 3])
-def test_cuda_several_passes(tokens):
+def test_cuda_several_passes(tokens, head_A):
     """A batch large enough that a block walks 2 passes of 32 rows (d_state 16: row groups of
-    4 lanes, 8 a warp; 64 × 40 heads of 256 rows on 132 multiprocessors), per-element A:
+    4 lanes, 8 a warp; 64 × 40 heads of 256 rows on 132 multiprocessors). A per element:
     one token takes the path where each lane computes one (row, token) pair's δ and out
     (passes · tokens = 2 <= 4 lanes), 3 tokens the path where every lane computes them (6 >
-    4). Against the float64 reference."""
+    4). A per head: the staged path (the block's 2 passes of rows in shared memory). Against
+    the float64 reference."""
     p = problem("cuda", torch.bfloat16, batch=64, tokens=tokens, heads=40, dim=256, dstate=16, groups=4,
                 state_dtype=torch.float32)
+    if head_A:
+        p["A"] = p["A"][:, :1, :1].expand(p["A"].shape)
+        op = "selective_state_update_tokens" if tokens else "selective_state_update"
+        assert bt.explain(op, p["state"], p["x"], p["dt"], p["A"], p["B"], p["C"]).variant == "tile_staged"
     check_against_reference(p, tokens is not None)
 
 
@@ -469,10 +485,10 @@ def test_cuda_mamba2_2_7b_shape(batch):
     dtype = torch.bfloat16
     dt = randn((batch, H), dtype, "cuda")[..., None].expand(batch, H, P)
     p = dict(state=randn((batch, H, P, N), torch.float32, "cuda"), x=randn((batch, H, P), dtype, "cuda"), dt=dt,
-             A=-torch.rand(H, device="cuda")[:, None, None].expand(H, P, N),
+             A=(-torch.rand(H, device="cuda"))[:, None, None].expand(H, P, N),
              B=randn((batch, 1, N), dtype, "cuda"), C=randn((batch, 1, N), dtype, "cuda"),
              D=torch.randn(H, device="cuda")[:, None].expand(H, P), z=None,
              dt_bias=torch.randn(H, device="cuda")[:, None].expand(H, P))
     assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], p["A"], p["B"], p["C"]).variant == \
-        "tile_vec4"
+        "tile_staged"
     check_against_reference(p, False)

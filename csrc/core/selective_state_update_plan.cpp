@@ -57,15 +57,18 @@ StateUpdateLayout pick_layout(const TensorLayout& state, const int64_t* s, int64
 }
 
 // The CUDA work split (StateUpdateLaunch's comment). Each state row is N elements split
-// over `lanes` threads of kStateUpdateLaneElems elements a chunk; the fewest lanes (a power
-// of two up to a warp) and then chunks that cover N. A block's passes over its head_dim
-// slice are doubled while the grid keeps at least kMinBlocksPerSm blocks an SM (about four
-// rounds of the 16 resident 128-thread blocks an SM holds), so that a large batch spends
-// fewer block launches and B/C loads per row, and a small one keeps every SM busy. (Not
-// measured yet: a starting point for the benchmark's tuning.)
+// over `lanes` threads of kStateUpdateLaneElems elements a chunk: lanes for its 4-element
+// pieces (a power of two from 4 to a warp; the kernel is compiled for those), then chunks
+// that cover N. (Fewer lanes with more chunks each, measured at B64 H80 P64 N128 on an
+// H200: 16 lanes of 2 chunks 345 µs a step, 8 of 4 178 to 250, against 139 for 32 of 1.)
+// A block's passes over its head_dim slice are doubled while the grid keeps at least
+// kMinBlocksPerSm blocks an SM, so that a large batch spends fewer block launches and B/C
+// loads per row, and a small one keeps every SM busy (at that shape 8 passes: 140 µs,
+// against 173 at 4). The block's rows are staged in shared memory where the layout, A and
+// their size allow (stage_bytes).
 void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::string& op) {
   const int64_t quads = std::max<int64_t>(1, (l.dstate + kStateUpdateLaneElems - 1) / kStateUpdateLaneElems);
-  l.lanes = static_cast<int>(std::min<int64_t>(32, pow2_ceil(quads)));
+  l.lanes = static_cast<int>(std::clamp<int64_t>(pow2_ceil(quads), 4, 32));
   const int64_t chunks = pow2_ceil((quads + l.lanes - 1) / l.lanes);
   if (chunks > kStateUpdateMaxChunks)
     fail(PlanErrorKind::Unsupported, op,
@@ -88,6 +91,11 @@ void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::s
   // B1 at the 2.7B shape 12.4 µs without, 13.2 with; H200)
   l.lane_scalars = passes * l.tokens > 1 && passes * l.tokens <= l.lanes;
   const int64_t rows = static_cast<int64_t>(l.rows_per_pass) * passes;
+  // Staged: a block's rows copied into shared memory at its start (StateUpdateLaunch).
+  const int64_t stage = rows * l.dstate * element_size(l.state_el);
+  l.stage_bytes = l.layout == StateUpdateLayout::Vec && l.A_per_row && stage <= kStateUpdateMaxStage
+                      ? static_cast<int>(stage)
+                      : 0;
   l.ptiles = (l.headdim + rows - 1) / rows;
   l.grid = l.batch * l.nheads * l.ptiles;
   if (l.grid > INT32_MAX)
@@ -98,6 +106,7 @@ void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::s
 
 const char* variant_name(const StateUpdateLaunch& l, Backend backend) {
   if (backend != Backend::Cuda) return "rows";
+  if (l.stage_bytes > 0) return "tile_staged";
   return l.layout == StateUpdateLayout::Vec ? "tile_vec4" : "tile_strided";
 }
 }  // namespace

@@ -37,7 +37,7 @@
 namespace baracuda {
 
 // CUDA: threads a block; a block holds `rows_per_pass` = kStateUpdateThreads / lanes rows
-// of the state at once (`lanes` threads a row, a power of two up to a warp), each thread
+// of the state at once (`lanes` threads a row, a power of two from 4 to a warp), each thread
 // kStateUpdateLaneElems consecutive state elements in each of `chunks` chunks (registers:
 // chunks · 4 state values, and as many of B and C while T = 1).
 constexpr int kStateUpdateThreads = 128;
@@ -48,6 +48,9 @@ constexpr int64_t kStateUpdateCudaMaxState = 32 * kStateUpdateLaneElems * kState
 // CUDA: passes of a block over its head_dim slice, at most (a block covers
 // rows_per_pass · passes rows of one (batch, head)).
 constexpr int kStateUpdateMaxPasses = 8;
+// CUDA: the most shared memory a block's staged state rows take (the static limit, so no
+// opt-in; 16 KiB at the Mamba-2 2.7B shape).
+constexpr int64_t kStateUpdateMaxStage = 48 * 1024;
 // CPU: state rows a task at least.
 constexpr int64_t kStateUpdateCpuGrain = 64;
 
@@ -90,6 +93,12 @@ struct StateUpdateLaunch {
   // n (x, δ, exp(A·δ), D, z, out) are computed by one lane of the row's group each, and
   // shuffled to the others, instead of by every lane of the group.
   bool lane_scalars = false;
+  // Staged (> 0): the vector layout with a per-row A, and the block's rows · N state
+  // elements fit kStateUpdateMaxStage: the block copies its state rows into this many bytes
+  // of shared memory at its start (cp.async, every row's loads in flight at once), then
+  // computes from there; otherwise each thread group loads a row a pass from global memory
+  // (the next while it computes the current one, for up to 2 chunks a lane).
+  int stage_bytes = 0;
 
   void* state = nullptr;
   const void* x = nullptr;

@@ -6,19 +6,19 @@
 // thread's elements in order, then a butterfly over the group's lanes (fixed order:
 // deterministic). B and C of the block's (batch, group) are the same for all its rows:
 // with one token they are loaded once a block, into registers. A group walks its rows one
-// a pass; with up to 2 chunks a lane it loads the next row's state before computing the
-// current one (two rows' loads in flight a warp). With one chunk a lane (N <= 128) and
-// float math the kernel asks for 8 blocks a multiprocessor (ptxas for sm_90a: 59
-// registers, no spills; it took 80 and ran 6 blocks): the loads in flight are what a
-// large batch needs (H200, B64 H80 P64 N128, bf16 x, float32 state: 193.8 -> 170.3 µs a
-// step). The values of a (row, token) pair that do not depend on n (x, δ with its
-// softplus, exp(A·δ) for a per-row A, then D, z and the store of out) were computed by
-// every lane of the group, about as many instructions a row as its 4 state elements a
-// lane take (ncu at B64: 0.82 warps issued a scheduler cycle, 30 % of DRAM bandwidth);
-// where a group has several pairs and they fit its lanes (the plan's lane_scalars), lane q
-// computes pair q's once and the others take them by shuffle (B64: 170 -> 143 µs a step).
-// No shared memory, no workspace, no host synchronization: the launch can be captured in
-// a CUDA graph.
+// a pass. Where the plan stages them (stage_bytes: Mamba-2's per-head A on the vector
+// layout), the block first copies all its state rows into shared memory by cp.async, so
+// that every row's loads are in flight at once; otherwise, with up to 2 chunks a lane, a
+// group loads the next row's state before computing the current one (two rows' loads in
+// flight a warp). Measured on an H200 at B64 H80 P64 N128 (bf16 x, float32 state;
+// BENCHMARKS.md): the every-lane path 200 µs a step; a lane per (row, token) pair's
+// values that do not depend on n (δ with its softplus, exp(A·δ), D, z, the store of out;
+// the plan's lane_scalars, the others take them by shuffle) 143; the lanes and the
+// per-row A compiled in (no divergence check per shuffle, no branch per element) 139;
+// staged 120 (ncu: 72 registers, 7 blocks a multiprocessor, 45 % of DRAM bandwidth, 0.71
+// warps issued a scheduler cycle against mamba_ssm's 0.86 at 30 registers, for about as
+// many instructions). No workspace, no host synchronization: the launch can be captured
+// in a CUDA graph.
 #include <cstring>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -65,30 +65,52 @@ __device__ __forceinline__ void load4(const S* p, S (&v)[E]) {
 template <typename S>
 __device__ __forceinline__ void store4(S* p, const S (&v)[E]) {
   constexpr int bytes = static_cast<int>(sizeof(S)) * E;
-  if constexpr (bytes == 16) {
-    uint4 r;
-    memcpy(&r, v, 16);
-    *reinterpret_cast<uint4*>(p) = r;
-  } else if constexpr (bytes == 8) {
-    uint2 r;
-    memcpy(&r, v, 8);
-    *reinterpret_cast<uint2*>(p) = r;
+  // (one vector store each: assigned as a uint4, the float state's 16 bytes were stored
+  // as four 4-byte stores)
+  uint32_t r[bytes / 4];
+  memcpy(r, v, bytes);
+  if constexpr (bytes == 8) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(r[0]), "r"(r[1]) : "memory");
   } else {
-    uint4 r0, r1;
-    memcpy(&r0, v, 16);
-    memcpy(&r1, v + 2, 16);
-    reinterpret_cast<uint4*>(p)[0] = r0;
-    reinterpret_cast<uint4*>(p)[1] = r1;
+#pragma unroll
+    for (int i = 0; i < bytes / 16; ++i)
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(reinterpret_cast<char*>(p) + 16 * i), "r"(r[4 * i]),
+                   "r"(r[4 * i + 1]), "r"(r[4 * i + 2]), "r"(r[4 * i + 3])
+                   : "memory");
   }
 }
 
-// T: x's dtype; S: the state's (T or float); Chunks: chunks a lane (a power of two up to
-// kStateUpdateMaxChunks).
-template <typename T, typename S, int Chunks>
-__global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>) == 4 ? 8 : 1)
+// E state elements (8, 16 or 32 bytes) from global to shared memory by cp.async: no
+// register holds them while they are in flight.
+template <typename S>
+__device__ __forceinline__ void stage4(S* smem, const S* p) {
+  constexpr int bytes = static_cast<int>(sizeof(S)) * E;
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if constexpr (bytes == 8) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(p) : "memory");
+  } else {
+#pragma unroll
+    for (int i = 0; i < bytes / 16; ++i)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * i),
+                   "l"(reinterpret_cast<const char*>(p) + 16 * i)
+                   : "memory");
+  }
+}
+
+// T: x's dtype; S: the state's (T or float); Lanes: threads a row (the plan's lanes, 4 to
+// 32); Chunks: chunks a lane (a power of two up to kStateUpdateMaxChunks; above 1 only
+// with 32 lanes). Lanes is a template argument so that the shuffles' width and mask are
+// constants: as a launch value, each shuffle paid a divergence check (MATCH, REDUX, VOTE)
+// and the butterfly a loop. Staged (the plan's stage_bytes: vector layout, A per row, the
+// block's rows fit in shared memory): the block's state rows are copied into shared memory
+// at its start, all of them in flight at once, and each thread reads back only what it
+// copied (no barrier); otherwise rows are read from global memory, the next one while the
+// current one is computed.
+template <typename T, typename S, int Lanes, int Chunks, bool Staged>
+__global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>) == 4 ? 7 : 1)
     void state_update_kernel(const StateUpdateLaunch l) {
   using Acc = acc_t<T>;
-  const int lanes = l.lanes;
+  constexpr int lanes = Lanes;
   const int group = static_cast<int>(threadIdx.x) / lanes;
   const int lane = static_cast<int>(threadIdx.x) % lanes;
   // The shuffle mask of this thread's group within its warp.
@@ -100,7 +122,8 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
   const int64_t b = blk / l.ptiles / l.nheads;
   const int64_t g = h / l.heads_per_group;
   const int64_t N = l.dstate;
-  const bool vec = l.layout == StateUpdateLayout::Vec;
+  const bool vec = Staged || l.layout == StateUpdateLayout::Vec;
+  const bool row_a = Staged || l.A_per_row;
   T* out = static_cast<T*>(l.out);
   const T* x = static_cast<const T*>(l.x);
   const T* z = static_cast<const T*>(l.z);
@@ -144,17 +167,32 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
   if (l.tokens == 1) load_bc(0);
 
   S* state = static_cast<S*>(l.state) + i * l.state_s[0] + h * l.state_s[1];
-  // This thread's elements of state row p, read and converted.
-  const auto load_row = [&](int64_t p, Acc (&s)[Chunks][E]) {
-    const S* row = state + p * l.state_s[2];
+  extern __shared__ __align__(16) unsigned char state_update_smem[];
+  S* const stage = reinterpret_cast<S*>(state_update_smem);  // [passes][rows_per_pass][N]
+  const auto row_of = [&](int pass) { return p_begin + static_cast<int64_t>(pass) * l.rows_per_pass + group; };
+  if constexpr (Staged) {
+    for (int pass = 0; pass < l.passes; ++pass) {
+      const int64_t p = row_of(pass);
+      if (p >= l.headdim) break;
+#pragma unroll
+      for (int c = 0; c < Chunks; ++c) {
+        const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
+        if (n0 < N) stage4(stage + (pass * l.rows_per_pass + group) * N + n0, state + p * l.state_s[2] + n0);
+      }
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+  }
+  // This thread's elements of state row p (of pass `pass`), read and converted.
+  const auto load_row = [&](int64_t p, int pass, Acc (&s)[Chunks][E]) {
+    const S* row = Staged ? stage + (pass * l.rows_per_pass + group) * N : state + p * l.state_s[2];
 #pragma unroll
     for (int c = 0; c < Chunks; ++c) {
       const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
-      if (vec && n0 < N) {  // N % 4 == 0: the vector is whole
+      if (vec) {  // N % 4 == 0: a vector is whole or past N
         S v[E];
-        load4(row + n0, v);
+        if (n0 < N) load4(row + n0, v);
 #pragma unroll
-        for (int k = 0; k < E; ++k) s[c][k] = static_cast<Acc>(to_acc(v[k]));
+        for (int k = 0; k < E; ++k) s[c][k] = n0 < N ? static_cast<Acc>(to_acc(v[k])) : Acc(0);
       } else {
 #pragma unroll
         for (int k = 0; k < E; ++k)
@@ -167,11 +205,11 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
 #pragma unroll
     for (int c = 0; c < Chunks; ++c) {
       const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
-      if (vec && n0 < N) {
+      if (vec) {
         S v[E];
 #pragma unroll
         for (int k = 0; k < E; ++k) v[k] = from_acc<S>(s[c][k]);
-        store4(row + n0, v);
+        if (n0 < N) store4(row + n0, v);
       } else {
 #pragma unroll
         for (int k = 0; k < E; ++k)
@@ -179,10 +217,9 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
       }
     }
   };
-  // The rows of this thread's group, one a pass; with few chunks a lane, the next row's
-  // state is loaded before this row is computed (its loads in flight meanwhile).
-  constexpr bool kPrefetch = Chunks <= 2;
-  const auto row_of = [&](int pass) { return p_begin + static_cast<int64_t>(pass) * l.rows_per_pass + group; };
+  // The rows of this thread's group, one a pass; unstaged with few chunks a lane, the next
+  // row's state is loaded before this row is computed (its loads in flight meanwhile).
+  constexpr bool kPrefetch = !Staged && Chunks <= 2;
   // The values of (row p, token t) that do not depend on n: δ, δ·x and, for a per-row A,
   // exp(A·δ).
   const auto x_of = [&](int64_t p, int64_t t) {
@@ -199,7 +236,7 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
         small<T>(l.dt, dt_f32, b * l.dt_s[0] + t * l.dt_s[1] + h * l.dt_s[2] + p * l.dt_s[3]) + bias,
         l.dt_softplus);
     r.dtx = r.delta * x_of(p, t);
-    r.dA = l.A_per_row && N > 0 ? math_exp(small<T>(l.A, A_f32, h * l.A_s[0] + p * l.A_s[1]) * r.delta) : Acc(0);
+    r.dA = row_a && N > 0 ? math_exp(small<T>(l.A, A_f32, h * l.A_s[0] + p * l.A_s[1]) * r.delta) : Acc(0);
     return r;
   };
   // out of (row p, token t) from the sum y over n: + D·x, the gate, rounded once.
@@ -223,14 +260,14 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
   }
   Acc s[Chunks][E], next[Chunks][E];
   int64_t p = row_of(0);
-  if (p < l.headdim) load_row(p, s);
+  if (p < l.headdim) load_row(p, 0, s);
   for (int pass = 0; pass < l.passes && p < l.headdim; ++pass) {
     // (p < headdim for the whole group: its shuffles stay within it; rows ascend with
     // the pass, so the loop ends at the first one past the head.)
     const int64_t pn = row_of(pass + 1);
     const bool more = pass + 1 < l.passes && pn < l.headdim;
     if constexpr (kPrefetch) {
-      if (more) load_row(pn, next);
+      if (more) load_row(pn, pass + 1, next);
     }
     const int64_t ao = h * l.A_s[0] + p * l.A_s[1];
     for (int64_t t = 0; t < l.tokens; ++t) {
@@ -245,18 +282,27 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
         r = row_token(p, t);
       }
       Acc y = 0;
+      // (the A test outside the element loop: inside it, each element paid a branch)
+      if (row_a) {
 #pragma unroll
-      for (int c = 0; c < Chunks; ++c) {
+        for (int c = 0; c < Chunks; ++c)
 #pragma unroll
-        for (int k = 0; k < E; ++k) {
-          const int64_t n = (static_cast<int64_t>(c) * lanes + lane) * E + k;
-          const Acc dA = l.A_per_row ? r.dA
-                         : n < N     ? math_exp(small<T>(l.A, A_f32, ao + n * l.A_s[2]) * r.delta)
-                                     : Acc(0);
-          s[c][k] = s[c][k] * dA + Bv[c][k] * r.dtx;
-          y += s[c][k] * Cv[c][k];
-        }
+          for (int k = 0; k < E; ++k) {
+            s[c][k] = s[c][k] * r.dA + Bv[c][k] * r.dtx;
+            y += s[c][k] * Cv[c][k];
+          }
+      } else {
+#pragma unroll
+        for (int c = 0; c < Chunks; ++c)
+#pragma unroll
+          for (int k = 0; k < E; ++k) {
+            const int64_t n = (static_cast<int64_t>(c) * lanes + lane) * E + k;
+            const Acc dA = n < N ? math_exp(small<T>(l.A, A_f32, ao + n * l.A_s[2]) * r.delta) : Acc(0);
+            s[c][k] = s[c][k] * dA + Bv[c][k] * r.dtx;
+            y += s[c][k] * Cv[c][k];
+          }
       }
+#pragma unroll
       for (int off = lanes / 2; off > 0; off /= 2) y += __shfl_xor_sync(mask, y, off);
       if (by_lane) {
         if (lane == q) mine_y = y;
@@ -272,7 +318,7 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
 #pragma unroll
         for (int k = 0; k < E; ++k) s[c][k] = next[c][k];
     } else {
-      load_row(pn, s);
+      load_row(pn, pass + 1, s);
     }
     p = pn;
   }
@@ -285,14 +331,30 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
 template <typename T, typename S>
 void launch(const StateUpdateLaunch& l, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(l.grid)), block(kStateUpdateThreads);
-  switch (l.chunks) {
-    case 1: state_update_kernel<T, S, 1><<<grid, block, 0, stream>>>(l); break;
-    case 2: state_update_kernel<T, S, 2><<<grid, block, 0, stream>>>(l); break;
-    case 4: state_update_kernel<T, S, 4><<<grid, block, 0, stream>>>(l); break;
-    case 8: state_update_kernel<T, S, 8><<<grid, block, 0, stream>>>(l); break;
+  if (l.stage_bytes > 0 &&
+      (l.layout != StateUpdateLayout::Vec || !l.A_per_row || l.stage_bytes > kStateUpdateMaxStage ||
+       l.stage_bytes < static_cast<int64_t>(l.rows_per_pass) * l.passes * l.dstate * static_cast<int64_t>(sizeof(S))))
+    fail(PlanErrorKind::Internal, l.tokens_op ? "selective_state_update_tokens" : "selective_state_update",
+         "a staged launch needs the vector layout, a per-row A and shared memory for the block's rows");
+  const auto go = [&](auto staged, auto unstaged) {
+    if (l.stage_bytes > 0)
+      staged<<<grid, block, l.stage_bytes, stream>>>(l);
+    else
+      unstaged<<<grid, block, 0, stream>>>(l);
+  };
+  const int key = l.lanes * 16 + l.chunks;
+  switch (key) {
+    case 4 * 16 + 1: go(state_update_kernel<T, S, 4, 1, true>, state_update_kernel<T, S, 4, 1, false>); break;
+    case 8 * 16 + 1: go(state_update_kernel<T, S, 8, 1, true>, state_update_kernel<T, S, 8, 1, false>); break;
+    case 16 * 16 + 1: go(state_update_kernel<T, S, 16, 1, true>, state_update_kernel<T, S, 16, 1, false>); break;
+    case 32 * 16 + 1: go(state_update_kernel<T, S, 32, 1, true>, state_update_kernel<T, S, 32, 1, false>); break;
+    case 32 * 16 + 2: go(state_update_kernel<T, S, 32, 2, true>, state_update_kernel<T, S, 32, 2, false>); break;
+    case 32 * 16 + 4: go(state_update_kernel<T, S, 32, 4, true>, state_update_kernel<T, S, 32, 4, false>); break;
+    case 32 * 16 + 8: go(state_update_kernel<T, S, 32, 8, true>, state_update_kernel<T, S, 32, 8, false>); break;
     default:
       fail(PlanErrorKind::Internal, "selective_state_update",
-           "chunks a lane must be 1, 2, 4 or 8, got " + std::to_string(l.chunks));
+           "lanes a row and chunks a lane must be 4, 8, 16 or 32 with 1 chunk, or 32 with 2, 4 or 8; got " +
+               std::to_string(l.lanes) + " and " + std::to_string(l.chunks));
   }
   cuda::check_launch(l.tokens_op ? "selective_state_update_tokens" : "selective_state_update");
 }
