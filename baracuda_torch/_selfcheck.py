@@ -357,7 +357,7 @@ def check_selective_state_update(device: str, dtype: torch.dtype, big: bool) -> 
     state = torch.randn(Bsz, H, P, N, device=device)
     x = torch.randn(Bsz, H, P, device=device, dtype=dtype)
     dt = torch.randn(Bsz, H, device=device, dtype=dtype)[..., None].expand(Bsz, H, P)
-    A = -torch.rand(H, device=device)[:, None, None].expand(H, P, N)
+    A = (-torch.rand(H, device=device))[:, None, None].expand(H, P, N)  # (negated before the expand: stride 0)
     Bm = torch.randn(Bsz, 1, N, device=device, dtype=dtype)
     Cm = torch.randn(Bsz, 1, N, device=device, dtype=dtype)
     D = torch.randn(H, device=device)[:, None].expand(H, P)

@@ -304,7 +304,7 @@ def state_update_cases() -> Iterator[Case]:
                 torch.randn(pool or batch, heads, dim, N, device="cuda")
             return (st, rand(batch, *t, heads, dim, dtype=dtype, grad=False),
                     rand(batch, *t, heads, dim, dtype=dtype, grad=False),
-                    -torch.rand(heads, 1 if head_A else dim, 1 if head_A else N, device="cuda").expand(heads, dim, N),
+                    (-torch.rand(heads, 1 if head_A else dim, 1 if head_A else N, device="cuda")).expand(heads, dim, N),
                     rand(batch, *t, 1, N, dtype=dtype, grad=False),
                     rand(batch, *t, 1, N, dtype=dtype, grad=False))
         return make

@@ -127,7 +127,7 @@ def test_mamba2_step_layout(device):
     xBC = randn((Bsz, H * P + 2 * N + 3), dtype, device)
     x, B, C = xBC[:, :H * P].view(Bsz, H, P), xBC[:, H * P:H * P + N][:, None], xBC[:, H * P + N:H * P + 2 * N]
     dt = randn((Bsz, H), dtype, device)[..., None].expand(Bsz, H, P)
-    A = -torch.rand(H, device=device)[:, None, None].expand(H, P, N)
+    A = (-torch.rand(H, device=device))[:, None, None].expand(H, P, N)  # (negated first: stride 0 over P, N)
     D = torch.randn(H, device=device)[:, None].expand(H, P)
     dt_bias = torch.randn(H, device=device)[:, None].expand(H, P)
     p = dict(state=randn((Bsz, H, P, N), torch.float32, device), x=x, dt=dt, A=A, B=B, C=C, D=D, z=None,
