@@ -8,7 +8,9 @@ softplus, no z; batch 1 and 64. Providers: baracuda; torch = mamba_ssm's own fal
 in eager PyTorch (softplus, exp, the einsums, ``state.copy_``: what Mamba2.step runs
 without the kernel); compile = torch.compile of it; mamba_ssm = its Triton
 ``selective_state_update`` where peers/ has it (benchmarks/peers.py), after a check that
-its out and state agree with ours from the same start. Plus baracuda's
+its out and state agree with ours from the same start; baracuda and mamba_ssm also
+replayed from a CUDA graph (``forward (CUDA graph)``: no launch cost, L2 not flushed
+between calls; ``harness.time_us_graph``). Plus baracuda's
 ``selective_state_update_tokens`` with 4 tokens at batch 64 (a speculative-decoding
 verify), against 4 single steps.
 Bytes (the fewest a step must move; n = B·H·P·N state elements, s = 4 bytes of float32
@@ -142,6 +144,12 @@ def state_update_rows(batch: int, providers) -> list[Row]:
         for prov in [p for p in providers if p in fns]:
             rows.append(measure(FAMILY, case, torch.bfloat16, prov, "forward", fns[prov],
                                 nbytes=step_bytes(batch), note=notes.get(prov, "")))
+        # the kernels without their launches: replayed from a CUDA graph, as a decode loop
+        # under CUDA graphs runs them (eager, a small batch can time the launch instead)
+        for prov in [p for p in ("baracuda", "mamba_ssm") if p in fns]:
+            rows.append(measure(FAMILY, case, torch.bfloat16, prov, "forward (CUDA graph)", fns[prov],
+                                nbytes=step_bytes(batch), note="20 calls a graph replay, L2 not flushed",
+                                graph=True))
     return rows
 
 
