@@ -63,14 +63,20 @@ def time_us(fn: Callable[[], object]) -> tuple[float, float, float]:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+    return _event_times(fn, 50)
+
+
+def _event_times(run: Callable[[], object], repeats: int, calls: int = 1) -> tuple[float, float, float]:
+    """(median, p20, p80) microseconds a call: ``run`` timed ``repeats`` times between CUDA
+    events, each time divided by the ``calls`` it makes."""
     times = []
-    for _ in range(50):
+    for _ in range(repeats):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        fn()
+        run()
         e.record()
         e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
+        times.append(s.elapsed_time(e) * 1e3 / calls)
     t = torch.tensor(times)
     return t.quantile(0.5).item(), t.quantile(0.2).item(), t.quantile(0.8).item()
 
@@ -93,17 +99,7 @@ def time_us_graph(fn: Callable[[], object], calls: int = 20, repeats: int = 25) 
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / calls)
-    del graph
-    t = torch.tensor(times)
-    return t.quantile(0.5).item(), t.quantile(0.2).item(), t.quantile(0.8).item()
+    return _event_times(graph.replay, repeats, calls)
 
 
 _copy_cache: dict = {}
