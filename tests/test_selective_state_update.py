@@ -476,6 +476,22 @@ def test_cuda_several_passes(tokens, head_A):
 
 
 @requires_cuda
+@pytest.mark.parametrize("head_A", [False, True])
+@pytest.mark.parametrize("dstate", [16, 1024])
+def test_cuda_tokens_b_c_staging(dstate, head_A):
+    """The tokens op copies every token's B and C into shared memory once a block where
+    they fit beside the staged state rows (3 tokens), and reads them from global memory
+    where they do not (8 tokens of d_state 1024: 64 KiB of them): both against the float64
+    reference, with per-group B and C."""
+    for tokens in (3, 8):
+        p = problem("cuda", torch.bfloat16, batch=64 if dstate == 16 else 4, tokens=tokens, heads=8, dim=64,
+                    dstate=dstate, groups=2, state_dtype=torch.float32)
+        if head_A:
+            p["A"] = p["A"][:, :1, :1].expand(p["A"].shape)
+        check_against_reference(p, True)
+
+
+@requires_cuda
 @pytest.mark.parametrize("batch", [1, 64])
 def test_cuda_mamba2_2_7b_shape(batch):
     """The Mamba-2 2.7B layer's step (80 heads of 64, d_state 128, 1 group), bfloat16 data,

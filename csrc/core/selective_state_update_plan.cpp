@@ -96,6 +96,9 @@ void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::s
   l.stage_bytes = l.layout == StateUpdateLayout::Vec && l.A_per_row && stage <= kStateUpdateMaxStage
                       ? static_cast<int>(stage)
                       : 0;
+  l.lean = l.stage_bytes > 0 && l.chunks == 1 && l.tokens == 1 && !l.has_z && !l.has_indices;
+  const int64_t bc = l.tokens * 2 * l.dstate * (l.x_el == ElementKind::F64 ? 8 : 4);  // as float or double
+  l.bc_bytes = l.tokens > 1 && l.stage_bytes + bc <= kStateUpdateMaxStage ? static_cast<int>(bc) : 0;
   l.ptiles = (l.headdim + rows - 1) / rows;
   l.grid = l.batch * l.nheads * l.ptiles;
   if (l.grid > INT32_MAX)

@@ -51,6 +51,8 @@ constexpr int kStateUpdateMaxPasses = 8;
 // CUDA: the most shared memory a block's staged state rows take (the static limit, so no
 // opt-in; 16 KiB at the Mamba-2 2.7B shape).
 constexpr int64_t kStateUpdateMaxStage = 48 * 1024;
+// Blocks a multiprocessor the lean staged kernel is compiled for (StateUpdateLaunch::lean).
+constexpr int kStateUpdateLeanBlocks = 10;
 // CPU: state rows a task at least.
 constexpr int64_t kStateUpdateCpuGrain = 64;
 
@@ -99,6 +101,17 @@ struct StateUpdateLaunch {
   // computes from there; otherwise each thread group loads a row a pass from global memory
   // (the next while it computes the current one, for up to 2 chunks a lane).
   int stage_bytes = 0;
+  // Lean: a staged launch of 1 chunk a lane with one token and neither z nor batch
+  // indices (Mamba-2's decode step) runs a kernel with those compiled in, and with lane
+  // scalars even at one pass (one lane computes the row's values, the others take them by
+  // shuffle): fewer registers, kStateUpdateLeanBlocks blocks a multiprocessor instead of 7,
+  // so that batch 1 at the 2.7B shape (1280 blocks) runs in one wave.
+  bool lean = false;
+  // B and C staged (> 0, several tokens): every token's B and C, converted to the kernel's
+  // arithmetic type, in this many bytes of shared memory after the state rows; the block
+  // copies them once instead of each (row pass, token) pair reading them from global
+  // memory. 0 where they do not fit kStateUpdateMaxStage with the rows.
+  int bc_bytes = 0;
 
   void* state = nullptr;
   const void* x = nullptr;

@@ -17,8 +17,11 @@
 // per-row A compiled in (no divergence check per shuffle, no branch per element) 139;
 // staged 120 (ncu: 72 registers, 7 blocks a multiprocessor, 45 % of DRAM bandwidth, 0.71
 // warps issued a scheduler cycle against mamba_ssm's 0.86 at 30 registers, for about as
-// many instructions). No workspace, no host synchronization: the launch can be captured
-// in a CUDA graph.
+// many instructions); staged with one cp.async group a pass, and the decode step's
+// options compiled out (Lean: 48 registers, 10 blocks a multiprocessor) 95 (89.5 from a
+// CUDA graph, mamba_ssm 95.6). At batch 1 (1280 blocks, one wave) ncu counts about twice
+// mamba_ssm's instructions a warp (8.9 µs against 4.9 with caches flushed): what is left.
+// No workspace, no host synchronization: the launch can be captured in a CUDA graph.
 #include <cstring>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -97,6 +100,30 @@ __device__ __forceinline__ void stage4(S* smem, const S* p) {
   }
 }
 
+// Waits until at most n of this thread's cp.async groups are still in flight (n clamped to
+// 0..7: wait_group takes an immediate).
+__device__ __forceinline__ void wait_pending(int n) {
+  switch (n <= 0 ? 0 : n >= 7 ? 7 : n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+  }
+}
+
+// Blocks a multiprocessor the kernel's registers are sized for: 7 for 1 chunk a lane with
+// float arithmetic (at 72 registers), 10 for the lean staged kernel (48 registers, no
+// spills for 16-bit or float32 x on sm_90a).
+template <typename T, int Chunks, bool Lean>
+constexpr int state_update_min_blocks() {
+  if (Chunks != 1 || sizeof(acc_t<T>) != 4) return 1;
+  return Lean ? kStateUpdateLeanBlocks : 7;
+}
+
 // T: x's dtype; S: the state's (T or float); Lanes: threads a row (the plan's lanes, 4 to
 // 32); Chunks: chunks a lane (a power of two up to kStateUpdateMaxChunks; above 1 only
 // with 32 lanes). Lanes is a template argument so that the shuffles' width and mask are
@@ -104,11 +131,15 @@ __device__ __forceinline__ void stage4(S* smem, const S* p) {
 // and the butterfly a loop. Staged (the plan's stage_bytes: vector layout, A per row, the
 // block's rows fit in shared memory): the block's state rows are copied into shared memory
 // at its start, all of them in flight at once, and each thread reads back only what it
-// copied (no barrier); otherwise rows are read from global memory, the next one while the
-// current one is computed.
-template <typename T, typename S, int Lanes, int Chunks, bool Staged>
-__global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>) == 4 ? 7 : 1)
+// copied (no barrier; one cp.async group a pass, so that the first pass computes while the
+// later ones land); otherwise rows are read from global memory, the next one while the
+// current one is computed. Lean (the plan's `lean`, staged only): one token, no z, no
+// batch indices and lane scalars (at any number of passes) compiled in, which frees
+// registers for more blocks.
+template <typename T, typename S, int Lanes, int Chunks, bool Staged, bool Lean>
+__global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Chunks, Lean>()))
     void state_update_kernel(const StateUpdateLaunch l) {
+  static_assert(!Lean || (Staged && Chunks == 1), "the lean kernel is a staged one of 1 chunk a lane");
   using Acc = acc_t<T>;
   constexpr int lanes = Lanes;
   const int group = static_cast<int>(threadIdx.x) / lanes;
@@ -116,14 +147,19 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
   // The shuffle mask of this thread's group within its warp.
   const unsigned mask = lanes == 32 ? 0xffffffffu
                                     : ((1u << lanes) - 1u) << ((threadIdx.x % 32) / lanes * lanes);
-  const int64_t blk = blockIdx.x;
-  const int64_t ptile = blk % l.ptiles;
-  const int64_t h = blk / l.ptiles % l.nheads;
-  const int64_t b = blk / l.ptiles / l.nheads;
-  const int64_t g = h / l.heads_per_group;
+  // (32-bit divisions: the plan keeps the grid below 2^31 blocks; 64-bit ones are
+  // subroutine calls on the path to every load)
+  const uint32_t blk = blockIdx.x, ptiles = static_cast<uint32_t>(l.ptiles);
+  const uint32_t bh = blk / ptiles, nheads = static_cast<uint32_t>(l.nheads);
+  const int64_t ptile = blk - bh * ptiles;
+  const int64_t b = bh / nheads;
+  const int64_t h = bh - static_cast<uint32_t>(b) * nheads;
+  const int64_t g = static_cast<uint32_t>(h) / static_cast<uint32_t>(l.heads_per_group);
   const int64_t N = l.dstate;
   const bool vec = Staged || l.layout == StateUpdateLayout::Vec;
   const bool row_a = Staged || l.A_per_row;
+  const int64_t tokens = Lean ? 1 : l.tokens;
+  const bool has_z = !Lean && l.has_z, by_lane = Lean || l.lane_scalars;
   T* out = static_cast<T*>(l.out);
   const T* x = static_cast<const T*>(l.x);
   const T* z = static_cast<const T*>(l.z);
@@ -132,26 +168,57 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
              D_f32 = l.D_el == ElementKind::F32, bias_f32 = l.dt_bias_el == ElementKind::F32;
 
   int64_t i = b;
-  if (l.has_indices)
+  if (!Lean && l.has_indices)
     i = l.index_el == ElementKind::I32 ? static_cast<const int32_t*>(l.indices)[b * l.index_s]
                                        : static_cast<const int64_t*>(l.indices)[b * l.index_s];
   const int64_t p_begin = ptile * l.rows_per_pass * l.passes;
+  const auto row_of = [&](int pass) { return p_begin + static_cast<int64_t>(pass) * l.rows_per_pass + group; };
   if (i < 0 || i >= l.pool) {
     // A padding row (i < 0): out = 0, the pool untouched (mamba_ssm's rule). An index past
     // the pool cannot raise here: out = NaN, the pool untouched.
     const Acc fill = i < 0 ? Acc(0) : static_cast<Acc>(NAN);
     for (int pass = 0; pass < l.passes; ++pass) {
-      const int64_t p = p_begin + pass * l.rows_per_pass + group;
+      const int64_t p = row_of(pass);
       if (p >= l.headdim || lane != 0) continue;
-      for (int64_t t = 0; t < l.tokens; ++t)
+      for (int64_t t = 0; t < tokens; ++t)
         out[b * l.out_s[0] + t * l.out_s[1] + h * l.out_s[2] + p * l.out_s[3]] = from_acc<T>(fill);
     }
     return;
   }
 
+  // Several tokens (the plan's bc_bytes): B and C of every token, converted to Acc, in
+  // shared memory after the staged rows ([tokens][B, C][N]), copied once by the block;
+  // every (pass, token) pair reads its values from there. (Read from global memory for
+  // each pair, converting and indexing each element, B64 T4 at the 2.7B shape was
+  // instruction-bound: 470 µs, against 385 for 4 single steps.)
+  extern __shared__ __align__(16) unsigned char state_update_smem[];
+  Acc* const sbc = reinterpret_cast<Acc*>(state_update_smem + l.stage_bytes);
+  const bool bc_staged = !Lean && l.bc_bytes > 0;
+  if (bc_staged) {
+    const uint32_t n32 = static_cast<uint32_t>(N), count = static_cast<uint32_t>(tokens) * 2u * n32;
+    for (uint32_t e = threadIdx.x; e < count; e += kStateUpdateThreads) {
+      const uint32_t tc = e / n32, n = e - tc * n32, t = tc / 2u;
+      sbc[e] = tc % 2u == 0u ? small<T>(l.B, B_f32, b * l.B_s[0] + t * l.B_s[1] + g * l.B_s[2] + n * l.B_s[3])
+                             : small<T>(l.C, C_f32, b * l.C_s[0] + t * l.C_s[1] + g * l.C_s[2] + n * l.C_s[3]);
+    }
+    __syncthreads();
+  }
   // B and C of the current token, this lane's elements (one token: loaded once).
   Acc Bv[Chunks][E], Cv[Chunks][E];
   const auto load_bc = [&](int64_t t) {
+    if (bc_staged) {
+      const Acc* bt = sbc + t * 2 * N;
+#pragma unroll
+      for (int c = 0; c < Chunks; ++c) {
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+          const int64_t n = (static_cast<int64_t>(c) * lanes + lane) * E + k;
+          Bv[c][k] = n < N ? bt[n] : Acc(0);
+          Cv[c][k] = n < N ? bt[N + n] : Acc(0);
+        }
+      }
+      return;
+    }
     const int64_t bo = b * l.B_s[0] + t * l.B_s[1] + g * l.B_s[2];
     const int64_t co = b * l.C_s[0] + t * l.C_s[1] + g * l.C_s[2];
 #pragma unroll
@@ -164,12 +231,11 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
       }
     }
   };
-  if (l.tokens == 1) load_bc(0);
+  if (tokens == 1) load_bc(0);
 
   S* state = static_cast<S*>(l.state) + i * l.state_s[0] + h * l.state_s[1];
-  extern __shared__ __align__(16) unsigned char state_update_smem[];
   S* const stage = reinterpret_cast<S*>(state_update_smem);  // [passes][rows_per_pass][N]
-  const auto row_of = [&](int pass) { return p_begin + static_cast<int64_t>(pass) * l.rows_per_pass + group; };
+  int staged_passes = 0;  // cp.async groups this thread committed, one a pass
   if constexpr (Staged) {
     for (int pass = 0; pass < l.passes; ++pass) {
       const int64_t p = row_of(pass);
@@ -179,11 +245,13 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
         const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
         if (n0 < N) stage4(stage + (pass * l.rows_per_pass + group) * N + n0, state + p * l.state_s[2] + n0);
       }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+      ++staged_passes;
     }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
   }
   // This thread's elements of state row p (of pass `pass`), read and converted.
   const auto load_row = [&](int64_t p, int pass, Acc (&s)[Chunks][E]) {
+    if constexpr (Staged) wait_pending(staged_passes - pass - 1);  // this pass's copies landed
     const S* row = Staged ? stage + (pass * l.rows_per_pass + group) * N : state + p * l.state_s[2];
 #pragma unroll
     for (int c = 0; c < Chunks; ++c) {
@@ -220,13 +288,12 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
   // The rows of this thread's group, one a pass; unstaged with few chunks a lane, the next
   // row's state is loaded before this row is computed (its loads in flight meanwhile).
   constexpr bool kPrefetch = !Staged && Chunks <= 2;
-  // The values of (row p, token t) that do not depend on n: δ, δ·x and, for a per-row A,
-  // exp(A·δ).
-  const auto x_of = [&](int64_t p, int64_t t) {
-    return static_cast<Acc>(to_acc(x[b * l.x_s[0] + t * l.x_s[1] + h * l.x_s[2] + p * l.x_s[3]]));
-  };
+  // The values of (row p, token t) that do not depend on n: δ, δ·x, for a per-row A
+  // exp(A·δ), and what out adds after the sum (D·x, z), all loaded before the row's state
+  // is computed (loaded by the lane that writes out after the butterfly, they were a
+  // second round trip to memory on the path of every block).
   struct RowToken {
-    Acc delta, dtx, dA;
+    Acc delta, dtx, dA, Dx, z;
   };
   const auto row_token = [&](int64_t p, int64_t t) {
     RowToken r;
@@ -235,28 +302,28 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
     r.delta = state_update_delta(
         small<T>(l.dt, dt_f32, b * l.dt_s[0] + t * l.dt_s[1] + h * l.dt_s[2] + p * l.dt_s[3]) + bias,
         l.dt_softplus);
-    r.dtx = r.delta * x_of(p, t);
+    const Acc xv = static_cast<Acc>(to_acc(x[b * l.x_s[0] + t * l.x_s[1] + h * l.x_s[2] + p * l.x_s[3]]));
+    r.dtx = r.delta * xv;
     r.dA = row_a && N > 0 ? math_exp(small<T>(l.A, A_f32, h * l.A_s[0] + p * l.A_s[1]) * r.delta) : Acc(0);
+    r.Dx = l.has_D ? small<T>(l.D, D_f32, h * l.D_s[0] + p * l.D_s[1]) * xv : Acc(0);
+    r.z = has_z ? static_cast<Acc>(to_acc(z[b * l.z_s[0] + t * l.z_s[1] + h * l.z_s[2] + p * l.z_s[3]])) : Acc(0);
     return r;
   };
   // out of (row p, token t) from the sum y over n: + D·x, the gate, rounded once.
-  const auto finish = [&](int64_t p, int64_t t, Acc y) {
-    if (l.has_D) y += small<T>(l.D, D_f32, h * l.D_s[0] + p * l.D_s[1]) * x_of(p, t);
-    if (l.has_z)
-      y = state_update_gate(
-          y, static_cast<Acc>(to_acc(z[b * l.z_s[0] + t * l.z_s[1] + h * l.z_s[2] + p * l.z_s[3]])));
+  const auto finish = [&](int64_t p, int64_t t, Acc y, const RowToken& r) {
+    y += r.Dx;
+    if (has_z) y = state_update_gate(y, r.z);
     out[b * l.out_s[0] + t * l.out_s[1] + h * l.out_s[2] + p * l.out_s[3]] = from_acc<T>(y);
   };
   // lane_scalars: lane q of the group holds pair q = pass·tokens + t's RowToken (computed
   // once, in parallel), the others take it by shuffle, and lane q keeps that pair's sum
   // and writes its out after the passes; else every lane computes each pair's values and
   // lane 0 writes out.
-  const bool by_lane = l.lane_scalars;
   RowToken mine{};
   Acc mine_y = 0;
-  if (by_lane && lane < l.passes * l.tokens) {
-    const int64_t p = row_of(lane / static_cast<int>(l.tokens));
-    if (p < l.headdim) mine = row_token(p, lane % l.tokens);
+  if (by_lane && lane < l.passes * tokens) {
+    const int64_t p = row_of(lane / static_cast<int>(tokens));
+    if (p < l.headdim) mine = row_token(p, lane % tokens);
   }
   Acc s[Chunks][E], next[Chunks][E];
   int64_t p = row_of(0);
@@ -270,9 +337,9 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
       if (more) load_row(pn, pass + 1, next);
     }
     const int64_t ao = h * l.A_s[0] + p * l.A_s[1];
-    for (int64_t t = 0; t < l.tokens; ++t) {
-      if (l.tokens > 1) load_bc(t);
-      const int q = by_lane ? pass * static_cast<int>(l.tokens) + static_cast<int>(t) : 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (tokens > 1) load_bc(t);
+      const int q = by_lane ? pass * static_cast<int>(tokens) + static_cast<int>(t) : 0;
       RowToken r;
       if (by_lane) {
         r.delta = __shfl_sync(mask, mine.delta, q, lanes);
@@ -307,7 +374,7 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
       if (by_lane) {
         if (lane == q) mine_y = y;
       } else if (lane == 0) {
-        finish(p, t, y);
+        finish(p, t, y, r);
       }
     }
     store_row(p, s);
@@ -322,41 +389,58 @@ __global__ __launch_bounds__(kStateUpdateThreads, Chunks == 1 && sizeof(acc_t<T>
     }
     p = pn;
   }
-  if (by_lane && lane < l.passes * l.tokens) {
-    const int64_t pq = row_of(lane / static_cast<int>(l.tokens));
-    if (pq < l.headdim) finish(pq, lane % l.tokens, mine_y);
+  if (by_lane && lane < l.passes * tokens) {
+    const int64_t pq = row_of(lane / static_cast<int>(tokens));
+    if (pq < l.headdim) finish(pq, lane % tokens, mine_y, mine);
+  }
+}
+
+// One (lanes, chunks) key's kernels: unstaged, staged, or the lean staged one.
+template <typename T, typename S, int Lanes, int Chunks>
+void launch_key(const StateUpdateLaunch& l, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(l.grid)), block(kStateUpdateThreads);
+  if (l.stage_bytes == 0) {
+    state_update_kernel<T, S, Lanes, Chunks, false, false><<<grid, block, l.bc_bytes, stream>>>(l);
+  } else if constexpr (Chunks == 1) {
+    if (l.lean)
+      state_update_kernel<T, S, Lanes, 1, true, true><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l);
+    else
+      state_update_kernel<T, S, Lanes, 1, true, false><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l);
+  } else {
+    state_update_kernel<T, S, Lanes, Chunks, true, false><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l);
   }
 }
 
 template <typename T, typename S>
 void launch(const StateUpdateLaunch& l, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(l.grid)), block(kStateUpdateThreads);
+  const char* op = l.tokens_op ? "selective_state_update_tokens" : "selective_state_update";
   if (l.stage_bytes > 0 &&
       (l.layout != StateUpdateLayout::Vec || !l.A_per_row || l.stage_bytes > kStateUpdateMaxStage ||
        l.stage_bytes < static_cast<int64_t>(l.rows_per_pass) * l.passes * l.dstate * static_cast<int64_t>(sizeof(S))))
-    fail(PlanErrorKind::Internal, l.tokens_op ? "selective_state_update_tokens" : "selective_state_update",
+    fail(PlanErrorKind::Internal, op,
          "a staged launch needs the vector layout, a per-row A and shared memory for the block's rows");
-  const auto go = [&](auto staged, auto unstaged) {
-    if (l.stage_bytes > 0)
-      staged<<<grid, block, l.stage_bytes, stream>>>(l);
-    else
-      unstaged<<<grid, block, 0, stream>>>(l);
-  };
-  const int key = l.lanes * 16 + l.chunks;
-  switch (key) {
-    case 4 * 16 + 1: go(state_update_kernel<T, S, 4, 1, true>, state_update_kernel<T, S, 4, 1, false>); break;
-    case 8 * 16 + 1: go(state_update_kernel<T, S, 8, 1, true>, state_update_kernel<T, S, 8, 1, false>); break;
-    case 16 * 16 + 1: go(state_update_kernel<T, S, 16, 1, true>, state_update_kernel<T, S, 16, 1, false>); break;
-    case 32 * 16 + 1: go(state_update_kernel<T, S, 32, 1, true>, state_update_kernel<T, S, 32, 1, false>); break;
-    case 32 * 16 + 2: go(state_update_kernel<T, S, 32, 2, true>, state_update_kernel<T, S, 32, 2, false>); break;
-    case 32 * 16 + 4: go(state_update_kernel<T, S, 32, 4, true>, state_update_kernel<T, S, 32, 4, false>); break;
-    case 32 * 16 + 8: go(state_update_kernel<T, S, 32, 8, true>, state_update_kernel<T, S, 32, 8, false>); break;
+  if (l.bc_bytes > 0 &&
+      (l.tokens < 2 || l.lean || l.stage_bytes % 16 != 0 || l.stage_bytes + l.bc_bytes > kStateUpdateMaxStage ||
+       l.bc_bytes < l.tokens * 2 * l.dstate * static_cast<int64_t>(sizeof(acc_t<T>))))
+    fail(PlanErrorKind::Internal, op,
+         "staged B and C need several tokens, room for them after the state rows and no lean kernel");
+  if (l.lean && (l.stage_bytes == 0 || l.chunks != 1 || l.tokens != 1 || l.has_z || l.has_indices))
+    fail(PlanErrorKind::Internal, op,
+         "a lean launch needs a staged one of 1 chunk a lane, one token and no z or batch indices");
+  switch (l.lanes * 16 + l.chunks) {
+    case 4 * 16 + 1: launch_key<T, S, 4, 1>(l, stream); break;
+    case 8 * 16 + 1: launch_key<T, S, 8, 1>(l, stream); break;
+    case 16 * 16 + 1: launch_key<T, S, 16, 1>(l, stream); break;
+    case 32 * 16 + 1: launch_key<T, S, 32, 1>(l, stream); break;
+    case 32 * 16 + 2: launch_key<T, S, 32, 2>(l, stream); break;
+    case 32 * 16 + 4: launch_key<T, S, 32, 4>(l, stream); break;
+    case 32 * 16 + 8: launch_key<T, S, 32, 8>(l, stream); break;
     default:
-      fail(PlanErrorKind::Internal, "selective_state_update",
+      fail(PlanErrorKind::Internal, op,
            "lanes a row and chunks a lane must be 4, 8, 16 or 32 with 1 chunk, or 32 with 2, 4 or 8; got " +
                std::to_string(l.lanes) + " and " + std::to_string(l.chunks));
   }
-  cuda::check_launch(l.tokens_op ? "selective_state_update_tokens" : "selective_state_update");
+  cuda::check_launch(op);
 }
 }  // namespace
 
