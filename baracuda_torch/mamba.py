@@ -287,9 +287,10 @@ class _SplitConv1dScan(torch.autograd.Function):
     scan's output before the norm or gate, the norm's rstd and the small parameters), so
     the conv's output ([B, L, dim + 2GN]) is not kept between the passes but recomputed
     in the backward. The backward writes every gradient of zxbcdt into one dzxbcdt
-    buffer, each part through its view (the ops allocate their outputs, so each part is
-    copied once into place; nothing is concatenated): the conv's backward runs once per
-    x, B and C channel range so that the scan's three gradients are never joined, and with
+    buffer, each part through its view (nothing is concatenated): the conv's backward runs
+    once per x, B and C channel range, writing its dx straight into that range
+    (causal_conv1d_backward_into), so that the scan's three gradients are never joined; the
+    other ops allocate their outputs, which are copied once into place (dz, ddt); and with
     out_proj the d_mlp and SSM parts take their own products (out_proj's input is never
     concatenated either).
 
@@ -391,11 +392,10 @@ class _SplitConv1dScan(torch.autograd.Function):
         dweights, dbiases = [], []
         seq32 = _seq_idx_int32(seq_idx)
         for (a, b), g in zip(_conv_parts(cfg), (dx, dB, dC)):
-            dpart, dw, db, _ = torch.ops.baracuda.causal_conv1d_backward(
+            dw, db, _ = torch.ops.baracuda.causal_conv1d_backward_into(
                 g.flatten(-2).transpose(1, 2), None, xBC[..., a:b].transpose(1, 2), conv1d_weight[a:b],
-                conv1d_bias[a:b] if conv1d_bias is not None else None, seq32, None,
-                "silu" if cfg.silu else None)
-            dxBC[..., a:b].copy_(dpart.transpose(1, 2))
+                dxBC[..., a:b].transpose(1, 2), conv1d_bias[a:b] if conv1d_bias is not None else None, seq32,
+                None, "silu" if cfg.silu else None)
             dweights.append(dw)
             dbiases.append(db)
         dconv1d_weight = torch.cat(dweights)  # [dim + 2GN, W]: small

@@ -222,7 +222,8 @@ def gated_rmsnorm_cases() -> Iterator[Case]:
 
 def mamba_split_cases() -> Iterator[Case]:
     """mamba_split_conv1d_scan_combined's fused Function: the causal conv1d on zxbcdt's
-    channel-last slice (and its backward once per x, B and C channel range), the scan, the
+    channel-last slice (and its backward once per x, B and C channel range, writing dx into
+    those slices of dzxbcdt: causal_conv1d_backward_into), the scan, the
     gated RMSNorm or the scan's own gate, SwiGLU for a d_mlp part, seq_idx with padding."""
     from baracuda_torch.mamba import mamba_split_conv1d_scan_combined
     for dtype in (torch.bfloat16, torch.float32):
@@ -246,7 +247,8 @@ def mamba_split_cases() -> Iterator[Case]:
                     rmsnorm_weight=rms_w if rms else None, rmsnorm_eps=1e-5, outproj_weight=out_w,
                     headdim=16, ngroups=2, norm_before_gate=False)
             yield (f"mamba_split rms={rms} d_mlp={d_mlp} seq_idx={seq}", make, run,
-                   ("causal_conv1d", "ssd_chunk_scan_combined", "gated_rms_norm", "gated_activation"))
+                   ("causal_conv1d", "causal_conv1d_backward_into", "ssd_chunk_scan_combined", "gated_rms_norm",
+                    "gated_activation"))
 
 
 def ssd_group_cases() -> Iterator[Case]:

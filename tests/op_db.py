@@ -795,12 +795,30 @@ def conv_backward_samples(device, dtype, requires_grad):
             SampleInput("empty batch: dweight, dbias zeros", (r(0, 4, 5), None, r(0, 4, 5), r(4, 2), r(4)))]
 
 
+def conv_backward_into_samples(device, dtype, requires_grad):
+    """conv_backward_samples with a dx to write into (after weight): every other one a slice
+    of a wider channel-last buffer (the gradient buffer of the Mamba-2 split path), the
+    others a contiguous tensor; both NaN-filled."""
+    out = []
+    for k, s in enumerate(conv_backward_samples(device, dtype, requires_grad)):
+        dout, dfinal, x, w, *rest = s.args
+        B, D, L = x.shape
+        if k % 2 == 0:
+            dx = torch.full((B, L, D + 3), float("nan"), dtype=dtype, device=device)[..., 2:D + 2].transpose(1, 2)
+        else:
+            dx = torch.full((B, D, L), float("nan"), dtype=dtype, device=device)
+        out.append(SampleInput(s.desc + (", dx a channel-last slice" if k % 2 == 0 else ""),
+                               (dout, dfinal, x, w, dx, *rest)))
+    return out
+
+
 def conv_bad(device):
     x, w, b = torch.randn(2, 4, 6, device=device), torch.randn(4, 4, device=device), torch.randn(4, device=device)
     seq = torch.zeros(2, 6, dtype=torch.int32, device=device)
     init = torch.randn(2, 4, 3, device=device)
     dout = torch.randn(2, 4, 6, device=device)
     op, bwd = r"baracuda::causal_conv1d: ", r"baracuda::causal_conv1d_backward: "
+    into = r"baracuda::causal_conv1d_backward_into: "
     fn = bt.causal_conv1d.causal_conv1d_fn
     return {
         "causal_conv1d": [
@@ -859,6 +877,16 @@ def conv_bad(device):
                      bwd + r"initial_states must be None when seq_idx is given"),
             BadInput("unknown activation", lambda: args(dout, None, x, w, b, None, None, "gelu"), ValueError,
                      bwd + r"activation must be None, 'silu' or 'swish', got 'gelu'"),
+        ],
+        "causal_conv1d_backward_into": [
+            BadInput("dx shape", lambda: args(dout, None, x, w, torch.empty_like(x)[..., :5]), ValueError,
+                     into + r"dx must have shape x's sizes = \[2, 4, 6\], got \[2, 4, 5\]"),
+            BadInput("dx dtype", lambda: args(dout, None, x, w, torch.empty_like(x).double()), TypeError,
+                     into + r"dx must have x's dtype float32, got float64"),
+            BadInput("dx overlapping itself", lambda: args(dout, None, x, w, torch.empty(2, 4, 1, device=device).expand(2, 4, 6)),
+                     ValueError, into + r"dx must not overlap itself .* got strides \[4, 1, 0\]"),
+            BadInput("dout shape", lambda: args(dout[..., :5], None, x, w, torch.empty_like(x)), ValueError,
+                     into + r"dout must have shape x's sizes = \[2, 4, 6\], got \[2, 4, 5\]"),
         ],
     }
 
@@ -1377,6 +1405,13 @@ def combined_backward_rtol(dtype, device):
     return ssd_rtol(dtype, device)
 
 
+def _conv_backward_into_ref(dout, dfinal_states, x, weight, dx, bias=None, seq_idx=None, initial_states=None,
+                           activation=None):
+    """(dweight, dbias, dinitial_states, then dx as written into the given tensor)."""
+    gx, gw, gb, gi = _conv_backward_ref(dout, dfinal_states, x, weight, bias, seq_idx, initial_states, activation)
+    return gw, gb, gi, gx
+
+
 def _conv_backward_ref(dout, dfinal_states, x, weight, bias=None, seq_idx=None, initial_states=None,
                       activation=None):
     """(dx, dweight, dbias, dinitial_states) by autograd of the reference; an empty tensor
@@ -1472,6 +1507,8 @@ OP_DB = [
     OpInfo("causal_conv1d", conv_samples, _family(conv_bad, "causal_conv1d"), ref=ref.causal_conv1d),
     OpInfo("causal_conv1d_backward", conv_backward_samples, _family(conv_bad, "causal_conv1d_backward"),
            ref=_conv_backward_ref, supports_autograd=False),
+    OpInfo("causal_conv1d_backward_into", conv_backward_into_samples, _family(conv_bad, "causal_conv1d_backward_into"),
+           ref=_conv_backward_into_ref, supports_autograd=False, mutates=(4,)),
     OpInfo("ssd_chunk_scan", ssd_samples, _family(ssd_bad, "ssd_chunk_scan"), ref=ssd_chunk_scan_ref, rtol=ssd_rtol),
     OpInfo("ssd_chunk_scan_backward", ssd_backward_samples, _family(ssd_bad, "ssd_chunk_scan_backward"),
            ref=_ssd_backward_ref, rtol=ssd_rtol, supports_autograd=False),

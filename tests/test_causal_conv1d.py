@@ -1,4 +1,5 @@
-"""The causal depthwise conv1d (causal_conv1d, causal_conv1d_backward) beyond the table of
+"""The causal depthwise conv1d (causal_conv1d, causal_conv1d_backward and its _into form,
+which writes dx into the caller's tensor) beyond the table of
 tests/op_db.py: every option against a float64 step-by-step loop (seq_idx with padding
 steps, initial_states, final states and their gradient) in every dtype, widths 2 to 4 on
 both devices and 1, 5, 6 on the CPU, the channel-last slice a Mamba layer passes and other
@@ -233,6 +234,66 @@ def test_every_element_written(device, dtype):
                       randn((B, D, 3), dtype, device), "silu")
         run_and_check(x, weight_for(D, 3, dtype, device), randn((D,), dtype, device),
                       conv_seq_idx(device, B, L, padding=1), None, None)
+
+
+def gradient_buffer_slice(dtype, device, B, D, L, offset):
+    """A NaN [B, L, D + offset + 8] buffer and its channels [offset, offset + D) as a
+    [B, D, L] view: where the Mamba-2 split path's backward wants the conv's dx."""
+    buf = torch.full((B, L, D + offset + 8), float("nan"), dtype=dtype, device=device)
+    return buf, buf[..., offset:offset + D].transpose(1, 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_into(device, dtype):
+    """causal_conv1d_backward_into writes the dx of causal_conv1d_backward, bit for bit,
+    into a slice of a larger buffer (aligned, and one channel off), and nothing else of the
+    buffer; its other outputs are the backward's. Every x layout, with and without the
+    options."""
+    B, D, L, W = 2, 16, 37, 4
+    for name, x in layouts(dtype, device, B, D, L).items():
+        w, b = weight_for(D, W, dtype, device), randn((D,), dtype, device)
+        dout = randn((B, D, L), dtype, device)
+        for opts in ((b, None, randn((B, D, W - 1), dtype, device), "silu"),
+                     (None, conv_seq_idx(device, B, L, padding=1), None, None)):
+            want = ops.causal_conv1d_backward(dout, None, x, w, *opts)
+            for offset in (0, 1):
+                buf, dx = gradient_buffer_slice(dtype, device, B, D, L, offset)
+                got = ops.causal_conv1d_backward_into(dout, None, x, w, dx, *opts)
+                assert torch.equal(dx, want[0]), (name, offset)
+                for g, e in zip(got, want[1:]):
+                    assert torch.equal(g, e), (name, offset)
+                rest = torch.ones_like(buf, dtype=torch.bool)
+                rest[..., offset:offset + D] = False
+                assert buf[rest].isnan().all(), (name, offset)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_into_memory_checks(device):
+    """dx may not share memory with what the kernels read (dout, x, the states), nor
+    overlap itself: ValueError naming the op and the operand. Where torch cannot tell
+    (strided views of one storage), intersecting byte ranges count as shared."""
+    B, D, L, W = 2, 4, 6, 4
+    x, w, dout = (torch.randn(B, D, L, device=device), torch.randn(D, W, device=device),
+                  torch.randn(B, D, L, device=device))
+    op = r"baracuda::causal_conv1d_backward_into: "
+    with pytest.raises(ValueError, match=op + r"dx must not share memory with dout"):
+        ops.causal_conv1d_backward_into(dout, None, x, w, dout)
+    wide = torch.randn(B, D + 2, L, device=device)
+    with pytest.raises(ValueError, match=op + r"dx must not share memory with x"):
+        ops.causal_conv1d_backward_into(dout, None, wide[:, :D], w, wide[:, 2:])
+    init = torch.randn(B, D, L, device=device)
+    with pytest.raises(ValueError, match=op + r"dx must not share memory with initial_states"):
+        ops.causal_conv1d_backward_into(dout, None, x, w, init, None, None, init[..., :W - 1])
+    with pytest.raises(ValueError, match=op + r"dx must not overlap itself"):
+        ops.causal_conv1d_backward_into(dout, None, x, w, torch.empty(B, 1, L, device=device).expand(B, D, L))
+    # (conservative where torch cannot tell: channels of one buffer interleaved with x's are
+    # refused, though no element is shared; a dx in its own buffer is what the rule is for)
+    both = torch.randn(B, L, 2 * D, device=device)
+    with pytest.raises(ValueError, match=op + r"dx must not share memory with x"):
+        ops.causal_conv1d_backward_into(dout, None, both[..., :D].transpose(1, 2), w, both[..., D:].transpose(1, 2))
+    got = ops.causal_conv1d_backward_into(dout, None, both[..., :D].transpose(1, 2), w, torch.empty_like(x))
+    assert got[0].shape == (D, W)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -539,6 +600,29 @@ def test_cuda_mamba2_shape():
         "channels_last_vec"
     run_and_check(x, weight_for(D, W, torch.bfloat16, "cuda"), randn((D,), torch.bfloat16, "cuda"), None, None,
                   "silu", truth=ref.causal_conv1d)
+
+
+@requires_cuda
+def test_cuda_backward_into_mamba2_shape():
+    """The Mamba-2 2.7B layer's conv backward into the xBC slice of a [B, L, 10576]
+    gradient buffer (as the split path's backward writes it): the variant of the plain
+    backward, its dx bit for bit, and the rest of the buffer untouched."""
+    B, L, D, W = 4, 4096, 5376, 4
+    dtype = torch.bfloat16
+    zxbcdt = torch.randn(B, L, 10576, device="cuda", dtype=dtype)
+    x = zxbcdt[..., 5120:5120 + D].transpose(1, 2)
+    w, b = weight_for(D, W, dtype, "cuda"), randn((D,), dtype, "cuda")
+    dout = randn((B, D, L), dtype, "cuda").transpose(1, 2).contiguous().transpose(1, 2)
+    buf = torch.full_like(zxbcdt, float("nan"))
+    dx = buf[..., 5120:5120 + D].transpose(1, 2)
+    assert bt.explain("causal_conv1d_backward_into", dout, None, x, w, dx).variant == \
+        bt.explain("causal_conv1d_backward", dout, None, x, w).variant == "channels_last_vec"
+    want = ops.causal_conv1d_backward(dout, None, x, w, b, None, None, "silu")
+    got = ops.causal_conv1d_backward_into(dout, None, x, w, dx, b, None, None, "silu")
+    assert torch.equal(dx, want[0])
+    for g, e in zip(got, want[1:]):
+        assert torch.equal(g, e)
+    assert buf[..., :5120].isnan().all() and buf[..., 5120 + D:].isnan().all()
 
 
 @requires_cuda

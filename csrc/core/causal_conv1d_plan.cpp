@@ -14,6 +14,29 @@ namespace {
 constexpr const char* kFamily = "causal_conv1d";
 constexpr const char* kOp = "causal_conv1d";
 constexpr const char* kBackwardOp = "causal_conv1d_backward";
+constexpr const char* kBackwardIntoOp = "causal_conv1d_backward_into";
+
+const char* backward_op(const CausalConv1dBackwardDescriptor& d) { return d.has_dx ? kBackwardIntoOp : kBackwardOp; }
+
+// Whether no two elements of t share an address: with the dims of more than one element
+// ordered by stride, each stride is past the farthest element of the dims below it. (A
+// sufficient rule: it rejects some interleaved layouts that do not overlap.)
+bool no_self_overlap(const TensorLayout& t) {
+  std::array<int, kMaxRank> dims{};
+  int n = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.sizes[d] == 0) return true;
+    if (t.sizes[d] > 1) dims[n++] = d;
+  }
+  std::sort(dims.begin(), dims.begin() + n, [&](int a, int b) { return t.strides[a] < t.strides[b]; });
+  int64_t reach = 0;  // farthest element offset of the dims so far
+  for (int k = 0; k < n; ++k) {
+    const int64_t st = t.strides[dims[k]];
+    if (st <= reach) return false;
+    reach += (t.sizes[dims[k]] - 1) * st;
+  }
+  return true;
+}
 
 ConvOperand<int64_t> operand(bool present, const TensorLayout& t) {
   return {present, t.dtype, t.rank, t.sizes.data()};
@@ -204,13 +227,19 @@ CausalConv1dBackwardPlan CausalConv1dBackwardPlan::select(const CausalConv1dBack
                                                           PlanPreference) {
   CausalConv1dBackwardPlan p;
   p.desc_ = d;
+  const char* op = backward_op(d);
   const CausalConv1dDescriptor& f = d.forward;
   CausalConv1dLaunch& l = p.launch_;
   l.backward = true;
-  plan_problem(l, f, kBackwardOp);
-  check_causal_conv1d_backward(kBackwardOp, operand(true, f.x), operand(true, f.weight),
-                               operand(true, d.dout), operand(d.has_dfinal_states, d.dfinal_states));
-  p.dx_ = out_layout_of(f.x);
+  plan_problem(l, f, op);
+  check_causal_conv1d_backward(op, operand(true, f.x), operand(true, f.weight), operand(true, d.dout),
+                               operand(d.has_dfinal_states, d.dfinal_states), operand(d.has_dx, d.dx));
+  if (d.has_dx && !no_self_overlap(d.dx))
+    fail(PlanErrorKind::InvalidProblem, op,
+         "dx must not overlap itself (no two of its elements at one address), got strides " +
+             sizes_str(d.dx.strides.data(), d.dx.rank));
+  // (the caller's dx: the kernels write through its strides)
+  p.dx_ = d.has_dx ? d.dx : out_layout_of(f.x);
   plan_layout(l, f.device, {&f.x, &p.dx_, &d.dout});
   l.has_dfinal_states = d.has_dfinal_states;
   l.out = strides_of(p.dx_);
@@ -224,7 +253,7 @@ CausalConv1dBackwardPlan CausalConv1dBackwardPlan::select(const CausalConv1dBack
   p.dweight_ = dense_output_layout(f.weight.dtype, 2, w_sizes);
   const int64_t bias_size = f.has_bias ? l.dim : 0;
   p.dbias_ = dense_output_layout(f.weight.dtype, 1, &bias_size);
-  plan_work(l, f.device, kBackwardOp);
+  plan_work(l, f.device, op);
   const int acc = l.element == ElementKind::F64 ? 8 : 4;
   p.workspace_ = static_cast<size_t>(l.partial_rows * l.dim * (l.width + 1)) * acc;
   // dweight and dbias: per-thread chunk sums, then per-block and per-row sums in a fixed
@@ -235,20 +264,21 @@ CausalConv1dBackwardPlan CausalConv1dBackwardPlan::select(const CausalConv1dBack
 
 void CausalConv1dBackwardPlan::can_implement(const CausalConv1dBackwardArgs& a) const {
   const CausalConv1dDescriptor& f = desc_.forward;
-  check_inputs(kBackwardOp, f, a.x, a.weight, a.bias, a.seq_idx, a.initial_states);
-  check_same_layout(kBackwardOp, "dout", desc_.dout, a.dout.layout);
-  if (desc_.has_dfinal_states)
-    check_same_layout(kBackwardOp, "dfinal_states", desc_.dfinal_states, a.dfinal_states.layout);
-  check_output(kBackwardOp, "dx", dx_, a.dx);
-  check_output(kBackwardOp, "dweight", dweight_, a.dweight);
-  check_output(kBackwardOp, "dbias", dbias_, a.dbias);
-  check_output(kBackwardOp, "dinitial_states", dinit_, a.dinitial_states);
+  const char* op = backward_op(desc_);
+  check_inputs(op, f, a.x, a.weight, a.bias, a.seq_idx, a.initial_states);
+  check_same_layout(op, "dout", desc_.dout, a.dout.layout);
+  if (desc_.has_dfinal_states) check_same_layout(op, "dfinal_states", desc_.dfinal_states, a.dfinal_states.layout);
+  check_output(op, "dx", dx_, a.dx);
+  check_output(op, "dweight", dweight_, a.dweight);
+  check_output(op, "dbias", dbias_, a.dbias);
+  check_output(op, "dinitial_states", dinit_, a.dinitial_states);
 }
 
 void CausalConv1dBackwardPlan::run(void* stream, Workspace workspace,
                                    const CausalConv1dBackwardArgs& a) const {
   can_implement(a);
-  check_workspace(kBackwardOp, workspace_, workspace);
+  const char* op = backward_op(desc_);
+  check_workspace(op, workspace_, workspace);
   // No channels: every output is empty. No batch: dweight and dbias are zeros.
   if (launch_.dim == 0) return;
   CausalConv1dLaunch l = launch_;
@@ -260,7 +290,7 @@ void CausalConv1dBackwardPlan::run(void* stream, Workspace workspace,
   l.dbias = a.dbias.data;
   l.dinitial_states = a.dinitial_states.data;
   l.workspace = workspace.data;
-  run_on_backend(desc_.forward.device.backend, kBackwardOp, kernels::causal_conv1d_cpu,
+  run_on_backend(desc_.forward.device.backend, op, kernels::causal_conv1d_cpu,
                  BARACUDA_CUDA_ENTRY(kernels::causal_conv1d_cuda), l, stream);
 }
 

@@ -232,11 +232,12 @@ void check_causal_conv1d_problem(const std::string& op, const ConvOperand<Int>& 
 }
 
 // The backward's own operands: dout (x's sizes and dtype), dfinal_states (x's dtype,
-// [B, D, W − 1]).
+// [B, D, W − 1]), and causal_conv1d_backward_into's dx (x's sizes and dtype).
 template <class Int>
 void check_causal_conv1d_backward(const std::string& op, const ConvOperand<Int>& x,
                                   const ConvOperand<Int>& weight, const ConvOperand<Int>& dout,
-                                  const ConvOperand<Int>& dfinal_states) {
+                                  const ConvOperand<Int>& dfinal_states,
+                                  const ConvOperand<Int>& dx) {
   const Int &B = x.sizes[0], &D = x.sizes[1], &L = x.sizes[2], &W = weight.sizes[1];
   if (!conv_sizes_are(dout, {B, D, L})) fail_conv_shape(op, "dout", "x's sizes", {B, D, L}, dout);
   check_conv_dtype(op, "dout", dout, "x", x.dtype);
@@ -245,6 +246,10 @@ void check_causal_conv1d_backward(const std::string& op, const ConvOperand<Int>&
       fail_conv_shape(op, "dfinal_states", "[batch, dim, width - 1]", {B, D, W - 1},
                       dfinal_states);
     check_conv_dtype(op, "dfinal_states", dfinal_states, "x", x.dtype);
+  }
+  if (dx.present) {
+    if (!conv_sizes_are(dx, {B, D, L})) fail_conv_shape(op, "dx", "x's sizes", {B, D, L}, dx);
+    check_conv_dtype(op, "dx", dx, "x", x.dtype);
   }
 }
 
@@ -261,6 +266,11 @@ struct CausalConv1dBackwardDescriptor {
   TensorLayout dout;
   bool has_dfinal_states = false;
   TensorLayout dfinal_states;
+  // causal_conv1d_backward_into: dx is the caller's tensor (x's sizes and dtype, any strides
+  // under which no two elements share memory), written in place; else the plan allocates
+  // it in x's layout.
+  bool has_dx = false;
+  TensorLayout dx;
 };
 
 struct CausalConv1dArgs {

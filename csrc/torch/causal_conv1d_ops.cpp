@@ -1,6 +1,8 @@
-// baracuda::causal_conv1d and its backward baracuda::causal_conv1d_backward: CPU/CUDA
+// baracuda::causal_conv1d and its backward baracuda::causal_conv1d_backward (and
+// causal_conv1d_backward_into, which writes dx into the caller's tensor): CPU/CUDA
 // kernels (tensor -> plan -> run), meta kernels (the plans' checks on symbolic sizes, then
 // the outputs), and the ops' declarations (torch/op_def.h).
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/DeviceGuard.h>
@@ -15,10 +17,12 @@ namespace baracuda::torch_ops {
 namespace {
 constexpr const char* kOp = "causal_conv1d";
 constexpr const char* kBackwardOp = "causal_conv1d_backward";
+constexpr const char* kBackwardIntoOp = "causal_conv1d_backward_into";
 
 using OptTensor = std::optional<at::Tensor>;
 using OptStr = std::optional<c10::string_view>;
 using Tensors2 = std::tuple<at::Tensor, at::Tensor>;
+using Tensors3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using Tensors4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 const at::Tensor* given(const OptTensor& t) { return t && t->defined() ? &*t : nullptr; }
@@ -37,9 +41,10 @@ struct ConvTensors {
   const at::Tensor* initial_states;
   const at::Tensor* dout = nullptr;
   const at::Tensor* dfinal_states = nullptr;
+  const at::Tensor* dx = nullptr;  // causal_conv1d_backward_into's
   bool backward = false;
 
-  const char* op() const { return backward ? kBackwardOp : kOp; }
+  const char* op() const { return dx ? kBackwardIntoOp : backward ? kBackwardOp : kOp; }
 
   void check_devices() const {
     const at::Tensor none;
@@ -50,7 +55,8 @@ struct ConvTensors {
                              {"seq_idx", or_none(seq_idx)},
                              {"initial_states", or_none(initial_states)},
                              {"dout", or_none(dout)},
-                             {"dfinal_states", or_none(dfinal_states)}});
+                             {"dfinal_states", or_none(dfinal_states)},
+                             {"dx", or_none(dx)}});
   }
 };
 
@@ -66,14 +72,14 @@ void check_problem(const ConvTensors& a) {
                               view(a.initial_states, "initial_states"));
   if (a.backward)
     check_causal_conv1d_backward(a.op(), x, weight, view(a.dout, "dout"),
-                                 view(a.dfinal_states, "dfinal_states"));
+                                 view(a.dfinal_states, "dfinal_states"), view(a.dx, "dx"));
 }
 
 CausalConv1dDescriptor describe(const ConvTensors& a, const OptStr& activation) {
   const char* op = a.op();
   const bool silu = parse_causal_conv1d_activation(activation_name(activation), op);
   if (exceeds_layout_rank({a.x, a.weight, a.bias, a.seq_idx, a.initial_states, a.dout,
-                           a.dfinal_states}))
+                           a.dfinal_states, a.dx}))
     check_problem<int64_t>(a);
   a.check_devices();
   CausalConv1dDescriptor d;
@@ -113,19 +119,40 @@ CausalConv1dPlan forward_plan(const at::Tensor& x, const at::Tensor& weight, con
       describe(forward_tensors(x, weight, bias, seq_idx, initial_states), activation), pref);
 }
 
+// (dx: causal_conv1d_backward_into's, or null)
+CausalConv1dBackwardPlan backward_plan_of(const at::Tensor& dout, const OptTensor& dfinal_states,
+                                          const at::Tensor& x, const at::Tensor& weight,
+                                          const OptTensor& bias, const OptTensor& seq_idx,
+                                          const OptTensor& initial_states, OptStr activation,
+                                          const at::Tensor* dx, PlanPreference pref) {
+  ConvTensors a = backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states);
+  a.dx = dx;
+  const char* op = a.op();
+  CausalConv1dBackwardDescriptor d;
+  d.forward = describe(a, activation);
+  d.dout = layout_of(dout, op, "dout");
+  d.has_dfinal_states = a.dfinal_states != nullptr;
+  if (a.dfinal_states) d.dfinal_states = layout_of(*a.dfinal_states, op, "dfinal_states");
+  d.has_dx = dx != nullptr;
+  if (dx) d.dx = layout_of(*dx, op, "dx");
+  return CausalConv1dBackwardPlan::select(d, pref);
+}
+
 CausalConv1dBackwardPlan backward_plan(const at::Tensor& dout, const OptTensor& dfinal_states,
                                        const at::Tensor& x, const at::Tensor& weight,
                                        const OptTensor& bias, const OptTensor& seq_idx,
                                        const OptTensor& initial_states, OptStr activation,
                                        PlanPreference pref) {
-  const ConvTensors a =
-      backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states);
-  CausalConv1dBackwardDescriptor d;
-  d.forward = describe(a, activation);
-  d.dout = layout_of(dout, kBackwardOp, "dout");
-  d.has_dfinal_states = a.dfinal_states != nullptr;
-  if (a.dfinal_states) d.dfinal_states = layout_of(*a.dfinal_states, kBackwardOp, "dfinal_states");
-  return CausalConv1dBackwardPlan::select(d, pref);
+  return backward_plan_of(dout, dfinal_states, x, weight, bias, seq_idx, initial_states, activation, nullptr,
+                          pref);
+}
+
+CausalConv1dBackwardPlan backward_into_plan(const at::Tensor& dout, const OptTensor& dfinal_states,
+                                            const at::Tensor& x, const at::Tensor& weight,
+                                            const at::Tensor& dx, const OptTensor& bias,
+                                            const OptTensor& seq_idx, const OptTensor& initial_states,
+                                            OptStr activation, PlanPreference pref) {
+  return backward_plan_of(dout, dfinal_states, x, weight, bias, seq_idx, initial_states, activation, &dx, pref);
 }
 
 TensorRef optional_ref(const at::Tensor* t, const std::string& op, const char* what) {
@@ -162,6 +189,58 @@ Tensors2 causal_conv1d_kernel(const at::Tensor& x, const at::Tensor& weight, con
   });
 }
 
+// Whether a and b may have an element at the same address: the same storage and, where
+// torch cannot tell (a strided view), intersecting byte ranges.
+bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || !a.has_storage() || !b.has_storage() ||
+      !a.storage().is_alias_of(b.storage()))
+    return false;
+  const at::MemOverlapStatus status = at::get_overlap_status(a, b);
+  if (status != at::MemOverlapStatus::TooHard) return status != at::MemOverlapStatus::No;
+  const auto range = [](const at::Tensor& t) {
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+    return std::pair<uintptr_t, uintptr_t>(begin, begin + (last + 1) * t.element_size());
+  };
+  const auto [a0, a1] = range(a);
+  const auto [b0, b1] = range(b);
+  return a0 < b1 && b0 < a1;
+}
+
+// The backward on a selected plan: dx allocated, or (into) the caller's, which must not
+// share memory with an input the kernels read. -> (dx, dweight, dbias, dinitial_states).
+Tensors4 run_backward(const CausalConv1dBackwardPlan& plan, const at::Tensor& dout,
+                      const OptTensor& dfinal_states, const at::Tensor& x, const at::Tensor& weight,
+                      const OptTensor& bias, const OptTensor& seq_idx, const OptTensor& initial_states,
+                      const at::Tensor* dx_into) {
+  ConvTensors t = backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states);
+  t.dx = dx_into;
+  const char* op = t.op();
+  at::Tensor dx = dx_into ? *dx_into : allocate(plan.dx_layout(), x);
+  if (dx_into) {
+    const std::pair<const char*, const at::Tensor*> inputs[] = {
+        {"dout", &dout}, {"x", &x}, {"dfinal_states", given(dfinal_states)}, {"initial_states", given(initial_states)}};
+    for (const auto& [what, in] : inputs)
+      if (in && may_share_memory(dx, *in))
+        fail(PlanErrorKind::InvalidProblem, op, std::string("dx must not share memory with ") + what);
+  }
+  at::Tensor dweight = allocate(plan.dweight_layout(), x);
+  at::Tensor dbias = allocate(plan.dbias_layout(), x);
+  at::Tensor dinit = allocate(plan.dinitial_states_layout(), x);
+  at::Tensor ws = allocate_workspace(plan.workspace_size(), x);
+  CausalConv1dBackwardArgs a;
+  set_input_refs(a, t);
+  a.dout = ref_of(dout, op, "dout");
+  a.dfinal_states = optional_ref(given(dfinal_states), op, "dfinal_states");
+  a.dx = mut_ref_of(dx, op, "dx");
+  a.dweight = mut_ref_of(dweight, op, "dweight");
+  a.dbias = mut_ref_of(dbias, op, "dbias");
+  a.dinitial_states = mut_ref_of(dinit, op, "dinitial_states");
+  plan.run(current_stream(x), workspace_of(ws), a);
+  return Tensors4(dx, dweight, dbias, dinit);
+}
+
 // -> (dx, dweight, dbias, dinitial_states); dbias and dinitial_states are empty tensors
 // where bias and initial_states are None.
 Tensors4 causal_conv1d_backward_kernel(const at::Tensor& dout, const OptTensor& dfinal_states,
@@ -172,21 +251,21 @@ Tensors4 causal_conv1d_backward_kernel(const at::Tensor& dout, const OptTensor& 
     c10::DeviceGuard guard(x.device());
     const auto plan = backward_plan(dout, dfinal_states, x, weight, bias, seq_idx, initial_states,
                                     activation, current_preference());
-    at::Tensor dx = allocate(plan.dx_layout(), x);
-    at::Tensor dweight = allocate(plan.dweight_layout(), x);
-    at::Tensor dbias = allocate(plan.dbias_layout(), x);
-    at::Tensor dinit = allocate(plan.dinitial_states_layout(), x);
-    at::Tensor ws = allocate_workspace(plan.workspace_size(), x);
-    CausalConv1dBackwardArgs a;
-    set_input_refs(a, backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states));
-    a.dout = ref_of(dout, kBackwardOp, "dout");
-    a.dfinal_states = optional_ref(given(dfinal_states), kBackwardOp, "dfinal_states");
-    a.dx = mut_ref_of(dx, kBackwardOp, "dx");
-    a.dweight = mut_ref_of(dweight, kBackwardOp, "dweight");
-    a.dbias = mut_ref_of(dbias, kBackwardOp, "dbias");
-    a.dinitial_states = mut_ref_of(dinit, kBackwardOp, "dinitial_states");
-    plan.run(current_stream(x), workspace_of(ws), a);
-    return Tensors4(dx, dweight, dbias, dinit);
+    return run_backward(plan, dout, dfinal_states, x, weight, bias, seq_idx, initial_states, nullptr);
+  });
+}
+
+// dx written into the caller's tensor -> (dweight, dbias, dinitial_states).
+Tensors3 causal_conv1d_backward_into_kernel(const at::Tensor& dout, const OptTensor& dfinal_states,
+                                            const at::Tensor& x, const at::Tensor& weight, const at::Tensor& dx,
+                                            const OptTensor& bias, const OptTensor& seq_idx,
+                                            const OptTensor& initial_states, OptStr activation) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const auto plan = backward_into_plan(dout, dfinal_states, x, weight, dx, bias, seq_idx, initial_states,
+                                         activation, current_preference());
+    const Tensors4 r = run_backward(plan, dout, dfinal_states, x, weight, bias, seq_idx, initial_states, &dx);
+    return Tensors3(std::get<1>(r), std::get<2>(r), std::get<3>(r));
   });
 }
 
@@ -231,6 +310,28 @@ Tensors4 causal_conv1d_backward_meta(const at::Tensor& dout, const OptTensor& df
                                           : at::empty_symint({none}, x.options()));
   });
 }
+
+Tensors3 causal_conv1d_backward_into_meta(const at::Tensor& dout, const OptTensor& dfinal_states,
+                                          const at::Tensor& x, const at::Tensor& weight, const at::Tensor& dx,
+                                          const OptTensor& bias, const OptTensor& seq_idx,
+                                          const OptTensor& initial_states, OptStr activation) {
+  return translate_errors([&] {
+    ConvTensors t = backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states);
+    t.dx = &dx;
+    parse_causal_conv1d_activation(activation_name(activation), kBackwardIntoOp);
+    check_problem<c10::SymInt>(t);
+    // (the plan's rule on concrete strides; here what torch can tell on symbolic ones)
+    if (at::has_internal_overlap(dx) == at::MemOverlap::Yes)
+      fail(PlanErrorKind::InvalidProblem, kBackwardIntoOp,
+           "dx must not overlap itself (no two of its elements at one address), got strides " +
+               sizes_str(dx.sym_strides().data(), static_cast<int>(dx.dim())));
+    const auto w_options = x.options().dtype(weight.scalar_type());
+    const c10::SymInt none(0);
+    return Tensors3(at::empty_symint(weight.sym_sizes(), w_options),
+                    at::empty_symint({given(bias) ? x.sym_size(1) : none}, w_options),
+                    given(initial_states) ? states_like(x, weight) : at::empty_symint({none}, x.options()));
+  });
+}
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(baracuda, m) {
@@ -257,6 +358,17 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .explain(&backward_plan)
       .not_differentiable("baracuda::causal_conv1d: double backward (the second derivative) is "
                           "not implemented");
+  // causal_conv1d_backward with dx written into the caller's tensor (x's sizes and dtype,
+  // any strides without self-overlap: a slice of a larger gradient buffer, as
+  // causal-conv1d's causal_conv1d_bwd takes its dx) -> (dweight, dbias, dinitial_states).
+  OpDef(m,
+        "causal_conv1d_backward_into(Tensor dout, Tensor? dfinal_states, Tensor x, Tensor weight, "
+        "Tensor(a!) dx, Tensor? bias=None, Tensor? seq_idx=None, Tensor? initial_states=None, "
+        "str? activation=None) -> (Tensor, Tensor, Tensor)")
+      .kernel(&causal_conv1d_backward_into_kernel)
+      .meta(&causal_conv1d_backward_into_meta)
+      .explain(&backward_into_plan)
+      .not_differentiable("baracuda::causal_conv1d_backward_into is a backward (not differentiable)");
 }
 
 }  // namespace baracuda::torch_ops
