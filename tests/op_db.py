@@ -804,7 +804,8 @@ def conv_backward_into_samples(device, dtype, requires_grad):
         dout, dfinal, x, w, *rest = s.args
         B, D, L = x.shape
         if k % 2 == 0:
-            dx = torch.full((B, L, D + 3), float("nan"), dtype=dtype, device=device)[..., 2:D + 2].transpose(1, 2)
+            dx = channel_last(lambda *shape: torch.full(shape, float("nan"), dtype=dtype, device=device), B, D, L,
+                              extra=2)
         else:
             dx = torch.full((B, D, L), float("nan"), dtype=dtype, device=device)
         out.append(SampleInput(s.desc + (", dx a channel-last slice" if k % 2 == 0 else ""),

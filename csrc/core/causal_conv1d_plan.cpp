@@ -18,26 +18,6 @@ constexpr const char* kBackwardIntoOp = "causal_conv1d_backward_into";
 
 const char* backward_op(const CausalConv1dBackwardDescriptor& d) { return d.has_dx ? kBackwardIntoOp : kBackwardOp; }
 
-// Whether no two elements of t share an address: with the dims of more than one element
-// ordered by stride, each stride is past the farthest element of the dims below it. (A
-// sufficient rule: it rejects some interleaved layouts that do not overlap.)
-bool no_self_overlap(const TensorLayout& t) {
-  std::array<int, kMaxRank> dims{};
-  int n = 0;
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.sizes[d] == 0) return true;
-    if (t.sizes[d] > 1) dims[n++] = d;
-  }
-  std::sort(dims.begin(), dims.begin() + n, [&](int a, int b) { return t.strides[a] < t.strides[b]; });
-  int64_t reach = 0;  // farthest element offset of the dims so far
-  for (int k = 0; k < n; ++k) {
-    const int64_t st = t.strides[dims[k]];
-    if (st <= reach) return false;
-    reach += (t.sizes[dims[k]] - 1) * st;
-  }
-  return true;
-}
-
 ConvOperand<int64_t> operand(bool present, const TensorLayout& t) {
   return {present, t.dtype, t.rank, t.sizes.data()};
 }
@@ -234,7 +214,7 @@ CausalConv1dBackwardPlan CausalConv1dBackwardPlan::select(const CausalConv1dBack
   plan_problem(l, f, op);
   check_causal_conv1d_backward(op, operand(true, f.x), operand(true, f.weight), operand(true, d.dout),
                                operand(d.has_dfinal_states, d.dfinal_states), operand(d.has_dx, d.dx));
-  if (d.has_dx && !no_self_overlap(d.dx))
+  if (d.has_dx && !d.dx.is_non_overlapping())
     fail(PlanErrorKind::InvalidProblem, op,
          "dx must not overlap itself (no two of its elements at one address), got strides " +
              sizes_str(d.dx.strides.data(), d.dx.rank));

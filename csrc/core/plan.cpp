@@ -97,27 +97,47 @@ int64_t TensorLayout::max_offset() const {
   return off;
 }
 
-bool TensorLayout::is_non_overlapping_and_dense() const {
-  if (is_contiguous()) return true;  // includes every empty tensor, as in torch
-  if (rank == 1) return sizes[0] < 2 || strides[0] == 1;
-  // Dims by increasing stride, size-0 and size-1 dims last (insertion sort: rank <= 8).
+namespace {
+// t's dims by increasing stride, size-0 and size-1 dims last (insertion sort: rank <= 8).
+void stride_order(const TensorLayout& t, int (&perm)[kMaxRank]) {
   const auto before = [&](int a, int b) {
-    if (sizes[a] < 2) return false;
-    if (sizes[b] < 2) return true;
-    return strides[a] < strides[b];
+    if (t.sizes[a] < 2) return false;
+    if (t.sizes[b] < 2) return true;
+    return t.strides[a] < t.strides[b];
   };
-  int perm[kMaxRank];
-  for (int i = 0; i < rank; ++i) {
+  for (int i = 0; i < t.rank; ++i) {
     int j = i;
     for (; j > 0 && before(i, perm[j - 1]); --j) perm[j] = perm[j - 1];
     perm[j] = i;
   }
+}
+}  // namespace
+
+bool TensorLayout::is_non_overlapping_and_dense() const {
+  if (is_contiguous()) return true;  // includes every empty tensor, as in torch
+  if (rank == 1) return sizes[0] < 2 || strides[0] == 1;
+  int perm[kMaxRank];
+  stride_order(*this, perm);
   int64_t required = 1;
   for (int i = 0; i < rank; ++i) {
     const int d = perm[i];
     if (sizes[d] < 2) return true;
     if (strides[d] != required) return false;
     required *= sizes[d];
+  }
+  return true;
+}
+
+bool TensorLayout::is_non_overlapping() const {
+  if (numel() == 0) return true;
+  int perm[kMaxRank];
+  stride_order(*this, perm);
+  int64_t reach = 0;  // the farthest element offset of the dims so far
+  for (int i = 0; i < rank; ++i) {
+    const int d = perm[i];
+    if (sizes[d] < 2) return true;
+    if (strides[d] <= reach) return false;
+    reach += (sizes[d] - 1) * strides[d];
   }
   return true;
 }

@@ -123,6 +123,11 @@ struct TensorLayout {
   // torch's rule for "non-overlapping and dense" (c10/core/Contiguity.h): every element
   // has its own offset and the offsets fill a range, in some order of the dims.
   bool is_non_overlapping_and_dense() const;
+  // No two elements at one address, gaps allowed (a slice of a larger buffer): with the
+  // dims of more than one element in stride order, each stride passes the farthest element
+  // of the dims before it. Sufficient, not necessary: some interleaved layouts that do not
+  // overlap are refused.
+  bool is_non_overlapping() const;
 };
 
 // An operand: its layout plus its data pointer.
