@@ -275,8 +275,8 @@ std::atomic<int> g_forced_group{-1};
 
 // Whether the CUDA backward runs the intra-chunk dB/dC products once per group (see
 // ssd_force_group_products): the tensor-core backward, head_dim <= 128 and state_dim <=
-// 256 (the kernels' tiles), the dx kernel's shared memory within the device's opt-in
-// limit (at state_dim 256 it is 84 KB), and dCB
+// 256 (the kernels' tiles), the dx, dC and dB kernels' shared memory within the device's
+// opt-in limit (dx at state_dim 256 84 KB, dB at head_dim 128 105 KB), and dCB
 // (B·nc·G·Q'² float32, Q' the longest chunk rounded up to 64) no larger than x. At the
 // Mamba-2 2.7B shape (H = 80, G = 1) dCB is 10 % of x; with one head per group it would
 // be 8× x at chunk 256 and P = 64, where the per-head products need no extra memory.
@@ -285,7 +285,9 @@ std::atomic<int> g_forced_group{-1};
 bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChunkScanLaunch& l) {
   const int forced = g_forced_group.load(std::memory_order_relaxed);
   if (forced == 0 || !uses_tensor_cores(desc, v) || l.head_dim > 128 || l.state_dim > 256 ||
-      desc.device.smem_optin_bytes < ssd_group_dx_smem_bytes(l.state_dim) || l.batch * l.seqlen * l.heads == 0)
+      desc.device.smem_optin_bytes < ssd_group_dx_smem_bytes(l.state_dim) ||
+      desc.device.smem_optin_bytes < ssd_group_grad_smem_bytes(l.head_dim, true) ||
+      desc.device.smem_optin_bytes < ssd_group_grad_smem_bytes(l.head_dim, false) || l.batch * l.seqlen * l.heads == 0)
     return false;
   if (forced == 1) return true;
   return dcb_bytes(l) <= x_bytes(l);

@@ -110,6 +110,20 @@ constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
   return 64 * ld * 2 + 64 * ld * 2 + 2 * 64 * 72 * 2;
 }
 
+// The group products' dC and dB kernel (ssd_group_grad_kernel in the same file): its
+// dynamic shared memory holds a ring of heads' rows of dy (dC) or x (dB), [64][P16 + 8]
+// (the first two also phase 1's [64][72] dCB and B or C tiles), and their state tiles
+// [P16][72], all 16-bit, and for dC a float32 copy of the block's C tile [64][72]; each
+// part starts at a 16-byte boundary. P16 = head_dim rounded up to 16. The ring: dB three
+// heads (two in flight during one's products: dB 180 -> 166 us at the Mamba-2 2.7B shape,
+// H200), dC two (it spends that memory on its C tile; 229 us with either ring).
+constexpr int ssd_group_grad_stages(bool db) { return db ? 3 : 2; }
+constexpr int64_t ssd_group_grad_smem_bytes(int64_t head_dim, bool db) {
+  const int64_t kp = (head_dim + 15) / 16 * 16, s = ssd_group_grad_stages(db);
+  const int64_t rows = s * 64 * (kp + 8) > 2 * 64 * 72 ? s * 64 * (kp + 8) : 2 * 64 * 72;
+  return (rows * 2 + 15) / 16 * 16 + (s * kp * 72 * 2 + 15) / 16 * 16 + (db ? 0 : 64 * 72 * 4);
+}
+
 // The mamba_ssm `mamba_chunk_scan_combined` contract on top of the recurrence above
 // (every option is absent when its pointer is null / its flag is false, and then the
 // kernels compute exactly the plain scan):

@@ -314,11 +314,15 @@ __global__ void __launch_bounds__(256) ssd_group_dcb_round_kernel(const float* d
   }
 }
 
+// Row stride (floats) of dC's float32 C tile: a warp's 8-byte reads at (row g8, column
+// 2·t4) fill both wavefronts without conflicts.
+constexpr int kSsdGradCLd = kSsdTile + 8;
+
 template <typename T>
 struct SsdGroupGradParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
   int P, KP, ldl, N, qp, r_tiles, j_tiles;
-  int off_s;             // byte offset of the two state tiles in dynamic shared memory (Lft buffers at 0)
+  int off_s, off_c;      // byte offsets in dynamic shared memory of the state tiles and dC's C tile (Lft at 0)
   SsdOperand<T> lft;     // dy (dC) or x (dB), per head: the inter-chunk term's rows
   SsdOperand<T> v;       // B (dC) or C (dB), per group: dCB's partner
   SsdOperand<T> dot;     // C (dC's U partials)
@@ -338,20 +342,24 @@ struct SsdGroupGradParams {
 //  2. the inter-chunk term, over the group's heads in order: rs_r·Σ_p Lft_h[r][p]·S_h[p][j]
 //     (S = H_c, rs = exp(Acs_r) for dC; S = Gn_c, rs = exp(Acs_last − Acs_r)·dt_r for dB),
 //     S as the state pass rounded it to T; dC also writes each head's U partial (its C
-//     row dot). Head h + 1's Lft rows and state tile are copied (cp.async) into the other
-//     buffers during head h's products.
+//     row dot, from a float32 copy of the block's C tile in shared memory: converted once
+//     a block instead of once a head, that dot was a quarter of the kernel's time). A
+//     ring of S = ssd_group_grad_stages(DB) buffers (core/ssd_chunk_scan_plan.h): head
+//     h + S − 1's Lft rows and state tile are copied (cp.async) during head h's products,
+//     and its row scales are loaded into registers then and stored after them (no thread
+//     waits for a load that was just issued).
 template <typename T, bool DB>
 __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const SsdGroupGradParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
+  constexpr int S = ssd_group_grad_stages(DB);
   const int l_elems = kSsdTile * p.ldl;
-  T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                          // [2][64][ldl]
+  T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                          // [S][64][ldl]
   T* sA = sL;                                                          // phase 1: [64][kTcLd]
   T* sV = sL + kSsdTile * kTcLd;                                       // phase 1: [64][kTcLd]
-  T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                // [2][KP][kTcLd]
+  T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                // [S][KP][kTcLd]
+  float* sCf = reinterpret_cast<float*>(ssd_dyn_smem + p.off_c);       // dC: [64][kSsdGradCLd]
   const int s_elems = p.KP * kTcLd;
-  __shared__ double sAcs[2][kSsdTile];
-  __shared__ float sDt[2][kSsdTile];
-  __shared__ double sLast[2];
+  __shared__ float sScale[S][kSsdTile];  // the rows' rs, per buffer
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
@@ -398,18 +406,25 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
     }
 
     // ---- 2. inter-chunk, head by head
-    // dC's U partials: the lane's C values (rows g8, g8 + 8 of the warp; its 16 columns),
-    // kept packed for all heads.
-    uint32_t cdot[2][8] = {};
-    if constexpr (!DB)
-      ssd_lane_pairs<T>(p.dot.p + b * p.dot.s[0] + t0 * p.dot.s[1] + g * p.dot.s[2], p.dot.s[1], p.dot.s[3], r0 + rw,
-                        len, j0, p.N, cdot);
+    // dC's U partials: the block's C tile (rows r0.., columns j0..; 0 past the chunk and N)
+    // as float32, for all heads (visible after the ring's first barrier).
+    if constexpr (!DB) {
+      const T* cbase = p.dot.p + b * p.dot.s[0] + (t0 + r0) * p.dot.s[1] + g * p.dot.s[2];
+      for (int e = tid; e < kSsdTile * kSsdTile; e += kTcThreads) {
+        const int r = e / kSsdTile, k = e % kSsdTile;
+        sCf[r * kSsdGradCLd + k] =
+            r < rows && j0 + k < p.N ? to_acc(cbase[r * p.dot.s[1] + (j0 + k) * p.dot.s[3]]) : 0.0f;
+      }
+    }
     const int64_t h0 = g * p.hpg;
     // Copies head hi's Lft rows and state tile S[k = p][j] (rows p >= P and columns past N
-    // zero) into buffers hi % 2, and its row data into slot hi % 2.
+    // zero) into buffers hi % S, and (threads below 64: row tid) loads its row data into
+    // registers, which store_scale turns into the row's rs.
+    double row_acs = 0.0, row_last = 0.0;
+    float row_dt = 0.0f;
     auto issue = [&](int hi) {
       const int64_t h = h0 + hi, bh = b * p.heads + h;
-      const int buf = hi & 1;
+      const int buf = hi % S;
       tc_fill<T, true>(sL + buf * l_elems, p.ldl, kSsdTile, p.KP,
                        p.lft.p + b * p.lft.s[0] + (t0 + r0) * p.lft.s[1] + h * p.lft.s[2], p.lft.s[1], p.lft.s[3],
                        rows, p.P);
@@ -417,55 +432,69 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
                        p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.P) * p.N + j0, p.N, 1, p.P, p.N - j0);
       if (tid < kSsdTile) {
         const int64_t at = bh * p.seqlen + t0;
-        sAcs[buf][tid] = tid < rows ? p.acs[at + r0 + tid] : 0.0;
-        sDt[buf][tid] = DB && tid < rows ? p.dtf[at + r0 + tid] : 0.0f;
-        if (DB && tid == 0) sLast[buf] = p.acs[at + len - 1];
+        row_acs = p.acs[at + r0 + min(tid, rows - 1)];  // (clamped; rows past the chunk get 0 below)
+        if constexpr (DB) {
+          row_dt = p.dtf[at + r0 + min(tid, rows - 1)];
+          row_last = p.acs[at + len - 1];
+        }
       }
     };
+    auto store_scale = [&](int hi) {
+      if (tid < kSsdTile)
+        sScale[hi % S][tid] = tid >= rows ? 0.0f
+                              : DB        ? ssd_decay<float>(row_last - row_acs) * row_dt
+                                          : ssd_decay<float>(row_acs);
+    };
     __syncthreads();  // phase 1 is done with sA, sV (the Lft buffers)
-    issue(0);
-    ssd_cp_async_commit();
-    for (int hi = 0; hi < p.hpg; ++hi) {
-      const int buf = hi & 1;
-      ssd_cp_async_wait<0>();  // head hi's copies (the only group in flight)
-      __syncthreads();         // ... for every thread; head hi − 1's buffers are free
-      if (hi + 1 < p.hpg) issue(hi + 1);
-      ssd_cp_async_commit();
-      if (!live) continue;
-      float acc_h[8][4];
-      tc_zero(acc_h);
-      tc_warp_gemm<T, false, true>(acc_h, sL + buf * l_elems + rw * p.ldl, p.ldl, sS + buf * s_elems, kTcLd, p.KP / 16,
-                                   0, 4);
-      float u[2];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int rl = rw + g8 + 8 * half;
-        const double a = sAcs[buf][rl];
-        const float scale = DB ? ssd_decay<float>(sLast[buf] - a) * sDt[buf][rl] : ssd_decay<float>(a);
-        float dotv = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          acc_h[nt][2 * half] *= scale;
-          acc_h[nt][2 * half + 1] *= scale;
-          if constexpr (!DB) {
-            T cv[2];
-            memcpy(cv, &cdot[half][nt], 4);
-            dotv += to_acc(cv[0]) * acc_h[nt][2 * half] + to_acc(cv[1]) * acc_h[nt][2 * half + 1];
-          }
-          acc[nt][2 * half] += acc_h[nt][2 * half];
-          acc[nt][2 * half + 1] += acc_h[nt][2 * half + 1];
-        }
-        u[half] = dotv;
+    for (int hi = 0; hi < S - 1; ++hi) {  // the ring's first heads (empty groups past the last)
+      if (hi < p.hpg) {
+        issue(hi);
+        store_scale(hi);
       }
-      if constexpr (!DB) {  // U partial of this head, row and column tile (fixed xor tree over the row's 4 lanes)
+      ssd_cp_async_commit();
+    }
+    for (int hi = 0; hi < p.hpg; ++hi) {
+      const int buf = hi % S;
+      ssd_cp_async_wait<S - 2>();  // head hi's copies (the oldest group in flight)
+      __syncthreads();             // ... for every thread; head hi − 1's buffers are free
+      const int next = hi + S - 1;
+      if (next < p.hpg) issue(next);
+      ssd_cp_async_commit();
+      if (live) {
+        float acc_h[8][4];
+        tc_zero(acc_h);
+        tc_warp_gemm<T, false, true>(acc_h, sL + buf * l_elems + rw * p.ldl, p.ldl, sS + buf * s_elems, kTcLd,
+                                     p.KP / 16, 0, 4);
+        float u[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const float s = ssd_quad_sum(u[half]);
-          const int r = r0 + rw + g8 + 8 * half;
-          if (t4 == 0 && r < len)
-            p.upart[((b * p.heads + h0 + hi) * p.seqlen + t0 + r) * p.j_tiles + jt] = s;
+          const int rl = rw + g8 + 8 * half;
+          const float scale = sScale[buf][rl];
+          float dotv = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            if constexpr (!DB) {
+              const float2 cv = *reinterpret_cast<const float2*>(&sCf[rl * kSsdGradCLd + nt * 8 + 2 * t4]);
+              dotv += cv.x * acc_h[nt][2 * half] + cv.y * acc_h[nt][2 * half + 1];
+            }
+            acc[nt][2 * half] = fmaf(acc_h[nt][2 * half], scale, acc[nt][2 * half]);
+            acc[nt][2 * half + 1] = fmaf(acc_h[nt][2 * half + 1], scale, acc[nt][2 * half + 1]);
+          }
+          u[half] = scale * dotv;
+        }
+        if constexpr (!DB) {  // U partial of this head, row and column tile (fixed xor tree over the row's 4 lanes)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float s = ssd_quad_sum(u[half]);
+            const int r = r0 + rw + g8 + 8 * half;
+            if (t4 == 0 && r < len)
+              p.upart[((b * p.heads + h0 + hi) * p.seqlen + t0 + r) * p.j_tiles + jt] = s;
+          }
         }
       }
+      // (buffer next % S was last read at head hi − 1, before this head's barrier)
+      if (next < p.hpg) store_scale(next);
     }
     ssd_cp_async_wait<0>();
 
@@ -776,11 +805,14 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.r_tiles = p.qp / kSsdTile;
   p.j_tiles = static_cast<int>((l.state_dim + kSsdTile - 1) / kSsdTile);
   p.total_blocks = l.batch * l.groups * p.nchunks * p.r_tiles * p.j_tiles;
-  // Shared memory: the two Lft buffers (also phase 1's two [64][kTcLd] tiles), the two
-  // state tiles.
-  const int lbuf = ssd_align16(std::max(2 * kSsdTile * p.ldl, 2 * kSsdTile * kTcLd) * static_cast<int>(sizeof(T)));
-  p.off_s = lbuf;
-  const int smem = p.off_s + 2 * p.KP * kTcLd * static_cast<int>(sizeof(T));
+  // Shared memory (ssd_group_grad_smem_bytes; the plan checked it fits): the ring's Lft
+  // buffers (also phase 1's two [64][kTcLd] tiles), its state tiles, dC's float32 C tile.
+  constexpr int S = ssd_group_grad_stages(DB);
+  p.off_s = ssd_align16(std::max(S * kSsdTile * p.ldl, 2 * kSsdTile * kTcLd) * static_cast<int>(sizeof(T)));
+  p.off_c = p.off_s + ssd_align16(S * p.KP * kTcLd * static_cast<int>(sizeof(T)));
+  const int smem = p.off_c + (DB ? 0 : kSsdTile * kSsdGradCLd * static_cast<int>(sizeof(float)));
+  if (smem != ssd_group_grad_smem_bytes(l.head_dim, DB))
+    fail(PlanErrorKind::Internal, op, "the dC/dB kernel's shared memory differs from the plan's");
   p.lft = DB ? ssd_operand<T>(l.x, l.x_stride, true) : ssd_operand<T>(l.dy, l.dy_stride, true);
   p.v = DB ? ssd_operand<T>(l.C, l.C_stride, false) : ssd_operand<T>(l.B, l.B_stride, false);
   p.dot = ssd_operand<T>(l.C, l.C_stride, false);
