@@ -508,3 +508,44 @@ def test_cuda_mamba2_2_7b_shape(batch):
     assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], p["A"], p["B"], p["C"]).variant == \
         "tile_staged"
     check_against_reference(p, False)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cuda_lean_b_c_loads(dtype, batch):
+    """Mamba-2's decode step (one token, no z, per-head A: the lean staged kernel) with B and
+    C as Mamba2.step passes them, views of the conv output xBC (x's dtype, N stride 1,
+    4-element aligned: one vector load of a lane's 4 elements each), and as operands that
+    must take the scalar loads: one element off that alignment, N strided, float32 B and C
+    beside 16-bit x, and a group stride that is not a multiple of 4. Each against the float64
+    reference."""
+    H, P, N, G = 8, 16, 32, 2
+    d_inner = H * P
+
+    def xbc_split(offset=0, bc_dtype=dtype):
+        xbc = randn((batch, offset + d_inner + 2 * G * N), bc_dtype, "cuda")[:, offset:]
+        return (xbc[:, d_inner:d_inner + G * N].view(batch, G, N),
+                xbc[:, d_inner + G * N:].view(batch, G, N))
+
+    def odd_groups():
+        t = randn((batch, G, N + 1), dtype, "cuda")[..., :N]  # group stride N + 1
+        return t, t.clone()
+
+    cases = {
+        "xbc split": xbc_split(),
+        "one element off": xbc_split(offset=1),
+        "N strided": tuple(randn((batch, N, G), dtype, "cuda").transpose(-1, -2) for _ in range(2)),
+        "float32 B, C": xbc_split(bc_dtype=torch.float32),
+        "group stride N + 1": odd_groups(),
+    }
+    for name, (B, C) in cases.items():
+        p = problem("cuda", dtype, batch=batch, heads=H, dim=P, dstate=N, groups=G, state_dtype=torch.float32)
+        p["A"] = p["A"][:, :1, :1].expand(p["A"].shape)
+        p["D"] = p["D"][:, :1].expand(H, P)
+        p["dt_bias"] = p["dt_bias"][:, :1].expand(H, P)
+        p["dt"] = p["dt"][..., :1].expand(batch, H, P)
+        p.update(B=B, C=C, z=None)
+        assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], p["A"], p["B"],
+                          p["C"]).variant == "tile_staged", name
+        check_against_reference(p, False)

@@ -56,6 +56,16 @@ StateUpdateLayout pick_layout(const TensorLayout& state, const int64_t* s, int64
   return StateUpdateLayout::Vec;
 }
 
+// B or C ([b, t, g, n] strides s) as StateUpdateLaunch::bc_vec needs it.
+// (The batch and group strides matter only where those dims have more than one element.)
+bool bc_vectors(const TensorLayout& t, const int64_t* s, const StateUpdateLaunch& l) {
+  const int esize = element_size(t.dtype);
+  if (t.dtype != l.x_el || esize > 4 || s[3] != 1 || l.dstate % kStateUpdateLaneElems != 0 ||
+      t.alignment < kStateUpdateLaneElems * esize)
+    return false;
+  return (l.batch <= 1 || s[0] % kStateUpdateLaneElems == 0) && (l.ngroups <= 1 || s[2] % kStateUpdateLaneElems == 0);
+}
+
 // The CUDA work split (StateUpdateLaunch's comment). Each state row is N elements split
 // over `lanes` threads of kStateUpdateLaneElems elements a chunk: lanes for its 4-element
 // pieces (a power of two from 4 to a warp; the kernel is compiled for those), then chunks
@@ -181,6 +191,7 @@ StateUpdatePlan StateUpdatePlan::select(const StateUpdateDescriptor& d, PlanPref
   if (d.device.backend == Backend::Cuda) {
     l.layout = pick_layout(d.state, l.state_s, l.dstate);
     plan_cuda_work(l, d.device, op);
+    l.bc_vec = l.lean && bc_vectors(d.B, l.B_s, l) && bc_vectors(d.C, l.C_s, l);
   }
   // Sums over n in a fixed order (see the header): deterministic and bit-stable.
   p.sku_ = kernel_sku(kFamily, op, d.x.dtype, variant_name(l, d.device.backend), d.device);

@@ -107,6 +107,11 @@ struct StateUpdateLaunch {
   // shuffle): fewer registers, kStateUpdateLeanBlocks blocks a multiprocessor instead of 7,
   // so that batch 1 at the 2.7B shape (1280 blocks) runs in one wave.
   bool lean = false;
+  // Lean, with B and C of x's dtype (2 or 4 bytes), N stride 1, N and the batch and group
+  // strides multiples of 4 and the data aligned to 4 elements (as Mamba2.step passes its
+  // split of xBC): a lane loads its 4 elements of each as one vector instead of 4 scalar
+  // loads with their index arithmetic.
+  bool bc_vec = false;
   // B and C staged (> 0, several tokens): every token's B and C, converted to the kernel's
   // arithmetic type, in this many bytes of shared memory after the state rows; the block
   // copies them once instead of each (row pass, token) pair reading them from global

@@ -19,8 +19,10 @@
 // warps issued a scheduler cycle against mamba_ssm's 0.86 at 30 registers, for about as
 // many instructions); staged with one cp.async group a pass, and the decode step's
 // options compiled out (Lean: 48 registers, 10 blocks a multiprocessor) 95 (89.5 from a
-// CUDA graph, mamba_ssm 95.6). At batch 1 (1280 blocks, one wave) ncu counts about twice
-// mamba_ssm's instructions a warp (8.9 µs against 4.9 with caches flushed): what is left.
+// CUDA graph, mamba_ssm 95.6). At batch 1 (1280 blocks, one wave), with B and C loaded as
+// one vector a lane each (the plan's bc_vec), ncu counts 7.3 µs against mamba_ssm's 5.0
+// (caches flushed; 8.9 with scalar B and C loads) and 2.1 times its instructions: what is
+// left (from a CUDA graph 5.0 µs against 3.1).
 // No workspace, no host synchronization: the launch can be captured in a CUDA graph.
 #include <cstring>
 
@@ -173,7 +175,7 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
                                        : static_cast<const int64_t*>(l.indices)[b * l.index_s];
   const int64_t p_begin = ptile * l.rows_per_pass * l.passes;
   const auto row_of = [&](int pass) { return p_begin + static_cast<int64_t>(pass) * l.rows_per_pass + group; };
-  if (i < 0 || i >= l.pool) {
+  if (!Lean && (i < 0 || i >= l.pool)) {  // (no indices in the lean kernel: i = b < pool)
     // A padding row (i < 0): out = 0, the pool untouched (mamba_ssm's rule). An index past
     // the pool cannot raise here: out = NaN, the pool untouched.
     const Acc fill = i < 0 ? Acc(0) : static_cast<Acc>(NAN);
@@ -221,6 +223,22 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
     }
     const int64_t bo = b * l.B_s[0] + t * l.B_s[1] + g * l.B_s[2];
     const int64_t co = b * l.C_s[0] + t * l.C_s[1] + g * l.C_s[2];
+    if constexpr (Lean && sizeof(T) <= 4) {
+      if (l.bc_vec) {  // B and C of x's dtype, a lane's elements one aligned vector each
+        const int64_t n0 = static_cast<int64_t>(lane) * E;
+        T bv[E], cv[E];
+        if (n0 < N) {
+          load4(static_cast<const T*>(l.B) + bo + n0, bv);
+          load4(static_cast<const T*>(l.C) + co + n0, cv);
+        }
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+          Bv[0][k] = n0 < N ? static_cast<Acc>(to_acc(bv[k])) : Acc(0);
+          Cv[0][k] = n0 < N ? static_cast<Acc>(to_acc(cv[k])) : Acc(0);
+        }
+        return;
+      }
+    }
 #pragma unroll
     for (int c = 0; c < Chunks; ++c) {
 #pragma unroll
