@@ -272,6 +272,21 @@ def ssd_group_cases() -> Iterator[Case]:
             yield f"ssd group products N={N} options={options}", make, run, ("ssd_chunk_scan_combined",)
 
 
+def ssd_group_wgmma_cases() -> Iterator[Case]:
+    """ssd_group's cases with the dC/dB kernel's products on wgmma (group_wgmma: an sm_90
+    device with the build's sm_90a code; no cases elsewhere). The switch holds while the
+    cases run (each case's backward plans inside run_case)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0) \
+            or not bt._C._arch_specific_kernels(90):
+        return
+    previous = bt._C._ssd_cuda_backward("group_wgmma")
+    try:
+        for name, make, fn, ops in ssd_group_cases():
+            yield name + " (wgmma)", make, fn, ops
+    finally:
+        bt._C._ssd_cuda_backward(previous)
+
+
 def ssd_fused_cases() -> Iterator[Case]:
     """The one-launch forwards (16-bit, head_dim 64, no seq_idx): the plan's fused_mma_cb (4
     heads a group: the C·Bᵀ table, H_c where B was) and fused_mma (a head a group); a short
@@ -340,7 +355,7 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
             "gather": gather_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
             "ssd": ssd_cases,
-            "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases,
+            "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
             "ssd_fused": ssd_fused_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
 

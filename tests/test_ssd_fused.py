@@ -247,15 +247,22 @@ GROUP_SHAPES = [
 ]
 
 
-@pytest.fixture(params=["staged", "group_mma"])
+@pytest.fixture(params=["staged", "group_mma", "group_wgmma"])
 def backward(request):
     """Runs the test with the plan's CUDA backward forced to the per-head ("staged") or the
-    per-group ("group_mma") dB/dC products."""
+    per-group dB/dC products, with the dC/dB kernel on mma.sync ("group_mma") or on wgmma
+    ("group_wgmma": sm_90 with the build's sm_90a code)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the group products need the tensor-core backward (sm_80+)")
+    if request.param == "group_wgmma" and not _wgmma_device():
+        pytest.skip("group_wgmma needs an sm_90 device and the build's sm_90a code")
     previous = bt._C._ssd_cuda_backward(request.param)
     yield request.param
     bt._C._ssd_cuda_backward(previous)
+
+
+def _wgmma_device():
+    return torch.cuda.get_device_capability() == (9, 0) and bt._C._arch_specific_kernels(90)
 
 
 def _backward_variant(inputs, Q):
@@ -286,7 +293,7 @@ def test_backward_against_the_reference(dtype, shape, backward):
     b, L, H, P, N, G, Q = shape
     inputs = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
     leaves = [t.detach().requires_grad_() for t in inputs]
-    assert _backward_variant(inputs, Q) == ("group_mma" if backward == "group_mma" else "chunked_mma")
+    assert _backward_variant(inputs, Q) == (backward if backward != "staged" else "chunked_mma")
     y = bt.ssd_chunk_scan(*leaves, chunk_size=Q)
     dy = torch.randn(y.shape, dtype=torch.float64).to(device="cuda", dtype=dtype)
     poison_fresh_outputs()
@@ -320,13 +327,16 @@ def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph()
     dy = torch.randn_like(x)
     run = lambda: ops.ssd_chunk_scan_backward(dy, x, dt, A, B, C, Q)  # noqa: E731
     results = {}
-    for name in ("staged", "group_mma"):
+    names = ("staged", "group_mma") + (("group_wgmma",) if _wgmma_device() else ())
+    for name in names:
         previous = bt._C._ssd_cuda_backward(name)
         try:
+            assert bt.explain(ops.ssd_chunk_scan_backward, dy, x, dt, A, B, C, Q).variant == \
+                (name if name != "staged" else "chunked_mma")
             results[name] = run()
             again = run()
             assert all(torch.equal(u, v) for u, v in zip(results[name], again)), name
-            if name == "group_mma":
+            if name != "staged":
                 graph, out_g = capture_graph(run)
                 for t in out_g:
                     t.fill_(float("nan"))
@@ -336,16 +346,18 @@ def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph()
         finally:
             bt._C._ssd_cuda_backward(previous)
     eps = torch.finfo(torch.bfloat16).eps
-    for name, u, v in zip(("dx", "ddt", "dA", "dB", "dC"), results["staged"], results["group_mma"]):
-        rel = ((u.double() - v.double()).norm() / v.double().norm()).item()
-        assert rel < 8 * eps, (name, rel)
+    for group in names[1:]:
+        for name, u, v in zip(("dx", "ddt", "dA", "dB", "dC"), results["staged"], results[group]):
+            rel = ((u.double() - v.double()).norm() / v.double().norm()).item()
+            assert rel < 8 * eps, (group, name, rel)
 
 
 def test_backward_switch_names_its_choices():
     assert bt._C._ssd_cuda_backward("auto") == "auto"
     assert bt._C._ssd_cuda_backward("group_mma") == "auto"
-    assert bt._C._ssd_cuda_backward("staged") == "group_mma"
-    with pytest.raises(ValueError, match="auto, staged or group_mma"):
+    assert bt._C._ssd_cuda_backward("group_wgmma") == "group_mma"
+    assert bt._C._ssd_cuda_backward("staged") == "group_wgmma"
+    with pytest.raises(ValueError, match="auto, staged, group_mma or group_wgmma"):
         bt._C._ssd_cuda_backward("group")
     assert bt._C._ssd_cuda_backward("auto") == "staged"
 

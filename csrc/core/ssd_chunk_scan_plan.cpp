@@ -286,15 +286,28 @@ bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdC
   const int forced = g_forced_group.load(std::memory_order_relaxed);
   if (forced == 0 || !uses_tensor_cores(desc, v) || l.head_dim > 128 || l.state_dim > 256 ||
       desc.device.smem_optin_bytes < ssd_group_dx_smem_bytes(l.state_dim) ||
-      desc.device.smem_optin_bytes < ssd_group_grad_smem_bytes(l.head_dim, true) ||
-      desc.device.smem_optin_bytes < ssd_group_grad_smem_bytes(l.head_dim, false) || l.batch * l.seqlen * l.heads == 0)
+      desc.device.smem_optin_bytes < ssd_group_grad_smem_bytes(l.head_dim, true, false) ||
+      desc.device.smem_optin_bytes < ssd_group_grad_smem_bytes(l.head_dim, false, false) ||
+      l.batch * l.seqlen * l.heads == 0)
     return false;
   if (forced == 1) return true;
   return dcb_bytes(l) <= x_bytes(l);
 }
 
+// ssd_force_group_wgmma's setting: -1 for the plan's own choice, 0 never, 1 wherever it can run.
+std::atomic<int> g_forced_group_wgmma{-1};
+
+// Whether the group products' dC/dB kernel runs its per-head products on wgmma: an sm_90
+// device with the build's sm_90a code (its tiles need no more shared memory than the
+// mma.sync ones'). Not measured yet: the plan takes it only where forced.
+bool group_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
+  const int forced = g_forced_group_wgmma.load(std::memory_order_relaxed);
+  return l.group_products && forced == 1 && desc.device.arch == 90 && desc.device.arch_specific_kernels;
+}
+
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
-                         SsdCudaForward forward = SsdCudaForward::Staged, bool group = false) {
+                         SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
+                         bool group_wgmma = false) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
     case SsdVariant::CpuChunked: return "chunked";
@@ -302,7 +315,7 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
       if (forward == SsdCudaForward::FusedMma) return "fused_mma";
       if (forward == SsdCudaForward::FusedMmaCb) return "fused_mma_cb";
       if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
-      if (group) return "group_mma";
+      if (group) return group_wgmma ? "group_wgmma" : "group_mma";
       return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
   }
@@ -310,12 +323,13 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
 }
 
 KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward,
-                   SsdCudaForward forward = SsdCudaForward::Staged, bool group = false) {
+                   SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
+                   bool group_wgmma = false) {
   KernelSku sku;
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(desc, v, forward, group);
+  sku.variant = variant_name(desc, v, forward, group, group_wgmma);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
@@ -356,6 +370,12 @@ std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForwar
 
 std::optional<bool> ssd_force_group_products(std::optional<bool> force) {
   const int previous = g_forced_group.exchange(force ? static_cast<int>(*force) : -1);
+  if (previous < 0) return std::nullopt;
+  return previous == 1;
+}
+
+std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force) {
+  const int previous = g_forced_group_wgmma.exchange(force ? static_cast<int>(*force) : -1);
   if (previous < 0) return std::nullopt;
   return previous == 1;
 }
@@ -441,12 +461,13 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   if (o.has_initial_states) p.opt_out_[3] = dense_output_layout(o.initial_states);
   p.launch_ = plan_launch(f, s, &desc);
   p.launch_.group_products = group_products(f, p.variant_, p.launch_);
+  p.launch_.group_wgmma = group_wgmma(f, p.launch_);
   p.launch_.dcb_splits = p.launch_.group_products ? ssd_dcb_splits(f, p.launch_) : 1;
   p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
-  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products);
+  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma);
   return p;
 }
 

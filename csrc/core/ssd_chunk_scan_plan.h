@@ -67,6 +67,11 @@ std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForwar
 // Tests and benchmarks only: `force` true / false makes the plan take it wherever it can
 // run / never; std::nullopt restores the plan's own choice. Returns the previous setting.
 std::optional<bool> ssd_force_group_products(std::optional<bool> force);
+// With the group products on an sm_90 device whose build holds sm_90a code, the dC/dB
+// kernel's per-head products run on wgmma ("group_wgmma") instead of mma.sync: the plan's
+// choice there. Tests and benchmarks only: `force` false keeps mma.sync, true takes wgmma
+// wherever it can run, std::nullopt restores the plan's choice. Returns the previous setting.
+std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 
 // The fused forward's geometry, shared by the plan and the kernels: a block owns one chunk
 // (up to kSsdFusedMaxChunk positions) of one head and kSsdFusedHeadTile of its head_dim
@@ -114,14 +119,17 @@ constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
 // dynamic shared memory holds a ring of heads' rows of dy (dC) or x (dB), [64][P16 + 8]
 // (the first two also phase 1's [64][72] dCB and B or C tiles), and their state tiles
 // [P16][72], all 16-bit, and for dC a float32 copy of the block's C tile [64][72]; each
-// part starts at a 16-byte boundary. P16 = head_dim rounded up to 16. The ring: dB three
-// heads (two in flight during one's products: dB 180 -> 166 us at the Mamba-2 2.7B shape,
-// H200), dC two (it spends that memory on its C tile; 229 us with either ring).
+// part starts at a 16-byte boundary. P16 = head_dim rounded up to 16. With wgmma
+// (group_wgmma) the ring's tiles are unpadded core matrices, [64][P16] and [P16][64]. The
+// ring: dB three heads (two in flight during
+// one's products: dB 180 -> 166 us at the Mamba-2 2.7B shape, H200), dC two (it spends
+// that memory on its C tile; 229 us with either ring).
 constexpr int ssd_group_grad_stages(bool db) { return db ? 3 : 2; }
-constexpr int64_t ssd_group_grad_smem_bytes(int64_t head_dim, bool db) {
+constexpr int64_t ssd_group_grad_smem_bytes(int64_t head_dim, bool db, bool wgmma) {
   const int64_t kp = (head_dim + 15) / 16 * 16, s = ssd_group_grad_stages(db);
-  const int64_t rows = s * 64 * (kp + 8) > 2 * 64 * 72 ? s * 64 * (kp + 8) : 2 * 64 * 72;
-  return (rows * 2 + 15) / 16 * 16 + (s * kp * 72 * 2 + 15) / 16 * 16 + (db ? 0 : 64 * 72 * 4);
+  const int64_t lrow = wgmma ? kp : kp + 8, srow = wgmma ? 64 : 72;
+  const int64_t rows = s * 64 * lrow > 2 * 64 * 72 ? s * 64 * lrow : 2 * 64 * 72;
+  return (rows * 2 + 15) / 16 * 16 + (s * kp * srow * 2 + 15) / 16 * 16 + (db ? 0 : 64 * 72 * 4);
 }
 
 // The mamba_ssm `mamba_chunk_scan_combined` contract on top of the recurrence above
@@ -157,6 +165,9 @@ struct SsdChunkScanLaunch {
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.
   bool group_products = false;
+  // With group_products: the dC/dB kernel's per-head products on wgmma (sm_90a; see
+  // ssd_force_group_wgmma).
+  bool group_wgmma = false;
   // With group_products: the dCB pass splits each group's heads over this many blocks
   // per tile pair, each writing its own partial dCB (summed in split order where dC and
   // dB read it), so that its blocks fill whole rounds of the GPU (see ssd_dcb_splits).

@@ -103,18 +103,26 @@ PYBIND11_MODULE(_C, m) {
     return std::string("auto");
   }, py::arg("name"));
   // Tests and benchmarks only: the SSD's CUDA backward, "auto" (the plan's choice),
-  // "staged" (the per-head dB/dC products) or "group_mma" (the intra-chunk dB/dC products
-  // once per group, wherever they can run); returns the previous setting.
+  // "staged" (the per-head dB/dC products), "group_mma" (the intra-chunk dB/dC products
+  // once per group, wherever they can run, on mma.sync) or "group_wgmma" (the same with the
+  // dC/dB kernel's products on wgmma where the device and build allow); returns the
+  // previous setting.
   m.def("_ssd_cuda_backward", [](const std::string& name) {
-    std::optional<bool> want;
-    if (name == "staged")
-      want = false;
-    else if (name == "group_mma")
-      want = true;
-    else if (name != "auto")
-      throw py::value_error("_ssd_cuda_backward: expected auto, staged or group_mma, got " + name);
-    const std::optional<bool> previous = ssd_force_group_products(want);
-    return std::string(!previous ? "auto" : *previous ? "group_mma" : "staged");
+    std::optional<bool> group, wgmma;
+    if (name == "staged") {
+      group = false;
+    } else if (name == "group_mma") {
+      group = true, wgmma = false;
+    } else if (name == "group_wgmma") {
+      group = true, wgmma = true;
+    } else if (name != "auto") {
+      throw py::value_error("_ssd_cuda_backward: expected auto, staged, group_mma or group_wgmma, got " + name);
+    }
+    const std::optional<bool> previous = ssd_force_group_products(group);
+    const std::optional<bool> previous_wgmma = ssd_force_group_wgmma(wgmma);
+    if (!previous) return std::string("auto");
+    if (!*previous) return std::string("staged");
+    return std::string(previous_wgmma.value_or(false) ? "group_wgmma" : "group_mma");
   }, py::arg("name"));
   // Tests only: whether the build holds the architecture-specific kernels of compute
   // capability `arch` (sm_90a's wgmma kernels for 90).

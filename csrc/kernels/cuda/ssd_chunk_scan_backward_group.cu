@@ -33,13 +33,15 @@
 //                           inter-chunk term over the group's heads in order (each head's
 //                           rows times its state tile in the input type: states_t or
 //                           gstates_t, the next head's tiles copied during the products); dC also
-//                           writes each head's U partial
+//                           writes each head's U partial. group_wgmma: the per-head
+//                           products on wgmma (sm_90a) from core-matrix tiles
 // Determinism: every sum has an order fixed by the shapes (heads in order, k-steps in
 // order); no atomics.
 // Non-finite values: as the other tensor-core kernels, a diagonal tile's products run
 // over whole 16-position k-steps, so a NaN or Inf in B, C (or in dy, x through dCB) can
 // also reach up to 15 other positions of its 16-position block.
 #include "kernels/cuda/ssd_chunk_scan_tc.cuh"
+#include "kernels/cuda/ssd_wgmma.cuh"
 
 namespace baracuda::kernels::cuda {
 namespace {
@@ -318,6 +320,29 @@ __global__ void __launch_bounds__(256) ssd_group_dcb_round_kernel(const float* d
 // 2·t4) fill both wavefronts without conflicts.
 constexpr int kSsdGradCLd = kSsdTile + 8;
 
+// dst = a [nrows][kcols] 16-bit tile as wgmma's core matrices without swizzle (8 rows x 16
+// bytes each, 128 contiguous bytes; element (r, k) at ((r/8)·(kcols/8) + k/8)·128 +
+// (r%8)·16 + (k%8)·2) of src[r·s1 + k·s3], 0 where r >= rows or k >= K. nrows and kcols
+// are multiples of 8. The threads take the 16-byte groups with the row inside its 8-row
+// group fastest: 8 threads fill one core matrix (no bank conflicts), each reading 16 bytes
+// of another row. Vector groups go by cp.async, the others by plain stores.
+template <typename T>
+__device__ __forceinline__ void core_fill(unsigned char* dst, int nrows, int kcols, const T* src, int64_t s1,
+                                          int64_t s3, int rows, int K) {
+  const int groups = kcols / 8, total = nrows * groups;
+  const bool vec = tc_vec_ok(src, s1, s3);
+  for (int e = static_cast<int>(threadIdx.x); e < total; e += kTcThreads) {
+    const int rl = e & 7, rest = e >> 3;
+    const int rg = rest / groups, g = rest - rg * groups;
+    const int r = rg * 8 + rl, k = g * 8;
+    unsigned char* d = dst + (rg * groups + g) * 128 + rl * 16;
+    if (vec && r < rows && k + 8 <= K)
+      ssd_cp_async16(d, src + r * s1 + k);
+    else
+      *reinterpret_cast<uint4*>(d) = tc_load8(src, s1, s3, vec, r, k, rows, K);
+  }
+}
+
 template <typename T>
 struct SsdGroupGradParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
@@ -348,17 +373,22 @@ struct SsdGroupGradParams {
 //     h + S − 1's Lft rows and state tile are copied (cp.async) during head h's products,
 //     and its row scales are loaded into registers then and stored after them (no thread
 //     waits for a load that was just issued).
-template <typename T, bool DB>
+//     WG (group_wgmma, sm_90a): the ring's tiles are core matrices (core_fill) and the
+//     block, one warpgroup, computes a head's 64 x 64 product as KP/16 wgmma steps from
+//     shared memory (Lft K-major, the state tile N-major) instead of each warp's 32
+//     mma.sync and 20 ldmatrix; the epilogue is the same (wgmma's m64n64 accumulators are
+//     laid out as the warps' mma.sync m16n8 tiles).
+template <typename T, bool DB, bool WG>
 __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const SsdGroupGradParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   constexpr int S = ssd_group_grad_stages(DB);
-  const int l_elems = kSsdTile * p.ldl;
-  T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                          // [S][64][ldl]
+  const int l_elems = WG ? kSsdTile * p.KP : kSsdTile * p.ldl;
+  T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                          // [S][64][ldl] (WG: [S][64][KP] core)
   T* sA = sL;                                                          // phase 1: [64][kTcLd]
   T* sV = sL + kSsdTile * kTcLd;                                       // phase 1: [64][kTcLd]
-  T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                // [S][KP][kTcLd]
+  T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                // [S][KP][kTcLd] (WG: [S][KP][64] core)
   float* sCf = reinterpret_cast<float*>(ssd_dyn_smem + p.off_c);       // dC: [64][kSsdGradCLd]
-  const int s_elems = p.KP * kTcLd;
+  const int s_elems = WG ? p.KP * kSsdTile : p.KP * kTcLd;
   __shared__ float sScale[S][kSsdTile];  // the rows' rs, per buffer
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
@@ -425,11 +455,17 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
     auto issue = [&](int hi) {
       const int64_t h = h0 + hi, bh = b * p.heads + h;
       const int buf = hi % S;
-      tc_fill<T, true>(sL + buf * l_elems, p.ldl, kSsdTile, p.KP,
-                       p.lft.p + b * p.lft.s[0] + (t0 + r0) * p.lft.s[1] + h * p.lft.s[2], p.lft.s[1], p.lft.s[3],
-                       rows, p.P);
-      tc_fill<T, true>(sS + buf * s_elems, kTcLd, p.KP, kSsdTile,
-                       p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.P) * p.N + j0, p.N, 1, p.P, p.N - j0);
+      const T* lsrc = p.lft.p + b * p.lft.s[0] + (t0 + r0) * p.lft.s[1] + h * p.lft.s[2];
+      const T* ssrc = p.state + (bh * p.nchunks + c) * static_cast<int64_t>(p.P) * p.N + j0;
+      if constexpr (WG) {
+        core_fill<T>(reinterpret_cast<unsigned char*>(sL + buf * l_elems), kSsdTile, p.KP, lsrc, p.lft.s[1],
+                     p.lft.s[3], rows, p.P);
+        core_fill<T>(reinterpret_cast<unsigned char*>(sS + buf * s_elems), p.KP, kSsdTile, ssrc, p.N, 1, p.P,
+                     p.N - j0);
+      } else {
+        tc_fill<T, true>(sL + buf * l_elems, p.ldl, kSsdTile, p.KP, lsrc, p.lft.s[1], p.lft.s[3], rows, p.P);
+        tc_fill<T, true>(sS + buf * s_elems, kTcLd, p.KP, kSsdTile, ssrc, p.N, 1, p.P, p.N - j0);
+      }
       if (tid < kSsdTile) {
         const int64_t at = bh * p.seqlen + t0;
         row_acs = p.acs[at + r0 + min(tid, rows - 1)];  // (clamped; rows past the chunk get 0 below)
@@ -457,15 +493,33 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
     for (int hi = 0; hi < p.hpg; ++hi) {
       const int buf = hi % S;
       ssd_cp_async_wait<S - 2>();  // head hi's copies (the oldest group in flight)
+      if constexpr (WG) fence_proxy_async();  // (this thread's copies and stores, to wgmma)
       __syncthreads();             // ... for every thread; head hi − 1's buffers are free
       const int next = hi + S - 1;
       if (next < p.hpg) issue(next);
       ssd_cp_async_commit();
-      if (live) {
+      // (WG: every warp of the warpgroup takes part in the products; rows past the chunk
+      // are zeros in the Lft tile and have rs = 0)
+      if (WG || live) {
         float acc_h[8][4];
-        tc_zero(acc_h);
-        tc_warp_gemm<T, false, true>(acc_h, sL + buf * l_elems + rw * p.ldl, p.ldl, sS + buf * s_elems, kTcLd,
-                                     p.KP / 16, 0, 4);
+        if constexpr (WG) {  // (the first step overwrites acc_h: no zeroing to serialize the chain)
+          float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc_h[0][0]);
+          const unsigned char* la = reinterpret_cast<const unsigned char*>(sL + buf * l_elems);
+          const unsigned char* sb = reinterpret_cast<const unsigned char*>(sS + buf * s_elems);
+          const uint32_t l_rows8 = static_cast<uint32_t>(p.KP / 8 * 128);  // bytes of 8 Lft rows
+          constexpr uint32_t s_rows8 = kSsdTile / 8 * 128;                 // bytes of 8 state rows
+          wgmma_fence();
+          for (int kk = 0; kk < p.KP / 16; ++kk)
+            wgmma_ss_n64<T, 0, 1>(d, gmma_desc(la + kk * 2 * 128, 128, l_rows8),
+                                  gmma_desc(sb + kk * 2 * s_rows8, s_rows8, 128), kk > 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          wgmma_fence_regs(d);
+        } else {
+          tc_zero(acc_h);
+          tc_warp_gemm<T, false, true>(acc_h, sL + buf * l_elems + rw * p.ldl, p.ldl, sS + buf * s_elems, kTcLd,
+                                       p.KP / 16, 0, 4);
+        }
         float u[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -791,7 +845,7 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   check_launch("ssd_chunk_scan_backward(group_xs)");
 }
 
-template <typename T, bool DB>
+template <typename T, bool DB, bool WG>
 void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   const char* op = DB ? "ssd_chunk_scan_backward(group_db)" : "ssd_chunk_scan_backward(group_dc)";
   SsdGroupGradParams<T> p;
@@ -808,10 +862,11 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   // Shared memory (ssd_group_grad_smem_bytes; the plan checked it fits): the ring's Lft
   // buffers (also phase 1's two [64][kTcLd] tiles), its state tiles, dC's float32 C tile.
   constexpr int S = ssd_group_grad_stages(DB);
-  p.off_s = ssd_align16(std::max(S * kSsdTile * p.ldl, 2 * kSsdTile * kTcLd) * static_cast<int>(sizeof(T)));
-  p.off_c = p.off_s + ssd_align16(S * p.KP * kTcLd * static_cast<int>(sizeof(T)));
+  const int lrow = WG ? p.KP : p.ldl, srow = WG ? kSsdTile : kTcLd;  // (WG: core matrices, unpadded)
+  p.off_s = ssd_align16(std::max(S * kSsdTile * lrow, 2 * kSsdTile * kTcLd) * static_cast<int>(sizeof(T)));
+  p.off_c = p.off_s + ssd_align16(S * p.KP * srow * static_cast<int>(sizeof(T)));
   const int smem = p.off_c + (DB ? 0 : kSsdTile * kSsdGradCLd * static_cast<int>(sizeof(float)));
-  if (smem != ssd_group_grad_smem_bytes(l.head_dim, DB))
+  if (smem != ssd_group_grad_smem_bytes(l.head_dim, DB, WG))
     fail(PlanErrorKind::Internal, op, "the dC/dB kernel's shared memory differs from the plan's");
   p.lft = DB ? ssd_operand<T>(l.x, l.x_stride, true) : ssd_operand<T>(l.dy, l.dy_stride, true);
   p.v = DB ? ssd_operand<T>(l.C, l.C_stride, false) : ssd_operand<T>(l.B, l.B_stride, false);
@@ -823,8 +878,8 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.upart = DB ? nullptr : ssd_ws<float>(l, w.up);
   p.out = static_cast<T*>(DB ? l.dB : l.dC);
   if (p.total_blocks == 0) return;
-  ssd_tc_smem(ssd_group_grad_kernel<T, DB>, smem, op);
-  ssd_group_grad_kernel<T, DB><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  ssd_tc_smem(ssd_group_grad_kernel<T, DB, WG>, smem, op);
+  ssd_group_grad_kernel<T, DB, WG><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch(op);
 }
 
@@ -887,7 +942,10 @@ void ssd_backward_group_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, 
 void ssd_backward_group_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, bool db, cudaStream_t s) {
   dispatch_half(l.element, "ssd_chunk_scan_backward", [&](auto tag) {
     using T = decltype(tag);
-    db ? launch_grad<T, true>(l, w, s) : launch_grad<T, false>(l, w, s);
+    if (l.group_wgmma)
+      db ? launch_grad<T, true, true>(l, w, s) : launch_grad<T, false, true>(l, w, s);
+    else
+      db ? launch_grad<T, true, false>(l, w, s) : launch_grad<T, false, false>(l, w, s);
   });
 }
 

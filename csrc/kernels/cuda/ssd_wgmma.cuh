@@ -77,7 +77,7 @@ __device__ __forceinline__ void fence_proxy_async() {
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
-      : "l"(a), "l"(b), "r"(1), "n"(TA), "n"(TB))
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TA), "n"(TB))
 
 #define BARACUDA_WGMMA_RS_N64(TY)  \
   asm volatile(  \
@@ -118,16 +118,16 @@ __device__ __forceinline__ void fence_proxy_async() {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(TB))
 
 // d (64 x 64) += A (64 x 16, shared memory) · B (16 x 64, shared memory); TA, TB: 1 for an
-// MN-major operand.
+// MN-major operand. scale_d 0: d = A · B (d's old values ignored).
 template <typename T, int TA, int TB>
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_t b, int scale_d = 1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (std::is_same_v<T, __half>)
     BARACUDA_WGMMA_SS_N64(f16);
   else
     BARACUDA_WGMMA_SS_N64(bf16);
 #else
-  (void)d, (void)a, (void)b;
+  (void)d, (void)a, (void)b, (void)scale_d;
   __trap();
 #endif
 }
