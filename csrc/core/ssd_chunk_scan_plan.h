@@ -68,9 +68,10 @@ std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForwar
 // run / never; std::nullopt restores the plan's own choice. Returns the previous setting.
 std::optional<bool> ssd_force_group_products(std::optional<bool> force);
 // With the group products on an sm_90 device whose build holds sm_90a code, the dC/dB
-// kernel's per-head products run on wgmma ("group_wgmma") instead of mma.sync: the plan's
-// choice there. Tests and benchmarks only: `force` false keeps mma.sync, true takes wgmma
-// wherever it can run, std::nullopt restores the plan's choice. Returns the previous setting.
+// kernel's per-head products can run on wgmma ("group_wgmma") instead of mma.sync. Not
+// measured yet, so not the plan's choice: it runs only where forced. Tests and benchmarks
+// only: `force` true takes wgmma wherever it can run, false or std::nullopt keeps
+// mma.sync. Returns the previous setting.
 std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 
 // The fused forward's geometry, shared by the plan and the kernels: a block owns one chunk
@@ -121,9 +122,9 @@ constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
 // [P16][72], all 16-bit, and for dC a float32 copy of the block's C tile [64][72]; each
 // part starts at a 16-byte boundary. P16 = head_dim rounded up to 16. With wgmma
 // (group_wgmma) the ring's tiles are unpadded core matrices, [64][P16] and [P16][64]. The
-// ring: dB three heads (two in flight during
-// one's products: dB 180 -> 166 us at the Mamba-2 2.7B shape, H200), dC two (it spends
-// that memory on its C tile; 229 us with either ring).
+// ring: dB three heads (two in flight during one's products: dB 180 -> 166 us at the
+// Mamba-2 2.7B shape, H200), dC two (it spends that memory on its C tile; 229 us with
+// either ring).
 constexpr int ssd_group_grad_stages(bool db) { return db ? 3 : 2; }
 constexpr int64_t ssd_group_grad_smem_bytes(int64_t head_dim, bool db, bool wgmma) {
   const int64_t kp = (head_dim + 15) / 16 * 16, s = ssd_group_grad_stages(db);
