@@ -320,10 +320,9 @@ __global__ void __launch_bounds__(256) ssd_group_dcb_round_kernel(const float* d
 // 2·t4) fill both wavefronts without conflicts.
 constexpr int kSsdGradCLd = kSsdTile + 8;
 
-// dst = a [nrows][kcols] 16-bit tile as wgmma's core matrices without swizzle (8 rows x 16
-// bytes each, 128 contiguous bytes; element (r, k) at ((r/8)·(kcols/8) + k/8)·128 +
-// (r%8)·16 + (k%8)·2) of src[r·s1 + k·s3], 0 where r >= rows or k >= K. nrows and kcols
-// are multiples of 8. The threads take the 16-byte groups with the row inside its 8-row
+// dst = a [nrows][kcols] 16-bit tile as wgmma's core matrices without swizzle (the layout
+// of gmma_core_off, with kcols known only at run time) of src[r·s1 + k·s3], 0 where r >=
+// rows or k >= K. nrows and kcols are multiples of 8. The threads take the 16-byte groups with the row inside its 8-row
 // group fastest: 8 threads fill one core matrix (no bank conflicts), each reading 16 bytes
 // of another row. Vector groups go by cp.async, the others by plain stores.
 template <typename T>
@@ -335,7 +334,7 @@ __device__ __forceinline__ void core_fill(unsigned char* dst, int nrows, int kco
     const int rl = e & 7, rest = e >> 3;
     const int rg = rest / groups, g = rest - rg * groups;
     const int r = rg * 8 + rl, k = g * 8;
-    unsigned char* d = dst + (rg * groups + g) * 128 + rl * 16;
+    unsigned char* d = dst + (rg * groups + g) * kGmmaCore + rl * 16;
     if (vec && r < rows && k + 8 <= K)
       ssd_cp_async16(d, src + r * s1 + k);
     else
@@ -506,12 +505,12 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
           float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc_h[0][0]);
           const unsigned char* la = reinterpret_cast<const unsigned char*>(sL + buf * l_elems);
           const unsigned char* sb = reinterpret_cast<const unsigned char*>(sS + buf * s_elems);
-          const uint32_t l_rows8 = static_cast<uint32_t>(p.KP / 8 * 128);  // bytes of 8 Lft rows
-          constexpr uint32_t s_rows8 = kSsdTile / 8 * 128;                 // bytes of 8 state rows
+          const uint32_t l_rows8 = static_cast<uint32_t>(p.KP / 8 * kGmmaCore);  // bytes of 8 Lft rows
+          constexpr uint32_t s_rows8 = kSsdTile / 8 * kGmmaCore;                 // bytes of 8 state rows
           wgmma_fence();
           for (int kk = 0; kk < p.KP / 16; ++kk)
-            wgmma_ss_n64<T, 0, 1>(d, gmma_desc(la + kk * 2 * 128, 128, l_rows8),
-                                  gmma_desc(sb + kk * 2 * s_rows8, s_rows8, 128), kk > 0);
+            wgmma_ss_n64<T, 0, 1>(d, gmma_desc(la + kk * 2 * kGmmaCore, kGmmaCore, l_rows8),
+                                  gmma_desc(sb + kk * 2 * s_rows8, s_rows8, kGmmaCore), kk > 0);
           wgmma_commit();
           wgmma_wait<0>();
           wgmma_fence_regs(d);

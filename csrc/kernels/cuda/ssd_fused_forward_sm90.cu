@@ -24,28 +24,20 @@ namespace cuda {
 namespace {
 
 [[maybe_unused]] constexpr int kRowBlock = 64;  // rows of a warpgroup's output block and of a position block
-[[maybe_unused]] constexpr int kCore = 128;     // bytes of an 8 x 16-byte core matrix
-
-// Byte offset of element (r, c) of a 16-bit [rows][cols] tile stored as core matrices,
-// row-group major: ((r/8)·(cols/8) + c/8)·128 + (r%8)·16 + (c%8)·2.
-template <int COLS>
-__device__ __forceinline__ int core_off(int r, int c) {
-  return ((r >> 3) * (COLS / 8) + (c >> 3)) * kCore + (r & 7) * 16 + (c & 7) * 2;
-}
 
 // A [kFusedQ][COLS] tile stored as core matrices (fused_load_tile).
 template <typename T, int COLS>
 __device__ __forceinline__ void load_core_tile(unsigned char* dst, const T* src, int64_t s_row, int64_t s_col,
                                                bool vec, int rows, int K) {
-  fused_load_tile<T, COLS>([&](int r, int c) { return dst + core_off<COLS>(r, c); }, COLS / 8 * kCore, src, s_row,
-                           s_col, vec, rows, K);
+  fused_load_tile<T, COLS>([&](int r, int c) { return dst + gmma_core_off<COLS>(r, c); }, COLS / 8 * kGmmaCore, src,
+                           s_row, s_col, vec, rows, K);
 }
 
 template <typename T, int NS>
 __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kernel(const FusedParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kRowX = kFusedP / 8 * kCore;  // bytes of an 8-row group of x
-  constexpr int kRowN = NS / 8 * kCore;       // bytes of an 8-row group of B, C, H
+  constexpr int kRowX = kFusedP / 8 * kGmmaCore;  // bytes of an 8-row group of x
+  constexpr int kRowN = NS / 8 * kGmmaCore;       // bytes of an 8-row group of B, C, H
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* sX = smem;                          // [256][64]
   unsigned char* sB = sX + kFusedQ * kFusedP * 2;    // [256][NS]
@@ -96,7 +88,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       const int e = tid + i * kFusedThreads, pr = e / (NS / 4), n = (e % (NS / 4)) * 4;
       *reinterpret_cast<float4*>(sS + pr * NS + n) =
           make_float4(decay * h[i].x, decay * h[i].y, decay * h[i].z, decay * h[i].w);
-      *reinterpret_cast<uint2*>(sH + core_off<NS>(pr, n)) =
+      *reinterpret_cast<uint2*>(sH + gmma_core_off<NS>(pr, n)) =
           make_uint2(ssd_pack2<T>(h[i].x, h[i].y), ssd_pack2<T>(h[i].z, h[i].w));
     }
   }
@@ -117,7 +109,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const int sk = s0 + kk * 16;
-        ssd_ldsm_x4_t(af[kk], sX + ((sk >> 3) + (lane >> 4)) * kRowX + (wl * 2 + ((lane >> 3) & 1)) * kCore +
+        ssd_ldsm_x4_t(af[kk], sX + ((sk >> 3) + (lane >> 4)) * kRowX + (wl * 2 + ((lane >> 3) & 1)) * kGmmaCore +
                                   (lane & 7) * 16);
         const float2 w01 = *reinterpret_cast<const float2*>(wgt + sk + 2 * q4);
         const float2 w89 = *reinterpret_cast<const float2*>(wgt + sk + 2 * q4 + 8);
@@ -130,7 +122,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         // B = B rows s, columns n: N-major
-        const uint64_t bdesc = gmma_desc(sB + ((s0 + kk * 16) / 8) * kRowN, kRowN, kCore);
+        const uint64_t bdesc = gmma_desc(sB + ((s0 + kk * 16) / 8) * kRowN, kRowN, kGmmaCore);
         if constexpr (NS == 128)
           wgmma_rs_n128<T, 1>(st, af[kk], bdesc);
         else
@@ -184,8 +176,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < NS / 16; ++kk)
-      wgmma_ss_n64<T, 0, 0>(y, gmma_desc(sC + (r0 / 8) * kRowN + kk * 2 * kCore, kCore, kRowN),
-                            gmma_desc(sH + kk * 2 * kCore, kCore, kRowN));
+      wgmma_ss_n64<T, 0, 0>(y, gmma_desc(sC + (r0 / 8) * kRowN + kk * 2 * kGmmaCore, kGmmaCore, kRowN),
+                            gmma_desc(sH + kk * 2 * kGmmaCore, kGmmaCore, kRowN));
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(y);
@@ -207,8 +199,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < NS / 16; ++kk)
-        wgmma_ss_n64<T, 0, 0>(cb, gmma_desc(sC + (r0 / 8) * kRowN + kk * 2 * kCore, kCore, kRowN),
-                              gmma_desc(sB + (j * kRowBlock / 8) * kRowN + kk * 2 * kCore, kCore, kRowN));
+        wgmma_ss_n64<T, 0, 0>(cb, gmma_desc(sC + (r0 / 8) * kRowN + kk * 2 * kGmmaCore, kGmmaCore, kRowN),
+                              gmma_desc(sB + (j * kRowBlock / 8) * kRowN + kk * 2 * kGmmaCore, kGmmaCore, kRowN));
       wgmma_commit();
     };
     // P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (s <= t) as the register operand, then y += P·X_j
@@ -232,7 +224,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wgmma_rs_n64<T, 1>(y, pf[kk], gmma_desc(sX + ((s0 + kk * 16) / 8) * kRowX, kRowX, kCore));
+        wgmma_rs_n64<T, 1>(y, pf[kk], gmma_desc(sX + ((s0 + kk * 16) / 8) * kRowX, kRowX, kGmmaCore));
       wgmma_commit();
     };
     // Each step waits for everything before it: C·B_jᵀ, and the previous P·X, whose
@@ -258,7 +250,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       for (int j = 0; j < 8; ++j) {
         const int col = j * 8 + 2 * q4;
         fused_store_out<T>(p, tile, t, col, y[4 * j + 2 * half], y[4 * j + 2 * half + 1],
-                           *reinterpret_cast<const uint32_t*>(sX + core_off<kFusedP>(t, col)), zr[half][j], dt_in.D);
+                           *reinterpret_cast<const uint32_t*>(sX + gmma_core_off<kFusedP>(t, col)), zr[half][j],
+                           dt_in.D);
       }
     }
   }

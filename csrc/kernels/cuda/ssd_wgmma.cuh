@@ -18,6 +18,17 @@
 
 namespace baracuda::kernels::cuda {
 
+// Bytes of a core matrix: 8 rows x 16 bytes, stored contiguously.
+constexpr int kGmmaCore = 128;
+
+// Byte offset of element (r, c) of a 16-bit [rows][cols] tile stored as core matrices,
+// row-group major (gmma_desc's layout; cols a multiple of 8):
+// ((r/8)·(cols/8) + c/8)·128 + (r%8)·16 + (c%8)·2.
+template <int COLS>
+__device__ __forceinline__ int gmma_core_off(int r, int c) {
+  return ((r >> 3) * (COLS / 8) + (c >> 3)) * kGmmaCore + (r & 7) * 16 + (c & 7) * 2;
+}
+
 // A shared-memory operand without swizzle ("interleave" layout): core matrices of 8 rows x
 // 16 bytes stored contiguously (128 bytes). `lbo`: bytes between core matrices adjacent
 // along K; `sbo`: bytes between core matrices adjacent along M (or N). K-major operands
