@@ -176,6 +176,11 @@ void attach_workspace(SsdChunkScanLaunch& l, const Workspace& ws, size_t kernel_
   l.workspace_bytes = kernel_bytes;
 }
 
+// The wgmma kernels (sm_90a) can run: an sm_90 device and a build holding sm_90a code.
+bool wgmma_device(const SsdChunkScanDescriptor& desc) {
+  return desc.device.arch == 90 && desc.device.arch_specific_kernels;
+}
+
 // The CUDA kernels run float16/bfloat16 on tensor cores where the device has mma.sync
 // with 16-bit operands (sm_80+; kernels/cuda/ssd_chunk_scan_tc.cuh makes the same
 // choice at launch from the device's compute capability).
@@ -257,8 +262,7 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
     return {};
   CudaForwardChoice c;
   c.state_tile = l.state_dim <= 64 ? 64 : 128;
-  const bool wgmma = desc.device.arch == 90 && desc.device.arch_specific_kernels;
-  if (forced == static_cast<int>(SsdCudaForward::FusedWgmma) && wgmma)
+  if (forced == static_cast<int>(SsdCudaForward::FusedWgmma) && wgmma_device(desc))
     c.kernel = SsdCudaForward::FusedWgmma;
   else if (forced == static_cast<int>(SsdCudaForward::FusedMmaCb) ||
            (forced < 0 && l.heads / l.groups >= kSsdFusedCbMinHeads))
@@ -302,7 +306,7 @@ std::atomic<int> g_forced_group_wgmma{-1};
 // mma.sync ones'). Not measured yet: the plan takes it only where forced.
 bool group_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   const int forced = g_forced_group_wgmma.load(std::memory_order_relaxed);
-  return l.group_products && forced == 1 && desc.device.arch == 90 && desc.device.arch_specific_kernels;
+  return l.group_products && forced == 1 && wgmma_device(desc);
 }
 
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
