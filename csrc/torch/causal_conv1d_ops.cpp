@@ -284,6 +284,17 @@ at::Tensor states_like(const at::Tensor& x, const at::Tensor& weight) {
       .transpose(1, 2);
 }
 
+// The backward's parameter gradients as the kernels return them: dweight, dbias (empty
+// without bias) and dinitial_states (empty without initial_states).
+Tensors3 param_grads_like(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                          const OptTensor& initial_states) {
+  const auto w_options = x.options().dtype(weight.scalar_type());
+  const c10::SymInt none(0);
+  return Tensors3(at::empty_symint(weight.sym_sizes(), w_options),
+                  at::empty_symint({given(bias) ? x.sym_size(1) : none}, w_options),
+                  given(initial_states) ? states_like(x, weight) : at::empty_symint({none}, x.options()));
+}
+
 Tensors2 causal_conv1d_meta(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
                             const OptTensor& seq_idx, const OptTensor& initial_states,
                             OptStr activation) {
@@ -302,12 +313,8 @@ Tensors4 causal_conv1d_backward_meta(const at::Tensor& dout, const OptTensor& df
     parse_causal_conv1d_activation(activation_name(activation), kBackwardOp);
     check_problem<c10::SymInt>(
         backward_tensors(dout, dfinal_states, x, weight, bias, seq_idx, initial_states));
-    const auto w_options = x.options().dtype(weight.scalar_type());
-    const c10::SymInt none(0);
-    return Tensors4(out_like(x), at::empty_symint(weight.sym_sizes(), w_options),
-                    at::empty_symint({given(bias) ? x.sym_size(1) : none}, w_options),
-                    given(initial_states) ? states_like(x, weight)
-                                          : at::empty_symint({none}, x.options()));
+    const auto [dweight, dbias, dinit] = param_grads_like(x, weight, bias, initial_states);
+    return Tensors4(out_like(x), dweight, dbias, dinit);
   });
 }
 
@@ -325,11 +332,7 @@ Tensors3 causal_conv1d_backward_into_meta(const at::Tensor& dout, const OptTenso
       fail(PlanErrorKind::InvalidProblem, kBackwardIntoOp,
            "dx must not overlap itself (no two of its elements at one address), got strides " +
                sizes_str(dx.sym_strides().data(), static_cast<int>(dx.dim())));
-    const auto w_options = x.options().dtype(weight.scalar_type());
-    const c10::SymInt none(0);
-    return Tensors3(at::empty_symint(weight.sym_sizes(), w_options),
-                    at::empty_symint({given(bias) ? x.sym_size(1) : none}, w_options),
-                    given(initial_states) ? states_like(x, weight) : at::empty_symint({none}, x.options()));
+    return param_grads_like(x, weight, bias, initial_states);
   });
 }
 }  // namespace
