@@ -244,6 +244,9 @@ GROUP_SHAPES = [
     (1, 200, 8, 128, 256, 2, 64),
     (1, 450, 6, 64, 48, 1, 100),
     (2, 90, 4, 64, 32, 1, 256),
+    # head_dim not a multiple of 64 (group_wgmma's swizzled panels of 64 columns, one partial)
+    (1, 260, 6, 80, 64, 2, 128),
+    (1, 150, 4, 40, 96, 1, 64),
 ]
 
 

@@ -302,11 +302,13 @@ bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdC
 std::atomic<int> g_forced_group_wgmma{-1};
 
 // Whether the group products' dC/dB kernel runs its per-head products on wgmma: an sm_90
-// device with the build's sm_90a code (its tiles need no more shared memory than the
-// mma.sync ones'). Not measured yet: the plan takes it only where forced.
+// device with the build's sm_90a code, and its swizzled tiles within the opt-in limit.
+// Not measured yet: the plan takes it only where forced.
 bool group_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   const int forced = g_forced_group_wgmma.load(std::memory_order_relaxed);
-  return l.group_products && forced == 1 && wgmma_device(desc);
+  return l.group_products && forced == 1 && wgmma_device(desc) &&
+         desc.device.smem_optin_bytes >= ssd_group_grad_smem_bytes(l.head_dim, true, true) &&
+         desc.device.smem_optin_bytes >= ssd_group_grad_smem_bytes(l.head_dim, false, true);
 }
 
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,

@@ -121,16 +121,18 @@ constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
 // (the first two also phase 1's [64][72] dCB and B or C tiles), and their state tiles
 // [P16][72], all 16-bit, and for dC a float32 copy of the block's C tile [64][72]; each
 // part starts at a 16-byte boundary. P16 = head_dim rounded up to 16. With wgmma
-// (group_wgmma) the ring's tiles are unpadded core matrices, [64][P16] and [P16][64]. The
+// (group_wgmma) the ring's tiles are unpadded and 128-byte swizzled, [64][P64] (P16
+// rounded up to 64) and [P16][64], at 1024-byte boundaries (1024 bytes more for that). The
 // ring: dB three heads (two in flight during one's products: dB 180 -> 166 us at the
 // Mamba-2 2.7B shape, H200), dC two (it spends that memory on its C tile; 229 us with
 // either ring).
 constexpr int ssd_group_grad_stages(bool db) { return db ? 3 : 2; }
 constexpr int64_t ssd_group_grad_smem_bytes(int64_t head_dim, bool db, bool wgmma) {
   const int64_t kp = (head_dim + 15) / 16 * 16, s = ssd_group_grad_stages(db);
-  const int64_t lrow = wgmma ? kp : kp + 8, srow = wgmma ? 64 : 72;
+  const int64_t lrow = wgmma ? (kp + 63) / 64 * 64 : kp + 8, srow = wgmma ? 64 : 72, align = wgmma ? 1024 : 16;
   const int64_t rows = s * 64 * lrow > 2 * 64 * 72 ? s * 64 * lrow : 2 * 64 * 72;
-  return (rows * 2 + 15) / 16 * 16 + (s * kp * srow * 2 + 15) / 16 * 16 + (db ? 0 : 64 * 72 * 4);
+  return (wgmma ? 1024 : 0) + (rows * 2 + align - 1) / align * align + (s * kp * srow * 2 + 15) / 16 * 16 +
+         (db ? 0 : 64 * 72 * 4);
 }
 
 // The mamba_ssm `mamba_chunk_scan_combined` contract on top of the recurrence above

@@ -100,13 +100,15 @@ __device__ __forceinline__ uint4 tc_load8(const T* src, int64_t s1, int64_t s3, 
   return raw;
 }
 
-// dst[r·ld + k] = src[r·s1 + k·s3] for r < nrows, k < kcols, and 0 where r >= rows or
-// k >= K. kcols and ld are multiples of 8 and dst is 16-byte aligned. ASYNC: the vector
-// groups go by cp.async (complete after ssd_cp_async_commit + ssd_cp_async_wait), the
-// others by plain stores.
-template <typename T, bool ASYNC = false>
-__device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, const T* src, int64_t s1,
-                                        int64_t s3, int rows, int K) {
+// Group g (elements 8g..8g+7) of row r of a [nrows][kcols] tile, for r < nrows, g <
+// kcols / 8, = src[r·s1 + k·s3] (k = 8g..8g+7), 0 where r >= rows or k >= K, stored as 16
+// bytes at at(r, g) (a 16-byte aligned shared-memory address: the tile's layout). kcols is a
+// multiple of 8. ASYNC: the vector groups go by cp.async (complete after
+// ssd_cp_async_commit + ssd_cp_async_wait), the others by plain stores. Consecutive threads
+// take a row's consecutive groups: a warp reads whole rows of src.
+template <typename T, bool ASYNC = false, typename At>
+__device__ __forceinline__ void tc_fill_to(At at, int nrows, int kcols, const T* src, int64_t s1, int64_t s3,
+                                           int rows, int K) {
   const int groups = kcols / 8;
   const bool vec = tc_vec_ok(src, s1, s3);
   // Group e = r·groups + g of thread t: e = t, t + kTcThreads, ...; a step adds dr rows
@@ -117,11 +119,10 @@ __device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, co
     if (vec && rows >= nrows && K >= kcols) {  // every group one 16-byte copy: no checks per group
       if (dg == 0) {  // (kcols / 8 divides kTcThreads) the thread's groups share a column
         const T* s = src + r * s1 + g * 8;
-        T* d = dst + r * ld + g * 8;
-        for (; r < nrows; r += dr, s += dr * s1, d += dr * ld) ssd_cp_async16(d, s);
+        for (; r < nrows; r += dr, s += dr * s1) ssd_cp_async16(at(r, g), s);
       } else {
         while (r < nrows) {
-          ssd_cp_async16(dst + r * ld + g * 8, src + r * s1 + g * 8);
+          ssd_cp_async16(at(r, g), src + r * s1 + g * 8);
           r += dr, g += dg;
           if (g >= groups) g -= groups, ++r;
         }
@@ -134,14 +135,22 @@ __device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, co
     bool done = false;
     if constexpr (ASYNC) {
       if (vec && r < rows && k + 8 <= K) {
-        ssd_cp_async16(dst + r * ld + k, src + r * s1 + k);
+        ssd_cp_async16(at(r, g), src + r * s1 + k);
         done = true;
       }
     }
-    if (!done) *reinterpret_cast<uint4*>(dst + r * ld + k) = tc_load8(src, s1, s3, vec, r, k, rows, K);
+    if (!done) *reinterpret_cast<uint4*>(at(r, g)) = tc_load8(src, s1, s3, vec, r, k, rows, K);
     r += dr, g += dg;
     if (g >= groups) g -= groups, ++r;
   }
+}
+
+// dst[r·ld + k] = src[r·s1 + k·s3] for r < nrows, k < kcols, and 0 where r >= rows or
+// k >= K (tc_fill_to with a row-major tile of row stride ld; ld a multiple of 8).
+template <typename T, bool ASYNC = false>
+__device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, const T* src, int64_t s1,
+                                        int64_t s3, int rows, int K) {
+  tc_fill_to<T, ASYNC>([=](int r, int g) { return dst + r * ld + g * 8; }, nrows, kcols, src, s1, s3, rows, K);
 }
 
 // ---- warp-level tile products -------------------------------------------------------------

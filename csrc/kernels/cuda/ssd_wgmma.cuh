@@ -7,7 +7,8 @@
 // rows 16w + lane/4 (+8), columns 8j + 2(lane%4) (+1): d[4j], d[4j+1] on the first row,
 // d[4j+2], d[4j+3] on the second, as mma.sync's m16n8 accumulator repeated over N/8 column
 // tiles. A register A operand is, per warp, the mma.sync m16n8k16 A fragment of its 16 rows.
-// Shared-memory operands are described by gmma_desc (no swizzle: 8 x 16-byte core matrices).
+// Shared-memory operands are described by gmma_desc (no swizzle: 8 x 16-byte core matrices)
+// or gmma_desc_sw128 (128-byte swizzle).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,6 +39,21 @@ __device__ __forceinline__ uint64_t gmma_desc(const void* smem, uint32_t lbo, ui
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
          (static_cast<uint64_t>(sbo >> 4) << 32);
 }
+
+// A shared-memory operand in the 128-byte swizzle (CUTLASS's Swizzle<3,4,3>): rows of 128
+// bytes (64 16-bit values) in atoms of 8 rows (1024 bytes, 1024-byte aligned), 16-byte chunk
+// c of row r stored at chunk c ^ (r % 8) (gmma_sw128_off). K-major operands (rows = M or N,
+// K along the row): `sbo` = bytes between 8-row atoms, `lbo` unused; a 16-wide k-step
+// starts 32 bytes further in the row. MN-major ones (rows = K, M or N along the row): `sbo`
+// = bytes between atoms of 8 K rows, `lbo` = bytes between 64-wide M (or N) blocks.
+// Unlike the core-matrix layout, a warp can fill whole 128-byte rows (full L2 lines from
+// global memory) without bank conflicts.
+__device__ __forceinline__ uint64_t gmma_desc_sw128(const void* smem, uint32_t lbo, uint32_t sbo) {
+  return gmma_desc(smem, lbo, sbo) | (static_cast<uint64_t>(1) << 62);
+}
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of row r in a 128-byte swizzled tile.
+__device__ __forceinline__ int gmma_sw128_off(int r, int chunk) { return r * 128 + ((chunk ^ (r & 7)) << 4); }
 
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
