@@ -117,8 +117,10 @@ def check_case(t, kw, chunk, what):
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and "z" in t:
         # On the tensor-core path the gated gradient dy·silu(z) is stored in x's dtype
         # before it feeds the products (as mamba_ssm does): one more rounding of every dy.
-        # Measured on an H200: dA off by 2.8 bfloat16 eps of its scale in one case.
-        grad_rtol = 4 * torch.finfo(dtype).eps
+        # Measured on an H200: dA off by 2.8 bfloat16 eps of its scale in one case, and by
+        # 4.5 float16 eps in another (head_dim 80, the same error with each of the three
+        # CUDA backwards: the rounding, not a kernel).
+        grad_rtol = 8 * torch.finfo(dtype).eps
     for k, g in grads.items():
         assert g.shape == t[k].shape and g.dtype == t[k].dtype, k
         # A float32 gradient of a float64 problem is rounded to float32 once.
