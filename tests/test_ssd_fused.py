@@ -277,16 +277,17 @@ def _backward_variant(inputs, Q):
 def test_plan_picks_the_group_products_with_many_heads_per_group():
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the group products need the tensor-core backward (sm_80+)")
-    # the 2.7B layer's heads per group: dCB is 10 % of x
+    # the 2.7B layer's heads per group: dCB is 10 % of x (its dC/dB products on wgmma on
+    # Hopper with the build's sm_90a code)
     inputs = ssd_inputs(1, 1024, 80, 64, 128, 1, torch.bfloat16, "cuda")
-    assert _backward_variant(inputs, 256) == "group_mma"
+    assert _backward_variant(inputs, 256) == ("group_wgmma" if _wgmma_device() else "group_mma")
     # one head per group: dCB would be 8 x the size of x
     inputs = ssd_inputs(1, 1024, 8, 64, 128, 8, torch.bfloat16, "cuda")
     assert _backward_variant(inputs, 256) == "chunked_mma"
     # not for float32 (SIMT) or head_dim > 128
     for dtype, P, N in [(torch.float32, 64, 64), (torch.bfloat16, 256, 64)]:
         inputs = ssd_inputs(1, 1024, 64, P, N, 1, dtype, "cuda")
-        assert _backward_variant(inputs, 256) != "group_mma", (dtype, P, N)
+        assert _backward_variant(inputs, 256) not in ("group_mma", "group_wgmma"), (dtype, P, N)
 
 
 @requires_cuda
@@ -374,6 +375,8 @@ _VARIANT_KERNELS = {
     ("forward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_scan_kernel"},
     ("backward", "group_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
                                 "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"},
+    ("backward", "group_wgmma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
+                                  "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"},
     ("backward", "chunked_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
                                   "ssd_tc_scan_kernel", "ssd_tc_dacs_kernel"},
     ("backward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",

@@ -11,7 +11,7 @@ with softplus, float32 initial states; A, D and dt_bias in float32). ``--forward
 CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma", "fused_mma_cb",
 "fused_wgmma": forced through the test switch where the kernel takes the problem);
 ``--backwards`` likewise for the backward ("staged": the per-head dB/dC products,
-"group_mma": the per-group ones). Every pair of the two lists is measured.
+"group_mma": the per-group ones, "group_wgmma": those with the dC/dB kernel on wgmma). Every pair of the two lists is measured.
 ``--once``: our forward and backward (first of each list), three times each and nothing
 else (no timing, profiler or mamba_ssm), for a profiler that wraps the process:
   ncu --clock-control none -k regex:ssd_tc_scan_kernel --launch-skip 2 --launch-count 1 \

@@ -298,15 +298,17 @@ bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdC
   return dcb_bytes(l) <= x_bytes(l);
 }
 
-// ssd_force_group_wgmma's setting: -1 for the plan's own choice, 0 never, 1 wherever it can run.
+// ssd_force_group_wgmma's setting: -1 for the plan's own choice, 0 never, 1 wherever it can
+// run (the plan's choice too).
 std::atomic<int> g_forced_group_wgmma{-1};
 
-// Whether the group products' dC/dB kernel runs its per-head products on wgmma: an sm_90
-// device with the build's sm_90a code, and its swizzled tiles within the opt-in limit.
-// Not measured yet: the plan takes it only where forced.
+// Whether the group products' dC/dB kernel runs its per-head products on wgmma: wherever
+// it can, an sm_90 device with the build's sm_90a code and its swizzled tiles within the
+// opt-in limit. Measured at the Mamba-2 2.7B shape (H200, bf16, BENCHMARKS.md): dC 207 ->
+// 175 us, dB 163 -> 144 against mma.sync.
 bool group_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   const int forced = g_forced_group_wgmma.load(std::memory_order_relaxed);
-  return l.group_products && forced == 1 && wgmma_device(desc) &&
+  return l.group_products && forced != 0 && wgmma_device(desc) &&
          desc.device.smem_optin_bytes >= ssd_group_grad_smem_bytes(l.head_dim, true, true) &&
          desc.device.smem_optin_bytes >= ssd_group_grad_smem_bytes(l.head_dim, false, true);
 }

@@ -67,11 +67,10 @@ std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForwar
 // Tests and benchmarks only: `force` true / false makes the plan take it wherever it can
 // run / never; std::nullopt restores the plan's own choice. Returns the previous setting.
 std::optional<bool> ssd_force_group_products(std::optional<bool> force);
-// With the group products on an sm_90 device whose build holds sm_90a code, the dC/dB
-// kernel's per-head products can run on wgmma ("group_wgmma") instead of mma.sync. Not
-// measured yet, so not the plan's choice: it runs only where forced. Tests and benchmarks
-// only: `force` true takes wgmma wherever it can run, false or std::nullopt keeps
-// mma.sync. Returns the previous setting.
+// With the group products on an sm_90 device whose build holds sm_90a code, the plan runs
+// the dC/dB kernel's per-head products on wgmma ("group_wgmma") instead of mma.sync
+// ("group_mma"). Tests and benchmarks only: `force` false keeps mma.sync; true or
+// std::nullopt takes wgmma wherever it can run. Returns the previous setting.
 std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 
 // The fused forward's geometry, shared by the plan and the kernels: a block owns one chunk
@@ -168,8 +167,8 @@ struct SsdChunkScanLaunch {
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.
   bool group_products = false;
-  // With group_products: the dC/dB kernel's per-head products on wgmma (sm_90a; see
-  // ssd_force_group_wgmma).
+  // With group_products: the dC/dB kernel's per-head products on wgmma (sm_90a, the
+  // plan's choice there; see ssd_force_group_wgmma).
   bool group_wgmma = false;
   // With group_products: the dCB pass splits each group's heads over this many blocks
   // per tile pair, each writing its own partial dCB (summed in split order where dC and

@@ -105,8 +105,8 @@ PYBIND11_MODULE(_C, m) {
   // Tests and benchmarks only: the SSD's CUDA backward, "auto" (the plan's choice),
   // "staged" (the per-head dB/dC products), "group_mma" (the intra-chunk dB/dC products
   // once per group, wherever they can run, on mma.sync) or "group_wgmma" (the same with the
-  // dC/dB kernel's products on wgmma where the device and build allow); returns the
-  // previous setting.
+  // dC/dB kernel's products on wgmma where the device and build allow, as the plan runs
+  // them on Hopper); returns the previous setting.
   m.def("_ssd_cuda_backward", [](const std::string& name) {
     std::optional<bool> group, wgmma;
     if (name == "staged") {

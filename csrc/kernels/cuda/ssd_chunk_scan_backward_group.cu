@@ -33,8 +33,9 @@
 //                           inter-chunk term over the group's heads in order (each head's
 //                           rows times its state tile in the input type: states_t or
 //                           gstates_t, the next head's tiles copied during the products); dC also
-//                           writes each head's U partial. group_wgmma: the per-head
-//                           products on wgmma (sm_90a) from core-matrix tiles
+//                           writes each head's U partial. group_wgmma (the plan's
+//                           choice on Hopper): the per-head products on wgmma (sm_90a)
+//                           from 128-byte swizzled tiles
 // Determinism: every sum has an order fixed by the shapes (heads in order, k-steps in
 // order); no atomics.
 // Non-finite values: as the other tensor-core kernels, a diagonal tile's products run
