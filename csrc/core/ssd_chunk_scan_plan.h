@@ -84,10 +84,11 @@ constexpr int64_t kSsdFusedMaxState = 128;
 // FusedMmaCb keeps it where B was, once the chunk state is done; the mma.sync kernels pad
 // each row by 16 bytes for ldmatrix), the wgmma kernel's float32 exchange of its two
 // warpgroups' chunk-state halves [64][ns], the cumsum, dt and weight vectors (float32),
-// and 64 bytes of per-warp scan totals and the block's ticket.
+// and 64 bytes of per-warp scan totals and the block's ticket. The wgmma kernel's 16-bit
+// tiles are 128-byte swizzled (1024-byte aligned: 1024 bytes more to align the base).
 constexpr int64_t ssd_fused_smem_bytes(SsdCudaForward kernel, int64_t ns) {
   const int64_t pad = kernel == SsdCudaForward::FusedWgmma ? 0 : 8;
-  const int64_t exchange = kernel == SsdCudaForward::FusedWgmma ? kSsdFusedHeadTile * ns * 4 : 0;
+  const int64_t exchange = kernel == SsdCudaForward::FusedWgmma ? kSsdFusedHeadTile * ns * 4 + 1024 : 0;
   const int64_t bch_rows =
       kernel == SsdCudaForward::FusedMmaCb ? kSsdFusedMaxChunk : 2 * kSsdFusedMaxChunk + kSsdFusedHeadTile;
   return (kSsdFusedMaxChunk * (kSsdFusedHeadTile + pad) + bch_rows * (ns + pad)) * 2 + exchange +

@@ -5,8 +5,10 @@
 // their ldmatrix loads. Problems and the plan's choice: SsdCudaForward.
 //
 // A block is two warpgroups. Shared memory holds the chunk's x [256][64], B and C
-// [256][N] and the incoming state H_c [64][N] (16-bit) as 8 x 16-byte core matrices
-// (gmma_desc's layout, filled by cp.async 16 bytes at a time). The chunk's rows fall
+// [256][N] and the incoming state H_c [64][N] (16-bit) in wgmma's 128-byte swizzle, as
+// panels of 64 columns (gmma_sw128_elem; filled by cp.async 16 bytes at a time, a warp
+// whole rows, without bank conflicts: the core-matrix layout this kernel had put a
+// row's 8 groups in one bank group). The chunk's rows fall
 // into four 64-row blocks; warpgroup 0 computes the outputs of blocks 0 and 3, warpgroup
 // 1 those of blocks 1 and 2 (the same causal work), each block as
 //   Y = (C_i·H_cᵀ)∘exp(Acs_t) + Σ_{j <= i} P_ij·X_j,  P_ij = (C_i·B_jᵀ)∘exp(Acs_t − Acs_s)·dt_s
@@ -25,20 +27,33 @@ namespace {
 
 [[maybe_unused]] constexpr int kRowBlock = 64;  // rows of a warpgroup's output block and of a position block
 
-// A [kFusedQ][COLS] tile stored as core matrices (fused_load_tile).
+// A [kFusedQ][COLS] tile, 128-byte swizzled (fused_load_tile; a thread's rows kStep apart,
+// a multiple of 8, keep its chunk's swizzle, so 8 rows are 1024 bytes apart).
 template <typename T, int COLS>
-__device__ __forceinline__ void load_core_tile(unsigned char* dst, const T* src, int64_t s_row, int64_t s_col,
-                                               bool vec, int rows, int K) {
-  fused_load_tile<T, COLS>([&](int r, int c) { return dst + gmma_core_off<COLS>(r, c); }, COLS / 8 * kGmmaCore, src,
-                           s_row, s_col, vec, rows, K);
+__device__ __forceinline__ void load_sw_tile(unsigned char* dst, const T* src, int64_t s_row, int64_t s_col, bool vec,
+                                             int rows, int K) {
+  fused_load_tile<T, COLS>([&](int r, int c) { return dst + gmma_sw128_elem<kFusedQ>(r, c); }, 1024, src, s_row,
+                           s_col, vec, rows, K);
+}
+
+// wgmma descriptors of the swizzled tiles: a K-major operand's 64 rows from `row` of a
+// [ROWS][K] tile at k-step kk (16 columns: panel kk / 4, 32 bytes a step in it), and an
+// N-major operand's 16 K rows from `row` (N across the panels, ROWS·128 bytes apart).
+template <int ROWS>
+__device__ __forceinline__ uint64_t sw_kmajor(const unsigned char* tile, int row, int kk) {
+  return gmma_desc_sw128(tile + (kk >> 2) * (ROWS * 128) + row * 128 + (kk & 3) * 32, 16, 1024);
+}
+template <int ROWS>
+__device__ __forceinline__ uint64_t sw_nmajor(const unsigned char* tile, int row) {
+  return gmma_desc_sw128(tile + row * 128, ROWS * 128, 1024);
 }
 
 template <typename T, int NS>
 __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kernel(const FusedParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kRowX = kFusedP / 8 * kGmmaCore;  // bytes of an 8-row group of x
-  constexpr int kRowN = NS / 8 * kGmmaCore;       // bytes of an 8-row group of B, C, H
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // (the swizzled tiles need 1024-byte alignment; ssd_fused_smem_bytes has room for it)
+  unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
   unsigned char* sX = smem;                          // [256][64]
   unsigned char* sB = sX + kFusedQ * kFusedP * 2;    // [256][NS]
   unsigned char* sC = sB + kFusedQ * NS * 2;         // [256][NS]
@@ -63,11 +78,11 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
   {
     const T* x = static_cast<const T*>(p.x) + tile.b * p.xs[0] + tile.t0 * p.xs[1] + tile.h * p.xs[2] +
                  tile.p0 * p.xs[3];
-    load_core_tile<T, kFusedP>(sX, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP);
+    load_sw_tile<T, kFusedP>(sX, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP);
     const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2];
-    load_core_tile<T, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim);
+    load_sw_tile<T, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim);
     const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + tile.t0 * p.Cs[1] + tile.grp * p.Cs[2];
-    load_core_tile<T, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, len, p.state_dim);
+    load_sw_tile<T, NS>(sC, Cg, p.Cs[1], p.Cs[3], p.bc_vec, len, p.state_dim);
     ssd_cp_async_commit();
   }
   const float last2 = fused_dt_cumsum(p, tile, dt_in, acs2, dts, wgt, warp_total);
@@ -88,7 +103,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       const int e = tid + i * kFusedThreads, pr = e / (NS / 4), n = (e % (NS / 4)) * 4;
       *reinterpret_cast<float4*>(sS + pr * NS + n) =
           make_float4(decay * h[i].x, decay * h[i].y, decay * h[i].z, decay * h[i].w);
-      *reinterpret_cast<uint2*>(sH + gmma_core_off<NS>(pr, n)) =
+      *reinterpret_cast<uint2*>(sH + gmma_sw128_elem<kFusedP>(pr, n)) =
           make_uint2(ssd_pack2<T>(h[i].x, h[i].y), ssd_pack2<T>(h[i].z, h[i].w));
     }
   }
@@ -109,8 +124,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const int sk = s0 + kk * 16;
-        ssd_ldsm_x4_t(af[kk], sX + ((sk >> 3) + (lane >> 4)) * kRowX + (wl * 2 + ((lane >> 3) & 1)) * kGmmaCore +
-                                  (lane & 7) * 16);
+        // (lane: row sk + 8·(lane / 16) + lane % 8, the 8 columns 16·wl + 8·((lane / 8) % 2))
+        ssd_ldsm_x4_t(af[kk], sX + gmma_sw128_off(sk + ((lane >> 4) << 3) + (lane & 7), wl * 2 + ((lane >> 3) & 1)));
         const float2 w01 = *reinterpret_cast<const float2*>(wgt + sk + 2 * q4);
         const float2 w89 = *reinterpret_cast<const float2*>(wgt + sk + 2 * q4 + 8);
         af[kk][0] = scale2<T>(af[kk][0], w01.x, w01.y);
@@ -122,7 +137,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         // B = B rows s, columns n: N-major
-        const uint64_t bdesc = gmma_desc(sB + ((s0 + kk * 16) / 8) * kRowN, kRowN, kGmmaCore);
+        const uint64_t bdesc = sw_nmajor<kFusedQ>(sB, s0 + kk * 16);
         if constexpr (NS == 128)
           wgmma_rs_n128<T, 1>(st, af[kk], bdesc);
         else
@@ -176,8 +191,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < NS / 16; ++kk)
-      wgmma_ss_n64<T, 0, 0>(y, gmma_desc(sC + (r0 / 8) * kRowN + kk * 2 * kGmmaCore, kGmmaCore, kRowN),
-                            gmma_desc(sH + kk * 2 * kGmmaCore, kGmmaCore, kRowN));
+      wgmma_ss_n64<T, 0, 0>(y, sw_kmajor<kFusedQ>(sC, r0, kk), sw_kmajor<kFusedP>(sH, 0, kk));
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(y);
@@ -199,8 +213,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < NS / 16; ++kk)
-        wgmma_ss_n64<T, 0, 0>(cb, gmma_desc(sC + (r0 / 8) * kRowN + kk * 2 * kGmmaCore, kGmmaCore, kRowN),
-                              gmma_desc(sB + (j * kRowBlock / 8) * kRowN + kk * 2 * kGmmaCore, kGmmaCore, kRowN));
+        wgmma_ss_n64<T, 0, 0>(cb, sw_kmajor<kFusedQ>(sC, r0, kk), sw_kmajor<kFusedQ>(sB, j * kRowBlock, kk));
       wgmma_commit();
     };
     // P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (s <= t) as the register operand, then y += P·X_j
@@ -224,7 +237,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wgmma_rs_n64<T, 1>(y, pf[kk], gmma_desc(sX + ((s0 + kk * 16) / 8) * kRowX, kRowX, kGmmaCore));
+        wgmma_rs_n64<T, 1>(y, pf[kk], sw_nmajor<kFusedQ>(sX, s0 + kk * 16));
       wgmma_commit();
     };
     // Each step waits for everything before it: C·B_jᵀ, and the previous P·X, whose
@@ -250,7 +263,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       for (int j = 0; j < 8; ++j) {
         const int col = j * 8 + 2 * q4;
         fused_store_out<T>(p, tile, t, col, y[4 * j + 2 * half], y[4 * j + 2 * half + 1],
-                           *reinterpret_cast<const uint32_t*>(sX + gmma_core_off<kFusedP>(t, col)), zr[half][j],
+                           *reinterpret_cast<const uint32_t*>(sX + gmma_sw128_elem<kFusedQ>(t, col)), zr[half][j],
                            dt_in.D);
       }
     }
