@@ -308,6 +308,20 @@ def ssd_fused_cases() -> Iterator[Case]:
             yield f"ssd fused G={G} N={N} options={options}", make, run, ("ssd_chunk_scan_combined",)
 
 
+def ssd_fused_wgmma_cases() -> Iterator[Case]:
+    """ssd_fused's cases with the forward forced to fused_wgmma (an sm_90 device with the
+    build's sm_90a code; no cases elsewhere). The switch holds while the cases run."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0) \
+            or not bt._C._arch_specific_kernels(90):
+        return
+    previous = bt._C._ssd_cuda_forward("fused_wgmma")
+    try:
+        for name, make, fn, ops in ssd_fused_cases():
+            yield name + " (wgmma)", make, fn, ops
+    finally:
+        bt._C._ssd_cuda_forward(previous)
+
+
 def state_update_cases() -> Iterator[Case]:
     """The state update and its tokens op over d_state classes (lanes and chunks a row), a
     batch large enough for several passes a block (both ways of computing a row's values:
@@ -356,7 +370,7 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "gather": gather_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
             "ssd": ssd_cases,
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
-            "ssd_fused": ssd_fused_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
+            "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
 
 def run_case(name: str, make, fn) -> str:
