@@ -272,19 +272,25 @@ def ssd_group_cases() -> Iterator[Case]:
             yield f"ssd group products N={N} options={options}", make, run, ("ssd_chunk_scan_combined",)
 
 
-def ssd_group_wgmma_cases() -> Iterator[Case]:
-    """ssd_group's cases with the dC/dB kernel's products on wgmma (group_wgmma: an sm_90
-    device with the build's sm_90a code; no cases elsewhere). The switch holds while the
-    cases run (each case's backward plans inside run_case)."""
+def _wgmma_cases(cases, switch, name: str) -> Iterator[Case]:
+    """`cases`' cases with the SSD test switch `switch` (bt._C._ssd_cuda_forward or
+    _ssd_cuda_backward) set to the wgmma kernel `name`: an sm_90 device with the build's
+    sm_90a code (no cases elsewhere). The switch holds while the cases run (each case's
+    plans are made inside run_case)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0) \
             or not bt._C._arch_specific_kernels(90):
         return
-    previous = bt._C._ssd_cuda_backward("group_wgmma")
+    previous = switch(name)
     try:
-        for name, make, fn, ops in ssd_group_cases():
-            yield name + " (wgmma)", make, fn, ops
+        for case, make, fn, ops in cases():
+            yield case + " (wgmma)", make, fn, ops
     finally:
-        bt._C._ssd_cuda_backward(previous)
+        switch(previous)
+
+
+def ssd_group_wgmma_cases() -> Iterator[Case]:
+    """ssd_group's cases with the dC/dB kernel's products on wgmma (group_wgmma)."""
+    return _wgmma_cases(ssd_group_cases, bt._C._ssd_cuda_backward, "group_wgmma")
 
 
 def ssd_fused_cases() -> Iterator[Case]:
@@ -309,17 +315,8 @@ def ssd_fused_cases() -> Iterator[Case]:
 
 
 def ssd_fused_wgmma_cases() -> Iterator[Case]:
-    """ssd_fused's cases with the forward forced to fused_wgmma (an sm_90 device with the
-    build's sm_90a code; no cases elsewhere). The switch holds while the cases run."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0) \
-            or not bt._C._arch_specific_kernels(90):
-        return
-    previous = bt._C._ssd_cuda_forward("fused_wgmma")
-    try:
-        for name, make, fn, ops in ssd_fused_cases():
-            yield name + " (wgmma)", make, fn, ops
-    finally:
-        bt._C._ssd_cuda_forward(previous)
+    """ssd_fused's cases with the forward forced to fused_wgmma."""
+    return _wgmma_cases(ssd_fused_cases, bt._C._ssd_cuda_forward, "fused_wgmma")
 
 
 def state_update_cases() -> Iterator[Case]:
