@@ -330,8 +330,8 @@ constexpr int kSsdGradCLd = kSsdTile + 8;
 template <typename T>
 __device__ __forceinline__ void sw128_fill(unsigned char* dst, int nrows, int kcols, const T* src, int64_t s1,
                                            int64_t s3, int rows, int K) {
-  tc_fill_to<T, true>([=](int r, int g) { return dst + (g >> 3) * (nrows * 128) + gmma_sw128_off(r, g & 7); },
-                      nrows, kcols, src, s1, s3, rows, K);
+  tc_fill_to<T, true>([=](int r, int g) { return dst + gmma_sw128_elem(nrows, r, 8 * g); }, nrows, kcols, src, s1,
+                      s3, rows, K);
 }
 
 template <typename T>
@@ -500,12 +500,11 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
           float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc_h[0][0]);
           const unsigned char* la = reinterpret_cast<const unsigned char*>(sL + buf * l_elems);
           const unsigned char* sb = reinterpret_cast<const unsigned char*>(sS + buf * s_elems);
-          // k-step kk: Lft (K-major) columns 16kk.. are 32 bytes into the rows of panel kk / 4;
-          // the state (N-major) rows 16kk.. are two 8-row atoms
+          // k-step kk: the Lft rows (K-major) at columns 16kk.., the state tile (N-major) at rows 16kk..
           wgmma_fence();
           for (int kk = 0; kk < p.KP / 16; ++kk)
-            wgmma_ss_n64<T, 0, 1>(d, gmma_desc_sw128(la + (kk >> 2) * (kSsdTile * 128) + (kk & 3) * 32, 16, 1024),
-                                  gmma_desc_sw128(sb + kk * 2048, kSsdTile * 128, 1024), kk > 0);
+            wgmma_ss_n64<T, 0, 1>(d, gmma_sw128_kmajor(la, kSsdTile, 0, kk), gmma_sw128_mnmajor(sb, p.KP, 16 * kk),
+                                  kk > 0);
           wgmma_commit();
           wgmma_wait<0>();
           wgmma_fence_regs(d);

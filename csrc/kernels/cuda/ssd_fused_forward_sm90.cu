@@ -32,20 +32,8 @@ namespace {
 template <typename T, int COLS>
 __device__ __forceinline__ void load_sw_tile(unsigned char* dst, const T* src, int64_t s_row, int64_t s_col, bool vec,
                                              int rows, int K) {
-  fused_load_tile<T, COLS>([&](int r, int c) { return dst + gmma_sw128_elem<kFusedQ>(r, c); }, 1024, src, s_row,
+  fused_load_tile<T, COLS>([&](int r, int c) { return dst + gmma_sw128_elem(kFusedQ, r, c); }, 1024, src, s_row,
                            s_col, vec, rows, K);
-}
-
-// wgmma descriptors of the swizzled tiles: a K-major operand's 64 rows from `row` of a
-// [ROWS][K] tile at k-step kk (16 columns: panel kk / 4, 32 bytes a step in it), and an
-// N-major operand's 16 K rows from `row` (N across the panels, ROWS·128 bytes apart).
-template <int ROWS>
-__device__ __forceinline__ uint64_t sw_kmajor(const unsigned char* tile, int row, int kk) {
-  return gmma_desc_sw128(tile + (kk >> 2) * (ROWS * 128) + row * 128 + (kk & 3) * 32, 16, 1024);
-}
-template <int ROWS>
-__device__ __forceinline__ uint64_t sw_nmajor(const unsigned char* tile, int row) {
-  return gmma_desc_sw128(tile + row * 128, ROWS * 128, 1024);
 }
 
 template <typename T, int NS>
@@ -103,7 +91,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       const int e = tid + i * kFusedThreads, pr = e / (NS / 4), n = (e % (NS / 4)) * 4;
       *reinterpret_cast<float4*>(sS + pr * NS + n) =
           make_float4(decay * h[i].x, decay * h[i].y, decay * h[i].z, decay * h[i].w);
-      *reinterpret_cast<uint2*>(sH + gmma_sw128_elem<kFusedP>(pr, n)) =
+      *reinterpret_cast<uint2*>(sH + gmma_sw128_elem(kFusedP, pr, n)) =
           make_uint2(ssd_pack2<T>(h[i].x, h[i].y), ssd_pack2<T>(h[i].z, h[i].w));
     }
   }
@@ -137,7 +125,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         // B = B rows s, columns n: N-major
-        const uint64_t bdesc = sw_nmajor<kFusedQ>(sB, s0 + kk * 16);
+        const uint64_t bdesc = gmma_sw128_mnmajor(sB, kFusedQ, s0 + kk * 16);
         if constexpr (NS == 128)
           wgmma_rs_n128<T, 1>(st, af[kk], bdesc);
         else
@@ -191,7 +179,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < NS / 16; ++kk)
-      wgmma_ss_n64<T, 0, 0>(y, sw_kmajor<kFusedQ>(sC, r0, kk), sw_kmajor<kFusedP>(sH, 0, kk));
+      wgmma_ss_n64<T, 0, 0>(y, gmma_sw128_kmajor(sC, kFusedQ, r0, kk), gmma_sw128_kmajor(sH, kFusedP, 0, kk));
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(y);
@@ -213,7 +201,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < NS / 16; ++kk)
-        wgmma_ss_n64<T, 0, 0>(cb, sw_kmajor<kFusedQ>(sC, r0, kk), sw_kmajor<kFusedQ>(sB, j * kRowBlock, kk));
+        wgmma_ss_n64<T, 0, 0>(cb, gmma_sw128_kmajor(sC, kFusedQ, r0, kk),
+                              gmma_sw128_kmajor(sB, kFusedQ, j * kRowBlock, kk));
       wgmma_commit();
     };
     // P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (s <= t) as the register operand, then y += P·X_j
@@ -237,7 +226,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wgmma_rs_n64<T, 1>(y, pf[kk], sw_nmajor<kFusedQ>(sX, s0 + kk * 16));
+        wgmma_rs_n64<T, 1>(y, pf[kk], gmma_sw128_mnmajor(sX, kFusedQ, s0 + kk * 16));
       wgmma_commit();
     };
     // Each step waits for everything before it: C·B_jᵀ, and the previous P·X, whose
@@ -263,7 +252,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       for (int j = 0; j < 8; ++j) {
         const int col = j * 8 + 2 * q4;
         fused_store_out<T>(p, tile, t, col, y[4 * j + 2 * half], y[4 * j + 2 * half + 1],
-                           *reinterpret_cast<const uint32_t*>(sX + gmma_sw128_elem<kFusedQ>(t, col)), zr[half][j],
+                           *reinterpret_cast<const uint32_t*>(sX + gmma_sw128_elem(kFusedQ, t, col)), zr[half][j],
                            dt_in.D);
       }
     }

@@ -37,11 +37,20 @@ __device__ __forceinline__ uint64_t gmma_desc_sw128(const void* smem, uint32_t l
 // Byte offset of 16-byte chunk `chunk` (0..7) of row r in a 128-byte swizzled tile.
 __device__ __forceinline__ int gmma_sw128_off(int r, int chunk) { return r * 128 + ((chunk ^ (r & 7)) << 4); }
 
-// Byte offset of element (r, c) of a 16-bit [ROWS][cols] tile stored as 128-byte swizzled
-// panels of 64 columns, [cols/64][ROWS][64] (each panel ROWS·128 bytes).
-template <int ROWS>
-__device__ __forceinline__ int gmma_sw128_elem(int r, int c) {
-  return (c >> 6) * (ROWS * 128) + gmma_sw128_off(r, (c >> 3) & 7) + (c & 7) * 2;
+// Byte offset of element (r, c) of a 16-bit [rows][cols] tile stored as 128-byte swizzled
+// panels of 64 columns, [cols/64][rows][64] (each panel rows·128 bytes).
+__device__ __forceinline__ int gmma_sw128_elem(int rows, int r, int c) {
+  return (c >> 6) * (rows * 128) + gmma_sw128_off(r, (c >> 3) & 7) + (c & 7) * 2;
+}
+
+// Descriptors of such a tile (`rows` rows, 1024-byte aligned): a K-major operand's 64 rows
+// from `row` at k-step kk (16 columns: panel kk / 4, 32 bytes a step into its rows), and an
+// MN-major operand's 16 K rows from `row` (M or N across the panels, rows·128 bytes apart).
+__device__ __forceinline__ uint64_t gmma_sw128_kmajor(const unsigned char* tile, int rows, int row, int kk) {
+  return gmma_desc_sw128(tile + (kk >> 2) * (rows * 128) + row * 128 + (kk & 3) * 32, 16, 1024);
+}
+__device__ __forceinline__ uint64_t gmma_sw128_mnmajor(const unsigned char* tile, int rows, int row) {
+  return gmma_desc_sw128(tile + row * 128, rows * 128, 1024);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
