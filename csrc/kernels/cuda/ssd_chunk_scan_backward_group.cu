@@ -852,19 +852,17 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.r_tiles = p.qp / kSsdTile;
   p.j_tiles = static_cast<int>((l.state_dim + kSsdTile - 1) / kSsdTile);
   p.total_blocks = l.batch * l.groups * p.nchunks * p.r_tiles * p.j_tiles;
-  // Shared memory (ssd_group_grad_smem_bytes; the plan checked it fits): the ring's Lft
-  // buffers (also phase 1's two [64][kTcLd] tiles), its state tiles, dC's float32 C tile.
-  // WG: swizzled, unpadded tiles; the Lft rows in panels of 64 columns; the state tiles
-  // 1024-byte aligned (KP·128 bytes each), and 1024 bytes to align the base in the kernel.
-  constexpr int S = ssd_group_grad_stages(DB);
+  // Shared memory: the plan header's layout (ssd_group_grad_smem, which the plan checked
+  // against the opt-in limit): the ring's Lft buffers (also phase 1's two [64][kTcLd]
+  // tiles), its state tiles, dC's float32 C tile; WG: swizzled, unpadded tiles, the Lft
+  // rows in panels of KPW = KP rounded up to 64 columns.
+  static_assert(sizeof(T) == 2 && kSsdTile == 64 && kTcLd == 72 && kSsdGradCLd == 72,
+                "ssd_group_grad_smem (core/ssd_chunk_scan_plan.h) assumes these tiles");
   p.KPW = (p.KP + 63) / 64 * 64;
-  const int lrow = WG ? p.KPW : p.ldl, srow = WG ? kSsdTile : kTcLd;
-  const int lbytes = std::max(S * kSsdTile * lrow, 2 * kSsdTile * kTcLd) * static_cast<int>(sizeof(T));
-  p.off_s = WG ? (lbytes + 1023) / 1024 * 1024 : ssd_align16(lbytes);
-  p.off_c = p.off_s + ssd_align16(S * p.KP * srow * static_cast<int>(sizeof(T)));
-  const int smem = (WG ? 1024 : 0) + p.off_c + (DB ? 0 : kSsdTile * kSsdGradCLd * static_cast<int>(sizeof(float)));
-  if (smem != ssd_group_grad_smem_bytes(l.head_dim, DB, WG))
-    fail(PlanErrorKind::Internal, op, "the dC/dB kernel's shared memory differs from the plan's");
+  const SsdGroupGradSmem layout = ssd_group_grad_smem(l.head_dim, DB, WG);
+  p.off_s = static_cast<int>(layout.off_s);
+  p.off_c = static_cast<int>(layout.off_c);
+  const int smem = static_cast<int>(layout.bytes);
   p.lft = DB ? ssd_operand<T>(l.x, l.x_stride, true) : ssd_operand<T>(l.dy, l.dy_stride, true);
   p.v = DB ? ssd_operand<T>(l.C, l.C_stride, false) : ssd_operand<T>(l.B, l.B_stride, false);
   p.dot = ssd_operand<T>(l.C, l.C_stride, false);
