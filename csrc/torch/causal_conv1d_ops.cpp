@@ -189,25 +189,6 @@ Tensors2 causal_conv1d_kernel(const at::Tensor& x, const at::Tensor& weight, con
   });
 }
 
-// Whether a and b may have an element at the same address: the same storage and, where
-// torch cannot tell (a strided view), intersecting byte ranges.
-bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0 || !a.has_storage() || !b.has_storage() ||
-      !a.storage().is_alias_of(b.storage()))
-    return false;
-  const at::MemOverlapStatus status = at::get_overlap_status(a, b);
-  if (status != at::MemOverlapStatus::TooHard) return status != at::MemOverlapStatus::No;
-  const auto range = [](const at::Tensor& t) {
-    int64_t last = 0;
-    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-    return std::pair<uintptr_t, uintptr_t>(begin, begin + (last + 1) * t.element_size());
-  };
-  const auto [a0, a1] = range(a);
-  const auto [b0, b1] = range(b);
-  return a0 < b1 && b0 < a1;
-}
-
 // The backward on a selected plan: dx allocated, or (into) the caller's, which must not
 // share memory with an input the kernels read. -> (dx, dweight, dbias, dinitial_states).
 Tensors4 run_backward(const CausalConv1dBackwardPlan& plan, const at::Tensor& dout,
@@ -218,13 +199,9 @@ Tensors4 run_backward(const CausalConv1dBackwardPlan& plan, const at::Tensor& do
   t.dx = dx_into;
   const char* op = t.op();
   at::Tensor dx = dx_into ? *dx_into : allocate(plan.dx_layout(), x);
-  if (dx_into) {
-    const std::pair<const char*, const at::Tensor*> inputs[] = {
-        {"dout", &dout}, {"x", &x}, {"dfinal_states", given(dfinal_states)}, {"initial_states", given(initial_states)}};
-    for (const auto& [what, in] : inputs)
-      if (in && may_share_memory(dx, *in))
-        fail(PlanErrorKind::InvalidProblem, op, std::string("dx must not share memory with ") + what);
-  }
+  if (dx_into)
+    check_no_shared_memory(op, "dx", dx, {{"dout", &dout}, {"x", &x}, {"dfinal_states", given(dfinal_states)},
+                                          {"initial_states", given(initial_states)}});
   at::Tensor dweight = allocate(plan.dweight_layout(), x);
   at::Tensor dbias = allocate(plan.dbias_layout(), x);
   at::Tensor dinit = allocate(plan.dinitial_states_layout(), x);

@@ -1,6 +1,7 @@
 #include "torch/common.h"
 
 #include <ATen/Context.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
@@ -145,6 +146,30 @@ at::Tensor allocate(const TensorLayout& layout, const at::Tensor& like) {
 at::Tensor allocate_workspace(size_t bytes, const at::Tensor& like) {
   if (bytes == 0) return at::Tensor();
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || !a.has_storage() || !b.has_storage() ||
+      !a.storage().is_alias_of(b.storage()))
+    return false;
+  const at::MemOverlapStatus status = at::get_overlap_status(a, b);
+  if (status != at::MemOverlapStatus::TooHard) return status != at::MemOverlapStatus::No;
+  const auto range = [](const at::Tensor& t) {
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+    return std::pair<uintptr_t, uintptr_t>(begin, begin + (last + 1) * t.element_size());
+  };
+  const auto [a0, a1] = range(a);
+  const auto [b0, b1] = range(b);
+  return a0 < b1 && b0 < a1;
+}
+
+void check_no_shared_memory(const std::string& op, const char* what, const at::Tensor& out,
+                            std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs) {
+  for (const auto& [name, in] : inputs)
+    if (in && may_share_memory(out, *in))
+      fail(PlanErrorKind::InvalidProblem, op, std::string(what) + " must not share memory with " + name);
 }
 
 namespace {

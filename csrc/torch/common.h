@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <deque>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -52,6 +53,15 @@ at::Tensor allocate_workspace(size_t bytes, const at::Tensor& like);
 inline Workspace workspace_of(const at::Tensor& ws) {
   return ws.defined() ? Workspace{ws.data_ptr(), static_cast<size_t>(ws.numel())} : Workspace{};
 }
+
+// Whether a and b may have an element at the same address: the same storage and, where
+// torch cannot tell (strided views), intersecting byte ranges.
+bool may_share_memory(const at::Tensor& a, const at::Tensor& b);
+// An `_into` op's output `what` against the inputs it must not share memory with (null
+// entries: absent operands): ValueError naming the op and the input otherwise (addresses
+// are not the plan's to see).
+void check_no_shared_memory(const std::string& op, const char* what, const at::Tensor& out,
+                            std::initializer_list<std::pair<const char*, const at::Tensor*>> inputs);
 
 // The library preference (baracuda_torch.set_preference), with "fastest" raised to
 // "deterministic" while torch.use_deterministic_algorithms(True) is on ("precise" is
