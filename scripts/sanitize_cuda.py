@@ -218,13 +218,29 @@ def gated_rmsnorm_cases() -> Iterator[Case]:
                                                  before, bias=b)
                     yield (f"gated_rmsnorm norm_before_gate={before} bias={bias} [37, {hidden}] "
                            f"group_size={group_size} {name}", build, run, ("gated_rms_norm",))
+    # The into op: dz a column slice of a wider buffer (rows at a 16-byte multiple: the rows
+    # kernel; at an odd offset: strided), y recomputed.
+    for dtype in DTYPES:
+        for hidden, group_size, start in ((5120, None, 5120), (5120, 640, 8), (5120, None, 1), (100, 25, 4)):
+            def build(hidden=hidden, dtype=dtype):
+                x, z = rand(37, hidden, dtype=dtype), rand(37, hidden, dtype=dtype)
+                return x, z, rand(hidden, dtype=dtype), torch.randn_like(x)
+
+            def run(x, z, w, dy, gs=group_size, start=start):
+                x, z, w = x.detach(), z.detach(), w.detach()
+                rstd = torch.ops.baracuda.gated_rms_norm(x, w, None, z, 1e-5, gs)[1]
+                dz = torch.empty(37, start + x.shape[-1] + 16, dtype=x.dtype, device="cuda")[:, start:start + x.shape[-1]]
+                return torch.ops.baracuda.gated_rms_norm_backward_into(dy, x, w, None, z, rstd, dz, gs, True, True)
+            yield (f"gated_rmsnorm into [37, {hidden}] group_size={group_size} dz at column {start}", build, run,
+                   ("gated_rms_norm_backward_into",))
 
 
 def mamba_split_cases() -> Iterator[Case]:
     """mamba_split_conv1d_scan_combined's fused Function: the causal conv1d on zxbcdt's
     channel-last slice (and its backward once per x, B and C channel range, writing dx into
     those slices of dzxbcdt: causal_conv1d_backward_into), the scan, the
-    gated RMSNorm or the scan's own gate, SwiGLU for a d_mlp part, seq_idx with padding."""
+    gated RMSNorm (its backward writing dz into dzxbcdt: gated_rms_norm_backward_into) or
+    the scan's own gate, SwiGLU for a d_mlp part, seq_idx with padding."""
     from baracuda_torch.mamba import mamba_split_conv1d_scan_combined
     for dtype in (torch.bfloat16, torch.float32):
         for rms, d_mlp, seq in ((True, 0, False), (True, 8, True), (False, 0, True)):
@@ -248,7 +264,7 @@ def mamba_split_cases() -> Iterator[Case]:
                     headdim=16, ngroups=2, norm_before_gate=False)
             yield (f"mamba_split rms={rms} d_mlp={d_mlp} seq_idx={seq}", make, run,
                    ("causal_conv1d", "causal_conv1d_backward_into", "ssd_chunk_scan_combined", "gated_rms_norm",
-                    "gated_activation"))
+                    "gated_rms_norm_backward_into", "gated_activation"))
 
 
 def ssd_group_cases() -> Iterator[Case]:

@@ -697,10 +697,32 @@ def gated_rms_norm_backward_samples(device, dtype, requires_grad):
                                                         False))]
 
 
+def gated_rms_norm_backward_into_samples(device, dtype, requires_grad):
+    """gated_rms_norm_backward_samples with z (the into op needs one) and a NaN-filled dz to
+    write into after rstd: a column slice of a wider buffer (the Mamba-2 split path's dzxbcdt)
+    or a contiguous tensor; recompute_output on and off."""
+    out = []
+    for k, s in enumerate(gated_rms_norm_backward_samples(device, dtype, requires_grad)):
+        dy, x, w, b, z, rstd, group_size, before = s.args
+        if z is None:
+            continue
+        n = x.shape[-1]
+
+        def dz():
+            if k % 2:
+                return torch.full(x.shape, float("nan"), dtype=dtype, device=device)
+            return torch.full((*x.shape[:-1], n + 12), float("nan"), dtype=dtype, device=device)[..., 4:4 + n]
+        desc = s.desc + ("" if k % 2 else ", dz a slice of a wider buffer")
+        out.append(SampleInput(desc + ", recomputed y", (dy, x, w, b, z, rstd, dz(), group_size, before, True)))
+        out.append(SampleInput(desc, (dy, x, w, b, z, rstd, dz(), group_size, before, False)))
+    return out
+
+
 def gated_rms_norm_bad(device):
     x, w, z = torch.randn(3, 8, device=device), torch.randn(8, device=device), torch.randn(3, 8, device=device)
     rstd = gated_rstd(x, z, 4, True)
     op, bwd = r"baracuda::gated_rms_norm: ", r"baracuda::gated_rms_norm_backward: "
+    into = r"baracuda::gated_rms_norm_backward_into: "
     return {
         "gated_rms_norm": [
             BadInput("integer x", lambda: args(x.int(), w), TypeError,
@@ -743,6 +765,26 @@ def gated_rms_norm_bad(device):
                      bwd + r"group_size must divide x.size\(-1\) = 8, got 5"),
             BadInput("bias dtype", lambda: args(x, x, w, w.half(), z, rstd, 4), TypeError,
                      bwd + r"bias must have weight's dtype float32, got float16"),
+        ],
+        "gated_rms_norm_backward_into": [
+            BadInput("dz shape", lambda: args(x, x, w, None, z, rstd, torch.empty_like(x)[:, :7], 4), ValueError,
+                     into + r"dz must have x's sizes \[3, 8\], got \[3, 7\]"),
+            BadInput("dz dtype", lambda: args(x, x, w, None, z, rstd, torch.empty_like(x).double(), 4), TypeError,
+                     into + r"dz must have x's dtype float32, got float64"),
+            BadInput("dz overlapping itself", lambda: args(x, x, w, None, z, rstd,
+                                                           torch.empty(3, 1, device=device).expand(3, 8), 4),
+                     ValueError, into + r"dz must not overlap itself .* got strides \[1, 0\]"),
+            BadInput("dz not unit-strided", lambda: args(x, x, w, None, z, rstd,
+                                                         torch.empty(3, 16, device=device)[:, ::2], 4),
+                     ValueError, into + r"dz must have a unit stride along its last dim, got strides \[16, 2\]"),
+            BadInput("dz rows of two strides", lambda: args(x.view(3, 1, 8).expand(3, 2, 8).contiguous(),
+                                                            x.view(3, 1, 8).expand(3, 2, 8).contiguous(), w, None,
+                                                            z.view(3, 1, 8).expand(3, 2, 8).contiguous(),
+                                                            rstd.view(3, 1, 2).expand(3, 2, 2).contiguous(),
+                                                            torch.empty(2, 3, 8, device=device).transpose(0, 1), 4),
+                     ValueError, into + r"dz's leading dims must have one row stride .* got strides \[8, 24, 1\]"),
+            BadInput("dy shape", lambda: args(x[:, :7], x, w, None, z, rstd, torch.empty_like(x), 4), ValueError,
+                     into + r"dy must have x's sizes \[3, 8\], got \[3, 7\]"),
         ],
     }
 
@@ -1406,6 +1448,16 @@ def combined_backward_rtol(dtype, device):
     return ssd_rtol(dtype, device)
 
 
+def _gated_rms_norm_backward_into_ref(dy, x, weight, bias, z, rstd, dz, group_size=None, norm_before_gate=True,
+                                      recompute_output=False):
+    """(dx, dw, db, y, then dz as written into the given tensor); y is the forward's output
+    at eps = 0 (the samples' rstd) with recompute_output, else an empty tensor."""
+    dx, dw, db, gz = _gated_rms_norm_backward_ref(dy, x, weight, bias, z, rstd, group_size, norm_before_gate)
+    y = ref.gated_rms_norm(x, weight, bias, z, 0.0, group_size, norm_before_gate)[0] if recompute_output \
+        else x.new_empty(0)
+    return dx, dw, db, y, gz
+
+
 def _conv_backward_into_ref(dout, dfinal_states, x, weight, dx, bias=None, seq_idx=None, initial_states=None,
                            activation=None):
     """(dweight, dbias, dinitial_states, then dx as written into the given tensor)."""
@@ -1505,6 +1557,9 @@ OP_DB = [
     OpInfo("gated_rms_norm_backward", gated_rms_norm_backward_samples,
            _family(gated_rms_norm_bad, "gated_rms_norm_backward"), ref=_gated_rms_norm_backward_ref,
            supports_autograd=False),
+    OpInfo("gated_rms_norm_backward_into", gated_rms_norm_backward_into_samples,
+           _family(gated_rms_norm_bad, "gated_rms_norm_backward_into"), ref=_gated_rms_norm_backward_into_ref,
+           supports_autograd=False, mutates=(6,)),
     OpInfo("causal_conv1d", conv_samples, _family(conv_bad, "causal_conv1d"), ref=ref.causal_conv1d),
     OpInfo("causal_conv1d_backward", conv_backward_samples, _family(conv_bad, "causal_conv1d_backward"),
            ref=_conv_backward_ref, supports_autograd=False),

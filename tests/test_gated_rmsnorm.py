@@ -1,4 +1,4 @@
-"""The gated RMSNorm (gated_rms_norm, gated_rms_norm_backward) beyond the table of
+"""The gated RMSNorm (gated_rms_norm, gated_rms_norm_backward and its _into form) beyond the table of
 tests/op_db.py: both gate orders, one group, several and group_size = N, with and without
 z and bias, against reference.py in float64 (the 2x rule, in every dtype, a float32
 weight with 16-bit x included) and against mamba_ssm's own PyTorch statement of the op,
@@ -405,6 +405,53 @@ def test_compile_inductor(device, dynamic):
     check_compiled(layer, inputs, dynamic)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("norm_before_gate", GATES)
+def test_backward_into(device, dtype, norm_before_gate):
+    """gated_rms_norm_backward_into writes the dz of gated_rms_norm_backward, bit for bit,
+    into a column slice of a wider buffer (Mamba-2's dzxbcdt) or into a contiguous tensor,
+    leaving the buffer's other columns alone; its dx, dw and db are the allocating op's bits;
+    with recompute_output, y is the forward's output to within an ulp (the same formula
+    from the saved rstd; the rows and strided variants on CUDA: 5120 and 100 channels)."""
+    for shape, gs, bias in (((3, 2, 5120), None, False), ((7, 1, 100), 25, True), ((5, 64), 16, True)):
+        x, z, dy = (randn(shape, dtype, device, 2.0) for _ in range(3))
+        cols = shape[-1]
+        w = randn((cols,), dtype, device) + 1
+        b = randn((cols,), dtype, device) if bias else None
+        y, rstd = ops.gated_rms_norm(x, w, b, z, 1e-5, gs, norm_before_gate)
+        want = ops.gated_rms_norm_backward(dy, x, w, b, z, rstd, gs, norm_before_gate)
+        wide = torch.full((*x.shape[:-1], cols + 24), float("nan"), dtype=dtype, device=device)
+        for dz in (wide[..., 8:8 + cols], torch.full_like(x, float("nan"))):
+            for recompute in (True, False):
+                dx, dw, db, y2 = ops.gated_rms_norm_backward_into(dy, x, w, b, z, rstd, dz, gs, norm_before_gate,
+                                                                  recompute)
+                for name, got, exp in zip(("dx", "dw", "db", "dz"), (dx, dw, db, dz), want):
+                    assert torch.equal(got, exp), f"{name} {cols} {gs} {dtype}"
+                if recompute:
+                    tol = torch.finfo(dtype).eps
+                    torch.testing.assert_close(y2, y, rtol=tol, atol=tol, msg=f"y {cols} {gs} {dtype}")
+                else:
+                    assert y2.numel() == 0
+        assert wide[..., :8].isnan().all() and wide[..., 8 + cols:].isnan().all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_into_memory_checks(device):
+    """dz may not share memory with an input (ValueError naming it); the sizes, dtype and
+    stride rules are tests/op_db.py's bad inputs."""
+    x, z, dy = (torch.randn(3, 8, device=device) for _ in range(3))
+    w = torch.randn(8, device=device)
+    rstd = ops.gated_rms_norm(x, w, None, z, 1e-5, 4)[1]
+    op = r"baracuda::gated_rms_norm_backward_into: "
+    for name, t in (("dy", dy), ("x", x), ("z", z)):
+        with pytest.raises(ValueError, match=op + f"dz must not share memory with {name}$"):
+            ops.gated_rms_norm_backward_into(dy, x, w, None, z, rstd, t, 4)
+    both = torch.randn(3, 16, device=device)  # z and dz: overlapping column ranges of one buffer
+    with pytest.raises(ValueError, match=op + r"dz must not share memory with z$"):
+        ops.gated_rms_norm_backward_into(dy, x, w, None, both[:, 4:12], rstd, both[:, :8], 4)
+
+
 # ---- CUDA ----------------------------------------------------------------------------------
 
 
@@ -453,6 +500,24 @@ def test_cuda_variants_chosen():
     assert variant(16384) == "block_vec16" and variant(32768) == "strided"  # forward: 512 threads of 4
     assert variant(10240, op="gated_rms_norm_backward") == "block_vec16"  # 320 threads of 4
     assert variant(10496, op="gated_rms_norm_backward") == "strided"
+
+
+@requires_cuda
+def test_cuda_backward_into_mamba2_layout():
+    """The into op at a Mamba-2 2.7B layer's layout (dz: the z columns of dzxbcdt, [4, 256,
+    10576] here, 5120 channels at column 5120): the rows kernel (row stride and start in whole
+    16-byte vectors), and strided for a dz whose rows start off a vector; both match the
+    allocating backward bit for bit."""
+    bf, n, width = torch.bfloat16, 5120, 10576
+    x, z, dy = (torch.randn(4, 256, n, dtype=bf, device="cuda") for _ in range(3))
+    w = torch.randn(n, dtype=bf, device="cuda")
+    rstd = ops.gated_rms_norm(x, w, None, z, 1e-5)[1]
+    want = ops.gated_rms_norm_backward(dy, x, w, None, z, rstd)
+    for start, variant in ((n, "block_vec16"), (n + 1, "strided")):
+        dz = torch.empty(4, 256, width, dtype=bf, device="cuda")[..., start:start + n]
+        assert bt.explain("gated_rms_norm_backward_into", dy, x, w, None, z, rstd, dz).variant == variant
+        got = ops.gated_rms_norm_backward_into(dy, x, w, None, z, rstd, dz, None, True, True)
+        assert all(torch.equal(a, b) for a, b in zip((*got[:3], dz), want)), start
 
 
 @requires_cuda

@@ -15,6 +15,7 @@ constexpr const char* kAddOp = "add_rms_norm";
 constexpr const char* kBackwardOp = "rms_norm_backward";
 constexpr const char* kGatedOp = "gated_rms_norm";
 constexpr const char* kGatedBackwardOp = "gated_rms_norm_backward";
+constexpr const char* kGatedBackwardIntoOp = "gated_rms_norm_backward_into";
 constexpr const char* kConventions[] = {"torch", "llama", "gemma"};
 
 int64_t pow2_ceil(int64_t v) {
@@ -172,7 +173,42 @@ const char* op_name(const RmsNormDescriptor& d) {
 }
 
 const char* op_name(const RmsNormBackwardDescriptor& d) {
-  return d.gated.on ? kGatedBackwardOp : kBackwardOp;
+  return d.has_dz_into ? kGatedBackwardIntoOp : d.gated.on ? kGatedBackwardOp : kBackwardOp;
+}
+
+// The largest power of two (<= 16) dividing `bytes` (16 for 0).
+int alignment_of(int64_t bytes) {
+  int a = 16;
+  while (a > 1 && bytes % a != 0) a /= 2;
+  return a;
+}
+
+// gated_rms_norm_backward_into's dz (after plan_gated): x's sizes and dtype, no two
+// elements at one address, a unit inner stride and one row stride over the leading dims
+// (a [rows, N] view: a slice of a wider gradient buffer's last dim). Returns that row
+// stride (N for at most one row) and lowers `align` to every row's start.
+int64_t plan_dz_into(const RmsNormBackwardDescriptor& d, const std::string& op, int& align) {
+  const TensorLayout &x = d.x, &dz = d.dz_into;
+  if (!d.gated.has_z)
+    fail(PlanErrorKind::InvalidProblem, op, "dz needs z (the gate whose gradient it is), got z=None");
+  bool same = dz.rank == x.rank;
+  for (int k = 0; same && k < x.rank; ++k) same = dz.sizes[k] == x.sizes[k];
+  if (!same)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "dz must have x's sizes " + sizes_str(x.sizes.data(), x.rank) + ", got " +
+             sizes_str(dz.sizes.data(), dz.rank));
+  if (dz.dtype != x.dtype)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("dz must have x's dtype ") + element_name(x.dtype) + ", got " +
+             element_name(dz.dtype));
+  if (!dz.is_non_overlapping())
+    fail(PlanErrorKind::InvalidProblem, op,
+         "dz must not overlap itself (no two of its elements at one address), got strides " +
+             sizes_str(dz.strides.data(), dz.rank));
+  if (dz.numel() == 0) return x.sizes[x.rank - 1];
+  const int64_t row_stride = check_dz_into_strides(op, dz.rank, dz.sizes.data(), dz.strides.data());
+  align = std::min({align, dz.alignment, alignment_of(row_stride * element_size(dz.dtype))});
+  return row_stride;
 }
 
 void check_forward(const RmsNormDescriptor& d, const std::string& op) {
@@ -327,13 +363,19 @@ RmsNormBackwardPlan RmsNormBackwardPlan::select(const RmsNormBackwardDescriptor&
                           gated_unit;
   if (d.has_dh) align = std::min(align, d.dh.alignment);
   if (d.has_weight) align = std::min(align, d.weight.alignment);
+  if ((d.has_dz_into || d.recompute_output) && !d.gated.on)
+    fail(PlanErrorKind::Internal, op, "dz and the recomputed output belong to the gated op");
+  l.dz_row_stride = d.has_dz_into ? plan_dz_into(d, op, align) : l.width();
   plan_variant(l, d.device, unit_inner || (l.cols <= 1 && l.ngroups <= 1), align, 3);
   plan_backward_grid(l, d.device.backend, op);
   p.dx_ = rows_layout(x.dtype, x, false);
   p.dw_ = vector_layout(l.weight_element, d.has_weight, l.width());
   if (d.gated.on) {
-    p.dz_ = d.gated.has_z ? rows_layout(x.dtype, x, false) : vector_layout(x.dtype, false, 0);
+    p.dz_ = d.has_dz_into    ? d.dz_into  // the kernels write through its row stride
+            : d.gated.has_z ? rows_layout(x.dtype, x, false)
+                            : vector_layout(x.dtype, false, 0);
     p.db_ = vector_layout(l.weight_element, d.gated.has_bias, l.width());
+    p.y_ = d.recompute_output ? rows_layout(x.dtype, x, false) : vector_layout(x.dtype, false, 0);
   }
   p.workspace_ = static_cast<size_t>(l.dw_blocks * l.width() * (l.has_bias ? 2 : 1)) *
                  static_cast<size_t>(element_size(rms_norm_rstd_dtype(x.dtype)));
@@ -359,6 +401,7 @@ void RmsNormBackwardPlan::can_implement(const RmsNormBackwardArgs& a) const {
   if (desc_.gated.on) {
     check_output(op, "dz", dz_, a.dz);
     check_output(op, "db", db_, a.db);
+    check_output(op, "y", y_, a.y);
   }
 }
 
@@ -381,6 +424,7 @@ void RmsNormBackwardPlan::run(void* stream, Workspace workspace,
   l.dw = a.dw.data;
   l.dz = a.dz.data;
   l.db = a.db.data;
+  l.y = desc_.recompute_output ? a.y.data : nullptr;
   l.workspace = workspace.data;
   run_on_backend(desc_.device.backend, op, kernels::rms_norm_cpu,
                  BARACUDA_CUDA_ENTRY(kernels::rms_norm_cuda), l, stream);

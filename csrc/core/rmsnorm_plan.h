@@ -33,6 +33,11 @@
 //   gate after:  dx = dh,              dz = dy · (n·w + b) · silu'(z)
 //   gate before: dx = dh · silu(z),    dz = dh · x · silu'(z)
 //   dw = Σ_rows u·n,  db = Σ_rows u   (per-block partials, as dw above)
+// gated_rms_norm_backward_into is that backward with dz written into the caller's tensor
+// (a slice of a larger gradient buffer: x's sizes and dtype, a unit inner stride and one
+// row stride, so dz of row r, row group g starts at r·dz_row_stride + g·cols) and, with
+// recompute_output, y of the forward written too (from the same n, z and w: what an
+// out_proj's weight gradient needs, without a second pass over x and z).
 // It is this family's plan with options rather than a family of its own: a row group is
 // a row of `cols` elements at column g·cols, so the variants, the work decomposition, the
 // walks and the deterministic partial sums are RMSNorm's; z takes the residual's operand
@@ -114,8 +119,9 @@ enum RmsNormBackwardOperand : int {
 // Σ_d coord_d(r) · lead.strides[k][d] (coords over lead.sizes), its element j at
 // + j · col_stride[k]. Row group g of row r (the gated op; g = 0 and ngroups = 1
 // otherwise) is that row's elements [g·cols, (g + 1)·cols); its saved rstd is backward
-// rstd operand's row offset + g · col_stride[kRmsRstd]. Outputs are contiguous: y, h, dx,
-// dz at (r·ngroups + g)·cols, rstd at r·ngroups + g.
+// rstd operand's row offset + g · col_stride[kRmsRstd]. Outputs are contiguous: y, h, dx
+// (and the backward's recomputed y) at (r·ngroups + g)·cols, rstd at r·ngroups + g;
+// except dz, at r·dz_row_stride + g·cols (ngroups·cols, or the caller's row stride).
 struct RmsNormLaunch {
   bool backward = false;
   ElementKind element = ElementKind::F32;         // x, residual, h, dh, dx
@@ -153,6 +159,7 @@ struct RmsNormLaunch {
   // Backward: rows of float32 (float64) dw partials in the workspace (0 without a weight),
   // each ngroups·cols wide; with a bias, as many rows of db partials after them.
   int64_t dw_blocks = 0;
+  int64_t dz_row_stride = 0;       // backward, gated with a gate: elements between dz's rows
 
   const void* x = nullptr;         // forward: x; backward: x (h of the residual variant)
   const void* residual = nullptr;  // forward
@@ -162,7 +169,7 @@ struct RmsNormLaunch {
   const void* dy = nullptr;        // backward
   const void* dh = nullptr;        // backward, optional
   const void* rstd_in = nullptr;   // backward
-  void* y = nullptr;               // forward
+  void* y = nullptr;               // forward; backward with recompute_output (gated)
   void* h = nullptr;               // forward, residual variant
   void* rstd = nullptr;            // forward
   void* dx = nullptr;              // backward
@@ -299,6 +306,32 @@ void check_rms_norm_backward(const std::string& op, ElementKind x_dtype, int ran
              element_name(x_dtype) + " x, got " + element_name(rstd_dtype));
 }
 
+// gated_rms_norm_backward_into's rules on the strides of a dz with x's sizes, no two
+// elements at one address and `empty` false: a unit stride along the last dim (N > 1) and
+// one row stride over the leading dims (a [rows, N] view: a slice of a wider gradient
+// buffer's last dim). Returns that row stride (N for one row).
+template <class Int>
+Int check_dz_into_strides(const std::string& op, int rank, const Int* sizes, const Int* strides) {
+  const int last = rank - 1;
+  if (sizes[last] > 1 && strides[last] != 1)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "dz must have a unit stride along its last dim, got strides " + sizes_str(strides, rank));
+  Int row_stride = sizes[last], rows = 1;  // rows: of the leading dims after k
+  bool first = true;
+  for (int k = last - 1; k >= 0; --k) {
+    if (sizes[k] == 1) continue;
+    if (first)
+      row_stride = strides[k];
+    else if (strides[k] != row_stride * rows)
+      fail(PlanErrorKind::InvalidProblem, op,
+           "dz's leading dims must have one row stride (a [rows, N] view of a wider buffer), "
+           "got strides " + sizes_str(strides, rank));
+    first = false;
+    rows = rows * sizes[k];
+  }
+  return row_stride;
+}
+
 // eps: finite and >= 0; None (no value) is the compute dtype's machine epsilon, as in
 // torch.nn.functional.rms_norm. Returns the eps the kernels use.
 double resolve_rms_norm_eps(const std::string& op, std::optional<double> eps, ElementKind x);
@@ -337,6 +370,11 @@ struct RmsNormBackwardDescriptor {
   TensorLayout dh;
   RmsNormConvention convention = RmsNormConvention::Torch;
   RmsNormGated gated;
+  // gated_rms_norm_backward_into: dz is the caller's (this layout), and y is recomputed
+  // when asked.
+  bool has_dz_into = false;
+  TensorLayout dz_into;
+  bool recompute_output = false;
   DeviceInfo device;
 };
 
@@ -363,6 +401,7 @@ struct RmsNormBackwardArgs {
   MutTensorRef dw;   // with a weight only
   MutTensorRef dz;   // gated with a gate only
   MutTensorRef db;   // gated with a bias only
+  MutTensorRef y;    // gated with recompute_output only
 };
 
 class RmsNormPlan : public PlanOf<RmsNormDescriptor, RmsNormLaunch> {
@@ -385,17 +424,19 @@ class RmsNormBackwardPlan : public PlanOf<RmsNormBackwardDescriptor, RmsNormLaun
  public:
   static RmsNormBackwardPlan select(const RmsNormBackwardDescriptor& desc, PlanPreference pref);
   // dx (x's sizes and dtype), dw (the weight's sizes and dtype; [0] without a weight),
-  // and for the gated op dz (z's, or [0] without a gate) and db (the bias's, or [0]
-  // without one), contiguous.
+  // and for the gated op dz (z's, or [0] without a gate; the into op: the caller's), db
+  // (the bias's, or [0] without one) and y (x's with recompute_output, else [0]),
+  // contiguous.
   const TensorLayout& dx_layout() const { return dx_; }
   const TensorLayout& dw_layout() const { return dw_; }
   const TensorLayout& dz_layout() const { return dz_; }
   const TensorLayout& db_layout() const { return db_; }
+  const TensorLayout& y_layout() const { return y_; }
   void can_implement(const RmsNormBackwardArgs& args) const;
   void run(void* stream, Workspace workspace, const RmsNormBackwardArgs& args) const;
 
  private:
-  TensorLayout dx_, dw_, dz_, db_;
+  TensorLayout dx_, dw_, dz_, db_, y_;
 };
 
 }  // namespace baracuda

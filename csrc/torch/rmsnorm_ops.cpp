@@ -1,7 +1,9 @@
 // baracuda::rms_norm, baracuda::add_rms_norm (the residual add before it) and their
 // backward baracuda::rms_norm_backward, and the gated RMSNorm baracuda::gated_rms_norm and
-// its backward baracuda::gated_rms_norm_backward: CPU/CUDA kernels (tensor -> plan ->
-// run), meta kernels (shapes only), and the ops' declarations (torch/op_def.h).
+// its backward baracuda::gated_rms_norm_backward (and gated_rms_norm_backward_into, which
+// writes dz into the caller's tensor and can recompute y): CPU/CUDA kernels (tensor ->
+// plan -> run), meta kernels (shapes only), and the ops' declarations (torch/op_def.h).
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 
@@ -18,6 +20,7 @@ constexpr const char* kAddOp = "add_rms_norm";
 constexpr const char* kBackwardOp = "rms_norm_backward";
 constexpr const char* kGatedOp = "gated_rms_norm";
 constexpr const char* kGatedBackwardOp = "gated_rms_norm_backward";
+constexpr const char* kGatedBackwardIntoOp = "gated_rms_norm_backward_into";
 
 using OptTensor = std::optional<at::Tensor>;
 using Tensors2 = std::tuple<at::Tensor, at::Tensor>;
@@ -98,25 +101,48 @@ RmsNormPlan gated_forward_plan(const at::Tensor& x, const at::Tensor& weight,
   return RmsNormPlan::select(d, pref);
 }
 
-RmsNormBackwardPlan gated_backward_plan(const at::Tensor& dy, const at::Tensor& x,
-                                        const at::Tensor& weight, const OptTensor& bias_opt,
-                                        const OptTensor& z_opt, const at::Tensor& rstd,
-                                        std::optional<int64_t> group_size, bool norm_before_gate,
-                                        PlanPreference pref) {
+// dz_into: gated_rms_norm_backward_into's dz (null: gated_rms_norm_backward).
+RmsNormBackwardPlan gated_backward_plan_of(const at::Tensor& dy, const at::Tensor& x,
+                                           const at::Tensor& weight, const OptTensor& bias_opt,
+                                           const OptTensor& z_opt, const at::Tensor& rstd,
+                                           const at::Tensor* dz_into, std::optional<int64_t> group_size,
+                                           bool norm_before_gate, bool recompute_output,
+                                           PlanPreference pref) {
+  const char* op = dz_into ? kGatedBackwardIntoOp : kGatedBackwardOp;
   const at::Tensor *bias = given(bias_opt), *z = given(z_opt);
   const at::Tensor none;
-  check_same_device(kGatedBackwardOp, {{"dy", &dy}, {"x", &x}, {"weight", &weight},
-                                       {"bias", bias ? bias : &none}, {"z", z ? z : &none},
-                                       {"rstd", &rstd}});
+  check_same_device(op, {{"dy", &dy}, {"x", &x}, {"weight", &weight}, {"bias", bias ? bias : &none},
+                         {"z", z ? z : &none}, {"rstd", &rstd}, {"dz", dz_into ? dz_into : &none}});
   RmsNormBackwardDescriptor d;
-  d.dy = layout_of(dy, kGatedBackwardOp, "dy");
-  d.x = layout_of(x, kGatedBackwardOp, "x");
+  d.dy = layout_of(dy, op, "dy");
+  d.x = layout_of(x, op, "x");
   d.has_weight = true;
-  d.weight = layout_of(weight, kGatedBackwardOp, "weight");
-  d.rstd = layout_of(rstd, kGatedBackwardOp, "rstd");
-  d.gated = gated_options(bias, z, group_size, norm_before_gate, kGatedBackwardOp);
-  d.device = device_info(x, kGatedBackwardOp);
+  d.weight = layout_of(weight, op, "weight");
+  d.rstd = layout_of(rstd, op, "rstd");
+  d.gated = gated_options(bias, z, group_size, norm_before_gate, op);
+  d.has_dz_into = dz_into != nullptr;
+  if (dz_into) d.dz_into = layout_of(*dz_into, op, "dz");
+  d.recompute_output = recompute_output;
+  d.device = device_info(x, op);
   return RmsNormBackwardPlan::select(d, pref);
+}
+
+RmsNormBackwardPlan gated_backward_plan(const at::Tensor& dy, const at::Tensor& x,
+                                        const at::Tensor& weight, const OptTensor& bias,
+                                        const OptTensor& z, const at::Tensor& rstd,
+                                        std::optional<int64_t> group_size, bool norm_before_gate,
+                                        PlanPreference pref) {
+  return gated_backward_plan_of(dy, x, weight, bias, z, rstd, nullptr, group_size, norm_before_gate, false,
+                                pref);
+}
+
+RmsNormBackwardPlan gated_backward_into_plan(const at::Tensor& dy, const at::Tensor& x,
+                                             const at::Tensor& weight, const OptTensor& bias,
+                                             const at::Tensor& z, const at::Tensor& rstd, const at::Tensor& dz,
+                                             std::optional<int64_t> group_size, bool norm_before_gate,
+                                             bool recompute_output, PlanPreference pref) {
+  return gated_backward_plan_of(dy, x, weight, bias, z, rstd, &dz, group_size, norm_before_gate,
+                                recompute_output, pref);
 }
 
 // A call's optional operands (null: absent).
@@ -147,13 +173,19 @@ Tensors3 run_forward(const RmsNormPlan& plan, const char* op, const at::Tensor& 
   return Tensors3(y, h, rstd);
 }
 
-// Runs a backward plan: (dx, dw, db, dz); db and dz undefined for rms_norm_backward.
-Tensors4 run_backward(const RmsNormBackwardPlan& plan, const char* op, const at::Tensor& dy,
-                      const at::Tensor& x, const at::Tensor& rstd, const Operands& o, bool gated) {
+// Runs a backward plan: (dx, dw, db, dz, y); db, dz and y undefined for
+// rms_norm_backward; dz: the caller's (gated_rms_norm_backward_into), or allocated.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_backward(
+    const RmsNormBackwardPlan& plan, const char* op, const at::Tensor& dy, const at::Tensor& x,
+    const at::Tensor& rstd, const Operands& o, bool gated, const at::Tensor* dz_into = nullptr) {
+  if (dz_into)
+    check_no_shared_memory(op, "dz", *dz_into, {{"dy", &dy}, {"x", &x}, {"weight", o.weight}, {"bias", o.bias},
+                                                {"z", o.z}, {"rstd", &rstd}});
   at::Tensor dx = allocate(plan.dx_layout(), x);
   at::Tensor dw = allocate(plan.dw_layout(), x);
   at::Tensor db = gated ? allocate(plan.db_layout(), x) : at::Tensor();
-  at::Tensor dz = gated ? allocate(plan.dz_layout(), x) : at::Tensor();
+  at::Tensor dz = dz_into ? *dz_into : gated ? allocate(plan.dz_layout(), x) : at::Tensor();
+  at::Tensor y = gated ? allocate(plan.y_layout(), x) : at::Tensor();
   at::Tensor ws = allocate_workspace(plan.workspace_size(), x);
   RmsNormBackwardArgs a;
   a.dy = ref_of(dy, op, "dy");
@@ -168,9 +200,10 @@ Tensors4 run_backward(const RmsNormBackwardPlan& plan, const char* op, const at:
   if (gated) {
     a.db = mut_ref_of(db, op, "db");
     a.dz = mut_ref_of(dz, op, "dz");
+    a.y = mut_ref_of(y, op, "y");
   }
   plan.run(current_stream(x), workspace_of(ws), a);
-  return Tensors4(dx, dw, db, dz);
+  return {dx, dw, db, dz, y};
 }
 
 // (y, h, rstd); h undefined for rms_norm.
@@ -205,7 +238,7 @@ Tensors2 rms_norm_backward_kernel(const at::Tensor& dy, const at::Tensor& x,
     Operands o;
     o.weight = given(weight);
     o.dh = given(dh);
-    auto [dx, dw, db, dz] = run_backward(plan, kBackwardOp, dy, x, rstd, o, false);
+    auto [dx, dw, db, dz, y] = run_backward(plan, kBackwardOp, dy, x, rstd, o, false);
     return Tensors2(dx, dw);
   });
 }
@@ -230,8 +263,24 @@ Tensors4 gated_rms_norm_backward_kernel(const at::Tensor& dy, const at::Tensor& 
     c10::DeviceGuard guard(x.device());
     const auto plan = gated_backward_plan(dy, x, weight, bias, z, rstd, group_size,
                                           norm_before_gate, current_preference());
-    return run_backward(plan, kGatedBackwardOp, dy, x, rstd,
-                        {nullptr, &weight, given(bias), given(z)}, true);
+    auto [dx, dw, db, dz, y] =
+        run_backward(plan, kGatedBackwardOp, dy, x, rstd, {nullptr, &weight, given(bias), given(z)}, true);
+    return Tensors4(dx, dw, db, dz);
+  });
+}
+
+// dz written into the caller's tensor -> (dx, dw, db, y); y is [0] unless recompute_output.
+Tensors4 gated_rms_norm_backward_into_kernel(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+                                             const OptTensor& bias, const at::Tensor& z, const at::Tensor& rstd,
+                                             const at::Tensor& dz, std::optional<int64_t> group_size,
+                                             bool norm_before_gate, bool recompute_output) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const auto plan = gated_backward_into_plan(dy, x, weight, bias, z, rstd, dz, group_size, norm_before_gate,
+                                               recompute_output, current_preference());
+    auto [dx, dw, db, dz_out, y] = run_backward(plan, kGatedBackwardIntoOp, dy, x, rstd,
+                                                {nullptr, &weight, given(bias), &z}, true, &dz);
+    return Tensors4(dx, dw, db, y);
   });
 }
 
@@ -347,16 +396,15 @@ Tensors2 gated_rms_norm_meta(const at::Tensor& x, const at::Tensor& weight,
   });
 }
 
-Tensors4 gated_rms_norm_backward_meta(const at::Tensor& dy, const at::Tensor& x,
-                                      const at::Tensor& weight, const OptTensor& bias_opt,
-                                      const OptTensor& z_opt, const at::Tensor& rstd,
-                                      std::optional<int64_t> group_size, bool) {
+// (dz_into: the into op's dz, whose checks are its caller's)
+Tensors4 gated_backward_meta(const char* op, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+                             const OptTensor& bias_opt, const OptTensor& z_opt, const at::Tensor& rstd,
+                             const at::Tensor* dz_into, std::optional<int64_t> group_size) {
   return translate_errors([&] {
-    const char* op = kGatedBackwardOp;
     const at::Tensor *bias = given(bias_opt), *z = given(z_opt);
     const at::Tensor none;
-    check_same_device(op, {{"dy", &dy}, {"x", &x}, {"weight", &weight},
-                           {"bias", bias ? bias : &none}, {"z", z ? z : &none}, {"rstd", &rstd}});
+    check_same_device(op, {{"dy", &dy}, {"x", &x}, {"weight", &weight}, {"bias", bias ? bias : &none},
+                           {"z", z ? z : &none}, {"rstd", &rstd}, {"dz", dz_into ? dz_into : &none}});
     const SymOperand ds = sym_operand(&dy, op, "dy"), xs = sym_operand(&x, op, "x"),
                      ws = sym_operand(&weight, op, "weight"), rs = sym_operand(&rstd, op, "rstd"),
                      bs = sym_operand(bias, op, "bias"), zs = sym_operand(z, op, "z");
@@ -368,6 +416,42 @@ Tensors4 gated_rms_norm_backward_meta(const at::Tensor& dy, const at::Tensor& x,
     return Tensors4(at::empty_symint(xs.sizes, x.options()), at::empty_symint(n, w_options),
                     at::empty_symint(bias ? n : zero, w_options),
                     at::empty_symint(z ? xs.sizes : zero, x.options()));
+  });
+}
+
+Tensors4 gated_rms_norm_backward_meta(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+                                      const OptTensor& bias, const OptTensor& z, const at::Tensor& rstd,
+                                      std::optional<int64_t> group_size, bool) {
+  return gated_backward_meta(kGatedBackwardOp, dy, x, weight, bias, z, rstd, nullptr, group_size);
+}
+
+Tensors4 gated_rms_norm_backward_into_meta(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+                                           const OptTensor& bias, const at::Tensor& z, const at::Tensor& rstd,
+                                           const at::Tensor& dz, std::optional<int64_t> group_size, bool,
+                                           bool recompute_output) {
+  return translate_errors([&] {
+    const char* op = kGatedBackwardIntoOp;
+    auto [dx, dw, db, dz_alloc] = gated_backward_meta(op, dy, x, weight, bias, z, rstd, &dz, group_size);
+    // (the plan's rules on concrete strides; here what torch can tell on symbolic ones)
+    const SymOperand ds = sym_operand(&dz, op, "dz"), xs = sym_operand(&x, op, "x");
+    bool same = ds.rank() == xs.rank();
+    for (int k = 0; same && k < xs.rank(); ++k) same = ds.sizes[k] == xs.sizes[k];
+    if (!same)
+      fail(PlanErrorKind::InvalidProblem, op,
+           "dz must have x's sizes " + sizes_str(xs.sizes.data(), xs.rank()) + ", got " +
+               sizes_str(ds.sizes.data(), ds.rank()));
+    if (ds.dtype != xs.dtype)
+      fail(PlanErrorKind::UnsupportedDtype, op,
+           std::string("dz must have x's dtype ") + element_name(xs.dtype) + ", got " + element_name(ds.dtype));
+    if (at::has_internal_overlap(dz) == at::MemOverlap::Yes)
+      fail(PlanErrorKind::InvalidProblem, op,
+           "dz must not overlap itself (no two of its elements at one address), got strides " +
+               sizes_str(dz.sym_strides().data(), static_cast<int>(dz.dim())));
+    if (!(dz.sym_numel() == 0))
+      check_dz_into_strides(std::string(op), ds.rank(), ds.sizes.data(), dz.sym_strides().data());
+    const std::vector<c10::SymInt> zero{c10::SymInt(0)};
+    return Tensors4(dx, dw, db, recompute_output ? at::empty_symint(x.sym_sizes(), x.options())
+                                                 : at::empty_symint(zero, x.options()));
   });
 }
 
@@ -450,6 +534,19 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .explain(&gated_backward_plan)
       .not_differentiable("baracuda::gated_rms_norm: double backward (the second derivative) is "
                           "not implemented");
+  // gated_rms_norm_backward with dz written into the caller's tensor (x's sizes and dtype,
+  // a unit inner stride and one row stride: a slice of a larger gradient buffer, as
+  // mamba_ssm's _layer_norm_bwd takes its dz) and, with recompute_output, the forward's
+  // output recomputed from the saved rstd (what out_proj's weight gradient needs)
+  // -> (dx, dw, db, y); y is an empty tensor unless recompute_output.
+  OpDef(m,
+        "gated_rms_norm_backward_into(Tensor dy, Tensor x, Tensor weight, Tensor? bias, Tensor z, "
+        "Tensor rstd, Tensor(a!) dz, int? group_size=None, bool norm_before_gate=True, "
+        "bool recompute_output=False) -> (Tensor, Tensor, Tensor, Tensor)")
+      .kernel(&gated_rms_norm_backward_into_kernel)
+      .meta(&gated_rms_norm_backward_into_meta)
+      .explain(&gated_backward_into_plan)
+      .not_differentiable("baracuda::gated_rms_norm_backward_into is a backward (not differentiable)");
 }
 
 }  // namespace baracuda::torch_ops

@@ -89,6 +89,7 @@ void backward(const RmsNormLaunch& l) {
   const Acc* rstd_in = static_cast<const Acc*>(l.rstd_in);
   T* dx = static_cast<T*>(l.dx);
   T* dz = static_cast<T*>(l.dz);
+  T* y = static_cast<T*>(l.y);  // the gated op's recomputed output, if asked
   // dh and z share an operand slot (no op has both).
   const int64_t cols = l.cols, sdy = l.col_stride[kRmsDy], sx = l.col_stride[kRmsBx],
                 sdh = l.col_stride[kRmsDh];
@@ -124,14 +125,17 @@ void backward(const RmsNormLaunch& l) {
                   }) *
                   inv;
     T* dxr = dx + rg * cols;
-    T* dzr = dz ? dz + rg * cols : nullptr;
+    T* dzr = dz ? dz + row * l.dz_row_stride + c0 : nullptr;
+    T* yr = y ? y + rg * cols : nullptr;
     for (int64_t j = 0; j < cols; ++j) {
       const Acc xj = static_cast<Acc>(xr[j * sx]), dyj = static_cast<Acc>(dyr[j * sdy]);
       const Acc zj = zr ? z_at(j) : Acc(0), wj = w_at(j);
       const Acc n = (gate == RmsNormGate::Before ? silu_gate<false>(xj, zj) : xj) * rstd;
+      const Acc pre = n * wj + b_at(j);  // the gated op's y before the gate
       Acc u = dyj, dzj = 0;
       if (gate == RmsNormGate::After)  // y = y_pre·silu(z), y_pre = n·w + b
-        silu_gate_backward<false>(dyj, n * wj + b_at(j), zj, u, dzj);
+        silu_gate_backward<false>(dyj, pre, zj, u, dzj);
+      if (yr) yr[j] = static_cast<T>(gate == RmsNormGate::After ? silu_gate<false>(pre, zj) : pre);
       Acc d = rstd * (u * rms_norm_grad_scale(l.convention, l.has_weight, wj) - n * c);
       if (dh) d += static_cast<Acc>(dh[off[kRmsDh] + j * sdh]);
       if (gate == RmsNormGate::Before) {  // h = x·silu(z)

@@ -47,6 +47,7 @@ struct RmsNormParams {
   RmsNormGate gate;  // the gated op
   bool has_bias;
   int64_t ngroups, b_stride;
+  int64_t dz_row_stride;  // the gated backward's dz (and the recomputed y in p.y)
   float eps, inv_cols;
   double eps64, inv_cols64;
   int group, rows_per_block;
@@ -349,7 +350,8 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
       if (!active) return;
       const int64_t rg = row_group<Gated>(p, row, g);
       T* dx = static_cast<T*>(p.dx) + rg * p.cols;
-      T* dz = static_cast<T*>(p.dz) + rg * p.cols;
+      T* dz = static_cast<T*>(p.dz) + row * p.dz_row_stride + g * p.cols;
+      T* y = static_cast<T*>(p.y) + rg * p.cols;  // the recomputed output (gated, if asked)
       const T* dh = static_cast<const T*>(p.dh) + off[kRmsDh];
       for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
         W wv[V], bv[V];
@@ -357,7 +359,7 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
         if constexpr (Bias) load_vec<W, V>(b + c, bv);
         T e[V];
         if (!Gated && p.has_residual) load_vec<T, V>(dh + c, e);
-        T out[V], dzo[V];
+        T out[V], dzo[V], yo[V];
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           const Acc wi = p.has_weight ? Acc(to_acc(wv[i])) : Acc(0);
@@ -366,10 +368,10 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
               gated_at<Gated>(p, RmsNormGate::Before, to_acc(xv[k][i]), &zv[k][i]) * rstd;
           if constexpr (Gated) {
             const Acc xi = to_acc(xv[k][i]), zi = to_acc(zv[k][i]);
+            const Acc pre = n * wi + (Bias ? Acc(to_acc(bv[i])) : Acc(0));  // y before the gate
             Acc u = di, dzi = 0;
             if (p.gate == RmsNormGate::After)  // y = (n·w + b)·silu(z)
-              silu_gate_backward<Fast>(di, n * wi + (Bias ? Acc(to_acc(bv[i])) : Acc(0)), zi, u,
-                                       dzi);
+              silu_gate_backward<Fast>(di, pre, zi, u, dzi);
             Acc r = rstd * (u * wi - n * c_row);  // the gradient of h
             if (p.gate == RmsNormGate::Before) {  // h = x·silu(z)
               const Acc dhi = r;
@@ -377,6 +379,7 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
             }
             out[i] = from_acc<T>(r);
             dzo[i] = from_acc<T>(dzi);
+            yo[i] = from_acc<T>(p.gate == RmsNormGate::After ? silu_gate<Fast>(pre, zi) : pre);
             dw[k][i] += u * n;
             if constexpr (Bias) db[k][i] += u;
           } else {
@@ -388,6 +391,7 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
         }
         store_vec<T, V>(dx + c, out);
         if (Gated && p.gate != RmsNormGate::None) store_vec<T, V>(dz + c, dzo);
+        if (Gated && p.y) store_vec<T, V>(y + c, yo);
       });
     });
     if (!p.has_weight) return;
@@ -503,16 +507,17 @@ __global__ void __launch_bounds__(kRmsNormLoopThreads)
       const Acc c_row = group_sum(part, kRmsNormLoopThreads, red) * p.inv_of<Acc>();
       const int64_t rg = row_group<Gated>(p, row, g);
       T* dx = static_cast<T*>(p.dx) + rg * p.cols;
-      T* dz = static_cast<T*>(p.dz) + rg * p.cols;
+      T* dz = static_cast<T*>(p.dz) + row * p.dz_row_stride + g * p.cols;
+      T* y = static_cast<T*>(p.y) + rg * p.cols;  // the recomputed output (gated, if asked)
       for (int64_t c = threadIdx.x; c < p.cols; c += kRmsNormLoopThreads) {
         const Acc n = h_at(c) * rstd, wc = w_at(c), di = to_acc(dy[c * sdy]);
         if constexpr (Gated) {
           const Acc xi = to_acc(x[c * sx]);
           const Acc zi = p.gate != RmsNormGate::None ? Acc(to_acc(z[c * sdh])) : Acc(0);
+          const Acc pre = n * wc + (p.has_bias ? Acc(to_acc(b[c * p.b_stride])) : Acc(0));
           Acc u = di, dzi = 0;
           if (p.gate == RmsNormGate::After)  // y = (n·w + b)·silu(z)
-            silu_gate_backward<Fast>(
-                di, n * wc + (p.has_bias ? Acc(to_acc(b[c * p.b_stride])) : Acc(0)), zi, u, dzi);
+            silu_gate_backward<Fast>(di, pre, zi, u, dzi);
           Acc r = rstd * (u * wc - n * c_row);  // the gradient of h
           if (p.gate == RmsNormGate::Before) {  // h = x·silu(z)
             const Acc dhi = r;
@@ -520,6 +525,7 @@ __global__ void __launch_bounds__(kRmsNormLoopThreads)
           }
           dx[c] = from_acc<T>(r);
           if (p.gate != RmsNormGate::None) dz[c] = from_acc<T>(dzi);
+          if (p.y) y[c] = from_acc<T>(p.gate == RmsNormGate::After ? silu_gate<Fast>(pre, zi) : pre);
           part_row[c0 + c] += u * n;
           if (p.has_bias) db_row[c0 + c] += u;
         } else {
@@ -564,6 +570,7 @@ inline RmsNormParams rms_norm_params(const RmsNormLaunch& l) {
   p.has_bias = l.has_bias;
   p.ngroups = l.ngroups;
   p.b_stride = l.b_stride;
+  p.dz_row_stride = l.dz_row_stride;
   p.eps = l.eps;
   p.inv_cols = l.inv_cols;
   p.eps64 = l.eps64;
