@@ -290,9 +290,11 @@ class _SplitConv1dScan(torch.autograd.Function):
     buffer, each part through its view (nothing is concatenated): the conv's backward runs
     once per x, B and C channel range, writing its dx straight into that range
     (causal_conv1d_backward_into), so that the scan's three gradients are never joined; the
-    other ops allocate their outputs, which are copied once into place (dz, ddt); and with
-    out_proj the d_mlp and SSM parts take their own products (out_proj's input is never
-    concatenated either).
+    gated RMSNorm's backward writes dz into its range too and recomputes the norm's output
+    for out_proj's weight gradient in the same pass (gated_rms_norm_backward_into, as
+    mamba_ssm's recompute_output); the other outputs are copied once into place (ddt, the
+    ungated dz); and with out_proj the d_mlp and SSM parts take their own products
+    (out_proj's input is never concatenated either).
 
     The forward is context-free (setup_context saves), so that torch.func's grad and vjp
     apply (not vmap: the backward writes into its one buffer); what the backward needs
@@ -351,24 +353,11 @@ class _SplitConv1dScan(torch.autograd.Function):
         dzx0, dz, dxBC, ddt = _split_zxbcdt(cfg, dzxbcdt)
         dtype, d = zxbcdt.dtype, cfg.d_mlp
 
-        def ssm_output():  # what the SSM part gave out_proj, recomputed
-            if rms:
-                return torch.ops.baracuda.gated_rms_norm(saved.flatten(-2), rmsnorm_weight, None, z, cfg.eps,
-                                                         cfg.dim // cfg.ngroups, cfg.norm_before_gate)[0]
-            return torch.ops.baracuda.gated_activation_pair(z4, saved, "swiglu").flatten(-2)
-
         doutproj_weight = doutproj_bias = None
+        dweight_out = outproj_weight is not None and ctx.needs_input_grad[9]
         if outproj_weight is not None:
             dout = dout.to(outproj_weight.dtype)
             dy = F.linear(dout, outproj_weight[:, d:].t())
-            dout2 = dout.flatten(0, 1)
-            if ctx.needs_input_grad[9]:
-                parts = [dout2.t().mm(ssm_output().flatten(0, 1).to(dout.dtype))]
-                if d:
-                    parts.insert(0, dout2.t().mm(_swiglu(zx0).flatten(0, 1).to(dout.dtype)))
-                doutproj_weight = (torch.cat(parts, 1) if d else parts[0]).to(proj_dtype)  # small
-            if outproj_bias is not None and ctx.needs_input_grad[10]:
-                doutproj_bias = dout2.sum(0).to(outproj_bias.dtype)
             dmlp = F.linear(dout, outproj_weight[:, :d].t()) if d else None
         else:
             dy, dmlp = dout[..., d:], dout[..., :d]
@@ -377,10 +366,21 @@ class _SplitConv1dScan(torch.autograd.Function):
         dy = dy.to(dtype)
         drmsnorm_weight = None
         if rms:
-            dy, drmsnorm_weight, _, dz_norm = torch.ops.baracuda.gated_rms_norm_backward(
-                dy, saved.flatten(-2), rmsnorm_weight, None, z, rstd, cfg.dim // cfg.ngroups,
-                cfg.norm_before_gate)
-            dz.copy_(dz_norm)
+            # dz straight into dzxbcdt, and the norm's output recomputed in the same pass
+            # for out_proj's weight gradient (mamba_ssm's recompute_output)
+            dy, drmsnorm_weight, _, ssm_out = torch.ops.baracuda.gated_rms_norm_backward_into(
+                dy, saved.flatten(-2), rmsnorm_weight, None, z, rstd, dz, cfg.dim // cfg.ngroups,
+                cfg.norm_before_gate, dweight_out)
+        elif dweight_out:  # what the SSM part gave out_proj, recomputed
+            ssm_out = torch.ops.baracuda.gated_activation_pair(z4, saved, "swiglu").flatten(-2)
+        if dweight_out:
+            dout2 = dout.flatten(0, 1)
+            parts = [dout2.t().mm(ssm_out.flatten(0, 1).to(dout.dtype))]
+            if d:
+                parts.insert(0, dout2.t().mm(_swiglu(zx0).flatten(0, 1).to(dout.dtype)))
+            doutproj_weight = (torch.cat(parts, 1) if d else parts[0]).to(proj_dtype)  # small
+        if outproj_bias is not None and ctx.needs_input_grad[10]:
+            doutproj_bias = dout.flatten(0, 1).sum(0).to(outproj_bias.dtype)
         dx, dscan_dt, dA, dB, dC, dD, dz_scan, ddt_bias, dinitial_states = \
             torch.ops.baracuda.ssd_chunk_scan_combined_backward(
                 dy.unflatten(-1, (cfg.nheads, cfg.headdim)), dfinal_states, x, dt, A, B, C, cfg.chunk_size, D,
