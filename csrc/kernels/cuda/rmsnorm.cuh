@@ -189,6 +189,16 @@ __device__ __forceinline__ acc_t<T> gated_at(const RmsNormParams& p, RmsNormGate
   return v;
 }
 
+// n·w (+ b): the gated op's output before the gate, the product rounded on its own (no
+// fused multiply-add), so that the forward and the backward's recomputed y
+// (gated_rms_norm_backward_into) have the same bits whatever the compiler contracts.
+template <typename Acc>
+__device__ __forceinline__ Acc gated_pre(Acc n, Acc w, bool has_bias, Acc b) {
+  Acc o;
+  if constexpr (std::is_same_v<Acc, double>) o = __dmul_rn(n, w); else o = __fmul_rn(n, w);
+  return has_bias ? o + b : o;
+}
+
 // f(k, c) for the vectors a thread holds of a row: vector k (< VPT) starts at column
 // c = (lane + k·group)·V, for those with c < cols (cols 0 for an inactive row).
 template <int VPT, int V, typename F>
@@ -254,9 +264,8 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGro
           const Acc wi = p.has_weight ? Acc(to_acc(wv[i])) : Acc(0);
           Acc o;
           if constexpr (Gated) {  // (n·w + b), then ·silu(z) with the gate after the norm
-            o = gated_at<Gated>(p, RmsNormGate::Before, to_acc(v[k][i]), &zv[k][i]) * rstd *
-                wi;
-            if (p.has_bias) o += Acc(to_acc(bv[i]));
+            o = gated_pre(gated_at<Gated>(p, RmsNormGate::Before, to_acc(v[k][i]), &zv[k][i]) * rstd, wi,
+                          p.has_bias, p.has_bias ? Acc(to_acc(bv[i])) : Acc(0));
             if (p.gate == RmsNormGate::After) o = silu_gate<Fast>(o, Acc(to_acc(zv[k][i])));
           } else {
             o = rms_norm_output<Acc>(p.conv, p.has_weight, to_acc(v[k][i]) * rstd, wi, RoundTo<T>());
@@ -368,7 +377,7 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
               gated_at<Gated>(p, RmsNormGate::Before, to_acc(xv[k][i]), &zv[k][i]) * rstd;
           if constexpr (Gated) {
             const Acc xi = to_acc(xv[k][i]), zi = to_acc(zv[k][i]);
-            const Acc pre = n * wi + (Bias ? Acc(to_acc(bv[i])) : Acc(0));  // y before the gate
+            const Acc pre = gated_pre(n, wi, Bias, Bias ? Acc(to_acc(bv[i])) : Acc(0));  // y before the gate
             Acc u = di, dzi = 0;
             if (p.gate == RmsNormGate::After)  // y = (n·w + b)·silu(z)
               silu_gate_backward<Fast>(di, pre, zi, u, dzi);
@@ -449,8 +458,7 @@ __global__ void __launch_bounds__(kRmsNormLoopThreads)
         const Acc wc = p.has_weight ? Acc(to_acc(w[c * p.w_stride])) : Acc(0);
         Acc o;
         if constexpr (Gated) {
-          o = v * rstd * wc;
-          if (p.has_bias) o += Acc(to_acc(b[c * p.b_stride]));
+          o = gated_pre(v * rstd, wc, p.has_bias, p.has_bias ? Acc(to_acc(b[c * p.b_stride])) : Acc(0));
           if (p.gate == RmsNormGate::After) o = silu_gate<Fast>(o, Acc(to_acc(z[c * sr])));
         } else {
           o = rms_norm_output<Acc>(p.conv, p.has_weight, v * rstd, wc, RoundTo<T>());
@@ -514,7 +522,7 @@ __global__ void __launch_bounds__(kRmsNormLoopThreads)
         if constexpr (Gated) {
           const Acc xi = to_acc(x[c * sx]);
           const Acc zi = p.gate != RmsNormGate::None ? Acc(to_acc(z[c * sdh])) : Acc(0);
-          const Acc pre = n * wc + (p.has_bias ? Acc(to_acc(b[c * p.b_stride])) : Acc(0));
+          const Acc pre = gated_pre(n, wc, p.has_bias, p.has_bias ? Acc(to_acc(b[c * p.b_stride])) : Acc(0));
           Acc u = di, dzi = 0;
           if (p.gate == RmsNormGate::After)  // y = (n·w + b)·silu(z)
             silu_gate_backward<Fast>(di, pre, zi, u, dzi);
