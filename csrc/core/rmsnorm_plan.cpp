@@ -191,16 +191,7 @@ int64_t plan_dz_into(const RmsNormBackwardDescriptor& d, const std::string& op, 
   const TensorLayout &x = d.x, &dz = d.dz_into;
   if (!d.gated.has_z)
     fail(PlanErrorKind::InvalidProblem, op, "dz needs z (the gate whose gradient it is), got z=None");
-  bool same = dz.rank == x.rank;
-  for (int k = 0; same && k < x.rank; ++k) same = dz.sizes[k] == x.sizes[k];
-  if (!same)
-    fail(PlanErrorKind::InvalidProblem, op,
-         "dz must have x's sizes " + sizes_str(x.sizes.data(), x.rank) + ", got " +
-             sizes_str(dz.sizes.data(), dz.rank));
-  if (dz.dtype != x.dtype)
-    fail(PlanErrorKind::UnsupportedDtype, op,
-         std::string("dz must have x's dtype ") + element_name(x.dtype) + ", got " +
-             element_name(dz.dtype));
+  check_dz_into_problem(op, x.dtype, x.rank, x.sizes.data(), dz.dtype, dz.rank, dz.sizes.data());
   if (!dz.is_non_overlapping())
     fail(PlanErrorKind::InvalidProblem, op,
          "dz must not overlap itself (no two of its elements at one address), got strides " +

@@ -306,8 +306,22 @@ void check_rms_norm_backward(const std::string& op, ElementKind x_dtype, int ran
              element_name(x_dtype) + " x, got " + element_name(rstd_dtype));
 }
 
+// gated_rms_norm_backward_into's dz: x's sizes and dtype.
+template <class Int>
+void check_dz_into_problem(const std::string& op, ElementKind x_dtype, int rank, const Int* sizes,
+                           ElementKind dz_dtype, int dz_rank, const Int* dz_sizes) {
+  bool same = dz_rank == rank;
+  for (int k = 0; same && k < rank; ++k) same = dz_sizes[k] == sizes[k];
+  if (!same)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "dz must have x's sizes " + sizes_str(sizes, rank) + ", got " + sizes_str(dz_sizes, dz_rank));
+  if (dz_dtype != x_dtype)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("dz must have x's dtype ") + element_name(x_dtype) + ", got " + element_name(dz_dtype));
+}
+
 // gated_rms_norm_backward_into's rules on the strides of a dz with x's sizes, no two
-// elements at one address and `empty` false: a unit stride along the last dim (N > 1) and
+// elements at one address and at least one element: a unit stride along the last dim (N > 1) and
 // one row stride over the leading dims (a [rows, N] view: a slice of a wider gradient
 // buffer's last dim). Returns that row stride (N for one row).
 template <class Int>

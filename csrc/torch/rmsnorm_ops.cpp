@@ -434,15 +434,7 @@ Tensors4 gated_rms_norm_backward_into_meta(const at::Tensor& dy, const at::Tenso
     auto [dx, dw, db, dz_alloc] = gated_backward_meta(op, dy, x, weight, bias, z, rstd, &dz, group_size);
     // (the plan's rules on concrete strides; here what torch can tell on symbolic ones)
     const SymOperand ds = sym_operand(&dz, op, "dz"), xs = sym_operand(&x, op, "x");
-    bool same = ds.rank() == xs.rank();
-    for (int k = 0; same && k < xs.rank(); ++k) same = ds.sizes[k] == xs.sizes[k];
-    if (!same)
-      fail(PlanErrorKind::InvalidProblem, op,
-           "dz must have x's sizes " + sizes_str(xs.sizes.data(), xs.rank()) + ", got " +
-               sizes_str(ds.sizes.data(), ds.rank()));
-    if (ds.dtype != xs.dtype)
-      fail(PlanErrorKind::UnsupportedDtype, op,
-           std::string("dz must have x's dtype ") + element_name(xs.dtype) + ", got " + element_name(ds.dtype));
+    check_dz_into_problem(op, xs.dtype, xs.rank(), xs.sizes.data(), ds.dtype, ds.rank(), ds.sizes.data());
     if (at::has_internal_overlap(dz) == at::MemOverlap::Yes)
       fail(PlanErrorKind::InvalidProblem, op,
            "dz must not overlap itself (no two of its elements at one address), got strides " +

@@ -131,7 +131,8 @@ void backward(const RmsNormLaunch& l) {
       const Acc xj = static_cast<Acc>(xr[j * sx]), dyj = static_cast<Acc>(dyr[j * sdy]);
       const Acc zj = zr ? z_at(j) : Acc(0), wj = w_at(j);
       const Acc n = (gate == RmsNormGate::Before ? silu_gate<false>(xj, zj) : xj) * rstd;
-      const Acc pre = n * wj + b_at(j);  // the gated op's y before the gate
+      Acc pre = n * wj;  // the gated op's y before the gate, as the forward forms it
+      if (b) pre += b_at(j);
       Acc u = dyj, dzj = 0;
       if (gate == RmsNormGate::After)  // y = y_pre·silu(z), y_pre = n·w + b
         silu_gate_backward<false>(dyj, pre, zj, u, dzj);
