@@ -287,9 +287,10 @@ class _SplitConv1dScan(torch.autograd.Function):
     scan's output before the norm or gate, the norm's rstd and the small parameters), so
     the conv's output ([B, L, dim + 2GN]) is not kept between the passes but recomputed
     in the backward. The backward writes every gradient of zxbcdt into one dzxbcdt
-    buffer, each part through its view (nothing is concatenated): the conv's backward runs
-    once per x, B and C channel range, writing its dx straight into that range
-    (causal_conv1d_backward_into), so that the scan's three gradients are never joined; the
+    buffer, each part through its view (no large tensor is concatenated): the conv's
+    backward runs once over x's channels and once over B's and C's (whose small gradients
+    are joined), writing its dx straight into those ranges (causal_conv1d_backward_into),
+    so that the scan's x gradient is never copied; the
     gated RMSNorm's backward writes dz into its range too and recomputes the norm's output
     for out_proj's weight gradient in the same pass (gated_rms_norm_backward_into, as
     mamba_ssm's recompute_output); the other outputs are copied once into place (ddt, the
@@ -391,9 +392,14 @@ class _SplitConv1dScan(torch.autograd.Function):
         ddt.copy_(dscan_dt)
         dweights, dbiases = [], []
         seq32 = _seq_idx_int32(seq_idx)
-        for (a, b), g in zip(_conv_parts(cfg), (dx, dB, dC)):
+        # x's channels, then B's and C's together (their gradients joined: 2·G·N channels, a
+        # small copy; one launch where two would each leave most of the GPU idle)
+        gn2 = 2 * cfg.ngroups * cfg.dstate
+        parts = ((0, cfg.dim, dx.flatten(-2)),
+                 (cfg.dim, cfg.dim + gn2, torch.cat([dB.flatten(-2), dC.flatten(-2)], -1)))
+        for a, b, g in parts:
             dw, db, _ = torch.ops.baracuda.causal_conv1d_backward_into(
-                g.flatten(-2).transpose(1, 2), None, xBC[..., a:b].transpose(1, 2), conv1d_weight[a:b],
+                g.transpose(1, 2), None, xBC[..., a:b].transpose(1, 2), conv1d_weight[a:b],
                 dxBC[..., a:b].transpose(1, 2), conv1d_bias[a:b] if conv1d_bias is not None else None, seq32,
                 None, "silu" if cfg.silu else None)
             dweights.append(dw)

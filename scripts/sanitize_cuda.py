@@ -237,8 +237,8 @@ def gated_rmsnorm_cases() -> Iterator[Case]:
 
 def mamba_split_cases() -> Iterator[Case]:
     """mamba_split_conv1d_scan_combined's fused Function: the causal conv1d on zxbcdt's
-    channel-last slice (and its backward once per x, B and C channel range, writing dx into
-    those slices of dzxbcdt: causal_conv1d_backward_into), the scan, the
+    channel-last slice (and its backward over x's channels, then B's and C's, writing dx
+    into those slices of dzxbcdt: causal_conv1d_backward_into), the scan, the
     gated RMSNorm (its backward writing dz into dzxbcdt: gated_rms_norm_backward_into) or
     the scan's own gate, SwiGLU for a d_mlp part, seq_idx with padding."""
     from baracuda_torch.mamba import mamba_split_conv1d_scan_combined
