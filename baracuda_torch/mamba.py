@@ -290,12 +290,12 @@ class _SplitConv1dScan(torch.autograd.Function):
     buffer, each part through its view (no large tensor is concatenated): the conv's
     backward runs once over x's channels and once over B's and C's (whose small gradients
     are joined), writing its dx straight into those ranges (causal_conv1d_backward_into),
-    so that the scan's x gradient is never copied; the
-    gated RMSNorm's backward writes dz into its range too and recomputes the norm's output
-    for out_proj's weight gradient in the same pass (gated_rms_norm_backward_into, as
-    mamba_ssm's recompute_output); the other outputs are copied once into place (ddt, the
-    ungated dz); and with out_proj the d_mlp and SSM parts take their own products
-    (out_proj's input is never concatenated either).
+    so that the scan's x gradient is never copied; the gated RMSNorm's backward writes dz
+    into its range too and recomputes the norm's output for out_proj's weight gradient in
+    the same pass (gated_rms_norm_backward_into, as mamba_ssm's recompute_output); the
+    other outputs are copied once into place (ddt, the ungated dz); and with out_proj the
+    d_mlp and SSM parts take their own products (out_proj's input is never concatenated
+    either).
 
     The forward is context-free (setup_context saves), so that torch.func's grad and vjp
     apply (not vmap: the backward writes into its one buffer); what the backward needs
