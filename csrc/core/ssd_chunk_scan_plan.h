@@ -127,10 +127,12 @@ constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
 // Mamba-2 2.7B shape, H200), dC two (it spends that memory on its C tile; 229 us with
 // either ring).
 constexpr int ssd_group_grad_stages(bool db) { return db ? 3 : 2; }
-// Byte offsets (from the aligned base) of the state tiles and of dC's C tile, and the
-// dynamic shared memory in all: the plan checks `bytes`, the kernel's launcher uses the lot.
+// The elements of one Lft row in a ring buffer (padded rows; wgmma: P16 rounded up to 64,
+// the swizzled panels), byte offsets (from the aligned base) of the state tiles and of dC's
+// C tile, and the dynamic shared memory in all: the plan checks `bytes`, the kernel's
+// launcher uses the lot.
 struct SsdGroupGradSmem {
-  int64_t off_s, off_c, bytes;
+  int64_t lrow, off_s, off_c, bytes;
 };
 constexpr SsdGroupGradSmem ssd_group_grad_smem(int64_t head_dim, bool db, bool wgmma) {
   const int64_t kp = (head_dim + 15) / 16 * 16, s = ssd_group_grad_stages(db);
@@ -138,7 +140,7 @@ constexpr SsdGroupGradSmem ssd_group_grad_smem(int64_t head_dim, bool db, bool w
   const int64_t rows = s * 64 * lrow > 2 * 64 * 72 ? s * 64 * lrow : 2 * 64 * 72;
   const int64_t off_s = (rows * 2 + align - 1) / align * align;
   const int64_t off_c = off_s + (s * kp * srow * 2 + 15) / 16 * 16;
-  return {off_s, off_c, (wgmma ? 1024 : 0) + off_c + (db ? 0 : 64 * 72 * 4)};
+  return {lrow, off_s, off_c, (wgmma ? 1024 : 0) + off_c + (db ? 0 : 64 * 72 * 4)};
 }
 constexpr int64_t ssd_group_grad_smem_bytes(int64_t head_dim, bool db, bool wgmma) {
   return ssd_group_grad_smem(head_dim, db, wgmma).bytes;

@@ -337,7 +337,7 @@ __device__ __forceinline__ void sw128_fill(unsigned char* dst, int nrows, int kc
 template <typename T>
 struct SsdGroupGradParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
-  int P, KP, KPW, ldl, N, qp, r_tiles, j_tiles;  // KPW: KP rounded up to 64 (WG's Lft panels)
+  int P, KP, lrow, N, qp, r_tiles, j_tiles;  // lrow: an Lft row's elements (padded; WG: KP rounded up to 64)
   int off_s, off_c;      // byte offsets in dynamic shared memory of the state tiles and dC's C tile (Lft at 0)
   SsdOperand<T> lft;     // dy (dC) or x (dB), per head: the inter-chunk term's rows
   SsdOperand<T> v;       // B (dC) or C (dB), per group: dCB's partner
@@ -376,8 +376,8 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
   // (WG: the swizzled tiles need 1024-byte alignment; the plan's size has room for it)
   unsigned char* smem = ssd_dyn_smem;
   if constexpr (WG) smem += (1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(ssd_dyn_smem)) & 1023)) & 1023;
-  const int l_elems = WG ? kSsdTile * p.KPW : kSsdTile * p.ldl;
-  T* sL = reinterpret_cast<T*>(smem);                           // [S][64][ldl] (WG: [S][KPW/64][64][64] swizzled)
+  const int l_elems = kSsdTile * p.lrow;
+  T* sL = reinterpret_cast<T*>(smem);                           // [S][64][lrow] (WG: [S][lrow/64][64][64] swizzled)
   T* sA = sL;                                                   // phase 1: [64][kTcLd]
   T* sV = sL + kSsdTile * kTcLd;                                // phase 1: [64][kTcLd]
   T* sS = reinterpret_cast<T*>(smem + p.off_s);                 // [S][KP][kTcLd] (WG: [S][KP][64] swizzled)
@@ -457,7 +457,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
         sw128_fill<T>(reinterpret_cast<unsigned char*>(sS + buf * s_elems), p.KP, kSsdTile, ssrc, p.N, 1, p.P,
                       p.N - j0);
       } else {
-        tc_fill<T, true>(sL + buf * l_elems, p.ldl, kSsdTile, p.KP, lsrc, p.lft.s[1], p.lft.s[3], rows, p.P);
+        tc_fill<T, true>(sL + buf * l_elems, p.lrow, kSsdTile, p.KP, lsrc, p.lft.s[1], p.lft.s[3], rows, p.P);
         tc_fill<T, true>(sS + buf * s_elems, kTcLd, p.KP, kSsdTile, ssrc, p.N, 1, p.P, p.N - j0);
       }
       if (tid < kSsdTile) {
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
           wgmma_fence_regs(d);
         } else {
           tc_zero(acc_h);
-          tc_warp_gemm<T, false, true>(acc_h, sL + buf * l_elems + rw * p.ldl, p.ldl, sS + buf * s_elems, kTcLd,
+          tc_warp_gemm<T, false, true>(acc_h, sL + buf * l_elems + rw * p.lrow, p.lrow, sS + buf * s_elems, kTcLd,
                                        p.KP / 16, 0, 4);
         }
         float u[2];
@@ -846,7 +846,6 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.hpg = l.heads / l.groups, p.chunk = l.chunk_size, p.nchunks = l.nchunks();
   p.P = static_cast<int>(l.head_dim);
   p.KP = ssd_k16(p.P);
-  p.ldl = p.KP + 8;
   p.N = static_cast<int>(l.state_dim);
   p.qp = static_cast<int>(w.dcb_ld);
   p.r_tiles = p.qp / kSsdTile;
@@ -855,11 +854,11 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   // Shared memory: the plan header's layout (ssd_group_grad_smem, which the plan checked
   // against the opt-in limit): the ring's Lft buffers (also phase 1's two [64][kTcLd]
   // tiles), its state tiles, dC's float32 C tile; WG: swizzled, unpadded tiles, the Lft
-  // rows in panels of KPW = KP rounded up to 64 columns.
+  // rows in panels of 64 columns.
   static_assert(sizeof(T) == 2 && kSsdTile == 64 && kTcLd == 72 && kSsdGradCLd == 72,
                 "ssd_group_grad_smem (core/ssd_chunk_scan_plan.h) assumes these tiles");
-  p.KPW = (p.KP + 63) / 64 * 64;
   const SsdGroupGradSmem layout = ssd_group_grad_smem(l.head_dim, DB, WG);
+  p.lrow = static_cast<int>(layout.lrow);
   p.off_s = static_cast<int>(layout.off_s);
   p.off_c = static_cast<int>(layout.off_c);
   const int smem = static_cast<int>(layout.bytes);
