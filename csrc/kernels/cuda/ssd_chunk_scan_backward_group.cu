@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
   constexpr int S = ssd_group_grad_stages(DB);
   // (WG: the swizzled tiles need 1024-byte alignment; the plan's size has room for it)
   unsigned char* smem = ssd_dyn_smem;
-  if constexpr (WG) smem += (1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(ssd_dyn_smem)) & 1023)) & 1023;
+  if constexpr (WG) smem = gmma_align1024(smem);
   const int l_elems = kSsdTile * p.lrow;
   T* sL = reinterpret_cast<T*>(smem);                           // [S][64][lrow] (WG: [S][lrow/64][64][64] swizzled)
   T* sA = sL;                                                   // phase 1: [64][kTcLd]

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // (the swizzled tiles need 1024-byte alignment; ssd_fused_smem_bytes has room for it)
-  unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  unsigned char* smem = gmma_align1024(smem_raw);
   unsigned char* sX = smem;                          // [256][64]
   unsigned char* sB = sX + kFusedQ * kFusedP * 2;    // [256][NS]
   unsigned char* sC = sB + kFusedQ * NS * 2;         // [256][NS]

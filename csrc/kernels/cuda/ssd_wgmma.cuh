@@ -34,6 +34,12 @@ __device__ __forceinline__ uint64_t gmma_desc_sw128(const void* smem, uint32_t l
          (static_cast<uint64_t>(sbo >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// The first 1024-byte aligned address at or after p (shared memory): the base of swizzled
+// tiles in dynamic shared memory, whose size leaves 1024 bytes for it.
+__device__ __forceinline__ unsigned char* gmma_align1024(unsigned char* p) {
+  return p + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(p)) & 1023)) & 1023);
+}
+
 // Byte offset of 16-byte chunk `chunk` (0..7) of row r in a 128-byte swizzled tile.
 __device__ __forceinline__ int gmma_sw128_off(int r, int chunk) { return r * 128 + ((chunk ^ (r & 7)) << 4); }
 
