@@ -375,13 +375,13 @@ _VARIANT_KERNELS = {
     ("forward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_scan_kernel"},
     ("backward", "group_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
                                 "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"},
-    ("backward", "group_wgmma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
-                                  "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"},
     ("backward", "chunked_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
                                   "ssd_tc_scan_kernel", "ssd_tc_dacs_kernel"},
     ("backward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
                               "ssd_scan_kernel", "ssd_dacs_kernel"},
 }
+# group_wgmma runs group_mma's kernels (the dC/dB kernel's products on wgmma)
+_VARIANT_KERNELS[("backward", "group_wgmma")] = _VARIANT_KERNELS[("backward", "group_mma")]
 # Kernels no variant shares: each is the mark of the variants that list it.
 _MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel",
           "ssd_tc_chunk_state_kernel", "ssd_chunk_state_kernel", "ssd_tc_scan_kernel", "ssd_scan_kernel",
