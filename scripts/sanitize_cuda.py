@@ -199,6 +199,33 @@ def rmsnorm_cases() -> Iterator[Case]:
                            build, run, ("rms_norm", "add_rms_norm"))
 
 
+def conv_cases() -> Iterator[Case]:
+    """The causal conv1d, forward and backward, in each layout the plan maps to a kernel
+    (channel-last vectors, 16-byte rows with a ragged last vector, strided), each width,
+    with seq_idx (padding steps too) or with initial states and final states (dfinal)."""
+    for dtype in DTYPES:
+        for width in (2, 3, 4):
+            shapes = (("channel-last", lambda: rand(2, 45, 24, dtype=dtype).detach().transpose(1, 2)),
+                      ("rows", lambda: rand(2, 24, 45, dtype=dtype).detach()),
+                      ("strided", lambda: rand(2, 24, 90, dtype=dtype).detach()[..., ::2]))
+            for name, make_x in shapes:
+                for seq in (True, False):
+                    def build(make_x=make_x, width=width, seq=seq, dtype=dtype):
+                        x = make_x().requires_grad_(True)
+                        w, b = rand(24, width, dtype=dtype), rand(24, dtype=dtype)
+                        if seq:
+                            ids = torch.arange(45, device="cuda", dtype=torch.int32) // 10 - 1
+                            return (x, w, b, ids.expand(2, 45).contiguous(), None)
+                        return (x, w, b, None, rand(2, 24, width - 1, dtype=dtype))
+
+                    def run(x, w, b, seq_idx, init):
+                        return bt.causal_depthwise_conv1d(x, w, b, seq_idx=seq_idx, initial_states=init,
+                                                          activation="silu",
+                                                          return_final_states=init is not None)
+                    yield (f"conv W={width} {name} seq_idx={seq}", build, run,
+                           ("causal_conv1d", "causal_conv1d_backward"))
+
+
 def gated_rmsnorm_cases() -> Iterator[Case]:
     """The gated RMSNorm over group widths that take each variant (8 lanes, a block, 4
     vectors a thread, strided: odd, transposed, wider than the registers hold), several
@@ -379,7 +406,7 @@ def state_update_cases() -> Iterator[Case]:
 
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,
             "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
-            "gather": gather_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
+            "gather": gather_cases, "conv": conv_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
             "ssd": ssd_cases,
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
             "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
