@@ -224,6 +224,22 @@ def test_output_layouts(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_long_sequences(device, dtype):
+    """Rows of many chunks, several iterations each, a ragged end: on CUDA the backward
+    completes dx W − 1 steps behind its loads, carries the next iteration's loads and, on
+    16-byte rows, stores dx a vector at a time across iterations; against reference.py in
+    float64, each width and layout, with seq_idx or with initial and final states."""
+    B, D, L = 2, 24, 1001
+    for W in (2, 3, 4):
+        w, b = weight_for(D, W, dtype, device), randn((D,), dtype, device)
+        for name in ("contiguous", "rows_sliced", "channel_last_slice"):
+            x = layouts(dtype, device, B, D, L)[name]
+            run_and_check(x, w, b, conv_seq_idx(device, B, L, padding=3), None, "silu", truth=ref.causal_conv1d)
+            run_and_check(x, w, None, None, randn((B, D, W - 1), dtype, device), None, truth=ref.causal_conv1d)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_every_element_written(device, dtype):
     """NaN-poisoned fresh outputs (deterministic mode): every element of out, final_states,
     dx, dweight, dbias and dinitial_states is written, in every layout and option."""
