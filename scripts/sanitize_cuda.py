@@ -201,12 +201,13 @@ def rmsnorm_cases() -> Iterator[Case]:
 
 def conv_cases() -> Iterator[Case]:
     """The causal conv1d, forward and backward, in each layout the plan maps to a kernel
-    (channel-last vectors, 16-byte rows with a ragged last vector, strided), each width,
-    with seq_idx (padding steps too) or with initial states and final states (dfinal)."""
+    (channel-last vectors, 16-byte rows: 48 steps, a 16-bit thread's last iteration ending
+    halfway; strided), each width, with seq_idx (padding steps too) or with initial states
+    and final states (dfinal)."""
     for dtype in DTYPES:
         for width in (2, 3, 4):
             shapes = (("channel-last", lambda: rand(2, 45, 24, dtype=dtype).detach().transpose(1, 2)),
-                      ("rows", lambda: rand(2, 24, 45, dtype=dtype).detach()),
+                      ("rows", lambda: rand(2, 24, 48, dtype=dtype).detach()),
                       ("strided", lambda: rand(2, 24, 90, dtype=dtype).detach()[..., ::2]))
             for name, make_x in shapes:
                 for seq in (True, False):
@@ -214,8 +215,9 @@ def conv_cases() -> Iterator[Case]:
                         x = make_x().requires_grad_(True)
                         w, b = rand(24, width, dtype=dtype), rand(24, dtype=dtype)
                         if seq:
-                            ids = torch.arange(45, device="cuda", dtype=torch.int32) // 10 - 1
-                            return (x, w, b, ids.expand(2, 45).contiguous(), None)
+                            L = x.size(2)
+                            ids = torch.arange(L, device="cuda", dtype=torch.int32) // 10 - 1
+                            return (x, w, b, ids.expand(2, L).contiguous(), None)
                         return (x, w, b, None, rand(2, 24, width - 1, dtype=dtype))
 
                     def run(x, w, b, seq_idx, init):

@@ -225,17 +225,28 @@ def test_output_layouts(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_long_sequences(device, dtype):
-    """Rows of many chunks, several iterations each, a ragged end: on CUDA the backward
-    completes dx W − 1 steps behind its loads, carries the next iteration's loads and, on
-    16-byte rows, stores dx a vector at a time across iterations; against reference.py in
-    float64, each width and layout, with seq_idx or with initial and final states."""
-    B, D, L = 2, 24, 1001
-    for W in (2, 3, 4):
-        w, b = weight_for(D, W, dtype, device), randn((D,), dtype, device)
-        for name in ("contiguous", "rows_sliced", "channel_last_slice"):
-            x = layouts(dtype, device, B, D, L)[name]
-            run_and_check(x, w, b, conv_seq_idx(device, B, L, padding=3), None, "silu", truth=ref.causal_conv1d)
-            run_and_check(x, w, None, None, randn((B, D, W - 1), dtype, device), None, truth=ref.causal_conv1d)
+    """Rows of many chunks, several iterations each: on CUDA the backward completes dx W − 1
+    steps behind its loads, carries the next iteration's loads and, on 16-byte rows, stores
+    dx a vector at a time across iterations. A contiguous x takes the rows kernel where its
+    row length is a multiple of the 16-byte vector (asserted on CUDA; L = 1000 and 8200
+    end inside a 16-bit thread's 16-step iteration, L = 1004 inside a float32 one's, and is
+    strided for 16-bit data). Against reference.py in float64, each width, with seq_idx or
+    with initial and final states; the channel-last slice alike."""
+    for B, D, L in ((2, 24, 1000), (2, 24, 1004), (1, 3, 8200)):
+        xs = {"contiguous": randn((B, D, L), dtype, device)}
+        if D % 4 == 0:
+            xs["channel_last_slice"] = layouts(dtype, device, B, D, L)["channel_last_slice"]
+        for W in (2, 3, 4):
+            w, b = weight_for(D, W, dtype, device), randn((D,), dtype, device)
+            for name, x in xs.items():
+                if x.is_cuda and name == "contiguous":
+                    rows = L % (16 // x.element_size()) == 0
+                    variant = bt.explain("causal_conv1d_backward", torch.empty_like(x), None, x, w).variant
+                    assert variant == ("rows_vec16" if rows else "strided"), (L, dtype, variant)
+                run_and_check(x, w, b, conv_seq_idx(device, B, L, padding=3), None, "silu",
+                              truth=ref.causal_conv1d)
+                run_and_check(x, w, None, None, randn((B, D, W - 1), dtype, device), None,
+                              truth=ref.causal_conv1d)
 
 
 @pytest.mark.parametrize("device", DEVICES)
