@@ -419,10 +419,10 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
       int64_t t = th.t0;
       for (; t < end; t += S) {
         next.load(l, th.b, x, dout, t + S, in_end);
+        const int32_t* ss = cur.seq;
 #pragma unroll
         for (int s = 0; s < S; ++s) {
           const int64_t tt = t + s;
-          const int32_t* ss = cur.seq;
           const bool live = tt < in_end && !(l.has_seq_idx && ss[s] < 0);
           Acc x_t[C], g[C];
           to_acc<T, C>(cur.x[s], x_t);
