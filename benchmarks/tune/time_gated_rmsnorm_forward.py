@@ -1,0 +1,17 @@
+"""Dev tool: the gated RMSNorm forward at the Mamba-2 2.7B layer ([16384, 5120] bf16; one group and
+groups of 640, each gate order), µs (``harness.time_us``: do_bench, L2 flushed), with the plan's variant.
+Run on the GPU from the repo root:
+  PYTHONPATH=$PWD python benchmarks/tune/time_gated_rmsnorm_forward.py [label]"""
+import sys
+import torch
+import baracuda_torch as bt
+sys.path.insert(0, "benchmarks")
+from harness import time_us  # noqa: E402
+ops = torch.ops.baracuda
+x, z = (torch.randn(16384, 5120, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+w = torch.randn(5120, dtype=torch.bfloat16, device="cuda")
+out = []
+for gs in (None, 640):
+    for nbg in (False, True):
+        out.append(f"gs={gs} nbg={nbg} {time_us(lambda: ops.gated_rms_norm(x, w, None, z, 1e-5, gs, nbg))[0]:.1f}")
+print(sys.argv[1] if len(sys.argv) > 1 else "", bt.explain("gated_rms_norm", x, w, None, z, 1e-5).variant, " | ".join(out))
