@@ -1,0 +1,42 @@
+"""Dev tool: our SSD backward alone, µs of each kernel per call (torch.profiler over
+profile_ssd_chunk_scan.REPS calls after three), at one of that file's shapes — for A/B
+runs of one kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py
+take too long. Run on the GPU from the repo root:
+  PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options] [--shape 0]
+Prints one line: the label, the total and every kernel above 5 µs."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import profile_ssd_chunk_scan as ps  # noqa: E402
+
+from baracuda_torch.mamba import mamba_chunk_scan_combined  # noqa: E402
+
+
+def short(name: str) -> str:
+    m = re.search(r"(ssd_\w+(<[^>(]*>)?)", name)
+    return m.group(1).replace("__nv_bfloat16", "bf16") if m else name[:30]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("label")
+    ap.add_argument("--options", action="store_true")
+    ap.add_argument("--shape", type=int, default=0)
+    a = ap.parse_args()
+    args, kw, leaves = ps.make_inputs(*ps.SHAPES[a.shape], a.options)
+    dy = torch.randn_like(args[0])
+    y = mamba_chunk_scan_combined(*args, ps.CHUNK, **kw)
+    rows = ps.kernels(lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True))
+    print(a.label, "options" if a.options else "plain", f"shape {a.shape}", f"{sum(r[1] for r in rows):.0f} µs:",
+          " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), flush=True)
+
+
+if __name__ == "__main__":
+    main()
