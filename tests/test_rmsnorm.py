@@ -464,9 +464,8 @@ def test_cuda_wide_rows(dtype):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_many_rows(dtype):
-    """More row groups than the plain forward's grid holds (each block walks several: 8 rows
-    a block of 32-thread rows, 2 of 128-thread rows), with and without a residual (one block
-    a row group), against the reference."""
+    """Thousands of row groups (more than a resident grid holds): 40000 rows of 256 (8 rows a
+    forward block) and 3001 of 4096, with and without a residual, against the reference."""
     for rows, cols in ((40000, 256), (3001, 4096)):
         x, w = randn((rows, cols), dtype, "cuda"), randn((cols,), dtype, "cuda")
         run_and_check(x, w, 1e-6, "llama")
