@@ -363,6 +363,33 @@ def ssd_fused_wgmma_cases() -> Iterator[Case]:
     return _wgmma_cases(ssd_fused_cases, bt._C._ssd_cuda_forward, "fused_wgmma")
 
 
+def ssd_fused_n256_cases() -> Iterator[Case]:
+    """fused_mma_cb at state dims above 128 (its tile of 256 columns, one block a
+    multiprocessor), forced through the test switch (the plan does not pick it there yet):
+    N = 256 (whole 16-byte rows, one head a group and head_dim 128) and N = 200 (padded
+    tile, scalar loads) with D, z and initial states; forward and backward. Sm_90 only (the
+    tile's 175 KB of shared memory)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return
+    from baracuda_torch.mamba import mamba_chunk_scan_combined
+    previous = bt._C._ssd_cuda_forward("fused_mma_cb")
+    try:
+        for N, P, G, options in ((256, 128, 2, False), (200, 64, 1, True)):
+            def make(N=N, P=P, G=G, options=options):
+                B, L, H, dtype = 1, 300, 2, torch.bfloat16
+                t = (rand(B, L, H, P, dtype=dtype), (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5),
+                     (-torch.rand(H, device="cuda")), rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype))
+                extra = ((rand(H, dtype=torch.float32), rand(B, L, H, P, dtype=dtype),
+                          rand(B, H, P, N, dtype=torch.float32)) if options else (None, None, None))
+                return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra
+
+            def run(x, dt, A, B, C, D, z, init):
+                return mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, z=z, initial_states=init)
+            yield f"ssd fused_mma_cb N={N} P={P} G={G} options={options}", make, run, ("ssd_chunk_scan_combined",)
+    finally:
+        bt._C._ssd_cuda_forward(previous)
+
+
 def state_update_cases() -> Iterator[Case]:
     """The state update and its tokens op over d_state classes (lanes and chunks a row), a
     batch large enough for several passes a block (both ways of computing a row's values:
@@ -411,7 +438,8 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "gather": gather_cases, "conv": conv_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
             "ssd": ssd_cases,
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
-            "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
+            "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases,
+            "ssd_fused_n256": ssd_fused_n256_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
 
 def run_case(name: str, make, fn) -> str:

@@ -2,8 +2,8 @@
 with fewer than 4 heads per group; "fused_mma_cb": the same reading C·Bᵀ from a table
 computed once per (batch, chunk, group), the plan's choice with 4 or more;
 "fused_wgmma": Hopper's wgmma, sm_90 with the build's sm_90a code, run through the test
-switch; float16/bfloat16, head_dim a multiple of 64, state_dim <= 128, chunk <= 256, no
-seq_idx): which problems the plan gives them, and each kernel's forward (out,
+switch; float16/bfloat16, head_dim a multiple of 64, state_dim <= 128 — fused_mma_cb up
+to 256 through the switch —, chunk <= 256, no seq_idx): which problems the plan gives them, and each kernel's forward (out,
 final_states, y_pre through the backward) against the float64 recurrence with every
 option it takes, odd lengths and chunks, strided inputs, poisoned outputs, bitwise
 determinism and CUDA-graph replay. Then the backward's group products ("group_mma",
@@ -222,6 +222,98 @@ def test_forced_staged_forward_agrees():
         bt._C._ssd_cuda_forward(previous)
     rel = ((fused.double() - staged.double()).norm() / staged.double().norm()).item()
     assert rel < 4 * torch.finfo(torch.bfloat16).eps, rel
+
+
+# State dims above 128 (tiles of 256 columns): fused_mma_cb only, on devices whose opt-in
+# shared memory holds its 175 KB (Hopper), through the test switch — the plan keeps the
+# staged kernels there until the kernel is measured against them. One head a group (the
+# issue's N = 256 shape), 4 heads a group with two head_dim tiles, and N = 200 (a padded
+# tile, scalar loads) with an odd chunk.
+SHAPES_N256 = [
+    (1, 530, 2, 128, 256, 2, 256),
+    (2, 300, 4, 64, 256, 1, 256),
+    (1, 333, 2, 64, 200, 1, 100),
+]
+
+
+@pytest.fixture
+def cb_256():
+    """The forward forced to fused_mma_cb, where it takes N = 256 (skipped elsewhere)."""
+    if "fused_mma_cb" not in fused_kernels():
+        pytest.skip("no fused forward on this device")
+    previous = bt._C._ssd_cuda_forward("fused_mma_cb")
+    try:
+        x, dt, A, B, C = ssd_inputs(1, 64, 1, 64, 256, 1, torch.bfloat16, "cuda")
+        if bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=64).variant != "fused_mma_cb":
+            assert torch.cuda.get_device_capability() != (9, 0), "Hopper's shared memory holds the N = 256 tiles"
+            pytest.skip("this device's shared memory does not hold fused_mma_cb's N = 256 tiles")
+        yield
+    finally:
+        bt._C._ssd_cuda_forward(previous)
+
+
+@requires_cuda
+def test_n256_is_not_the_plans_choice_yet():
+    staged = "chunked_mma" if torch.cuda.get_device_capability()[0] >= 8 else "chunked"
+    x, dt, A, B, C = ssd_inputs(1, 300, 8, 64, 256, 1, torch.bfloat16, "cuda")
+    for forced in ("auto", "fused_mma", "fused_wgmma"):
+        if forced != "auto" and forced not in fused_kernels():
+            continue
+        previous = bt._C._ssd_cuda_forward(forced)
+        try:
+            assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=256).variant == staged, forced
+        finally:
+            bt._C._ssd_cuda_forward(previous)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", SHAPES_N256, ids=lambda s: "B{}L{}H{}P{}N{}G{}Q{}".format(*s))
+def test_n256_forward_and_backward(dtype, shape, cb_256):
+    b, L, H, P, N, G, Q = shape
+    inputs = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    assert bt.explain("ssd_chunk_scan", *inputs, chunk_size=Q).variant == "fused_mma_cb"
+    poison_fresh_outputs()
+    y = bt.ssd_chunk_scan(*leaves, chunk_size=Q)
+    dy = torch.randn(y.shape, dtype=torch.float64).to(device="cuda", dtype=dtype)
+    grads = torch.autograd.grad(y, leaves, dy)
+    y64, g64 = reference_grads(inputs, dy)
+    rtol = rtol_for(dtype, "cuda")
+    check(y, y64, rtol, f"y of {shape}")
+    for name, g, e in zip(("dx", "ddt", "dA", "dB", "dC"), grads, g64):
+        check(g, e, rtol, f"{name} of {shape}")
+
+
+@requires_cuda
+def test_n256_every_option_reproducible_and_graph_capture(cb_256):
+    """D, z, initial and final states at N = 256 against the float64 recurrence; the same
+    bits twice and from a CUDA graph's replays."""
+    rng = random.Random(256)
+    torch.manual_seed(256)
+    for i, (b, L, H, P, N, G, Q) in enumerate(SHAPES_N256):
+        t, kw = make_case(rng, b, L, H, P, N, G, torch.bfloat16, "cuda", seq_idx=False, init=i != 1, z=i != 2)
+        check_case(t, kw, Q, f"N256 {(b, L, H, P, N, G, Q)} {kw}")
+    b, L, H, P, N, G, Q = SHAPES_N256[1]
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    init, D, z = torch.randn(b, H, P, N, device="cuda"), torch.randn(H, device="cuda"), torch.randn_like(x)
+    run = lambda: mamba.mamba_chunk_scan_combined(  # noqa: E731
+        x, dt, A, B, C, Q, D=D, z=z, initial_states=init, return_final_states=True)
+    out1, fin1 = run()
+    out2, fin2 = run()
+    assert torch.equal(out1, out2) and torch.equal(fin1, fin2)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g, fin_g = run()
+    out_g.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_g, out1) and torch.equal(fin_g, fin1)
 
 
 def test_forward_switch_names_its_choices():

@@ -261,7 +261,9 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
       l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() >= (int64_t{1} << 31))
     return {};
   CudaForwardChoice c;
-  c.state_tile = l.state_dim <= 64 ? 64 : 128;
+  c.state_tile = l.state_dim <= 64 ? 64 : l.state_dim <= 128 ? 128 : 256;
+  // (a tile of 256: FusedMmaCb only, and only when forced; see kSsdFusedPlanMaxState)
+  if (l.state_dim > kSsdFusedPlanMaxState && forced != static_cast<int>(SsdCudaForward::FusedMmaCb)) return {};
   if (forced == static_cast<int>(SsdCudaForward::FusedWgmma) && wgmma_device(desc))
     c.kernel = SsdCudaForward::FusedWgmma;
   else if (forced == static_cast<int>(SsdCudaForward::FusedMmaCb) ||

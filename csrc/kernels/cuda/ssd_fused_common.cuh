@@ -365,7 +365,9 @@ inline void fused_check_launch(const SsdChunkScanLaunch& l, SsdCudaForward kerne
   if (l.cuda_forward != kernel || (l.element != ElementKind::F16 && l.element != ElementKind::BF16) ||
       l.compute != ElementKind::F32 || l.chunk_size < 1 || l.chunk_size > kSsdFusedMaxChunk ||
       l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim < 1 || l.state_dim > l.fused_state_tile ||
-      (l.fused_state_tile != 64 && l.fused_state_tile != 128) || l.seq_idx != nullptr ||
+      (l.fused_state_tile != 64 && l.fused_state_tile != 128 &&
+       (l.fused_state_tile != 256 || kernel != SsdCudaForward::FusedMmaCb)) ||
+      l.seq_idx != nullptr ||
       l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
       fused_chains(l) * l.nchunks() >= (int64_t{1} << 31))
     fail(PlanErrorKind::Internal, "ssd_chunk_scan",

@@ -1,6 +1,7 @@
 // Mamba-2 SSD chunk scan, CUDA forward in one launch ("fused_mma": mma.sync tensor-core
 // products, sm_80+; ssd_fused_forward_sm90.cu is the same algorithm on Hopper's wgmma):
-// float16/bfloat16, head_dim a multiple of 64, state_dim <= 128, chunk <= 256, no seq_idx
+// float16/bfloat16, head_dim a multiple of 64, state_dim <= 128 (FusedMmaCb up to 256:
+// core/ssd_chunk_scan_plan.h's kSsdFusedPlanMaxState says when), chunk <= 256, no seq_idx
 // (the plan, core/ssd_chunk_scan_plan.cpp, chooses it and checks each condition; the
 // staged kernels of ssd_chunk_scan_tc.cuh run everything else).
 //
@@ -34,7 +35,9 @@
 // of its next output tile into a [16][N] tile of its own there (C·H_cᵀ is all that still
 // needs them). A block then takes 107 KB instead of 193 and two blocks share a
 // multiprocessor (128 registers a thread), one's loads and waits overlapping the other's
-// products. Every value is computed by the same operations in the same order as in
+// products. With a state tile of 256 columns (175 KB) a block has its multiprocessor to
+// itself (ptxas for sm_90a: 212 registers, no spills; the C fragments and the state's
+// accumulators and hand-over values are 64 registers each there). Every value is computed by the same operations in the same order as in
 // FusedMma, so the outputs are the same bits (tests/test_ssd_fused.py checks that).
 //
 // Ordering and progress: blocks take a ticket (atomicAdd) when they start and work on the
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
 }
 
 template <typename T, int NS, bool CB>
-__global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1) ssd_fused_forward_kernel(const FusedParams p) {
+__global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1) ssd_fused_forward_kernel(const FusedParams p) {
   constexpr int kLdN = NS + 8;
   constexpr int kNT = NS / 16;  // k-steps over N; 8-column tiles per warp in the state product
   extern __shared__ __align__(16) unsigned char smem[];
@@ -446,7 +449,9 @@ void ssd_chunk_scan_cuda_fused_forward(const SsdChunkScanLaunch& l, void* stream
   dispatch_half(l.element, "ssd_chunk_scan", [&](auto tag) {
     using T = decltype(tag);
     if (cb)
-      l.fused_state_tile == 128 ? launch_fused<T, 128, true>(l, s) : launch_fused<T, 64, true>(l, s);
+      l.fused_state_tile == 256   ? launch_fused<T, 256, true>(l, s)
+      : l.fused_state_tile == 128 ? launch_fused<T, 128, true>(l, s)
+                                  : launch_fused<T, 64, true>(l, s);
     else
       l.fused_state_tile == 128 ? launch_fused<T, 128, false>(l, s) : launch_fused<T, 64, false>(l, s);
   });
