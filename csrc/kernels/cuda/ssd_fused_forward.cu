@@ -37,8 +37,9 @@
 // multiprocessor (128 registers a thread), one's loads and waits overlapping the other's
 // products. With a state tile of 256 columns (175 KB) a block has its multiprocessor to
 // itself (ptxas for sm_90a: 212 registers, no spills; the C fragments and the state's
-// accumulators and hand-over values are 64 registers each there). Every value is computed by the same operations in the same order as in
-// FusedMma, so the outputs are the same bits (tests/test_ssd_fused.py checks that).
+// accumulators and hand-over values are 64 registers each there). Every value is computed
+// by the same operations in the same order as in FusedMma, so the outputs are the same
+// bits (tests/test_ssd_fused.py checks that).
 //
 // Ordering and progress: blocks take a ticket (atomicAdd) when they start and work on the
 // ticket's problem, chunk-major, so the block a block waits for has a smaller ticket: it
@@ -146,7 +147,8 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
 }
 
 template <typename T, int NS, bool CB>
-__global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1) ssd_fused_forward_kernel(const FusedParams p) {
+__global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
+    ssd_fused_forward_kernel(const FusedParams p) {
   constexpr int kLdN = NS + 8;
   constexpr int kNT = NS / 16;  // k-steps over N; 8-column tiles per warp in the state product
   extern __shared__ __align__(16) unsigned char smem[];
