@@ -6,9 +6,9 @@ switch; float16/bfloat16, head_dim a multiple of 64, state_dim <= 128 — fused_
 to 256 through the switch —, chunk <= 256, no seq_idx): which problems the plan gives
 them, and each kernel's forward (out, final_states, y_pre through the backward) against
 the float64 recurrence with every option it takes, odd lengths and chunks, strided
-inputs, poisoned outputs, bitwise determinism and CUDA-graph replay. Then the backward's group products ("group_mma",
-the intra-chunk dB/dC products once per group) likewise, next to the per-head ones. CUDA
-only.
+inputs, poisoned outputs, bitwise determinism and CUDA-graph replay. Then the backward's
+group products ("group_mma", the intra-chunk dB/dC products once per group) likewise,
+next to the per-head ones. CUDA only.
 
 Tolerances: those of test_ssd_chunk_scan (rtol_for), through test_mamba's check_case.
 """
@@ -226,9 +226,9 @@ def test_forced_staged_forward_agrees():
 
 # State dims above 128 (tiles of 256 columns): fused_mma_cb only, on devices whose opt-in
 # shared memory holds its 175 KB (Hopper), through the test switch — the plan keeps the
-# staged kernels there until the kernel is measured against them. One head a group (the
-# issue's N = 256 shape), 4 heads a group with two head_dim tiles, and N = 200 (a padded
-# tile, scalar loads) with an odd chunk.
+# staged kernels there until the kernel is measured against them. One head a group with
+# two head_dim tiles (as the issue's N = 256 shape, P = 128), four heads a group, and
+# N = 200 (a padded tile, scalar loads) with an odd chunk.
 SHAPES_N256 = [
     (1, 530, 2, 128, 256, 2, 256),
     (2, 300, 4, 64, 256, 1, 256),
@@ -288,7 +288,7 @@ def test_n256_forward_and_backward(dtype, shape, cb_256):
 @requires_cuda
 def test_n256_every_option_reproducible_and_graph_capture(cb_256):
     """D, z, initial and final states at N = 256 against the float64 recurrence; the same
-    bits twice and from a CUDA graph's replays."""
+    bits twice and from a CUDA graph's replay."""
     rng = random.Random(256)
     torch.manual_seed(256)
     for i, (b, L, H, P, N, G, Q) in enumerate(SHAPES_N256):
