@@ -98,10 +98,16 @@ def test_plan_picks_the_fused_forward_where_it_applies():
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}L{}H{}P{}N{}G{}Q{}".format(*s))
 def test_plain_forward_and_backward(dtype, shape, kernel):
+    check_plain(dtype, shape, kernel)
+
+
+def check_plain(dtype, shape, variant):
+    """The plan runs `variant` on this problem; out and every gradient against the float64
+    recurrence, on poisoned fresh outputs."""
     b, L, H, P, N, G, Q = shape
     inputs = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
     leaves = [t.detach().requires_grad_() for t in inputs]
-    assert bt.explain("ssd_chunk_scan", *inputs, chunk_size=Q).variant == kernel
+    assert bt.explain("ssd_chunk_scan", *inputs, chunk_size=Q).variant == variant
     poison_fresh_outputs()
     y = bt.ssd_chunk_scan(*leaves, chunk_size=Q)
     dy = torch.randn(y.shape, dtype=torch.float64).to(device="cuda", dtype=dtype)
@@ -155,7 +161,13 @@ def test_strided_inputs(kind, kernel):
 
 @requires_cuda
 def test_bitwise_reproducible_and_graph_capture(kernel):
-    b, L, H, P, N, G, Q = 2, 1100, 8, 64, 128, 1, 256
+    check_bitwise_and_replay((2, 1100, 8, 64, 128, 1, 256))
+
+
+def check_bitwise_and_replay(shape):
+    """The forward with D, z and initial states, twice: the same bits; then captured in a CUDA
+    graph and replayed twice: the same bits again."""
+    b, L, H, P, N, G, Q = shape
     x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
     init = torch.randn(b, H, P, N, device="cuda")
     D = torch.randn(H, device="cuda")
@@ -165,14 +177,7 @@ def test_bitwise_reproducible_and_graph_capture(kernel):
     out1, fin1 = run()
     out2, fin2 = run()
     assert torch.equal(out1, out2) and torch.equal(fin1, fin2)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()  # warm-up on the side stream
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_g, fin_g = run()
+    graph, (out_g, fin_g) = capture_graph(run)
     for _ in range(2):  # replays start from zeroed counters every time
         out_g.fill_(float("nan"))
         graph.replay()
@@ -270,50 +275,19 @@ def test_n256_is_not_the_plans_choice_yet():
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("shape", SHAPES_N256, ids=lambda s: "B{}L{}H{}P{}N{}G{}Q{}".format(*s))
 def test_n256_forward_and_backward(dtype, shape, cb_256):
-    b, L, H, P, N, G, Q = shape
-    inputs = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
-    leaves = [t.detach().requires_grad_() for t in inputs]
-    assert bt.explain("ssd_chunk_scan", *inputs, chunk_size=Q).variant == "fused_mma_cb"
-    poison_fresh_outputs()
-    y = bt.ssd_chunk_scan(*leaves, chunk_size=Q)
-    dy = torch.randn(y.shape, dtype=torch.float64).to(device="cuda", dtype=dtype)
-    grads = torch.autograd.grad(y, leaves, dy)
-    y64, g64 = reference_grads(inputs, dy)
-    rtol = rtol_for(dtype, "cuda")
-    check(y, y64, rtol, f"y of {shape}")
-    for name, g, e in zip(("dx", "ddt", "dA", "dB", "dC"), grads, g64):
-        check(g, e, rtol, f"{name} of {shape}")
+    check_plain(dtype, shape, "fused_mma_cb")
 
 
 @requires_cuda
 def test_n256_every_option_reproducible_and_graph_capture(cb_256):
     """D, z, initial and final states at N = 256 against the float64 recurrence; the same
-    bits twice and from a CUDA graph's replay."""
+    bits twice and from a CUDA graph's replays."""
     rng = random.Random(256)
     torch.manual_seed(256)
     for i, (b, L, H, P, N, G, Q) in enumerate(SHAPES_N256):
         t, kw = make_case(rng, b, L, H, P, N, G, torch.bfloat16, "cuda", seq_idx=False, init=i != 1, z=i != 2)
         check_case(t, kw, Q, f"N256 {(b, L, H, P, N, G, Q)} {kw}")
-    b, L, H, P, N, G, Q = SHAPES_N256[1]
-    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
-    init, D, z = torch.randn(b, H, P, N, device="cuda"), torch.randn(H, device="cuda"), torch.randn_like(x)
-    run = lambda: mamba.mamba_chunk_scan_combined(  # noqa: E731
-        x, dt, A, B, C, Q, D=D, z=z, initial_states=init, return_final_states=True)
-    out1, fin1 = run()
-    out2, fin2 = run()
-    assert torch.equal(out1, out2) and torch.equal(fin1, fin2)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_g, fin_g = run()
-    out_g.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out_g, out1) and torch.equal(fin_g, fin1)
+    check_bitwise_and_replay(SHAPES_N256[1])
 
 
 def test_forward_switch_names_its_choices():
