@@ -342,20 +342,27 @@ def ssd_fused_cases() -> Iterator[Case]:
     heads a group: the C·Bᵀ table, H_c where B was) and fused_mma (a head a group); a short
     last chunk, N = 128 (whole 16-byte rows) and N = 38 (scalar loads, padded state
     columns), with D, z and initial states; forward and backward."""
-    from baracuda_torch.mamba import mamba_chunk_scan_combined
     for G in (1, 4):
         for N, options in ((128, False), (38, True)):
-            def make(G=G, N=N, options=options):
-                B, L, H, P, dtype = 1, 300, 4, 64, torch.bfloat16
-                t = (rand(B, L, H, P, dtype=dtype), (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5),
-                     (-torch.rand(H, device="cuda")), rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype))
-                extra = ((rand(H, dtype=torch.float32), rand(B, L, H, P, dtype=dtype),
-                          rand(B, H, P, N, dtype=torch.float32)) if options else (None, None, None))
-                return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra
+            yield (f"ssd fused G={G} N={N} options={options}",
+                   lambda G=G, N=N, options=options: _ssd_fused_inputs(4, 64, G, N, options), _ssd_fused_run,
+                   ("ssd_chunk_scan_combined",))
 
-            def run(x, dt, A, B, C, D, z, init):
-                return mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, z=z, initial_states=init)
-            yield f"ssd fused G={G} N={N} options={options}", make, run, ("ssd_chunk_scan_combined",)
+
+def _ssd_fused_inputs(H, P, G, N, options):
+    """The fused forwards' cases' inputs (bfloat16, B 1, L 300): x, dt, A, B, C with
+    gradients, then D [H], z and float32 initial states (or None each without options)."""
+    B, L, dtype = 1, 300, torch.bfloat16
+    t = (rand(B, L, H, P, dtype=dtype), (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5),
+         (-torch.rand(H, device="cuda")), rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype))
+    extra = ((rand(H, dtype=torch.float32), rand(B, L, H, P, dtype=dtype),
+              rand(B, H, P, N, dtype=torch.float32)) if options else (None, None, None))
+    return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra
+
+
+def _ssd_fused_run(x, dt, A, B, C, D, z, init):
+    from baracuda_torch.mamba import mamba_chunk_scan_combined
+    return mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, z=z, initial_states=init)
 
 
 def ssd_fused_wgmma_cases() -> Iterator[Case]:
@@ -371,21 +378,12 @@ def ssd_fused_n256_cases() -> Iterator[Case]:
     tile's 175 KB of shared memory)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         return
-    from baracuda_torch.mamba import mamba_chunk_scan_combined
     previous = bt._C._ssd_cuda_forward("fused_mma_cb")
     try:
         for N, P, G, options in ((256, 128, 2, False), (200, 64, 1, True)):
-            def make(N=N, P=P, G=G, options=options):
-                B, L, H, dtype = 1, 300, 2, torch.bfloat16
-                t = (rand(B, L, H, P, dtype=dtype), (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5),
-                     (-torch.rand(H, device="cuda")), rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype))
-                extra = ((rand(H, dtype=torch.float32), rand(B, L, H, P, dtype=dtype),
-                          rand(B, H, P, N, dtype=torch.float32)) if options else (None, None, None))
-                return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra
-
-            def run(x, dt, A, B, C, D, z, init):
-                return mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, z=z, initial_states=init)
-            yield f"ssd fused_mma_cb N={N} P={P} G={G} options={options}", make, run, ("ssd_chunk_scan_combined",)
+            yield (f"ssd fused_mma_cb N={N} P={P} G={G} options={options}",
+                   lambda N=N, P=P, G=G, options=options: _ssd_fused_inputs(2, P, G, N, options), _ssd_fused_run,
+                   ("ssd_chunk_scan_combined",))
     finally:
         bt._C._ssd_cuda_forward(previous)
 
