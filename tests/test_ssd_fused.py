@@ -81,11 +81,12 @@ def test_plan_picks_the_fused_forward_where_it_applies():
         # the backward keeps the staged kernels
         binfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q)
         assert binfo.variant == ("chunked_mma" if sm80 else "chunked")
-    # not for: float32, head_dim 32, N = 256, a chunk over 256, seq_idx
+    # not for: float32, head_dim 32, a chunk over 256, seq_idx (N = 256:
+    # test_n256_is_fused_mma_cb_where_its_tiles_fit)
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.float32, "cuda")
     assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=256).variant == "chunked"
     staged = "chunked_mma" if sm80 else "chunked"
-    for (P, N, Q) in [(32, 64, 256), (64, 256, 256), (64, 64, 512)]:
+    for (P, N, Q) in [(32, 64, 256), (64, 64, 512)]:
         x, dt, A, B, C = ssd_inputs(1, 600, 2, P, N, 1, torch.bfloat16, "cuda")
         assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=Q).variant == staged
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.bfloat16, "cuda")
@@ -258,11 +259,19 @@ def cb_256():
 
 
 @requires_cuda
-def test_n256_is_not_the_plans_choice_yet():
-    staged = "chunked_mma" if torch.cuda.get_device_capability()[0] >= 8 else "chunked"
-    x, dt, A, B, C = ssd_inputs(1, 300, 8, 64, 256, 1, torch.bfloat16, "cuda")
-    for forced in ("auto", "fused_mma", "fused_wgmma"):
-        if forced != "auto" and forced not in fused_kernels():
+def test_n256_is_fused_mma_cb_where_its_tiles_fit():
+    """Above N = 128 the plan takes fused_mma_cb whatever the heads per group (here one) where
+    the device's shared memory holds its 256-column tiles (175 KB: Hopper and sm_100, not
+    an A100 or the 99 KB devices), the staged kernels elsewhere; forced to a fused kernel
+    that cannot hold them, the staged kernels too."""
+    sm80 = torch.cuda.get_device_capability()[0] >= 8
+    staged = "chunked_mma" if sm80 else "chunked"
+    fits = torch.cuda.get_device_capability() in ((9, 0), (10, 0)) and "fused_mma_cb" in fused_kernels()
+    x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 256, 2, torch.bfloat16, "cuda")
+    assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=256).variant == (
+        "fused_mma_cb" if fits else staged)
+    for forced in ("fused_mma", "fused_wgmma"):
+        if forced not in fused_kernels():
             continue
         previous = bt._C._ssd_cuda_forward(forced)
         try:

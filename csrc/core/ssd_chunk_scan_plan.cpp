@@ -262,11 +262,13 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
     return {};
   CudaForwardChoice c;
   c.state_tile = l.state_dim <= 64 ? 64 : l.state_dim <= 128 ? 128 : 256;
-  // (a tile of 256: FusedMmaCb only, and only when forced; see kSsdFusedPlanMaxState)
-  if (l.state_dim > kSsdFusedPlanMaxState && forced != static_cast<int>(SsdCudaForward::FusedMmaCb)) return {};
+  // A tile of 256 only FusedMmaCb's shared memory holds; it takes that tile whatever the
+  // heads per group (see kSsdFusedMaxState).
+  const bool wide = c.state_tile > 128;
+  if (wide && forced >= 0 && forced != static_cast<int>(SsdCudaForward::FusedMmaCb)) return {};
   if (forced == static_cast<int>(SsdCudaForward::FusedWgmma) && wgmma_device(desc))
     c.kernel = SsdCudaForward::FusedWgmma;
-  else if (forced == static_cast<int>(SsdCudaForward::FusedMmaCb) ||
+  else if (wide || forced == static_cast<int>(SsdCudaForward::FusedMmaCb) ||
            (forced < 0 && l.heads / l.groups >= kSsdFusedCbMinHeads))
     c.kernel = SsdCudaForward::FusedMmaCb;
   else

@@ -35,9 +35,8 @@ namespace baracuda {
 
 // Which CUDA forward the plan runs: the staged kernels (cumsum, chunk states and state
 // passing, chunk scan: any problem), or the one-launch fused kernel (float16/bfloat16,
-// head_dim a multiple of kSsdFusedHeadTile, state_dim <= kSsdFusedPlanMaxState (FusedMmaCb
-// through the test switch: <= kSsdFusedMaxState), chunk <=
-// kSsdFusedMaxChunk, no seq_idx, and the device's opt-in shared memory holds
+// head_dim a multiple of kSsdFusedHeadTile, state_dim <= kSsdFusedMaxState (above 128:
+// FusedMmaCb only), chunk <= kSsdFusedMaxChunk, no seq_idx, and the device's opt-in shared memory holds
 // ssd_fused_smem_bytes) on mma.sync (kernels/cuda/ssd_fused_forward.cu, sm_80+), either
 // computing each 16 × 16 tile of C·Bᵀ in every head's block (FusedMma) or reading it from a
 // table that a small kernel computes once per (batch, chunk, group) first (FusedMmaCb:
@@ -77,13 +76,13 @@ std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 // The fused forward's geometry, shared by the plan and the kernels: a block owns one chunk
 // (up to kSsdFusedMaxChunk positions) of one head and kSsdFusedHeadTile of its head_dim
 // columns; the state columns are padded to a tile of 64, 128 or 256. A tile of 256
-// (state_dim above kSsdFusedPlanMaxState) only FusedMmaCb's shared memory holds (one block
-// a multiprocessor, 175 KB), and the plan runs it only when ssd_force_cuda_forward asks
-// for that kernel: it has not been measured against the staged kernels yet.
+// (state_dim above 128) only FusedMmaCb's shared memory holds (one block a multiprocessor,
+// 175 KB: Hopper, not an A100), and the plan takes it there whatever the heads per group:
+// measured on an H200 (BENCHMARKS.md, "SSD forward at N = 256"), 389 µs of kernels at
+// B2 L4096 H16 P128 N256 G16 (one head per group) against the staged kernels' 767.
 constexpr int64_t kSsdFusedMaxChunk = 256;
 constexpr int64_t kSsdFusedHeadTile = 64;
 constexpr int64_t kSsdFusedMaxState = 256;
-constexpr int64_t kSsdFusedPlanMaxState = 128;
 // Dynamic shared memory of a fused forward for a state tile of `ns` columns: x [256][64],
 // B and C [256][ns] (FusedMmaCb: no C tile), the incoming state [64][ns] (16-bit;
 // FusedMmaCb keeps it where B was, once the chunk state is done; the mma.sync kernels pad
