@@ -112,12 +112,34 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
     const int rows = min(kSsdTile, len - r0), cols = min(kSsdTile, len - c0);
     const bool live = rw < rows;
     const int hi_np = ti == tj ? warp + 1 : 4;  // column pairs holding s <= q for the warp's rows
+    const bool full = ti > tj && rows == kSsdTile && cols == kSsdTile;  // (block-uniform)
+    // Whole tiles of 16-byte groups in every head (64 rows and columns, head_dim a multiple
+    // of 16, unit inner strides, 16-byte aligned bases and strides): `load` issues each
+    // thread's copies straight from its first group's address, without tc_fill's checks
+    // and index arithmetic.
+    const bool fast = rows == kSsdTile && cols == kSsdTile && p.KP == p.P && kTcThreads % (p.KP / 8) == 0 &&
+                      p.dy.s[3] == 1 && p.x.s[3] == 1 &&
+                      (p.dy.s[0] | p.dy.s[1] | p.dy.s[2] | p.x.s[0] | p.x.s[1] | p.x.s[2]) % 8 == 0 &&
+                      (reinterpret_cast<uintptr_t>(p.dy.p) | reinterpret_cast<uintptr_t>(p.x.p)) % 16 == 0;
     // Copies head h's dy rows, x rows and row / column data into buffer `buf`.
     auto load = [&](int64_t h, int buf) {
-      const T* dyp = p.dy.p + b * p.dy.s[0] + (t0 + r0) * p.dy.s[1] + h * p.dy.s[2];
-      const T* xp = p.x.p + b * p.x.s[0] + (t0 + c0) * p.x.s[1] + h * p.x.s[2];
-      tc_fill<T, true>(sDy + buf * tile_elems, p.ld, kSsdTile, p.KP, dyp, p.dy.s[1], p.dy.s[3], rows, p.P);
-      tc_fill<T, true>(sX + buf * tile_elems, p.ld, kSsdTile, p.KP, xp, p.x.s[1], p.x.s[3], cols, p.P);
+      if (fast) {
+        const int groups = p.KP / 8, r = tid / groups, k = (tid - r * groups) * 8, dr = kTcThreads / groups;
+        const T* dyp = p.dy.p + b * p.dy.s[0] + (t0 + r0 + r) * p.dy.s[1] + h * p.dy.s[2] + k;
+        const T* xp = p.x.p + b * p.x.s[0] + (t0 + c0 + r) * p.x.s[1] + h * p.x.s[2] + k;
+        T* dd = sDy + buf * tile_elems + r * p.ld + k;
+        T* xd = sX + buf * tile_elems + r * p.ld + k;
+        for (int i = r; i < kSsdTile; i += dr) {
+          ssd_cp_async16(dd, dyp);
+          ssd_cp_async16(xd, xp);
+          dd += dr * p.ld, xd += dr * p.ld, dyp += dr * p.dy.s[1], xp += dr * p.x.s[1];
+        }
+      } else {
+        const T* dyp = p.dy.p + b * p.dy.s[0] + (t0 + r0) * p.dy.s[1] + h * p.dy.s[2];
+        const T* xp = p.x.p + b * p.x.s[0] + (t0 + c0) * p.x.s[1] + h * p.x.s[2];
+        tc_fill<T, true>(sDy + buf * tile_elems, p.ld, kSsdTile, p.KP, dyp, p.dy.s[1], p.dy.s[3], rows, p.P);
+        tc_fill<T, true>(sX + buf * tile_elems, p.ld, kSsdTile, p.KP, xp, p.x.s[1], p.x.s[3], cols, p.P);
+      }
       if (tid < kSsdTile) {
         const int64_t at = (b * p.heads + h) * p.seqlen + t0;
         const double ref = p.acs[at + c0 + cols - 1];
@@ -169,25 +191,30 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
     tc_zero(acc);
     load(h0, 0);
     ssd_cp_async_commit();
+    // One barrier a head: after it, every warp is done with head hi − 1 (its tiles, row
+    // data and X sums in buffer buf ^ 1), so head hi + 1's copies go there only then, and
+    // head hi − 1's X sums are visible to flush.
     for (int hi = 0; hi < nh; ++hi) {
       const int buf = hi & 1;
+      ssd_cp_async_wait<0>();  // head hi's copies are done (the only group in flight)
+      __syncthreads();
       if (hi + 1 < nh) load(h0 + hi + 1, buf ^ 1);
       ssd_cp_async_commit();
-      ssd_cp_async_wait<1>();  // head hi's copies are done
-      __syncthreads();
       if (hi > 0) flush(hi - 1);
       float m[8][4];
       tc_zero(m);
       float rowtot[2] = {0.0f, 0.0f};
-      if (live) {
-        tc_warp_gemm<T, false, false>(m, sDy + buf * tile_elems + rw * p.ld, p.ld, sX + buf * tile_elems, p.ld,
-                                      p.KP / 16, 0, hi_np);
+      // M (into acc) and T (in place of m), then T's inclusive row prefix sums in column
+      // order (8-column steps: the quad's pair sums scanned across its lanes). `full`: a
+      // whole off-diagonal tile pair, where every mask below but the tile's last column
+      // holds, so that path has no per-element selects (the products are rounded alike
+      // in both paths, __fmul_rn: the same bits).
+      auto epilogue = [&](auto full_tag) {
+        constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int ql = rw + g8 + 8 * half;
           const float ra = sRowL[buf][ql];
-          // M (into acc) and T (in place of m), then T's inclusive row prefix sums in
-          // column order (8-column steps: the quad's pair sums scanned across its lanes).
           float carry = 0.0f;
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt) {
@@ -195,11 +222,16 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int sl = nt * 8 + 2 * t4 + e;
-              float mv = 0.0f;  // selected, not multiplied: masked pairs add exactly nothing
-              if (ql < rows && sl < cols && c0 + sl <= r0 + ql)
-                mv = m[nt][2 * half + e] * (ssd_exp2(ra - sColL[buf][sl]) * sColDt[buf][sl]);
+              const float w = ssd_exp2(ra - sColL[buf][sl]) * sColDt[buf][sl];
+              float mv;  // selected, not multiplied: masked pairs add exactly nothing
+              if constexpr (kFull) {
+                mv = __fmul_rn(m[nt][2 * half + e], w);
+                tv[e] = __fmul_rn(cb[nt][2 * half + e], mv);
+              } else {
+                mv = ql < rows && sl < cols && c0 + sl <= r0 + ql ? __fmul_rn(m[nt][2 * half + e], w) : 0.0f;
+                tv[e] = c0 + sl < r0 + ql ? __fmul_rn(cb[nt][2 * half + e], mv) : 0.0f;
+              }
               acc[nt][2 * half + e] += mv;
-              tv[e] = c0 + sl < r0 + ql ? cb[nt][2 * half + e] * mv : 0.0f;
             }
             const float pairsum = tv[0] + tv[1];
             float incl = pairsum;
@@ -214,12 +246,25 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
             const int n0 = nt * 8 + 2 * t4;
             // keep the prefix through column n only where q >= c0 + n + 1 (and n + 1 < 64)
             const float p0 = base + tv[0], p1 = p0 + tv[1];
-            m[nt][2 * half] = r0 + ql >= c0 + n0 + 1 && n0 + 1 < kSsdTile ? p0 : 0.0f;
-            m[nt][2 * half + 1] = r0 + ql >= c0 + n0 + 2 && n0 + 2 < kSsdTile ? p1 : 0.0f;
+            if constexpr (kFull) {
+              m[nt][2 * half] = p0;
+              m[nt][2 * half + 1] = n0 + 2 < kSsdTile ? p1 : 0.0f;
+            } else {
+              m[nt][2 * half] = r0 + ql >= c0 + n0 + 1 && n0 + 1 < kSsdTile ? p0 : 0.0f;
+              m[nt][2 * half + 1] = r0 + ql >= c0 + n0 + 2 && n0 + 2 < kSsdTile ? p1 : 0.0f;
+            }
             carry += steptot;
           }
           rowtot[half] = carry;
         }
+      };
+      if (live) {
+        tc_warp_gemm<T, false, false>(m, sDy + buf * tile_elems + rw * p.ld, p.ld, sX + buf * tile_elems, p.ld,
+                                      p.KP / 16, 0, hi_np);
+        if (full)
+          epilogue(std::true_type{});
+        else
+          epilogue(std::false_type{});
       }
       // column sums of the masked prefixes over the warp's 16 rows (fixed xor tree)
 #pragma unroll
@@ -236,9 +281,9 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
         sRowT[buf][rw + g8] = rowtot[0];
         sRowT[buf][rw + g8 + 8] = rowtot[1];
       }
-      __syncthreads();  // buffer `buf` is free for head hi + 2; the X sums of head hi are visible
     }
     ssd_cp_async_wait<0>();
+    __syncthreads();  // the last head's X sums are visible
     flush(nh - 1);
     float* tile = p.dcb + (((split * p.batch + b) * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp +
                   static_cast<int64_t>(r0) * p.qp;
