@@ -40,7 +40,8 @@ namespace baracuda {
 //    float64) and walks time, keeping the last W − 1 inputs of each in registers; a warp
 //    reads 256 or 512 contiguous bytes a step.
 //  RowsVec16: x's time stride is 1 ([B, D, L] contiguous): a thread walks one channel's
-//    time steps 16 bytes a load.
+//    time steps 16 bytes a load (the forward: a warp's lanes on consecutive chunks of
+//    one row).
 //  Strided: anything else (or sizes, strides, addresses that do not allow the vectors):
 //    one channel a thread, scalar loads.
 enum class CausalConv1dLayout : uint8_t { ChannelsLastVec, RowsVec16, Strided };
@@ -75,6 +76,9 @@ constexpr int causal_conv1d_steps(CausalConv1dLayout layout, int element_bytes) 
 // CUDA: time steps a thread at least (its W − 1 halo steps are re-read: at most 3/32 of
 // the loads).
 constexpr int64_t kCausalConv1dMinChunk = 32;
+// CUDA, the rows forward: iterations a chunk (the forward splits rows along time so that a
+// warp's lanes walk consecutive chunks of one row; see causal_conv1d_work).
+constexpr int64_t kCausalConv1dRowsForwardChunkIters = 2;
 // CPU: channels and time steps a task (fixed, so that dweight's partials, one row per
 // (batch, chunk), do not depend on the thread count).
 constexpr int64_t kCausalConv1dCpuChannels = 64;

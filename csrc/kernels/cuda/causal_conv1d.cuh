@@ -617,10 +617,29 @@ static_assert(kCausalConv1dMaxCudaWidth == 4 && kCausalConv1dMinCudaWidth == 2,
 // resident blocks) wins, the one with more chunks a block on a tie (fewer partial rows).
 // Chunks are whole iterations (rows: whole vectors from a chunk's start); the grid is the
 // resident blocks, at most one per item.
+//
+// The rows forward is split along time instead: chunks of kCausalConv1dRowsForwardChunkIters
+// iterations, and block_chunks the power of two that covers a row's chunks (at most the
+// block), so that a warp's lanes hold consecutive chunks of one row (of 256 / block_chunks
+// rows when a row has fewer than 32 chunks) and a warp's loads read one stretch of the row
+// rather than 32 rows. Measured (H200, torch 2.11, B4 D5120 L4096 W4 bf16; BENCHMARKS.md,
+// "The conv's rows forward split along time"): 186.3 -> 152.2 µs; chunks of 1, 4 and 8
+// iterations 186.8, 198.5, 201.2 (the fifteenth session's run). The backward with the same split lost at
+// every chunk length (760 -> 889-1884 µs): it keeps the search below.
 inline CausalConv1dWork causal_conv1d_work(const CausalConv1dLaunch& l, int per_sm) {
   const int64_t resident = static_cast<int64_t>(per_sm) * (l.sm_count > 0 ? l.sm_count : 1);
   const int64_t steps = causal_conv1d_steps(l.layout, element_size(l.element));
   const int64_t len = l.seqlen > 0 ? l.seqlen : 1;
+  if (l.layout == Layout::RowsVec16 && !l.backward) {
+    const int64_t chunk = kCausalConv1dRowsForwardChunkIters * steps;
+    const int64_t chunks = (len + chunk - 1) / chunk;
+    int64_t by = 1;
+    while (by < std::min<int64_t>(chunks, kCausalConv1dThreads)) by *= 2;
+    const int64_t bx = kCausalConv1dThreads / by;
+    const int64_t items = l.batch * ((l.groups + bx - 1) / bx) * ((chunks + by - 1) / by);
+    return {chunk, std::clamp<int64_t>(std::min(items, resident), 1, INT32_MAX), static_cast<int>(bx),
+            static_cast<int>(by)};
+  }
   int64_t bx = 1;
   while (bx < std::min<int64_t>(l.groups, kCausalConv1dMinBlockChannels)) bx *= 2;
   CausalConv1dWork best;
