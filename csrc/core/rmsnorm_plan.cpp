@@ -99,6 +99,10 @@ void plan_variant(RmsNormLaunch& l, const DeviceInfo& device, bool unit_inner, i
   if (!l.backward)
     l.grid = std::min<int64_t>((l.rows + l.rows_per_block - 1) / l.rows_per_block,
                                INT32_MAX);  // the kernels loop over more
+  // The plain rows forward: a resident grid (kRmsNormForwardBlocksPerSm).
+  if (!l.backward && !l.gated && !l.has_residual && l.layout == RmsNormLayout::Rows && l.sm_count > 0)
+    l.grid = std::min<int64_t>(
+        l.grid, std::max<int64_t>(1, int64_t{l.sm_count} * kRmsNormForwardBlocksPerSm / l.grid_y));
 }
 
 // The backward's grid: the blocks that run at once (CPU: its fixed row blocks), split

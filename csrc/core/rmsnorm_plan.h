@@ -88,6 +88,12 @@ constexpr int kRmsNormGatedMaxGroup = 512;
 // CUDA, rows variant: threads a forward block at least (rows of small groups share a
 // block).
 constexpr int kRmsNormBlockThreads = 256;
+// CUDA, rows variant, the plain forward (no residual, no gate): blocks an SM in its grid
+// (each block loops over row groups). Measured (H200, torch 2.11, [8192, 4096] bf16;
+// BENCHMARKS.md, "The RMSNorm forward's loop and grid"): 60.8 -> 49.9 µs with the
+// forward's loop of that commit. The residual and gated forwards keep a block per row
+// group.
+constexpr int kRmsNormForwardBlocksPerSm = 8;
 // CUDA, rows variant: threads a backward block (the kernels' launch bounds: up to 128
 // registers a thread; ptxas for sm_90 uses 90 for one bfloat16 vector a thread, 105 for
 // two). Its row groups add their dw partials in shared memory, so the workspace holds
@@ -155,7 +161,7 @@ struct RmsNormLaunch {
   // its dw (db) partials to workspace row b.
   int vec = 1, vecs = 1, group = 1, rows_per_block = 1;
   int64_t grid = 0, grid_y = 1;
-  int sm_count = 0;  // the device's, for the backward's grid
+  int sm_count = 0;  // the device's, for the backward's and the plain forward's grid
   // Backward: rows of float32 (float64) dw partials in the workspace (0 without a weight),
   // each ngroups·cols wide; with a bias, as many rows of db partials after them.
   int64_t dw_blocks = 0;

@@ -225,12 +225,15 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGro
     const int64_t c0 = g * p.cols;  // the row group's first column (unit strides here)
     const W* w = static_cast<const W*>(p.weight) + c0;
     const W* b = static_cast<const W*>(p.bias) + c0;
-    // One pass unless there are more than 2^31 - 1 row groups.
-    for_each_row_group<2>(p, [&](int64_t row, bool active, const int64_t* off) {
+    // Row group `base` + (this thread's group)'s vectors: x (+ residual, h stored) and z.
+    const int sub = threadIdx.x / G;
+    auto load = [&](int64_t base, T (&v)[VPT][V], T (&zv)[VPT][V]) {
+      const int64_t row = base + sub;
+      const bool active = row < p.rows;
+      int64_t off[2] = {};
+      if (active) p.offsets(2, row, off);
       const T* x = static_cast<const T*>(p.x) + off[kRmsX] + c0;
       const T* z = static_cast<const T*>(p.z) + off[kRmsZ] + c0;
-      T v[VPT][V], zv[VPT][V];
-      Acc ss = 0;
       for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
         load_vec<T, V>(x + c, v[k]);
         if constexpr (Gated) {
@@ -242,6 +245,19 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGro
           for (int i = 0; i < V; ++i) v[k][i] = from_acc<T>(to_acc(v[k][i]) + to_acc(r[i]));
           store_vec<T, V>(static_cast<T*>(p.h) + row * p.cols + c, v[k]);
         }
+      });
+    };
+    // The block's row groups base = b, b + grid, ... in turn (every thread runs the same
+    // iterations, as group_sum needs); one pass of the y grid unless there are more than
+    // 2^31 - 1 row groups.
+    const int64_t step = static_cast<int64_t>(gridDim.x) * p.rows_per_block;
+    T v[VPT][V], zv[VPT][V];
+    for (int64_t base = blockIdx.x * p.rows_per_block; base < p.rows; base += step) {
+      load(base, v, zv);
+      const int64_t row = base + sub;
+      const bool active = row < p.rows;
+      Acc ss = 0;
+      for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t) {
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           const Acc a = gated_at<Gated>(p, RmsNormGate::Before, to_acc(v[k][i]), &zv[k][i]);
@@ -250,31 +266,32 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGro
       });
       ss = group_sum(ss, G, red);
       const Acc rstd = rsqrt_acc(ss * p.inv_of<Acc>() + p.eps_of<Acc>());
-      if (!active) return;
-      const int64_t rg = row_group<Gated>(p, row, g);
-      if (lane == 0) static_cast<Acc*>(p.rstd)[rg] = rstd;
-      O* y = static_cast<O*>(p.y) + rg * p.cols;
-      for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
-        W wv[V], bv[V];
-        if (p.has_weight) load_vec<W, V>(w + c, wv);
-        if (Gated && p.has_bias) load_vec<W, V>(b + c, bv);
-        O out[V];
+      if (active) {
+        const int64_t rg = row_group<Gated>(p, row, g);
+        if (lane == 0) static_cast<Acc*>(p.rstd)[rg] = rstd;
+        O* y = static_cast<O*>(p.y) + rg * p.cols;
+        for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
+          W wv[V], bv[V];
+          if (p.has_weight) load_vec<W, V>(w + c, wv);
+          if (Gated && p.has_bias) load_vec<W, V>(b + c, bv);
+          O out[V];
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const Acc wi = p.has_weight ? Acc(to_acc(wv[i])) : Acc(0);
-          Acc o;
-          if constexpr (Gated) {  // (n·w + b), then ·silu(z) with the gate after the norm
-            o = gated_pre(gated_at<Gated>(p, RmsNormGate::Before, to_acc(v[k][i]), &zv[k][i]) * rstd, wi,
-                          p.has_bias, p.has_bias ? Acc(to_acc(bv[i])) : Acc(0));
-            if (p.gate == RmsNormGate::After) o = silu_gate<Fast>(o, Acc(to_acc(zv[k][i])));
-          } else {
-            o = rms_norm_output<Acc>(p.conv, p.has_weight, to_acc(v[k][i]) * rstd, wi, RoundTo<T>());
+          for (int i = 0; i < V; ++i) {
+            const Acc wi = p.has_weight ? Acc(to_acc(wv[i])) : Acc(0);
+            Acc o;
+            if constexpr (Gated) {  // (n·w + b), then ·silu(z) with the gate after the norm
+              o = gated_pre(gated_at<Gated>(p, RmsNormGate::Before, to_acc(v[k][i]), &zv[k][i]) * rstd, wi,
+                            p.has_bias, p.has_bias ? Acc(to_acc(bv[i])) : Acc(0));
+              if (p.gate == RmsNormGate::After) o = silu_gate<Fast>(o, Acc(to_acc(zv[k][i])));
+            } else {
+              o = rms_norm_output<Acc>(p.conv, p.has_weight, to_acc(v[k][i]) * rstd, wi, RoundTo<T>());
+            }
+            out[i] = from_acc<O>(o);
           }
-          out[i] = from_acc<O>(o);
-        }
-        store_vec<O, V>(y + c, out);
-      });
-    });
+          store_vec<O, V>(y + c, out);
+        });
+      }
+    }
   });
 }
 
