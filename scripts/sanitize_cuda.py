@@ -372,20 +372,15 @@ def ssd_fused_wgmma_cases() -> Iterator[Case]:
 
 def ssd_fused_n256_cases() -> Iterator[Case]:
     """fused_mma_cb at state dims above 128 (its tile of 256 columns, one block a
-    multiprocessor), forced through the test switch (the plan does not pick it there yet):
-    N = 256 (whole 16-byte rows, one head a group and head_dim 128) and N = 200 (padded
-    tile, scalar loads) with D, z and initial states; forward and backward. Sm_90 only (the
-    tile's 175 KB of shared memory)."""
+    multiprocessor; the plan's forward there): N = 256 (whole 16-byte rows, one head a
+    group and head_dim 128) and N = 200 (padded tile, scalar loads) with D, z and initial
+    states; forward and backward. Sm_90 only (the tile's 175 KB of shared memory)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         return
-    previous = bt._C._ssd_cuda_forward("fused_mma_cb")
-    try:
-        for N, P, G, options in ((256, 128, 2, False), (200, 64, 1, True)):
-            yield (f"ssd fused_mma_cb N={N} P={P} G={G} options={options}",
-                   lambda N=N, P=P, G=G, options=options: _ssd_fused_inputs(2, P, G, N, options), _ssd_fused_run,
-                   ("ssd_chunk_scan_combined",))
-    finally:
-        bt._C._ssd_cuda_forward(previous)
+    for N, P, G, options in ((256, 128, 2, False), (200, 64, 1, True)):
+        yield (f"ssd fused_mma_cb N={N} P={P} G={G} options={options}",
+               lambda N=N, P=P, G=G, options=options: _ssd_fused_inputs(2, P, G, N, options), _ssd_fused_run,
+               ("ssd_chunk_scan_combined",))
 
 
 def state_update_cases() -> Iterator[Case]:

@@ -1,8 +1,9 @@
-"""Dev tool: our SSD backward alone, µs of each kernel per call (torch.profiler over
-profile_ssd_chunk_scan.REPS calls after three), at one of that file's shapes — for A/B
+"""Dev tool: our SSD backward alone (with --forward: the forward), µs of each kernel per
+call (torch.profiler over profile_ssd_chunk_scan.REPS calls after three), at one of that
+file's shapes — for A/B
 runs of one kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py
 take too long. Run on the GPU from the repo root:
-  PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options] [--shape 0]
+  PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options] [--shape 0] [--forward]
 Prints one line: the label, the total and every kernel above 5 µs."""
 from __future__ import annotations
 
@@ -29,12 +30,17 @@ def main():
     ap.add_argument("label")
     ap.add_argument("--options", action="store_true")
     ap.add_argument("--shape", type=int, default=0)
+    ap.add_argument("--forward", action="store_true", help="time the forward (inputs requiring grad)")
     a = ap.parse_args()
     args, kw, leaves = ps.make_inputs(*ps.SHAPES[a.shape], a.options)
-    dy = torch.randn_like(args[0])
-    y = mamba_chunk_scan_combined(*args, ps.CHUNK, **kw)
-    rows = ps.kernels(lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True))
-    print(a.label, "options" if a.options else "plain", f"shape {a.shape}", f"{sum(r[1] for r in rows):.0f} µs:",
+    if a.forward:
+        rows = ps.kernels(lambda: mamba_chunk_scan_combined(*args, ps.CHUNK, **kw))
+    else:
+        dy = torch.randn_like(args[0])
+        y = mamba_chunk_scan_combined(*args, ps.CHUNK, **kw)
+        rows = ps.kernels(lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True))
+    print(a.label, "forward" if a.forward else "backward", "options" if a.options else "plain", f"shape {a.shape}",
+          f"{sum(r[1] for r in rows):.0f} µs:",
           " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), flush=True)
 
 
