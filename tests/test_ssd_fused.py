@@ -3,7 +3,7 @@ with fewer than 4 heads per group; "fused_mma_cb": the same reading C·Bᵀ from
 computed once per (batch, chunk, group), the plan's choice with 4 or more;
 "fused_wgmma": Hopper's wgmma, sm_90 with the build's sm_90a code, run through the test
 switch; float16/bfloat16, head_dim a multiple of 64, state_dim <= 128 — fused_mma_cb up
-to 256 through the switch —, chunk <= 256, no seq_idx): which problems the plan gives
+to 256, the plan's choice there on Hopper —, chunk <= 256, no seq_idx): which problems the plan gives
 them, and each kernel's forward (out, final_states, y_pre through the backward) against
 the float64 recurrence with every option it takes, odd lengths and chunks, strided
 inputs, poisoned outputs, bitwise determinism and CUDA-graph replay. Then the backward's
