@@ -349,20 +349,43 @@ def ssd_fused_cases() -> Iterator[Case]:
                    ("ssd_chunk_scan_combined",))
 
 
-def _ssd_fused_inputs(H, P, G, N, options):
+def ssd_fused_seq_cases() -> Iterator[Case]:
+    """fused_mma and fused_mma_cb with seq_idx (sequences starting inside a chunk, at a
+    chunk's first position and one after it), forced through the test switch (the plan
+    leaves seq_idx to the staged kernels), with D, z and initial states; N = 128 and 38."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
+        return
+    for kernel in ("fused_mma", "fused_mma_cb"):
+        previous = bt._C._ssd_cuda_forward(kernel)
+        try:
+            for N in (128, 38):
+                yield (f"ssd {kernel} N={N} seq_idx",
+                       lambda N=N: _ssd_fused_inputs(4, 64, 1, N, True, True), _ssd_fused_run,
+                       ("ssd_chunk_scan_combined",))
+        finally:
+            bt._C._ssd_cuda_forward(previous)
+
+
+def _ssd_fused_inputs(H, P, G, N, options, seq=False):
     """The fused forwards' cases' inputs (bfloat16, B 1, L 300): x, dt, A, B, C with
-    gradients, then D [H], z and float32 initial states (or None each without options)."""
+    gradients, then D [H], z and float32 initial states (or None each without options), and
+    seq_idx (int32, sequences starting at 100, 256 and 257; or None)."""
     B, L, dtype = 1, 300, torch.bfloat16
     t = (rand(B, L, H, P, dtype=dtype), (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5),
          (-torch.rand(H, device="cuda")), rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype))
     extra = ((rand(H, dtype=torch.float32), rand(B, L, H, P, dtype=dtype),
               rand(B, H, P, N, dtype=torch.float32)) if options else (None, None, None))
-    return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra
+    seq_idx = None
+    if seq:
+        seq_idx = torch.zeros(B, L, dtype=torch.int32, device="cuda")
+        for t0 in (100, 256, 257):
+            seq_idx[:, t0:] += 1
+    return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra + (seq_idx,)
 
 
-def _ssd_fused_run(x, dt, A, B, C, D, z, init):
+def _ssd_fused_run(x, dt, A, B, C, D, z, init, seq_idx):
     from baracuda_torch.mamba import mamba_chunk_scan_combined
-    return mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, z=z, initial_states=init)
+    return mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, z=z, initial_states=init, seq_idx=seq_idx)
 
 
 def ssd_fused_wgmma_cases() -> Iterator[Case]:
@@ -432,7 +455,7 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "ssd": ssd_cases,
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
             "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases,
-            "ssd_fused_n256": ssd_fused_n256_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
+            "ssd_fused_n256": ssd_fused_n256_cases, "ssd_fused_seq": ssd_fused_seq_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
 
 def run_case(name: str, make, fn) -> str:

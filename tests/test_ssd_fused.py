@@ -3,7 +3,8 @@ with fewer than 4 heads per group; "fused_mma_cb": the same reading C·Bᵀ from
 computed once per (batch, chunk, group), the plan's choice with 4 or more;
 "fused_wgmma": Hopper's wgmma, sm_90 with the build's sm_90a code, run through the test
 switch; float16/bfloat16, head_dim a multiple of 64, state_dim <= 128 — fused_mma_cb up
-to 256, the plan's choice there on Hopper —, chunk <= 256, no seq_idx): which problems the plan gives
+to 256, the plan's choice there on Hopper —, chunk <= 256, no seq_idx — the mma.sync
+kernels take it through the switch —): which problems the plan gives
 them, and each kernel's forward (out, final_states, y_pre through the backward) against
 the float64 recurrence with every option it takes, odd lengths and chunks, strided
 inputs, poisoned outputs, bitwise determinism and CUDA-graph replay. Then the backward's
@@ -81,8 +82,8 @@ def test_plan_picks_the_fused_forward_where_it_applies():
         # the backward keeps the staged kernels
         binfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q)
         assert binfo.variant == ("chunked_mma" if sm80 else "chunked")
-    # not for: float32, head_dim 32, a chunk over 256, seq_idx (N = 256:
-    # test_n256_is_fused_mma_cb_where_its_tiles_fit)
+    # not for: float32, head_dim 32, a chunk over 256, seq_idx (the mma.sync kernels take
+    # it forced: test_seq_idx; N = 256: test_n256_is_fused_mma_cb_where_its_tiles_fit)
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.float32, "cuda")
     assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=256).variant == "chunked"
     staged = "chunked_mma" if sm80 else "chunked"
@@ -132,6 +133,44 @@ def test_every_option_but_seq_idx(dtype, kernel):
         opts = sorted(k for k in t if k not in ("x", "dt", "A", "B", "C"))
         assert bt.explain(ops.ssd_chunk_scan_combined, t["x"], t["dt"], t["A"], t["B"], t["C"],
                           Q).variant == kernel
+        check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {opts} {kw}")
+
+
+def _sequence_ids(b, L, Q, kind, dtype):
+    """seq_idx [b, L]: "dense", starts anywhere (15 % of positions); "edges", starts at
+    chunk boundaries, one position after one, at a chunk's last position and none in some
+    chunks (a sequence over several chunks)."""
+    if kind == "dense":
+        starts = torch.rand(b, L) < 0.15
+    else:
+        starts = torch.zeros(b, L, dtype=torch.bool)
+        for t in (Q, Q + 1, 2 * Q - 1, 3 * Q, 3 * Q + Q // 2, 5 * Q + 2):
+            if t < L:
+                starts[:, t] = True
+    starts[:, 0] = False
+    return starts.cumsum(1).to(dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_seq_idx(dtype, kernel):
+    """seq_idx on the mma.sync fused forwards, forced (fused_wgmma leaves it to the staged kernels):
+    out and final states against the float64 recurrence with every option, sequences
+    starting anywhere and at the chunk edges; gradients through the staged backward."""
+    rng = random.Random(77 + HALF.index(dtype))
+    torch.manual_seed(7)
+    for i in range(8):
+        b, L, H, P, N, G, Q = SHAPES[i % len(SHAPES)]
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", seq_idx=False,
+                          init=(i % 2 == 0) or None, z=(i % 3 != 2) or None)
+        t["seq_idx"] = _sequence_ids(b, L, Q, "dense" if i % 2 else "edges",
+                                     (torch.int32, torch.int64)[i % 2]).cuda()
+        args = [t[k] for k in ("x", "dt", "A", "B", "C")] + [Q] + [t.get(k) for k in (
+            "D", "z", "dt_bias", "initial_states", "seq_idx")]
+        expected = kernel if kernel != "fused_wgmma" else (
+            "chunked_mma" if torch.cuda.get_device_capability()[0] >= 8 else "chunked")
+        assert bt.explain(ops.ssd_chunk_scan_combined, *args).variant == expected
+        opts = sorted(k for k in t if k not in ("x", "dt", "A", "B", "C"))
         check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {opts} {kw}")
 
 

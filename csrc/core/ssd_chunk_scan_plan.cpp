@@ -255,7 +255,7 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
                                const SsdChunkScanLaunch& l) {
   const int forced = g_forced_forward.load(std::memory_order_relaxed);
   if (forced == static_cast<int>(SsdCudaForward::Staged) || !uses_tensor_cores(desc, v) ||
-      desc.options.has_seq_idx || l.chunk_size > kSsdFusedMaxChunk ||
+      l.chunk_size > kSsdFusedMaxChunk ||
       l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim > kSsdFusedMaxState ||
       l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||  // the kernels count positions in int
       l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() >= (int64_t{1} << 31))
@@ -266,6 +266,10 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
   // heads per group (see kSsdFusedMaxState).
   const bool wide = c.state_tile > 128;
   if (wide && forced >= 0 && forced != static_cast<int>(SsdCudaForward::FusedMmaCb)) return {};
+  // seq_idx: the mma.sync kernels mask the sequence starts (fused_dt_cumsum), the wgmma
+  // kernel does not; the plan leaves it to the staged kernels until it has been measured.
+  if (desc.options.has_seq_idx && (forced < 0 || forced == static_cast<int>(SsdCudaForward::FusedWgmma)))
+    return {};
   if (forced == static_cast<int>(SsdCudaForward::FusedWgmma) && wgmma_device(desc))
     c.kernel = SsdCudaForward::FusedWgmma;
   else if (wide || forced == static_cast<int>(SsdCudaForward::FusedMmaCb) ||
@@ -273,7 +277,8 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
     c.kernel = SsdCudaForward::FusedMmaCb;
   else
     c.kernel = SsdCudaForward::FusedMma;
-  if (desc.device.smem_optin_bytes < ssd_fused_smem_bytes(c.kernel, c.state_tile)) return {};
+  if (desc.device.smem_optin_bytes < ssd_fused_smem_bytes(c.kernel, c.state_tile, desc.options.has_seq_idx))
+    return {};
   return c;
 }
 

@@ -36,7 +36,8 @@ namespace baracuda {
 // Which CUDA forward the plan runs: the staged kernels (cumsum, chunk states and state
 // passing, chunk scan: any problem), or the one-launch fused kernel (float16/bfloat16,
 // head_dim a multiple of kSsdFusedHeadTile, state_dim <= kSsdFusedMaxState (above 128:
-// FusedMmaCb only), chunk <= kSsdFusedMaxChunk, no seq_idx, and the device's opt-in shared memory holds
+// FusedMmaCb only), chunk <= kSsdFusedMaxChunk, no seq_idx (the mma.sync kernels take it
+// through the test switch: not measured yet), and the device's opt-in shared memory holds
 // ssd_fused_smem_bytes) on mma.sync (kernels/cuda/ssd_fused_forward.cu, sm_80+), either
 // computing each 16 × 16 tile of C·Bᵀ in every head's block (FusedMma) or reading it from a
 // table that a small kernel computes once per (batch, chunk, group) first (FusedMmaCb:
@@ -88,15 +89,18 @@ constexpr int64_t kSsdFusedMaxState = 256;
 // FusedMmaCb keeps it where B was, once the chunk state is done; the mma.sync kernels pad
 // each row by 16 bytes for ldmatrix), the wgmma kernel's float32 exchange of its two
 // warpgroups' chunk-state halves [64][ns], the cumsum, dt and weight vectors (float32),
-// and 64 bytes of per-warp scan totals and the block's ticket. The wgmma kernel's 16-bit
-// tiles are 128-byte swizzled (1024-byte aligned: 1024 bytes more to align the base).
-constexpr int64_t ssd_fused_smem_bytes(SsdCudaForward kernel, int64_t ns) {
+// 64 bytes of per-warp scan totals and the block's ticket, and with seq_idx (`seq`: the
+// mma.sync kernels) the sequence starts (int32, a position each and a per-warp maximum each).
+// The wgmma kernel's 16-bit tiles are 128-byte swizzled (1024-byte aligned: 1024 bytes
+// more to align the base).
+constexpr int64_t ssd_fused_smem_bytes(SsdCudaForward kernel, int64_t ns, bool seq = false) {
   const int64_t pad = kernel == SsdCudaForward::FusedWgmma ? 0 : 8;
   const int64_t exchange = kernel == SsdCudaForward::FusedWgmma ? kSsdFusedHeadTile * ns * 4 + 1024 : 0;
   const int64_t bch_rows =
       kernel == SsdCudaForward::FusedMmaCb ? kSsdFusedMaxChunk : 2 * kSsdFusedMaxChunk + kSsdFusedHeadTile;
+  const int64_t starts = seq ? (kSsdFusedMaxChunk + 8) * 4 : 0;
   return (kSsdFusedMaxChunk * (kSsdFusedHeadTile + pad) + bch_rows * (ns + pad)) * 2 + exchange +
-         3 * kSsdFusedMaxChunk * 4 + 64;
+         3 * kSsdFusedMaxChunk * 4 + 64 + starts;
 }
 // FusedMmaCb's C·Bᵀ table: per (batch, chunk, group), the causal 16 × 16 tiles (row tile
 // i, column tile j <= i; i·(i+1)/2 + j in order) of float32, each as the 32 lanes'

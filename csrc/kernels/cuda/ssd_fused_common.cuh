@@ -18,6 +18,7 @@ namespace baracuda::kernels::cuda {
 
 constexpr int kFusedThreads = 256;
 constexpr int kFusedWarps = kFusedThreads / 32;
+static_assert(kFusedWarps == 8, "ssd_fused_smem_bytes counts 8 per-warp sequence-start maxima");
 constexpr int kFusedQ = static_cast<int>(kSsdFusedMaxChunk);  // rows of the chunk tiles
 constexpr int kFusedP = static_cast<int>(kSsdFusedHeadTile);  // head_dim columns per block
 static_assert(kFusedThreads == kFusedQ, "one thread per chunk position for dt and its cumsum");
@@ -54,6 +55,9 @@ struct FusedParams {
   float* ring;          // [chains][2][kFusedP][NS]: the last two states handed over
   float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][32 lanes][8] (ssd_fused_cb_tiles)
   int cb_tiles;
+  const void* seq;      // seq_idx [B, L] (int32, or int64 with seq_i64), or null
+  int64_t seq_s[2];
+  bool seq_i64;
 };
 
 // A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile.
@@ -169,15 +173,22 @@ __device__ __forceinline__ void fused_load_tile(At at, int bytes_per_8_rows, con
 // fused_dt_cumsum, which needs them first, runs while the copies are in flight.
 struct FusedDt {
   float dt, A, D;
+  int start;  // 1 where a sequence starts at this position (seq_idx changes from t − 1 to t)
 };
 template <typename T>
 __device__ __forceinline__ FusedDt fused_dt_load(const FusedParams& p, const FusedTile& tile) {
   const int tid = threadIdx.x;
-  FusedDt r{0.0f, p.A[tile.h * p.As], p.D != nullptr && p.Ds1 == 0 ? p.D[tile.h * p.Ds0] : 0.0f};
+  FusedDt r{0.0f, p.A[tile.h * p.As], p.D != nullptr && p.Ds1 == 0 ? p.D[tile.h * p.Ds0] : 0.0f, 0};
   if (tid < tile.len) {
     const int64_t at = tile.b * p.dts[0] + (tile.t0 + tid) * p.dts[1] + tile.h * p.dts[2];
     r.dt = p.dt_f32 ? static_cast<const float*>(p.dt)[at] : to_acc(static_cast<const T*>(p.dt)[at]);
     if (p.dt_bias != nullptr) r.dt += p.dt_bias[tile.h * p.dbs];
+    const int64_t t = tile.t0 + tid;
+    if (p.seq != nullptr && t > 0) {
+      const int64_t sa = tile.b * p.seq_s[0] + t * p.seq_s[1];
+      r.start = p.seq_i64 ? static_cast<const int64_t*>(p.seq)[sa] != static_cast<const int64_t*>(p.seq)[sa - p.seq_s[1]]
+                          : static_cast<const int32_t*>(p.seq)[sa] != static_cast<const int32_t*>(p.seq)[sa - p.seq_s[1]];
+    }
   }
   return r;
 }
@@ -187,8 +198,18 @@ __device__ __forceinline__ FusedDt fused_dt_load(const FusedParams& p, const Fus
 // log2(e)·cumsum(dt·A) (the chunk's decays in base 2) and wgt = 2^(acs2_last − acs2_s)·dt_s
 // (the chunk-state weights). Returns acs2_last. Ends with __syncthreads(). `warp_total`:
 // kFusedWarps floats.
+//
+// SEQ, with seq_idx (p.seq; `seg`: kFusedQ + kFusedWarps ints): seg[t] is the chunk position of
+// the last sequence start at or before t, or −1 where t's sequence began before the chunk.
+// A decay across a start is 0 (as the staged kernels' lowered cumsum makes it): the
+// intra-chunk pairs (t, s) need seg[t] <= s, the incoming state reaches only rows with
+// seg[t] < 0, the chunk state takes the positions s >= seg[last] (wgt 0 before), and the
+// state handed on decays by 0 when a sequence starts in the chunk (the value returned is
+// then −inf, for 2^x = 0). The cumsum itself is unchanged.
+template <bool SEQ = false>
 __device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const FusedTile& tile, FusedDt in,
-                                                 float* acs2, float* dts, float* wgt, float* warp_total) {
+                                                 float* acs2, float* dts, float* wgt, float* warp_total,
+                                                 int* seg = nullptr) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float A2 = in.A * 1.4426950408889634f;
   float dtv = 0.0f, d = in.dt;
@@ -199,21 +220,40 @@ __device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const Fus
     dtv = d;
   }
   float cum = dtv * A2;  // inclusive scan over the chunk, in a fixed order
+  int sp = in.start ? tid : -1;  // (seg: an inclusive max-scan)
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const float u = __shfl_up_sync(0xffffffffu, cum, o);
     if (lane >= o) cum += u;
+    if constexpr (SEQ) {
+      const int us = __shfl_up_sync(0xffffffffu, sp, o);
+      if (lane >= o) sp = max(sp, us);
+    }
   }
-  if (lane == 31) warp_total[warp] = cum;
+  if (lane == 31) {
+    warp_total[warp] = cum;
+    if constexpr (SEQ) seg[kFusedQ + warp] = sp;
+  }
   __syncthreads();
   for (int w = 0; w < warp; ++w) cum += warp_total[w];
   acs2[tid] = cum;
   dts[tid] = dtv;
+  if constexpr (SEQ) {
+    for (int w = 0; w < warp; ++w) sp = max(sp, seg[kFusedQ + w]);
+    seg[tid] = sp;
+  }
   __syncthreads();
   const float last = acs2[tile.len - 1];
-  wgt[tid] = tid < tile.len ? fast_exp2(last - cum) * dtv : 0.0f;
-  __syncthreads();
-  return last;
+  if constexpr (SEQ) {
+    const int seg_last = seg[tile.len - 1];
+    wgt[tid] = tid < tile.len && tid >= seg_last ? fast_exp2(last - cum) * dtv : 0.0f;
+    __syncthreads();
+    return seg_last < 0 ? last : -INFINITY;
+  } else {
+    wgt[tid] = tid < tile.len ? fast_exp2(last - cum) * dtv : 0.0f;
+    __syncthreads();
+    return last;
+  }
 }
 
 // Whether H_c is already there (chunk 0, or chunk c − 1 has published), without waiting.
@@ -367,7 +407,7 @@ inline void fused_check_launch(const SsdChunkScanLaunch& l, SsdCudaForward kerne
       l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim < 1 || l.state_dim > l.fused_state_tile ||
       (l.fused_state_tile != 64 && l.fused_state_tile != 128 &&
        (l.fused_state_tile != 256 || kernel != SsdCudaForward::FusedMmaCb)) ||
-      l.seq_idx != nullptr ||
+      (l.seq_idx != nullptr && kernel == SsdCudaForward::FusedWgmma) ||
       l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
       fused_chains(l) * l.nchunks() >= (int64_t{1} << 31))
     fail(PlanErrorKind::Internal, "ssd_chunk_scan",
@@ -424,6 +464,10 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   p.y = l.y;
   p.y_pre = l.y_pre_out;
   p.final_states = static_cast<float*>(l.final_states);
+  p.seq = l.seq_idx;
+  p.seq_s[0] = l.seq_idx_stride[0];
+  p.seq_s[1] = l.seq_idx_stride[1];
+  p.seq_i64 = l.seq_idx_int64;
   const int64_t chains = fused_chains(l);
   auto* ws = static_cast<unsigned char*>(l.workspace);
   p.ticket = reinterpret_cast<int*>(ws);

@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
   }
 }
 
-template <typename T, int NS, bool CB>
+template <typename T, int NS, bool CB, bool SEQ>
 __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
     ssd_fused_forward_kernel(const FusedParams p) {
   constexpr int kLdN = NS + 8;
@@ -162,6 +162,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
   float* warp_total = wgt + kFusedQ;                                       // [kFusedWarps]
   int& s_ticket = *reinterpret_cast<int*>(warp_total + kFusedWarps);
   int& s_ready = *(&s_ticket + 1);  // (within the 64 bytes ssd_fused_smem_bytes adds)
+  int* seg = reinterpret_cast<int*>(warp_total + 16);  // SEQ: [kFusedQ + kFusedWarps] (ssd_fused_smem_bytes' `seq`)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, q4 = lane & 3;  // mma fragment row and column pair
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
       ssd_cp_async_commit();
     }
   }
-  const float last2 = fused_dt_cumsum(p, tile, dt_in, acs2, dts, wgt, warp_total);
+  const float last2 = fused_dt_cumsum<SEQ>(p, tile, dt_in, acs2, dts, wgt, warp_total, seg);
   if (tid == 0) s_ready = fused_state_ready(p, tile);
   ssd_cp_async_wait<CB ? 0 : 1>();
   __syncthreads();  // x and B visible, s_ready set
@@ -282,6 +283,10 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
     if (mtile >= mtiles) continue;
     const int r0 = mtile * 16;
     const int ta = r0 + g8, tb = ta + 8;
+    // seq_idx: the first chunk position of row ta's / tb's sequence (0 without), and whether
+    // the incoming state reaches it (fused_dt_cumsum)
+    const int sa = SEQ ? seg[ta] : -1, sb = SEQ ? seg[tb] : -1;
+    const int lo_a = max(sa, 0), lo_b = max(sb, 0);
     // z of rows ta, tb for the epilogue, all loads in flight together: loaded here, before the
     // products, where the block has the registers (one block an SM), and after them in the CB
     // kernel, whose 128 registers (two blocks an SM) would spill z across the products
@@ -325,7 +330,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
     }
     const float acs_a = acs2[ta], acs_b = acs2[tb];
     {
-      const float ea = fast_exp2(acs_a), eb = fast_exp2(acs_b);
+      const float ea = !SEQ || sa < 0 ? fast_exp2(acs_a) : 0.0f, eb = !SEQ || sb < 0 ? fast_exp2(acs_b) : 0.0f;
 #pragma unroll
       for (int j = 0; j < kFusedP / 8; ++j) {
         acc[j][0] *= ea;
@@ -334,8 +339,10 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
         acc[j][3] *= eb;
       }
     }
-    // intra-chunk, per 16-column step s0 <= r0: P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (s <= t)
-    // from the step's C·Bᵀ fragments, rounded to the input type, times x's rows s0..
+    // intra-chunk, per 16-column step s0 <= r0: P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (lo_t <=
+    // s <= t, one unsigned comparison) from the step's C·Bᵀ fragments, rounded to the input
+    // type, times x's rows s0..
+    const unsigned span_a = static_cast<unsigned>(ta - lo_a), span_b = static_cast<unsigned>(tb - lo_b);
     auto consume = [&](const float (&cb)[2][4], int s0) {
       uint32_t pf[4];
 #pragma unroll
@@ -343,10 +350,11 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
         const int s = s0 + nt * 8 + 2 * q4;
         const float2 as = *reinterpret_cast<const float2*>(acs2 + s);
         const float2 ds = *reinterpret_cast<const float2*>(dts + s);
-        const float pa0 = s <= ta ? cb[nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
-        const float pa1 = s + 1 <= ta ? cb[nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
-        const float pb0 = s <= tb ? cb[nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
-        const float pb1 = s + 1 <= tb ? cb[nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
+        const unsigned da = static_cast<unsigned>(s - lo_a), db = static_cast<unsigned>(s - lo_b);
+        const float pa0 = da <= span_a ? cb[nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
+        const float pa1 = da + 1 <= span_a ? cb[nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
+        const float pb0 = db <= span_b ? cb[nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
+        const float pb1 = db + 1 <= span_b ? cb[nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
         pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
         pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
       }
@@ -429,10 +437,17 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
     ssd_fused_cb_kernel<T, NS><<<static_cast<unsigned int>(blocks), kCbThreads, smem, stream>>>(p);
     check_launch("ssd_chunk_scan");
   }
-  const int64_t smem = ssd_fused_smem_bytes(l.cuda_forward, NS);
-  fused_allow_smem(ssd_fused_forward_kernel<T, NS, CB>, smem);
+  const bool seq = l.seq_idx != nullptr;
+  const int64_t smem = ssd_fused_smem_bytes(l.cuda_forward, NS, seq);
   const int64_t blocks = fused_chains(l) * p.nchunks;
-  ssd_fused_forward_kernel<T, NS, CB><<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
+  const auto launch = [&](auto kernel) {
+    fused_allow_smem(kernel, smem);
+    kernel<<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
+  };
+  if (seq)
+    launch(ssd_fused_forward_kernel<T, NS, CB, true>);
+  else
+    launch(ssd_fused_forward_kernel<T, NS, CB, false>);
   check_launch("ssd_chunk_scan");
 }
 
