@@ -1,9 +1,10 @@
 """Dev tool: our SSD backward alone (with --forward: the forward), µs of each kernel per
 call (torch.profiler over profile_ssd_chunk_scan.REPS calls after three), at one of that
-file's shapes — for A/B
-runs of one kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py
-take too long. Run on the GPU from the repo root:
+file's shapes, optionally with seq_idx and a forced CUDA forward — for A/B runs of one
+kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py take too
+long. Run on the GPU from the repo root:
   PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options] [--shape 0] [--forward]
+      [--seq K] [--kernel fused_mma_cb]
 Prints one line: the label, the total and every kernel above 5 µs."""
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import re
 import sys
 
 import torch
+
+import baracuda_torch as bt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import profile_ssd_chunk_scan as ps  # noqa: E402
@@ -31,8 +34,19 @@ def main():
     ap.add_argument("--options", action="store_true")
     ap.add_argument("--shape", type=int, default=0)
     ap.add_argument("--forward", action="store_true", help="time the forward (inputs requiring grad)")
+    ap.add_argument("--seq", type=int, default=0, help="seq_idx: K packed sequences a row, random lengths")
+    ap.add_argument("--kernel", default="auto", help="the CUDA forward, through the test switch")
     a = ap.parse_args()
+    bt._C._ssd_cuda_forward(a.kernel)
     args, kw, leaves = ps.make_inputs(*ps.SHAPES[a.shape], a.options)
+    if a.seq > 1:
+        b, L = args[0].shape[:2]
+        g = torch.Generator().manual_seed(0)
+        seq_idx = torch.zeros(b, L, dtype=torch.int32)
+        for row in range(b):
+            for t in torch.randperm(L - 1, generator=g)[:a.seq - 1].tolist():
+                seq_idx[row, t + 1:] += 1
+        kw["seq_idx"] = seq_idx.cuda()
     if a.forward:
         rows = ps.kernels(lambda: mamba_chunk_scan_combined(*args, ps.CHUNK, **kw))
     else:
@@ -40,6 +54,7 @@ def main():
         y = mamba_chunk_scan_combined(*args, ps.CHUNK, **kw)
         rows = ps.kernels(lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True))
     print(a.label, "forward" if a.forward else "backward", "options" if a.options else "plain", f"shape {a.shape}",
+          f"seq {a.seq}" if a.seq else "", a.kernel if a.kernel != "auto" else "",
           f"{sum(r[1] for r in rows):.0f} µs:",
           " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), flush=True)
 
