@@ -455,7 +455,8 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "ssd": ssd_cases,
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
             "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases,
-            "ssd_fused_n256": ssd_fused_n256_cases, "ssd_fused_seq": ssd_fused_seq_cases, "mamba_split": mamba_split_cases, "state_update": state_update_cases}
+            "ssd_fused_n256": ssd_fused_n256_cases, "ssd_fused_seq": ssd_fused_seq_cases,
+            "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
 
 def run_case(name: str, make, fn) -> str:
