@@ -624,8 +624,8 @@ static_assert(kCausalConv1dMaxCudaWidth == 4 && kCausalConv1dMinCudaWidth == 2,
 // rows when a row has fewer than 32 chunks) and a warp's loads read one stretch of the row
 // rather than 32 rows. Measured (H200, torch 2.11, B4 D5120 L4096 W4 bf16; BENCHMARKS.md,
 // "The conv's rows forward split along time"): 186.3 -> 152.2 µs; chunks of 1, 4 and 8
-// iterations 186.8, 198.5, 201.2 (the fifteenth session's run). The backward with the same split lost at
-// every chunk length (760 -> 889-1884 µs): it keeps the search below.
+// iterations 186.8, 198.5, 201.2 (the fifteenth session's run). The backward with the same
+// split lost at every chunk length (760 -> 889-1884 µs): it keeps the search below.
 inline CausalConv1dWork causal_conv1d_work(const CausalConv1dLaunch& l, int per_sm) {
   const int64_t resident = static_cast<int64_t>(per_sm) * (l.sm_count > 0 ? l.sm_count : 1);
   const int64_t steps = causal_conv1d_steps(l.layout, element_size(l.element));
