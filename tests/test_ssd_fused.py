@@ -156,15 +156,16 @@ def _sequence_ids(b, L, Q, kind, dtype):
 def test_seq_idx(dtype, kernel):
     """seq_idx on the mma.sync fused forwards, forced (fused_wgmma leaves it to the staged kernels):
     out and final states against the float64 recurrence with every option, sequences
-    starting anywhere and at the chunk edges; gradients through the staged backward."""
+    starting anywhere and at the chunk edges, seq_idx contiguous or strided; gradients
+    through the staged backward."""
     rng = random.Random(77 + HALF.index(dtype))
     torch.manual_seed(7)
     for i in range(8):
         b, L, H, P, N, G, Q = SHAPES[i % len(SHAPES)]
         t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", seq_idx=False,
                           init=(i % 2 == 0) or None, z=(i % 3 != 2) or None)
-        t["seq_idx"] = _sequence_ids(b, L, Q, "dense" if i % 2 else "edges",
-                                     (torch.int32, torch.int64)[i % 2]).cuda()
+        seq = _sequence_ids(b, L, Q, "dense" if i % 2 else "edges", (torch.int32, torch.int64)[i % 2]).cuda()
+        t["seq_idx"] = torch.stack([seq, -seq], -1)[..., 0] if i % 4 == 3 else seq  # (time stride 2)
         args = [t[k] for k in ("x", "dt", "A", "B", "C")] + [Q] + [t.get(k) for k in (
             "D", "z", "dt_bias", "initial_states", "seq_idx")]
         expected = kernel if kernel != "fused_wgmma" else (
