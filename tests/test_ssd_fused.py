@@ -50,6 +50,11 @@ def fused_variant(H, G):
     return "fused_mma_cb" if H // G >= 4 else "fused_mma"
 
 
+def staged_variant():
+    """The staged forward the plan falls back to: tensor cores on sm_80+, SIMT below."""
+    return "chunked_mma" if torch.cuda.get_device_capability()[0] >= 8 else "chunked"
+
+
 def has_wgmma():
     return torch.cuda.get_device_capability() == (9, 0) and bt._C._arch_specific_kernels(90)
 
@@ -74,19 +79,18 @@ def kernel(request):
 
 @requires_cuda
 def test_plan_picks_the_fused_forward_where_it_applies():
-    sm80 = torch.cuda.get_device_capability()[0] >= 8
+    staged = staged_variant()
     for b, L, H, P, N, G, Q in SHAPES:
         x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
         info = bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=Q)
         assert info.variant == fused_variant(H, G), (b, L, H, P, N, G, Q)
         # the backward keeps the staged kernels
         binfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q)
-        assert binfo.variant == ("chunked_mma" if sm80 else "chunked")
+        assert binfo.variant == staged
     # not for: float32, head_dim 32, a chunk over 256, seq_idx (the mma.sync kernels take
     # it forced: test_seq_idx; N = 256: test_n256_is_fused_mma_cb_where_its_tiles_fit)
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.float32, "cuda")
     assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=256).variant == "chunked"
-    staged = "chunked_mma" if sm80 else "chunked"
     for (P, N, Q) in [(32, 64, 256), (64, 64, 512)]:
         x, dt, A, B, C = ssd_inputs(1, 600, 2, P, N, 1, torch.bfloat16, "cuda")
         assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=Q).variant == staged
@@ -121,19 +125,28 @@ def check_plain(dtype, shape, variant):
         check(g, e, rtol, f"{name} of {shape}")
 
 
-@requires_cuda
-@pytest.mark.parametrize("dtype", HALF)
-def test_every_option_but_seq_idx(dtype, kernel):
-    rng = random.Random(31 + HALF.index(dtype))
-    torch.manual_seed(5)
-    for i in range(10):
+def check_option_cases(dtype, expected, rng, count, seq_idx=None):
+    """`count` cases over SHAPES in turn with test_mamba.make_case's options (initial states
+    every other case, z in two of three) and `seq_idx(i, b, L, Q)` where given: the plan
+    runs `expected`; out, final states and gradients against the float64 recurrence."""
+    for i in range(count):
         b, L, H, P, N, G, Q = SHAPES[i % len(SHAPES)]
         t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", seq_idx=False,
                           init=(i % 2 == 0) or None, z=(i % 3 != 2) or None)
+        if seq_idx is not None:
+            t["seq_idx"] = seq_idx(i, b, L, Q)
+        args = [t[k] for k in ("x", "dt", "A", "B", "C")] + [Q] + [t.get(k) for k in (
+            "D", "z", "dt_bias", "initial_states", "seq_idx")]
+        assert bt.explain(ops.ssd_chunk_scan_combined, *args).variant == expected
         opts = sorted(k for k in t if k not in ("x", "dt", "A", "B", "C"))
-        assert bt.explain(ops.ssd_chunk_scan_combined, t["x"], t["dt"], t["A"], t["B"], t["C"],
-                          Q).variant == kernel
         check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {opts} {kw}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_every_option_but_seq_idx(dtype, kernel):
+    torch.manual_seed(5)
+    check_option_cases(dtype, kernel, random.Random(31 + HALF.index(dtype)), 10)
 
 
 def _sequence_ids(b, L, Q, kind, dtype):
@@ -158,21 +171,13 @@ def test_seq_idx(dtype, kernel):
     out and final states against the float64 recurrence with every option, sequences
     starting anywhere and at the chunk edges, seq_idx contiguous or strided; gradients
     through the staged backward."""
-    rng = random.Random(77 + HALF.index(dtype))
-    torch.manual_seed(7)
-    for i in range(8):
-        b, L, H, P, N, G, Q = SHAPES[i % len(SHAPES)]
-        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", seq_idx=False,
-                          init=(i % 2 == 0) or None, z=(i % 3 != 2) or None)
+    def seq_idx(i, b, L, Q):
         seq = _sequence_ids(b, L, Q, "dense" if i % 2 else "edges", (torch.int32, torch.int64)[i % 2]).cuda()
-        t["seq_idx"] = torch.stack([seq, -seq], -1)[..., 0] if i % 4 == 3 else seq  # (time stride 2)
-        args = [t[k] for k in ("x", "dt", "A", "B", "C")] + [Q] + [t.get(k) for k in (
-            "D", "z", "dt_bias", "initial_states", "seq_idx")]
-        expected = kernel if kernel != "fused_wgmma" else (
-            "chunked_mma" if torch.cuda.get_device_capability()[0] >= 8 else "chunked")
-        assert bt.explain(ops.ssd_chunk_scan_combined, *args).variant == expected
-        opts = sorted(k for k in t if k not in ("x", "dt", "A", "B", "C"))
-        check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {opts} {kw}")
+        return torch.stack([seq, -seq], -1)[..., 0] if i % 4 == 3 else seq  # (time stride 2)
+
+    torch.manual_seed(7)
+    check_option_cases(dtype, kernel if kernel != "fused_wgmma" else staged_variant(),
+                       random.Random(77 + HALF.index(dtype)), 8, seq_idx)
 
 
 def _strided(t, kind):
@@ -304,8 +309,7 @@ def test_n256_is_fused_mma_cb_where_its_tiles_fit():
     the device's shared memory holds its 256-column tiles (175 KB: Hopper and sm_100, not
     an A100 or the 99 KB devices), the staged kernels elsewhere; forced to a fused kernel
     that cannot hold them, the staged kernels too."""
-    sm80 = torch.cuda.get_device_capability()[0] >= 8
-    staged = "chunked_mma" if sm80 else "chunked"
+    staged = staged_variant()
     fits = torch.cuda.get_device_capability() in ((9, 0), (10, 0)) and "fused_mma_cb" in fused_kernels()
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 256, 2, torch.bfloat16, "cuda")
     assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=256).variant == (
