@@ -124,7 +124,17 @@ def check_case(t, kw, chunk, what):
     for k, g in grads.items():
         assert g.shape == t[k].shape and g.dtype == t[k].dtype, k
         # A float32 gradient of a float64 problem is rounded to float32 once.
-        check(g, g64[k], max(grad_rtol, rtol_for(g.dtype, device.type)), f"d{k} of {what}")
+        tol = max(grad_rtol, rtol_for(g.dtype, device.type))
+        if k == "dt_bias":
+            # ddt_bias is the sum over batch and positions of ddt, each with its own
+            # rounding: its error grows with the terms' 2-norm (per head), not with their
+            # sum, which may cancel. Measured on an H200 (float16, B1 L333 H2 P64 N32 chunk
+            # 100, seq_idx, the staged backward): sums -32.6 and -60.2 of terms with 2-norms
+            # 953 and 302 (absolute sums 11063 and 3417), off by 0.397 = 6.6 eps of 60.2,
+            # at most 1.3 eps of a 2-norm, while every ddt was within 2 eps of its scale.
+            spread = g64["dt"].reshape(-1, H).norm(dim=0).max().item()
+            tol *= max(1.0, spread / max(g64[k].abs().max().item(), 1e-30))
+        check(g, g64[k], tol, f"d{k} of {what}")
 
 
 # (B, L, H, P, N, G, chunk): odd L, chunks not dividing L, chunk 1, G = 1, G = H, 1 < G < H.
