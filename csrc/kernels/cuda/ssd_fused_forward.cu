@@ -93,13 +93,16 @@ __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t s_row, i
   }
 }
 
-// FusedMmaCb's table (see the header): one block of 4 warps per (batch, chunk, group, 64-row
-// block of the chunk); warp w computes the tiles (i, j <= i) of row tile i = 4·block + w:
-// C's 16 rows as A fragments over N, B's 16 rows j as B fragments, k-steps over N in order
-// (as step 4 of the fused kernel does).
+// FusedMmaCb's table (see the header), computed by blocks of 4 warps in one of two ways.
+// Up to N = 128, one block per (batch, chunk, group, 64-row block of the chunk); warp w
+// computes the tiles (i, j <= i) of row tile i = 4·block + w: C's 16 rows as A fragments
+// over N, B's 16 rows j as B fragments, k-steps over N in order (as step 4 of the fused
+// kernel does). Its tiles of C and of B's rows up to the block's last take 87 KB at
+// N = 128, 169 KB at 256 (one block of 4 warps a multiprocessor: 139.8 µs at B2 L4096 H16
+// N256 G16 on an H200), so above 128 the pairs below.
 constexpr int kCbThreads = 128;
 template <typename T, int NS>
-__global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedParams p) {
+__device__ __forceinline__ void cb_table_rows(const FusedParams& p) {
   constexpr int kLdN = NS + 8;
   constexpr int kNT = NS / 16;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -144,6 +147,91 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
     *reinterpret_cast<float4*>(out + st * 256) = make_float4(cb[0][0], cb[0][1], cb[0][2], cb[0][3]);
     *reinterpret_cast<float4*>(out + st * 256 + 4) = make_float4(cb[1][0], cb[1][1], cb[1][2], cb[1][3]);
   }
+}
+
+// Above N = 128, one block per (batch, chunk, group, pair of 64-row tiles ti >= tj of the
+// chunk: 10 at chunk 256); warp w computes the tiles (i, j) of row tile i = 4·ti + w with j
+// in 4·tj .. 4·tj + 3, j <= i. C's and B's 64 rows come in 64-column steps of N through a
+// double-buffered ring (37 KB, so that six blocks share a multiprocessor), each tile's
+// k-steps over N in order (the same bits). 105.2 µs at the shape above; at N = 128 (one
+// step) 12.2 against the rows' 10.1: more blocks, each loading its C and B rows.
+constexpr int kCbPairs = (kFusedQ / 64) * (kFusedQ / 64 + 1) / 2;
+constexpr int kCbK = 64;           // N's columns a step
+constexpr int kCbLd = kCbK + 8;    // 16-bit row stride: an odd multiple of 16 bytes (ldmatrix)
+template <typename T, int NS>
+__device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
+  static_assert(NS % kCbK == 0, "the state tile is whole steps");
+  constexpr int kSteps = NS / kCbK;
+  __shared__ __align__(16) T sC[2][64 * kCbLd];
+  __shared__ __align__(16) T sB[2][64 * kCbLd];
+  const int groups = p.heads / p.hpg;
+  int rest = blockIdx.x;
+  int pair = rest % kCbPairs;
+  rest /= kCbPairs;
+  int ti = 0;
+  while (pair > ti) pair -= ++ti;  // pair = ti·(ti + 1)/2 + tj
+  const int tj = pair;
+  const int grp = rest % groups;
+  rest /= groups;
+  const int c = rest % p.nchunks, b = rest / p.nchunks;
+  const int t0 = c * p.chunk, len = min(p.chunk, p.seqlen - t0);
+  if (ti * 64 >= len) return;  // (the whole block)
+  const T* Cg = static_cast<const T*>(p.C) + b * p.Cs[0] + t0 * p.Cs[1] + grp * p.Cs[2];
+  const T* Bg = static_cast<const T*>(p.B) + b * p.Bs[0] + t0 * p.Bs[1] + grp * p.Bs[2];
+  auto load = [&](int step, int buf) {
+    const int k0 = step * kCbK;
+    load_rows<T, kCbLd, kCbK>(sC[buf], Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64, len,
+                              p.state_dim - k0, threadIdx.x, kCbThreads);
+    load_rows<T, kCbLd, kCbK>(sB[buf], Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64, len,
+                              p.state_dim - k0, threadIdx.x, kCbThreads);
+  };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int mtile = ti * 4 + warp;
+  const bool live = mtile * 16 < len;  // (warp-uniform)
+  float cb[4][2][4] = {};
+  load(0, 0);
+  ssd_cp_async_commit();
+#pragma unroll 1
+  for (int step = 0; step < kSteps; ++step) {
+    const int buf = step & 1;
+    if (step + 1 < kSteps) load(step + 1, buf ^ 1);
+    ssd_cp_async_commit();
+    ssd_cp_async_wait<1>();  // step `step`'s rows are here
+    __syncthreads();
+    if (live) {
+#pragma unroll
+      for (int kk = 0; kk < kCbK / 16; ++kk) {
+        uint32_t cf[4];
+        ssd_ldsm_x4(cf, sC[buf] + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kCbLd + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (tj * 4 + j > mtile) continue;  // (warp-uniform: the diagonal pair's upper tiles)
+          uint32_t bf[4];
+          ssd_ldsm_x4(bf, sB[buf] + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * kCbLd + kk * 16 + ((lane >> 3) & 1) * 8);
+          ssd_mma16816<T>(cb[j][0], cf, bf[0], bf[1]);
+          ssd_mma16816<T>(cb[j][1], cf, bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();  // buffer `buf` is free for step + 2
+  }
+  if (!live) return;
+  float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * groups + grp) * p.cb_tiles * 256 +
+               (mtile * (mtile + 1) / 2 + tj * 4) * 256 + lane * 8;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (tj * 4 + j > mtile) continue;
+    *reinterpret_cast<float4*>(out + j * 256) = make_float4(cb[j][0][0], cb[j][0][1], cb[j][0][2], cb[j][0][3]);
+    *reinterpret_cast<float4*>(out + j * 256 + 4) = make_float4(cb[j][1][0], cb[j][1][1], cb[j][1][2], cb[j][1][3]);
+  }
+}
+
+template <typename T, int NS>
+__global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedParams p) {
+  if constexpr (NS <= 128)
+    cb_table_rows<T, NS>(p);
+  else
+    cb_table_pairs<T, NS>(p);
 }
 
 template <typename T, int NS, bool CB, bool SEQ>
@@ -431,9 +519,10 @@ template <typename T, int NS, bool CB>
 void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   const FusedParams p = fused_params(l, stream);
   if constexpr (CB) {
-    const int64_t smem = (64 + kFusedQ) * (NS + 8) * 2;
-    fused_allow_smem(ssd_fused_cb_kernel<T, NS>, smem);
-    const int64_t blocks = l.batch * l.nchunks() * l.groups * (kFusedQ / 64);
+    constexpr bool rows = NS <= 128;
+    const int64_t smem = rows ? (64 + kFusedQ) * (NS + 8) * 2 : 0;
+    if (rows) fused_allow_smem(ssd_fused_cb_kernel<T, NS>, smem);
+    const int64_t blocks = l.batch * l.nchunks() * l.groups * (rows ? kFusedQ / 64 : kCbPairs);
     ssd_fused_cb_kernel<T, NS><<<static_cast<unsigned int>(blocks), kCbThreads, smem, stream>>>(p);
     check_launch("ssd_chunk_scan");
   }
