@@ -3,8 +3,8 @@ with fewer than 4 heads per group; "fused_mma_cb": the same reading C·Bᵀ from
 computed once per (batch, chunk, group), the plan's choice with 4 or more;
 "fused_wgmma": Hopper's wgmma, sm_90 with the build's sm_90a code, run through the test
 switch; float16/bfloat16, head_dim a multiple of 64, state_dim <= 128 — fused_mma_cb up
-to 256, the plan's choice there on Hopper —, chunk <= 256, no seq_idx — the mma.sync
-kernels take it through the switch —): which problems the plan gives
+to 256, the plan's choice there on Hopper —, chunk <= 256, seq_idx on the mma.sync
+kernels): which problems the plan gives
 them, and each kernel's forward (out, final_states, y_pre through the backward) against
 the float64 recurrence with every option it takes, odd lengths and chunks, strided
 inputs, poisoned outputs, bitwise determinism and CUDA-graph replay. Then the backward's
@@ -87,8 +87,8 @@ def test_plan_picks_the_fused_forward_where_it_applies():
         # the backward keeps the staged kernels
         binfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q)
         assert binfo.variant == staged
-    # not for: float32, head_dim 32, a chunk over 256, seq_idx (the mma.sync kernels take
-    # it forced: test_seq_idx; N = 256: test_n256_is_fused_mma_cb_where_its_tiles_fit)
+    # not for: float32, head_dim 32, a chunk over 256 (N = 256:
+    # test_n256_is_fused_mma_cb_where_its_tiles_fit; seq_idx: test_seq_idx)
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.float32, "cuda")
     assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=256).variant == "chunked"
     for (P, N, Q) in [(32, 64, 256), (64, 64, 512)]:
@@ -97,7 +97,7 @@ def test_plan_picks_the_fused_forward_where_it_applies():
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.bfloat16, "cuda")
     seq = torch.zeros(1, 300, dtype=torch.int32, device="cuda")
     assert bt.explain(ops.ssd_chunk_scan_combined, x, dt, A, B, C, 256, None, None, None, None,
-                      seq).variant == staged
+                      seq).variant == fused_variant(2, 1)
 
 
 @requires_cuda

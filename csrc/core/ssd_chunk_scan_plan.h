@@ -36,11 +36,11 @@ namespace baracuda {
 // Which CUDA forward the plan runs: the staged kernels (cumsum, chunk states and state
 // passing, chunk scan: any problem), or the one-launch fused kernel (float16/bfloat16,
 // head_dim a multiple of kSsdFusedHeadTile, state_dim <= kSsdFusedMaxState (above 128:
-// FusedMmaCb only), chunk <= kSsdFusedMaxChunk, no seq_idx (the mma.sync kernels take it
-// through the test switch: not measured yet), and the device's opt-in shared memory holds
-// ssd_fused_smem_bytes) on mma.sync (kernels/cuda/ssd_fused_forward.cu, sm_80+), either
-// computing each 16 × 16 tile of C·Bᵀ in every head's block (FusedMma) or reading it from a
-// table that a small kernel computes once per (batch, chunk, group) first (FusedMmaCb:
+// FusedMmaCb only), chunk <= kSsdFusedMaxChunk, seq_idx on the mma.sync kernels only, and
+// the device's opt-in shared memory holds ssd_fused_smem_bytes) on mma.sync
+// (kernels/cuda/ssd_fused_forward.cu, sm_80+), either computing each 16 × 16 tile of C·Bᵀ
+// in every head's block (FusedMma) or reading it from a table that a small kernel computes
+// once per (batch, chunk, group) first (FusedMmaCb:
 // the plan's choice with kSsdFusedCbMinHeads or more heads per group, where the table
 // costs no more memory than x and saves each block that product and C's shared-memory
 // tile, so that two blocks share a multiprocessor), or on Hopper's wgmma

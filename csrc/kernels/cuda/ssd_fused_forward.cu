@@ -1,7 +1,7 @@
 // Mamba-2 SSD chunk scan, CUDA forward in one launch ("fused_mma": mma.sync tensor-core
 // products, sm_80+; ssd_fused_forward_sm90.cu is the same algorithm on Hopper's wgmma):
 // float16/bfloat16, head_dim a multiple of 64, state_dim <= 128 (FusedMmaCb up to 256:
-// core/ssd_chunk_scan_plan.h's kSsdFusedMaxState), chunk <= 256, no seq_idx
+// core/ssd_chunk_scan_plan.h's kSsdFusedMaxState), chunk <= 256, with or without seq_idx
 // (the plan, core/ssd_chunk_scan_plan.cpp, chooses it and checks each condition; the
 // staged kernels of ssd_chunk_scan_tc.cuh run everything else).
 //
