@@ -84,9 +84,9 @@ def test_plan_picks_the_fused_forward_where_it_applies():
         x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
         info = bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=Q)
         assert info.variant == fused_variant(H, G), (b, L, H, P, N, G, Q)
-        # the backward keeps the staged kernels
+        # the backward has no fused form (staged, or the group products: their own test)
         binfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q)
-        assert binfo.variant == staged
+        assert binfo.variant in (staged, "group_mma", "group_wgmma")
     # not for: float32, head_dim 32, a chunk over 256 (N = 256:
     # test_n256_is_fused_mma_cb_where_its_tiles_fit; seq_idx: test_seq_idx)
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.float32, "cuda")
@@ -352,7 +352,7 @@ def test_forward_switch_names_its_choices():
 
 # ---- the backward's group products ("group_mma": the intra-chunk dB/dC products once per
 # group, on Σ_heads of the per-head weights; the plan's choice where that matrix takes no
-# more memory than x, i.e. many heads per group)
+# more memory than 8 × x: heads per group >= chunk / (4·head_dim))
 
 # (B, L, H, P, N, G, chunk): many heads per group (the 2.7B layer's G = 1), 4 heads per
 # group, P = 128 with N = 256 (four state tiles), N not a multiple of 8 with an odd chunk,
@@ -393,15 +393,19 @@ def _backward_variant(inputs, Q):
 
 
 @requires_cuda
-def test_plan_picks_the_group_products_with_many_heads_per_group():
+def test_plan_picks_the_group_products_where_dcb_is_at_most_8x_x():
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the group products need the tensor-core backward (sm_80+)")
     # the 2.7B layer's heads per group: dCB is 10 % of x (its dC/dB products on wgmma on
     # Hopper with the build's sm_90a code)
     inputs = ssd_inputs(1, 1024, 80, 64, 128, 1, torch.bfloat16, "cuda")
     assert _backward_variant(inputs, 256) == ("group_wgmma" if _wgmma_device() else "group_mma")
-    # one head per group: dCB would be 8 x the size of x
-    inputs = ssd_inputs(1, 1024, 8, 64, 128, 8, torch.bfloat16, "cuda")
+    # one head per group: dCB 4 x the size of x at P = 128 and 8 x at P = 64, a ragged last
+    # chunk or not (the group products); 16 x at P = 32 (the per-head products)
+    for L, H, P, N in [(1024, 4, 128, 256), (1000, 8, 64, 128)]:
+        inputs = ssd_inputs(1, L, H, P, N, H, torch.bfloat16, "cuda")
+        assert _backward_variant(inputs, 256) == ("group_wgmma" if _wgmma_device() else "group_mma"), P
+    inputs = ssd_inputs(1, 1024, 8, 32, 128, 8, torch.bfloat16, "cuda")
     assert _backward_variant(inputs, 256) == "chunked_mma"
     # not for float32 (SIMT) or head_dim > 128
     for dtype, P, N in [(torch.float32, 64, 64), (torch.bfloat16, 256, 64)]:
@@ -526,8 +530,8 @@ def _ssd_kernels_run(fn):
 @requires_cuda
 @pytest.mark.parametrize("case", [
     (torch.bfloat16, (2, 700, 16, 64, 128, 1, 256)),  # fused forward, group products
-    (torch.bfloat16, (1, 600, 4, 64, 128, 4, 256)),   # fused forward, per-head products
-    (torch.bfloat16, (1, 600, 4, 64, 256, 2, 256)),   # N = 256: the staged tensor-core forward
+    (torch.bfloat16, (1, 600, 4, 32, 128, 4, 256)),   # staged forward (P = 32), per-head products
+    (torch.bfloat16, (1, 600, 4, 64, 256, 2, 256)),   # N = 256: fused_mma_cb on Hopper, else staged
     (torch.float32, (1, 300, 4, 64, 64, 1, 128)),     # the SIMT kernels
 ], ids=["bf16-group", "bf16-perhead", "bf16-N256", "f32"])
 def test_explain_names_the_kernels_that_run(case):

@@ -199,7 +199,7 @@ int64_t state_tile_n(const SsdChunkScanDescriptor& desc, SsdVariant v, const Ssd
   return l.state_dim > 64 ? 128 : 64;
 }
 
-// Bytes of one dCB (B·nc·G·Q'² float32) and of x (16-bit), which the group products'
+// Bytes of one dCB (B·nc·G·Q'² float32) and of x (16-bit), which the dCB head splits'
 // memory is held against.
 double dcb_bytes(const SsdChunkScanLaunch& l) {
   const double qp = static_cast<double>(l.dcb_ld());
@@ -290,11 +290,15 @@ std::atomic<int> g_forced_group{-1};
 // ssd_force_group_products): the tensor-core backward, head_dim <= 128 and state_dim <=
 // 256 (the kernels' tiles), the dx, dC and dB kernels' shared memory within the device's
 // opt-in limit (dx at state_dim 256 84 KB, dB at head_dim 128 105 KB), and dCB
-// (B·nc·G·Q'² float32, Q' the longest chunk rounded up to 64) no larger than x. At the
-// Mamba-2 2.7B shape (H = 80, G = 1) dCB is 10 % of x; with one head per group it would
-// be 8× x at chunk 256 and P = 64, where the per-head products need no extra memory.
+// (B·nc·G·Q'² float32, Q' the longest chunk rounded up to 64: the size of mamba_ssm's own
+// dcb) at most 8× x, counted per chunk: 4·Q'² bytes a group against 2·Q·P·H/G, Q the
+// longest chunk. The per-head products need no such memory. At the Mamba-2 2.7B shape
+// (H = 80, G = 1) dCB is 10 % of x; with one head per group and chunk 256 it is 4× x at
+// P = 128, 8× at P = 64, 16× at P = 32 (not measured: per-head products).
 // Measured at the 2.7B shape (H100, bf16; BENCHMARKS.md "SSD backward with the group
-// products"): backward kernels 5.6 ms with them, 9.2 ms with the per-head products.
+// products"): backward kernels 5.6 ms with them, 9.2 ms with the per-head products. One
+// head a group (H200, bf16): B2 L4096 H16 P128 N256 G16 (4×) 1492 µs on group_wgmma
+// against 2310, B2 L8192 H32 P64 N64 G32 (8×) 1703 against 1930.
 bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChunkScanLaunch& l) {
   const int forced = g_forced_group.load(std::memory_order_relaxed);
   if (forced == 0 || !uses_tensor_cores(desc, v) || l.head_dim > 128 || l.state_dim > 256 ||
@@ -304,7 +308,10 @@ bool group_products(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdC
       l.batch * l.seqlen * l.heads == 0)
     return false;
   if (forced == 1) return true;
-  return dcb_bytes(l) <= x_bytes(l);
+  const double qp = static_cast<double>(l.dcb_ld());
+  const double q = static_cast<double>(std::min(l.chunk_size, l.seqlen));
+  return 4.0 * qp * qp * static_cast<double>(l.groups) <=
+         8.0 * 2.0 * q * static_cast<double>(l.head_dim) * static_cast<double>(l.heads);
 }
 
 // ssd_force_group_wgmma's setting: -1 for the plan's own choice, 0 never, 1 wherever it can
