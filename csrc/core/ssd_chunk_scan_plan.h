@@ -80,7 +80,8 @@ std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 // (state_dim above 128) only FusedMmaCb's shared memory holds (one block a multiprocessor,
 // 175 KB: Hopper, not an A100), and the plan takes it there whatever the heads per group:
 // measured on an H200 (BENCHMARKS.md, "SSD forward at N = 256"), 389 µs of kernels at
-// B2 L4096 H16 P128 N256 G16 (one head per group) against the staged kernels' 767.
+// B2 L4096 H16 P128 N256 G16 (one head per group) against the staged kernels' 767; 358
+// with the C·Bᵀ table by tile pairs (BENCHMARKS.md, "SSD: seq_idx on the fused forwards").
 constexpr int64_t kSsdFusedMaxChunk = 256;
 constexpr int64_t kSsdFusedHeadTile = 64;
 constexpr int64_t kSsdFusedMaxState = 256;
