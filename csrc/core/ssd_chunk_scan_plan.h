@@ -64,7 +64,8 @@ std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForwar
 // chunk and group) and multiplied with B and C once per group, instead of once per head
 // (kernels/cuda/ssd_chunk_scan_backward_group.cu). The plan takes it for the tensor-core
 // backward (float16/bfloat16, sm_80+) with head_dim <= 128 and state_dim <= 256 where
-// dCB takes no more memory than x (about 2·chunk / head_dim heads per group or more).
+// dCB takes no more memory than 8× x (chunk / (4·head_dim) heads per group or more: one
+// head at chunk 256 and head_dim 64).
 // Tests and benchmarks only: `force` true / false makes the plan take it wherever it can
 // run / never; std::nullopt restores the plan's own choice. Returns the previous setting.
 std::optional<bool> ssd_force_group_products(std::optional<bool> force);
