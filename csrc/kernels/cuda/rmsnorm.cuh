@@ -225,15 +225,20 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGro
     const int64_t c0 = g * p.cols;  // the row group's first column (unit strides here)
     const W* w = static_cast<const W*>(p.weight) + c0;
     const W* b = static_cast<const W*>(p.bias) + c0;
-    // Row group `base` + (this thread's group)'s vectors: x (+ residual, h stored) and z.
+    // The block's row groups base = b, b + grid, ... in turn (every thread runs the same
+    // iterations, as group_sum needs); one pass of the y grid unless there are more than
+    // 2^31 - 1 row groups. This thread's group takes row base + sub.
     const int sub = threadIdx.x / G;
-    auto load = [&](int64_t base, T (&v)[VPT][V], T (&zv)[VPT][V]) {
+    const int64_t step = static_cast<int64_t>(gridDim.x) * p.rows_per_block;
+    for (int64_t base = blockIdx.x * p.rows_per_block; base < p.rows; base += step) {
       const int64_t row = base + sub;
       const bool active = row < p.rows;
+      // The row's vectors: x (+ residual, h stored) and z.
       int64_t off[2] = {};
       if (active) p.offsets(2, row, off);
       const T* x = static_cast<const T*>(p.x) + off[kRmsX] + c0;
       const T* z = static_cast<const T*>(p.z) + off[kRmsZ] + c0;
+      T v[VPT][V], zv[VPT][V];
       for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
         load_vec<T, V>(x + c, v[k]);
         if constexpr (Gated) {
@@ -246,16 +251,6 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGro
           store_vec<T, V>(static_cast<T*>(p.h) + row * p.cols + c, v[k]);
         }
       });
-    };
-    // The block's row groups base = b, b + grid, ... in turn (every thread runs the same
-    // iterations, as group_sum needs); one pass of the y grid unless there are more than
-    // 2^31 - 1 row groups.
-    const int64_t step = static_cast<int64_t>(gridDim.x) * p.rows_per_block;
-    T v[VPT][V], zv[VPT][V];
-    for (int64_t base = blockIdx.x * p.rows_per_block; base < p.rows; base += step) {
-      load(base, v, zv);
-      const int64_t row = base + sub;
-      const bool active = row < p.rows;
       Acc ss = 0;
       for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t) {
 #pragma unroll
