@@ -47,13 +47,6 @@
 namespace baracuda::kernels::cuda {
 namespace {
 
-// The (row tile, column tile) of lower-triangular tile pair `pair`: (0,0), (1,0), (1,1), ...
-__device__ __forceinline__ void tile_pair(int pair, int& ti, int& tj) {
-  ti = 0;
-  while ((ti + 1) * (ti + 2) / 2 <= pair) ++ti;
-  tj = pair - ti * (ti + 1) / 2;
-}
-
 template <typename T>
 struct SsdGroupDcbParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
@@ -102,7 +95,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
     const int64_t split = ssd_peel(rest, p.nsplit, narrow);
     const int pair = static_cast<int>(ssd_peel(rest, p.pairs, narrow));
     int ti, tj;
-    tile_pair(pair, ti, tj);
+    ssd_tile_pair(pair, ti, tj);
     const int64_t c = ssd_peel(rest, p.nchunks, narrow);
     const int64_t g = ssd_peel(rest, p.groups, narrow), b = rest;
     const int64_t t0 = c * p.chunk;

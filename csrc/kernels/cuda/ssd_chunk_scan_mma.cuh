@@ -1,6 +1,7 @@
 // Warp-level tensor-core primitives of the SSD chunk scan's 16-bit path (sm_80+):
 // ldmatrix, mma.sync.m16n8k16 with float32 accumulation, and cp.async. Only these few
-// functions touch PTX, so that a host emulation can replace this one header.
+// functions touch PTX, so that a host emulation can replace this one header. Also the
+// order of a chunk's lower-triangular tile pairs, which the tile kernels share.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"; g = lane / 4,
 // t = lane % 4; each 32-bit register holds two 16-bit values, the lower column / k index
@@ -117,6 +118,14 @@ __device__ __forceinline__ void ssd_cp_async_wait() {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
+}
+
+// The (row tile, column tile) of lower-triangular tile pair `pair`: (0,0), (1,0), (1,1),
+// (2,0), ... (pair = ti·(ti + 1)/2 + tj).
+__device__ __forceinline__ void ssd_tile_pair(int pair, int& ti, int& tj) {
+  ti = 0;
+  while ((ti + 1) * (ti + 2) / 2 <= pair) ++ti;
+  tj = pair - ti * (ti + 1) / 2;
 }
 
 }  // namespace baracuda::kernels::cuda

@@ -166,11 +166,9 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   __shared__ __align__(16) T sB[2][64 * kCbLd];
   const int groups = p.heads / p.hpg;
   int rest = blockIdx.x;
-  int pair = rest % kCbPairs;
+  int ti, tj;
+  ssd_tile_pair(rest % kCbPairs, ti, tj);
   rest /= kCbPairs;
-  int ti = 0;
-  while (pair > ti) pair -= ++ti;  // pair = ti·(ti + 1)/2 + tj
-  const int tj = pair;
   const int grp = rest % groups;
   rest /= groups;
   const int c = rest % p.nchunks, b = rest / p.nchunks;
