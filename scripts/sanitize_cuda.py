@@ -351,8 +351,9 @@ def ssd_fused_cases() -> Iterator[Case]:
 
 def ssd_fused_seq_cases() -> Iterator[Case]:
     """fused_mma and fused_mma_cb with seq_idx (sequences starting inside a chunk, at a
-    chunk's first position and one after it), forced through the test switch (the plan
-    leaves seq_idx to the staged kernels), with D, z and initial states; N = 128 and 38."""
+    chunk's first position and one after it), each forced through the test switch (the
+    plan picks one of them by the heads a group), with D, z and initial states; N = 128
+    and 38."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
         return
     for kernel in ("fused_mma", "fused_mma_cb"):
