@@ -111,6 +111,7 @@
 #include <initializer_list>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ssd_seq_idx.cuh"
 #include "kernels/ssd_chunk_scan.h"
 
 namespace baracuda::kernels::cuda {
@@ -532,16 +533,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
         Acc grad;
         d = ssd_dt_process<Acc>(p.dt.raw(b, t0 + i, h), bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
         const int64_t t = t0 + i;
-        if (p.seq_idx != nullptr && t > 0) {
-          const int64_t at = b * p.seq_s[0] + t * p.seq_s[1];
-          if (p.seq_i64) {
-            const int64_t* sq = static_cast<const int64_t*>(p.seq_idx);
-            start = sq[at] != sq[at - p.seq_s[1]];
-          } else {
-            const int32_t* sq = static_cast<const int32_t*>(p.seq_idx);
-            start = sq[at] != sq[at - p.seq_s[1]];
-          }
-        }
+        if (p.seq_idx != nullptr && t > 0) start = seq_starts_at(p.seq_idx, p.seq_i64, p.seq_s, b, t);
       }
       double v = static_cast<double>(d) * a_h;
       int sg = start;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ssd_seq_idx.cuh"
 #include "kernels/cuda/ssd_chunk_scan_mma.cuh"
 #include "kernels/ssd_chunk_scan.h"
 
@@ -184,11 +185,7 @@ __device__ __forceinline__ FusedDt fused_dt_load(const FusedParams& p, const Fus
     r.dt = p.dt_f32 ? static_cast<const float*>(p.dt)[at] : to_acc(static_cast<const T*>(p.dt)[at]);
     if (p.dt_bias != nullptr) r.dt += p.dt_bias[tile.h * p.dbs];
     const int64_t t = tile.t0 + tid;
-    if (p.seq != nullptr && t > 0) {
-      const int64_t sa = tile.b * p.seq_s[0] + t * p.seq_s[1];
-      r.start = p.seq_i64 ? static_cast<const int64_t*>(p.seq)[sa] != static_cast<const int64_t*>(p.seq)[sa - p.seq_s[1]]
-                          : static_cast<const int32_t*>(p.seq)[sa] != static_cast<const int32_t*>(p.seq)[sa - p.seq_s[1]];
-    }
+    if (p.seq != nullptr && t > 0) r.start = seq_starts_at(p.seq, p.seq_i64, p.seq_s, tile.b, t);
   }
   return r;
 }
