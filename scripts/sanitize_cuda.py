@@ -297,23 +297,24 @@ def mamba_split_cases() -> Iterator[Case]:
 
 def ssd_group_cases() -> Iterator[Case]:
     """The backward's group products (dCB, dx from the B·Cᵀ tiles, dC/dB): one group of
-    4 heads (the plan's choice at these sizes), a short last chunk, head_dim past one
-    64-column tile, state_dim padded to the MMA step (40) or not a multiple of 4 (38, the
-    scalar copies), with and without D and z."""
+    4 heads (the plan's choice at these sizes: dCB in 2 head splits), or 4 groups of one
+    head (one split: the dCB kernel stores the 16-bit dCB itself), a short last chunk,
+    head_dim past one 64-column tile, state_dim padded to the MMA step (40) or not a
+    multiple of 4 (38, the scalar copies), with and without D and z."""
     from baracuda_torch.mamba import mamba_chunk_scan_combined
     for dtype in (torch.bfloat16, torch.float16):
-        for N, options in ((40, False), (38, True)):
-            def make(dtype=dtype, N=N, options=options):
+        for N, options, G in ((40, False, 1), (38, True, 1), (40, True, 4)):
+            def make(dtype=dtype, N=N, options=options, G=G):
                 B, L, H, P = 2, 100, 4, 96
                 t = (rand(B, L, H, P, dtype=dtype), (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5),
-                     (-torch.rand(H, device="cuda", dtype=dtype)), rand(B, L, 1, N, dtype=dtype),
-                     rand(B, L, 1, N, dtype=dtype))
+                     (-torch.rand(H, device="cuda", dtype=dtype)), rand(B, L, G, N, dtype=dtype),
+                     rand(B, L, G, N, dtype=dtype))
                 extra = (rand(H, P, dtype=torch.float32), rand(B, L, H, P, dtype=dtype)) if options else (None, None)
                 return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra
 
             def run(x, dt, A, B, C, D, z):
                 return mamba_chunk_scan_combined(x, dt, A, B, C, 64, D=D, z=z)
-            yield f"ssd group products N={N} options={options}", make, run, ("ssd_chunk_scan_combined",)
+            yield f"ssd group products N={N} options={options} G={G}", make, run, ("ssd_chunk_scan_combined",)
 
 
 def _wgmma_cases(cases, switch, name: str) -> Iterator[Case]:

@@ -193,8 +193,11 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  (only when S > 1; not with group_products)
 //   dcb       [S', B, G, nc, Q', Q']  group_products only: Σ_heads (dy_q·x_s)·exp(Acs_q −
 //                                  Acs_s)·dt_s over s <= q, one partial per dCB head split
-//                                  (S' = dcb_splits), Q' the longest chunk rounded up to
-//                                  64 (ssd_chunk_scan_backward_group.cu)
+//                                  (S' = dcb_splits; none with one split: dcb_t only), Q'
+//                                  the longest chunk rounded up to 64
+//                                  (ssd_chunk_scan_backward_group.cu)
+//   dcb_t     [B, G, nc, Q', Q']   group_products only: the splits' dCB summed and rounded
+//                                  to T, which the dC and dB kernels read
 //   xin, xsuf [B, H, nc, P', 64]   group_products only: the X_s partials of the P' =
 //                                  t'(t' + 1)/2 tile pairs (t' = Q'/64) of a chunk
 //   cbt       [B, G, nc, P', 64, 64]  group_products only: each tile pair's B_s·C_q,
@@ -273,7 +276,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     if (l.gated) w.dyp = take(l.batch * l.seqlen * l.heads * l.head_dim, element_size(l.element));
     if (l.group_products) {
       w.dcb_ld = l.dcb_ld();  // (a multiple of kSsdTile)
-      w.dcb = take(l.dcb_splits * l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld);
+      w.dcb = take(l.dcb_splits > 1 ? l.dcb_splits * l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld : 0);
       w.dcb_t = take(l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld, 2);  // the splits' sum, rounded to T
       const int64_t tiles = w.dcb_ld / kSsdTile, pairs = tiles * (tiles + 1) / 2;
       w.xin = take(bh * nc * pairs * kSsdTile);

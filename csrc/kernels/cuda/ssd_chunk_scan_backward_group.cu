@@ -16,7 +16,8 @@
 //                           over the group's heads in head order in float32 registers
 //                           (the next head's dy and x tiles copied by cp.async during the
 //                           products), written to the workspace (zeros where s > q or
-//                           outside the chunk); and each head's partials of the crossing
+//                           outside the chunk; rounded to the input type there when the
+//                           group's heads are one split); and each head's partials of the crossing
 //                           sums X_s (see the kernel), which ssd_group_xs_kernel adds up
 //                           (the per-head ssd_tc_dacs_kernel does not run)
 //                           It also stores the pair's C·Bᵀ tile (float32, transposed) for
@@ -57,7 +58,8 @@ struct SsdGroupDcbParams {
   SsdOperand<T> x, dy, B, C;
   const double* acs;
   const float* dtf;
-  float* dcb;        // [nsplit, B, G, nc, Q', Q']: each split's partial sum
+  float* dcb;        // [nsplit, B, G, nc, Q', Q']: each split's partial sum (nsplit > 1)
+  T* dcb_t;          // [B, G, nc, Q', Q']: with one split, the sum rounded to T, stored here
   float* xin;        // [B, H, nc, pairs, 64]: the pair's crossing sums at its column positions
   float* xsuf;       // [B, H, nc, pairs, 64]: suffix sums of the pair's row sums
   float* cbt;        // [B, G, nc, pairs, 64, 64]: the pair's C·Bᵀ tile transposed, [s][q]
@@ -278,11 +280,18 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
     ssd_cp_async_wait<0>();
     __syncthreads();  // the last head's X sums are visible
     flush(nh - 1);
-    float* tile = p.dcb + (((split * p.batch + b) * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp +
-                  static_cast<int64_t>(r0) * p.qp;
+    const int64_t at = (((split * p.batch + b) * p.groups + g) * p.nchunks + c) * static_cast<int64_t>(p.qp) * p.qp +
+                       static_cast<int64_t>(r0) * p.qp;
+    // One split: the sum is whole here, rounded to T as ssd_group_dcb_round_kernel would
+    // (the same bits) and stored where the dC and dB kernels read it, with no float32 copy.
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
-      tc_store_row<float>(tile + static_cast<int64_t>(rw + g8 + 8 * half) * p.qp, c0, p.qp, true, acc, half, 1.0f);
+    for (int half = 0; half < 2; ++half) {
+      const int64_t row = at + static_cast<int64_t>(rw + g8 + 8 * half) * p.qp;
+      if (p.nsplit == 1)
+        tc_store_row<T>(p.dcb_t + row, c0, p.qp, true, acc, half, 1.0f);
+      else
+        tc_store_row<float>(p.dcb + row, c0, p.qp, true, acc, half, 1.0f);
+    }
   }
 }
 
@@ -383,7 +392,8 @@ struct SsdGroupGradParams {
   const T* state;        // H_c (dC) or Gn_c (dB) rounded to T, [B, H, nc, P, N] (states_t, gstates_t)
   const double* acs;
   const float* dtf;
-  const T* dcb;          // [B, G, nc, Q', Q']: dCB rounded to T (ssd_group_dcb_round_kernel)
+  const T* dcb;          // [B, G, nc, Q', Q']: dCB rounded to T (by the dCB kernel with one split,
+                         // else ssd_group_dcb_round_kernel)
   float* upart;          // dC: U partials [B, H, L, j_tiles]; null for dB
   T* out;                // dC or dB, [B, L, G, N] contiguous
 };
@@ -856,7 +866,8 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   p.C = ssd_operand<T>(l.C, l.C_stride, false);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
-  p.dcb = ssd_ws<float>(l, w.dcb);
+  p.dcb = p.nsplit > 1 ? ssd_ws<float>(l, w.dcb) : nullptr;
+  p.dcb_t = ssd_ws<T>(l, w.dcb_t);
   p.xin = ssd_ws<float>(l, w.xin);
   p.xsuf = ssd_ws<float>(l, w.xsuf);
   p.cbt = ssd_ws<float>(l, w.cbt);
@@ -866,10 +877,12 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   ssd_tc_smem(ssd_group_dcb_kernel<T>, smem, "ssd_chunk_scan_backward(group_dcb)");
   ssd_group_dcb_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(group_dcb)");
-  const int64_t per_split = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
-  ssd_group_dcb_round_kernel<T><<<ssd_grid((per_split / 4 + 255) / 256), 256, 0, stream>>>(
-      p.dcb, ssd_ws<T>(l, w.dcb_t), per_split / 4, p.nsplit, per_split);
-  check_launch("ssd_chunk_scan_backward(group_dcb_round)");
+  if (p.nsplit > 1) {
+    const int64_t per_split = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
+    ssd_group_dcb_round_kernel<T><<<ssd_grid((per_split / 4 + 255) / 256), 256, 0, stream>>>(
+        p.dcb, p.dcb_t, per_split / 4, p.nsplit, per_split);
+    check_launch("ssd_chunk_scan_backward(group_dcb_round)");
+  }
   const int64_t total = l.batch * l.heads * l.seqlen;
   ssd_group_xs_kernel<<<ssd_grid((total + 255) / 256), 256, 0, stream>>>(
       p.xin, p.xsuf, ssd_ws<float>(l, w.xs), total, l.seqlen, l.chunk_size, p.nchunks, p.pairs);
