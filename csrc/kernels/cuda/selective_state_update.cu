@@ -138,9 +138,16 @@ constexpr int state_update_min_blocks() {
 // current one is computed. Lean (the plan's `lean`, staged only): one token, no z, no
 // batch indices and lane scalars (at any number of passes) compiled in, which frees
 // registers for more blocks.
+// The grid's divisors (a block's index is (batch, head, row tile), row tile innermost; a
+// head's group is head / heads_per_group) as multiply-shifts: three 32-bit divisions were
+// about 50 instructions of a lean block's few hundred.
+struct StateUpdateGrid {
+  cuda::FastDivmod ptiles, nheads, hpg;
+};
+
 template <typename T, typename S, int Lanes, int Chunks, bool Staged, bool Lean>
 __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Chunks, Lean>()))
-    void state_update_kernel(const StateUpdateLaunch l) {
+    void state_update_kernel(const StateUpdateLaunch l, const StateUpdateGrid grid) {
   static_assert(!Lean || (Staged && Chunks == 1), "the lean kernel is a staged one of 1 chunk a lane");
   using Acc = acc_t<T>;
   constexpr int lanes = Lanes;
@@ -149,14 +156,13 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
   // The shuffle mask of this thread's group within its warp.
   const unsigned mask = lanes == 32 ? 0xffffffffu
                                     : ((1u << lanes) - 1u) << ((threadIdx.x % 32) / lanes * lanes);
-  // (32-bit divisions: the plan keeps the grid below 2^31 blocks; 64-bit ones are
-  // subroutine calls on the path to every load)
-  const uint32_t blk = blockIdx.x, ptiles = static_cast<uint32_t>(l.ptiles);
-  const uint32_t bh = blk / ptiles, nheads = static_cast<uint32_t>(l.nheads);
-  const int64_t ptile = blk - bh * ptiles;
-  const int64_t b = bh / nheads;
-  const int64_t h = bh - static_cast<uint32_t>(b) * nheads;
-  const int64_t g = static_cast<uint32_t>(h) / static_cast<uint32_t>(l.heads_per_group);
+  // (32-bit: the plan keeps the grid below 2^31 blocks; 64-bit divisions are subroutine
+  // calls on the path to every load)
+  uint32_t rest = blockIdx.x;
+  const int64_t ptile = cuda::peel_coord<uint32_t>(rest, grid.ptiles, static_cast<uint32_t>(l.ptiles));
+  const uint32_t h32 = cuda::peel_coord<uint32_t>(rest, grid.nheads, static_cast<uint32_t>(l.nheads));
+  const int64_t b = rest, h = h32;
+  const int64_t g = grid.hpg.div(h32);
   const int64_t N = l.dstate;
   const bool vec = Staged || l.layout == StateUpdateLayout::Vec;
   const bool row_a = Staged || l.A_per_row;
@@ -417,15 +423,18 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
 template <typename T, typename S, int Lanes, int Chunks>
 void launch_key(const StateUpdateLaunch& l, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(l.grid)), block(kStateUpdateThreads);
+  const StateUpdateGrid div{cuda::FastDivmod(static_cast<uint32_t>(l.ptiles)),
+                            cuda::FastDivmod(static_cast<uint32_t>(l.nheads)),
+                            cuda::FastDivmod(static_cast<uint32_t>(l.heads_per_group))};
   if (l.stage_bytes == 0) {
-    state_update_kernel<T, S, Lanes, Chunks, false, false><<<grid, block, l.bc_bytes, stream>>>(l);
+    state_update_kernel<T, S, Lanes, Chunks, false, false><<<grid, block, l.bc_bytes, stream>>>(l, div);
   } else if constexpr (Chunks == 1) {
     if (l.lean)
-      state_update_kernel<T, S, Lanes, 1, true, true><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l);
+      state_update_kernel<T, S, Lanes, 1, true, true><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l, div);
     else
-      state_update_kernel<T, S, Lanes, 1, true, false><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l);
+      state_update_kernel<T, S, Lanes, 1, true, false><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l, div);
   } else {
-    state_update_kernel<T, S, Lanes, Chunks, true, false><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l);
+    state_update_kernel<T, S, Lanes, Chunks, true, false><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l, div);
   }
 }
 
