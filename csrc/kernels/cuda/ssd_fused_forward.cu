@@ -152,18 +152,22 @@ __device__ __forceinline__ void cb_table_rows(const FusedParams& p) {
 // Above N = 128, one block per (batch, chunk, group, pair of 64-row tiles ti >= tj of the
 // chunk: 10 at chunk 256); warp w computes the tiles (i, j) of row tile i = 4·ti + w with j
 // in 4·tj .. 4·tj + 3, j <= i. C's and B's 64 rows come in 64-column steps of N through a
-// double-buffered ring (37 KB, so that six blocks share a multiprocessor), each tile's
-// k-steps over N in order (the same bits). 105.2 µs at the shape above; at N = 128 (one
-// step) 12.2 against the rows' 10.1: more blocks, each loading its C and B rows.
+// ring of three steps (55 KB, four blocks a multiprocessor), each tile's k-steps over N in
+// order (the same bits). At the shape above 100.4–101.2 µs (two steps, 37 KB, six blocks:
+// 104.0–105.2; 128-column steps or N whole in one step lost); at N = 128 (one step) 12.2
+// against the rows' 10.1: more blocks, each loading its C and B rows.
 constexpr int kCbPairs = (kFusedQ / 64) * (kFusedQ / 64 + 1) / 2;
 constexpr int kCbK = 64;           // N's columns a step
+constexpr int kCbStages = 3;       // steps in the ring
 constexpr int kCbLd = kCbK + 8;    // 16-bit row stride: an odd multiple of 16 bytes (ldmatrix)
+constexpr int kCbPairSmem = 2 * kCbStages * 64 * kCbLd * 2;  // C's and B's rows, 16-bit
 template <typename T, int NS>
 __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   static_assert(NS % kCbK == 0, "the state tile is whole steps");
   constexpr int kSteps = NS / kCbK;
-  __shared__ __align__(16) T sC[2][64 * kCbLd];
-  __shared__ __align__(16) T sB[2][64 * kCbLd];
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* const sC0 = reinterpret_cast<T*>(smem);        // [kCbStages][64 * kCbLd]
+  T* const sB0 = sC0 + kCbStages * 64 * kCbLd;      // [kCbStages][64 * kCbLd]
   const int groups = p.heads / p.hpg;
   int rest = blockIdx.x;
   int ti, tj;
@@ -178,40 +182,45 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   const T* Bg = static_cast<const T*>(p.B) + b * p.Bs[0] + t0 * p.Bs[1] + grp * p.Bs[2];
   auto load = [&](int step, int buf) {
     const int k0 = step * kCbK;
-    load_rows<T, kCbLd, kCbK>(sC[buf], Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64, len,
-                              p.state_dim - k0, threadIdx.x, kCbThreads);
-    load_rows<T, kCbLd, kCbK>(sB[buf], Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64, len,
-                              p.state_dim - k0, threadIdx.x, kCbThreads);
+    load_rows<T, kCbLd, kCbK>(sC0 + buf * 64 * kCbLd, Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64,
+                              len, p.state_dim - k0, threadIdx.x, kCbThreads);
+    load_rows<T, kCbLd, kCbK>(sB0 + buf * 64 * kCbLd, Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64,
+                              len, p.state_dim - k0, threadIdx.x, kCbThreads);
   };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int mtile = ti * 4 + warp;
   const bool live = mtile * 16 < len;  // (warp-uniform)
   float cb[4][2][4] = {};
-  load(0, 0);
-  ssd_cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < kCbStages - 1; ++s) {
+    if (s < kSteps) load(s, s);
+    ssd_cp_async_commit();
+  }
 #pragma unroll 1
   for (int step = 0; step < kSteps; ++step) {
-    const int buf = step & 1;
-    if (step + 1 < kSteps) load(step + 1, buf ^ 1);
+    const int buf = step % kCbStages;
+    if (step + kCbStages - 1 < kSteps) load(step + kCbStages - 1, (step + kCbStages - 1) % kCbStages);
     ssd_cp_async_commit();
-    ssd_cp_async_wait<1>();  // step `step`'s rows are here
+    ssd_cp_async_wait<kCbStages - 1>();  // step `step`'s rows are here
     __syncthreads();
+    const T* sC = sC0 + buf * 64 * kCbLd;
+    const T* sB = sB0 + buf * 64 * kCbLd;
     if (live) {
 #pragma unroll
       for (int kk = 0; kk < kCbK / 16; ++kk) {
         uint32_t cf[4];
-        ssd_ldsm_x4(cf, sC[buf] + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kCbLd + kk * 16 + (lane >> 4) * 8);
+        ssd_ldsm_x4(cf, sC + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kCbLd + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           if (tj * 4 + j > mtile) continue;  // (warp-uniform: the diagonal pair's upper tiles)
           uint32_t bf[4];
-          ssd_ldsm_x4(bf, sB[buf] + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * kCbLd + kk * 16 + ((lane >> 3) & 1) * 8);
+          ssd_ldsm_x4(bf, sB + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * kCbLd + kk * 16 + ((lane >> 3) & 1) * 8);
           ssd_mma16816<T>(cb[j][0], cf, bf[0], bf[1]);
           ssd_mma16816<T>(cb[j][1], cf, bf[2], bf[3]);
         }
       }
     }
-    __syncthreads();  // buffer `buf` is free for step + 2
+    __syncthreads();  // buffer `buf` is free for step + kCbStages
   }
   if (!live) return;
   float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * groups + grp) * p.cb_tiles * 256 +
@@ -518,8 +527,8 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   const FusedParams p = fused_params(l, stream);
   if constexpr (CB) {
     constexpr bool rows = NS <= 128;
-    const int64_t smem = rows ? (64 + kFusedQ) * (NS + 8) * 2 : 0;
-    if (rows) fused_allow_smem(ssd_fused_cb_kernel<T, NS>, smem);
+    const int64_t smem = rows ? (64 + kFusedQ) * (NS + 8) * 2 : kCbPairSmem;
+    fused_allow_smem(ssd_fused_cb_kernel<T, NS>, smem);
     const int64_t blocks = l.batch * l.nchunks() * l.groups * (rows ? kFusedQ / 64 : kCbPairs);
     ssd_fused_cb_kernel<T, NS><<<static_cast<unsigned int>(blocks), kCbThreads, smem, stream>>>(p);
     check_launch("ssd_chunk_scan");
