@@ -165,6 +165,15 @@ def pair_backward_samples(device, dtype, requires_grad):
             SampleInput("swiglu 1-d", (r(7), r(7), r(7), "swiglu"))]
 
 
+def pair_in_place_samples(device, dtype, requires_grad):
+    """gate and up contiguous and apart (they receive dgate and dup); dy any layout."""
+    r = _rand(device, dtype)
+    return [SampleInput("swiglu", (r(4, 6, 8), r(4, 6, 8), r(4, 6, 8), "swiglu")),
+            SampleInput("geglu, transposed dy", (r(8, 5).t(), r(5, 8), r(5, 8), "geglu")),
+            SampleInput("glu 1-d", (r(7), r(7), r(7), "glu")),
+            SampleInput("empty", (r(0, 4), r(0, 4), r(0, 4), "swiglu"))]
+
+
 def pair_bad(device):
     g = torch.randn(3, 8, device=device)
     dy = torch.randn(3, 8, device=device)
@@ -194,6 +203,21 @@ def pair_bad(device):
                      r"baracuda::gated_activation_pair_backward: dy must have gate's dtype float32, got float64"),
             BadInput("backward unknown kind", lambda: args(dy, g, g, "silu"), ValueError,
                      r"baracuda::gated_activation_pair_backward: kind must be one of"),
+        ],
+        "gated_activation_pair_backward_": [
+            BadInput("dy wrong shape", lambda: args(torch.randn(3, 4, device=device), g.clone(), g.clone(), "swiglu"),
+                     ValueError, r"baracuda::gated_activation_pair_backward_: dy must have gate's sizes \[3, 8\], "
+                                 r"got \[3, 4\]"),
+            BadInput("transposed gate", lambda: args(dy, torch.randn(8, 3, device=device).t(), g.clone(), "swiglu"),
+                     ValueError, r"baracuda::gated_activation_pair_backward_: gate must be contiguous \(its gradient "
+                                 r"is written over it\), got strides \[1, 3\]"),
+            BadInput("gate and up one storage", lambda: args(dy, *torch.randn(3, 16, device=device).chunk(2, -1),
+                                                             "swiglu"),
+                     ValueError, r"baracuda::gated_activation_pair_backward_: gate must be contiguous"),
+            BadInput("gate is up", lambda: (lambda t: args(dy, t, t, "swiglu"))(g.clone()), ValueError,
+                     r"baracuda::gated_activation_pair_backward_: gate and up must not share a storage"),
+            BadInput("dy is gate", lambda: (lambda t: args(t, t, g.clone(), "swiglu"))(g.clone()), ValueError,
+                     r"baracuda::gated_activation_pair_backward_: dy and gate must not share a storage"),
         ],
     }
 
@@ -1531,6 +1555,9 @@ OP_DB = [
            ref=ref.gated_activation_pair),
     OpInfo("gated_activation_pair_backward", pair_backward_samples, _family(pair_bad, "gated_activation_pair_backward"),
            ref=_pair_backward_ref, supports_autograd=False),
+    OpInfo("gated_activation_pair_backward_", pair_in_place_samples,
+           _family(pair_bad, "gated_activation_pair_backward_"), ref=_pair_backward_ref, supports_autograd=False,
+           mutates=(1, 2)),
     OpInfo("rope", rope_samples, _family(rope_bad, "rope"), ref=ref.rope, supports_gradgrad=True),
     OpInfo("rope_backward", rope_backward_samples, _family(rope_bad, "rope_backward"), ref=ref.rope_backward,
            supports_gradgrad=True),

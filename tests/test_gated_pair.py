@@ -259,3 +259,129 @@ def test_gated_mlp_loads_hf_llama_mlp(hidden_act, kind):
     mlp.load_state_dict(hf.state_dict())
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     torch.testing.assert_close(mlp(x), hf(x))
+
+
+# ---- the backward written over the saved gate and up (OpDef::reuse_saved) -----------------
+
+
+@pytest.fixture
+def reuse_on_cuda():
+    """The in-place backward on CUDA too (off by default until it has run on a GPU)."""
+    previous = bt._C._reuse_saved_cuda(True)
+    yield
+    bt._C._reuse_saved_cuda(previous)
+
+
+def _mlp_step(device, dtype, hold=False, retain=False, hooks=False, kind="swiglu"):
+    """A gated MLP's step (gate and up from two Linear layers, as a decoder's MLP makes them):
+    the input and weight gradients, whether each of the pair's gradients came in the memory
+    of the gate / up tensor it is the gradient of, and (hold) whether the gate and up the
+    caller kept are unchanged after the backward."""
+    torch.manual_seed(0)
+    lin_g, lin_u = (torch.nn.Linear(16, 40, device=device, dtype=dtype) for _ in range(2))
+    x = torch.randn(6, 16, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn(6, 40, device=device, dtype=dtype)
+    gate, up = lin_g(x), lin_u(x)
+    ptrs, seen = (gate.data_ptr(), up.data_ptr()), {}
+    gate.register_hook(lambda g: seen.__setitem__(0, g.data_ptr()))
+    up.register_hook(lambda g: seen.__setitem__(1, g.data_ptr()))
+    kept = (gate, up, gate.detach().clone(), up.detach().clone()) if hold else None
+    if hooks:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            y = bt.gated_activation_pair(gate, up, kind)
+    else:
+        y = bt.gated_activation_pair(gate, up, kind)
+    del gate, up
+    grads = torch.autograd.grad(y, (x, lin_g.weight, lin_u.weight), dy, retain_graph=retain)
+    reused = (seen[0] == ptrs[0], seen[1] == ptrs[1])
+    if retain:  # the graph's last backward (it may reuse them now): the same gradients
+        again = torch.autograd.grad(y, (x, lin_g.weight, lin_u.weight), dy)
+        assert all(torch.equal(a, b) for a, b in zip(grads, again))
+    if hold:
+        assert torch.equal(kept[0], kept[2]) and torch.equal(kept[1], kept[3])
+    return grads, reused
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_reuses_gate_and_up_only_when_no_one_else_sees_them(device, dtype, request):
+    """A decoder MLP's gate and up (intermediates no one keeps) take their own gradients:
+    the backward writes dgate and dup over them, as Liger's SwiGLU does, and the results are
+    the same bits as with fresh gradients. Where anything else could still read them (the
+    caller holds them, the graph is kept for another backward, saved-tensor hooks) they are
+    left alone and fresh gradients are made."""
+    if device == "cuda":
+        request.getfixturevalue("reuse_on_cuda")
+    plain, reused = _mlp_step(device, dtype)
+    assert reused == (True, True)
+    for kw in ({"hold": True}, {"retain": True}, {"hooks": True}):
+        grads, reused = _mlp_step(device, dtype, **kw)
+        assert reused == (False, False), kw
+        assert all(torch.equal(a, b) for a, b in zip(grads, plain)), kw
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_reuse_refused_for_shared_or_strided_memory(device, request):
+    """gate and up as views of one buffer (a fused gate_up projection chunked), one tensor
+    as both, a transposed gate, a leaf gate: gradients are fresh tensors and equal to the
+    out-of-place backward's."""
+    if device == "cuda":
+        request.getfixturevalue("reuse_on_cuda")
+    torch.manual_seed(1)
+    x = torch.randn(5, 8, device=device, requires_grad=True)
+    w = torch.randn(48, 8, device=device)
+    dy = torch.randn(5, 24, device=device)
+
+    def grads(make):
+        gate, up = make(x)
+        y = bt.gated_activation_pair(gate, up, "swiglu")
+        del gate, up
+        return torch.autograd.grad(y, x, dy)[0]
+
+    def ref_grad(make):
+        gate, up = make(x)
+        return torch.autograd.grad(ref.gated_activation_pair(gate, up, "swiglu"), x, dy)[0]
+
+    makes = {"chunked": lambda x: (x @ w.t()).chunk(2, -1),
+             "same tensor": lambda x: ((x @ w[:24].t()),) * 2,
+             "transposed gate": lambda x: ((w[:24] @ x.t()).t(), x @ w[24:].t())}
+    for name, make in makes.items():
+        torch.testing.assert_close(grads(make), ref_grad(make), msg=name)
+    leaf = torch.randn(5, 24, device=device, requires_grad=True)
+    before = leaf.detach().clone()
+    dg, = torch.autograd.grad(bt.gated_activation_pair(leaf, leaf.detach() * 2, "swiglu"), leaf, dy)
+    assert torch.equal(leaf, before) and dg.data_ptr() != leaf.data_ptr()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_reuse_under_checkpoint_and_compile(device, request):
+    """Activation checkpointing (saved-tensor hooks: no reuse) and torch.compile (the op
+    traced: no reuse) give the eager gradients."""
+    if device == "cuda":
+        request.getfixturevalue("reuse_on_cuda")
+    torch.manual_seed(2)
+    lin_g, lin_u = (torch.nn.Linear(16, 32, device=device) for _ in range(2))
+    x = torch.randn(4, 16, device=device, requires_grad=True)
+    dy = torch.randn(4, 32, device=device)
+
+    def mlp(x):
+        return bt.gated_activation_pair(lin_g(x), lin_u(x), "swiglu")
+
+    eager = torch.autograd.grad(mlp(x), (x, lin_g.weight), dy)
+    ckpt = torch.autograd.grad(torch.utils.checkpoint.checkpoint(mlp, x, use_reentrant=False),
+                               (x, lin_g.weight), dy)
+    torch._dynamo.reset()
+    comp = torch.autograd.grad(torch.compile(mlp, backend="aot_eager")(x), (x, lin_g.weight), dy)
+    for other in (ckpt, comp):
+        torch.testing.assert_close(other, eager, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_place_backward_op(device):
+    """gated_activation_pair_backward_ writes the gradients over gate and up: the same bits
+    as gated_activation_pair_backward."""
+    torch.manual_seed(3)
+    dy, gate, up = (torch.randn(3, 7, 10, device=device) for _ in range(3))
+    dg, du = ops.gated_activation_pair_backward(dy, gate, up, "geglu")
+    ops.gated_activation_pair_backward_(dy, gate, up, "geglu")
+    assert torch.equal(gate, dg) and torch.equal(up, du)

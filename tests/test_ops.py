@@ -41,7 +41,8 @@ def to64(a):
 
 
 def as_tuple(out):
-    return out if isinstance(out, (tuple, list)) else (out,)
+    """An op's outputs as a tuple (none for an op that only updates its arguments)."""
+    return () if out is None else out if isinstance(out, (tuple, list)) else (out,)
 
 
 def test_every_op_has_an_entry():

@@ -245,9 +245,15 @@ void GatedPairPlan::run(void* stream, Workspace workspace, const GatedPairArgs& 
          {args.gate.data, args.up.data, nullptr, args.y.data, args.y.data});
 }
 
+namespace {
+std::string pair_backward_op(const GatedPairBackwardDescriptor& desc) {
+  return std::string(kPairFamily) + (desc.in_place ? "_backward_" : "_backward");
+}
+}  // namespace
+
 GatedPairBackwardPlan GatedPairBackwardPlan::select(const GatedPairBackwardDescriptor& desc,
                                                     PlanPreference) {
-  const std::string op = std::string(kPairFamily) + "_backward";
+  const std::string op = pair_backward_op(desc);
   validate_pair_problem(desc.forward, op);
   const TensorLayout& g = desc.forward.gate;
   check_gated_pair_dy(op, g.rank, g.sizes.data(), g.dtype, desc.dy.rank, desc.dy.sizes.data(),
@@ -255,13 +261,21 @@ GatedPairBackwardPlan GatedPairBackwardPlan::select(const GatedPairBackwardDescr
   GatedPairBackwardPlan p;
   p.desc_ = desc;
   p.out_ = dense_layout(g, 0, /*halve=*/false);
+  if (desc.in_place) {  // the outputs are gate and up: the output layout at their alignment
+    for (const auto& [name, t] : {std::pair{"gate", &g}, std::pair{"up", &desc.forward.up}})
+      if (!t->is_contiguous())
+        fail(PlanErrorKind::InvalidProblem, op,
+             std::string(name) + " must be contiguous (its gradient is written over it), got strides " +
+                 sizes_str(t->strides.data(), t->rank));
+    p.out_.alignment = std::min(g.alignment, desc.forward.up.alignment);
+  }
   p.launch_ = plan_pair_launch(desc.forward, p.out_, &desc.dy);
   p.sku_ = make_sku(kPairFamily, desc.forward.kind, g.dtype, desc.forward.device, p.launch_, true);
   return p;
 }
 
 void GatedPairBackwardPlan::can_implement(const GatedPairBackwardArgs& args) const {
-  const std::string op = std::string(kPairFamily) + "_backward";
+  const std::string op = pair_backward_op(desc_);
   check_same_layout(op, "dy", desc_.dy, args.dy.layout);
   check_same_layout(op, "gate", desc_.forward.gate, args.gate.layout);
   check_same_layout(op, "up", desc_.forward.up, args.up.layout);
@@ -272,8 +286,7 @@ void GatedPairBackwardPlan::can_implement(const GatedPairBackwardArgs& args) con
 void GatedPairBackwardPlan::run(void* stream, Workspace workspace,
                                 const GatedPairBackwardArgs& args) const {
   can_implement(args);
-  launch(launch_, out_, workspace, desc_.forward.device.backend, stream,
-         std::string(kPairFamily) + "_backward",
+  launch(launch_, out_, workspace, desc_.forward.device.backend, stream, pair_backward_op(desc_),
          {args.gate.data, args.up.data, args.dy.data, args.dgate.data, args.dup.data});
 }
 

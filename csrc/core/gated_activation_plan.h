@@ -196,6 +196,9 @@ struct GatedPairDescriptor {
 struct GatedPairBackwardDescriptor {
   GatedPairDescriptor forward;
   TensorLayout dy;
+  // gated_activation_pair_backward_: dgate and dup are written over gate and up, which
+  // must then have the output layout (contiguous)
+  bool in_place = false;
 };
 
 struct GatedPairArgs {
@@ -225,7 +228,7 @@ class GatedPairBackwardPlan
  public:
   static GatedPairBackwardPlan select(const GatedPairBackwardDescriptor& desc,
                                       PlanPreference pref);
-  // output_layout() (dgate and dup): gate's sizes, contiguous.
+  // output_layout() (dgate and dup): gate's sizes, contiguous (in place: gate and up).
   void can_implement(const GatedPairBackwardArgs& args) const;
   void run(void* stream, Workspace workspace, const GatedPairBackwardArgs& args) const;
 };

@@ -119,14 +119,57 @@ GatedPairPlan pair_plan(const at::Tensor& gate, const at::Tensor& up, c10::strin
   return GatedPairPlan::select(describe_pair(gate, up, kind, kPairOp), pref);
 }
 
+constexpr const char* kPairInPlaceOp = "gated_activation_pair_backward_";
+
+GatedPairBackwardPlan pair_backward_plan_of(const at::Tensor& dy, const at::Tensor& gate,
+                                            const at::Tensor& up, c10::string_view kind,
+                                            PlanPreference pref, bool in_place) {
+  const char* op = in_place ? kPairInPlaceOp : kPairBackwardOp;
+  check_same_device(op, {{"dy", &dy}, {"gate", &gate}, {"up", &up}});
+  GatedPairBackwardDescriptor desc;
+  desc.forward = describe_pair(gate, up, kind, op);
+  desc.dy = layout_of(dy, op, "dy");
+  desc.in_place = in_place;
+  return GatedPairBackwardPlan::select(desc, pref);
+}
+
 GatedPairBackwardPlan pair_backward_plan(const at::Tensor& dy, const at::Tensor& gate,
                                          const at::Tensor& up, c10::string_view kind,
                                          PlanPreference pref) {
-  check_same_device(kPairBackwardOp, {{"dy", &dy}, {"gate", &gate}, {"up", &up}});
-  GatedPairBackwardDescriptor desc;
-  desc.forward = describe_pair(gate, up, kind, kPairBackwardOp);
-  desc.dy = layout_of(dy, kPairBackwardOp, "dy");
-  return GatedPairBackwardPlan::select(desc, pref);
+  return pair_backward_plan_of(dy, gate, up, kind, pref, /*in_place=*/false);
+}
+
+// gated_activation_pair_backward_: gate, up and dy in three storages (a gradient written
+// over its input must not land where another operand is read).
+void check_in_place_apart(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) {
+  using Pair = std::tuple<const at::Tensor*, const char*, const at::Tensor*, const char*>;
+  for (const auto& [a, an, b, bn] :
+       {Pair{&gate, "gate", &up, "up"}, Pair{&dy, "dy", &gate, "gate"}, Pair{&dy, "dy", &up, "up"}})
+    if (a->is_alias_of(*b))
+      fail(PlanErrorKind::InvalidProblem, kPairInPlaceOp,
+           std::string(an) + " and " + bn + " must not share a storage (each gradient is written over its own "
+           "input)");
+}
+
+GatedPairBackwardPlan pair_in_place_plan(const at::Tensor& dy, const at::Tensor& gate,
+                                         const at::Tensor& up, c10::string_view kind,
+                                         PlanPreference pref) {
+  auto plan = pair_backward_plan_of(dy, gate, up, kind, pref, /*in_place=*/true);
+  check_in_place_apart(dy, gate, up);
+  return plan;
+}
+
+// A contiguous tensor with the row-major strides (a size-1 dim's stride may be anything
+// in a contiguous tensor; the plan's output layout has the canonical one).
+at::Tensor canonical(const at::Tensor& t) {
+  if (!t.is_contiguous() || t.dim() == 0) return t;
+  std::vector<int64_t> strides(t.dim());
+  int64_t s = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    strides[d] = s;
+    s *= t.size(d);
+  }
+  return t.strides() == c10::IntArrayRef(strides) ? t : t.as_strided(t.sizes(), strides);
 }
 
 at::Tensor gated_activation_pair_kernel(const at::Tensor& gate, const at::Tensor& up,
@@ -159,6 +202,21 @@ std::tuple<at::Tensor, at::Tensor> gated_activation_pair_backward_kernel(
   });
 }
 
+// dgate and dup written over gate and up (the autograd's reuse_saved: see op_def.h).
+void gated_activation_pair_backward_in_place_kernel(const at::Tensor& dy, const at::Tensor& gate_in,
+                                                    const at::Tensor& up_in, c10::string_view kind) {
+  translate_errors([&] {
+    c10::DeviceGuard guard(gate_in.device());
+    at::Tensor gate = canonical(gate_in), up = canonical(up_in);
+    const auto plan = pair_in_place_plan(dy, gate, up, kind, current_preference());
+    at::Tensor ws = allocate_workspace(plan.workspace_size(), gate);
+    plan.run(current_stream(gate), workspace_of(ws),
+             {ref_of(dy, kPairInPlaceOp, "dy"), ref_of(gate, kPairInPlaceOp, "gate"),
+              ref_of(up, kPairInPlaceOp, "up"), mut_ref_of(gate, kPairInPlaceOp, "gate"),
+              mut_ref_of(up, kPairInPlaceOp, "up")});
+  });
+}
+
 // Meta kernels: the plans' problem checks on symbolic sizes, then the shapes.
 at::Tensor gated_activation_pair_meta(const at::Tensor& gate, const at::Tensor& up,
                                       c10::string_view kind) {
@@ -175,25 +233,43 @@ at::Tensor gated_activation_pair_meta(const at::Tensor& gate, const at::Tensor& 
   });
 }
 
+// The backward ops' problem checks on symbolic sizes (`op` names the op in errors).
+void check_pair_backward_meta(const char* op, const at::Tensor& dy, const at::Tensor& gate,
+                              const at::Tensor& up, c10::string_view kind) {
+  check_same_device(op, {{"dy", &dy}, {"gate", &gate}, {"up", &up}});
+  parse_gated_kind(std::string(kind), op);
+  const auto gs = sym_sizes_of(gate);
+  const auto us = sym_sizes_of(up);
+  const auto ds = sym_sizes_of(dy);
+  const ElementKind dtype = element_of(gate, op, "gate");
+  const ElementKind up_dtype = element_of(up, op, "up");
+  const int rank = static_cast<int>(gs.size());
+  check_gated_pair_problem(op, dtype, rank, gs.data(), up_dtype, static_cast<int>(us.size()), us.data());
+  check_gated_pair_dy(op, rank, gs.data(), dtype, static_cast<int>(ds.size()), ds.data(),
+                      element_of(dy, op, "dy"));
+}
+
 std::tuple<at::Tensor, at::Tensor> gated_activation_pair_backward_meta(const at::Tensor& dy,
                                                                        const at::Tensor& gate,
                                                                        const at::Tensor& up,
                                                                        c10::string_view kind) {
   return translate_errors([&] {
-    check_same_device(kPairBackwardOp, {{"dy", &dy}, {"gate", &gate}, {"up", &up}});
-    parse_gated_kind(std::string(kind), kPairBackwardOp);
-    const auto gs = sym_sizes_of(gate);
-    const auto us = sym_sizes_of(up);
-    const auto ds = sym_sizes_of(dy);
-    const ElementKind dtype = element_of(gate, kPairBackwardOp, "gate");
-    const ElementKind up_dtype = element_of(up, kPairBackwardOp, "up");
-    const int rank = static_cast<int>(gs.size());
-    check_gated_pair_problem(kPairBackwardOp, dtype, rank, gs.data(), up_dtype,
-                             static_cast<int>(us.size()), us.data());
-    check_gated_pair_dy(kPairBackwardOp, rank, gs.data(), dtype, static_cast<int>(ds.size()),
-                        ds.data(), element_of(dy, kPairBackwardOp, "dy"));
-    return std::make_tuple(at::empty_symint(gs, gate.options()),
-                           at::empty_symint(gs, gate.options()));
+    check_pair_backward_meta(kPairBackwardOp, dy, gate, up, kind);
+    return std::make_tuple(at::empty_symint(gate.sym_sizes(), gate.options()),
+                           at::empty_symint(gate.sym_sizes(), gate.options()));
+  });
+}
+
+void gated_activation_pair_backward_in_place_meta(const at::Tensor& dy, const at::Tensor& gate,
+                                                  const at::Tensor& up, c10::string_view kind) {
+  translate_errors([&] {
+    check_pair_backward_meta(kPairInPlaceOp, dy, gate, up, kind);
+    for (const auto& [t, name] : {std::pair{&gate, "gate"}, std::pair{&up, "up"}})
+      if (!t->is_contiguous())
+        fail(PlanErrorKind::InvalidProblem, kPairInPlaceOp,
+             std::string(name) + " must be contiguous (its gradient is written over it), got strides " +
+                 sizes_str(t->sym_strides().data(), static_cast<int>(t->dim())));
+    check_in_place_apart(dy, gate, up);
   });
 }
 
@@ -225,6 +301,7 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .explain(&pair_plan)
       .derivative("gated_activation_pair_backward",
                   {grad(0), arg("gate"), arg("up"), arg("kind")}, {{"gate", 0}, {"up", 1}})
+      .reuse_saved("gated_activation_pair_backward_", {{0, "gate"}, {1, "up"}})
       .vmap_rows({"gate", "up"});
   OpDef(m,
         "gated_activation_pair_backward(Tensor dy, Tensor gate, Tensor up, "
@@ -235,6 +312,15 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .not_differentiable("baracuda::gated_activation_pair: double backward (the second "
                           "derivative) is not implemented")
       .vmap_rows({"dy", "gate", "up"});
+  // The backward written over its inputs: gate becomes dgate and up dup (what the pair's
+  // autograd calls where nothing else can see gate and up: OpDef::reuse_saved).
+  OpDef(m,
+        "gated_activation_pair_backward_(Tensor dy, Tensor(a!) gate, Tensor(b!) up, "
+        "str kind=\"swiglu\") -> ()")
+      .kernel(&gated_activation_pair_backward_in_place_kernel)
+      .meta(&gated_activation_pair_backward_in_place_meta)
+      .explain(&pair_in_place_plan)
+      .not_differentiable("baracuda::gated_activation_pair_backward_ is a backward (not differentiable)");
 }
 
 }  // namespace baracuda::torch_ops

@@ -1,11 +1,16 @@
 #include "torch/op_def.h"
 
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 
 namespace baracuda::torch_ops {
@@ -34,6 +39,56 @@ bool is_tensor_type(const c10::TypePtr& t) {
 
 std::string key(const char* prefix, int index) { return prefix + std::to_string(index); }
 
+std::atomic<bool>& reuse_on_cuda() {
+  static std::atomic<bool> enabled{false};
+  return enabled;
+}
+
+// reuse_saved's conditions on the call (see op_def.h): the graph is not kept (no later
+// backward reads the saved tensors) nor recorded, and no dispatch mode, functionalization
+// or Python dispatch sees the call.
+bool may_reuse_now() {
+  // (create_graph: the backward is recorded, and its in-place form is not differentiable)
+  if (at::GradMode::is_enabled() || torch::autograd::get_current_graph_task_keep_graph()) return false;
+  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
+  const auto tls = c10::impl::tls_local_dispatch_key_set();
+  return !tls.included_.has_any(c10::DispatchKeySet(
+      {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::Functionalize}));
+}
+
+// Whether the backward's `held` handles are the only references to t's TensorImpl. Where
+// torch keeps a tensor's Python object alive by a strong reference from the object to the
+// TensorImpl for as long as C++ holds it too (c10/util/intrusive_ptr.h, "PyObject
+// preservation": PyObjectSlot::has_unique_reference), that object is one more reference,
+// and no Python code may hold the object itself. Before that scheme, a Python object no one
+// holds borrowed the TensorImpl (no count) and a held one owned a reference.
+template <typename Slot>
+auto only_held(const Slot& slot, const at::Tensor& t, size_t held, int)
+    -> decltype(slot.has_unique_reference(), bool()) {
+  if (slot.load_pyobj() == nullptr) return t.use_count() == held;
+  return t.use_count() == held + 1 && slot.has_unique_reference();
+}
+template <typename Slot>
+bool only_held(const Slot&, const at::Tensor& t, size_t held, long) {
+  return t.use_count() == held;
+}
+
+// ... and on one saved tensor, `held` being the handles the backward itself holds: no one
+// else refers to its TensorImpl or its storage, it requires grad and is not a leaf (an
+// intermediate of the forward), it is contiguous (the derivative's output layout) on a
+// device whose in-place derivative has run, and no subclass, fake, functional or
+// torch.func wrapper tensor.
+bool may_overwrite(const at::Tensor& t, size_t held) {
+  if (!t.defined() || !t.requires_grad() || t.is_leaf() || !t.is_contiguous()) return false;
+  if (!(t.is_cpu() || (t.is_cuda() && reuse_on_cuda().load()))) return false;
+  if (t.key_set().has_any(c10::DispatchKeySet(
+          {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::Functionalize,
+           c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
+           c10::DispatchKey::Conjugate, c10::DispatchKey::Negative})))
+    return false;
+  return only_held(*t.unsafeGetTensorImpl()->pyobj_slot(), t, held, 0) && t.storage().use_count() == 1;
+}
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -48,6 +103,9 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
                                torch::jit::Stack args) {
     ctx->set_materialize_grads(false);
     ctx->saved_data["op"] = static_cast<int64_t>(e->id);
+    // reuse_saved: not with saved-tensor hooks (the tensors the backward unpacks are
+    // theirs), which are taken when the tensors are saved, here
+    ctx->saved_data["reuse"] = !e->reuse.empty() && at::SavedTensorDefaultHooks::get_tls_state().stack.empty();
     // The arguments that are edges: the tensor arguments given (not None), in order.
     std::vector<int64_t> edges;
     for (size_t i = 0; i < args.size(); ++i)
@@ -114,7 +172,26 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
 
     const c10::OperatorHandle& op = e.derivative_op();
     const auto& params = op.schema().arguments();
-    const variable_list saved = ctx->get_saved_variables();
+    variable_list saved = ctx->get_saved_variables();
+    // reuse_saved: the saved tensors the gradients would go over (positions in `saved`),
+    // each held by its SavedVariable and `saved` alone
+    std::vector<std::pair<int, size_t>> over;  // (derivative output, position in saved)
+    if (ctx->saved_data["reuse"].toBool() && may_reuse_now()) {
+      size_t pos = 0;
+      for (size_t j = 0; j < e.sources.size(); ++j) {
+        const GradSource& s = e.sources[j];
+        const bool is_saved = s.kind == GradSource::Kind::Output ||
+                              (s.kind == GradSource::Kind::Arg && e.is_tensor_arg(s.index));
+        for (const auto& [out, src] : e.reuse_over)
+          if (src == static_cast<int>(j)) over.emplace_back(out, pos);
+        if (is_saved) ++pos;
+      }
+      for (const auto& [out, at] : over)
+        if (!may_overwrite(saved[at], 2)) {
+          over.clear();
+          break;
+        }
+    }
     size_t next = 0;
     torch::jit::Stack stack;
     for (size_t j = 0; j < e.sources.size(); ++j) {
@@ -147,7 +224,14 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
         case GradSource::Kind::None: stack.emplace_back(); break;
       }
     }
-    op.callBoxed(stack);
+    if (over.empty()) {
+      op.callBoxed(stack);
+    } else {
+      e.reuse_op().callBoxed(stack);  // (bumps the overwritten tensors' versions)
+      stack.clear();
+      for (int j = 0; j < static_cast<int>(op.schema().returns().size()); ++j) stack.emplace_back();
+      for (const auto& [out, at] : over) stack[out] = saved[at].detach();
+    }
     for (const auto& [input, out] : e.gradients) {
       const auto edge = std::find(edges.begin(), edges.end(), input);
       if (edge == edges.end()) continue;  // a None argument
@@ -212,6 +296,16 @@ const c10::OperatorHandle& OpEntry::derivative_op() const {
   return *derivative_op_;
 }
 
+const c10::OperatorHandle& OpEntry::reuse_op() const {
+  std::call_once(reuse_found_, [&] {
+    reuse_op_ = c10::Dispatcher::singleton().findSchemaOrThrow(("baracuda::" + reuse).c_str(), "");
+  });
+  return *reuse_op_;
+}
+
+bool reuse_saved_on_cuda() { return reuse_on_cuda().load(); }
+void set_reuse_saved_on_cuda(bool enabled) { reuse_on_cuda().store(enabled); }
+
 int OpEntry::arg_index(const std::string& arg) const {
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i)
@@ -267,6 +361,22 @@ OpDef& OpDef::derivative(const char* op, std::vector<GradSource> sources,
   e.sources = std::move(sources);
   e.autograd = OpEntry::Autograd::Derivative;
   register_declared_autograd();
+  return *this;
+}
+
+OpDef& OpDef::reuse_saved(const char* op, std::vector<std::pair<int, const char*>> over) {
+  OpEntry& e = *entry_;
+  if (e.autograd != OpEntry::Autograd::Derivative) declaration_error(e, "reuse_saved before derivative");
+  for (const auto& [out, arg_name] : over) {
+    const int a = e.arg_index(arg_name);
+    int src = -1;
+    for (size_t j = 0; j < e.sources.size(); ++j)
+      if (e.sources[j].kind == GradSource::Kind::Arg && e.sources[j].index == a) src = static_cast<int>(j);
+    if (src < 0 || !e.is_tensor_arg(a))
+      declaration_error(e, std::string("reuse_saved: '") + arg_name + "' is not a saved tensor argument");
+    e.reuse_over.emplace_back(out, src);
+  }
+  e.reuse = op;
   return *this;
 }
 

@@ -82,17 +82,28 @@ struct OpEntry {
   // refuses one that requires grad (the declared derivatives know nothing of in-place
   // updates) and bumps its version counter after the call, as ATen's in-place ops do.
   std::vector<int> mutated;
+  // OpDef::reuse_saved: the derivative's in-place form, and for each of its gradients the
+  // saved tensor argument it writes over: (derivative output j, index in `sources`).
+  std::string reuse;
+  std::vector<std::pair<int, int>> reuse_over;
 
   explicit OpEntry(c10::FunctionSchema s);
   int arg_index(const std::string& arg) const;  // Internal error naming the op if absent
   bool is_tensor_arg(int i) const { return tensor_arg[i]; }
-  // The derivative op, found on first use (it may be defined in a later fragment).
+  // The derivative op and reuse_saved's op, found on first use (they may be defined in a
+  // later fragment).
   const c10::OperatorHandle& derivative_op() const;
+  const c10::OperatorHandle& reuse_op() const;
 
  private:
-  mutable std::once_flag found_;
-  mutable std::optional<c10::OperatorHandle> derivative_op_;
+  mutable std::once_flag found_, reuse_found_;
+  mutable std::optional<c10::OperatorHandle> derivative_op_, reuse_op_;
 };
+
+// Whether reuse_saved's in-place derivatives may run on CUDA tensors (CPU: always). Off
+// until their CUDA path has run on a GPU (tests/test_gated_pair.py turns it on there).
+bool reuse_saved_on_cuda();
+void set_reuse_saved_on_cuda(bool enabled);
 
 // Every op declared through OpDef, in registration order; the one named `name` or null.
 const std::vector<const OpEntry*>& op_entries();
@@ -156,6 +167,17 @@ class OpDef {
   // normalization's rstd).
   OpDef& derivative(const char* op, std::vector<GradSource> sources,
                     std::vector<std::pair<const char*, int>> gradients);
+  // Memory: where the backward is the last use of some saved tensor arguments, the
+  // derivative may write its gradients over them instead of into new tensors (as
+  // Liger-Kernel's SwiGLU backward does, but only when no one can tell): `op` is the
+  // derivative's in-place form (the same arguments, those it overwrites `Tensor(a!)`,
+  // returning nothing) and `over` pairs each derivative output j with the saved argument
+  // that receives it. The backward takes it when every such tensor is held by this node
+  // alone (not by the caller, another node, a view, a saved-tensor hook or a later
+  // backward: the graph is not kept), is contiguous, requires grad and is not a leaf, and
+  // nothing traces the call (no fake, functional or torch.func tensor, no dispatch mode);
+  // else it calls the derivative. The values are the same either way.
+  OpDef& reuse_saved(const char* op, std::vector<std::pair<int, const char*>> over);
   // Differentiating this op raises NotImplementedError(message) (name the forward op).
   OpDef& not_differentiable(std::string message);
   // An Autograd kernel written by hand (its torch.func rules too, in Python).
