@@ -299,6 +299,11 @@ const c10::OperatorHandle& OpEntry::derivative_op() const {
 const c10::OperatorHandle& OpEntry::reuse_op() const {
   std::call_once(reuse_found_, [&] {
     reuse_op_ = c10::Dispatcher::singleton().findSchemaOrThrow(("baracuda::" + reuse).c_str(), "");
+    // (it returns nothing: every gradient of the derivative goes over a saved argument)
+    if (!reuse_op_->schema().returns().empty() ||
+        derivative_op().schema().returns().size() != reuse_over.size())
+      declaration_error(*this, "reuse_saved: " + reuse + " must return nothing and take every output of " +
+                                   derivative + " over a saved argument");
   });
   return *reuse_op_;
 }

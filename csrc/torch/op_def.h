@@ -171,8 +171,8 @@ class OpDef {
   // derivative may write its gradients over them instead of into new tensors (as
   // Liger-Kernel's SwiGLU backward does, but only when no one can tell): `op` is the
   // derivative's in-place form (the same arguments, those it overwrites `Tensor(a!)`,
-  // returning nothing) and `over` pairs each derivative output j with the saved argument
-  // that receives it. The backward takes it when every such tensor is held by this node
+  // returning nothing) and `over` pairs each derivative output j (every one) with the
+  // saved argument that receives it. The backward takes it when every such tensor is held by this node
   // alone (not by the caller, another node, a view, a saved-tensor hook or a later
   // backward: the graph is not kept), is contiguous, requires grad and is not a leaf, and
   // nothing traces the call (no fake, functional or torch.func tensor, no dispatch mode);
