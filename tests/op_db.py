@@ -211,7 +211,7 @@ def pair_bad(device):
             BadInput("transposed gate", lambda: args(dy, torch.randn(8, 3, device=device).t(), g.clone(), "swiglu"),
                      ValueError, r"baracuda::gated_activation_pair_backward_: gate must be contiguous \(its gradient "
                                  r"is written over it\), got strides \[1, 3\]"),
-            BadInput("gate and up one storage", lambda: args(dy, *torch.randn(3, 16, device=device).chunk(2, -1),
+            BadInput("gate and up chunks of one row", lambda: args(dy, *torch.randn(3, 16, device=device).chunk(2, -1),
                                                              "swiglu"),
                      ValueError, r"baracuda::gated_activation_pair_backward_: gate must be contiguous"),
             BadInput("gate is up", lambda: (lambda t: args(dy, t, t, "swiglu"))(g.clone()), ValueError,
