@@ -171,7 +171,8 @@ def pair_in_place_samples(device, dtype, requires_grad):
     return [SampleInput("swiglu", (r(4, 6, 8), r(4, 6, 8), r(4, 6, 8), "swiglu")),
             SampleInput("geglu, transposed dy", (r(8, 5).t(), r(5, 8), r(5, 8), "geglu")),
             SampleInput("glu 1-d", (r(7), r(7), r(7), "glu")),
-            SampleInput("empty", (r(0, 4), r(0, 4), r(0, 4), "swiglu"))]
+            SampleInput("empty", (r(0, 4), r(0, 4), r(0, 4), "swiglu")),
+            SampleInput("empty last dim", (r(4, 0), r(4, 0), r(4, 0), "reglu"))]
 
 
 def pair_bad(device):

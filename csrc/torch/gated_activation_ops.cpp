@@ -3,6 +3,7 @@
 // declaration (schema, explain, derivative; see torch/op_def.h).
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/strides.h>
 
 #include <tuple>
 
@@ -159,16 +160,11 @@ GatedPairBackwardPlan pair_in_place_plan(const at::Tensor& dy, const at::Tensor&
   return plan;
 }
 
-// A contiguous tensor with the row-major strides (a size-1 dim's stride may be anything
-// in a contiguous tensor; the plan's output layout has the canonical one).
+// A contiguous tensor with the row-major strides torch and the plan's output layout give
+// (a size-1 dim's stride may be anything in a contiguous tensor).
 at::Tensor canonical(const at::Tensor& t) {
-  if (!t.is_contiguous() || t.dim() == 0) return t;
-  std::vector<int64_t> strides(t.dim());
-  int64_t s = 1;
-  for (int64_t d = t.dim() - 1; d >= 0; --d) {
-    strides[d] = s;
-    s *= t.size(d);
-  }
+  if (!t.is_contiguous()) return t;
+  const auto strides = c10::contiguous_strides(t.sizes());
   return t.strides() == c10::IntArrayRef(strides) ? t : t.as_strided(t.sizes(), strides);
 }
 
