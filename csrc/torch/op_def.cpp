@@ -105,7 +105,7 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
     ctx->saved_data["op"] = static_cast<int64_t>(e->id);
     // reuse_saved: not with saved-tensor hooks (the tensors the backward unpacks are
     // theirs), which are taken when the tensors are saved, here
-    ctx->saved_data["reuse"] = !e->reuse.empty() && at::SavedTensorDefaultHooks::get_tls_state().stack.empty();
+    if (!e->reuse.empty()) ctx->saved_data["reuse"] = at::SavedTensorDefaultHooks::get_tls_state().stack.empty();
     // The arguments that are edges: the tensor arguments given (not None), in order.
     std::vector<int64_t> edges;
     for (size_t i = 0; i < args.size(); ++i)
@@ -176,7 +176,7 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
     // reuse_saved: the saved tensors the gradients would go over (positions in `saved`),
     // each held by its SavedVariable and `saved` alone
     std::vector<std::pair<int, size_t>> over;  // (derivative output, position in saved)
-    if (ctx->saved_data["reuse"].toBool() && may_reuse_now()) {
+    if (!e.reuse.empty() && ctx->saved_data["reuse"].toBool() && may_reuse_now()) {
       size_t pos = 0;
       for (size_t j = 0; j < e.sources.size(); ++j) {
         const GradSource& s = e.sources[j];
