@@ -64,7 +64,7 @@ void plan_variant(RmsNormLaunch& l, const DeviceInfo& device, bool unit_inner, i
   const int max_group = !l.backward ? (l.gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGroup)
                         : l.gated   ? kRmsNormGatedBackwardThreads
                                     : kRmsNormMaxBackwardGroup;
-  if (l.backward) {
+  if (l.backward && l.gated) {
     while (vecs < kRmsNormMaxVecs && (v + vecs - 1) / vecs > max_group) vecs *= 2;
   } else {
     // Up to 4 16-byte loads in flight a thread, with groups of about 128 threads: a
@@ -74,9 +74,13 @@ void plan_variant(RmsNormLaunch& l, const DeviceInfo& device, bool unit_inner, i
     // forward, add + norm 90.8 -> 86.1; rows of 1024+ vectors (8192 bf16, 4096 float32)
     // get 4 vectors a thread either way (BENCHMARKS.md). The forward is still latency
     // bound (ncu: 39 % of DRAM bandwidth, long-scoreboard stalls on the row's loads).
-    // The gated op keeps groups of about 256 threads: the change was not timed for it.
+    // The backward the same way (its 512-thread block four such rows, where one vector a
+    // thread gave a row the whole block): 149 -> 114 µs at that shape. The gated op keeps
+    // groups of about 256 threads forward and its backward's one group a block: the change
+    // was not timed for it.
     const int64_t per_group = l.gated ? 256 : 128;
     vecs = static_cast<int>(std::clamp<int64_t>(pow2_floor(v / per_group), 1, kRmsNormMaxVecs));
+    while (vecs < kRmsNormMaxVecs && (v + vecs - 1) / vecs > max_group) vecs *= 2;
   }
   int64_t group = (v + vecs - 1) / vecs;
   // Groups smaller than a warp share it (a power of two, for the shuffles); larger ones

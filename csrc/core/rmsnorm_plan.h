@@ -77,7 +77,7 @@ constexpr int kRmsNormLoopThreads = 256;
 // (ptxas for sm_90: 8 vectors spill within the 64 registers of a 1024-thread block), so
 // rows of up to 4096 vectors (32768 16-bit, 16384 float32 elements) are held; wider ones
 // take the strided variant. The backward holds dy, x and the dw partials: groups of up
-// to 512 threads, the fewest vectors a thread that fit.
+// to 512 threads, sized as the forward's (about 128 threads, up to 4 vectors each).
 constexpr int kRmsNormMaxVecs = 4;
 constexpr int kRmsNormMaxGroup = 1024;
 constexpr int kRmsNormMaxBackwardGroup = 512;
@@ -95,9 +95,10 @@ constexpr int kRmsNormBlockThreads = 256;
 // group.
 constexpr int kRmsNormForwardBlocksPerSm = 8;
 // CUDA, rows variant: threads a backward block (the kernels' launch bounds: up to 128
-// registers a thread; ptxas for sm_90 uses 90 for one bfloat16 vector a thread, 105 for
-// two). Its row groups add their dw partials in shared memory, so the workspace holds
-// one partial row per block, and the grid is the blocks that are resident at once
+// registers a thread; ptxas for sm_90a uses 90 for one bfloat16 vector a thread, 105 for
+// two, 128 for four, with 44 bytes of spills where W and O are float32 and x 16-bit). Its
+// row groups add their dw partials in shared memory, so the workspace holds one partial
+// row per block, and the grid is the blocks that are resident at once
 // (kernels::rms_norm_cuda_backward_blocks asks the occupancy calculator).
 constexpr int kRmsNormBackwardThreads = 512;
 // CUDA, the gated op's rows backward: threads a row group at most, and a block; up to 2
