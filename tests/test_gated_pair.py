@@ -264,14 +264,6 @@ def test_gated_mlp_loads_hf_llama_mlp(hidden_act, kind):
 # ---- the backward written over the saved gate and up (OpDef::reuse_saved) -----------------
 
 
-@pytest.fixture
-def reuse_on_cuda():
-    """The in-place backward on CUDA too (off by default until it has run on a GPU)."""
-    previous = bt._C._reuse_saved_cuda(True)
-    yield
-    bt._C._reuse_saved_cuda(previous)
-
-
 def _mlp_step(device, dtype, hold=False, retain=False, hooks=False, kind="swiglu"):
     """A gated MLP's step (gate and up from two Linear layers, as a decoder's MLP makes them):
     the input and weight gradients, whether each of the pair's gradients came in the memory
@@ -304,14 +296,12 @@ def _mlp_step(device, dtype, hold=False, retain=False, hooks=False, kind="swiglu
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_backward_reuses_gate_and_up_only_when_no_one_else_sees_them(device, dtype, request):
+def test_backward_reuses_gate_and_up_only_when_no_one_else_sees_them(device, dtype):
     """A decoder MLP's gate and up (intermediates no one keeps) take their own gradients:
     the backward writes dgate and dup over them, as Liger's SwiGLU does, and the results are
     the same bits as with fresh gradients. Where anything else could still read them (the
     caller holds them, the graph is kept for another backward, saved-tensor hooks) they are
     left alone and fresh gradients are made."""
-    if device == "cuda":
-        request.getfixturevalue("reuse_on_cuda")
     plain, reused = _mlp_step(device, dtype)
     assert reused == (True, True)
     for kw in ({"hold": True}, {"retain": True}, {"hooks": True}):
@@ -321,12 +311,10 @@ def test_backward_reuses_gate_and_up_only_when_no_one_else_sees_them(device, dty
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_backward_reuse_refused_for_shared_or_strided_memory(device, request):
+def test_backward_reuse_refused_for_shared_or_strided_memory(device):
     """gate and up as views of one buffer (a fused gate_up projection chunked), one tensor
     as both, a transposed gate, a leaf gate: gradients are fresh tensors and equal to the
     out-of-place backward's."""
-    if device == "cuda":
-        request.getfixturevalue("reuse_on_cuda")
     torch.manual_seed(1)
     x = torch.randn(5, 8, device=device, requires_grad=True)
     w = torch.randn(48, 8, device=device)
@@ -354,11 +342,9 @@ def test_backward_reuse_refused_for_shared_or_strided_memory(device, request):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_backward_reuse_under_checkpoint_and_compile(device, request):
+def test_backward_reuse_under_checkpoint_and_compile(device):
     """Activation checkpointing (saved-tensor hooks: no reuse) and torch.compile (the op
     traced: no reuse) give the eager gradients."""
-    if device == "cuda":
-        request.getfixturevalue("reuse_on_cuda")
     torch.manual_seed(2)
     lin_g, lin_u = (torch.nn.Linear(16, 32, device=device) for _ in range(2))
     x = torch.randn(4, 16, device=device, requires_grad=True)

@@ -124,13 +124,6 @@ PYBIND11_MODULE(_C, m) {
     if (!*previous) return std::string("staged");
     return std::string(previous_wgmma.value_or(false) ? "group_wgmma" : "group_mma");
   }, py::arg("name"));
-  // Tests only until their CUDA path has run on a GPU: whether the autograd's in-place
-  // derivatives (OpDef::reuse_saved) may run on CUDA tensors; returns the previous setting.
-  m.def("_reuse_saved_cuda", [](bool enabled) {
-    const bool previous = torch_ops::reuse_saved_on_cuda();
-    torch_ops::set_reuse_saved_on_cuda(enabled);
-    return previous;
-  }, py::arg("enabled"));
   // Tests only: whether the build holds the architecture-specific kernels of compute
   // capability `arch` (sm_90a's wgmma kernels for 90).
   m.def("_arch_specific_kernels", [](int arch) {

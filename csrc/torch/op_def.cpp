@@ -10,7 +10,6 @@
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
 
 #include <algorithm>
-#include <atomic>
 #include <deque>
 
 namespace baracuda::torch_ops {
@@ -38,11 +37,6 @@ bool is_tensor_type(const c10::TypePtr& t) {
 }
 
 std::string key(const char* prefix, int index) { return prefix + std::to_string(index); }
-
-std::atomic<bool>& reuse_on_cuda() {
-  static std::atomic<bool> enabled{false};
-  return enabled;
-}
 
 // reuse_saved's conditions on the call (see op_def.h): the graph is not kept (no later
 // backward reads the saved tensors) nor recorded, and no dispatch mode, functionalization
@@ -75,12 +69,12 @@ bool only_held(const Slot&, const at::Tensor& t, size_t held, long) {
 
 // ... and on one saved tensor, `held` being the handles the backward itself holds: no one
 // else refers to its TensorImpl or its storage, it requires grad and is not a leaf (an
-// intermediate of the forward), it is contiguous (the derivative's output layout) on a
-// device whose in-place derivative has run, and no subclass, fake, functional or
+// intermediate of the forward), it is contiguous (the derivative's output layout) on the
+// CPU or a CUDA device, and no subclass, fake, functional or
 // torch.func wrapper tensor.
 bool may_overwrite(const at::Tensor& t, size_t held) {
   if (!t.defined() || !t.requires_grad() || t.is_leaf() || !t.is_contiguous()) return false;
-  if (!(t.is_cpu() || (t.is_cuda() && reuse_on_cuda().load()))) return false;
+  if (!(t.is_cpu() || t.is_cuda())) return false;
   if (t.key_set().has_any(c10::DispatchKeySet(
           {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::Functionalize,
            c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
@@ -307,9 +301,6 @@ const c10::OperatorHandle& OpEntry::reuse_op() const {
   });
   return *reuse_op_;
 }
-
-bool reuse_saved_on_cuda() { return reuse_on_cuda().load(); }
-void set_reuse_saved_on_cuda(bool enabled) { reuse_on_cuda().store(enabled); }
 
 int OpEntry::arg_index(const std::string& arg) const {
   const auto& args = schema.arguments();

@@ -100,11 +100,6 @@ struct OpEntry {
   mutable std::optional<c10::OperatorHandle> derivative_op_, reuse_op_;
 };
 
-// Whether reuse_saved's in-place derivatives may run on CUDA tensors (CPU: always). Off
-// until their CUDA path has run on a GPU (tests/test_gated_pair.py turns it on there).
-bool reuse_saved_on_cuda();
-void set_reuse_saved_on_cuda(bool enabled);
-
 // Every op declared through OpDef, in registration order; the one named `name` or null.
 const std::vector<const OpEntry*>& op_entries();
 const OpEntry* find_op_entry(const std::string& name);
