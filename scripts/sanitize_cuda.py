@@ -396,10 +396,10 @@ def ssd_fused_wgmma_cases() -> Iterator[Case]:
 
 
 def ssd_fused_n256_cases() -> Iterator[Case]:
-    """fused_mma_cb at state dims above 128 (its tile of 256 columns, one block a
-    multiprocessor; the plan's forward there): N = 256 (whole 16-byte rows, one head a
-    group and head_dim 128) and N = 200 (padded tile, scalar loads) with D, z and initial
-    states; forward and backward. Sm_90 only (the tile's 175 KB of shared memory)."""
+    """fused_mma_cb at state dims above 128 (its tile of 256 columns in two halves of
+    128, the second's C·H_cᵀ handed to the first; the plan's forward there): N = 256 (whole
+    16-byte rows, one head a group and head_dim 128) and N = 200 (padded tile, scalar
+    loads) with D, z and initial states; forward and backward. Sm_90 only."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         return
     for N, P, G, options in ((256, 128, 2, False), (200, 64, 1, True)):

@@ -275,9 +275,9 @@ def test_forced_staged_forward_agrees():
     assert rel < 4 * torch.finfo(torch.bfloat16).eps, rel
 
 
-# State dims above 128 (tiles of 256 columns): fused_mma_cb only, on devices whose opt-in
-# shared memory holds its 175 KB (Hopper), through the test switch — the plan keeps the
-# staged kernels there until the kernel is measured against them. One head a group with
+# State dims above 128 (tiles of 256 columns): fused_mma_cb only (its blocks take the tile
+# in two halves of 128 columns: 107 KB of shared memory, so sm_80 and Hopper), through the
+# test switch. One head a group with
 # two head_dim tiles (as the issue's N = 256 shape, P = 128), four heads a group, and
 # N = 200 (a padded tile, scalar loads) with an odd chunk.
 SHAPES_N256 = [
@@ -296,7 +296,7 @@ def cb_256():
     try:
         x, dt, A, B, C = ssd_inputs(1, 64, 1, 64, 256, 1, torch.bfloat16, "cuda")
         if bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=64).variant != "fused_mma_cb":
-            assert torch.cuda.get_device_capability() != (9, 0), "Hopper's shared memory holds the N = 256 tiles"
+            assert torch.cuda.get_device_capability() not in ((8, 0), (9, 0)), "its shared memory holds the tiles"
             pytest.skip("this device's shared memory does not hold fused_mma_cb's N = 256 tiles")
         yield
     finally:
@@ -306,11 +306,11 @@ def cb_256():
 @requires_cuda
 def test_n256_is_fused_mma_cb_where_its_tiles_fit():
     """Above N = 128 the plan takes fused_mma_cb whatever the heads per group (here one) where
-    the device's shared memory holds its 256-column tiles (175 KB: Hopper and sm_100, not
-    an A100 or the 99 KB devices), the staged kernels elsewhere; forced to a fused kernel
-    that cannot hold them, the staged kernels too."""
+    the device's shared memory holds its blocks of two halves of 128 state columns (107 KB:
+    sm_80, Hopper and sm_100, not the 99 KB devices), the staged kernels elsewhere; forced
+    to a fused kernel that cannot take N = 256, the staged kernels too."""
     staged = staged_variant()
-    fits = torch.cuda.get_device_capability() in ((9, 0), (10, 0)) and "fused_mma_cb" in fused_kernels()
+    fits = torch.cuda.get_device_capability() in ((8, 0), (9, 0), (10, 0)) and "fused_mma_cb" in fused_kernels()
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 256, 2, torch.bfloat16, "cuda")
     assert bt.explain("ssd_chunk_scan", x, dt, A, B, C, chunk_size=256).variant == (
         "fused_mma_cb" if fits else staged)

@@ -262,9 +262,11 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
     return {};
   CudaForwardChoice c;
   c.state_tile = l.state_dim <= 64 ? 64 : l.state_dim <= 128 ? 128 : 256;
-  // A tile of 256 only FusedMmaCb's shared memory holds; it takes that tile whatever the
-  // heads per group (see kSsdFusedMaxState).
+  // A tile of 256 FusedMmaCb alone takes, in two halves, whatever the heads per group (see
+  // kSsdFusedMaxState).
   const bool wide = c.state_tile > 128;
+  if (wide && l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() * 2 >= (int64_t{1} << 31))
+    return {};
   if (wide && forced >= 0 && forced != static_cast<int>(SsdCudaForward::FusedMmaCb)) return {};
   // seq_idx: the mma.sync kernels mask the sequence starts (fused_dt_cumsum), the wgmma
   // kernel does not. Measured at B4 L4096 H80 P64 N128 G1 chunk 256 with 8 sequences a row
@@ -277,7 +279,8 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
     c.kernel = SsdCudaForward::FusedMmaCb;
   else
     c.kernel = SsdCudaForward::FusedMma;
-  if (desc.device.smem_optin_bytes < ssd_fused_smem_bytes(c.kernel, c.state_tile, desc.options.has_seq_idx))
+  if (desc.device.smem_optin_bytes <
+      ssd_fused_smem_bytes(c.kernel, wide ? c.state_tile / 2 : c.state_tile, desc.options.has_seq_idx))
     return {};
   return c;
 }
@@ -417,6 +420,7 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
   const CudaForwardChoice forward = cuda_forward(desc, p.variant_, p.launch_);
   p.launch_.cuda_forward = forward.kernel;
   p.launch_.fused_state_tile = forward.state_tile;
+  p.launch_.fused_state_split = forward.state_tile > 128 ? 2 : 1;
   p.launch_.tensor_cores = uses_tensor_cores(desc, p.variant_);
   p.launch_.state_tile_n = state_tile_n(desc, p.variant_, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, false, kOp);

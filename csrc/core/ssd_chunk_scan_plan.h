@@ -78,11 +78,14 @@ std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 // The fused forward's geometry, shared by the plan and the kernels: a block owns one chunk
 // (up to kSsdFusedMaxChunk positions) of one head and kSsdFusedHeadTile of its head_dim
 // columns; the state columns are padded to a tile of 64, 128 or 256. A tile of 256
-// (state_dim above 128) only FusedMmaCb's shared memory holds (one block a multiprocessor,
-// 175 KB: Hopper, not an A100), and the plan takes it there whatever the heads per group:
-// measured on an H200 (BENCHMARKS.md, "SSD forward at N = 256"), 389 µs of kernels at
-// B2 L4096 H16 P128 N256 G16 (one head per group) against the staged kernels' 767; 358
-// with the C·Bᵀ table by tile pairs (BENCHMARKS.md, "SSD: seq_idx on the fused forwards").
+// (state_dim above 128) FusedMmaCb alone takes, and the plan takes it there whatever the
+// heads per group, as two halves of 128 columns in blocks of their own (each half's state
+// is a chain of its own; the second half's block hands its C·H_cᵀ to the first's, which
+// finishes the output), so that its blocks are those of N = 128 (107 KB, two a
+// multiprocessor). Measured on an H200 at B2 L4096 H16 P128 N256 G16 (one head per
+// group), µs of kernels: the staged kernels 767; one block of the whole tile (175 KB, one
+// block a multiprocessor) 352–357 with its C·Bᵀ table of 100–103 (BENCHMARKS.md, "SSD:
+// dCB stored in 16 bits by its kernel, …"); the halves 323, the fused kernel 251 → 218.
 constexpr int64_t kSsdFusedMaxChunk = 256;
 constexpr int64_t kSsdFusedHeadTile = 64;
 constexpr int64_t kSsdFusedMaxState = 256;
@@ -183,9 +186,11 @@ struct SsdChunkScanLaunch {
   int64_t batch = 0, seqlen = 0, heads = 0, head_dim = 0, state_dim = 0, groups = 0;
   int64_t chunk_size = 0;
   // CUDA forward: the kernel the plan chose, and a fused kernel's state tile (64, 128, or
-  // 256 for FusedMmaCb).
+  // 256 for FusedMmaCb), which FusedMmaCb's blocks take in fused_state_split parts (2 at
+  // 256: see kSsdFusedMaxState).
   SsdCudaForward cuda_forward = SsdCudaForward::Staged;
   int64_t fused_state_tile = 0;
+  int64_t fused_state_split = 1;
   // CUDA backward: the intra-chunk dB/dC products once per group and dx from the
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.

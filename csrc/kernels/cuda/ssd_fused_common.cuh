@@ -26,6 +26,7 @@ static_assert(kFusedThreads == kFusedQ, "one thread per chunk position for dt an
 
 struct FusedParams {
   int batch, seqlen, heads, head_dim, state_dim, chunk, nchunks, psplit, hpg;
+  int split_cols;  // the state columns of a half (FusedTile), with two
   const void* x;
   int64_t xs[4];
   const void* dt;
@@ -53,7 +54,9 @@ struct FusedParams {
   void* y_pre;          // dense [B, L, H, head_dim] or null
   float* final_states;  // dense [B, H, head_dim, N] or null
   int* ticket;          // then one counter per chain: chunks published
-  float* ring;          // [chains][2][kFusedP][NS]: the last two states handed over
+  int* partial_ready;   // two halves: [pairs][nchunks][kFusedQ / 16], 1 once that row tile's partial is stored
+  float* ring;          // [chains][2][kFusedP][split_cols]: the last two states handed over
+  float* partial;       // two halves: [pairs][nchunks][kFusedQ / 16][kFusedP / 8][32 lanes][4] (C·H_cᵀ, half 1)
   float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][32 lanes][8] (ssd_fused_cb_tiles)
   int cb_tiles;
   const void* seq;      // seq_idx [B, L] (int32, or int64 with seq_i64), or null
@@ -61,17 +64,30 @@ struct FusedParams {
   bool seq_i64;
 };
 
-// A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile.
+// A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile and,
+// with the state columns in two halves (SPLIT: FusedMmaCb at N > 128), the half: the
+// second half first, so that the block of the first, which waits for the second's
+// C·H_cᵀ over its columns (its row tiles' partial sums), has the larger ticket.
 struct FusedTile {
   int c, b, h, grp, t0, len, p0;
-  int64_t chain;  // (b, h, head_dim tile)
+  int nh, n0;      // the half of the state columns and its first column (0, 0 without halves)
+  int64_t pair;    // (b, h, head_dim tile)
+  int64_t chain;   // (b, h, head_dim tile, half): one state hand-over each
 };
 
+template <bool SPLIT = false>
 __device__ __forceinline__ FusedTile fused_tile(const FusedParams& p, int ticket) {
   FusedTile t;
-  const int per_chunk = p.batch * p.heads * p.psplit;
+  const int nsplit = SPLIT ? 2 : 1;  // (the plan's fused_state_split)
+  const int per_chunk = p.batch * p.heads * p.psplit * nsplit;
   t.c = ticket / per_chunk;
   int rest = ticket - t.c * per_chunk;
+  t.nh = 0;
+  if constexpr (SPLIT) {
+    t.nh = 1 - (rest & 1);
+    rest >>= 1;
+  }
+  t.n0 = t.nh * p.split_cols;
   t.b = rest / (p.heads * p.psplit);
   rest -= t.b * p.heads * p.psplit;
   t.h = rest / p.psplit;
@@ -80,7 +96,8 @@ __device__ __forceinline__ FusedTile fused_tile(const FusedParams& p, int ticket
   t.t0 = t.c * p.chunk;
   t.len = min(p.chunk, p.seqlen - t.t0);
   t.p0 = ps * kFusedP;
-  t.chain = (static_cast<int64_t>(t.b) * p.heads + t.h) * p.psplit + ps;
+  t.pair = (static_cast<int64_t>(t.b) * p.heads + t.h) * p.psplit + ps;
+  t.chain = t.pair * nsplit + t.nh;
   return t;
 }
 
@@ -273,8 +290,9 @@ __device__ __forceinline__ void fused_wait_for_state(const FusedParams& p, const
   __syncthreads();
 }
 
-// H_c[p][n] and H_c[p][n + 1] (float32): the ring's slot of chunk c − 1, or the initial
-// states (0 without them) for chunk 0. n even; columns past N read 0.
+// H_c[p][n] and H_c[p][n + 1] (float32; n counted from the block's first state column
+// tile.n0): the ring's slot of chunk c − 1, or the initial states (0 without them) for
+// chunk 0. n even; columns past N read 0.
 template <int NS>
 __device__ __forceinline__ float2 fused_state_in(const FusedParams& p, const FusedTile& tile, int pr, int n) {
   if (tile.c > 0) {
@@ -284,6 +302,7 @@ __device__ __forceinline__ float2 fused_state_in(const FusedParams& p, const Fus
   float2 v = make_float2(0.0f, 0.0f);
   if (p.init != nullptr) {
     const float* ip = p.init + tile.b * p.is[0] + tile.h * p.is[1] + (tile.p0 + pr) * p.is[2];
+    n += tile.n0;
     if (n < p.state_dim) v.x = ip[n * p.is[3]];
     if (n + 1 < p.state_dim) v.y = ip[(n + 1) * p.is[3]];
   }
@@ -301,8 +320,8 @@ __device__ __forceinline__ float4 fused_state_in4(const FusedParams& p, const Fu
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// Stores H_{c+1}[p][n], [n + 1]: into the ring for chunk c + 1, or as final_states after
-// the last chunk.
+// Stores H_{c+1}[p][n], [n + 1] (n from tile.n0): into the ring for chunk c + 1, or as
+// final_states after the last chunk.
 template <int NS>
 __device__ __forceinline__ void fused_state_out(const FusedParams& p, const FusedTile& tile, int pr, int n,
                                                 float2 v) {
@@ -312,6 +331,7 @@ __device__ __forceinline__ void fused_state_out(const FusedParams& p, const Fuse
   } else if (p.final_states != nullptr) {
     float* fp = p.final_states +
                 ((static_cast<int64_t>(tile.b) * p.heads + tile.h) * p.head_dim + tile.p0 + pr) * p.state_dim;
+    n += tile.n0;
     if (n < p.state_dim) fp[n] = v.x;
     if (n + 1 < p.state_dim) fp[n + 1] = v.y;
   }
@@ -375,9 +395,11 @@ __device__ __forceinline__ void fused_store_out(const FusedParams& p, const Fuse
 
 // ---- host ------------------------------------------------------------------------------
 
-inline int64_t fused_chains(const SsdChunkScanLaunch& l) {
+// (b, h, head_dim tile) triples, and chains: one per triple and half of the state columns.
+inline int64_t fused_pairs(const SsdChunkScanLaunch& l) {
   return l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile);
 }
+inline int64_t fused_chains(const SsdChunkScanLaunch& l) { return fused_pairs(l) * l.fused_state_split; }
 
 inline int64_t fused_align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -388,13 +410,23 @@ inline int64_t fused_cb_bytes(const SsdChunkScanLaunch& l) {
 }
 
 inline int64_t fused_ring_bytes(const SsdChunkScanLaunch& l) {
-  return fused_chains(l) * 2 * kSsdFusedHeadTile * l.fused_state_tile * 4;
+  return fused_chains(l) * 2 * kSsdFusedHeadTile * (l.fused_state_tile / l.fused_state_split) * 4;
 }
 
-// The workspace: the ticket and counters, the ring (a multiple of 256 bytes), then the
-// C·Bᵀ table.
+// With two halves: the second half's partial C·H_cᵀ of each row tile and a flag each.
+inline int64_t fused_partial_tiles(const SsdChunkScanLaunch& l) {
+  return l.fused_state_split > 1 ? fused_pairs(l) * l.nchunks() * (kSsdFusedMaxChunk / 16) : 0;
+}
+
+// The workspace: the ticket, the chains' counters and the partial sums' flags (zeroed on
+// the stream before each launch), the ring (a multiple of 256 bytes), the C·Bᵀ table,
+// then the partial sums.
+inline int64_t fused_flags_bytes(const SsdChunkScanLaunch& l) {
+  return fused_align256((fused_chains(l) + 1 + fused_partial_tiles(l)) * 4);
+}
 inline size_t fused_workspace_bytes(const SsdChunkScanLaunch& l) {
-  return static_cast<size_t>(fused_align256((fused_chains(l) + 1) * 4) + fused_ring_bytes(l) + fused_cb_bytes(l));
+  return static_cast<size_t>(fused_flags_bytes(l) + fused_ring_bytes(l) + fused_cb_bytes(l) +
+                             fused_partial_tiles(l) * 16 * kSsdFusedHeadTile * 4);
 }
 
 // The plan's launch description must be one these kernels were written for.
@@ -404,6 +436,7 @@ inline void fused_check_launch(const SsdChunkScanLaunch& l, SsdCudaForward kerne
       l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim < 1 || l.state_dim > l.fused_state_tile ||
       (l.fused_state_tile != 64 && l.fused_state_tile != 128 &&
        (l.fused_state_tile != 256 || kernel != SsdCudaForward::FusedMmaCb)) ||
+      l.fused_state_split != (l.fused_state_tile > 128 ? 2 : 1) ||
       (l.seq_idx != nullptr && kernel == SsdCudaForward::FusedWgmma) ||
       l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
       fused_chains(l) * l.nchunks() >= (int64_t{1} << 31))
@@ -429,6 +462,7 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   p.nchunks = static_cast<int>(l.nchunks());
   p.psplit = static_cast<int>(l.head_dim / kFusedP);
   p.hpg = static_cast<int>(l.heads / l.groups);
+  p.split_cols = static_cast<int>(l.fused_state_tile / l.fused_state_split);
   p.x = l.x;
   p.dt = l.dt;
   p.A = static_cast<const float*>(l.A);
@@ -468,12 +502,16 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   const int64_t chains = fused_chains(l);
   auto* ws = static_cast<unsigned char*>(l.workspace);
   p.ticket = reinterpret_cast<int*>(ws);
-  p.ring = reinterpret_cast<float*>(ws + fused_align256((chains + 1) * 4));
+  p.partial_ready = p.ticket + 1 + chains;
+  p.ring = reinterpret_cast<float*>(ws + fused_flags_bytes(l));
   if (l.cuda_forward == SsdCudaForward::FusedMmaCb) {
-    p.cb = reinterpret_cast<float*>(ws + fused_align256((chains + 1) * 4) + fused_ring_bytes(l));
+    p.cb = reinterpret_cast<float*>(ws + fused_flags_bytes(l) + fused_ring_bytes(l));
     p.cb_tiles = static_cast<int>(ssd_fused_cb_tiles(l.chunk_size));
   }
-  if (cudaMemsetAsync(ws, 0, (chains + 1) * 4, stream) != cudaSuccess) check_launch("ssd_chunk_scan");
+  if (l.fused_state_split > 1)
+    p.partial = reinterpret_cast<float*>(ws + fused_flags_bytes(l) + fused_ring_bytes(l) + fused_cb_bytes(l));
+  if (cudaMemsetAsync(ws, 0, (chains + 1 + fused_partial_tiles(l)) * 4, stream) != cudaSuccess)
+    check_launch("ssd_chunk_scan");
   return p;
 }
 

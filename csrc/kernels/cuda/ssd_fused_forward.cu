@@ -35,11 +35,17 @@
 // of its next output tile into a [16][N] tile of its own there (C·H_cᵀ is all that still
 // needs them). A block then takes 107 KB instead of 193 and two blocks share a
 // multiprocessor (128 registers a thread), one's loads and waits overlapping the other's
-// products. With a state tile of 256 columns (175 KB) a block has its multiprocessor to
-// itself (ptxas for sm_90a: 212 registers, no spills; the C fragments and the state's
-// accumulators and hand-over values are 64 registers each there). Every value is computed
-// by the same operations in the same order as in FusedMma, so the outputs are the same
-// bits (tests/test_ssd_fused.py checks that).
+// products. Every value is computed by the same operations in the same order as in
+// FusedMma, so the outputs are the same bits (tests/test_ssd_fused.py checks that).
+//
+// A state tile of 256 columns (N > 128: FusedMmaCb only) goes to two blocks of 128 columns
+// each (SPLIT), since one block of the whole tile (175 KB, 212 registers) had its
+// multiprocessor to itself and waited on its own loads (latency-bound under ncu: 0.27
+// eligible warps a scheduler). Each half is a chain of its own (S_c, H_c and its
+// hand-over over its columns are independent of the other's); the second half's block
+// stores its C·H_cᵀ per row tile in float32, and the first half's block adds it to its own
+// before the decay, the intra-chunk products and the epilogue: the output sums C·H_cᵀ in
+// two halves, in a fixed order.
 //
 // Ordering and progress: blocks take a ticket (atomicAdd) when they start and work on the
 // ticket's problem, chunk-major, so the block a block waits for has a smaller ticket: it
@@ -241,9 +247,15 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
     cb_table_pairs<T, NS>(p);
 }
 
-template <typename T, int NS, bool CB, bool SEQ>
+// SPLIT (FusedMmaCb's state tile of 256 as two halves of NS = 128, FusedTile::nh): the
+// block's B, C, state and C·H_cᵀ are those of its half's columns; the second half's block
+// stores each row tile's C·H_cᵀ (float32, fragment order) and a flag in the workspace and
+// stops there, and the first half's warps add it to theirs (waiting for the flag) before
+// the rest of the output.
+template <typename T, int NS, bool CB, bool SEQ, bool SPLIT = false>
 __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
     ssd_fused_forward_kernel(const FusedParams p) {
+  static_assert(!SPLIT || (CB && NS == 128), "the halves are FusedMmaCb's blocks of 128 state columns");
   constexpr int kLdN = NS + 8;
   constexpr int kNT = NS / 16;  // k-steps over N; 8-column tiles per warp in the state product
   extern __shared__ __align__(16) unsigned char smem[];
@@ -263,7 +275,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
   const int g8 = lane >> 2, q4 = lane & 3;  // mma fragment row and column pair
   if (tid == 0) s_ticket = atomicAdd(p.ticket, 1);
   __syncthreads();
-  const FusedTile tile = fused_tile(p, s_ticket);
+  const FusedTile tile = fused_tile<SPLIT>(p, s_ticket);
   const int len = tile.len;
 
   // ---- 1. loads (dt, then x and B: the state product needs them first), dt's cumsum
@@ -272,8 +284,9 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
     const T* x = static_cast<const T*>(p.x) + tile.b * p.xs[0] + tile.t0 * p.xs[1] + tile.h * p.xs[2] +
                  tile.p0 * p.xs[3];
     load_tile<T, kLdX, kFusedP>(sX, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP);
-    const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2];
-    load_tile<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim);
+    const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2] +
+                  tile.n0 * p.Bs[3];
+    load_tile<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim - tile.n0);
     ssd_cp_async_commit();
     if constexpr (!CB) {
       const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + tile.t0 * p.Cs[1] + tile.grp * p.Cs[2];
@@ -333,15 +346,16 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
   // CB: C's rows come through a [16][kLdN] tile per warp where B was, after sH
   T* sCw = sB + (kFusedP + warp * 16) * kLdN;
   auto load_c_rows = [&](int r0) {
-    const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + (tile.t0 + r0) * p.Cs[1] + tile.grp * p.Cs[2];
+    const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + (tile.t0 + r0) * p.Cs[1] + tile.grp * p.Cs[2] +
+                  tile.n0 * p.Cs[3];
     constexpr int kGroups = NS / 8;  // 16-byte groups of a row
-    if (p.bc_vec && r0 + 16 <= len && p.state_dim == NS) {  // whole rows: a copy per group, no checks
+    if (p.bc_vec && r0 + 16 <= len && p.state_dim - tile.n0 >= NS) {  // whole rows: a copy per group, no checks
 #pragma unroll
       for (int i = lane; i < 16 * kGroups; i += 32)
         ssd_cp_async16(sCw + (i / kGroups) * kLdN + (i % kGroups) * 8,
                        Cg + (i / kGroups) * p.Cs[1] + (i % kGroups) * 8);
     } else {  // (Cg is row r0: its rows 0 .. 15)
-      load_rows<T, kLdN, NS>(sCw, Cg, p.Cs[1], p.Cs[3], p.bc_vec, 0, 16, len - r0, p.state_dim, lane, 32);
+      load_rows<T, kLdN, NS>(sCw, Cg, p.Cs[1], p.Cs[3], p.bc_vec, 0, 16, len - r0, p.state_dim - tile.n0, lane, 32);
     }
     ssd_cp_async_commit();
   };
@@ -422,6 +436,35 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
     if constexpr (CB) {  // the warp's C rows of its next pass, copied during this one
       __syncwarp();
       if (pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles) load_c_rows((2 * kFusedWarps - 1 - warp) * 16);
+    }
+    if constexpr (SPLIT) {  // the halves' C·H_cᵀ summed (see the template's comment)
+      const int64_t at = (tile.pair * p.nchunks + tile.c) * (kFusedQ / 16) + mtile;
+      float* part = p.partial + at * (16 * kFusedP) + lane * 4;
+      if (tile.nh == 1) {
+#pragma unroll
+        for (int j = 0; j < kFusedP / 8; ++j)
+          __stcg(reinterpret_cast<float4*>(part + j * 128), make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
+        __syncwarp();  // (then one lane's fence and release, as fused_publish_state)
+        if (lane == 0) {
+          __threadfence();
+          st_release(p.partial_ready + at, 1);
+        }
+        continue;
+      }
+      if (lane == 0)  // the second half's block has the smaller ticket: it runs
+        for (int64_t spins = 0; ld_acquire(p.partial_ready + at) == 0; ++spins) {
+          if (spins > (int64_t{1} << 26)) __trap();
+          __nanosleep(32);
+        }
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < kFusedP / 8; ++j) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(part + j * 128));
+        acc[j][0] += v.x;
+        acc[j][1] += v.y;
+        acc[j][2] += v.z;
+        acc[j][3] += v.w;
+      }
     }
     const float acs_a = acs2[ta], acs_b = acs2[tb];
     {
@@ -522,9 +565,13 @@ __global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
   }
 }
 
+// NS: the plan's state tile; the blocks of a tile of 256 take it in two halves of 128
+// (SPLIT in ssd_fused_forward_kernel).
 template <typename T, int NS, bool CB>
 void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   const FusedParams p = fused_params(l, stream);
+  constexpr bool kSplit = NS > 128;
+  constexpr int kNs = kSplit ? 128 : NS;
   if constexpr (CB) {
     constexpr bool rows = NS <= 128;
     const int64_t smem = rows ? (64 + kFusedQ) * (NS + 8) * 2 : kCbPairSmem;
@@ -534,16 +581,16 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
     check_launch("ssd_chunk_scan");
   }
   const bool seq = l.seq_idx != nullptr;
-  const int64_t smem = ssd_fused_smem_bytes(l.cuda_forward, NS, seq);
+  const int64_t smem = ssd_fused_smem_bytes(l.cuda_forward, kNs, seq);
   const int64_t blocks = fused_chains(l) * p.nchunks;
   const auto launch = [&](auto kernel) {
     fused_allow_smem(kernel, smem);
     kernel<<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
   };
   if (seq)
-    launch(ssd_fused_forward_kernel<T, NS, CB, true>);
+    launch(ssd_fused_forward_kernel<T, kNs, CB, true, kSplit>);
   else
-    launch(ssd_fused_forward_kernel<T, NS, CB, false>);
+    launch(ssd_fused_forward_kernel<T, kNs, CB, false, kSplit>);
   check_launch("ssd_chunk_scan");
 }
 
