@@ -26,7 +26,7 @@ static_assert(kFusedThreads == kFusedQ, "one thread per chunk position for dt an
 
 struct FusedParams {
   int batch, seqlen, heads, head_dim, state_dim, chunk, nchunks, psplit, hpg;
-  int split_cols;  // the state columns of a half (FusedTile), with two
+  int split_cols;  // the state columns a block takes (half of them with two halves: FusedTile)
   const void* x;
   int64_t xs[4];
   const void* dt;
@@ -449,8 +449,9 @@ inline bool fused_rows_vec(const void* p, const int64_t (&s)[4]) {
          reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-// The kernel parameters from the launch description, with the workspace split into the
-// ticket/counters and the ring; the counters and the ticket are zeroed on the stream.
+// The kernel parameters from the launch description, with the workspace split as
+// fused_workspace_bytes says; the ticket, the counters and the flags are zeroed on the
+// stream.
 inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   FusedParams p{};
   p.batch = static_cast<int>(l.batch);

@@ -253,9 +253,9 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
 // stops there, and the first half's warps add it to theirs (waiting for the flag) before
 // the rest of the output.
 template <typename T, int NS, bool CB, bool SEQ, bool SPLIT = false>
-__global__ void __launch_bounds__(kFusedThreads, CB && NS <= 128 ? 2 : 1)
+__global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     ssd_fused_forward_kernel(const FusedParams p) {
-  static_assert(!SPLIT || (CB && NS == 128), "the halves are FusedMmaCb's blocks of 128 state columns");
+  static_assert(NS <= 128 && (!SPLIT || (CB && NS == 128)), "a tile of 256 runs as two halves of 128 (SPLIT)");
   constexpr int kLdN = NS + 8;
   constexpr int kNT = NS / 16;  // k-steps over N; 8-column tiles per warp in the state product
   extern __shared__ __align__(16) unsigned char smem[];
