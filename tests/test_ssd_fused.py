@@ -277,9 +277,8 @@ def test_forced_staged_forward_agrees():
 
 # State dims above 128 (tiles of 256 columns): fused_mma_cb only (its blocks take the tile
 # in two halves of 128 columns: 107 KB of shared memory, so sm_80 and Hopper), through the
-# test switch. One head a group with
-# two head_dim tiles (as the N = 256 shape, P = 128), four heads a group, and
-# N = 200 (a padded tile, scalar loads) with an odd chunk.
+# test switch. One head a group with two head_dim tiles (as the N = 256 shape,
+# P = 128), four heads a group, and N = 200 (a padded tile, scalar loads) with an odd chunk.
 SHAPES_N256 = [
     (1, 530, 2, 128, 256, 2, 256),
     (2, 300, 4, 64, 256, 1, 256),
