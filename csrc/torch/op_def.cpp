@@ -70,8 +70,7 @@ bool only_held(const Slot&, const at::Tensor& t, size_t held, long) {
 // ... and on one saved tensor, `held` being the handles the backward itself holds: no one
 // else refers to its TensorImpl or its storage, it requires grad and is not a leaf (an
 // intermediate of the forward), it is contiguous (the derivative's output layout) on the
-// CPU or a CUDA device, and no subclass, fake, functional or
-// torch.func wrapper tensor.
+// CPU or a CUDA device, and no subclass, fake, functional or torch.func wrapper tensor.
 bool may_overwrite(const at::Tensor& t, size_t held) {
   if (!t.defined() || !t.requires_grad() || t.is_leaf() || !t.is_contiguous()) return false;
   if (!(t.is_cpu() || t.is_cuda())) return false;
