@@ -1,9 +1,10 @@
 """Dev tool: RMSNorm backwards through autograd, µs (do_bench, L2 flushed): the LLaMA-7B layer's
 [8192, 4096] bf16 (llama convention, a bf16 weight; dx and dw), against Liger-Kernel's
-LigerRMSNormFunction (llama casting, its in-place default: dx written into dy) where peers/ has it.
-In the LLaMA layer's profile (BENCHMARKS.md, eighteenth session) our rows backward took 144 µs a
-call and Liger's 96; the bytes that must move (dy, x read, dx written) take about 50 µs at the
-H200's copy rate. Run on the GPU from the repo root:
+LigerRMSNormFunction (llama casting, its in-place default: dx written into dy) where peers/ has it,
+and each side's kernels alone (torch.profiler, µs a call: Liger's autograd Function launches from
+Python, which do_bench's times include). In the LLaMA layer's profile (BENCHMARKS.md, eighteenth
+session) our rows backward took 144 µs a call and Liger's 96; the bytes that must move (dy, x read,
+dx written) take about 50 µs at the H200's copy rate. Run on the GPU from the repo root:
   PYTHONPATH=$PWD python benchmarks/tune/time_rmsnorm_backward.py LABEL"""
 import sys
 import torch
@@ -19,12 +20,32 @@ y = baracuda_torch.rms_norm(x, (4096,), w, 1e-6, convention="llama")
 rstd = torch.empty(8192, device="cuda")
 plan = baracuda_torch.explain("rms_norm_backward", dy, x, w, rstd, "llama")
 print(sys.argv[1], "plan:", plan.name, plan.variant)
-res = {"rms bwd": time_us(lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True))[0]}
+
+
+def kernel_us(fn, reps=20):
+    """µs of kernels a call (torch.profiler), and the kernels' names."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.device_time_total > 0]
+    return sum(e.device_time_total for e in ev) / reps, sorted({e.key[:40] for e in ev})
+
+
+ours = lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True)  # noqa: E731
+res = {"rms bwd": time_us(ours)[0], "its kernels": kernel_us(ours)[0]}
 try:
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     yl = LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", True)
-    res["liger bwd"] = time_us(lambda: torch.autograd.grad(yl, (x, w), dy.clone(), retain_graph=True))[0]
+    liger = lambda: torch.autograd.grad(yl, (x, w), dy.clone(), retain_graph=True)  # noqa: E731
+    res["liger bwd"] = time_us(liger)[0]
     res["clone (in liger's)"] = time_us(lambda: dy.clone())[0]
+    res["liger's kernels, clone included"], names = kernel_us(liger)
+    print("liger kernels:", ", ".join(names))
 except ImportError as e:
     res["liger"] = float("nan")
     print("no Liger:", e)
