@@ -398,14 +398,15 @@ def ssd_fused_wgmma_cases() -> Iterator[Case]:
 def ssd_fused_n256_cases() -> Iterator[Case]:
     """fused_mma_cb at state dims above 128 (its tile of 256 columns in two halves of
     128, the second's C·H_cᵀ handed to the first; the plan's forward there): N = 256 (whole
-    16-byte rows, one head a group and head_dim 128) and N = 200 (padded tile, scalar
-    loads) with D, z and initial states; forward and backward. Sm_90 only."""
+    16-byte rows, one head a group and head_dim 128), N = 200 (padded tile, scalar loads)
+    with D, z and initial states, and N = 256 with those and seq_idx; forward and backward.
+    Sm_90 only."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         return
-    for N, P, G, options in ((256, 128, 2, False), (200, 64, 1, True)):
-        yield (f"ssd fused_mma_cb N={N} P={P} G={G} options={options}",
-               lambda N=N, P=P, G=G, options=options: _ssd_fused_inputs(2, P, G, N, options), _ssd_fused_run,
-               ("ssd_chunk_scan_combined",))
+    for N, P, G, options, seq in ((256, 128, 2, False, False), (200, 64, 1, True, False), (256, 64, 1, True, True)):
+        yield (f"ssd fused_mma_cb N={N} P={P} G={G} options={options} seq_idx={seq}",
+               lambda N=N, P=P, G=G, options=options, seq=seq: _ssd_fused_inputs(2, P, G, N, options, seq),
+               _ssd_fused_run, ("ssd_chunk_scan_combined",))
 
 
 def state_update_cases() -> Iterator[Case]:

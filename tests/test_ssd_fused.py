@@ -342,6 +342,23 @@ def test_n256_every_option_reproducible_and_graph_capture(cb_256):
     check_bitwise_and_replay(SHAPES_N256[1])
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_n256_seq_idx(dtype, cb_256):
+    """seq_idx at N = 256 (the halves' kernel with the sequence starts: each half masks its
+    own chain's state and C·H_cᵀ): out, final states and gradients against the float64
+    recurrence, sequences starting anywhere and at the chunk edges, with the options."""
+    rng = random.Random(2560 + HALF.index(dtype))
+    torch.manual_seed(2560)
+    for i, (b, L, H, P, N, G, Q) in enumerate(SHAPES_N256 * 2):
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", seq_idx=False, init=i % 2 == 0, z=i % 3 != 2)
+        t["seq_idx"] = _sequence_ids(b, L, Q, "dense" if i % 2 else "edges", torch.int32).cuda()
+        args = [t[k] for k in ("x", "dt", "A", "B", "C")] + [Q] + [t.get(k) for k in (
+            "D", "z", "dt_bias", "initial_states", "seq_idx")]
+        assert bt.explain(ops.ssd_chunk_scan_combined, *args).variant == "fused_mma_cb"
+        check_case(t, kw, Q, f"N256 seq {dtype} {(b, L, H, P, N, G, Q)} {kw}")
+
+
 def test_forward_switch_names_its_choices():
     assert bt._C._ssd_cuda_forward("auto") == "auto"
     with pytest.raises(ValueError, match="auto, staged, fused_mma, fused_mma_cb or fused_wgmma"):
