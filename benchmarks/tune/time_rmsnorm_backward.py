@@ -11,7 +11,7 @@ import torch
 import baracuda_torch  # noqa: F401
 sys.path.insert(0, "benchmarks")
 import peers  # noqa: E402,F401  (puts peers/site on sys.path)
-from harness import time_us  # noqa: E402
+from harness import kernel_breakdown, time_us  # noqa: E402
 bf = torch.bfloat16
 x = torch.randn(8192, 4096, dtype=bf, device="cuda", requires_grad=True)
 w = (1 + 0.1 * torch.randn(4096, dtype=bf, device="cuda")).requires_grad_()
@@ -22,19 +22,10 @@ plan = baracuda_torch.explain("rms_norm_backward", dy, x, w, rstd, "llama")
 print(sys.argv[1], "plan:", plan.name, plan.variant)
 
 
-def kernel_us(fn, reps=20):
-    """µs of kernels a call (torch.profiler), and the kernels' names."""
-    from torch.profiler import ProfilerActivity, profile
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    ev = [e for e in prof.key_averages() if e.device_time_total > 0]
-    return sum(e.device_time_total for e in ev) / reps, sorted({e.key[:40] for e in ev})
-
+def kernel_us(fn):
+    """µs of kernels a call (torch.profiler over 20 calls), and the kernels' names."""
+    rows = kernel_breakdown(fn, "cuda", iters=20)
+    return sum(r[1] for r in rows), sorted({r[0][:40] for r in rows})
 
 ours = lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True)  # noqa: E731
 res = {"rms bwd": time_us(ours)[0], "its kernels": kernel_us(ours)[0]}
