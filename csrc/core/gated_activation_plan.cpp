@@ -263,10 +263,7 @@ GatedPairBackwardPlan GatedPairBackwardPlan::select(const GatedPairBackwardDescr
   p.out_ = dense_layout(g, 0, /*halve=*/false);
   if (desc.in_place) {  // the outputs are gate and up: the output layout at their alignment
     for (const auto& [name, t] : {std::pair{"gate", &g}, std::pair{"up", &desc.forward.up}})
-      if (!t->is_contiguous())
-        fail(PlanErrorKind::InvalidProblem, op,
-             std::string(name) + " must be contiguous (its gradient is written over it), got strides " +
-                 sizes_str(t->strides.data(), t->rank));
+      check_gated_pair_overwritable(op, name, t->is_contiguous(), t->strides.data(), t->rank);
     p.out_.alignment = std::min(g.alignment, desc.forward.up.alignment);
   }
   p.launch_ = plan_pair_launch(desc.forward, p.out_, &desc.dy);

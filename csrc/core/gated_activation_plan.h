@@ -139,6 +139,17 @@ void check_gated_pair_dy(const std::string& op, int rank, const Int* sizes, Elem
              element_name(dy_dtype));
 }
 
+// gated_activation_pair_backward_: gate's and up's gradients are written over them, so
+// each (`name`) must have the output layout, contiguous.
+template <class Int>
+void check_gated_pair_overwritable(const std::string& op, const char* name, bool contiguous, const Int* strides,
+                                   int rank) {
+  if (!contiguous)
+    fail(PlanErrorKind::InvalidProblem, op,
+         std::string(name) + " must be contiguous (its gradient is written over it), got strides " +
+             sizes_str(strides, rank));
+}
+
 struct GatedActivationDescriptor {
   GatedKind kind = GatedKind::Swiglu;
   int64_t dim = -1;  // as the caller gave it; negative counts from the end

@@ -261,10 +261,8 @@ void gated_activation_pair_backward_in_place_meta(const at::Tensor& dy, const at
   translate_errors([&] {
     check_pair_backward_meta(kPairInPlaceOp, dy, gate, up, kind);
     for (const auto& [t, name] : {std::pair{&gate, "gate"}, std::pair{&up, "up"}})
-      if (!t->is_contiguous())
-        fail(PlanErrorKind::InvalidProblem, kPairInPlaceOp,
-             std::string(name) + " must be contiguous (its gradient is written over it), got strides " +
-                 sizes_str(t->sym_strides().data(), static_cast<int>(t->dim())));
+      check_gated_pair_overwritable(kPairInPlaceOp, name, t->is_contiguous(), t->sym_strides().data(),
+                                    static_cast<int>(t->dim()));
     check_in_place_apart(dy, gate, up);
   });
 }
