@@ -166,28 +166,11 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
     const c10::OperatorHandle& op = e.derivative_op();
     const auto& params = op.schema().arguments();
     variable_list saved = ctx->get_saved_variables();
-    // reuse_saved: the saved tensors the gradients would go over (positions in `saved`),
-    // each held by its SavedVariable and `saved` alone
-    std::vector<std::pair<int, size_t>> over;  // (derivative output, position in saved)
-    if (!e.reuse.empty() && ctx->saved_data["reuse"].toBool() && may_reuse_now()) {
-      size_t pos = 0;
-      for (size_t j = 0; j < e.sources.size(); ++j) {
-        const GradSource& s = e.sources[j];
-        const bool is_saved = s.kind == GradSource::Kind::Output ||
-                              (s.kind == GradSource::Kind::Arg && e.is_tensor_arg(s.index));
-        for (const auto& [out, src] : e.reuse_over)
-          if (src == static_cast<int>(j)) over.emplace_back(out, pos);
-        if (is_saved) ++pos;
-      }
-      for (const auto& [out, at] : over)
-        if (!may_overwrite(saved[at], 2)) {
-          over.clear();
-          break;
-        }
-    }
+    std::vector<size_t> saved_at(e.sources.size());  // (a saved source's position in `saved`)
     size_t next = 0;
     torch::jit::Stack stack;
     for (size_t j = 0; j < e.sources.size(); ++j) {
+      saved_at[j] = next;
       const GradSource& s = e.sources[j];
       switch (s.kind) {
         case GradSource::Kind::Grad: {
@@ -216,6 +199,17 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
         case GradSource::Kind::SizesOf: stack.push_back(ctx->saved_data[key("s", s.index)]); break;
         case GradSource::Kind::None: stack.emplace_back(); break;
       }
+    }
+    // reuse_saved: the saved tensors the gradients would go over, each held by its
+    // SavedVariable, `saved` and `stack` alone
+    std::vector<std::pair<int, size_t>> over;  // (derivative output, position in saved)
+    if (!e.reuse.empty() && ctx->saved_data["reuse"].toBool() && may_reuse_now()) {
+      for (const auto& [out, src] : e.reuse_over) over.emplace_back(out, saved_at[src]);
+      for (const auto& [out, at] : over)
+        if (!may_overwrite(saved[at], 3)) {
+          over.clear();
+          break;
+        }
     }
     if (over.empty()) {
       op.callBoxed(stack);
