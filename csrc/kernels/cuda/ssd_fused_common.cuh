@@ -343,10 +343,7 @@ __device__ __forceinline__ void fused_state_out(const FusedParams& p, const Fuse
 __device__ __forceinline__ void fused_publish_state(const FusedParams& p, const FusedTile& tile) {
   if (tile.c == p.nchunks - 1) return;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    st_release(p.ticket + 1 + tile.chain, tile.c + 1);
-  }
+  if (threadIdx.x == 0) st_release(p.ticket + 1 + tile.chain, tile.c + 1);
 }
 
 // z at row t (chunk-local) and the head_dim columns col, col + 1 of the tile, packed as

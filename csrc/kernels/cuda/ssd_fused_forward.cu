@@ -444,11 +444,8 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
 #pragma unroll
         for (int j = 0; j < kFusedP / 8; ++j)
           __stcg(reinterpret_cast<float4*>(part + j * 128), make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
-        __syncwarp();  // (then one lane's fence and release, as fused_publish_state)
-        if (lane == 0) {
-          __threadfence();
-          st_release(p.partial_ready + at, 1);
-        }
+        __syncwarp();  // (then one lane's release, cumulative over the warp's stores)
+        if (lane == 0) st_release(p.partial_ready + at, 1);
         continue;
       }
       if (lane == 0)  // the second half's block has the smaller ticket: it runs
