@@ -559,15 +559,40 @@ __global__ void __launch_bounds__(kRmsNormLoopThreads)
   });
 }
 
-// dw[c] = Σ_b partial[b][c] over the backward's blocks, in order (zeros without rows).
+// dw[c] = Σ_b partial[b][c] over the backward's blocks (zeros without rows): a block of
+// kRmsNormReduceThreads takes 32 columns, its warp w the partial rows b ≡ w (mod warps),
+// in order, then the warps' sums in warp order (a fixed order: the same bits every run).
+// Every multiprocessor takes columns and each thread a share of the rows, where a thread a
+// column summing every row in turn left the grid to a few multiprocessors waiting on their
+// loads one after another.
 template <typename Acc, typename W>
 __global__ void __launch_bounds__(kRmsNormReduceThreads)
     rms_norm_dw_sum(const Acc* partials, int64_t blocks, int64_t cols, W* dw) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kRmsNormReduceThreads + threadIdx.x;
-  if (c >= cols) return;
+  constexpr int kWarps = kRmsNormReduceThreads / 32;
+  constexpr int kUnroll = 8;  // loads in flight a thread
+  __shared__ Acc sums[kWarps][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
   Acc s = 0;
-  for (int64_t b = 0; b < blocks; ++b) s += partials[b * cols + c];
-  dw[c] = from_acc<W>(s);
+  if (c < cols) {
+    int64_t b = warp;
+    for (; b + (kUnroll - 1) * kWarps < blocks; b += kUnroll * kWarps) {
+      Acc v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = partials[(b + u * kWarps) * cols + c];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) s += v[u];
+    }
+    for (; b < blocks; b += kWarps) s += partials[b * cols + c];
+  }
+  sums[warp][lane] = s;
+  __syncthreads();
+  if (warp == 0 && c < cols) {
+    Acc t = sums[0][lane];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) t += sums[w][lane];
+    dw[c] = from_acc<W>(t);
+  }
 }
 
 // ---- launchers -------------------------------------------------------------------------
@@ -708,7 +733,7 @@ void launch_rms_norm_backward(const RmsNormLaunch& l, cudaStream_t stream) {
       using Acc = acc_t<decltype(t)>;
       using W = decltype(wt);
       const auto sum = [&](const Acc* partials, void* out) {
-        rms_norm_dw_sum<Acc, W><<<blocks_for(width, kRmsNormReduceThreads), kRmsNormReduceThreads,
+        rms_norm_dw_sum<Acc, W><<<blocks_for(width, 32), kRmsNormReduceThreads,
                                   0, stream>>>(partials, l.dw_blocks, width, static_cast<W*>(out));
       };
       const Acc* ws = static_cast<const Acc*>(l.workspace);
