@@ -121,8 +121,15 @@ __device__ __forceinline__ void store_vec(T* p, const T (&in)[V]) {
 
 // The sum of v over the `group` threads of a row (groups are consecutive threads), the
 // same bits in every thread of the group. red: 32 entries of shared memory (a block has
-// at most 32 warps). Every thread of the block calls it (it synchronizes the block when
-// groups span warps).
+// at most 32 warps). Every thread of the group calls it. Groups that span warps (whole
+// warps) meet at a barrier of their own, named 1 + the group's index in the block (0 is
+// __syncthreads'; the plan's blocks hold at most 8 such groups), so that the row groups of
+// a block do not wait for each other's loads between rows: one group's loads overlap
+// another's arithmetic.
+__device__ __forceinline__ void group_barrier(int group) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + static_cast<int>(threadIdx.x) / group), "r"(group) : "memory");
+}
+
 template <typename Acc>
 __device__ __forceinline__ Acc group_sum(Acc v, int group, Acc* red) {
   // The xor butterfly stays inside aligned groups of up to 32 lanes; a + b = b + a, so
@@ -132,11 +139,11 @@ __device__ __forceinline__ Acc group_sum(Acc v, int group, Acc* red) {
   if (group <= 32) return v;
   const int warp = threadIdx.x / 32;
   if (threadIdx.x % 32 == 0) red[warp] = v;
-  __syncthreads();
+  group_barrier(group);
   const int first = threadIdx.x / group * (group / 32);
   Acc total = 0;
   for (int w = 0; w < group / 32; ++w) total += red[first + w];
-  __syncthreads();  // red is free again
+  group_barrier(group);  // the group's entries of red are free again
   return total;
 }
 
