@@ -2,10 +2,11 @@
 [8192, 4096] bf16 (llama convention, a bf16 weight; dx and dw), against Liger-Kernel's
 LigerRMSNormFunction (llama casting, its in-place default: dx written into dy) where peers/ has it,
 and each side's kernels alone (torch.profiler, µs a call: Liger's autograd Function launches from
-Python, which do_bench's times include). In the LLaMA layer's profile (BENCHMARKS.md, eighteenth
+Python, which do_bench's times include), ours also kernel by kernel. In the LLaMA layer's profile (BENCHMARKS.md, eighteenth
 session) our rows backward took 144 µs a call and Liger's 96; the bytes that must move (dy, x read,
 dx written) take about 50 µs at the H200's copy rate. Run on the GPU from the repo root:
   PYTHONPATH=$PWD python benchmarks/tune/time_rmsnorm_backward.py LABEL"""
+import re
 import sys
 import torch
 import baracuda_torch  # noqa: F401
@@ -27,8 +28,20 @@ def kernel_us(fn):
     rows = kernel_breakdown(fn, "cuda", iters=20)
     return sum(r[1] for r in rows), sorted({r[0][:40] for r in rows})
 
+
+def short_name(kernel):
+    """rms_norm_rows_backward of 'void ...::(anonymous namespace)::rms_norm_rows_backward<...>(...)'."""
+    name = kernel.replace("(anonymous namespace)::", "")
+    return re.sub(r"^void |<.*$|\(.*$", "", name).split("::")[-1]
+
+
+def kernel_rows(fn):
+    """Each kernel's µs a call (torch.profiler over 20 calls)."""
+    return ", ".join(f"{short_name(r[0])} {r[1]:.1f}" for r in kernel_breakdown(fn, "cuda", iters=20))
+
 ours = lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True)  # noqa: E731
 res = {"rms bwd": time_us(ours)[0], "its kernels": kernel_us(ours)[0]}
+print(sys.argv[1], "our kernels:", kernel_rows(ours))
 try:
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     yl = LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", True)
