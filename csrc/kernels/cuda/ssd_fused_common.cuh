@@ -338,8 +338,9 @@ __device__ __forceinline__ void fused_state_out(const FusedParams& p, const Fuse
 }
 
 // After every thread's fused_state_out: chunk c + 1 may read H_{c+1}. The barrier orders
-// the block's stores before thread 0's fence and release store (cumulativity: the
-// pattern of cooperative groups' grid sync), so one thread fences, not every thread.
+// the block's stores before thread 0's release store, and a release is cumulative (it
+// covers the stores its thread has observed), so one thread releases and no thread needs
+// a fence of its own (a __threadfence before the release cost 7 µs of the N = 256 forward).
 __device__ __forceinline__ void fused_publish_state(const FusedParams& p, const FusedTile& tile) {
   if (tile.c == p.nchunks - 1) return;
   __syncthreads();
