@@ -626,12 +626,25 @@ def rms_norm_backward_samples(device, dtype, requires_grad):
             SampleInput("empty rows: dw zeros", (r(0, 8), xe, r(8), rms_rstd(xe), "llama", None))]
 
 
+def rms_norm_in_place_samples(device, dtype, requires_grad):
+    """rms_norm_backward_samples with dy contiguous, of x's dtype and apart from the rest (dx
+    is written over it)."""
+    r = _rand(device, dtype)
+    x3, x2, xt, x0, xe = r(4, 6, 32), r(3, 40), r(24, 5).t(), r(2, 3, 17), r(0, 8)
+    return [SampleInput("torch", (r(4, 6, 32), x3, r(32), rms_rstd(x3), "torch", None)),
+            SampleInput("llama, dh", (r(3, 40), x2, r(40), rms_rstd(x2), "llama", r(3, 40))),
+            SampleInput("gemma transposed x", (r(5, 24), xt, r(24), rms_rstd(xt), "gemma", None)),
+            SampleInput("no weight, dh", (r(2, 3, 17), x0, None, rms_rstd(x0), "torch", r(2, 3, 17))),
+            SampleInput("empty rows: dw zeros", (r(0, 8), xe, r(8), rms_rstd(xe), "llama", None))]
+
+
 def rms_norm_bad(device):
     x, w = torch.randn(3, 8, device=device), torch.randn(8, device=device)
     xb = x.bfloat16()
     dy = torch.randn(3, 8, device=device)
     rstd = rms_rstd(x)
     op, add, bwd = r"baracuda::rms_norm: ", r"baracuda::add_rms_norm: ", r"baracuda::rms_norm_backward: "
+    inp = r"baracuda::rms_norm_backward_: "
     return {
         "rms_norm": [
             BadInput("integer x", lambda: args(x.int(), w), TypeError,
@@ -683,6 +696,18 @@ def rms_norm_bad(device):
             BadInput("weight size", lambda: args(dy, x, w[:2], rstd), ValueError, bwd + r"weight must have shape"),
             BadInput("unknown convention", lambda: args(dy, x, w, rstd, "t5"), ValueError,
                      bwd + r"convention must be .* got 't5'"),
+        ],
+        "rms_norm_backward_": [
+            BadInput("dy transposed", lambda: args(torch.randn(8, 3, device=device).t(), x, w, rstd), ValueError,
+                     inp + r"dy must be contiguous \(dx is written over it\), got strides \[1, 3\]"),
+            BadInput("dy of the output's dtype, not x's", lambda: args(dy, xb, w, rms_rstd(xb), "llama"), TypeError,
+                     inp + r"dy must have x's dtype \(dx is written over it\), got float32 and bfloat16"),
+            BadInput("dy is x", lambda: (lambda t: args(t, t, w, rms_rstd(t)))(x.clone()), ValueError,
+                     inp + r"dy and x must not share a storage \(dx is written over dy\)"),
+            BadInput("dy is dh", lambda: (lambda t: args(t, x, w, rstd, "torch", t))(dy.clone()), ValueError,
+                     inp + r"dy and dh must not share a storage"),
+            BadInput("dy shape", lambda: args(dy[:, :7].contiguous(), x, w, rstd), ValueError,
+                     inp + r"dy must have x's sizes \[3, 8\], got \[3, 7\]"),
         ],
     }
 
@@ -1580,6 +1605,8 @@ OP_DB = [
     OpInfo("add_rms_norm", add_rms_norm_samples, _family(rms_norm_bad, "add_rms_norm"), ref=ref.add_rms_norm),
     OpInfo("rms_norm_backward", rms_norm_backward_samples, _family(rms_norm_bad, "rms_norm_backward"),
            ref=_rms_norm_backward_ref, supports_autograd=False),
+    OpInfo("rms_norm_backward_", rms_norm_in_place_samples, _family(rms_norm_bad, "rms_norm_backward_"),
+           ref=lambda *a: _rms_norm_backward_ref(*a)[::-1], supports_autograd=False, mutates=(0,)),
     OpInfo("gated_rms_norm", gated_rms_norm_samples, _family(gated_rms_norm_bad, "gated_rms_norm"),
            ref=ref.gated_rms_norm),
     OpInfo("gated_rms_norm_backward", gated_rms_norm_backward_samples,

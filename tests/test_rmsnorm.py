@@ -199,6 +199,126 @@ def test_residual_is_the_decoder_layers_add(device):
     torch.testing.assert_close(dx, expected)
 
 
+# ---- dx written over an incoming dy that no one else holds (OpDef::reuse_grad) ------------
+
+
+@pytest.fixture
+def reuse_grad_on_cuda():
+    """The CUDA path of reuse_grad (off by default until it has run on a GPU), on for the test."""
+    previous = bt._C._reuse_grad_cuda(True)
+    yield
+    bt._C._reuse_grad_cuda(previous)
+
+
+def _norm_step(device, dtype, residual=False, hold=False, retain=False, hooks=False, keep=None,
+               weight_dtype=None):
+    """A decoder block's norm between two Linear layers (dy comes from the second one's
+    backward, a gradient no one else holds): the gradients of the input, the residual, the
+    norm's weight and the first layer's weight, and whether dx came in dy's memory. hold: the
+    caller passes dy to the norm's output itself (and keeps it: it must be unchanged);
+    retain: the graph is kept for a second backward; hooks: saved-tensor hooks; keep: the
+    norm output's gradient kept by a hook ("hook": that tensor itself; it must still be dy
+    after the backward) or as its .grad ("retain_grad", which torch stores as a copy)."""
+    torch.manual_seed(0)
+    lin1 = torch.nn.Linear(16, 32, device=device, dtype=dtype)
+    w = (1 + 0.1 * torch.randn(32, device=device)).to(weight_dtype or dtype).requires_grad_()
+    x = torch.randn(6, 16, device=device, dtype=dtype, requires_grad=True)
+    r = torch.randn(6, 32, device=device, dtype=dtype, requires_grad=True)
+    h = lin1(x)
+    seen = {}
+    h.register_hook(lambda g: seen.__setitem__("dx", g.data_ptr()))
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if hooks else torch.enable_grad():
+        if residual:
+            y, hh = bt.rms_norm(h, 32, w, 1e-6, convention="llama", residual=r)
+        else:
+            y = bt.rms_norm(h, 32, w, 1e-6, convention="llama")
+    y.register_hook(lambda g: seen.__setitem__("dy", g.data_ptr()))
+    lin2 = torch.nn.Linear(32, 24, device=device, dtype=y.dtype)  # (y: float32 for a float32 llama weight)
+    dout = torch.randn(6, 24, device=device, dtype=y.dtype)
+    kept_dy = []
+    if keep == "hook":
+        y.register_hook(kept_dy.append)
+    elif keep == "retain_grad":
+        y.retain_grad()
+    leaves = (x, r, w, lin1.weight) if residual else (x, w, lin1.weight)
+    if hold:
+        dy = torch.randn_like(y)
+        kept = dy.clone()
+        outs, seeds = ((y, hh), (dy, torch.ones_like(hh))) if residual else ((y,), (dy,))
+    else:
+        outs = (lin2(y), hh) if residual else (lin2(y),)
+        seeds = (dout, torch.ones_like(hh)) if residual else (dout,)
+    del h
+    grads = torch.autograd.grad(outs, leaves, seeds, retain_graph=retain)
+    reused = seen["dx"] == seen["dy"]
+    if retain:  # the graph's last backward (it may reuse dy now): the same gradients
+        again = torch.autograd.grad(outs, leaves, seeds)
+        assert all(torch.equal(a, b) for a, b in zip(grads, again))
+    if hold:
+        assert torch.equal(dy, kept)
+    if keep is not None:
+        grads = grads + ((kept_dy[0] if keep == "hook" else y.grad).clone(),)
+    return grads, reused
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("residual", [False, True], ids=["rms_norm", "add_rms_norm"])
+def test_backward_writes_dx_over_dy_only_when_no_one_else_sees_it(device, dtype, residual, request):
+    """Between two layers, dy (the next layer's input gradient) is the norm backward's alone:
+    dx is written over it, as Liger's RMSNorm backward does, and the gradients are the same
+    bits as with a fresh dx. Where anything else could read dy (the caller passed it, the
+    graph is kept, saved-tensor hooks, the output's .grad) a fresh dx is made."""
+    if device == "cuda":
+        request.getfixturevalue("reuse_grad_on_cuda")
+    plain, reused = _norm_step(device, dtype, residual)
+    assert reused
+    for kw in ({"retain": True}, {"hooks": True}, {"keep": "hook"}):
+        grads, reused = _norm_step(device, dtype, residual, **kw)
+        assert not reused, kw
+        assert all(torch.equal(a, b) for a, b in zip(grads, plain)), kw
+    _, reused = _norm_step(device, dtype, residual, hold=True)
+    assert not reused
+    # .grad is a copy of dy (torch's retain_grad): dx may go over dy, and .grad is still dy
+    grads, reused = _norm_step(device, dtype, residual, keep="retain_grad")
+    kept, _ = _norm_step(device, dtype, residual, keep="hook")
+    assert reused and all(torch.equal(a, b) for a, b in zip(grads, kept))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_backward_keeps_a_fresh_dx_for_a_dy_of_another_dtype(device, request):
+    """A float32 weight under the llama convention makes a bfloat16 x's output (and dy)
+    float32: dx (bfloat16) cannot go over it, and the gradients are the reference's."""
+    if device == "cuda":
+        request.getfixturevalue("reuse_grad_on_cuda")
+    grads, reused = _norm_step(device, torch.bfloat16, weight_dtype=torch.float32)
+    assert not reused
+    again, _ = _norm_step(device, torch.bfloat16, weight_dtype=torch.float32, retain=True)
+    assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+@requires_cuda
+def test_backward_on_cuda_keeps_a_fresh_dx_by_default():
+    """Until the CUDA path has run on a GPU, reuse_grad leaves CUDA gradients alone."""
+    _, reused = _norm_step("cuda", torch.float32)
+    assert not reused
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_in_place_backward_op(device, dtype):
+    """rms_norm_backward_ writes dx over dy: the same bits as rms_norm_backward."""
+    torch.manual_seed(3)
+    x, dy, dh = (randn((3, 5, 40), dtype, device) for _ in range(3))
+    w = randn((40,), dtype, device)
+    rstd = torch.rsqrt(x.to(torch.float64 if dtype == torch.float64 else torch.float32).pow(2).mean(-1) + 1e-6)
+    for conv, d in (("torch", None), ("llama", dh), ("gemma", None)):
+        dx, dw = ops.rms_norm_backward(dy, x, w, rstd, conv, d)
+        g = dy.clone()
+        dw2 = ops.rms_norm_backward_(g, x, w, rstd, conv, d)
+        assert torch.equal(g, dx) and torch.equal(dw2, dw), conv
+
+
 # ---- every element written, NaN/Inf, determinism ------------------------------------------
 
 

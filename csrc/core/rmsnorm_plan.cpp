@@ -13,6 +13,7 @@ constexpr const char* kFamily = "rms_norm";
 constexpr const char* kOp = "rms_norm";
 constexpr const char* kAddOp = "add_rms_norm";
 constexpr const char* kBackwardOp = "rms_norm_backward";
+constexpr const char* kBackwardInPlaceOp = "rms_norm_backward_";
 constexpr const char* kGatedOp = "gated_rms_norm";
 constexpr const char* kGatedBackwardOp = "gated_rms_norm_backward";
 constexpr const char* kGatedBackwardIntoOp = "gated_rms_norm_backward_into";
@@ -181,7 +182,10 @@ const char* op_name(const RmsNormDescriptor& d) {
 }
 
 const char* op_name(const RmsNormBackwardDescriptor& d) {
-  return d.has_dz_into ? kGatedBackwardIntoOp : d.gated.on ? kGatedBackwardOp : kBackwardOp;
+  return d.has_dz_into ? kGatedBackwardIntoOp
+         : d.gated.on  ? kGatedBackwardOp
+         : d.dx_over_dy ? kBackwardInPlaceOp
+                        : kBackwardOp;
 }
 
 // The largest power of two (<= 16) dividing `bytes` (16 for 0).
@@ -364,10 +368,20 @@ RmsNormBackwardPlan RmsNormBackwardPlan::select(const RmsNormBackwardDescriptor&
   if (d.has_weight) align = std::min(align, d.weight.alignment);
   if ((d.has_dz_into || d.recompute_output) && !d.gated.on)
     fail(PlanErrorKind::Internal, op, "dz and the recomputed output belong to the gated op");
+  if (d.dx_over_dy) {  // (dx is written over dy: each element read before it is written)
+    if (d.gated.on) fail(PlanErrorKind::Internal, op, "dx over dy belongs to the plain op");
+    if (d.dy.dtype != x.dtype)
+      fail(PlanErrorKind::UnsupportedDtype, op,
+           std::string("dy must have x's dtype (dx is written over it), got ") + element_name(d.dy.dtype) +
+               " and " + element_name(x.dtype));
+    if (!d.dy.is_contiguous())
+      fail(PlanErrorKind::InvalidProblem, op,
+           "dy must be contiguous (dx is written over it), got strides " + sizes_str(d.dy.strides.data(), d.dy.rank));
+  }
   l.dz_row_stride = d.has_dz_into ? plan_dz_into(d, op, align) : l.width();
   plan_variant(l, d.device, unit_inner || (l.cols <= 1 && l.ngroups <= 1), align, 3);
   plan_backward_grid(l, d.device.backend, op);
-  p.dx_ = rows_layout(x.dtype, x, false);
+  p.dx_ = d.dx_over_dy ? d.dy : rows_layout(x.dtype, x, false);
   p.dw_ = vector_layout(l.weight_element, d.has_weight, l.width());
   if (d.gated.on) {
     p.dz_ = d.has_dz_into    ? d.dz_into  // the kernels write through its row stride

@@ -396,6 +396,8 @@ struct RmsNormBackwardDescriptor {
   bool has_dz_into = false;
   TensorLayout dz_into;
   bool recompute_output = false;
+  // rms_norm_backward_: dx is written over dy (the plain op: dy contiguous, of x's dtype).
+  bool dx_over_dy = false;
   DeviceInfo device;
 };
 

@@ -10,6 +10,7 @@
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 
 namespace baracuda::torch_ops {
@@ -37,6 +38,11 @@ bool is_tensor_type(const c10::TypePtr& t) {
 }
 
 std::string key(const char* prefix, int index) { return prefix + std::to_string(index); }
+
+std::atomic<bool>& grad_reuse_on_cuda() {
+  static std::atomic<bool> enabled{false};
+  return enabled;
+}
 
 // reuse_saved's conditions on the call (see op_def.h): the graph is not kept (no later
 // backward reads the saved tensors) nor recorded, and no dispatch mode, functionalization
@@ -67,19 +73,34 @@ bool only_held(const Slot&, const at::Tensor& t, size_t held, long) {
   return t.use_count() == held;
 }
 
-// ... and on one saved tensor, `held` being the handles the backward itself holds: no one
-// else refers to its TensorImpl or its storage, it requires grad and is not a leaf (an
-// intermediate of the forward), it is contiguous (the derivative's output layout) on the
-// CPU or a CUDA device, and no subclass, fake, functional or torch.func wrapper tensor.
-bool may_overwrite(const at::Tensor& t, size_t held) {
-  if (!t.defined() || !t.requires_grad() || t.is_leaf() || !t.is_contiguous()) return false;
-  if (!(t.is_cpu() || t.is_cuda())) return false;
+// ... and on one tensor, `held` being the handles the backward itself holds: no one else
+// refers to its TensorImpl or its storage, it is contiguous (the derivative's output
+// layout), and no subclass, fake, functional or torch.func wrapper tensor.
+bool held_alone(const at::Tensor& t, size_t held) {
+  if (!t.defined() || !t.is_contiguous()) return false;
   if (t.key_set().has_any(c10::DispatchKeySet(
           {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::Functionalize,
            c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
            c10::DispatchKey::Conjugate, c10::DispatchKey::Negative})))
     return false;
   return only_held(*t.unsafeGetTensorImpl()->pyobj_slot(), t, held, 0) && t.storage().use_count() == 1;
+}
+
+// reuse_saved's saved tensor: held alone, on the CPU or a CUDA device, requires grad and
+// is not a leaf (an intermediate of the forward).
+bool may_overwrite(const at::Tensor& t, size_t held) {
+  return t.defined() && t.requires_grad() && !t.is_leaf() && (t.is_cpu() || t.is_cuda()) && held_alone(t, held);
+}
+
+// reuse_grad's incoming gradient g: held alone, with the dtype, sizes and device of `like`
+// (the derivative's output that goes over it), on the CPU or (reuse_grad_on_cuda) a CUDA
+// device.
+bool may_take_grad(const at::Tensor& g, const at::Tensor& like, size_t held) {
+  if (!g.defined() || !like.defined() || g.scalar_type() != like.scalar_type() || g.device() != like.device() ||
+      !g.sizes().equals(like.sizes()))
+    return false;
+  if (!(g.is_cpu() || (g.is_cuda() && grad_reuse_on_cuda().load()))) return false;
+  return held_alone(g, held);
 }
 
 using torch::autograd::AutogradContext;
@@ -96,9 +117,10 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
                                torch::jit::Stack args) {
     ctx->set_materialize_grads(false);
     ctx->saved_data["op"] = static_cast<int64_t>(e->id);
-    // reuse_saved: not with saved-tensor hooks (the tensors the backward unpacks are
-    // theirs), which are taken when the tensors are saved, here
-    if (!e->reuse.empty()) ctx->saved_data["reuse"] = at::SavedTensorDefaultHooks::get_tls_state().stack.empty();
+    // reuse_saved, reuse_grad: not with saved-tensor hooks (the tensors the backward
+    // unpacks are theirs), which are taken when the tensors are saved, here
+    if (!e->reuse.empty() || !e->reuse_grad.empty())
+      ctx->saved_data["reuse"] = at::SavedTensorDefaultHooks::get_tls_state().stack.empty();
     // The arguments that are edges: the tensor arguments given (not None), in order.
     std::vector<int64_t> edges;
     for (size_t i = 0; i < args.size(); ++i)
@@ -200,6 +222,15 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
         case GradSource::Kind::None: stack.emplace_back(); break;
       }
     }
+    // reuse_grad: the incoming gradient a derivative output would go over, held by the
+    // node's inputs (CppNode::apply's), `grads` and `stack` alone
+    int grad_over = -1;  // (its position in `stack`)
+    if (!e.reuse_grad.empty() && ctx->saved_data["reuse"].toBool() && may_reuse_now()) {
+      const auto [g, like] = e.reuse_grad_sources();
+      if (stack[g].isTensor() && stack[like].isTensor() &&
+          may_take_grad(stack[g].toTensor(), stack[like].toTensor(), 3))
+        grad_over = g;
+    }
     // reuse_saved: the saved tensors the gradients would go over, each held by its
     // SavedVariable, `saved` and `stack` alone
     std::vector<std::pair<int, size_t>> over;  // (derivative output, position in saved)
@@ -211,7 +242,14 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
           break;
         }
     }
-    if (over.empty()) {
+    if (grad_over >= 0) {
+      const at::Tensor g = stack[grad_over].toTensor();
+      e.reuse_grad_op().callBoxed(stack);  // (bumps g's version) -> the derivative's other outputs
+      torch::jit::Stack outs;
+      const int n = static_cast<int>(op.schema().returns().size());
+      for (int j = 0, k = 0; j < n; ++j) outs.push_back(j == e.reuse_grad_out ? c10::IValue(g) : stack[k++]);
+      stack = std::move(outs);
+    } else if (over.empty()) {
       op.callBoxed(stack);
     } else {
       e.reuse_op().callBoxed(stack);  // (bumps the overwritten tensors' versions)
@@ -295,6 +333,37 @@ const c10::OperatorHandle& OpEntry::reuse_op() const {
   return *reuse_op_;
 }
 
+const c10::OperatorHandle& OpEntry::reuse_grad_op() const {
+  std::call_once(reuse_grad_found_, [&] {
+    reuse_grad_op_ = c10::Dispatcher::singleton().findSchemaOrThrow(("baracuda::" + reuse_grad).c_str(), "");
+    const auto& d = derivative_op().schema();
+    const auto& r = reuse_grad_op_->schema();
+    const auto at = [&](const std::string& name) {
+      for (size_t i = 0; i < d.arguments().size(); ++i)
+        if (d.arguments()[i].name() == name) return static_cast<int>(i);
+      declaration_error(*this, "reuse_grad: " + derivative + " has no argument '" + name + "'");
+    };
+    const int over = at(reuse_grad_over), like = at(reuse_grad_like);
+    const c10::AliasInfo* written =
+        r.arguments().size() == d.arguments().size() ? r.arguments()[over].alias_info() : nullptr;
+    if (sources[over].kind != GradSource::Kind::Grad || written == nullptr || !written->isWrite() ||
+        r.returns().size() + 1 != d.returns().size() || reuse_grad_out < 0 ||
+        reuse_grad_out >= static_cast<int>(d.returns().size()))
+      declaration_error(*this, "reuse_grad: " + reuse_grad + " must take " + derivative + "'s arguments, '" +
+                                   reuse_grad_over + "' (a gradient) as Tensor(a!), and return its other outputs");
+    reuse_grad_sources_ = {over, like};
+  });
+  return *reuse_grad_op_;
+}
+
+std::pair<int, int> OpEntry::reuse_grad_sources() const {
+  reuse_grad_op();
+  return reuse_grad_sources_;
+}
+
+bool reuse_grad_on_cuda() { return grad_reuse_on_cuda().load(); }
+void set_reuse_grad_on_cuda(bool enabled) { grad_reuse_on_cuda().store(enabled); }
+
 int OpEntry::arg_index(const std::string& arg) const {
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i)
@@ -365,7 +434,19 @@ OpDef& OpDef::reuse_saved(const char* op, std::vector<std::pair<int, const char*
       declaration_error(e, std::string("reuse_saved: '") + arg_name + "' is not a saved tensor argument");
     e.reuse_over.emplace_back(out, src);
   }
+  if (!e.reuse_grad.empty()) declaration_error(e, "reuse_saved with reuse_grad: one or the other");
   e.reuse = op;
+  return *this;
+}
+
+OpDef& OpDef::reuse_grad(const char* op, int out, const char* over, const char* like) {
+  OpEntry& e = *entry_;
+  if (e.autograd != OpEntry::Autograd::Derivative) declaration_error(e, "reuse_grad before derivative");
+  if (!e.reuse.empty()) declaration_error(e, "reuse_grad with reuse_saved: one or the other");
+  e.reuse_grad = op;
+  e.reuse_grad_out = out;
+  e.reuse_grad_over = over;
+  e.reuse_grad_like = like;
   return *this;
 }
 

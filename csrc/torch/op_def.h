@@ -86,6 +86,12 @@ struct OpEntry {
   // saved tensor argument it writes over: (derivative output j, index in `sources`).
   std::string reuse;
   std::vector<std::pair<int, int>> reuse_over;
+  // OpDef::reuse_grad: the derivative's form that writes output reuse_grad_out over its
+  // argument named reuse_grad_over (an incoming gradient) when that gradient has the
+  // dtype and sizes of its argument named reuse_grad_like.
+  std::string reuse_grad;
+  int reuse_grad_out = -1;
+  std::string reuse_grad_over, reuse_grad_like;
 
   explicit OpEntry(c10::FunctionSchema s);
   int arg_index(const std::string& arg) const;  // Internal error naming the op if absent
@@ -94,11 +100,20 @@ struct OpEntry {
   // later fragment).
   const c10::OperatorHandle& derivative_op() const;
   const c10::OperatorHandle& reuse_op() const;
+  // reuse_grad's op, and the positions in `sources` of its `over` and `like` arguments.
+  const c10::OperatorHandle& reuse_grad_op() const;
+  std::pair<int, int> reuse_grad_sources() const;
 
  private:
-  mutable std::once_flag found_, reuse_found_;
-  mutable std::optional<c10::OperatorHandle> derivative_op_, reuse_op_;
+  mutable std::once_flag found_, reuse_found_, reuse_grad_found_;
+  mutable std::optional<c10::OperatorHandle> derivative_op_, reuse_op_, reuse_grad_op_;
+  mutable std::pair<int, int> reuse_grad_sources_{-1, -1};
 };
+
+// Tests only, until the CUDA path of reuse_grad has run on a GPU: whether it may write over
+// CUDA gradients (off by default).
+bool reuse_grad_on_cuda();
+void set_reuse_grad_on_cuda(bool enabled);
 
 // Every op declared through OpDef, in registration order; the one named `name` or null.
 const std::vector<const OpEntry*>& op_entries();
@@ -173,6 +188,16 @@ class OpDef {
   // nothing traces the call (no fake, functional or torch.func tensor, no dispatch mode);
   // else it calls the derivative. The values are the same either way.
   OpDef& reuse_saved(const char* op, std::vector<std::pair<int, const char*>> over);
+  // Memory, the same way for an incoming gradient: derivative output `out` may be written
+  // over the derivative's argument named `over` (a grad(k) source), as Liger-Kernel's
+  // RMSNorm backward writes dx over dy (always: there over the caller's dy too). `op` is the
+  // derivative's form that takes `over` as `Tensor(a!)` and returns the derivative's other
+  // outputs, in order. The backward takes it when that gradient has the dtype and sizes of
+  // the derivative's argument named `like`, is held by this node alone (not by the caller,
+  // another node, a hook, `.grad` or a view), is contiguous, on the CPU (CUDA: see
+  // reuse_grad_on_cuda) and nothing traces the call or keeps the graph; else it calls the
+  // derivative. The values are the same either way.
+  OpDef& reuse_grad(const char* op, int out, const char* over, const char* like);
   // Differentiating this op raises NotImplementedError(message) (name the forward op).
   OpDef& not_differentiable(std::string message);
   // An Autograd kernel written by hand (its torch.func rules too, in Python).

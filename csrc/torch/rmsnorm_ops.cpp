@@ -1,5 +1,6 @@
 // baracuda::rms_norm, baracuda::add_rms_norm (the residual add before it) and their
-// backward baracuda::rms_norm_backward, and the gated RMSNorm baracuda::gated_rms_norm and
+// backward baracuda::rms_norm_backward (and rms_norm_backward_, which writes dx over dy:
+// the autograd's reuse_grad), and the gated RMSNorm baracuda::gated_rms_norm and
 // its backward baracuda::gated_rms_norm_backward (and gated_rms_norm_backward_into, which
 // writes dz into the caller's tensor and can recompute y): CPU/CUDA kernels (tensor ->
 // plan -> run), meta kernels (shapes only), and the ops' declarations (torch/op_def.h).
@@ -18,6 +19,7 @@ namespace {
 constexpr const char* kOp = "rms_norm";
 constexpr const char* kAddOp = "add_rms_norm";
 constexpr const char* kBackwardOp = "rms_norm_backward";
+constexpr const char* kBackwardInPlaceOp = "rms_norm_backward_";
 constexpr const char* kGatedOp = "gated_rms_norm";
 constexpr const char* kGatedBackwardOp = "gated_rms_norm_backward";
 constexpr const char* kGatedBackwardIntoOp = "gated_rms_norm_backward_into";
@@ -49,24 +51,39 @@ RmsNormPlan forward_plan(const at::Tensor& x, const at::Tensor* residual, const 
   return RmsNormPlan::select(d, pref);
 }
 
+// rms_norm_backward_: dy shares no storage with the other tensors (dx is written over it).
+void check_dy_apart(const at::Tensor& dy, const at::Tensor& x, const at::Tensor* weight, const at::Tensor& rstd,
+                    const at::Tensor* dh) {
+  for (const auto& [t, name] : {std::pair{&x, "x"}, std::pair{weight, "weight"}, std::pair{&rstd, "rstd"},
+                                std::pair{dh, "dh"}})
+    if (t && dy.is_alias_of(*t))
+      fail(PlanErrorKind::InvalidProblem, kBackwardInPlaceOp,
+           std::string("dy and ") + name + " must not share a storage (dx is written over dy)");
+}
+
+// dx_over_dy: rms_norm_backward_ (dx written over dy).
 RmsNormBackwardPlan backward_plan(const at::Tensor& dy, const at::Tensor& x,
                                   const at::Tensor* weight, const at::Tensor& rstd,
                                   c10::string_view convention, const at::Tensor* dh,
-                                  PlanPreference pref) {
+                                  PlanPreference pref, bool dx_over_dy = false) {
+  const char* op = dx_over_dy ? kBackwardInPlaceOp : kBackwardOp;
   const at::Tensor none;
-  check_same_device(kBackwardOp, {{"dy", &dy}, {"x", &x}, {"weight", weight ? weight : &none},
-                                  {"rstd", &rstd}, {"dh", dh ? dh : &none}});
+  check_same_device(op, {{"dy", &dy}, {"x", &x}, {"weight", weight ? weight : &none},
+                         {"rstd", &rstd}, {"dh", dh ? dh : &none}});
   RmsNormBackwardDescriptor d;
-  d.convention = parse_rms_norm_convention(std::string(convention), kBackwardOp);
-  d.dy = layout_of(dy, kBackwardOp, "dy");
-  d.x = layout_of(x, kBackwardOp, "x");
+  d.convention = parse_rms_norm_convention(std::string(convention), op);
+  d.dy = layout_of(dy, op, "dy");
+  d.x = layout_of(x, op, "x");
   d.has_weight = weight != nullptr;
-  if (weight) d.weight = layout_of(*weight, kBackwardOp, "weight");
-  d.rstd = layout_of(rstd, kBackwardOp, "rstd");
+  if (weight) d.weight = layout_of(*weight, op, "weight");
+  d.rstd = layout_of(rstd, op, "rstd");
   d.has_dh = dh != nullptr;
-  if (dh) d.dh = layout_of(*dh, kBackwardOp, "dh");
-  d.device = device_info(x, kBackwardOp);
-  return RmsNormBackwardPlan::select(d, pref);
+  if (dh) d.dh = layout_of(*dh, op, "dh");
+  d.dx_over_dy = dx_over_dy;
+  d.device = device_info(x, op);
+  auto plan = RmsNormBackwardPlan::select(d, pref);
+  if (dx_over_dy) check_dy_apart(dy, x, weight, rstd, dh);
+  return plan;
 }
 
 RmsNormGated gated_options(const at::Tensor* bias, const at::Tensor* z,
@@ -174,14 +191,16 @@ Tensors3 run_forward(const RmsNormPlan& plan, const char* op, const at::Tensor& 
 }
 
 // Runs a backward plan: (dx, dw, db, dz, y); db, dz and y undefined for
-// rms_norm_backward; dz: the caller's (gated_rms_norm_backward_into), or allocated.
+// rms_norm_backward; dz: the caller's (gated_rms_norm_backward_into), or allocated; dx:
+// dy itself (rms_norm_backward_, dx_over_dy), or allocated.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_backward(
     const RmsNormBackwardPlan& plan, const char* op, const at::Tensor& dy, const at::Tensor& x,
-    const at::Tensor& rstd, const Operands& o, bool gated, const at::Tensor* dz_into = nullptr) {
+    const at::Tensor& rstd, const Operands& o, bool gated, const at::Tensor* dz_into = nullptr,
+    bool dx_over_dy = false) {
   if (dz_into)
     check_no_shared_memory(op, "dz", *dz_into, {{"dy", &dy}, {"x", &x}, {"weight", o.weight}, {"bias", o.bias},
                                                 {"z", o.z}, {"rstd", &rstd}});
-  at::Tensor dx = allocate(plan.dx_layout(), x);
+  at::Tensor dx = dx_over_dy ? dy : allocate(plan.dx_layout(), x);
   at::Tensor dw = allocate(plan.dw_layout(), x);
   at::Tensor db = gated ? allocate(plan.db_layout(), x) : at::Tensor();
   at::Tensor dz = dz_into ? *dz_into : gated ? allocate(plan.dz_layout(), x) : at::Tensor();
@@ -240,6 +259,22 @@ Tensors2 rms_norm_backward_kernel(const at::Tensor& dy, const at::Tensor& x,
     o.dh = given(dh);
     auto [dx, dw, db, dz, y] = run_backward(plan, kBackwardOp, dy, x, rstd, o, false);
     return Tensors2(dx, dw);
+  });
+}
+
+// dx written over dy (the autograd's reuse_grad: see op_def.h) -> dw.
+at::Tensor rms_norm_backward_in_place_kernel(const at::Tensor& dy, const at::Tensor& x,
+                                             const OptTensor& weight, const at::Tensor& rstd,
+                                             c10::string_view convention, const OptTensor& dh) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const auto plan = backward_plan(dy, x, given(weight), rstd, convention, given(dh),
+                                    current_preference(), true);
+    Operands o;
+    o.weight = given(weight);
+    o.dh = given(dh);
+    auto [dx, dw, db, dz, y] = run_backward(plan, kBackwardInPlaceOp, dy, x, rstd, o, false, nullptr, true);
+    return dw;
   });
 }
 
@@ -337,31 +372,54 @@ Tensors3 add_rms_norm_meta(const at::Tensor& x, const at::Tensor& residual, cons
   return forward_meta(x, &residual, weight, eps, convention);
 }
 
-Tensors2 rms_norm_backward_meta(const at::Tensor& dy, const at::Tensor& x, const OptTensor& weight_opt,
-                                const at::Tensor& rstd, c10::string_view convention,
-                                const OptTensor& dh_opt) {
+// rms_norm_backward's checks on symbolic sizes (`op` names it in errors) -> (dx, dw);
+// dx_over_dy: rms_norm_backward_'s too (the plan's, in its order).
+Tensors2 backward_meta(const char* op, const at::Tensor& dy, const at::Tensor& x, const OptTensor& weight_opt,
+                       const at::Tensor& rstd, c10::string_view convention, const OptTensor& dh_opt,
+                       bool dx_over_dy) {
   return translate_errors([&] {
     const at::Tensor* weight = given(weight_opt);
     const at::Tensor* dh = given(dh_opt);
     const at::Tensor none;
-    check_same_device(kBackwardOp, {{"dy", &dy}, {"x", &x}, {"weight", weight ? weight : &none},
-                                    {"rstd", &rstd}, {"dh", dh ? dh : &none}});
-    const RmsNormConvention c = parse_rms_norm_convention(std::string(convention), kBackwardOp);
-    const SymOperand ds = sym_operand(&dy, kBackwardOp, "dy"), xs = sym_operand(&x, kBackwardOp, "x"),
-                     ws = sym_operand(weight, kBackwardOp, "weight"),
-                     rs = sym_operand(&rstd, kBackwardOp, "rstd"),
-                     hs = sym_operand(dh, kBackwardOp, "dh");
-    check_rms_norm_problem(kBackwardOp, "x", xs.dtype, xs.rank(), xs.sizes.data(), ws.dtype,
+    check_same_device(op, {{"dy", &dy}, {"x", &x}, {"weight", weight ? weight : &none},
+                           {"rstd", &rstd}, {"dh", dh ? dh : &none}});
+    const RmsNormConvention c = parse_rms_norm_convention(std::string(convention), op);
+    const SymOperand ds = sym_operand(&dy, op, "dy"), xs = sym_operand(&x, op, "x"),
+                     ws = sym_operand(weight, op, "weight"), rs = sym_operand(&rstd, op, "rstd"),
+                     hs = sym_operand(dh, op, "dh");
+    check_rms_norm_problem(op, "x", xs.dtype, xs.rank(), xs.sizes.data(), ws.dtype,
                            weight ? ws.rank() : -1, ws.sizes.data(), "dh", hs.dtype,
                            dh ? hs.rank() : -1, hs.sizes.data());
-    check_rms_norm_backward(kBackwardOp, xs.dtype, xs.rank(), xs.sizes.data(),
+    check_rms_norm_backward(op, xs.dtype, xs.rank(), xs.sizes.data(),
                             rms_norm_out_dtype(xs.dtype, weight != nullptr, ws.dtype, c), ds.dtype,
                             ds.rank(), ds.sizes.data(), rs.dtype, rs.rank(), rs.sizes.data());
+    if (dx_over_dy) {
+      if (ds.dtype != xs.dtype)
+        fail(PlanErrorKind::UnsupportedDtype, op,
+             std::string("dy must have x's dtype (dx is written over it), got ") + element_name(ds.dtype) +
+                 " and " + element_name(xs.dtype));
+      if (!dy.is_contiguous())
+        fail(PlanErrorKind::InvalidProblem, op,
+             "dy must be contiguous (dx is written over it), got strides " +
+                 sizes_str(dy.sym_strides().data(), static_cast<int>(dy.dim())));
+      check_dy_apart(dy, x, weight, rstd, dh);
+    }
     std::vector<c10::SymInt> dw_sizes{weight ? xs.sizes.back() : c10::SymInt(0)};
-    return Tensors2(at::empty_symint(xs.sizes, x.options()),
+    return Tensors2(dx_over_dy ? dy : at::empty_symint(xs.sizes, x.options()),
                     at::empty_symint(dw_sizes, x.options().dtype(scalar_type_of(
                                                    weight ? ws.dtype : xs.dtype))));
   });
+}
+
+Tensors2 rms_norm_backward_meta(const at::Tensor& dy, const at::Tensor& x, const OptTensor& weight,
+                                const at::Tensor& rstd, c10::string_view convention, const OptTensor& dh) {
+  return backward_meta(kBackwardOp, dy, x, weight, rstd, convention, dh, false);
+}
+
+at::Tensor rms_norm_backward_in_place_meta(const at::Tensor& dy, const at::Tensor& x, const OptTensor& weight,
+                                           const at::Tensor& rstd, c10::string_view convention,
+                                           const OptTensor& dh) {
+  return std::get<1>(backward_meta(kBackwardInPlaceOp, dy, x, weight, rstd, convention, dh, true));
 }
 
 // The gated op's checks on symbolic sizes (gated_forward_plan's and the plan's, in their
@@ -465,6 +523,13 @@ RmsNormBackwardPlan rms_norm_backward_plan(const at::Tensor& dy, const at::Tenso
                                            PlanPreference pref) {
   return backward_plan(dy, x, given(weight), rstd, convention, given(dh), pref);
 }
+
+RmsNormBackwardPlan rms_norm_backward_in_place_plan(const at::Tensor& dy, const at::Tensor& x,
+                                                    const OptTensor& weight, const at::Tensor& rstd,
+                                                    c10::string_view convention, const OptTensor& dh,
+                                                    PlanPreference pref) {
+  return backward_plan(dy, x, given(weight), rstd, convention, given(dh), pref, true);
+}
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(baracuda, m) {
@@ -478,6 +543,7 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .derivative("rms_norm_backward",
                   {grad(0), arg("x"), arg("weight"), output(1), arg("convention"), none()},
                   {{"x", 0}, {"weight", 1}})
+      .reuse_grad("rms_norm_backward_", 0, "dy", "x")
       .vmap_rows({"x"});
   // h = x + residual, normalized: -> (y, h, rstd). The backward normalizes h, and h's own
   // gradient (its later uses in the residual stream) joins dx: dresidual = dx.
@@ -490,6 +556,7 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .derivative("rms_norm_backward",
                   {grad(0), output(1), arg("weight"), output(2), arg("convention"), grad(1)},
                   {{"x", 0}, {"residual", 0}, {"weight", 1}})
+      .reuse_grad("rms_norm_backward_", 0, "dy", "x")
       .vmap_rows({"x", "residual"});
   // -> (dx (+ dh), dw); dw is an empty tensor without a weight. vmap runs it once per
   // sample (dw sums over the rows).
@@ -501,6 +568,16 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .explain(&rms_norm_backward_plan)
       .not_differentiable("baracuda::rms_norm: double backward (the second derivative) is not "
                           "implemented");
+  // rms_norm_backward with dx written over dy (contiguous, x's dtype; sharing no memory with
+  // the other arguments) -> dw: what the autograd calls where nothing else can see dy
+  // (OpDef::reuse_grad).
+  OpDef(m,
+        "rms_norm_backward_(Tensor(a!) dy, Tensor x, Tensor? weight, Tensor rstd, "
+        "str convention=\"torch\", Tensor? dh=None) -> Tensor")
+      .kernel(&rms_norm_backward_in_place_kernel)
+      .meta(&rms_norm_backward_in_place_meta)
+      .explain(&rms_norm_backward_in_place_plan)
+      .not_differentiable("baracuda::rms_norm_backward_ is a backward (not differentiable)");
   // The gated RMSNorm of a Mamba-2 layer (mamba_ssm's rmsnorm_fn: its arguments, order and
   // defaults): -> (y, rstd); rstd [x.shape[:-1], ngroups] float32 (float64 for float64 x),
   // saved for the backward with x, weight, bias and z (no Σx² or output recomputed).
