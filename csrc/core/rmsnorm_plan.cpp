@@ -370,13 +370,7 @@ RmsNormBackwardPlan RmsNormBackwardPlan::select(const RmsNormBackwardDescriptor&
     fail(PlanErrorKind::Internal, op, "dz and the recomputed output belong to the gated op");
   if (d.dx_over_dy) {  // (dx is written over dy: each element read before it is written)
     if (d.gated.on) fail(PlanErrorKind::Internal, op, "dx over dy belongs to the plain op");
-    if (d.dy.dtype != x.dtype)
-      fail(PlanErrorKind::UnsupportedDtype, op,
-           std::string("dy must have x's dtype (dx is written over it), got ") + element_name(d.dy.dtype) +
-               " and " + element_name(x.dtype));
-    if (!d.dy.is_contiguous())
-      fail(PlanErrorKind::InvalidProblem, op,
-           "dy must be contiguous (dx is written over it), got strides " + sizes_str(d.dy.strides.data(), d.dy.rank));
+    check_rms_norm_dy_overwritable(op, x.dtype, d.dy.dtype, d.dy.is_contiguous(), d.dy.strides.data(), d.dy.rank);
   }
   l.dz_row_stride = d.has_dz_into ? plan_dz_into(d, op, align) : l.width();
   plan_variant(l, d.device, unit_inner || (l.cols <= 1 && l.ngroups <= 1), align, 3);

@@ -313,6 +313,20 @@ void check_rms_norm_backward(const std::string& op, ElementKind x_dtype, int ran
              element_name(x_dtype) + " x, got " + element_name(rstd_dtype));
 }
 
+// rms_norm_backward_ (after check_rms_norm_backward): dx is written over dy, so dy has x's
+// dtype and is contiguous (dx's layout).
+template <class Int>
+void check_rms_norm_dy_overwritable(const std::string& op, ElementKind x_dtype, ElementKind dy_dtype,
+                                    bool contiguous, const Int* dy_strides, int rank) {
+  if (dy_dtype != x_dtype)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("dy must have x's dtype (dx is written over it), got ") + element_name(dy_dtype) + " and " +
+             element_name(x_dtype));
+  if (!contiguous)
+    fail(PlanErrorKind::InvalidProblem, op,
+         "dy must be contiguous (dx is written over it), got strides " + sizes_str(dy_strides, rank));
+}
+
 // gated_rms_norm_backward_into's dz: x's sizes and dtype.
 template <class Int>
 void check_dz_into_problem(const std::string& op, ElementKind x_dtype, int rank, const Int* sizes,

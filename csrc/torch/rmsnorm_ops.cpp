@@ -247,35 +247,33 @@ Tensors3 add_rms_norm_kernel(const at::Tensor& x, const at::Tensor& residual,
   return plain_forward(x, &residual, weight, eps, convention);
 }
 
-Tensors2 rms_norm_backward_kernel(const at::Tensor& dy, const at::Tensor& x,
-                                  const OptTensor& weight, const at::Tensor& rstd,
-                                  c10::string_view convention, const OptTensor& dh) {
+// (dx, dw); dx_over_dy: rms_norm_backward_'s (dx is dy).
+Tensors2 plain_backward(const at::Tensor& dy, const at::Tensor& x, const OptTensor& weight, const at::Tensor& rstd,
+                        c10::string_view convention, const OptTensor& dh, bool dx_over_dy) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
-    const auto plan = backward_plan(dy, x, given(weight), rstd, convention, given(dh),
-                                    current_preference());
+    const auto plan = backward_plan(dy, x, given(weight), rstd, convention, given(dh), current_preference(),
+                                    dx_over_dy);
     Operands o;
     o.weight = given(weight);
     o.dh = given(dh);
-    auto [dx, dw, db, dz, y] = run_backward(plan, kBackwardOp, dy, x, rstd, o, false);
+    auto [dx, dw, db, dz, y] = run_backward(plan, dx_over_dy ? kBackwardInPlaceOp : kBackwardOp, dy, x, rstd, o,
+                                            false, nullptr, dx_over_dy);
     return Tensors2(dx, dw);
   });
+}
+
+Tensors2 rms_norm_backward_kernel(const at::Tensor& dy, const at::Tensor& x,
+                                  const OptTensor& weight, const at::Tensor& rstd,
+                                  c10::string_view convention, const OptTensor& dh) {
+  return plain_backward(dy, x, weight, rstd, convention, dh, false);
 }
 
 // dx written over dy (the autograd's reuse_grad: see op_def.h) -> dw.
 at::Tensor rms_norm_backward_in_place_kernel(const at::Tensor& dy, const at::Tensor& x,
                                              const OptTensor& weight, const at::Tensor& rstd,
                                              c10::string_view convention, const OptTensor& dh) {
-  return translate_errors([&] {
-    c10::DeviceGuard guard(x.device());
-    const auto plan = backward_plan(dy, x, given(weight), rstd, convention, given(dh),
-                                    current_preference(), true);
-    Operands o;
-    o.weight = given(weight);
-    o.dh = given(dh);
-    auto [dx, dw, db, dz, y] = run_backward(plan, kBackwardInPlaceOp, dy, x, rstd, o, false, nullptr, true);
-    return dw;
-  });
+  return std::get<1>(plain_backward(dy, x, weight, rstd, convention, dh, true));
 }
 
 Tensors2 gated_rms_norm_kernel(const at::Tensor& x, const at::Tensor& weight,
@@ -394,14 +392,8 @@ Tensors2 backward_meta(const char* op, const at::Tensor& dy, const at::Tensor& x
                             rms_norm_out_dtype(xs.dtype, weight != nullptr, ws.dtype, c), ds.dtype,
                             ds.rank(), ds.sizes.data(), rs.dtype, rs.rank(), rs.sizes.data());
     if (dx_over_dy) {
-      if (ds.dtype != xs.dtype)
-        fail(PlanErrorKind::UnsupportedDtype, op,
-             std::string("dy must have x's dtype (dx is written over it), got ") + element_name(ds.dtype) +
-                 " and " + element_name(xs.dtype));
-      if (!dy.is_contiguous())
-        fail(PlanErrorKind::InvalidProblem, op,
-             "dy must be contiguous (dx is written over it), got strides " +
-                 sizes_str(dy.sym_strides().data(), static_cast<int>(dy.dim())));
+      check_rms_norm_dy_overwritable(op, xs.dtype, ds.dtype, dy.is_contiguous(), dy.sym_strides().data(),
+                                     static_cast<int>(dy.dim()));
       check_dy_apart(dy, x, weight, rstd, dh);
     }
     std::vector<c10::SymInt> dw_sizes{weight ? xs.sizes.back() : c10::SymInt(0)};
