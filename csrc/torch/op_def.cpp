@@ -339,9 +339,9 @@ const c10::OperatorHandle& OpEntry::reuse_grad_op() const {
     const auto& d = derivative_op().schema();
     const auto& r = reuse_grad_op_->schema();
     const auto at = [&](const std::string& name) {
-      for (size_t i = 0; i < d.arguments().size(); ++i)
-        if (d.arguments()[i].name() == name) return static_cast<int>(i);
-      declaration_error(*this, "reuse_grad: " + derivative + " has no argument '" + name + "'");
+      const auto i = d.argumentIndexWithName(name);
+      if (!i) declaration_error(*this, "reuse_grad: " + derivative + " has no argument '" + name + "'");
+      return *i;
     };
     const int over = at(reuse_grad_over), like = at(reuse_grad_like);
     const c10::AliasInfo* written =
