@@ -24,9 +24,9 @@ print(sys.argv[1], "plan:", plan.name, plan.variant)
 
 
 def kernel_us(fn):
-    """µs of kernels a call (torch.profiler over 20 calls), and the kernels' names."""
+    """µs of kernels a call (torch.profiler over 20 calls), and each kernel's (name, µs)."""
     rows = kernel_breakdown(fn, "cuda", iters=20)
-    return sum(r[1] for r in rows), sorted({r[0][:40] for r in rows})
+    return sum(r[1] for r in rows), [(r[0], r[1]) for r in rows]
 
 
 def short_name(kernel):
@@ -35,21 +35,18 @@ def short_name(kernel):
     return re.sub(r"^void |<.*$|\(.*$", "", name).split("::")[-1]
 
 
-def kernel_rows(fn):
-    """Each kernel's µs a call (torch.profiler over 20 calls)."""
-    return ", ".join(f"{short_name(r[0])} {r[1]:.1f}" for r in kernel_breakdown(fn, "cuda", iters=20))
-
 ours = lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True)  # noqa: E731
-res = {"rms bwd": time_us(ours)[0], "its kernels": kernel_us(ours)[0]}
-print(sys.argv[1], "our kernels:", kernel_rows(ours))
+ours_us, ours_kernels = kernel_us(ours)
+res = {"rms bwd": time_us(ours)[0], "its kernels": ours_us}
+print(sys.argv[1], "our kernels:", ", ".join(f"{short_name(k)} {us:.1f}" for k, us in ours_kernels))
 try:
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     yl = LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", True)
     liger = lambda: torch.autograd.grad(yl, (x, w), dy.clone(), retain_graph=True)  # noqa: E731
     res["liger bwd"] = time_us(liger)[0]
     res["clone (in liger's)"] = time_us(lambda: dy.clone())[0]
-    res["liger's kernels, clone included"], names = kernel_us(liger)
-    print("liger kernels:", ", ".join(names))
+    res["liger's kernels, clone included"], kernels = kernel_us(liger)
+    print("liger kernels:", ", ".join(sorted({k[:40] for k, _ in kernels})))
 except ImportError as e:
     res["liger"] = float("nan")
     print("no Liger:", e)
