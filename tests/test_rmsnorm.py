@@ -202,14 +202,6 @@ def test_residual_is_the_decoder_layers_add(device):
 # ---- dx written over an incoming dy that no one else holds (OpDef::reuse_grad) ------------
 
 
-@pytest.fixture
-def reuse_grad_on_cuda():
-    """The CUDA path of reuse_grad (off by default until it has run on a GPU), on for the test."""
-    previous = bt._C._reuse_grad_cuda(True)
-    yield
-    bt._C._reuse_grad_cuda(previous)
-
-
 def _norm_step(device, dtype, residual=False, hold=False, retain=False, hooks=False, keep=None,
                weight_dtype=None):
     """A decoder block's norm between two Linear layers (dy comes from the second one's
@@ -264,13 +256,11 @@ def _norm_step(device, dtype, residual=False, hold=False, retain=False, hooks=Fa
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("residual", [False, True], ids=["rms_norm", "add_rms_norm"])
-def test_backward_writes_dx_over_dy_only_when_no_one_else_sees_it(device, dtype, residual, request):
+def test_backward_writes_dx_over_dy_only_when_no_one_else_sees_it(device, dtype, residual):
     """Between two layers, dy (the next layer's input gradient) is the norm backward's alone:
     dx is written over it, as Liger's RMSNorm backward does, and the gradients are the same
     bits as with a fresh dx. Where anything else could read dy (the caller passed it, the
     graph is kept, saved-tensor hooks, the output's .grad) a fresh dx is made."""
-    if device == "cuda":
-        request.getfixturevalue("reuse_grad_on_cuda")
     plain, reused = _norm_step(device, dtype, residual)
     assert reused
     for kw in ({"retain": True}, {"hooks": True}, {"keep": "hook"}):
@@ -286,22 +276,13 @@ def test_backward_writes_dx_over_dy_only_when_no_one_else_sees_it(device, dtype,
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
-def test_backward_keeps_a_fresh_dx_for_a_dy_of_another_dtype(device, request):
+def test_backward_keeps_a_fresh_dx_for_a_dy_of_another_dtype(device):
     """A float32 weight under the llama convention makes a bfloat16 x's output (and dy)
     float32: dx (bfloat16) cannot go over it, and the gradients are the reference's."""
-    if device == "cuda":
-        request.getfixturevalue("reuse_grad_on_cuda")
     grads, reused = _norm_step(device, torch.bfloat16, weight_dtype=torch.float32)
     assert not reused
     again, _ = _norm_step(device, torch.bfloat16, weight_dtype=torch.float32, retain=True)
     assert all(torch.equal(a, b) for a, b in zip(grads, again))
-
-
-@requires_cuda
-def test_backward_on_cuda_keeps_a_fresh_dx_by_default():
-    """Until the CUDA path has run on a GPU, reuse_grad leaves CUDA gradients alone."""
-    _, reused = _norm_step("cuda", torch.float32)
-    assert not reused
 
 
 @pytest.mark.parametrize("device", DEVICES)

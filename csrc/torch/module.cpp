@@ -124,14 +124,6 @@ PYBIND11_MODULE(_C, m) {
     if (!*previous) return std::string("staged");
     return std::string(previous_wgmma.value_or(false) ? "group_wgmma" : "group_mma");
   }, py::arg("name"));
-  // Tests only until its CUDA path has run on a GPU: whether the autograd may write a
-  // derivative's output over an incoming CUDA gradient (OpDef::reuse_grad: the RMSNorm
-  // backward's dx over dy); returns the previous setting.
-  m.def("_reuse_grad_cuda", [](bool enabled) {
-    const bool previous = torch_ops::reuse_grad_on_cuda();
-    torch_ops::set_reuse_grad_on_cuda(enabled);
-    return previous;
-  }, py::arg("enabled"));
   // Tests only: whether the build holds the architecture-specific kernels of compute
   // capability `arch` (sm_90a's wgmma kernels for 90).
   m.def("_arch_specific_kernels", [](int arch) {

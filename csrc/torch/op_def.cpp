@@ -10,7 +10,6 @@
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
 
 #include <algorithm>
-#include <atomic>
 #include <deque>
 
 namespace baracuda::torch_ops {
@@ -38,11 +37,6 @@ bool is_tensor_type(const c10::TypePtr& t) {
 }
 
 std::string key(const char* prefix, int index) { return prefix + std::to_string(index); }
-
-std::atomic<bool>& grad_reuse_on_cuda() {
-  static std::atomic<bool> enabled{false};
-  return enabled;
-}
 
 // reuse_saved's conditions on the call (see op_def.h): the graph is not kept (no later
 // backward reads the saved tensors) nor recorded, and no dispatch mode, functionalization
@@ -93,13 +87,12 @@ bool may_overwrite(const at::Tensor& t, size_t held) {
 }
 
 // reuse_grad's incoming gradient g: held alone, with the dtype, sizes and device of `like`
-// (the derivative's output that goes over it), on the CPU or (reuse_grad_on_cuda) a CUDA
-// device.
+// (the derivative's output that goes over it), on the CPU or a CUDA device.
 bool may_take_grad(const at::Tensor& g, const at::Tensor& like, size_t held) {
   if (!g.defined() || !like.defined() || g.scalar_type() != like.scalar_type() || g.device() != like.device() ||
       !g.sizes().equals(like.sizes()))
     return false;
-  if (!(g.is_cpu() || (g.is_cuda() && grad_reuse_on_cuda().load()))) return false;
+  if (!(g.is_cpu() || g.is_cuda())) return false;
   return held_alone(g, held);
 }
 
@@ -360,9 +353,6 @@ std::pair<int, int> OpEntry::reuse_grad_sources() const {
   reuse_grad_op();
   return reuse_grad_sources_;
 }
-
-bool reuse_grad_on_cuda() { return grad_reuse_on_cuda().load(); }
-void set_reuse_grad_on_cuda(bool enabled) { grad_reuse_on_cuda().store(enabled); }
 
 int OpEntry::arg_index(const std::string& arg) const {
   const auto& args = schema.arguments();

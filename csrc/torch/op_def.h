@@ -110,11 +110,6 @@ struct OpEntry {
   mutable std::pair<int, int> reuse_grad_sources_{-1, -1};
 };
 
-// Tests only, until the CUDA path of reuse_grad has run on a GPU: whether it may write over
-// CUDA gradients (off by default).
-bool reuse_grad_on_cuda();
-void set_reuse_grad_on_cuda(bool enabled);
-
 // Every op declared through OpDef, in registration order; the one named `name` or null.
 const std::vector<const OpEntry*>& op_entries();
 const OpEntry* find_op_entry(const std::string& name);
@@ -194,8 +189,8 @@ class OpDef {
   // derivative's form that takes `over` as `Tensor(a!)` and returns the derivative's other
   // outputs, in order. The backward takes it when that gradient has the dtype and sizes of
   // the derivative's argument named `like`, is held by this node alone (not by the caller,
-  // another node, a hook, `.grad` or a view), is contiguous, on the CPU (CUDA: see
-  // reuse_grad_on_cuda) and nothing traces the call or keeps the graph; else it calls the
+  // another node, a hook, `.grad` or a view), is contiguous, on the CPU or a CUDA
+  // device, and nothing traces the call or keeps the graph; else it calls the
   // derivative. The values are the same either way.
   OpDef& reuse_grad(const char* op, int out, const char* over, const char* like);
   // Differentiating this op raises NotImplementedError(message) (name the forward op).
