@@ -109,7 +109,8 @@ constexpr int64_t ssd_fused_smem_bytes(SsdCudaForward kernel, int64_t ns, bool s
 }
 // FusedMmaCb's C·Bᵀ table: per (batch, chunk, group), the causal 16 × 16 tiles (row tile
 // i, column tile j <= i; i·(i+1)/2 + j in order) of float32, each as the 32 lanes'
-// mma.sync accumulator fragments (8 floats a lane, lane-major).
+// mma.sync accumulator fragments: the first n8 tile's 4 floats of each lane (lane-major),
+// then the second's, so that a warp's 16-byte load of either is 512 contiguous bytes.
 constexpr int64_t ssd_fused_cb_tiles(int64_t chunk) {
   const int64_t t = (chunk + 15) / 16;
   return t * (t + 1) / 2;

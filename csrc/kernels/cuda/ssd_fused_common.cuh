@@ -57,7 +57,7 @@ struct FusedParams {
   int* partial_ready;   // two halves: [pairs][nchunks][kFusedQ / 16], 1 once that row tile's partial is stored
   float* ring;          // [chains][2][kFusedP][split_cols]: the last two states handed over
   float* partial;       // two halves: [pairs][nchunks][kFusedQ / 16][kFusedP / 8][32 lanes][4] (C·H_cᵀ, half 1)
-  float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][32 lanes][8] (ssd_fused_cb_tiles)
+  float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][2][32 lanes][4] (ssd_fused_cb_tiles)
   int cb_tiles;
   const void* seq;      // seq_idx [B, L] (int32, or int64 with seq_i64), or null
   int64_t seq_s[2];

@@ -28,8 +28,11 @@
 // the head, so ssd_fused_cb_kernel computes its causal 16 × 16 tiles once per (batch,
 // chunk, group), with the same instructions in the same order as step 4 would (the same
 // bits), into a float32 table in the workspace, stored as the mma accumulator fragments of
-// each lane; step 4 then reads them (two 16-byte loads a lane and tile from L2, the next
-// tile's in flight while one is used) instead of multiplying. That removes C·Bᵀ from every
+// each lane (ssd_fused_cb_tiles: each of a tile's two 16-byte loads a lane reads 512
+// contiguous bytes a warp; with a lane's 8 floats together each load took half of every
+// sector it touched, and the table kernel and the N = 256 forward were 11.7 and 13 µs
+// slower on an H200); step 4 then reads them (from L2, the next tile's in flight while one
+// is used) instead of multiplying. That removes C·Bᵀ from every
 // head's block (about 40 % of its products at N = 128) and C's whole shared-memory tile:
 // once the chunk state is done, H_c goes where B was, and each warp copies the 16 C rows
 // of its next output tile into a [16][N] tile of its own there (C·H_cᵀ is all that still
@@ -140,7 +143,7 @@ __device__ __forceinline__ void cb_table_rows(const FusedParams& p) {
   for (int kk = 0; kk < kNT; ++kk)
     ssd_ldsm_x4(cf[kk], sC + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + kk * 16 + (lane >> 4) * 8);
   float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * groups + grp) * p.cb_tiles * 256 +
-               (mtile * (mtile + 1) / 2) * 256 + lane * 8;
+               (mtile * (mtile + 1) / 2) * 256 + lane * 4;
   for (int st = 0; st <= mtile; ++st) {
     float cb[2][4] = {};
 #pragma unroll
@@ -151,7 +154,7 @@ __device__ __forceinline__ void cb_table_rows(const FusedParams& p) {
       ssd_mma16816<T>(cb[1], cf[kk], bf[2], bf[3]);
     }
     *reinterpret_cast<float4*>(out + st * 256) = make_float4(cb[0][0], cb[0][1], cb[0][2], cb[0][3]);
-    *reinterpret_cast<float4*>(out + st * 256 + 4) = make_float4(cb[1][0], cb[1][1], cb[1][2], cb[1][3]);
+    *reinterpret_cast<float4*>(out + st * 256 + 128) = make_float4(cb[1][0], cb[1][1], cb[1][2], cb[1][3]);
   }
 }
 
@@ -160,8 +163,12 @@ __device__ __forceinline__ void cb_table_rows(const FusedParams& p) {
 // in 4·tj .. 4·tj + 3, j <= i. C's and B's 64 rows come in 64-column steps of N through a
 // ring of three steps (55 KB, four blocks a multiprocessor), each tile's k-steps over N in
 // order (the same bits). At the shape above 100.4–101.2 µs (two steps, 37 KB, six blocks:
-// 104.0–105.2; 128-column steps or N whole in one step lost); at N = 128 (one step) 12.2
-// against the rows' 10.1: more blocks, each loading its C and B rows.
+// 104.0–105.2; 128-column steps or N whole in one step lost; 90.2 since the table's tiles
+// are stored as whole sectors); at N = 128 (one step) 12.2 against the rows' 10.1: more
+// blocks, each loading its C and B rows. Persistent blocks (as many as are resident, each
+// taking every grid-th unit with its ring running on across units) took 120.7 µs; a likely
+// reason is the pairs' uneven work (a diagonal pair has 10 tiles of 16), which blocks
+// scheduled as they finish balance and a fixed share does not (not profiled).
 constexpr int kCbPairs = (kFusedQ / 64) * (kFusedQ / 64 + 1) / 2;
 constexpr int kCbK = 64;           // N's columns a step
 constexpr int kCbStages = 3;       // steps in the ring
@@ -230,12 +237,12 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   }
   if (!live) return;
   float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * groups + grp) * p.cb_tiles * 256 +
-               (mtile * (mtile + 1) / 2 + tj * 4) * 256 + lane * 8;
+               (mtile * (mtile + 1) / 2 + tj * 4) * 256 + lane * 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     if (tj * 4 + j > mtile) continue;
     *reinterpret_cast<float4*>(out + j * 256) = make_float4(cb[j][0][0], cb[j][0][1], cb[j][0][2], cb[j][0][3]);
-    *reinterpret_cast<float4*>(out + j * 256 + 4) = make_float4(cb[j][1][0], cb[j][1][1], cb[j][1][2], cb[j][1][3]);
+    *reinterpret_cast<float4*>(out + j * 256 + 128) = make_float4(cb[j][1][0], cb[j][1][1], cb[j][1][2], cb[j][1][3]);
   }
 }
 
@@ -385,7 +392,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   // ---- 4. the output: warp w owns 16-row tiles w and 15 − w (equal causal work)
   const float* cb_chunk =
       CB ? p.cb + ((static_cast<int64_t>(tile.b) * p.nchunks + tile.c) * (p.heads / p.hpg) + tile.grp) *
-                      p.cb_tiles * 256 + lane * 8
+                      p.cb_tiles * 256 + lane * 4
          : nullptr;
   for (int pass = 0; pass < 2; ++pass) {
     const int mtile = pass == 0 ? warp : 2 * kFusedWarps - 1 - warp;
@@ -508,7 +515,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
       auto fetch = [&](float (&v)[2][4], int st) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
-          *reinterpret_cast<float4*>(v[nt]) = __ldg(reinterpret_cast<const float4*>(row + st * 256 + nt * 4));
+          *reinterpret_cast<float4*>(v[nt]) = __ldg(reinterpret_cast<const float4*>(row + st * 256 + nt * 128));
       };
       float cur[2][4], nxt[2][4];
       fetch(cur, 0);
