@@ -21,8 +21,9 @@ Each provider's output, input gradient and parameter gradients are compared with
 stock model's (max |Δ| / max |stock|; a relative L2 difference of the output above
 ``--rtol`` is flagged in the note). Times: median (p20–p80) of ``--iters`` steps after
 ``--warmup`` (CUDA events, ``harness.time_steps``) of the forward alone (autograd
-recording, as in training) and of the step (forward, then ``torch.autograd.grad`` of
-the input and every parameter for a random output gradient); peak memory is one step's
+recording, as in training) and of the step (forward, the loss ``(output * dy).sum()``
+for a random dy, then ``torch.autograd.grad`` of the input and every parameter:
+``layers.py``); peak memory is one step's
 ``torch.cuda.max_memory_allocated`` above what was allocated before it (weights and
 inputs), i.e. activations, gradients and workspaces. ``--profile`` adds the kernels of
 one step (torch.profiler), bucketed into GEMMs, attention and the rest.

@@ -26,8 +26,8 @@ Each provider's output, input gradient and parameter gradients are compared with
 first provider that ran (max |Δ| / max |reference|; a relative L2 difference of the
 output above ``--rtol`` is flagged in the note). Times: median (p20–p80) of ``--iters``
 steps after ``--warmup`` (CUDA events, ``harness.time_steps``) of the forward alone
-(autograd recording) and of the step (forward, then ``torch.autograd.grad`` of the
-input and every parameter); peak memory is one step's ``max_memory_allocated`` above
+(autograd recording) and of the step (forward, the loss ``(output * dy).sum()``, then
+``torch.autograd.grad`` of the input and every parameter: ``layers.py``); peak memory is one step's ``max_memory_allocated`` above
 what was allocated before it. The per-kernel breakdown (torch.profiler, on by default;
 ``--no-profile``) buckets one step's kernel time into the SSD scan (ours: names with
 ``ssd``; mamba_ssm: ``_chunk_scan``, ``_chunk_state``, ``_state_passing``,

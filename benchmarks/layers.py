@@ -3,10 +3,9 @@
 on the same input and output gradient.
 
 For each provider, in order: build its model (its ``context`` open around everything it
-runs, for patches that live in module globals), one training step (forward, then the
-gradients of the input and every parameter through ``torch.autograd.grad``, for a fresh
-copy of the output gradient) whose wall
-time is reported as the first step (compilation, autotuning), its output and gradients
+runs, for patches that live in module globals), one training step (forward, the loss
+``(output * dy).sum()``, then the gradients of the input and every parameter through
+``torch.autograd.grad``) whose wall time is reported as the first step (compilation, autotuning), its output and gradients
 compared with the first provider that ran (the reference), then the timings
 (:func:`harness.time_steps`: the forward alone, with autograd recording as in training,
 and the whole step), one step's peak memory, and with ``profile`` the kernel breakdown
@@ -58,12 +57,13 @@ def _param_name(name: str) -> str:
 
 
 def _grads(model, call, x, dy):
-    """One training step: (output, {"x": dx, parameter name: gradient}). The output
-    gradient is a fresh copy each time (one copy per step, for every provider alike):
-    Liger's RMSNorm backward writes its input gradient into dy's storage."""
+    """One training step: (output, {"x": dx, parameter name: gradient}). It ends in a loss,
+    ``(output * dy).sum()``, as a model's step does: the output's gradient (equal to dy) is
+    the autograd engine's own, which no one else holds (a backward may write over it: Liger's
+    RMSNorm does, and so does ours where nothing else can read it), and dy stays as it is."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     out = call(model, x)
-    g = torch.autograd.grad(out, [x] + [p for _, p in named], dy.clone())
+    g = torch.autograd.grad((out * dy).sum(), [x] + [p for _, p in named])
     return out.detach(), dict(zip(["x"] + [_param_name(n) for n, _ in named], g))
 
 
