@@ -203,6 +203,12 @@ def test_strided_inputs(kind, kernel):
     assert bt.explain("ssd_chunk_scan", xs, dt, A, Bs, Cs, chunk_size=Q).variant == kernel
     out = bt.ssd_chunk_scan(xs, dt, A, Bs, Cs, chunk_size=Q)
     assert torch.equal(out, dense)
+    # z through the epilogue's pair loads ("slice") or gathered ("inner_stride"), with D
+    z, D = torch.randn_like(x), torch.rand(H, device="cuda")
+    gated = mamba.mamba_chunk_scan_combined(x, dt, A, B, C, Q, D=D, z=z)
+    zs = _strided(z, kind)
+    assert not zs.is_contiguous()
+    assert torch.equal(mamba.mamba_chunk_scan_combined(xs, dt, A, Bs, Cs, Q, D=D, z=zs), gated)
 
 
 @requires_cuda
