@@ -27,12 +27,12 @@ first provider that ran (max |Δ| / max |reference|; a relative L2 difference of
 output above ``--rtol`` is flagged in the note). Times: median (p20–p80) of ``--iters``
 steps after ``--warmup`` (CUDA events, ``harness.time_steps``) of the forward alone
 (autograd recording) and of the step (forward, the loss ``(output * dy).sum()``, then
-``torch.autograd.grad`` of the input and every parameter: ``layers.py``); peak memory is one step's ``max_memory_allocated`` above
-what was allocated before it. The per-kernel breakdown (torch.profiler, on by default;
-``--no-profile``) buckets one step's kernel time into the SSD scan (ours: names with
-``ssd``; mamba_ssm: ``_chunk_scan``, ``_chunk_state``, ``_state_passing``,
-``_bmm_chunk``, ``_chunk_cumsum``), the causal conv1d (names with ``conv``), GEMMs and
-the rest.
+``torch.autograd.grad`` of the input and every parameter: ``layers.py``); peak memory
+is one step's ``max_memory_allocated`` above what was allocated before it. The
+per-kernel breakdown (torch.profiler, on by default; ``--no-profile``) buckets one
+step's kernel time into the SSD scan (ours: names with ``ssd``; mamba_ssm:
+``_chunk_scan``, ``_chunk_state``, ``_state_passing``, ``_bmm_chunk``,
+``_chunk_cumsum``), the causal conv1d (names with ``conv``), GEMMs and the rest.
 
   PYTHONPATH=$PWD python benchmarks/bench_mamba2_layer.py [--shapes 2.7b,small] [--csv out.csv]
   PYTHONPATH=$PWD python benchmarks/bench_mamba2_layer.py --device cpu --tiny   # smoke test

@@ -5,12 +5,12 @@ on the same input and output gradient.
 For each provider, in order: build its model (its ``context`` open around everything it
 runs, for patches that live in module globals), one training step (forward, the loss
 ``(output * dy).sum()``, then the gradients of the input and every parameter through
-``torch.autograd.grad``) whose wall time is reported as the first step (compilation, autotuning), its output and gradients
-compared with the first provider that ran (the reference), then the timings
-(:func:`harness.time_steps`: the forward alone, with autograd recording as in training,
-and the whole step), one step's peak memory, and with ``profile`` the kernel breakdown
-of one step. A provider that fails is reported and the others still run; one that
-cannot run here is listed with the reason.
+``torch.autograd.grad``) whose wall time is reported as the first step (compilation,
+autotuning), its output and gradients compared with the first provider that ran (the
+reference), then the timings (:func:`harness.time_steps`: the forward alone, with
+autograd recording as in training, and the whole step), one step's peak memory, and with
+``profile`` the kernel breakdown of one step. A provider that fails is reported and
+the others still run; one that cannot run here is listed with the reason.
 """
 from __future__ import annotations
 

@@ -32,8 +32,8 @@
 // contiguous bytes a warp; with a lane's 8 floats together each load took half of every
 // sector it touched, and the table kernel and the N = 256 forward were 11.7 and 13 µs
 // slower on an H200); step 4 then reads them (from L2, the next tile's in flight while one
-// is used) instead of multiplying. That removes C·Bᵀ from every
-// head's block (about 40 % of its products at N = 128) and C's whole shared-memory tile:
+// is used) instead of multiplying. That removes C·Bᵀ from every head's block (about 40 %
+// of its products at N = 128) and C's whole shared-memory tile:
 // once the chunk state is done, H_c goes where B was, and each warp copies the 16 C rows
 // of its next output tile into a [16][N] tile of its own there (C·H_cᵀ is all that still
 // needs them). A block then takes 107 KB instead of 193 and two blocks share a
