@@ -18,7 +18,7 @@ namespace baracuda::kernels::cpu {
 namespace {
 using avx2::FVec;
 
-inline FVec vsigmoid(FVec b) { return FVec(1.0f) / (FVec(1.0f) + b.neg().exp()); }
+using avx2::sigmoid;
 inline FVec vnormal_cdf(FVec b) {
   return FVec(0.5f) * (FVec(1.0f) + (b * FVec(0.70710678118654752440f)).erf());
 }
@@ -29,16 +29,16 @@ inline FVec vnormal_pdf(FVec b) {
 template <GatedKind K>
 inline FVec vforward(FVec a, FVec b) {
   if constexpr (K == GatedKind::Glu) {
-    return a * vsigmoid(b);
+    return a * sigmoid(b);
   } else if constexpr (K == GatedKind::Reglu) {
     return a * at::vec::maximum(b, FVec(0.0f));  // maximum propagates NaN, as torch.relu
   } else if constexpr (K == GatedKind::Swiglu) {
-    return a * (b * vsigmoid(b));
+    return avx2::swiglu(a, b);
   } else if constexpr (K == GatedKind::Geglu) {
     return a * (b * vnormal_cdf(b));
   } else {
     const FVec two_u = FVec(float(2 * kGeluTanhK)) * (b + FVec(float(kGeluTanhC)) * b * b * b);
-    return a * (b * vsigmoid(two_u));
+    return a * (b * sigmoid(two_u));
   }
 }
 
@@ -46,16 +46,14 @@ template <GatedKind K>
 inline void vbackward(FVec dy, FVec a, FVec b, FVec& da, FVec& db) {
   const FVec one(1.0f), zero(0.0f);
   if constexpr (K == GatedKind::Glu) {
-    const FVec s = vsigmoid(b);
+    const FVec s = sigmoid(b);
     da = dy * s;
     db = dy * a * s * (one - s);
   } else if constexpr (K == GatedKind::Reglu) {
     da = dy * at::vec::maximum(b, zero);
     db = FVec::blendv(zero, dy * a, b > zero);
   } else if constexpr (K == GatedKind::Swiglu) {
-    const FVec s = vsigmoid(b);
-    da = dy * (b * s);
-    db = dy * a * (s * (one + b * (one - s)));
+    avx2::swiglu_backward(dy, a, b, da, db);
   } else if constexpr (K == GatedKind::Geglu) {
     const FVec cdf = vnormal_cdf(b);
     da = dy * (b * cdf);
@@ -63,7 +61,7 @@ inline void vbackward(FVec dy, FVec a, FVec b, FVec& da, FVec& db) {
   } else {
     const FVec b2 = b * b;
     const FVec s =
-        vsigmoid(FVec(float(2 * kGeluTanhK)) * (b + FVec(float(kGeluTanhC)) * b2 * b));
+        sigmoid(FVec(float(2 * kGeluTanhK)) * (b + FVec(float(kGeluTanhC)) * b2 * b));
     da = dy * (b * s);
     const FVec du = FVec(float(kGeluTanhK)) * (one + FVec(float(3 * kGeluTanhC)) * b2);
     db = dy * a * (s + FVec(2.0f) * b * s * (one - s) * du);

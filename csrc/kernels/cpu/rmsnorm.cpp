@@ -1,7 +1,7 @@
 // CPU RMSNorm kernels, forward and backward: the AVX2 kernels of rmsnorm_avx2.cpp for the
-// rows layout of float32/float16/bfloat16 x in the plain ops on processors with AVX2;
-// otherwise (the gated op always) these scalar loops over any strides and every dtype
-// (float32 math, float64 for float64). Parallel over row groups; the backward's dw (db)
+// rows layout of float32/float16/bfloat16 x (the plain and the gated ops) on processors
+// with AVX2; otherwise these scalar loops over any strides and every dtype (float32 math,
+// float64 for float64). Parallel over row groups; the backward's dw (db)
 // is summed per fixed block of rows into the workspace, then over the blocks in order
 // (the same bits whatever the thread count).
 #include <cmath>

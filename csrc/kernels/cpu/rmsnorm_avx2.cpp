@@ -2,8 +2,10 @@
 // and bfloat16 x: 16 elements a step in two float32 registers (vec_avx2_util.h), the
 // weight and the output in their own dtypes (x's or float32). The formulas are
 // rmsnorm_math.h's, term for term; the row sums add a step's lanes into two registers
-// and flush them into a float total every 64 steps (a fixed order). Other layouts,
-// float64 and the gated op take the scalar kernels of rmsnorm.cpp.
+// and flush them into a float total every 64 steps (a fixed order). The gated op (z, its
+// gate before or after the norm, a bias, row groups) the same way, its SwiGLU gate on
+// registers (vec_avx2_util.h: exp is Sleef's where the scalar kernels call std::exp).
+// Other layouts and float64 take the scalar kernels of rmsnorm.cpp.
 #include <cmath>
 
 #include "kernels/cpu/rmsnorm_rows.h"
@@ -59,17 +61,31 @@ template <typename T, typename W, typename O>
 void forward(const RmsNormLaunch& l) {
   const T* x = static_cast<const T*>(l.x);
   const T* res = static_cast<const T*>(l.residual);
+  const T* z = static_cast<const T*>(l.z);
   const W* w = static_cast<const W*>(l.weight);
+  const W* b = static_cast<const W*>(l.bias);
   O* y = static_cast<O*>(l.y);
   T* h = static_cast<T*>(l.h);
   float* rstd_out = static_cast<float*>(l.rstd);
   const int64_t cols = l.cols;
-  for_each_row(l, 2, [&](int64_t row, const int64_t* off) {
-    const T* xr = x + off[kRmsX];
+  const RmsNormGate gate = l.gate;
+  for_each_row_group(l, 2, [&](int64_t row, int64_t g, const int64_t* off) {
+    const int64_t rg = row * l.ngroups + g, c0 = g * cols;  // row group, its first column
+    const T* xr = x + off[kRmsX] + c0;
+    const T* zr = z ? z + off[kRmsZ] + c0 : nullptr;  // (the residual's slot: no op has both)
     T* hr = l.has_residual ? h + row * cols : nullptr;
+    // h: x, or x·silu(z) with the gate before the norm
+    const auto load_h = [&](int64_t i, int64_t count, FVec* v) {
+      avx2::load(xr + i, count, v);
+      if (gate == RmsNormGate::Before) {
+        FVec zv[2];
+        avx2::load(zr + i, count, zv);
+        for (int k = 0; k < 2; ++k) v[k] = avx2::swiglu(v[k], zv[k]);
+      }
+    };
     const float ss = row_sum<T>(cols, [&](int64_t i, int64_t count, FVec* acc) {
       FVec v[2];
-      avx2::load(xr + i, count, v);
+      load_h(i, count, v);
       if (hr) {
         FVec r[2];
         avx2::load(res + off[kRmsResidual] + i, count, r);
@@ -81,15 +97,27 @@ void forward(const RmsNormLaunch& l) {
       for (int k = 0; k < 2; ++k) acc[k] = at::vec::fmadd(v[k], v[k], acc[k]);
     });
     const float rstd = 1.0f / std::sqrt(ss * l.inv_cols + l.eps);
-    rstd_out[row] = rstd;
-    const T* src = hr ? hr : xr;
-    O* yr = y + row * cols;
+    rstd_out[rg] = rstd;
+    O* yr = y + rg * cols;
     avx2::for_steps<T>(cols, [&](int64_t i, int64_t count) {
       FVec n[2], wv[2];
-      avx2::load(src + i, count, n);
-      if (w) avx2::load(w + i, count, wv);
+      if (hr)
+        avx2::load(hr + i, count, n);
+      else
+        load_h(i, count, n);
+      if (w) avx2::load(w + c0 + i, count, wv);
       for (int k = 0; k < 2; ++k) n[k] = n[k] * FVec(rstd);
       output<T>(l.convention, l.has_weight, n, wv);
+      if (b) {
+        FVec bv[2];
+        avx2::load(b + c0 + i, count, bv);
+        for (int k = 0; k < 2; ++k) n[k] = n[k] + bv[k];
+      }
+      if (gate == RmsNormGate::After) {
+        FVec zv[2];
+        avx2::load(zr + i, count, zv);
+        for (int k = 0; k < 2; ++k) n[k] = avx2::swiglu(n[k], zv[k]);
+      }
       avx2::store(yr + i, count, n);
     });
   });
@@ -100,52 +128,103 @@ void backward(const RmsNormLaunch& l) {
   const O* dy = static_cast<const O*>(l.dy);
   const T* x = static_cast<const T*>(l.x);
   const T* dh = static_cast<const T*>(l.dh);
+  const T* z = static_cast<const T*>(l.z);
   const W* w = static_cast<const W*>(l.weight);
+  const W* b = static_cast<const W*>(l.bias);
   const float* rstd_in = static_cast<const float*>(l.rstd_in);
   T* dx = static_cast<T*>(l.dx);
+  T* dz = static_cast<T*>(l.dz);
+  T* y = static_cast<T*>(l.y);  // the gated op's recomputed output, if asked
   const int64_t cols = l.cols;
   const RmsNormConvention conv = l.convention;
-  for_each_backward_row<float>(l, [&](int64_t row, int64_t, const int64_t* off, float* dw_part,
-                                      float*) {
-    const O* dyr = dy + off[kRmsDy];
-    const T* xr = x + off[kRmsBx];
-    const FVec rstd(rstd_in[off[kRmsRstd]]);
-    // dy, g = dy·s and n = x·rstd of one step.
-    const auto load = [&](int64_t i, int64_t count, FVec* d, FVec* g, FVec* n) {
-      FVec wv[2];
+  const RmsNormGate gate = l.gate;
+  for_each_backward_row<float>(l, [&](int64_t row, int64_t g, const int64_t* off, float* dw_part,
+                                      float* db_part) {
+    const int64_t rg = row * l.ngroups + g, c0 = g * cols;  // row group, its first column
+    const O* dyr = dy + off[kRmsDy] + c0;
+    const T* xr = x + off[kRmsBx] + c0;
+    const T* zr = z ? z + off[kRmsBz] + c0 : nullptr;  // (dh's slot: no op has both)
+    const FVec rstd(rstd_in[off[kRmsRstd] + g * l.col_stride[kRmsRstd]]);
+    // One step's z, x, n = h·rstd (h = x, or x·silu(z) with the gate before the norm),
+    // u = dy (or dy·silu(z) with the gate after it, then dz's share from the gate and the
+    // gated op's y before its gate, pre = n·w + b), and g = u·s.
+    const auto load = [&](int64_t i, int64_t count, FVec* zv, FVec* xv, FVec* n, FVec* u, FVec* gs,
+                          FVec* dzv, FVec* pre) {
+      FVec wv[2], d[2];
       avx2::load(dyr + i, count, d);
-      avx2::load(xr + i, count, n);
-      if (w) avx2::load(w + i, count, wv);
+      avx2::load(xr + i, count, xv);
+      if (w) avx2::load(w + c0 + i, count, wv);
+      if (zr) avx2::load(zr + i, count, zv);
       for (int k = 0; k < 2; ++k) {
-        n[k] = n[k] * rstd;
-        g[k] = !l.has_weight ? d[k]
-               : conv == RmsNormConvention::Gemma ? d[k] * (FVec(1.0f) + wv[k])
-                                                  : d[k] * wv[k];
+        n[k] = (gate == RmsNormGate::Before ? avx2::swiglu(xv[k], zv[k]) : xv[k]) * rstd;
+        u[k] = d[k];
       }
+      if (gate == RmsNormGate::After) {
+        FVec bv[2];
+        if (b) avx2::load(b + c0 + i, count, bv);
+        for (int k = 0; k < 2; ++k) {
+          pre[k] = n[k] * (w ? wv[k] : FVec(0.0f));
+          if (b) pre[k] = pre[k] + bv[k];
+          avx2::swiglu_backward(d[k], pre[k], zv[k], u[k], dzv[k]);
+        }
+      }
+      for (int k = 0; k < 2; ++k)
+        gs[k] = !l.has_weight ? u[k]
+                : conv == RmsNormConvention::Gemma ? u[k] * (FVec(1.0f) + wv[k])
+                                                   : u[k] * wv[k];
     };
     const float c = row_sum<T>(cols, [&](int64_t i, int64_t count, FVec* acc) {
-                      FVec d[2], g[2], n[2];
-                      load(i, count, d, g, n);
-                      for (int k = 0; k < 2; ++k) acc[k] = at::vec::fmadd(g[k], n[k], acc[k]);
+                      FVec zv[2], xv[2], n[2], u[2], gs[2], dzv[2], pre[2];
+                      load(i, count, zv, xv, n, u, gs, dzv, pre);
+                      for (int k = 0; k < 2; ++k) acc[k] = at::vec::fmadd(gs[k], n[k], acc[k]);
                     }) *
                     l.inv_cols;
-    T* dxr = dx + row * cols;
+    T* dxr = dx + rg * cols;
+    T* dzr = dz ? dz + row * l.dz_row_stride + c0 : nullptr;
+    T* yr = y ? y + rg * cols : nullptr;
     avx2::for_steps<T>(cols, [&](int64_t i, int64_t count) {
-      FVec d[2], g[2], n[2], out[2];
-      load(i, count, d, g, n);
-      for (int k = 0; k < 2; ++k) out[k] = rstd * (g[k] - n[k] * FVec(c));
+      FVec zv[2], xv[2], n[2], u[2], gs[2], dzv[2], pre[2], out[2];
+      load(i, count, zv, xv, n, u, gs, dzv, pre);
+      for (int k = 0; k < 2; ++k) out[k] = rstd * (gs[k] - n[k] * FVec(c));
       if (dh) {
         FVec e[2];
         avx2::load(dh + off[kRmsDh] + i, count, e);
         for (int k = 0; k < 2; ++k) out[k] = out[k] + e[k];
       }
+      if (yr) {  // (the gated op's y before or after its gate)
+        if (gate == RmsNormGate::After) {
+          for (int k = 0; k < 2; ++k) pre[k] = avx2::swiglu(pre[k], zv[k]);
+        } else {
+          FVec wv[2], bv[2];
+          if (w) avx2::load(w + c0 + i, count, wv);
+          if (b) avx2::load(b + c0 + i, count, bv);
+          for (int k = 0; k < 2; ++k) {
+            pre[k] = n[k] * (w ? wv[k] : FVec(0.0f));
+            if (b) pre[k] = pre[k] + bv[k];
+          }
+        }
+        avx2::store(yr + i, count, pre);
+      }
+      if (gate == RmsNormGate::Before)  // h = x·silu(z): dx and dz from dh = out
+        for (int k = 0; k < 2; ++k) avx2::swiglu_backward(out[k], xv[k], zv[k], out[k], dzv[k]);
       avx2::store(dxr + i, count, out);
+      if (dzr) {
+        if (gate == RmsNormGate::None)
+          for (int k = 0; k < 2; ++k) dzv[k] = FVec(0.0f);
+        avx2::store(dzr + i, count, dzv);
+      }
       if (dw_part) {
         if (conv == RmsNormConvention::Llama) round_x<T>(n);
         FVec p[2];
-        avx2::load(dw_part + i, count, p);
-        for (int k = 0; k < 2; ++k) p[k] = at::vec::fmadd(d[k], n[k], p[k]);
-        avx2::store(dw_part + i, count, p);
+        avx2::load(dw_part + c0 + i, count, p);
+        for (int k = 0; k < 2; ++k) p[k] = at::vec::fmadd(u[k], n[k], p[k]);
+        avx2::store(dw_part + c0 + i, count, p);
+      }
+      if (db_part) {
+        FVec p[2];
+        avx2::load(db_part + c0 + i, count, p);
+        for (int k = 0; k < 2; ++k) p[k] = p[k] + u[k];
+        avx2::store(db_part + c0 + i, count, p);
       }
     });
   });
@@ -154,7 +233,7 @@ void backward(const RmsNormLaunch& l) {
 }  // namespace
 
 bool rms_norm_avx2(const RmsNormLaunch& l) {
-  if (l.layout != RmsNormLayout::Rows || l.element == ElementKind::F64 || l.gated) return false;
+  if (l.layout != RmsNormLayout::Rows || l.element == ElementKind::F64) return false;
   dispatch_rms_norm(l, [&](auto t, auto wt, auto ot) {
     using T = decltype(t);
     using W = decltype(wt);
