@@ -16,8 +16,8 @@ int64_t rms_norm_cpu_backward_blocks(const RmsNormLaunch& launch);
 
 namespace cpu {
 // The AVX2 kernels (cpu/rmsnorm_avx2.cpp): run the launch and return true for the rows
-// layout of float32/float16/bfloat16 x in the plain ops; false (nothing run) otherwise
-// (the gated op too). Call only when cpu_has_avx2().
+// layout of float32/float16/bfloat16 x (the plain and the gated ops); false (nothing run)
+// otherwise. Call only when cpu_has_avx2().
 bool rms_norm_avx2(const RmsNormLaunch& launch);
 }  // namespace cpu
 

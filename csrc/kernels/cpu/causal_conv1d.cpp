@@ -1,22 +1,30 @@
 // CPU causal conv1d, forward and backward (core/causal_conv1d_plan.h has the formulas):
-// any strides, every dtype (float32 math for float32/float16/bfloat16, float64 for
-// float64), any width. Parallel over tasks of (batch, kCausalConv1dCpuChannels channels,
+// any strides, every dtype (float32 math for float32/float16/bfloat16, its SiLU on AVX2
+// registers where the processor has them; float64 for float64), any width. Parallel over tasks of (batch, kCausalConv1dCpuChannels channels,
 // kCausalConv1dCpuChunk time steps); a task walks its steps in order and keeps, per
 // channel, the last W inputs (and, backward, the last W gradients g) in a ring of rows,
 // converted once, so that the inner loops run over contiguous channels. The backward
 // writes each task's dweight/dbias sums to its (batch, chunk) row of the workspace, then
 // sums the rows in order per channel: the same bits for any thread count.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/causal_conv1d.h"
 #include "kernels/causal_conv1d_math.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/loops.h"
 
 namespace baracuda::kernels {
 
 namespace {
 using cpu::acc_t;
+
+// Whether a float32 row's SiLU (and its derivative) runs on AVX2 registers.
+template <typename Acc>
+bool vector_silu() {
+  return std::is_same_v<Acc, float> && cpu::cpu_has_avx2();
+}
 
 // One task: batch b, channels [d0, d0 + dn), steps [t0, t1).
 struct Task {
@@ -123,6 +131,7 @@ template <typename T, typename Wt>
 void forward(const CausalConv1dLaunch& l) {
   using Acc = acc_t<T>;
   T* out = static_cast<T*>(l.out_data);
+  const bool vsilu = l.silu && vector_silu<Acc>();
   for_each_task(l, [&](const Task& task) {
     Window<T, Wt> win(l, task);
     std::vector<Acc> acc(task.dn);
@@ -134,8 +143,11 @@ void forward(const CausalConv1dLaunch& l) {
         continue;
       }
       win.pre(t, acc.data());
+      if constexpr (std::is_same_v<Acc, float>) {
+        if (vsilu) cpu::conv_silu_avx2(acc.data(), task.dn);
+      }
       for (int64_t i = 0; i < task.dn; ++i)
-        o[i * l.out.d] = static_cast<T>(l.silu ? conv_silu<false>(acc[i]) : acc[i]);
+        o[i * l.out.d] = static_cast<T>(l.silu && !vsilu ? conv_silu<false>(acc[i]) : acc[i]);
     }
     if (task.t1 == l.seqlen) win.write_final(static_cast<T*>(l.final_states), l.final);
   });
@@ -150,6 +162,7 @@ void backward(const CausalConv1dLaunch& l) {
   Acc* ws = static_cast<Acc*>(l.workspace);
   const int W = l.width;
   const int64_t L = l.seqlen, cols = W + 1;
+  const bool vsilu = l.silu && vector_silu<Acc>();
   for_each_task(l, [&](const Task& task) {
     const int64_t dn = task.dn;
     Window<T, Wt> win(l, task);
@@ -168,7 +181,10 @@ void backward(const CausalConv1dLaunch& l) {
         const T* d = dout + task.b * l.dout.b + t * l.dout.t + task.d0 * l.dout.d;
         if (l.silu) win.pre(t, pre.data());
         for (int64_t i = 0; i < dn; ++i)
-          gt[i] = Acc(d[i * l.dout.d]) * (l.silu ? conv_silu_grad<false>(pre[i]) : Acc(1));
+          gt[i] = Acc(d[i * l.dout.d]) * (l.silu && !vsilu ? conv_silu_grad<false>(pre[i]) : Acc(1));
+        if constexpr (std::is_same_v<Acc, float>) {
+          if (vsilu) cpu::conv_silu_grad_avx2(pre.data(), gt, dn);
+        }
         if (t < task.t1) {  // this task's dweight/dbias terms
           for (int k = 0; k < W; ++k) {
             if (!win.open(t, k)) continue;
