@@ -46,12 +46,6 @@ void for_each_row_group(const RmsNormLaunch& l, int n, F&& f) {
   });
 }
 
-// f(row, offsets of the n input operands), rows in parallel (the plain ops).
-template <typename F>
-void for_each_row(const RmsNormLaunch& l, int n, F&& f) {
-  for_each_row_group(l, n, [&](int64_t row, int64_t, const int64_t* off) { f(row, off); });
-}
-
 // The backward's walk: f(row, g, offsets, dw_part, db_part), where dw_part and db_part are
 // the zeroed workspace rows [ngroups·cols] of the row's block (null without a weight, a
 // bias). Block b of l.dw_blocks holds rows [b·rows/B, (b+1)·rows/B), in order, each with
