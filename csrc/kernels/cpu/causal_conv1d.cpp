@@ -1,7 +1,7 @@
 // CPU causal conv1d, forward and backward (core/causal_conv1d_plan.h has the formulas):
 // any strides, every dtype (float32 math for float32/float16/bfloat16, its SiLU on AVX2
-// registers where the processor has them; float64 for float64), any width. Parallel over tasks of (batch, kCausalConv1dCpuChannels channels,
-// kCausalConv1dCpuChunk time steps); a task walks its steps in order and keeps, per
+// registers where the processor has them; float64 for float64), any width. Parallel over
+// tasks of (batch, kCausalConv1dCpuChannels channels, kCausalConv1dCpuChunk time steps); a task walks its steps in order and keeps, per
 // channel, the last W inputs (and, backward, the last W gradients g) in a ring of rows,
 // converted once, so that the inner loops run over contiguous channels. The backward
 // writes each task's dweight/dbias sums to its (batch, chunk) row of the workspace, then
@@ -20,10 +20,22 @@ namespace baracuda::kernels {
 namespace {
 using cpu::acc_t;
 
-// Whether a float32 row's SiLU (and its derivative) runs on AVX2 registers.
+// v[i] = silu(v[i]) for i < n: on AVX2 registers for float32 math where they run.
 template <typename Acc>
-bool vector_silu() {
-  return std::is_same_v<Acc, float> && cpu::cpu_has_avx2();
+void silu_row(Acc* v, int64_t n) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (cpu::cpu_has_avx2() && cpu::conv_silu_avx2(v, n)) return;
+  }
+  for (int64_t i = 0; i < n; ++i) v[i] = conv_silu<false>(v[i]);
+}
+
+// g[i] ·= silu'(pre[i]) for i < n, likewise.
+template <typename Acc>
+void silu_grad_row(const Acc* pre, Acc* g, int64_t n) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (cpu::cpu_has_avx2() && cpu::conv_silu_grad_avx2(pre, g, n)) return;
+  }
+  for (int64_t i = 0; i < n; ++i) g[i] *= conv_silu_grad<false>(pre[i]);
 }
 
 // One task: batch b, channels [d0, d0 + dn), steps [t0, t1).
@@ -131,7 +143,6 @@ template <typename T, typename Wt>
 void forward(const CausalConv1dLaunch& l) {
   using Acc = acc_t<T>;
   T* out = static_cast<T*>(l.out_data);
-  const bool vsilu = l.silu && vector_silu<Acc>();
   for_each_task(l, [&](const Task& task) {
     Window<T, Wt> win(l, task);
     std::vector<Acc> acc(task.dn);
@@ -143,11 +154,8 @@ void forward(const CausalConv1dLaunch& l) {
         continue;
       }
       win.pre(t, acc.data());
-      if constexpr (std::is_same_v<Acc, float>) {
-        if (vsilu) cpu::conv_silu_avx2(acc.data(), task.dn);
-      }
-      for (int64_t i = 0; i < task.dn; ++i)
-        o[i * l.out.d] = static_cast<T>(l.silu && !vsilu ? conv_silu<false>(acc[i]) : acc[i]);
+      if (l.silu) silu_row(acc.data(), task.dn);
+      for (int64_t i = 0; i < task.dn; ++i) o[i * l.out.d] = static_cast<T>(acc[i]);
     }
     if (task.t1 == l.seqlen) win.write_final(static_cast<T*>(l.final_states), l.final);
   });
@@ -162,7 +170,6 @@ void backward(const CausalConv1dLaunch& l) {
   Acc* ws = static_cast<Acc*>(l.workspace);
   const int W = l.width;
   const int64_t L = l.seqlen, cols = W + 1;
-  const bool vsilu = l.silu && vector_silu<Acc>();
   for_each_task(l, [&](const Task& task) {
     const int64_t dn = task.dn;
     Window<T, Wt> win(l, task);
@@ -180,11 +187,8 @@ void backward(const CausalConv1dLaunch& l) {
       if (is_live) {
         const T* d = dout + task.b * l.dout.b + t * l.dout.t + task.d0 * l.dout.d;
         if (l.silu) win.pre(t, pre.data());
-        for (int64_t i = 0; i < dn; ++i)
-          gt[i] = Acc(d[i * l.dout.d]) * (l.silu && !vsilu ? conv_silu_grad<false>(pre[i]) : Acc(1));
-        if constexpr (std::is_same_v<Acc, float>) {
-          if (vsilu) cpu::conv_silu_grad_avx2(pre.data(), gt, dn);
-        }
+        for (int64_t i = 0; i < dn; ++i) gt[i] = Acc(d[i * l.dout.d]);
+        if (l.silu) silu_grad_row(pre.data(), gt, dn);
         if (t < task.t1) {  // this task's dweight/dbias terms
           for (int k = 0; k < W; ++k) {
             if (!win.open(t, k)) continue;
