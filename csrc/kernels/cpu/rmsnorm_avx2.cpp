@@ -145,9 +145,11 @@ void backward(const RmsNormLaunch& l) {
     const T* xr = x + off[kRmsBx] + c0;
     const T* zr = z ? z + off[kRmsBz] + c0 : nullptr;  // (dh's slot: no op has both)
     const FVec rstd(rstd_in[off[kRmsRstd] + g * l.col_stride[kRmsRstd]]);
-    // One step's z, x, n = h·rstd (h = x, or x·silu(z) with the gate before the norm),
-    // u = dy (or dy·silu(z) with the gate after it, then dz's share from the gate and the
-    // gated op's y before its gate, pre = n·w + b), and g = u·s.
+    T* yr = y ? y + rg * cols : nullptr;
+    // One step's z, x, n = h·rstd (h = x, or x·silu(z) with the gate before the norm), the
+    // gated op's y before its gate, pre = n·w + b (with the gate after the norm or the
+    // output recomputed), u = dy (or dy·silu(z) with the gate after the norm, then dz's
+    // share from the gate), and g = u·s.
     const auto load = [&](int64_t i, int64_t count, FVec* zv, FVec* xv, FVec* n, FVec* u, FVec* gs,
                           FVec* dzv, FVec* pre) {
       FVec wv[2], d[2];
@@ -159,15 +161,16 @@ void backward(const RmsNormLaunch& l) {
         n[k] = (gate == RmsNormGate::Before ? avx2::swiglu(xv[k], zv[k]) : xv[k]) * rstd;
         u[k] = d[k];
       }
-      if (gate == RmsNormGate::After) {
+      if (gate == RmsNormGate::After || yr) {
         FVec bv[2];
         if (b) avx2::load(b + c0 + i, count, bv);
         for (int k = 0; k < 2; ++k) {
           pre[k] = n[k] * (w ? wv[k] : FVec(0.0f));
           if (b) pre[k] = pre[k] + bv[k];
-          avx2::swiglu_backward(d[k], pre[k], zv[k], u[k], dzv[k]);
         }
       }
+      if (gate == RmsNormGate::After)
+        for (int k = 0; k < 2; ++k) avx2::swiglu_backward(d[k], pre[k], zv[k], u[k], dzv[k]);
       for (int k = 0; k < 2; ++k)
         gs[k] = !l.has_weight ? u[k]
                 : conv == RmsNormConvention::Gemma ? u[k] * (FVec(1.0f) + wv[k])
@@ -181,7 +184,6 @@ void backward(const RmsNormLaunch& l) {
                     l.inv_cols;
     T* dxr = dx + rg * cols;
     T* dzr = dz ? dz + row * l.dz_row_stride + c0 : nullptr;
-    T* yr = y ? y + rg * cols : nullptr;
     avx2::for_steps<T>(cols, [&](int64_t i, int64_t count) {
       FVec zv[2], xv[2], n[2], u[2], gs[2], dzv[2], pre[2], out[2];
       load(i, count, zv, xv, n, u, gs, dzv, pre);
@@ -191,18 +193,9 @@ void backward(const RmsNormLaunch& l) {
         avx2::load(dh + off[kRmsDh] + i, count, e);
         for (int k = 0; k < 2; ++k) out[k] = out[k] + e[k];
       }
-      if (yr) {  // (the gated op's y before or after its gate)
-        if (gate == RmsNormGate::After) {
+      if (yr) {  // (the gated op's y, after its gate where it follows the norm)
+        if (gate == RmsNormGate::After)
           for (int k = 0; k < 2; ++k) pre[k] = avx2::swiglu(pre[k], zv[k]);
-        } else {
-          FVec wv[2], bv[2];
-          if (w) avx2::load(w + c0 + i, count, wv);
-          if (b) avx2::load(b + c0 + i, count, bv);
-          for (int k = 0; k < 2; ++k) {
-            pre[k] = n[k] * (w ? wv[k] : FVec(0.0f));
-            if (b) pre[k] = pre[k] + bv[k];
-          }
-        }
         avx2::store(yr + i, count, pre);
       }
       if (gate == RmsNormGate::Before)  // h = x·silu(z): dx and dz from dh = out
