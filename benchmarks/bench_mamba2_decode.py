@@ -4,7 +4,7 @@ after ``apply_baracuda``.
 
 State update (``selective_state_update``): 80 heads of 64, d_state 128, 1 group, bfloat16
 x/dt/B/C, a float32 state, Mamba-2's per-head A, dt, D and dt_bias expanded (stride 0), dt
-softplus, no z; batch 1 and 64. Providers: baracuda; torch = mamba_ssm's own fallback step
+softplus, no z; batch 1, 8 and 64. Providers: baracuda; torch = mamba_ssm's own fallback step
 in eager PyTorch (softplus, exp, the einsums, ``state.copy_``: what Mamba2.step runs
 without the kernel); compile = torch.compile of it; mamba_ssm = its Triton
 ``selective_state_update`` where peers/ has it (benchmarks/peers.py), after a check that
@@ -275,7 +275,7 @@ def generate_rows(device: str, dtype, batches, prompt: int, new: int, repeats: i
 
 def run(providers=("baracuda", "torch", "compile", "mamba_ssm", "causal_conv1d")) -> list[Row]:
     rows: list[Row] = []
-    for batch in (1, 64):
+    for batch in (1, 8, 64):
         rows += state_update_rows(batch, providers)
     rows += tokens_rows()
     for batch in (1, 64):

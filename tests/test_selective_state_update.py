@@ -460,13 +460,13 @@ def test_cuda_graph_capture():
 @pytest.mark.parametrize("head_A", [False, True])
 @pytest.mark.parametrize("tokens", [None, 3])
 def test_cuda_several_passes(tokens, head_A):
-    """A batch large enough that a block walks 2 passes of 32 rows (d_state 16: row groups of
-    4 lanes, 8 a warp; 64 × 40 heads of 256 rows on 132 multiprocessors). A per element:
-    one token takes the path where each lane computes one (row, token) pair's δ and out
-    (passes · tokens = 2 <= 4 lanes), 3 tokens the path where every lane computes them (6 >
-    4). A per head: the staged path (the block's 2 passes of rows in shared memory). Against
-    the float64 reference."""
-    p = problem("cuda", torch.bfloat16, batch=64, tokens=tokens, heads=40, dim=256, dstate=16, groups=4,
+    """A block walks 2 passes of 32 rows (d_state 16: row groups of 4 lanes, 8 a warp; a
+    head_dim of 64, whole in 2 passes, and 64 × 40 blocks: at least 4 an SM up to 640 SMs).
+    A per element: one token takes the path where each lane computes one (row, token) pair's
+    δ and out (passes · tokens = 2 <= 4 lanes), 3 tokens the path where every lane computes
+    them (6 > 4). A per head: the staged path (the block's 2 passes of rows in shared
+    memory). Against the float64 reference."""
+    p = problem("cuda", torch.bfloat16, batch=64, tokens=tokens, heads=40, dim=64, dstate=16, groups=4,
                 state_dtype=torch.float32)
     if head_A:
         p["A"] = p["A"][:, :1, :1].expand(p["A"].shape)

@@ -72,9 +72,12 @@ bool bc_vectors(const TensorLayout& t, const int64_t* s, const StateUpdateLaunch
 // that cover N. (Fewer lanes with more chunks each, measured at B64 H80 P64 N128 on an
 // H200: 16 lanes of 2 chunks 345 µs a step, 8 of 4 178 to 250, against 139 for 32 of 1.)
 // A block's passes over its head_dim slice are doubled while the grid keeps at least
-// kMinBlocksPerSm blocks an SM, so that a large batch spends fewer block launches and B/C
-// loads per row, and a small one keeps every SM busy (at that shape 8 passes: 140 µs,
-// against 173 at 4). The block's rows are staged in shared memory where the layout, A and
+// kMinBlocksPerSm (4) blocks an SM: fewer, longer blocks spend fewer block launches, B/C
+// loads and per-block index work per row, and 4 blocks of 4 warps still keep every SM
+// busy. Measured at H80 P64 N128 on an H200 (µs a step from a CUDA graph, bf16 x, float32
+// state): batch 1 4.57 at 1 pass (1280 blocks), 3.95 at 2, 4.51 at 4; batch 8 23.7 at 1,
+// 15.8 at 2, 10.7 at 8; batch 32 50.6 at 4, 48.4 at 8 (a rule of 64 blocks an SM had
+// chosen 1, 1 and 4). The block's rows are staged in shared memory where the layout, A and
 // their size allow (stage_bytes).
 void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::string& op) {
   const int64_t quads = std::max<int64_t>(1, (l.dstate + kStateUpdateLaneElems - 1) / kStateUpdateLaneElems);
@@ -86,7 +89,7 @@ void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::s
              std::to_string(l.dstate));
   l.chunks = static_cast<int>(chunks);
   l.rows_per_pass = kStateUpdateThreads / l.lanes;
-  constexpr int64_t kMinBlocksPerSm = 64;
+  constexpr int64_t kMinBlocksPerSm = 4;
   const int64_t target = kMinBlocksPerSm * std::max(device.sm_count, 1);
   const auto blocks = [&](int64_t passes) {
     const int64_t rows = l.rows_per_pass * passes;

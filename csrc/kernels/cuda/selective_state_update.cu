@@ -19,10 +19,11 @@
 // warps issued a scheduler cycle against mamba_ssm's 0.86 at 30 registers, for about as
 // many instructions); staged with one cp.async group a pass, and the decode step's
 // options compiled out (Lean: 48 registers, 10 blocks a multiprocessor) 95 (89.5 from a
-// CUDA graph, mamba_ssm 95.6). At batch 1 (1280 blocks, one wave), with B and C loaded as
-// one vector a lane each (the plan's bc_vec), ncu counts 7.3 µs against mamba_ssm's 5.0
-// (caches flushed; 8.9 with scalar B and C loads) and 2.1 times its instructions: what is
-// left (from a CUDA graph 5.0 µs against 3.1).
+// CUDA graph, mamba_ssm 95.6). At batch 1 with one pass a block (1280 blocks, one wave),
+// with B and C loaded as one vector a lane each (the plan's bc_vec), ncu counted 7.3 µs
+// against mamba_ssm's 5.0 (caches flushed; 8.9 with scalar B and C loads) and 2.1 times
+// its instructions; two passes a block (the plan's rule since) take it from 4.6 µs to 4.0
+// from a CUDA graph, against mamba_ssm's 3.1-3.2: what is left.
 // No workspace, no host synchronization: the launch can be captured in a CUDA graph.
 #include <cstring>
 
