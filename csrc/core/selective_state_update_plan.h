@@ -104,8 +104,7 @@ struct StateUpdateLaunch {
   // Lean: a staged launch of 1 chunk a lane with one token and neither z nor batch
   // indices (Mamba-2's decode step) runs a kernel with those compiled in, and with lane
   // scalars even at one pass (one lane computes the row's values, the others take them by
-  // shuffle): fewer registers, kStateUpdateLeanBlocks blocks a multiprocessor instead of 7,
-  // so that batch 1 at the 2.7B shape (1280 blocks) runs in one wave.
+  // shuffle): fewer registers, kStateUpdateLeanBlocks blocks a multiprocessor instead of 7.
   bool lean = false;
   // Lean, with B and C of x's dtype (2 or 4 bytes), N stride 1, N and the batch and group
   // strides multiples of 4 and the data aligned to 4 elements (as Mamba2.step passes its
