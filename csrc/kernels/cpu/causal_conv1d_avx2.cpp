@@ -21,15 +21,11 @@ bool conv_silu_avx2(float* v, int64_t n) {
 }
 
 bool conv_silu_grad_avx2(const float* pre, float* g, int64_t n) {
-  const avx2::FVec one(1.0f);
   avx2::for_steps<float>(n, [&](int64_t i, int64_t count) {
     avx2::FVec x[2], gv[2];
     avx2::load(pre + i, count, x);
     avx2::load(g + i, count, gv);
-    for (int k = 0; k < 2; ++k) {
-      const avx2::FVec s = avx2::sigmoid(x[k]);
-      gv[k] = gv[k] * (s * (one + x[k] * (one - s)));
-    }
+    for (int k = 0; k < 2; ++k) gv[k] = gv[k] * avx2::silu_grad(x[k], avx2::sigmoid(x[k]));
     avx2::store(g + i, count, gv);
   });
   return true;

@@ -61,14 +61,16 @@ inline void store(T* p, int64_t count, const FVec* in) {
   }
 }
 
-// The logistic sigmoid, and SwiGLU's a·silu(b) with its gradients (da, db) from dy:
-// gated_activation_math.h's formulas, term for term, on registers (exp is Sleef's, 1 ulp).
+// The logistic sigmoid, silu'(b) from s = sigmoid(b), and SwiGLU's a·silu(b) with its
+// gradients (da, db) from dy: gated_activation_math.h's formulas, term for term, on
+// registers (exp is Sleef's, 1 ulp).
 inline FVec sigmoid(FVec b) { return FVec(1.0f) / (FVec(1.0f) + b.neg().exp()); }
+inline FVec silu_grad(FVec b, FVec s) { return s * (FVec(1.0f) + b * (FVec(1.0f) - s)); }
 inline FVec swiglu(FVec a, FVec b) { return a * (b * sigmoid(b)); }
 inline void swiglu_backward(FVec dy, FVec a, FVec b, FVec& da, FVec& db) {
-  const FVec s = sigmoid(b), one(1.0f);
+  const FVec s = sigmoid(b);
   da = dy * (b * s);
-  db = dy * a * (s * (one + b * (one - s)));
+  db = dy * a * silu_grad(b, s);
 }
 
 // Calls body(i, count) for i = 0, kStep, 2·kStep, ... < n, with count = kStep except for
