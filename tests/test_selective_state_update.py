@@ -549,3 +549,28 @@ def test_cuda_lean_b_c_loads(dtype, batch):
         assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], p["A"], p["B"],
                           p["C"]).variant == "tile_staged", name
         check_against_reference(p, False)
+
+
+@requires_cuda
+def test_cuda_lean_offsets_past_32_bits():
+    """The lean kernel (Mamba-2's decode step) computes offsets in 32 bits; the plan sends a
+    problem whose elements lie further than that from an operand's start to the 64-bit
+    kernel. Here x's batch stride is 2^31 + 64 elements (a 4 GiB bfloat16 buffer), which
+    a 32-bit offset would wrap to a negative one; the result must match the reference."""
+    batch, H, P, N, G = 2, 8, 16, 32, 1
+    stride = 2**31 + 64
+    if torch.cuda.mem_get_info()[0] < 6 * 2**30:
+        pytest.skip("needs 6 GiB of free device memory")
+    p = problem("cuda", torch.bfloat16, batch=batch, heads=H, dim=P, dstate=N, groups=G,
+                state_dtype=torch.float32)
+    p["A"] = p["A"][:, :1, :1].expand(p["A"].shape)
+    p["D"] = p["D"][:, :1].expand(H, P)
+    p["dt_bias"] = p["dt_bias"][:, :1].expand(H, P)
+    p["dt"] = p["dt"][..., :1].expand(batch, H, P)
+    buf = torch.empty(stride + H * P, dtype=torch.bfloat16, device="cuda")
+    x = buf.as_strided((batch, H, P), (stride, P, 1))
+    x.copy_(p["x"])
+    p.update(x=x, z=None)
+    assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], p["A"], p["B"],
+                      p["C"]).variant == "tile_staged"
+    check_against_reference(p, False)

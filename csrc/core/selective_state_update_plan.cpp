@@ -1,6 +1,8 @@
 #include "core/selective_state_update_plan.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <utility>
 
 #include "kernels/selective_state_update.h"
 
@@ -56,6 +58,28 @@ StateUpdateLayout pick_layout(const TensorLayout& state, const int64_t* s, int64
   return StateUpdateLayout::Vec;
 }
 
+// The largest element offset of an operand: Σ (size − 1)·stride over its dims (strides are
+// not negative).
+int64_t max_offset(std::initializer_list<std::pair<int64_t, int64_t>> dims) {
+  int64_t m = 0;
+  for (const auto& [size, stride] : dims) m += size > 0 ? (size - 1) * stride : 0;
+  return m;
+}
+
+// Whether the lean kernel's 32-bit offsets reach every element it touches (one token, no
+// z, no indices: the state row of batch b is b's own).
+bool lean_offsets_fit(const StateUpdateLaunch& l) {
+  const int64_t B = l.batch, H = l.nheads, P = l.headdim, N = l.dstate, G = l.ngroups;
+  const auto bhp = [&](const int64_t* s) { return max_offset({{B, s[0]}, {H, s[2]}, {P, s[3]}}); };
+  const auto bgn = [&](const int64_t* s) { return max_offset({{B, s[0]}, {G, s[2]}, {N, s[3]}}); };
+  const int64_t m = std::max({max_offset({{B, l.state_s[0]}, {H, l.state_s[1]}, {P, l.state_s[2]}, {N, l.state_s[3]}}),
+                              bhp(l.x_s), bhp(l.dt_s), bhp(l.out_s), bgn(l.B_s), bgn(l.C_s),
+                              max_offset({{H, l.A_s[0]}, {P, l.A_s[1]}, {N, l.A_s[2]}}),
+                              l.has_D ? max_offset({{H, l.D_s[0]}, {P, l.D_s[1]}}) : 0,
+                              l.has_dt_bias ? max_offset({{H, l.dt_bias_s[0]}, {P, l.dt_bias_s[1]}}) : 0});
+  return m < (int64_t{1} << 30);  // (with room for the in-block offsets added to a row's)
+}
+
 // B or C ([b, t, g, n] strides s) as StateUpdateLaunch::bc_vec needs it.
 // (The batch and group strides matter only where those dims have more than one element.)
 bool bc_vectors(const TensorLayout& t, const int64_t* s, const StateUpdateLaunch& l) {
@@ -109,7 +133,8 @@ void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::s
   l.stage_bytes = l.layout == StateUpdateLayout::Vec && l.A_per_row && stage <= kStateUpdateMaxStage
                       ? static_cast<int>(stage)
                       : 0;
-  l.lean = l.stage_bytes > 0 && l.chunks == 1 && l.tokens == 1 && !l.has_z && !l.has_indices;
+  l.lean = l.stage_bytes > 0 && l.chunks == 1 && l.tokens == 1 && !l.has_z && !l.has_indices &&
+           lean_offsets_fit(l);
   const int64_t bc = l.tokens * 2 * l.dstate * (l.x_el == ElementKind::F64 ? 8 : 4);  // as float or double
   l.bc_bytes = l.tokens > 1 && l.stage_bytes + bc <= kStateUpdateMaxStage ? static_cast<int>(bc) : 0;
   l.ptiles = (l.headdim + rows - 1) / rows;

@@ -138,7 +138,8 @@ constexpr int state_update_min_blocks() {
 // later ones land); otherwise rows are read from global memory, the next one while the
 // current one is computed. Lean (the plan's `lean`, staged only): one token, no z, no
 // batch indices and lane scalars (at any number of passes) compiled in, which frees
-// registers for more blocks.
+// registers for more blocks, and 32-bit offsets (the plan checks that they reach every
+// element; on sm_90a 728 instructions in the bf16 kernel against 856 with 64-bit ones).
 // The grid's divisors (a block's index is (batch, head, row tile), row tile innermost; a
 // head's group is head / heads_per_group) as multiply-shifts: three 32-bit divisions were
 // about 50 instructions of a lean block's few hundred.
@@ -151,6 +152,9 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
     void state_update_kernel(const StateUpdateLaunch l, const StateUpdateGrid grid) {
   static_assert(!Lean || (Staged && Chunks == 1), "the lean kernel is a staged one of 1 chunk a lane");
   using Acc = acc_t<T>;
+  // Offsets: 32-bit in the lean kernel (the plan checks that every operand's fit), 64-bit
+  // otherwise (a 64-bit multiply-add is several instructions on the path to every load).
+  using Idx = std::conditional_t<Lean, int32_t, int64_t>;
   constexpr int lanes = Lanes;
   const int group = static_cast<int>(threadIdx.x) / lanes;
   const int lane = static_cast<int>(threadIdx.x) % lanes;
@@ -160,14 +164,14 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
   // (32-bit: the plan keeps the grid below 2^31 blocks; 64-bit divisions are subroutine
   // calls on the path to every load)
   uint32_t rest = blockIdx.x;
-  const int64_t ptile = cuda::peel_coord<uint32_t>(rest, grid.ptiles, static_cast<uint32_t>(l.ptiles));
+  const Idx ptile = cuda::peel_coord<uint32_t>(rest, grid.ptiles, static_cast<uint32_t>(l.ptiles));
   const uint32_t h32 = cuda::peel_coord<uint32_t>(rest, grid.nheads, static_cast<uint32_t>(l.nheads));
-  const int64_t b = rest, h = h32;
-  const int64_t g = grid.hpg.div(h32);
-  const int64_t N = l.dstate;
+  const Idx b = rest, h = h32;
+  const Idx g = grid.hpg.div(h32);
+  const Idx N = Idx(l.dstate);
   const bool vec = Staged || l.layout == StateUpdateLayout::Vec;
   const bool row_a = Staged || l.A_per_row;
-  const int64_t tokens = Lean ? 1 : l.tokens;
+  const Idx tokens = Lean ? 1 : Idx(l.tokens);
   const bool has_z = !Lean && l.has_z, by_lane = Lean || l.lane_scalars;
   T* out = static_cast<T*>(l.out);
   const T* x = static_cast<const T*>(l.x);
@@ -176,21 +180,21 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
              B_f32 = l.B_el == ElementKind::F32, C_f32 = l.C_el == ElementKind::F32,
              D_f32 = l.D_el == ElementKind::F32, bias_f32 = l.dt_bias_el == ElementKind::F32;
 
-  int64_t i = b;
+  Idx i = b;
   if (!Lean && l.has_indices)
-    i = l.index_el == ElementKind::I32 ? static_cast<const int32_t*>(l.indices)[b * l.index_s]
-                                       : static_cast<const int64_t*>(l.indices)[b * l.index_s];
-  const int64_t p_begin = ptile * l.rows_per_pass * l.passes;
-  const auto row_of = [&](int pass) { return p_begin + static_cast<int64_t>(pass) * l.rows_per_pass + group; };
+    i = l.index_el == ElementKind::I32 ? static_cast<const int32_t*>(l.indices)[b * Idx(l.index_s)]
+                                       : static_cast<Idx>(static_cast<const int64_t*>(l.indices)[b * Idx(l.index_s)]);
+  const Idx p_begin = ptile * l.rows_per_pass * l.passes;
+  const auto row_of = [&](int pass) { return p_begin + static_cast<Idx>(pass) * l.rows_per_pass + group; };
   if (!Lean && (i < 0 || i >= l.pool)) {  // (no indices in the lean kernel: i = b < pool)
     // A padding row (i < 0): out = 0, the pool untouched (mamba_ssm's rule). An index past
     // the pool cannot raise here: out = NaN, the pool untouched.
     const Acc fill = i < 0 ? Acc(0) : static_cast<Acc>(NAN);
     for (int pass = 0; pass < l.passes; ++pass) {
-      const int64_t p = row_of(pass);
-      if (p >= l.headdim || lane != 0) continue;
-      for (int64_t t = 0; t < tokens; ++t)
-        out[b * l.out_s[0] + t * l.out_s[1] + h * l.out_s[2] + p * l.out_s[3]] = from_acc<T>(fill);
+      const Idx p = row_of(pass);
+      if (p >= Idx(l.headdim) || lane != 0) continue;
+      for (Idx t = 0; t < tokens; ++t)
+        out[b * Idx(l.out_s[0]) + t * Idx(l.out_s[1]) + h * Idx(l.out_s[2]) + p * Idx(l.out_s[3])] = from_acc<T>(fill);
     }
     return;
   }
@@ -207,32 +211,32 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
     const uint32_t n32 = static_cast<uint32_t>(N), count = static_cast<uint32_t>(tokens) * 2u * n32;
     for (uint32_t e = threadIdx.x; e < count; e += kStateUpdateThreads) {
       const uint32_t tc = e / n32, n = e - tc * n32, t = tc / 2u;
-      sbc[e] = tc % 2u == 0u ? small<T>(l.B, B_f32, b * l.B_s[0] + t * l.B_s[1] + g * l.B_s[2] + n * l.B_s[3])
-                             : small<T>(l.C, C_f32, b * l.C_s[0] + t * l.C_s[1] + g * l.C_s[2] + n * l.C_s[3]);
+      sbc[e] = tc % 2u == 0u ? small<T>(l.B, B_f32, b * Idx(l.B_s[0]) + t * Idx(l.B_s[1]) + g * Idx(l.B_s[2]) + n * Idx(l.B_s[3]))
+                             : small<T>(l.C, C_f32, b * Idx(l.C_s[0]) + t * Idx(l.C_s[1]) + g * Idx(l.C_s[2]) + n * Idx(l.C_s[3]));
     }
     __syncthreads();
   }
   // B and C of the current token, this lane's elements (one token: loaded once).
   Acc Bv[Chunks][E], Cv[Chunks][E];
-  const auto load_bc = [&](int64_t t) {
+  const auto load_bc = [&](Idx t) {
     if (bc_staged) {
       const Acc* bt = sbc + t * 2 * N;
 #pragma unroll
       for (int c = 0; c < Chunks; ++c) {
 #pragma unroll
         for (int k = 0; k < E; ++k) {
-          const int64_t n = (static_cast<int64_t>(c) * lanes + lane) * E + k;
+          const Idx n = (static_cast<Idx>(c) * lanes + lane) * E + k;
           Bv[c][k] = n < N ? bt[n] : Acc(0);
           Cv[c][k] = n < N ? bt[N + n] : Acc(0);
         }
       }
       return;
     }
-    const int64_t bo = b * l.B_s[0] + t * l.B_s[1] + g * l.B_s[2];
-    const int64_t co = b * l.C_s[0] + t * l.C_s[1] + g * l.C_s[2];
+    const Idx bo = b * Idx(l.B_s[0]) + t * Idx(l.B_s[1]) + g * Idx(l.B_s[2]);
+    const Idx co = b * Idx(l.C_s[0]) + t * Idx(l.C_s[1]) + g * Idx(l.C_s[2]);
     if constexpr (Lean && sizeof(T) <= 4) {
       if (l.bc_vec) {  // B and C of x's dtype, a lane's elements one aligned vector each
-        const int64_t n0 = static_cast<int64_t>(lane) * E;
+        const Idx n0 = static_cast<Idx>(lane) * E;
         T bv[E], cv[E];
         if (n0 < N) {
           load4(static_cast<const T*>(l.B) + bo + n0, bv);
@@ -250,37 +254,37 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
     for (int c = 0; c < Chunks; ++c) {
 #pragma unroll
       for (int k = 0; k < E; ++k) {
-        const int64_t n = (static_cast<int64_t>(c) * lanes + lane) * E + k;
-        Bv[c][k] = n < N ? small<T>(l.B, B_f32, bo + n * l.B_s[3]) : Acc(0);
-        Cv[c][k] = n < N ? small<T>(l.C, C_f32, co + n * l.C_s[3]) : Acc(0);
+        const Idx n = (static_cast<Idx>(c) * lanes + lane) * E + k;
+        Bv[c][k] = n < N ? small<T>(l.B, B_f32, bo + n * Idx(l.B_s[3])) : Acc(0);
+        Cv[c][k] = n < N ? small<T>(l.C, C_f32, co + n * Idx(l.C_s[3])) : Acc(0);
       }
     }
   };
   if (tokens == 1) load_bc(0);
 
-  S* state = static_cast<S*>(l.state) + i * l.state_s[0] + h * l.state_s[1];
+  S* state = static_cast<S*>(l.state) + i * Idx(l.state_s[0]) + h * Idx(l.state_s[1]);
   S* const stage = reinterpret_cast<S*>(state_update_smem);  // [passes][rows_per_pass][N]
   int staged_passes = 0;  // cp.async groups this thread committed, one a pass
   if constexpr (Staged) {
     for (int pass = 0; pass < l.passes; ++pass) {
-      const int64_t p = row_of(pass);
-      if (p >= l.headdim) break;
+      const Idx p = row_of(pass);
+      if (p >= Idx(l.headdim)) break;
 #pragma unroll
       for (int c = 0; c < Chunks; ++c) {
-        const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
-        if (n0 < N) stage4(stage + (pass * l.rows_per_pass + group) * N + n0, state + p * l.state_s[2] + n0);
+        const Idx n0 = (static_cast<Idx>(c) * lanes + lane) * E;
+        if (n0 < N) stage4(stage + (pass * l.rows_per_pass + group) * N + n0, state + p * Idx(l.state_s[2]) + n0);
       }
       asm volatile("cp.async.commit_group;" ::: "memory");
       ++staged_passes;
     }
   }
   // This thread's elements of state row p (of pass `pass`), read and converted.
-  const auto load_row = [&](int64_t p, int pass, Acc (&s)[Chunks][E]) {
+  const auto load_row = [&](Idx p, int pass, Acc (&s)[Chunks][E]) {
     if constexpr (Staged) wait_pending(staged_passes - pass - 1);  // this pass's copies landed
-    const S* row = Staged ? stage + (pass * l.rows_per_pass + group) * N : state + p * l.state_s[2];
+    const S* row = Staged ? stage + (pass * l.rows_per_pass + group) * N : state + p * Idx(l.state_s[2]);
 #pragma unroll
     for (int c = 0; c < Chunks; ++c) {
-      const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
+      const Idx n0 = (static_cast<Idx>(c) * lanes + lane) * E;
       if (vec) {  // N % 4 == 0: a vector is whole or past N
         S v[E];
         if (n0 < N) load4(row + n0, v);
@@ -289,15 +293,15 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
       } else {
 #pragma unroll
         for (int k = 0; k < E; ++k)
-          s[c][k] = n0 + k < N ? static_cast<Acc>(to_acc(row[(n0 + k) * l.state_s[3]])) : Acc(0);
+          s[c][k] = n0 + k < N ? static_cast<Acc>(to_acc(row[(n0 + k) * Idx(l.state_s[3])])) : Acc(0);
       }
     }
   };
-  const auto store_row = [&](int64_t p, const Acc (&s)[Chunks][E]) {
-    S* row = state + p * l.state_s[2];
+  const auto store_row = [&](Idx p, const Acc (&s)[Chunks][E]) {
+    S* row = state + p * Idx(l.state_s[2]);
 #pragma unroll
     for (int c = 0; c < Chunks; ++c) {
-      const int64_t n0 = (static_cast<int64_t>(c) * lanes + lane) * E;
+      const Idx n0 = (static_cast<Idx>(c) * lanes + lane) * E;
       if (vec) {
         S v[E];
 #pragma unroll
@@ -306,7 +310,7 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
       } else {
 #pragma unroll
         for (int k = 0; k < E; ++k)
-          if (n0 + k < N) row[(n0 + k) * l.state_s[3]] = from_acc<S>(s[c][k]);
+          if (n0 + k < N) row[(n0 + k) * Idx(l.state_s[3])] = from_acc<S>(s[c][k]);
       }
     }
   };
@@ -320,25 +324,25 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
   struct RowToken {
     Acc delta, dtx, dA, Dx, z;
   };
-  const auto row_token = [&](int64_t p, int64_t t) {
+  const auto row_token = [&](Idx p, Idx t) {
     RowToken r;
     const Acc bias =
-        l.has_dt_bias ? small<T>(l.dt_bias, bias_f32, h * l.dt_bias_s[0] + p * l.dt_bias_s[1]) : Acc(0);
+        l.has_dt_bias ? small<T>(l.dt_bias, bias_f32, h * Idx(l.dt_bias_s[0]) + p * Idx(l.dt_bias_s[1])) : Acc(0);
     r.delta = state_update_delta(
-        small<T>(l.dt, dt_f32, b * l.dt_s[0] + t * l.dt_s[1] + h * l.dt_s[2] + p * l.dt_s[3]) + bias,
+        small<T>(l.dt, dt_f32, b * Idx(l.dt_s[0]) + t * Idx(l.dt_s[1]) + h * Idx(l.dt_s[2]) + p * Idx(l.dt_s[3])) + bias,
         l.dt_softplus);
-    const Acc xv = static_cast<Acc>(to_acc(x[b * l.x_s[0] + t * l.x_s[1] + h * l.x_s[2] + p * l.x_s[3]]));
+    const Acc xv = static_cast<Acc>(to_acc(x[b * Idx(l.x_s[0]) + t * Idx(l.x_s[1]) + h * Idx(l.x_s[2]) + p * Idx(l.x_s[3])]));
     r.dtx = r.delta * xv;
-    r.dA = row_a && N > 0 ? math_exp(small<T>(l.A, A_f32, h * l.A_s[0] + p * l.A_s[1]) * r.delta) : Acc(0);
-    r.Dx = l.has_D ? small<T>(l.D, D_f32, h * l.D_s[0] + p * l.D_s[1]) * xv : Acc(0);
-    r.z = has_z ? static_cast<Acc>(to_acc(z[b * l.z_s[0] + t * l.z_s[1] + h * l.z_s[2] + p * l.z_s[3]])) : Acc(0);
+    r.dA = row_a && N > 0 ? math_exp(small<T>(l.A, A_f32, h * Idx(l.A_s[0]) + p * Idx(l.A_s[1])) * r.delta) : Acc(0);
+    r.Dx = l.has_D ? small<T>(l.D, D_f32, h * Idx(l.D_s[0]) + p * Idx(l.D_s[1])) * xv : Acc(0);
+    r.z = has_z ? static_cast<Acc>(to_acc(z[b * Idx(l.z_s[0]) + t * Idx(l.z_s[1]) + h * Idx(l.z_s[2]) + p * Idx(l.z_s[3])])) : Acc(0);
     return r;
   };
   // out of (row p, token t) from the sum y over n: + D·x, the gate, rounded once.
-  const auto finish = [&](int64_t p, int64_t t, Acc y, const RowToken& r) {
+  const auto finish = [&](Idx p, Idx t, Acc y, const RowToken& r) {
     y += r.Dx;
     if (has_z) y = state_update_gate(y, r.z);
-    out[b * l.out_s[0] + t * l.out_s[1] + h * l.out_s[2] + p * l.out_s[3]] = from_acc<T>(y);
+    out[b * Idx(l.out_s[0]) + t * Idx(l.out_s[1]) + h * Idx(l.out_s[2]) + p * Idx(l.out_s[3])] = from_acc<T>(y);
   };
   // lane_scalars: lane q of the group holds pair q = pass·tokens + t's RowToken (computed
   // once, in parallel), the others take it by shuffle, and lane q keeps that pair's sum
@@ -347,22 +351,22 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
   RowToken mine{};
   Acc mine_y = 0;
   if (by_lane && lane < l.passes * tokens) {
-    const int64_t p = row_of(lane / static_cast<int>(tokens));
-    if (p < l.headdim) mine = row_token(p, lane % tokens);
+    const Idx p = row_of(lane / static_cast<int>(tokens));
+    if (p < Idx(l.headdim)) mine = row_token(p, lane % tokens);
   }
   Acc s[Chunks][E], next[Chunks][E];
-  int64_t p = row_of(0);
-  if (p < l.headdim) load_row(p, 0, s);
-  for (int pass = 0; pass < l.passes && p < l.headdim; ++pass) {
+  Idx p = row_of(0);
+  if (p < Idx(l.headdim)) load_row(p, 0, s);
+  for (int pass = 0; pass < l.passes && p < Idx(l.headdim); ++pass) {
     // (p < headdim for the whole group: its shuffles stay within it; rows ascend with
     // the pass, so the loop ends at the first one past the head.)
-    const int64_t pn = row_of(pass + 1);
-    const bool more = pass + 1 < l.passes && pn < l.headdim;
+    const Idx pn = row_of(pass + 1);
+    const bool more = pass + 1 < l.passes && pn < Idx(l.headdim);
     if constexpr (kPrefetch) {
       if (more) load_row(pn, pass + 1, next);
     }
-    const int64_t ao = h * l.A_s[0] + p * l.A_s[1];
-    for (int64_t t = 0; t < tokens; ++t) {
+    const Idx ao = h * Idx(l.A_s[0]) + p * Idx(l.A_s[1]);
+    for (Idx t = 0; t < tokens; ++t) {
       if (tokens > 1) load_bc(t);
       const int q = by_lane ? pass * static_cast<int>(tokens) + static_cast<int>(t) : 0;
       RowToken r;
@@ -388,8 +392,8 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
         for (int c = 0; c < Chunks; ++c)
 #pragma unroll
           for (int k = 0; k < E; ++k) {
-            const int64_t n = (static_cast<int64_t>(c) * lanes + lane) * E + k;
-            const Acc dA = n < N ? math_exp(small<T>(l.A, A_f32, ao + n * l.A_s[2]) * r.delta) : Acc(0);
+            const Idx n = (static_cast<Idx>(c) * lanes + lane) * E + k;
+            const Acc dA = n < N ? math_exp(small<T>(l.A, A_f32, ao + n * Idx(l.A_s[2])) * r.delta) : Acc(0);
             s[c][k] = s[c][k] * dA + Bv[c][k] * r.dtx;
             y += s[c][k] * Cv[c][k];
           }
@@ -415,8 +419,8 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
     p = pn;
   }
   if (by_lane && lane < l.passes * tokens) {
-    const int64_t pq = row_of(lane / static_cast<int>(tokens));
-    if (pq < l.headdim) finish(pq, lane % tokens, mine_y, mine);
+    const Idx pq = row_of(lane / static_cast<int>(tokens));
+    if (pq < Idx(l.headdim)) finish(pq, lane % tokens, mine_y, mine);
   }
 }
 
