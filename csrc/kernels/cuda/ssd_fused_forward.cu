@@ -164,8 +164,9 @@ __device__ __forceinline__ void cb_table_rows(const FusedParams& p) {
 // ring of three steps (55 KB, four blocks a multiprocessor), each tile's k-steps over N in
 // order (the same bits). At the shape above 100.4–101.2 µs (two steps, 37 KB, six blocks:
 // 104.0–105.2; 128-column steps or N whole in one step lost; 90.2 since the table's tiles
-// are stored as whole sectors); at N = 128 (one step) 12.2 against the rows' 10.1: more
-// blocks, each loading its C and B rows. Persistent blocks (as many as are resident, each
+// are stored as whole sectors; 74.8 since the usual case's loads take addresses computed
+// once, where the generic row loop's had been most of a step's instructions); at N = 128
+// (one step) 12.2 against the rows' 10.1: more blocks, each loading its C and B rows. Persistent blocks (as many as are resident, each
 // taking every grid-th unit with its ring running on across units) took 120.7 µs; a likely
 // reason is the pairs' uneven work (a diagonal pair has 10 tiles of 16), which blocks
 // scheduled as they finish balance and a fixed share does not (not profiled).
@@ -193,8 +194,27 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   if (ti * 64 >= len) return;  // (the whole block)
   const T* Cg = static_cast<const T*>(p.C) + b * p.Cs[0] + t0 * p.Cs[1] + grp * p.Cs[2];
   const T* Bg = static_cast<const T*>(p.B) + b * p.Bs[0] + t0 * p.Bs[1] + grp * p.Bs[2];
+  // The usual case (16-byte rows, the block's 64 rows of C and of B inside the chunk, N the
+  // whole tile): a thread's four 8-column pieces of each step are those load_rows would
+  // give it, at addresses computed once and moved by a step's columns.
+  static_assert(64 * kCbK / 8 == 4 * kCbThreads, "four 16-byte pieces a thread and operand a step");
+  const bool fast = p.bc_vec && (ti + 1) * 64 <= len && p.state_dim == NS;
+  const int fr = threadIdx.x >> 3, fc = (threadIdx.x & 7) * 8;
+  const T* const fC = Cg + (ti * 64 + fr) * p.Cs[1] + fc;
+  const T* const fB = Bg + (tj * 64 + fr) * p.Bs[1] + fc;
+  const int64_t fCs = 16 * p.Cs[1], fBs = 16 * p.Bs[1];
   auto load = [&](int step, int buf) {
     const int k0 = step * kCbK;
+    if (fast) {
+      T* const dC = sC0 + (buf * 64 + fr) * kCbLd + fc;
+      T* const dB = sB0 + (buf * 64 + fr) * kCbLd + fc;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        ssd_cp_async16(dC + k * 16 * kCbLd, fC + k * fCs + k0);
+        ssd_cp_async16(dB + k * 16 * kCbLd, fB + k * fBs + k0);
+      }
+      return;
+    }
     load_rows<T, kCbLd, kCbK>(sC0 + buf * 64 * kCbLd, Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64,
                               len, p.state_dim - k0, threadIdx.x, kCbThreads);
     load_rows<T, kCbLd, kCbK>(sB0 + buf * 64 * kCbLd, Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64,
