@@ -543,8 +543,13 @@ def test_cuda_variants_chosen():
     assert variant(64) == "warp_vec16" and variant(256) == "warp_vec16"
     assert variant(4096) == "block_vec16" and variant(8192) == "block_vec16"
     assert variant(32768) == "block_vec16" and variant(65536) == "strided"
-    assert variant(4096, "rms_norm_backward") == "block_vec16"
-    assert variant(16384, "rms_norm_backward") == "block_vec16"
+    # The plain backward stages dy and x where its rings fit (sm_80+): a 512-thread block
+    # of 4 rows of 4096 holds its dw partial row and 2 rows of each (16 KB + 128 KB).
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    staged = lambda smem: "_staged" if torch.cuda.get_device_capability() >= (8, 0) and smem <= optin else ""
+    assert variant(4096, "rms_norm_backward") == "block_vec16" + staged(4096 * 4 + 4 * 2 * 4096 * 4)
+    assert variant(16384, "rms_norm_backward") == "block_vec16" + staged(2 * 16384 * 4)
+    assert variant(256, "rms_norm_backward") == "warp_vec16" + staged(256 * 4 + 16 * 2 * 256 * 4)
     assert variant(32768, "rms_norm_backward") == "strided"
     assert variant(100) == "strided"  # 100 bf16 = 200 bytes: not whole 16-byte vectors
     x = torch.randn(64, 4104, dtype=bf, device="cuda")[:, 8:]  # 16-byte aligned row slice

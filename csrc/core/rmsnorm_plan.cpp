@@ -121,11 +121,19 @@ void plan_backward_grid(RmsNormLaunch& l, Backend backend, const std::string& op
   l.dw_blocks = l.has_weight ? l.grid : 0;
 }
 
+// RmsNormLaunch::stage where the plain rows backward's rings fit.
+void plan_stage(RmsNormLaunch& l, const DeviceInfo& device) {
+  l.stage = false;
+  if (device.backend != Backend::Cuda || l.gated || l.layout != RmsNormLayout::Rows || device.arch < 80) return;
+  l.stage = true;  // (rms_norm_backward_smem_bytes counts the rings only when staged)
+  if (rms_norm_backward_smem_bytes(l) > device.smem_optin_bytes) l.stage = false;
+}
+
 std::string variant_name(const RmsNormLaunch& l, const DeviceInfo& device) {
   if (l.layout == RmsNormLayout::Strided) return "strided";
   if (device.backend == Backend::Cpu)  // AVX2: the plain ops, not float64
     return l.element == ElementKind::F64 || l.gated ? "rows" : "rows_simd";
-  return l.group <= 32 ? "warp_vec16" : "block_vec16";
+  return std::string(l.group <= 32 ? "warp_vec16" : "block_vec16") + (l.stage ? "_staged" : "");
 }
 
 void set_scalars(RmsNormLaunch& l, double eps) {
@@ -232,6 +240,18 @@ RmsNormConvention parse_rms_norm_convention(const std::string& name, const std::
     if (name == kConventions[i]) return static_cast<RmsNormConvention>(i);
   fail(PlanErrorKind::InvalidProblem, op,
        "convention must be 'torch', 'llama' or 'gemma', got '" + name + "'");
+}
+
+int64_t rms_norm_dw_smem_bytes(const RmsNormLaunch& l) {
+  return l.rows_per_block > 1 && l.has_weight ? l.cols * element_size(rms_norm_rstd_dtype(l.element)) : 0;
+}
+
+int64_t rms_norm_stage_row_bytes(const RmsNormLaunch& l) {
+  return l.cols * (element_size(l.out_element) + element_size(l.element));
+}
+
+int64_t rms_norm_backward_smem_bytes(const RmsNormLaunch& l) {
+  return rms_norm_dw_smem_bytes(l) + (l.stage ? l.rows_per_block * 2 * rms_norm_stage_row_bytes(l) : 0);
 }
 
 ElementKind rms_norm_out_dtype(ElementKind x, bool has_weight, ElementKind w,
@@ -374,6 +394,7 @@ RmsNormBackwardPlan RmsNormBackwardPlan::select(const RmsNormBackwardDescriptor&
   }
   l.dz_row_stride = d.has_dz_into ? plan_dz_into(d, op, align) : l.width();
   plan_variant(l, d.device, unit_inner || (l.cols <= 1 && l.ngroups <= 1), align, 3);
+  plan_stage(l, d.device);
   plan_backward_grid(l, d.device.backend, op);
   p.dx_ = d.dx_over_dy ? d.dy : rows_layout(x.dtype, x, false);
   p.dw_ = vector_layout(l.weight_element, d.has_weight, l.width());

@@ -96,7 +96,8 @@ constexpr int kRmsNormBlockThreads = 256;
 constexpr int kRmsNormForwardBlocksPerSm = 8;
 // CUDA, rows variant: threads a backward block (the kernels' launch bounds: up to 128
 // registers a thread; ptxas for sm_90a uses 90 for one bfloat16 vector a thread, 105 for
-// two, 128 for four, with 44 bytes of spills where W and O are float32 and x 16-bit). Its
+// two, 128 for four, with 44 bytes of spills where W and O are float32 and x 16-bit;
+// staged, 89, 88 and 112, reading dy and x from shared memory again for dx). Its
 // row groups add their dw partials in shared memory, so the workspace holds one partial
 // row per block, and the grid is the blocks that are resident at once
 // (kernels::rms_norm_cuda_backward_blocks asks the occupancy calculator).
@@ -163,6 +164,13 @@ struct RmsNormLaunch {
   int vec = 1, vecs = 1, group = 1, rows_per_block = 1;
   int64_t grid = 0, grid_y = 1;
   int sm_count = 0;  // the device's, for the backward's and the plain forward's grid
+  // CUDA, the plain rows backward: each row group copies its next row of dy and x into
+  // shared memory (cp.async, a ring of two rows) while it computes the current one from
+  // there, where the block's rings fit (rms_norm_backward_smem_bytes) on an sm_80+ device.
+  // A group otherwise holds one row's loads in flight at a time, and a multiprocessor
+  // (one 512-thread block at 128 registers) too few of them to cover the latency: on an
+  // H200 at [8192, 4096] bf16 (llama convention) 91.7 µs unstaged, 75.1 staged.
+  bool stage = false;
   // Backward: rows of float32 (float64) dw partials in the workspace (0 without a weight),
   // each ngroups·cols wide; with a bias, as many rows of db partials after them.
   int64_t dw_blocks = 0;
@@ -187,6 +195,13 @@ struct RmsNormLaunch {
 
   int64_t width() const { return ngroups * cols; }  // x.size(-1)
 };
+
+// The CUDA rows backward's shared memory in bytes: the block's dw (then db) partial row
+// in the compute type where it has several row groups (rms_norm_dw_smem_bytes), then with
+// `stage` two rows of dy then x for each group (rms_norm_stage_row_bytes a row).
+int64_t rms_norm_dw_smem_bytes(const RmsNormLaunch& l);
+int64_t rms_norm_stage_row_bytes(const RmsNormLaunch& l);
+int64_t rms_norm_backward_smem_bytes(const RmsNormLaunch& l);
 
 // The dtype of y (and dy): x's, except the llama convention with a float32 weight and a
 // 16-bit x, whose product is float32 (torch's type promotion).

@@ -123,6 +123,36 @@ __device__ __forceinline__ Idx peel_coord(Idx& rest, const FastDivmod& div, Idx 
 }
 
 // Throws PlanError(Internal) naming the op if the last launch failed.
+// cp.async (sm_80+; the plans choose no kernel that uses it on older devices): 16 bytes
+// from global to shared memory without a register round trip, both addresses 16-byte
+// aligned, through L2 only (.cg). A copy belongs to the thread's next committed group and
+// is complete, for this thread, once cp_async_wait<N> leaves at most N of its groups in
+// flight (a barrier then makes it visible to the block). (The SSD kernels have their own
+// in ssd_chunk_scan_mma.cuh, a header that a host emulation can replace.)
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
+               "l"(gmem)
+               : "memory");
+#else
+  (void)smem, (void)gmem;
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)

@@ -10,7 +10,10 @@
 // registers over the rows; at the end the block's groups add their partials in shared
 // memory in group order and write one partial row to the workspace, and a second kernel
 // sums the grid's partial rows per column in order. Every sum has a fixed order: the
-// results are bitwise reproducible on a given GPU.
+// results are bitwise reproducible on a given GPU. The plain backward's groups, where the
+// plan stages them (RmsNormLaunch::stage), read dy and x from a ring of two rows in shared
+// memory that cp.async fills with the next row while this one computes (the same values
+// in the same order: the same bits).
 //
 // Strided variant (any strides, any N, or rows wider than the registers hold): a row per
 // block of kRmsNormLoopThreads threads, two passes over the row (the backward's dw
@@ -51,6 +54,7 @@ struct RmsNormParams {
   float eps, inv_cols;
   double eps64, inv_cols64;
   int group, rows_per_block;
+  int stage_at, stage_row_bytes;  // the staged backward's rings in shared memory (RmsNormLaunch::stage)
   const void* x;
   const void* residual;
   const void* weight;
@@ -101,6 +105,17 @@ __device__ __forceinline__ void load_vec(const T* p, T (&out)[V]) {
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) out[i] = p[i];
+  }
+}
+
+// load_vec from shared memory (16-byte aligned, whole 16-byte words: the staged rows).
+template <typename T, int V>
+__device__ __forceinline__ void load_vec_shared(const T* p, T (&out)[V]) {
+  static_assert(sizeof(T) * V % 16 == 0, "whole 16-byte words");
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) * V / 16); ++i) {
+    const uint4 raw = reinterpret_cast<const uint4*>(p)[i];
+    memcpy(reinterpret_cast<char*>(out) + 16 * i, &raw, 16);
   }
 }
 
@@ -161,6 +176,42 @@ __device__ __forceinline__ void for_each_row_group(const RmsNormParams& p, F&& b
     if (active) p.offsets(N, row, off);
     body(row, active, off);
   }
+}
+
+// for_each_row_group with the next row's loads in flight (the plain backward's `stage`):
+// before a row's body, copy(next_off, slot) puts the group's next row into the other slot
+// of a ring of two (cp.async, one group of copies an iteration, even when empty) and
+// returns a value of it loaded into a register (its rstd); body(row, active, off, slot,
+// value) then finds its own row complete in `slot` (each thread waits for its own copies
+// and reads only what it copied, so no barrier is needed) and its value loaded.
+template <int N, typename Acc, typename Copy, typename F>
+__device__ __forceinline__ void for_each_row_group_staged(const RmsNormParams& p, Copy&& copy, F&& body) {
+  const int64_t rows_per_block = p.rows_per_block, step = static_cast<int64_t>(gridDim.x) * rows_per_block;
+  const int sub = static_cast<int>(threadIdx.x) / p.group;
+  const auto issue = [&](int64_t base, int slot) {
+    const int64_t row = base + sub;
+    Acc v = 0;
+    if (row < p.rows) {
+      int64_t off[N] = {};
+      p.offsets(N, row, off);
+      v = copy(off, slot);
+    }
+    cp_async_commit();
+    return v;
+  };
+  int64_t base = blockIdx.x * rows_per_block;
+  Acc next = issue(base, 0);
+  for (int slot = 0; base < p.rows; base += step, slot ^= 1) {
+    const Acc value = next;
+    next = issue(base + step, slot ^ 1);
+    cp_async_wait<1>();  // this row's copies (the next row's may still be in flight)
+    const int64_t row = base + sub;
+    const bool active = row < p.rows;
+    int64_t off[N] = {};
+    if (active) p.offsets(N, row, off);
+    body(row, active, off, slot, value);
+  }
+  cp_async_wait<0>();  // (the last, empty group)
 }
 
 // body(g) for the row groups g = blockIdx.y, + gridDim.y, ... < ngroups of the gated op;
@@ -324,11 +375,15 @@ __device__ __forceinline__ void store_block_partial(const Acc (&acc)[VPT][V], Ac
 
 // Bias (the gated op with a bias): db partials in registers too (instantiated apart, so
 // that the usual case holds 8 fewer registers per vector).
-template <typename T, typename W, typename O, int VPT, bool Gated, bool Bias>
+// Stage (the plain op only; the plan's `stage`): dy and x come through a ring of two row
+// buffers a group in shared memory (rms_norm_backward_smem_bytes), the next row's copies in
+// flight while a row computes (for_each_row_group_staged).
+template <typename T, typename W, typename O, int VPT, bool Gated, bool Bias, bool Stage = false>
 __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNormBackwardThreads,
                                   Gated && VPT <= 2 ? 2 : 1)
     rms_norm_rows_backward(const RmsNormParams p) {
   static_assert(Gated || !Bias, "only the gated op has a bias");
+  static_assert(!Stage || !Gated, "the staged rows are the plain op's");
   using Acc = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
   constexpr bool Fast = kFastGate<T>;
@@ -349,19 +404,42 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
 #pragma unroll
       for (int i = 0; i < V; ++i) dw[k][i] = db[k][i] = 0;
 
-    for_each_row_group<4>(p, [&](int64_t row, bool active, const int64_t* off) {
-      const O* dy = static_cast<const O*>(p.dy) + off[kRmsDy] + c0;
-      const T* x = static_cast<const T*>(p.x) + off[kRmsBx] + c0;
+    // Stage: the group's ring of two rows of dy then x, after the dw partial row.
+    unsigned char* const ring = dw_smem_raw + p.stage_at + (threadIdx.x / G) * 2 * p.stage_row_bytes;
+    const auto staged_dy = [&](int slot) { return reinterpret_cast<O*>(ring + slot * p.stage_row_bytes); };
+    const auto staged_x = [&](int slot) { return reinterpret_cast<T*>(staged_dy(slot) + p.cols); };
+    const auto copy_row = [&](const int64_t* off, int slot) {  // (Stage: no row groups, c0 = 0)
+      const O* dy = static_cast<const O*>(p.dy) + off[kRmsDy];
+      const T* x = static_cast<const T*>(p.x) + off[kRmsBx];
+      O* sdy = staged_dy(slot);
+      T* sx = staged_x(slot);
+      for_each_vector<VPT, V>(lane, G, p.cols, [&](int, int64_t c) {
+#pragma unroll
+        for (int i = 0; i < static_cast<int>(sizeof(O)) * V / 16; ++i)
+          cp_async16(reinterpret_cast<unsigned char*>(sdy + c) + 16 * i,
+                     reinterpret_cast<const unsigned char*>(dy + c) + 16 * i);
+        cp_async16(sx + c, x + c);
+      });
+      return static_cast<const Acc*>(p.rstd_in)[off[kRmsRstd]];
+    };
+    const auto row_body = [&](int64_t row, bool active, const int64_t* off, int slot, Acc staged_rstd) {
+      const O* dy = Stage ? staged_dy(slot) : static_cast<const O*>(p.dy) + off[kRmsDy] + c0;
+      const T* x = Stage ? staged_x(slot) : static_cast<const T*>(p.x) + off[kRmsBx] + c0;
       const T* z = static_cast<const T*>(p.z) + off[kRmsBz] + c0;
       const int64_t rstd_at = off[kRmsRstd] + (Gated ? g * p.col_stride[kRmsRstd] : 0);
-      const Acc rstd = active ? static_cast<const Acc*>(p.rstd_in)[rstd_at] : Acc(0);
+      const Acc rstd = Stage ? staged_rstd : active ? static_cast<const Acc*>(p.rstd_in)[rstd_at] : Acc(0);
 
       O d[VPT][V];
       T xv[VPT][V], zv[VPT][V];
       Acc part = 0;
       for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
-        load_vec<O, V>(dy + c, d[k]);
-        load_vec<T, V>(x + c, xv[k]);
+        if constexpr (Stage) {
+          load_vec_shared<O, V>(dy + c, d[k]);
+          load_vec_shared<T, V>(x + c, xv[k]);
+        } else {
+          load_vec<O, V>(dy + c, d[k]);
+          load_vec<T, V>(x + c, xv[k]);
+        }
         if (Gated && p.gate != RmsNormGate::None) load_vec<T, V>(z + c, zv[k]);
         W wv[V];
         if (p.has_weight) load_vec<W, V>(w + c, wv);
@@ -382,6 +460,10 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
       T* y = static_cast<T*>(p.y) + rg * p.cols;  // the recomputed output (gated, if asked)
       const T* dh = static_cast<const T*>(p.dh) + off[kRmsDh];
       for_each_vector<VPT, V>(lane, G, p.cols, [&](int k, int64_t c) {
+        if constexpr (Stage) {  // read again rather than held over the row's sum: fewer registers
+          load_vec_shared<O, V>(dy + c, d[k]);
+          load_vec_shared<T, V>(x + c, xv[k]);
+        }
         W wv[V], bv[V];
         if (p.has_weight) load_vec<W, V>(w + c, wv);
         if constexpr (Bias) load_vec<W, V>(b + c, bv);
@@ -421,7 +503,13 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
         if (Gated && p.gate != RmsNormGate::None) store_vec<T, V>(dz + c, dzo);
         if (Gated && p.y) store_vec<T, V>(y + c, yo);
       });
-    });
+    };
+    if constexpr (Stage)
+      for_each_row_group_staged<4, Acc>(p, copy_row, row_body);
+    else
+      for_each_row_group<4>(p, [&](int64_t row, bool active, const int64_t* off) {
+        row_body(row, active, off, 0, Acc(0));
+      });
     if (!p.has_weight) return;
     // The block's partial rows (dw, then db), its row groups added in group order.
     Acc* ws = static_cast<Acc*>(p.workspace);
@@ -629,6 +717,8 @@ inline RmsNormParams rms_norm_params(const RmsNormLaunch& l) {
   p.inv_cols64 = l.inv_cols64;
   p.group = l.group;
   p.rows_per_block = l.rows_per_block;
+  p.stage_at = static_cast<int>(rms_norm_dw_smem_bytes(l));
+  p.stage_row_bytes = static_cast<int>(rms_norm_stage_row_bytes(l));
   p.x = l.x;
   p.residual = l.residual;
   p.weight = l.weight;
@@ -662,13 +752,6 @@ void dispatch_rms_norm_of(const RmsNormLaunch& l, F&& f) {
     else
       fail(PlanErrorKind::Internal, "gated_rms_norm", "the output must have x's dtype");
   });
-}
-
-// The rows backward's shared memory: the block's dw (then db) partial row when it has
-// several row groups.
-template <typename Acc>
-size_t rms_norm_backward_smem(const RmsNormLaunch& l) {
-  return l.rows_per_block > 1 && l.has_weight ? static_cast<size_t>(l.cols) * sizeof(Acc) : 0;
 }
 
 // ---- launchers: defined here, instantiated once per direction for the plain ops
@@ -710,19 +793,29 @@ void with_backward_kernel(const RmsNormLaunch& l, F&& f) {
     if (l.layout == RmsNormLayout::Strided)
       return f(K(rms_norm_strided_backward<T, W, O, Gated>), kRmsNormLoopThreads, size_t{0});
     const int threads = l.group * l.rows_per_block;
-    const size_t smem = rms_norm_backward_smem<acc_t<T>>(l);
-    const auto rows = [&](auto bias) {
-      constexpr bool B = decltype(bias)::value;
+    const size_t smem = static_cast<size_t>(rms_norm_backward_smem_bytes(l));
+    const auto rows = [&](auto bias, auto stage) {
+      constexpr bool B = decltype(bias)::value, S = decltype(stage)::value;
+      const auto run = [&](K kernel) {
+        if (smem > 48 * 1024 &&  // (past the default limit a kernel must opt in)
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
+                cudaSuccess)
+          check_launch(Gated ? "gated_rms_norm_backward" : "rms_norm_backward");
+        return f(kernel, threads, smem);
+      };
       switch (l.vecs) {
-        case 1: return f(K(rms_norm_rows_backward<T, W, O, 1, Gated, B>), threads, smem);
-        case 2: return f(K(rms_norm_rows_backward<T, W, O, 2, Gated, B>), threads, smem);
-        case 4: return f(K(rms_norm_rows_backward<T, W, O, 4, Gated, B>), threads, smem);
+        case 1: return run(K(rms_norm_rows_backward<T, W, O, 1, Gated, B, S>));
+        case 2: return run(K(rms_norm_rows_backward<T, W, O, 2, Gated, B, S>));
+        case 4: return run(K(rms_norm_rows_backward<T, W, O, 4, Gated, B, S>));
         default: fail(PlanErrorKind::Internal, "rms_norm_backward", "no kernel for this vector count");
       }
     };
-    if constexpr (Gated)
-      if (l.has_bias) return rows(std::true_type{});
-    return rows(std::false_type{});
+    if constexpr (Gated) {
+      if (l.has_bias) return rows(std::true_type{}, std::false_type{});
+    } else {
+      if (l.stage) return rows(std::false_type{}, std::true_type{});
+    }
+    return rows(std::false_type{}, std::false_type{});
   });
 }
 
