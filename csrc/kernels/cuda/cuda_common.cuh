@@ -122,7 +122,6 @@ __device__ __forceinline__ Idx peel_coord(Idx& rest, const FastDivmod& div, Idx 
   return c;
 }
 
-// Throws PlanError(Internal) naming the op if the last launch failed.
 // cp.async (sm_80+; the plans choose no kernel that uses it on older devices): 16 bytes
 // from global to shared memory without a register round trip, both addresses 16-byte
 // aligned, through L2 only (.cg). A copy belongs to the thread's next committed group and
@@ -131,9 +130,8 @@ __device__ __forceinline__ Idx peel_coord(Idx& rest, const FastDivmod& div, Idx 
 // in ssd_chunk_scan_mma.cuh, a header that a host emulation can replace.)
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
-               "l"(gmem)
-               : "memory");
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
 #else
   (void)smem, (void)gmem;
   __trap();
@@ -153,6 +151,7 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Throws PlanError(Internal) naming the op if the last launch failed.
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
