@@ -558,6 +558,38 @@ def test_cuda_variants_chosen():
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_cuda_backward_staged_and_unstaged_agree(dtype):
+    """The plain backward with dy and x staged through shared memory (the plan's choice
+    where the rings fit) and unstaged (what devices with less shared memory run) do the
+    same operations in the same order: the same bits, for every convention, with and
+    without a weight and dh, a float32 dy beside 16-bit x, and more rows than the resident
+    grid takes at once."""
+    torch.manual_seed(5)
+    half = dtype in (torch.float16, torch.bfloat16)
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    for rows, cols in ((3001, 4096), (77, 256), (9, 40)):
+        x, dh = randn((rows, cols), dtype, "cuda"), randn((rows, cols), dtype, "cuda")
+        for conv in CONVENTIONS:
+            for w_dtype in ((dtype, None, torch.float32) if half and conv == "llama" else (dtype, None)):
+                w = None if w_dtype is None else randn((cols,), w_dtype, "cuda")
+                y, rstd = ops.rms_norm(x, w, 1e-6, conv)
+                dy = randn(tuple(y.shape), y.dtype, "cuda")
+                results = []
+                for allow in (True, False):
+                    previous = bt._C._rms_norm_allow_stage(allow)
+                    try:
+                        staged = bt.explain("rms_norm_backward", dy, x, w, rstd, conv, dh).variant.endswith("_staged")
+                        # (every case here fits a Hopper block's 227 KB)
+                        assert staged == allow or (allow and optin < 227 * 1024), (allow, staged)
+                        results.append(ops.rms_norm_backward(dy, x, w, rstd, conv, dh))
+                    finally:
+                        bt._C._rms_norm_allow_stage(previous)
+                for a, b in zip(*results):
+                    assert torch.equal(a, b), (rows, cols, conv, w_dtype, dtype)
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_wide_rows(dtype):
     """Rows of 65536 and 100003 elements (the strided variant) and 32768 (the widest the

@@ -1,6 +1,7 @@
 #include "core/rmsnorm_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -121,10 +122,15 @@ void plan_backward_grid(RmsNormLaunch& l, Backend backend, const std::string& op
   l.dw_blocks = l.has_weight ? l.grid : 0;
 }
 
+// rms_norm_allow_stage's setting (tests only).
+std::atomic<bool> g_allow_stage{true};
+
 // RmsNormLaunch::stage where the plain rows backward's rings fit.
 void plan_stage(RmsNormLaunch& l, const DeviceInfo& device) {
   l.stage = false;
-  if (device.backend != Backend::Cuda || l.gated || l.layout != RmsNormLayout::Rows || device.arch < 80) return;
+  if (device.backend != Backend::Cuda || l.gated || l.layout != RmsNormLayout::Rows || device.arch < 80 ||
+      !g_allow_stage.load(std::memory_order_relaxed))
+    return;
   l.stage = true;  // (rms_norm_backward_smem_bytes counts the rings only when staged)
   if (rms_norm_backward_smem_bytes(l) > device.smem_optin_bytes) l.stage = false;
 }
@@ -241,6 +247,8 @@ RmsNormConvention parse_rms_norm_convention(const std::string& name, const std::
   fail(PlanErrorKind::InvalidProblem, op,
        "convention must be 'torch', 'llama' or 'gemma', got '" + name + "'");
 }
+
+bool rms_norm_allow_stage(bool allow) { return g_allow_stage.exchange(allow); }
 
 int64_t rms_norm_dw_smem_bytes(const RmsNormLaunch& l) {
   return l.rows_per_block > 1 && l.has_weight ? l.cols * element_size(rms_norm_rstd_dtype(l.element)) : 0;

@@ -202,6 +202,10 @@ struct RmsNormLaunch {
 int64_t rms_norm_dw_smem_bytes(const RmsNormLaunch& l);
 int64_t rms_norm_stage_row_bytes(const RmsNormLaunch& l);
 int64_t rms_norm_backward_smem_bytes(const RmsNormLaunch& l);
+// Tests only: whether the plans may stage the plain rows backward (RmsNormLaunch::stage;
+// true by default), so that the unstaged kernel, which devices with less shared memory
+// run, is tested on the others too. Returns the previous setting.
+bool rms_norm_allow_stage(bool allow);
 
 // The dtype of y (and dy): x's, except the llama convention with a float32 weight and a
 // 16-bit x, whose product is float32 (torch's type promotion).

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <vector>
 
+#include "core/rmsnorm_plan.h"
 #include "core/ssd_chunk_scan_plan.h"
 #include "kernels/common.h"
 #include "kernels/ssd_chunk_scan.h"
@@ -124,6 +125,9 @@ PYBIND11_MODULE(_C, m) {
     if (!*previous) return std::string("staged");
     return std::string(previous_wgmma.value_or(false) ? "group_wgmma" : "group_mma");
   }, py::arg("name"));
+  // Tests only: whether the plain RMSNorm backward may be staged on CUDA (the plan's choice
+  // where it fits; False: never); returns the previous setting.
+  m.def("_rms_norm_allow_stage", &rms_norm_allow_stage, py::arg("allow"));
   // Tests only: whether the build holds the architecture-specific kernels of compute
   // capability `arch` (sm_90a's wgmma kernels for 90).
   m.def("_arch_specific_kernels", [](int arch) {
