@@ -158,6 +158,19 @@ inline void check_launch(const char* op) {
     fail(PlanErrorKind::Internal, op, std::string("CUDA launch failed: ") + cudaGetErrorString(err));
 }
 
+// Lets `kernel` use `bytes` of dynamic shared memory. Without the opt-in a block gets 48 KB
+// of static and dynamic shared memory together; the kernels' static arrays stay below 16 KB
+// (the SSD's dCB pass has 5 KB), so past 32 KB of dynamic memory the opt-in is set (a 45 KB
+// dCB pass at head_dim 72 failed its launch with "invalid argument" before). Raises naming
+// `op` if the device refuses.
+template <typename K>
+void allow_dynamic_smem(K kernel, int64_t bytes, const char* op) {
+  if (bytes > 32 * 1024 && cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(bytes)) != cudaSuccess)
+    check_launch(op);
+}
+
 inline unsigned int blocks_for(int64_t work, int64_t per_block) {
   return static_cast<unsigned int>((work + per_block - 1) / per_block);
 }

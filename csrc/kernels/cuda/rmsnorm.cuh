@@ -797,10 +797,7 @@ void with_backward_kernel(const RmsNormLaunch& l, F&& f) {
     const auto rows = [&](auto bias, auto stage) {
       constexpr bool B = decltype(bias)::value, S = decltype(stage)::value;
       const auto run = [&](K kernel) {
-        if (smem > 48 * 1024 &&  // (past the default limit a kernel must opt in)
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
-                cudaSuccess)
-          check_launch(Gated ? "gated_rms_norm_backward" : "rms_norm_backward");
+        allow_dynamic_smem(kernel, static_cast<int64_t>(smem), Gated ? "gated_rms_norm_backward" : "rms_norm_backward");
         return f(kernel, threads, smem);
       };
       switch (l.vecs) {

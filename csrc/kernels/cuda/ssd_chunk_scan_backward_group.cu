@@ -874,7 +874,7 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   if (p.total_blocks == 0) return;
   // the heads' two dy and two x buffers, or (before them) the C and B tiles
   const int smem = std::max(4 * kSsdTile * p.ld, 2 * kSsdTile * p.ldn) * static_cast<int>(sizeof(T));
-  ssd_tc_smem(ssd_group_dcb_kernel<T>, smem, "ssd_chunk_scan_backward(group_dcb)");
+  allow_dynamic_smem(ssd_group_dcb_kernel<T>, smem, "ssd_chunk_scan_backward(group_dcb)");
   ssd_group_dcb_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(group_dcb)");
   if (p.nsplit > 1) {
@@ -923,14 +923,14 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.upart = DB ? nullptr : ssd_ws<float>(l, w.up);
   p.out = static_cast<T*>(DB ? l.dB : l.dC);
   if (p.total_blocks == 0) return;
-  ssd_tc_smem(ssd_group_grad_kernel<T, DB, WG>, smem, op);
+  allow_dynamic_smem(ssd_group_grad_kernel<T, DB, WG>, smem, op);
   ssd_group_grad_kernel<T, DB, WG><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch(op);
 }
 
 template <typename T, bool EPI>
 void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, cudaStream_t stream) {
-  ssd_tc_smem(ssd_group_dx_kernel<T, EPI>, smem, "ssd_chunk_scan_backward(group_dx)");
+  allow_dynamic_smem(ssd_group_dx_kernel<T, EPI>, smem, "ssd_chunk_scan_backward(group_dx)");
   ssd_group_dx_kernel<T, EPI><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(group_dx)");
 }

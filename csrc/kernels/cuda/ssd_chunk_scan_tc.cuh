@@ -840,24 +840,13 @@ inline void ssd_tc_head_split(int64_t hpg, int64_t other_blocks, int sms, int64_
 
 inline int ssd_align16(int bytes) { return (bytes + 15) / 16 * 16; }
 
-// Lets `kernel` use `bytes` of dynamic shared memory. Without the opt-in a block gets 48 KB
-// of static and dynamic shared memory together; the SSD kernels' static arrays stay below
-// 16 KB (the dCB pass has 5 KB), so past 32 KB of dynamic memory the opt-in is set (a
-// 45 KB dCB pass at head_dim 72 failed its launch with "invalid argument" before).
-template <typename K>
-void ssd_tc_smem(K kernel, int bytes, const char* op) {
-  if (bytes > 32 * 1024 && cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
-    check_launch(op);
-}
-
 template <typename T, bool DSTATE, int NT>
 void ssd_launch_tc_chunk_state_nt(SsdStateParams<T> p, cudaStream_t stream) {
   p.total_blocks = p.batch * p.heads * p.nchunks * p.d_tiles * ((p.n_tiles + NT - 1) / NT);
   if (p.total_blocks == 0) return;
   constexpr int smem = ssd_cs_smem<NT>();
   const char* op = DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)";
-  ssd_tc_smem(ssd_tc_chunk_state_kernel<T, DSTATE, NT>, smem, op);
+  allow_dynamic_smem(ssd_tc_chunk_state_kernel<T, DSTATE, NT>, smem, op);
   ssd_tc_chunk_state_kernel<T, DSTATE, NT><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch(op);
 }
@@ -934,14 +923,14 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   if (p.total_blocks == 0) return true;
   if constexpr (!kMulti) {
     if (p.epi.on) {
-      ssd_tc_smem(ssd_tc_scan_kernel<T, MODE, true>, smem, op);
+      allow_dynamic_smem(ssd_tc_scan_kernel<T, MODE, true>, smem, op);
       ssd_tc_scan_kernel<T, MODE, true><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
     } else {
-      ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
+      allow_dynamic_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
       ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
     }
   } else {
-    ssd_tc_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
+    allow_dynamic_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
     ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   }
   check_launch(op);
@@ -976,7 +965,7 @@ bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.xs = ssd_ws<float>(l, w.xs);
   if (p.total_blocks == 0) return true;
-  ssd_tc_smem(ssd_tc_dacs_kernel<T>, smem, "ssd_chunk_scan_backward(dacs)");
+  allow_dynamic_smem(ssd_tc_dacs_kernel<T>, smem, "ssd_chunk_scan_backward(dacs)");
   ssd_tc_dacs_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(dacs)");
   return true;
