@@ -66,6 +66,19 @@ def problem(device, dtype, batch=3, tokens=None, heads=4, dim=5, dstate=6, group
                 dt_bias=randn((heads, dim), w, device))
 
 
+def as_decode_step(p):
+    """p (one token, no T dim) with Mamba2.step's operands: A, D and dt_bias per head and dt
+    per (batch, head), expanded over head_dim (and d_state) with stride 0, and no z: the
+    lean kernel's problem."""
+    batch, H, P = p["x"].shape
+    p["A"] = p["A"][:, :1, :1].expand(p["A"].shape)
+    p["D"] = p["D"][:, :1].expand(H, P)
+    p["dt_bias"] = p["dt_bias"][:, :1].expand(H, P)
+    p["dt"] = p["dt"][..., :1].expand(batch, H, P)
+    p["z"] = None
+    return p
+
+
 def call(p, tokens, **kw):
     args = dict(D=p["D"], z=p["z"], dt_bias=p["dt_bias"], dt_softplus=True)
     args.update(kw)
@@ -540,12 +553,9 @@ def test_cuda_lean_b_c_loads(dtype, batch):
         "group stride N + 1": odd_groups(),
     }
     for name, (B, C) in cases.items():
-        p = problem("cuda", dtype, batch=batch, heads=H, dim=P, dstate=N, groups=G, state_dtype=torch.float32)
-        p["A"] = p["A"][:, :1, :1].expand(p["A"].shape)
-        p["D"] = p["D"][:, :1].expand(H, P)
-        p["dt_bias"] = p["dt_bias"][:, :1].expand(H, P)
-        p["dt"] = p["dt"][..., :1].expand(batch, H, P)
-        p.update(B=B, C=C, z=None)
+        p = as_decode_step(problem("cuda", dtype, batch=batch, heads=H, dim=P, dstate=N, groups=G,
+                                   state_dtype=torch.float32))
+        p.update(B=B, C=C)
         assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], p["A"], p["B"],
                           p["C"]).variant == "tile_staged", name
         check_against_reference(p, False)
@@ -561,16 +571,12 @@ def test_cuda_lean_offsets_past_32_bits():
     stride = 2**31 + 64
     if torch.cuda.mem_get_info()[0] < 6 * 2**30:
         pytest.skip("needs 6 GiB of free device memory")
-    p = problem("cuda", torch.bfloat16, batch=batch, heads=H, dim=P, dstate=N, groups=G,
-                state_dtype=torch.float32)
-    p["A"] = p["A"][:, :1, :1].expand(p["A"].shape)
-    p["D"] = p["D"][:, :1].expand(H, P)
-    p["dt_bias"] = p["dt_bias"][:, :1].expand(H, P)
-    p["dt"] = p["dt"][..., :1].expand(batch, H, P)
+    p = as_decode_step(problem("cuda", torch.bfloat16, batch=batch, heads=H, dim=P, dstate=N, groups=G,
+                               state_dtype=torch.float32))
     buf = torch.empty(stride + H * P, dtype=torch.bfloat16, device="cuda")
     x = buf.as_strided((batch, H, P), (stride, P, 1))
     x.copy_(p["x"])
-    p.update(x=x, z=None)
+    p["x"] = x
     assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], p["A"], p["B"],
                       p["C"]).variant == "tile_staged"
     check_against_reference(p, False)
