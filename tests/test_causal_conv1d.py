@@ -542,7 +542,13 @@ def test_cuda_variants_chosen():
             wd = w.to(dtype)
             fwd = bt.explain("causal_conv1d", x, wd)
             bwd = bt.explain("causal_conv1d_backward", torch.empty_like(x), None, x, wd)
-            assert fwd.variant == bwd.variant == expect[name], (dtype, name, fwd.variant, bwd.variant)
+            # the channel-last backward without seq_idx or dfinal_states: the plain walk
+            plain = "_plain" if expect[name] == "channels_last_vec" else ""
+            assert fwd.variant == expect[name] and bwd.variant == expect[name] + plain, \
+                (dtype, name, fwd.variant, bwd.variant)
+            seq = torch.zeros(B, L, device="cuda", dtype=torch.int32)
+            assert bt.explain("causal_conv1d_backward", torch.empty_like(x), None, x, wd, None,
+                              seq).variant == expect[name]
             assert fwd.backend == "cuda" and fwd.deterministic and bwd.deterministic
     odd = torch.randn(B, D, 61, device="cuda", dtype=torch.bfloat16)  # rows of 61: not 16-byte aligned
     assert bt.explain("causal_conv1d", odd, w.bfloat16()).variant == "strided"
@@ -643,13 +649,39 @@ def test_cuda_backward_into_mamba2_shape():
     buf = torch.full_like(zxbcdt, float("nan"))
     dx = buf[..., 5120:5120 + D].transpose(1, 2)
     assert bt.explain("causal_conv1d_backward_into", dout, None, x, w, dx).variant == \
-        bt.explain("causal_conv1d_backward", dout, None, x, w).variant == "channels_last_vec"
+        bt.explain("causal_conv1d_backward", dout, None, x, w).variant == "channels_last_vec_plain"
     want = ops.causal_conv1d_backward(dout, None, x, w, b, None, None, "silu")
     got = ops.causal_conv1d_backward_into(dout, None, x, w, dx, b, None, None, "silu")
     assert torch.equal(dx, want[0])
     for g, e in zip(got, want[1:]):
         assert torch.equal(g, e)
     assert buf[..., :5120].isnan().all() and buf[..., 5120 + D:].isnan().all()
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_cuda_plain_walk_same_bits(dtype):
+    """The channel-last backward's plain walk (no seq_idx, no dfinal_states: its checks
+    compiled out, whole iterations without per-step ones) against the checked walk, which
+    the same problem takes with a seq_idx of one sequence and zero dfinal_states: the
+    same bits for dx, dweight and dbias, over chunks with whole and partial iterations,
+    every width, with and without SiLU."""
+    B, D = 2, 64
+    for L in (1, 45, 1000):
+        for W in (2, 3, 4):
+            x = randn((B, L, D), dtype, "cuda").transpose(1, 2)
+            dout = randn((B, L, D), dtype, "cuda").transpose(1, 2)
+            w, b = randn((D, W), dtype, "cuda"), randn((D,), dtype, "cuda")
+            one = torch.zeros(B, L, device="cuda", dtype=torch.int32)
+            zeros = torch.zeros(B, D, W - 1, device="cuda", dtype=dtype)
+            for act in (None, "silu"):
+                assert bt.explain("causal_conv1d_backward", dout, None, x, w).variant == "channels_last_vec_plain"
+                plain = ops.causal_conv1d_backward(dout, None, x, w, b, None, None, act)
+                checked = ops.causal_conv1d_backward(dout, None, x, w, b, one, None, act)
+                with_final = ops.causal_conv1d_backward(dout, zeros, x, w, b, None, None, act)
+                for got in (checked, with_final):
+                    for p, c in zip(plain[:3], got[:3]):
+                        assert torch.equal(p, c), (dtype, L, W, act)
 
 
 @requires_cuda

@@ -72,7 +72,7 @@ std::pair<CausalConv1dLayout, int> pick_layout(const TensorLayout* const* ts, in
 
 const char* variant_name(const CausalConv1dLaunch& l) {
   switch (l.layout) {
-    case CausalConv1dLayout::ChannelsLastVec: return "channels_last_vec";
+    case CausalConv1dLayout::ChannelsLastVec: return l.plain_walk ? "channels_last_vec_plain" : "channels_last_vec";
     case CausalConv1dLayout::RowsVec16: return "rows_vec16";
     default: return "strided";
   }
@@ -222,6 +222,7 @@ CausalConv1dBackwardPlan CausalConv1dBackwardPlan::select(const CausalConv1dBack
   p.dx_ = d.has_dx ? d.dx : out_layout_of(f.x);
   plan_layout(l, f.device, {&f.x, &p.dx_, &d.dout});
   l.has_dfinal_states = d.has_dfinal_states;
+  l.plain_walk = l.layout == CausalConv1dLayout::ChannelsLastVec && !l.has_seq_idx && !l.has_dfinal_states;
   l.out = strides_of(p.dx_);
   l.dout = strides_of(d.dout);
   if (d.has_dfinal_states) l.final = strides_of(d.dfinal_states);

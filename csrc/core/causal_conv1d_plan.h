@@ -109,6 +109,9 @@ struct CausalConv1dLaunch {
   bool has_initial_states = false;
   bool has_dfinal_states = false;  // backward
   CausalConv1dLayout layout = CausalConv1dLayout::Strided;
+  // CUDA backward, ChannelsLastVec without seq_idx or dfinal_states: the walk built
+  // without their per-step checks (explain: "channels_last_vec_plain").
+  bool plain_walk = false;
   int64_t batch = 0, dim = 0, seqlen = 0;
   int width = 0;
   Strides3 x, out;       // out: the forward's out, the backward's dx

@@ -186,10 +186,10 @@ __device__ __forceinline__ void to_acc(const T (&in)[C], acc_t<T> (&out)[C]) {
 }
 
 template <int S>
-__device__ __forceinline__ void load_seq(const CausalConv1dLaunch& l, int64_t b, int64_t t,
+__device__ __forceinline__ void load_seq(const CausalConv1dLaunch& l, bool has_seq, int64_t b, int64_t t,
                                          int64_t end, int32_t (&out)[S]) {
 #pragma unroll
-  for (int s = 0; s < S; ++s) out[s] = l.has_seq_idx && t + s < end ? seq_at(l, b, t + s) : 0;
+  for (int s = 0; s < S; ++s) out[s] = has_seq && t + s < end ? seq_at(l, b, t + s) : 0;
 }
 
 // C channels of one step (a vector in the channel-last layout).
@@ -224,9 +224,9 @@ __device__ __forceinline__ void shift_in(V (&win)[W - 1], V v) {
 }
 
 // pre = bias + Σ_k w[k]·x̃[t − (W−1) + k] over the open taps (the window holds taps
-// 0 .. W − 2, x_t is tap W − 1, always open), in tap order.
+// 0 .. W − 2, x_t is tap W − 1, always open), in tap order. has_seq: seq_idx is given.
 template <typename Acc, int W, int C>
-__device__ __forceinline__ void conv_pre(const CausalConv1dLaunch& l, const Acc (&w)[W][C],
+__device__ __forceinline__ void conv_pre(bool has_seq, const Acc (&w)[W][C],
                                          const Acc (&bias)[C], const Acc (&win)[W - 1][C],
                                          const int32_t (&seq_win)[W - 1], int32_t seq_t,
                                          const Acc (&x_t)[C], Acc (&pre)[C]) {
@@ -234,7 +234,7 @@ __device__ __forceinline__ void conv_pre(const CausalConv1dLaunch& l, const Acc 
   for (int c = 0; c < C; ++c) pre[c] = bias[c];
 #pragma unroll
   for (int k = 0; k < W - 1; ++k) {
-    const bool open = !l.has_seq_idx || seq_win[k] == seq_t;
+    const bool open = !has_seq || seq_win[k] == seq_t;
 #pragma unroll
     for (int c = 0; c < C; ++c)
       if (open) pre[c] += w[k][c] * win[k][c];
@@ -260,14 +260,14 @@ __device__ __forceinline__ void forward_steps(const CausalConv1dLaunch& l, const
   T xs[S][C];
   int32_t ss[S];
   load_steps<Lay, T, C, S>(x, l.x.t, t, Full ? t + S : th.t1, xs);
-  load_seq<S>(l, th.b, t, Full ? t + S : th.t1, ss);
+  load_seq<S>(l, l.has_seq_idx, th.b, t, Full ? t + S : th.t1, ss);
   Acc ys[Lay == Layout::RowsVec16 ? S : 1][C];  // rows: the iteration's outputs
 #pragma unroll
   for (int s = 0; s < S; ++s) {
     const bool in = Full || t + s < th.t1;
     Acc x_t[C], y[C];
     to_acc<T, C>(xs[s], x_t);
-    conv_pre<Acc, W, C>(l, w, bias, win, seq_win, ss[s], x_t, y);
+    conv_pre<Acc, W, C>(l.has_seq_idx, w, bias, win, seq_win, ss[s], x_t, y);
     const bool padding = l.has_seq_idx && ss[s] < 0;
 #pragma unroll
     for (int c = 0; c < C; ++c) y[c] = padding ? Acc(0) : l.silu ? conv_silu<kFast<T>>(y[c]) : y[c];
@@ -366,19 +366,42 @@ template <Layout Lay, typename T, int C, int S>
 struct BwdSteps {
   T x[S][C], dout[S][C];
   int32_t seq[S];
-  __device__ __forceinline__ void load(const CausalConv1dLaunch& l, int64_t b, const T* xp,
+  __device__ __forceinline__ void load(const CausalConv1dLaunch& l, bool has_seq, int64_t b, const T* xp,
                                        const T* doutp, int64_t t, int64_t end) {
     load_steps<Lay, T, C, S>(xp, l.x.t, t, end, x);
     load_steps<Lay, T, C, S>(doutp, l.dout.t, t, end, dout);
-    load_seq<S>(l, b, t, end, seq);
+    load_seq<S>(l, has_seq, b, t, end, seq);
+  }
+  // Channel-last, all S steps before the end, no seq_idx: xp and doutp at the first step,
+  // one vector a step, addresses advanced by the time strides (no predicates or products).
+  __device__ __forceinline__ void load_whole(const T* xp, int64_t xs, const T* doutp, int64_t ds) {
+    static_assert(Lay == Layout::ChannelsLastVec, "channel-last vectors");
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const Pack<T, C> a = load_vec<T, C>(xp), b = load_vec<T, C>(doutp);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        x[s][c] = a.v[c];
+        dout[s][c] = b.v[c];
+      }
+      seq[s] = 0;
+      xp += xs;
+      doutp += ds;
+    }
   }
 };
 
-template <typename T, typename Wt, int W, Layout Lay>
+// Plain (CausalConv1dLaunch::plain_walk: channel-last, no seq_idx, no dfinal_states): the
+// checks those need are compiled out, and an iteration whose S steps all lie in
+// [t0 + W − 1, t1) (all but a chunk's first and last) runs without per-step checks. The
+// same operations in the same order either way: the same bits.
+template <typename T, typename Wt, int W, Layout Lay, bool Plain>
 __global__ void __launch_bounds__(kCausalConv1dThreads)
     causal_conv1d_backward_kernel(const CausalConv1dLaunch l) {
+  static_assert(!Plain || Lay == Layout::ChannelsLastVec, "the plain walk is channel-last");
   using Acc = acc_t<T>;
   constexpr int C = ConvShape<Lay, T>::C, S = ConvShape<Lay, T>::S, K = W + 1;
+  const bool has_seq = !Plain && l.has_seq_idx, has_dfinal = !Plain && l.has_dfinal_states;
   // The block's dweight/dbias partials: [block_chunks][block_channels · C][W + 1].
   __shared__ Acc partial[kCausalConv1dThreads * C * K];
   const int64_t items = conv_items(l);
@@ -414,75 +437,96 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
       // bf16 W = 4 channel-last: 232 → 236 registers); on an H200 the 2.7B layer's x range
       // took 391 → 375 µs, float32 channel-last 286 → 221 (BENCHMARKS.md).
       BwdSteps<Lay, T, C, S> cur, next;
-      cur.load(l, th.b, x, dout, th.t0, in_end);
+      cur.load(l, has_seq, th.b, x, dout, th.t0, in_end);
       RowsDx<Lay, T, S> rows_dx;
+      T* dq = nullptr;  // Full: dx at step t + s − (W − 1)
+      // Step t + s of the iteration at t (Full: live, inside the chunk, dx due, no seq_idx).
+      const auto step = [&](auto full, int64_t t, int s) {
+        constexpr bool Full = decltype(full)::value;
+        const int32_t* ss = cur.seq;
+        const int64_t tt = t + s;
+        const bool live = Full || (tt < in_end && !(has_seq && ss[s] < 0));
+        Acc x_t[C], g[C];
+        to_acc<T, C>(cur.x[s], x_t);
+        to_acc<T, C>(cur.dout[s], g);
+        if (l.silu) {
+          Acc pre[C];
+          conv_pre<Acc, W, C>(has_seq, w, bias, win, seq_win, ss[s], x_t, pre);
+#pragma unroll
+          for (int c = 0; c < C; ++c) g[c] *= conv_silu_grad<kFast<T>>(pre[c]);
+        }
+        if (Full || (live && tt < th.t1)) {  // this chunk's dweight and dbias terms
+#pragma unroll
+          for (int k = 0; k < W - 1; ++k) {
+            const bool open = !has_seq || seq_win[k] == ss[s];
+#pragma unroll
+            for (int c = 0; c < C; ++c)
+              if (open) part[k][c] += g[c] * win[k][c];
+          }
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+            part[W - 1][c] += g[c] * x_t[c];
+            part[W][c] += g[c];
+          }
+        }
+        const int64_t sd = tt - (W - 1);  // dx[sd]: its last term is g[tt]
+        if (Full || (sd >= th.t0 && tt < end)) {
+          Acc d[C];
+#pragma unroll
+          for (int c = 0; c < C; ++c) d[c] = 0;
+          // Tap k of step sd feeds output sd + W − 1 − k: window slot W − 1 − k (slot
+          // W − 1 is tt itself); sd is slot 0.
+#pragma unroll
+          for (int k = 0; k < W; ++k) {
+            const int slot = W - 1 - k;
+            const bool on = slot == W - 1 ? live : Full || live_win[slot];
+            const int32_t sq = slot == W - 1 ? ss[s] : seq_win[slot];
+            const bool open = on && (!has_seq || sq == seq_win[0]);
+#pragma unroll
+            for (int c = 0; c < C; ++c)
+              if (open) d[c] += w[k][c] * (slot == W - 1 ? g[c] : gwin[slot][c]);
+          }
+          const int64_t jf = sd - (l.seqlen - (W - 1));
+          if (has_dfinal && jf >= 0)
+#pragma unroll
+            for (int c = 0; c < C; ++c) d[c] += to_acc(dfinal[at(l.final, th.b, th.d0 + c, jf)]);
+          if constexpr (Lay == Layout::RowsVec16) {
+            rows_dx.v[(s + S - (W - 1)) % S] = from_acc<T>(d[0]);
+          } else if constexpr (Full) {
+            store_step<Lay, T, C>(dq, d);
+            dq += l.out.t;
+          } else {
+            store_step<Lay, T, C>(dx + sd * l.out.t, d);
+          }
+        }
+        // Rows: the steps [t − S, t) are all done after step t + W − 2.
+        if constexpr (Lay == Layout::RowsVec16)
+          if (s == W - 2 && t > th.t0) rows_dx.store(dx, t - S, S, th.t1);
+        shift_in<Acc, W, C>(win, x_t);
+        shift_in<int32_t, W>(seq_win, ss[s]);
+        shift_in<bool, W>(live_win, live);
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+          if (!live) g[c] = 0;
+        shift_in<Acc, W, C>(gwin, g);
+      };
       int64_t t = th.t0;
       for (; t < end; t += S) {
-        next.load(l, th.b, x, dout, t + S, in_end);
-        const int32_t* ss = cur.seq;
+        if constexpr (Plain) {
+          if (t + 2 * S <= in_end)
+            next.load_whole(x + (t + S) * l.x.t, l.x.t, dout + (t + S) * l.dout.t, l.dout.t);
+          else
+            next.load(l, false, th.b, x, dout, t + S, in_end);
+        } else {
+          next.load(l, has_seq, th.b, x, dout, t + S, in_end);
+        }
+        if (Plain && t >= th.t0 + (W - 1) && t + S <= th.t1) {
+          dq = dx + (t - (W - 1)) * l.out.t;
 #pragma unroll
-        for (int s = 0; s < S; ++s) {
-          const int64_t tt = t + s;
-          const bool live = tt < in_end && !(l.has_seq_idx && ss[s] < 0);
-          Acc x_t[C], g[C];
-          to_acc<T, C>(cur.x[s], x_t);
-          to_acc<T, C>(cur.dout[s], g);
-          if (l.silu) {
-            Acc pre[C];
-            conv_pre<Acc, W, C>(l, w, bias, win, seq_win, ss[s], x_t, pre);
+          for (int s = 0; s < S; ++s) step(std::true_type{}, t, s);
+        } else {
 #pragma unroll
-            for (int c = 0; c < C; ++c) g[c] *= conv_silu_grad<kFast<T>>(pre[c]);
-          }
-          if (live && tt < th.t1) {  // this chunk's dweight and dbias terms
-#pragma unroll
-            for (int k = 0; k < W - 1; ++k) {
-              const bool open = !l.has_seq_idx || seq_win[k] == ss[s];
-#pragma unroll
-              for (int c = 0; c < C; ++c)
-                if (open) part[k][c] += g[c] * win[k][c];
-            }
-#pragma unroll
-            for (int c = 0; c < C; ++c) {
-              part[W - 1][c] += g[c] * x_t[c];
-              part[W][c] += g[c];
-            }
-          }
-          const int64_t sd = tt - (W - 1);  // dx[sd]: its last term is g[tt]
-          if (sd >= th.t0 && tt < end) {
-            Acc d[C];
-#pragma unroll
-            for (int c = 0; c < C; ++c) d[c] = 0;
-            // Tap k of step sd feeds output sd + W − 1 − k: window slot W − 1 − k (slot
-            // W − 1 is tt itself); sd is slot 0.
-#pragma unroll
-            for (int k = 0; k < W; ++k) {
-              const int slot = W - 1 - k;
-              const bool on = slot == W - 1 ? live : live_win[slot];
-              const int32_t sq = slot == W - 1 ? ss[s] : seq_win[slot];
-              const bool open = on && (!l.has_seq_idx || sq == seq_win[0]);
-#pragma unroll
-              for (int c = 0; c < C; ++c)
-                if (open) d[c] += w[k][c] * (slot == W - 1 ? g[c] : gwin[slot][c]);
-            }
-            const int64_t jf = sd - (l.seqlen - (W - 1));
-            if (l.has_dfinal_states && jf >= 0)
-#pragma unroll
-              for (int c = 0; c < C; ++c) d[c] += to_acc(dfinal[at(l.final, th.b, th.d0 + c, jf)]);
-            if constexpr (Lay == Layout::RowsVec16)
-              rows_dx.v[(s + S - (W - 1)) % S] = from_acc<T>(d[0]);
-            else
-              store_step<Lay, T, C>(dx + sd * l.out.t, d);
-          }
-          // Rows: the steps [t − S, t) are all done after step t + W − 2.
-          if constexpr (Lay == Layout::RowsVec16)
-            if (s == W - 2 && t > th.t0) rows_dx.store(dx, t - S, S, th.t1);
-          shift_in<Acc, W, C>(win, x_t);
-          shift_in<int32_t, W>(seq_win, ss[s]);
-          shift_in<bool, W>(live_win, live);
-#pragma unroll
-          for (int c = 0; c < C; ++c)
-            if (!live) g[c] = 0;
-          shift_in<Acc, W, C>(gwin, g);
+          for (int s = 0; s < S; ++s) step(std::false_type{}, t, s);
         }
         cur = next;
       }
@@ -507,7 +551,7 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
           load_state<T, C>(l, th.b, th.d0, tt, x_t);
 #pragma unroll
           for (int c = 0; c < C; ++c) dy[c] = to_acc(static_cast<const T*>(l.dout_data)[at(l.dout, th.b, th.d0 + c, tt)]);
-          if (l.silu) conv_pre<Acc, W, C>(l, w, bias, taps, none, 0, x_t, pre);
+          if (l.silu) conv_pre<Acc, W, C>(false, w, bias, taps, none, 0, x_t, pre);
 #pragma unroll
           for (int c = 0; c < C; ++c) gf[tt][c] = l.silu ? dy[c] * conv_silu_grad<kFast<T>>(pre[c]) : dy[c];
         }
@@ -524,7 +568,7 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
               if (i - k < l.seqlen) d[c] += w[k][c] * gf[i - k][c];
 #pragma unroll
           for (int c = 0; c < C; ++c) {
-            if (l.has_dfinal_states && i >= l.seqlen)
+            if (has_dfinal && i >= l.seqlen)
               d[c] += to_acc(dfinal[at(l.final, th.b, th.d0 + c, i - l.seqlen)]);
             dinit[at(l.dinit, th.b, th.d0 + c, i)] = from_acc<T>(d[c]);
           }
@@ -675,9 +719,12 @@ void with_conv_kernel(const CausalConv1dLaunch& l, F&& f) {
     using Wt = decltype(wt);
     constexpr int W = decltype(width)::value;
     constexpr Layout Lay = decltype(lay)::value;
-    if constexpr (Backward)
-      f(causal_conv1d_backward_kernel<T, Wt, W, Lay>);
-    else
+    if constexpr (Backward) {
+      if constexpr (Lay == Layout::ChannelsLastVec) {
+        if (l.plain_walk) return f(causal_conv1d_backward_kernel<T, Wt, W, Lay, true>);
+      }
+      f(causal_conv1d_backward_kernel<T, Wt, W, Lay, false>);
+    } else
       f(causal_conv1d_forward_kernel<T, Wt, W, Lay>);
   });
 }
