@@ -401,7 +401,10 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
   static_assert(!Plain || Lay == Layout::ChannelsLastVec, "the plain walk is channel-last");
   using Acc = acc_t<T>;
   constexpr int C = ConvShape<Lay, T>::C, S = ConvShape<Lay, T>::S, K = W + 1;
-  const bool has_seq = !Plain && l.has_seq_idx, has_dfinal = !Plain && l.has_dfinal_states;
+  // (read from the launch at each use, as uniform values: held in a register, the flag
+  // cost the checked rows kernel 15 % more instructions a step, ptxas sm_90a)
+  const auto has_seq = [&] { return !Plain && l.has_seq_idx; };
+  const auto has_dfinal = [&] { return !Plain && l.has_dfinal_states; };
   // The block's dweight/dbias partials: [block_chunks][block_channels · C][W + 1].
   __shared__ Acc partial[kCausalConv1dThreads * C * K];
   const int64_t items = conv_items(l);
@@ -437,7 +440,7 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
       // bf16 W = 4 channel-last: 232 → 236 registers); on an H200 the 2.7B layer's x range
       // took 391 → 375 µs, float32 channel-last 286 → 221 (BENCHMARKS.md).
       BwdSteps<Lay, T, C, S> cur, next;
-      cur.load(l, has_seq, th.b, x, dout, th.t0, in_end);
+      cur.load(l, has_seq(), th.b, x, dout, th.t0, in_end);
       RowsDx<Lay, T, S> rows_dx;
       T* dq = nullptr;  // Full: dx at step t + s − (W − 1)
       // Step t + s of the iteration at t (Full: live, inside the chunk, dx due, no seq_idx).
@@ -445,20 +448,20 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
         constexpr bool Full = decltype(full)::value;
         const int32_t* ss = cur.seq;
         const int64_t tt = t + s;
-        const bool live = Full || (tt < in_end && !(has_seq && ss[s] < 0));
+        const bool live = Full || (tt < in_end && !(has_seq() && ss[s] < 0));
         Acc x_t[C], g[C];
         to_acc<T, C>(cur.x[s], x_t);
         to_acc<T, C>(cur.dout[s], g);
         if (l.silu) {
           Acc pre[C];
-          conv_pre<Acc, W, C>(has_seq, w, bias, win, seq_win, ss[s], x_t, pre);
+          conv_pre<Acc, W, C>(has_seq(), w, bias, win, seq_win, ss[s], x_t, pre);
 #pragma unroll
           for (int c = 0; c < C; ++c) g[c] *= conv_silu_grad<kFast<T>>(pre[c]);
         }
         if (Full || (live && tt < th.t1)) {  // this chunk's dweight and dbias terms
 #pragma unroll
           for (int k = 0; k < W - 1; ++k) {
-            const bool open = !has_seq || seq_win[k] == ss[s];
+            const bool open = !has_seq() || seq_win[k] == ss[s];
 #pragma unroll
             for (int c = 0; c < C; ++c)
               if (open) part[k][c] += g[c] * win[k][c];
@@ -481,13 +484,13 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
             const int slot = W - 1 - k;
             const bool on = slot == W - 1 ? live : Full || live_win[slot];
             const int32_t sq = slot == W - 1 ? ss[s] : seq_win[slot];
-            const bool open = on && (!has_seq || sq == seq_win[0]);
+            const bool open = on && (!has_seq() || sq == seq_win[0]);
 #pragma unroll
             for (int c = 0; c < C; ++c)
               if (open) d[c] += w[k][c] * (slot == W - 1 ? g[c] : gwin[slot][c]);
           }
           const int64_t jf = sd - (l.seqlen - (W - 1));
-          if (has_dfinal && jf >= 0)
+          if (has_dfinal() && jf >= 0)
 #pragma unroll
             for (int c = 0; c < C; ++c) d[c] += to_acc(dfinal[at(l.final, th.b, th.d0 + c, jf)]);
           if constexpr (Lay == Layout::RowsVec16) {
@@ -518,7 +521,7 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
           else
             next.load(l, false, th.b, x, dout, t + S, in_end);
         } else {
-          next.load(l, has_seq, th.b, x, dout, t + S, in_end);
+          next.load(l, has_seq(), th.b, x, dout, t + S, in_end);
         }
         if (Plain && t >= th.t0 + (W - 1) && t + S <= th.t1) {
           dq = dx + (t - (W - 1)) * l.out.t;
@@ -568,7 +571,7 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
               if (i - k < l.seqlen) d[c] += w[k][c] * gf[i - k][c];
 #pragma unroll
           for (int c = 0; c < C; ++c) {
-            if (has_dfinal && i >= l.seqlen)
+            if (has_dfinal() && i >= l.seqlen)
               d[c] += to_acc(dfinal[at(l.final, th.b, th.d0 + c, i - l.seqlen)]);
             dinit[at(l.dinit, th.b, th.d0 + c, i)] = from_acc<T>(d[c]);
           }
