@@ -3,12 +3,16 @@ call (torch.profiler over profile_ssd_chunk_scan.REPS calls after three), at one
 file's shapes, optionally with seq_idx and a forced CUDA forward — for A/B runs of one
 kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py take too
 long. Run on the GPU from the repo root:
-  PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options] [--shape 0] [--forward]
-      [--seq K] [--kernel fused_mma_cb]
-Prints one line: the label, the total and every kernel above 5 µs."""
+  PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options [--no-z]] [--shape 0]
+      [--forward] [--seq K] [--kernel fused_mma_cb]
+``--no-z``: the options without z (what the Mamba-2 layer passes: its gated norm takes z).
+Prints one line: the label, the total, every kernel above 5 µs and a digest of the output
+(forward) or the gradients (backward) — the inputs come from seed 0, so two builds that
+compute the same bits print the same digest."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import sys
@@ -32,13 +36,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("label")
     ap.add_argument("--options", action="store_true")
+    ap.add_argument("--no-z", action="store_true", help="with --options: no z (the layer's options)")
     ap.add_argument("--shape", type=int, default=0)
     ap.add_argument("--forward", action="store_true", help="time the forward (inputs requiring grad)")
     ap.add_argument("--seq", type=int, default=0, help="seq_idx: K packed sequences a row, random lengths")
     ap.add_argument("--kernel", default="auto", help="the CUDA forward, through the test switch")
     a = ap.parse_args()
     bt._C._ssd_cuda_forward(a.kernel)
+    torch.manual_seed(0)
     args, kw, leaves = ps.make_inputs(*ps.SHAPES[a.shape], a.options)
+    if a.no_z and "z" in kw:
+        z = kw.pop("z")
+        leaves = [t for t in leaves if t is not z]
     if a.seq > 1:
         b, L = args[0].shape[:2]
         g = torch.Generator().manual_seed(0)
@@ -48,15 +57,20 @@ def main():
                 seq_idx[row, t + 1:] += 1
         kw["seq_idx"] = seq_idx.cuda()
     if a.forward:
-        rows = ps.kernels(lambda: mamba_chunk_scan_combined(*args, ps.CHUNK, **kw))
+        run = lambda: mamba_chunk_scan_combined(*args, ps.CHUNK, **kw)  # noqa: E731
     else:
         dy = torch.randn_like(args[0])
         y = mamba_chunk_scan_combined(*args, ps.CHUNK, **kw)
-        rows = ps.kernels(lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True))
-    print(a.label, "forward" if a.forward else "backward", "options" if a.options else "plain", f"shape {a.shape}",
+        run = lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)  # noqa: E731
+    out = run()
+    digest = hashlib.sha1(b"".join(t.detach().float().cpu().numpy().tobytes()
+                                   for t in (out if isinstance(out, tuple) else (out,)))).hexdigest()[:10]
+    rows = ps.kernels(run)
+    print(a.label, "forward" if a.forward else "backward",
+          ("options without z" if a.no_z else "options") if a.options else "plain", f"shape {a.shape}",
           f"seq {a.seq}" if a.seq else "", a.kernel if a.kernel != "auto" else "",
           f"{sum(r[1] for r in rows):.0f} µs:",
-          " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), flush=True)
+          " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), f"| digest {digest}", flush=True)
 
 
 if __name__ == "__main__":
