@@ -634,8 +634,11 @@ struct SsdGroupDxParams {
 // EPI the column tiles run last to first, so that the D term reads dy_pre from the
 // diagonal tile's buffer after the loop.
 // Every output has one block and a fixed order of products: deterministic.
+// Blocks an SM: 3 without EPI (168 registers; at 2: 234, and 646 -> 712 us at the 2.7B
+// shape on an H200), 2 with it (at 3 its 168 registers spilled 168 bytes; at 2: 239, no
+// spills, 780 -> 747 us).
 template <typename T, bool EPI>
-__global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
+__global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                             // [64][ld]: B rows s
   T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                   // [64][ld]: Gn rows j
