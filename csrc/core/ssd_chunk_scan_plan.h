@@ -119,15 +119,16 @@ constexpr int64_t ssd_fused_cb_tiles(int64_t chunk) {
 // The group products' dx kernel (kernels/cuda/ssd_chunk_scan_backward_group.cu): a block
 // takes up to kSsdGroupDxHeads heads of a group for one 64-row tile of a chunk. Its
 // dynamic shared memory: the B rows [64][N16 + 8], a head's state tile [64][N16 + 8] (Gn_c
-// rounded by the state pass) and two dy tiles [64][72], all 16-bit; N16 = state_dim
-// rounded up to 16.
+// rounded by the state pass), two dy tiles [64][72] and two heads' x tiles [64][72], all
+// 16-bit; N16 = state_dim rounded up to 16 (at N = 128, 70 KB: three blocks an SM fit the
+// plain kernel's registers).
 // Heads per block, measured at the 2.7B shape (H100, bf16; 80 heads a group): dx took
 // 1163 us with 4, 1239 with 8, 1353 with 16 and 2277 with all 80 (fewer heads: more,
 // shorter blocks and a shorter tail; the B rows are loaded once a block).
 constexpr int64_t kSsdGroupDxHeads = 4;
 constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
   const int64_t ld = (state_dim + 15) / 16 * 16 + 8;
-  return 64 * ld * 2 + 64 * ld * 2 + 2 * 64 * 72 * 2;
+  return 64 * ld * 2 + 64 * ld * 2 + 2 * 64 * 72 * 2 * 2;
 }
 
 // The group products' dC and dB kernel (ssd_group_grad_kernel in the same file): its

@@ -320,26 +320,12 @@ __global__ void __launch_bounds__(256) ssd_group_xs_kernel(const float* xin, con
   }
 }
 
-// Two adjacent elements j, j + 1 (< J) of a 16-bit row, packed; 0 past J.
+// Two adjacent 16-bit values at a 4-byte aligned address of shared memory, one 32-bit
+// load (a memcpy from the T pointer compiled to four byte loads).
 template <typename T>
-__device__ __forceinline__ uint32_t ssd_pair_at(const T* row, int64_t s, int j, int J) {
-  if (s == 1 && j + 1 < J && reinterpret_cast<uintptr_t>(row + j) % 4 == 0)
-    return *reinterpret_cast<const uint32_t*>(row + j);
-  return ssd_pack2<T>(j < J ? to_acc(row[j * s]) : 0.0f, j + 1 < J ? to_acc(row[(j + 1) * s]) : 0.0f);
-}
-
-// The lane's values of rows r0 + g8, r0 + g8 + 8 (below len) of a 16-bit [position][j]
-// operand at columns j0 + 8·nt + 2·t4 and the next (below J), packed in pairs.
-template <typename T>
-__device__ __forceinline__ void ssd_lane_pairs(const T* base, int64_t s1, int64_t s3, int r0, int len, int j0, int J,
-                                               uint32_t (&v)[2][8]) {
-  const int lane = threadIdx.x % 32, g8 = lane / 4, t4 = lane % 4;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = r0 + g8 + 8 * half;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) v[half][nt] = r < len ? ssd_pair_at<T>(base + r * s1, s3, j0 + nt * 8 + 2 * t4, J) : 0u;
-  }
+__device__ __forceinline__ void ssd_smem_pair(T (&out)[2], const T* at) {
+  const uint32_t v = *reinterpret_cast<const uint32_t*>(at);
+  memcpy(out, &v, 4);
 }
 
 // dCB for the dC and dB products: the dCB pass's head-split partials summed in split order
@@ -608,7 +594,7 @@ struct SsdGroupDxParams {
   int64_t seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
   int64_t nsplit, hps;  // head splits per group, heads per split
   int P, N, NP, ld, r_tiles, j_tiles, pairs;
-  int off_s, off_v;  // byte offsets in dynamic shared memory (the B rows at 0)
+  int off_s, off_v, off_x;  // byte offsets in dynamic shared memory (the B rows at 0)
   SsdOperand<T> x, dy, B;
   const double* acs;
   const float* dtf;
@@ -634,15 +620,19 @@ struct SsdGroupDxParams {
 // EPI the column tiles run last to first, so that the D term reads dy_pre from the
 // diagonal tile's buffer after the loop.
 // Every output has one block and a fixed order of products: deterministic.
-// Blocks an SM: 3 without EPI (168 registers; at 2: 234, and 646 -> 712 us at the 2.7B
-// shape on an H200), 2 with it (at 3 its 168 registers spilled 168 bytes; at 2: 239, no
-// spills, 780 -> 747 us).
+// x's rows, for the ddt dots, come with the head's state tile into shared memory (two
+// buffers, by head parity), read back as 32-bit pairs (ssd_smem_pair): held in registers
+// through the column tiles they made the kernel spill. H200, 2.7B shape: dx with D
+// 747 -> 680 us, then 648 with the pair loads; plain dx 646 -> 577 in all.
+// Blocks an SM: 3 without EPI (168 registers; at 2 it was slower: 646 -> 712 us before the
+// x tiles), 2 with it (with the x tiles at 3 it spilled: 725 us against 680).
 template <typename T, bool EPI>
 __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                             // [64][ld]: B rows s
   T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                   // [64][ld]: Gn rows j
   T* sV = reinterpret_cast<T*>(ssd_dyn_smem + p.off_v);                   // [2][64][kTcLd]: dy rows q
+  T* sX = reinterpret_cast<T*>(ssd_dyn_smem + p.off_x);                   // [2][64][kTcLd]: x rows s, by head
   // Decays in base 2 relative to the row tile's last row (ssd_log2_rel); the inter-chunk
   // row scales exp(Acs_last − Acs_s).
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sRowScale[2][kSsdTile], sRowDt[2][kSsdTile];
@@ -687,12 +677,16 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
       // before the stage; columns past the chunk are masked where the value is used)
       if (tid < kSsdTile) col_acs = p.acs[(b * p.heads + h) * p.seqlen + t0 + c0 + min(tid, cols - 1)];
     };
-    // Head hi's state rows j0.. into the state tile (zeros past P and N), and its row data
-    // into registers (threads below 64).
+    // Head hi's state rows j0.. into the state tile (zeros past P and N), its x rows into
+    // x buffer hi % 2 (last read by head hi − 2's epilogue, before head hi − 1's first
+    // barrier), and its row data into registers (threads below 64).
     auto issue_s = [&](int hi, double& row_acs, float& row_dt, double& last, double& ref) {
       const int64_t bh = b * p.heads + h_begin + hi;
       tc_fill<T, true>(sS, p.ld, kSsdTile, p.NP, p.state + ((bh * p.nchunks + c) * p.P + j0) * static_cast<int64_t>(p.N),
                        p.N, 1, jrows, p.N);
+      tc_fill<T, true>(sX + (hi & 1) * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile,
+                       p.x.p + b * p.x.s[0] + (t0 + r0) * p.x.s[1] + (h_begin + hi) * p.x.s[2] + j0 * p.x.s[3],
+                       p.x.s[1], p.x.s[3], rows, p.P - j0);
       if (tid < kSsdTile) {
         const int64_t at = bh * p.seqlen + t0;
         row_acs = p.acs[at + r0 + min(tid, rows - 1)];  // (clamped, as in issue_v; rows past
@@ -714,10 +708,10 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
     for (int hi = 0; hi < nh; ++hi) {
       const int64_t h = h_begin + hi, bh = b * p.heads + h;
       const int hb = hi & 1;
-      // the lane's x values (rows g8, g8 + 8 of the warp, its 16 columns) for the ddt dots
-      uint32_t xv[2][8];
-      ssd_lane_pairs<T>(p.x.p + b * p.x.s[0] + t0 * p.x.s[1] + h * p.x.s[2], p.x.s[1], p.x.s[3], r0 + rw, len, j0, p.P,
-                        xv);
+      // the head's x rows for the ddt dots (zeros past the chunk and P), copied with its
+      // state tile (issue_s): read from shared memory where used, so that no registers hold
+      // them through the column tiles
+      const T* xs_head = sX + hb * kSsdTile * kTcLd;
       float acc[8][4];
       tc_zero(acc);
       for (int k = 0; k < n_steps; ++k, ++st) {
@@ -756,7 +750,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
 #pragma unroll
               for (int nt = 0; nt < 8; ++nt) {
                 T xs[2];
-                memcpy(xs, &xv[half][nt], 4);
+                ssd_smem_pair(xs, xs_head + rl * kTcLd + nt * 8 + 2 * t4);
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                   acc[nt][2 * half + e] *= scale;
@@ -816,7 +810,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
           T xs[2];
-          memcpy(xs, &xv[half][nt], 4);
+          ssd_smem_pair(xs, xs_head + rl * kTcLd + nt * 8 + 2 * t4);
           s += to_acc(xs[0]) * acc[nt][2 * half];
           s += to_acc(xs[1]) * acc[nt][2 * half + 1];
         }
@@ -829,7 +823,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
           T dys[2];
           float2 dd;
           if constexpr (EPI) {
-            memcpy(dys, dy_last + rl * kTcLd + nt * 8 + 2 * t4, 4);
+            ssd_smem_pair(dys, dy_last + rl * kTcLd + nt * 8 + 2 * t4);
             dd = *reinterpret_cast<const float2*>(&sD[hb][nt * 8 + 2 * t4]);
           }
 #pragma unroll
@@ -957,6 +951,7 @@ void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t 
   p.total_blocks = l.batch * l.groups * p.nsplit * p.nchunks * p.r_tiles * p.j_tiles;
   p.off_s = kSsdTile * p.ld * static_cast<int>(sizeof(T));
   p.off_v = p.off_s + kSsdTile * p.ld * static_cast<int>(sizeof(T));
+  p.off_x = p.off_v + 2 * kSsdTile * kTcLd * static_cast<int>(sizeof(T));
   const int smem = static_cast<int>(ssd_group_dx_smem_bytes(l.state_dim));  // (the plan checked it fits)
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
