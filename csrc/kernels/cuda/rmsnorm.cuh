@@ -270,9 +270,12 @@ __device__ __forceinline__ void for_each_vector(int lane, int group, int64_t col
 
 // ---- rows variant ----------------------------------------------------------------------
 
-template <typename T, typename W, typename O, int VPT, bool Gated>
+// Res: the plain op with a residual (add_rms_norm), instantiated apart: as a runtime flag
+// its loads and h's stores cost the plain op's kernel registers.
+template <typename T, typename W, typename O, int VPT, bool Gated, bool Res>
 __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGroup)
     rms_norm_rows_forward(const RmsNormParams p) {
+  static_assert(!(Gated && Res), "the gated op has no residual");
   using Acc = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
   constexpr bool Fast = kFastGate<T>;
@@ -291,7 +294,10 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGro
     for (int64_t base = blockIdx.x * p.rows_per_block; base < p.rows; base += step) {
       const int64_t row = base + sub;
       const bool active = row < p.rows;
-      // The row's vectors: x (+ residual, h stored) and z.
+      // The row's vectors: x and z (the gated op) or the residual (the plain op's zv),
+      // all loads issued before any store: h stored between them, each vector's loads
+      // waited for the previous vector's (the compiler keeps loads after a store that may
+      // alias them), a round trip to memory per vector.
       int64_t off[2] = {};
       if (active) p.offsets(2, row, off);
       const T* x = static_cast<const T*>(p.x) + off[kRmsX] + c0;
@@ -301,14 +307,16 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGro
         load_vec<T, V>(x + c, v[k]);
         if constexpr (Gated) {
           if (p.gate != RmsNormGate::None) load_vec<T, V>(z + c, zv[k]);
-        } else if (p.has_residual) {
-          T r[V];
-          load_vec<T, V>(static_cast<const T*>(p.residual) + off[kRmsResidual] + c, r);
-#pragma unroll
-          for (int i = 0; i < V; ++i) v[k][i] = from_acc<T>(to_acc(v[k][i]) + to_acc(r[i]));
-          store_vec<T, V>(static_cast<T*>(p.h) + row * p.cols + c, v[k]);
+        } else if constexpr (Res) {
+          load_vec<T, V>(static_cast<const T*>(p.residual) + off[kRmsResidual] + c, zv[k]);
         }
       });
+      if constexpr (Res)  // h = x + residual, rounded to T, stored
+        for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t c) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) v[k][i] = from_acc<T>(to_acc(v[k][i]) + to_acc(zv[k][i]));
+          store_vec<T, V>(static_cast<T*>(p.h) + row * p.cols + c, v[k]);
+        });
       Acc ss = 0;
       for_each_vector<VPT, V>(lane, G, active ? p.cols : 0, [&](int k, int64_t) {
 #pragma unroll
@@ -770,12 +778,21 @@ void launch_rms_norm_forward(const RmsNormLaunch& l, cudaStream_t stream) {
       return;
     }
     const unsigned int threads = static_cast<unsigned int>(l.group * l.rows_per_block);
-    switch (l.vecs) {
-      case 1: rms_norm_rows_forward<T, W, O, 1, Gated><<<grid, threads, 0, stream>>>(p); break;
-      case 2: rms_norm_rows_forward<T, W, O, 2, Gated><<<grid, threads, 0, stream>>>(p); break;
-      case 4: rms_norm_rows_forward<T, W, O, 4, Gated><<<grid, threads, 0, stream>>>(p); break;
-      default: fail(PlanErrorKind::Internal, "rms_norm", "no kernel for this vector count");
-    }
+    const auto rows = [&](auto res) {
+      constexpr bool R = decltype(res)::value;
+      switch (l.vecs) {
+        case 1: rms_norm_rows_forward<T, W, O, 1, Gated, R><<<grid, threads, 0, stream>>>(p); break;
+        case 2: rms_norm_rows_forward<T, W, O, 2, Gated, R><<<grid, threads, 0, stream>>>(p); break;
+        case 4: rms_norm_rows_forward<T, W, O, 4, Gated, R><<<grid, threads, 0, stream>>>(p); break;
+        default: fail(PlanErrorKind::Internal, "rms_norm", "no kernel for this vector count");
+      }
+    };
+    if constexpr (Gated)
+      rows(std::false_type{});
+    else if (l.has_residual)
+      rows(std::true_type{});
+    else
+      rows(std::false_type{});
   });
   check_launch(Gated ? "gated_rms_norm" : l.has_residual ? "add_rms_norm" : "rms_norm");
 }
