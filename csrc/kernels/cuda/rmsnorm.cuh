@@ -294,10 +294,10 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedMaxGroup : kRmsNormMaxGro
     for (int64_t base = blockIdx.x * p.rows_per_block; base < p.rows; base += step) {
       const int64_t row = base + sub;
       const bool active = row < p.rows;
-      // The row's vectors: x and z (the gated op) or the residual (the plain op's zv),
-      // all loads issued before any store: h stored between them, each vector's loads
-      // waited for the previous vector's (the compiler keeps loads after a store that may
-      // alias them), a round trip to memory per vector.
+      // The row's vectors: x, and z (the gated op) or the residual (Res, into zv). Every
+      // load of the row is issued before h is stored: with h's stores between them, each
+      // vector's loads waited for the previous vector's store (the compiler keeps a load
+      // after a store that may alias it), a round trip to memory per vector.
       int64_t off[2] = {};
       if (active) p.offsets(2, row, off);
       const T* x = static_cast<const T*>(p.x) + off[kRmsX] + c0;
