@@ -685,6 +685,44 @@ def test_cuda_plain_walk_same_bits(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_rows_warp(dtype):
+    """The backward's warp walk over [B, D, L] rows (no seq_idx, initial or dfinal states;
+    enough rows for the device): dx, dweight and dbias against float64 (the 2x rule), every
+    width, with and without SiLU, over rows of one step, of part of a tile and of several
+    tiles, whole or with a partial last vector (rows of a wider buffer, dx written into
+    one by causal_conv1d_backward_into: nothing past a row's end written); fresh outputs
+    NaN-poisoned; seq_idx takes the checked walk."""
+    poison_fresh_outputs()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    B, D = 2, 16 * sms + 3  # B·D >= 32 rows an SM
+    for L in (1, 45, 777, 1024):
+        Lp = -(-L // 16) * 16  # rows 16-element aligned (the vectors of every dtype)
+        for W in (2, 3, 4):
+            x = randn((B, D, Lp), dtype, "cuda")[..., :L]
+            dout = randn((B, D, Lp), dtype, "cuda")[..., :L]
+            w, b = randn((D, W), dtype, "cuda"), randn((D,), dtype, "cuda")
+            buf = torch.full((B, D, Lp), float("nan"), dtype=dtype, device="cuda")
+            dx = buf[..., :L]
+            assert bt.explain("causal_conv1d_backward_into", dout, None, x, w, dx).variant == "rows_vec16_warp"
+            seq = torch.zeros(B, L, device="cuda", dtype=torch.int32)
+            assert bt.explain("causal_conv1d_backward_into", dout, None, x, w, dx, None, seq).variant == "rows_vec16"
+            for act in (None, "silu"):
+                if Lp == L:
+                    ours = ops.causal_conv1d_backward(dout, None, x, w, b, None, None, act)[:3]
+                else:
+                    buf.fill_(float("nan"))
+                    ours = (dx, *ops.causal_conv1d_backward_into(dout, None, x, w, dx, b, None, None, act)[:2])
+                    assert buf[..., L:].isnan().all(), (dtype, L, W, act)
+                leaves = [t.double().requires_grad_() for t in (x, w, b)]
+                truth = torch.autograd.grad(ref.causal_conv1d(*leaves, None, None, act)[0], leaves, dout.double())
+                base_leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+                base = torch.autograd.grad(ref.causal_conv1d(*base_leaves, None, None, act)[0], base_leaves, dout)
+                for name, a, e, bl in zip(("dx", "dweight", "dbias"), ours, truth, base):
+                    assert_close_to_reference(a, e, bl, f"{name} {dtype} L={L} W={W} {act}")
+
+
+@requires_cuda
 def test_cuda_over_2_31_elements():
     """A channel-last slice whose offsets exceed 2^31 − 1 (64-bit offsets throughout):
     the last steps of the last batch element, forward and dx, against the reference on

@@ -73,7 +73,7 @@ std::pair<CausalConv1dLayout, int> pick_layout(const TensorLayout* const* ts, in
 const char* variant_name(const CausalConv1dLaunch& l) {
   switch (l.layout) {
     case CausalConv1dLayout::ChannelsLastVec: return l.plain_walk ? "channels_last_vec_plain" : "channels_last_vec";
-    case CausalConv1dLayout::RowsVec16: return "rows_vec16";
+    case CausalConv1dLayout::RowsVec16: return l.rows_warp ? "rows_vec16_warp" : "rows_vec16";
     default: return "strided";
   }
 }
@@ -223,6 +223,9 @@ CausalConv1dBackwardPlan CausalConv1dBackwardPlan::select(const CausalConv1dBack
   plan_layout(l, f.device, {&f.x, &p.dx_, &d.dout});
   l.has_dfinal_states = d.has_dfinal_states;
   l.plain_walk = l.layout == CausalConv1dLayout::ChannelsLastVec && !l.has_seq_idx && !l.has_dfinal_states;
+  l.rows_warp = l.layout == CausalConv1dLayout::RowsVec16 && !l.has_seq_idx && !l.has_initial_states &&
+                !l.has_dfinal_states && element_size(l.element) <= 4 &&
+                l.batch * l.dim >= kCausalConv1dRowsWarpMinRowsPerSm * std::max(f.device.sm_count, 1);
   l.out = strides_of(p.dx_);
   l.dout = strides_of(d.dout);
   if (d.has_dfinal_states) l.final = strides_of(d.dfinal_states);
