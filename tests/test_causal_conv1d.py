@@ -723,6 +723,31 @@ def test_cuda_rows_warp(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_rows_warp_forward(dtype):
+    """The forward's warp walk over contiguous [B, D, L] rows (no seq_idx or initial states;
+    enough rows for the device): out and final_states against float64 (the 2x rule), every
+    width, with and without SiLU, over rows of part of a tile and of several tiles and a
+    part; fresh outputs NaN-poisoned; initial states take the other walk."""
+    poison_fresh_outputs()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    B, D = 2, 16 * sms + 3  # B·D >= 32 rows an SM
+    for L in (16, 1040):
+        for W in (2, 3, 4):
+            x = randn((B, D, L), dtype, "cuda")
+            w, b = randn((D, W), dtype, "cuda"), randn((D,), dtype, "cuda")
+            assert bt.explain("causal_conv1d", x, w).variant == "rows_vec16_warp"
+            init = randn((B, D, W - 1), dtype, "cuda")
+            assert bt.explain("causal_conv1d", x, w, None, None, init).variant == "rows_vec16"
+            for act in (None, "silu"):
+                ours = ops.causal_conv1d(x, w, b, None, None, act)
+                truth = ref.causal_conv1d(x.double(), w.double(), b.double(), None, None, act)
+                base = ref.causal_conv1d(x, w, b, None, None, act)
+                for name, a, e, bl in zip(("out", "final_states"), ours, truth, base):
+                    assert_close_to_reference(a, e, bl, f"{name} {dtype} L={L} W={W} {act}")
+
+
+@requires_cuda
 def test_cuda_over_2_31_elements():
     """A channel-last slice whose offsets exceed 2^31 − 1 (64-bit offsets throughout):
     the last steps of the last batch element, forward and dx, against the reference on

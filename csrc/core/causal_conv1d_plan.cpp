@@ -118,6 +118,13 @@ void plan_layout(CausalConv1dLaunch& l, const DeviceInfo& device,
       pick_layout(std::data(streamed), static_cast<int>(streamed.size()), l.element, l.dim);
 }
 
+// CausalConv1dLaunch::rows_warp without the backward's dfinal_states condition.
+bool rows_warp(const CausalConv1dLaunch& l, const DeviceInfo& device) {
+  return l.layout == CausalConv1dLayout::RowsVec16 && !l.has_seq_idx && !l.has_initial_states &&
+         element_size(l.element) <= 4 &&
+         l.batch * l.dim >= kCausalConv1dRowsWarpMinRowsPerSm * std::max(device.sm_count, 1);
+}
+
 // The work split: the backend's chunk (and grid), then the counts that follow from it.
 void plan_work(CausalConv1dLaunch& l, const DeviceInfo& device, const std::string& op) {
   const int per_group = l.layout == CausalConv1dLayout::ChannelsLastVec ? l.vec : 1;
@@ -177,6 +184,7 @@ CausalConv1dPlan CausalConv1dPlan::select(const CausalConv1dDescriptor& d, PlanP
   p.out_ = out_layout_of(d.x);
   p.final_ = states_layout(d.x, l.width);
   plan_layout(l, d.device, {&d.x, &p.out_});
+  l.rows_warp = rows_warp(l, d.device);
   l.out = strides_of(p.out_);
   l.final = strides_of(p.final_);
   plan_work(l, d.device, kOp);
@@ -223,9 +231,7 @@ CausalConv1dBackwardPlan CausalConv1dBackwardPlan::select(const CausalConv1dBack
   plan_layout(l, f.device, {&f.x, &p.dx_, &d.dout});
   l.has_dfinal_states = d.has_dfinal_states;
   l.plain_walk = l.layout == CausalConv1dLayout::ChannelsLastVec && !l.has_seq_idx && !l.has_dfinal_states;
-  l.rows_warp = l.layout == CausalConv1dLayout::RowsVec16 && !l.has_seq_idx && !l.has_initial_states &&
-                !l.has_dfinal_states && element_size(l.element) <= 4 &&
-                l.batch * l.dim >= kCausalConv1dRowsWarpMinRowsPerSm * std::max(f.device.sm_count, 1);
+  l.rows_warp = rows_warp(l, f.device) && !l.has_dfinal_states;
   l.out = strides_of(p.dx_);
   l.dout = strides_of(d.dout);
   if (d.has_dfinal_states) l.final = strides_of(d.dfinal_states);

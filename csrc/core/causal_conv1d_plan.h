@@ -44,11 +44,12 @@ namespace baracuda {
 //    one row).
 //  Strided: anything else (or sizes, strides, addresses that do not allow the vectors):
 //    one channel a thread, scalar loads.
-// The CUDA backward on RowsVec16 without seq_idx, initial states or dfinal_states, of 2- or
-// 4-byte elements and with enough rows (CausalConv1dLaunch::rows_warp, explain
-// "rows_vec16_warp") walks a row a warp instead: lane i holds steps [t + V·i, t + V·i + V)
-// of a tile of 32·V steps, so that a warp's loads and stores are 512 contiguous bytes where
-// one channel a thread read 32 rows a warp load.
+// The CUDA kernels on RowsVec16 without seq_idx or initial states (the backward: nor
+// dfinal_states), of 2- or 4-byte elements and with enough rows
+// (CausalConv1dLaunch::rows_warp, explain "rows_vec16_warp") walk a row a warp instead:
+// lane i holds steps [t + V·i, t + V·i + V) of a tile of 32·V steps, so that a warp's
+// loads and stores are 512 contiguous bytes where one channel a thread read 32 rows a
+// warp load.
 enum class CausalConv1dLayout : uint8_t { ChannelsLastVec, RowsVec16, Strided };
 
 // CUDA: widths with kernels (template instances); the CPU takes any width >= 1.
@@ -78,7 +79,7 @@ constexpr int causal_conv1d_steps(CausalConv1dLayout layout, int element_bytes) 
          : layout == CausalConv1dLayout::RowsVec16 ? kCausalConv1dRowsLoadBytes / element_bytes
                                                    : kCausalConv1dStridedSteps;
 }
-// CUDA, the backward's warp walk over rows (rows_warp): at least this many rows (batch ×
+// CUDA, the warp walks over rows (rows_warp): at least this many rows (batch ×
 // channels) an SM, so that the resident warps all have a row (a first choice, not yet
 // measured).
 constexpr int64_t kCausalConv1dRowsWarpMinRowsPerSm = 32;
@@ -121,10 +122,10 @@ struct CausalConv1dLaunch {
   // CUDA backward, ChannelsLastVec without seq_idx or dfinal_states: the walk built
   // without their per-step checks (explain: "channels_last_vec_plain").
   bool plain_walk = false;
-  // CUDA backward, RowsVec16: a warp a row (see CausalConv1dLayout; explain
-  // "rows_vec16_warp"). Its work: one chunk a row (chunk = L), blocks of
-  // kCausalConv1dThreads threads (block_channels; block_chunks = 1) taking
-  // kCausalConv1dThreads / 32 rows at a time, one partial row a batch element.
+  // CUDA, RowsVec16: a warp a row (see CausalConv1dLayout; explain "rows_vec16_warp").
+  // Its work: one chunk a row (chunk = L), blocks of kCausalConv1dThreads threads
+  // (block_channels; block_chunks = 1) taking kCausalConv1dThreads / 32 rows at a time;
+  // the backward's dweight/dbias: one partial row a batch element.
   bool rows_warp = false;
   int64_t batch = 0, dim = 0, seqlen = 0;
   int width = 0;

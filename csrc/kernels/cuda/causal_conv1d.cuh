@@ -598,12 +598,117 @@ __global__ void __launch_bounds__(kCausalConv1dThreads)
   }
 }
 
-// Rows by warps (CausalConv1dLaunch::rows_warp: RowsVec16 without seq_idx, initial states or
-// dfinal_states; 2- or 4-byte elements, so that a lane's vector of V steps holds the W − 1
-// steps of a window). A warp takes a row (b, d) and walks it in tiles of 32·V steps, lane i
-// holding steps [t + V·i, t + V·i + V) of x and dout as one 16-byte vector each (the next
-// tile's loads in flight while one is computed). The W − 1 inputs before a lane's steps come
-// from lane i − 1 (lane 0: the previous tile's lane 31; zeros before time 0). dx needs g of
+// ---- rows by warps (CausalConv1dLaunch::rows_warp) ---------------------------------------
+// A warp takes a row (b, d) and walks it in tiles of 32·V steps (V = 16 / sizeof(T)), lane i
+// holding steps [t + V·i, t + V·i + V) as one 16-byte vector: a warp's loads and stores are
+// 512 contiguous bytes. The helpers below are the forward's and the backward's.
+
+// f(b, d) for each row (b, d) of the calling warp (warp-uniform: every lane of a warp runs
+// the same rows and tiles, as the shuffles need).
+template <class F>
+__device__ __forceinline__ void for_each_warp_row(const CausalConv1dLaunch& l, F&& f) {
+  constexpr int kWarps = kCausalConv1dThreads / 32;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < l.batch * l.dim;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t b = r / l.dim;
+    f(b, r - b * l.dim);
+  }
+}
+
+// Steps [t, t + V) of a row (zeros at or past L): one vector where all lie before L.
+template <typename T, int V>
+__device__ __forceinline__ void warp_row_load(const T* p, int64_t t, int64_t L, Pack<T, V>& out) {
+  if (t + V <= L) {
+    out = load_pack<T, V>(p + t);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.v[i] = t + i < L ? p[t + i] : from_acc<T>(acc_t<T>(0));
+  }
+}
+
+// p[t + j] = v[j] for the steps before L: one vector where all lie before L.
+template <typename T, int V>
+__device__ __forceinline__ void warp_row_store(T* p, int64_t t, int64_t L, const Pack<T, V>& v) {
+  if (t + V <= L) {
+    store_pack<T, V>(p + t, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (t + j < L) p[t + j] = v.v[j];
+  }
+}
+
+// The lane's window: xa[j] = x at step base − H + j (j < V + H) from its vector cx, the H
+// inputs before it from lane i − 1 (lane 0: `carry`, the previous tile's lane 31's; zeros
+// before the row); carry becomes this tile's lane 31's last H inputs. Warp-uniform.
+template <typename T, int V, int H>
+__device__ __forceinline__ void warp_row_window(const Pack<T, V>& cx, int lane, acc_t<T> (&carry)[H],
+                                                acc_t<T> (&xa)[V + H]) {
+  using Acc = acc_t<T>;
+#pragma unroll
+  for (int i = 0; i < V; ++i) xa[H + i] = to_acc(cx.v[i]);
+#pragma unroll
+  for (int k = 0; k < H; ++k) {
+    const Acc up = __shfl_up_sync(0xffffffffu, xa[V + k], 1);
+    const Acc next_carry = __shfl_sync(0xffffffffu, xa[V + k], 31);
+    xa[k] = lane == 0 ? carry[k] : up;
+    carry[k] = next_carry;
+  }
+}
+
+// The forward's rows by warps (RowsVec16 without seq_idx or initial states; 2- or 4-byte
+// elements, so that a lane's vector holds the W − 1 steps of a window): the next two
+// tiles' loads in flight while one is computed, the window by warp_row_window. The taps
+// are added in the order of the other walks (conv_pre), so the outputs have their bits.
+// final_states: the row's last W − 1 inputs, read again by lanes 0 .. W − 2 after the
+// walk. Four blocks an SM (sm_90a: 64 registers, no spills; 80 without the bound): not
+// yet timed.
+template <typename T, typename Wt, int W>
+__global__ void __launch_bounds__(kCausalConv1dThreads, 4)
+    causal_conv1d_rows_warp_forward_kernel(const CausalConv1dLaunch l) {
+  using Acc = acc_t<T>;
+  constexpr int V = 16 / static_cast<int>(sizeof(T)), H = W - 1;
+  static_assert(V >= H, "a lane's vector holds a window");
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t L = l.seqlen, tile = 32 * V;
+  for_each_warp_row(l, [&](int64_t b, int64_t d) {
+    Acc w[W][1], bias[1];
+    load_weights<T, Wt, W, 1>(l, d, w, bias);
+    const T* x = static_cast<const T*>(l.x_data) + at(l.x, b, d, 0);
+    T* out = static_cast<T*>(l.out_data) + at(l.out, b, d, 0);
+    Acc carry[H];  // the inputs before the tile's first step (lane 0's window)
+#pragma unroll
+    for (int k = 0; k < H; ++k) carry[k] = 0;
+    Pack<T, V> cx, n1, n2;
+    warp_row_load<T, V>(x, static_cast<int64_t>(V) * lane, L, cx);
+    warp_row_load<T, V>(x, static_cast<int64_t>(V) * lane + tile, L, n1);
+    for (int64_t t0 = 0; t0 < L; t0 += tile) {
+      const int64_t base = t0 + static_cast<int64_t>(V) * lane;
+      warp_row_load<T, V>(x, base + 2 * tile, L, n2);
+      Acc xa[V + H];
+      warp_row_window<T, V, H>(cx, lane, carry, xa);
+      Pack<T, V> pk;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        Acc pre = bias[0];
+#pragma unroll
+        for (int k = 0; k < W; ++k) pre += w[k][0] * xa[j + k];
+        pk.v[j] = from_acc<T>(l.silu ? conv_silu<kFast<T>>(pre) : pre);
+      }
+      warp_row_store<T, V>(out, base, L, pk);
+      cx = n1;
+      n1 = n2;
+    }
+    if (lane < H) {  // final_states[k] = x[L − H + k] (0 before time 0)
+      const int64_t t = L - H + lane;
+      static_cast<T*>(l.final_states)[at(l.final, b, d, lane)] = t >= 0 ? x[t] : from_acc<T>(Acc(0));
+    }
+  });
+}
+
+// The backward's rows by warps (RowsVec16 without seq_idx, initial states or
+// dfinal_states; 2- or 4-byte elements): x and dout a vector each a lane (the next tile's
+// loads in flight while one is computed), the window by warp_row_window. dx needs g of
 // the W − 1 steps after a lane's: lane i + 1's, shuffled down; lane 31's come with the next
 // tile's lane 0, so lane 31 keeps its dx vector (the H sums still open in Acc) and stores it
 // one tile later (the row's last after the walk). Steps at or past L are zeros with g = 0
@@ -619,39 +724,17 @@ __global__ void __launch_bounds__(kCausalConv1dThreads, 3)
   static_assert(V >= H, "a lane's vector holds a window");
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  constexpr int kWarps = kCausalConv1dThreads / 32;
-  const int64_t rows = l.batch * l.dim, L = l.seqlen, tile = 32 * V;
-  // (r is warp-uniform: every lane of a warp runs the same tiles, as the shuffles need)
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t b = r / l.dim, d = r - b * l.dim;
+  const int64_t L = l.seqlen, tile = 32 * V;
+  for_each_warp_row(l, [&](int64_t b, int64_t d) {
     Acc w[W][1], bias[1];
     load_weights<T, Wt, W, 1>(l, d, w, bias);
     const T* x = static_cast<const T*>(l.x_data) + at(l.x, b, d, 0);
     const T* dout = static_cast<const T*>(l.dout_data) + at(l.dout, b, d, 0);
     T* dx = static_cast<T*>(l.out_data) + at(l.out, b, d, 0);
-    // Steps [t, t + V) of x and dout (zeros at or past L).
+    // Steps [t, t + V) of x and dout.
     const auto load = [&](int64_t t, Pack<T, V>& px, Pack<T, V>& pd) {
-      if (t + V <= L) {
-        px = load_pack<T, V>(x + t);
-        pd = load_pack<T, V>(dout + t);
-      } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          px.v[i] = t + i < L ? x[t + i] : from_acc<T>(Acc(0));
-          pd.v[i] = t + i < L ? dout[t + i] : from_acc<T>(Acc(0));
-        }
-      }
-    };
-    // dx[t + j] for j < V (those at or past L left alone).
-    const auto store = [&](int64_t t, const Pack<T, V>& pk) {
-      if (t + V <= L) {
-        store_pack<T, V>(dx + t, pk);
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j)
-          if (t + j < L) dx[t + j] = pk.v[j];
-      }
+      warp_row_load<T, V>(x, t, L, px);
+      warp_row_load<T, V>(dout, t, L, pd);
     };
     Acc part[K];
 #pragma unroll
@@ -667,17 +750,8 @@ __global__ void __launch_bounds__(kCausalConv1dThreads, 3)
     for (int64_t t0 = 0; t0 < L; t0 += tile) {
       const int64_t base = t0 + static_cast<int64_t>(V) * lane;
       load(base + tile, nx, nd);
-      // xa[j]: x at step base − H + j.
       Acc xa[V + H];
-#pragma unroll
-      for (int i = 0; i < V; ++i) xa[H + i] = to_acc(cx.v[i]);
-#pragma unroll
-      for (int k = 0; k < H; ++k) {
-        const Acc up = __shfl_up_sync(kAll, xa[V + k], 1);
-        const Acc next_carry = __shfl_sync(kAll, xa[V + k], 31);
-        xa[k] = lane == 0 ? carry[k] : up;
-        carry[k] = next_carry;
-      }
+      warp_row_window<T, V, H>(cx, lane, carry, xa);
       // g of the lane's steps (0 at or past L) and their dweight/dbias terms; then
       // dx[base + j] = Σ_k w[k]·g[base + j + W − 1 − k] (taps in order). Full: every step
       // of the tile before L (a warp-uniform test), so that no step is checked.
@@ -713,7 +787,7 @@ __global__ void __launch_bounds__(kCausalConv1dThreads, 3)
           if (lane == 31) {
 #pragma unroll
             for (int j = 0; j < H; ++j) held.v[V - H + j] = from_acc<T>(open[j]);
-            store(base - tile, held);
+            warp_row_store<T, V>(dx, base - tile, L, held);
           }
         }
 #pragma unroll
@@ -731,7 +805,7 @@ __global__ void __launch_bounds__(kCausalConv1dThreads, 3)
           if (j >= V - H) open[j - (V - H)] = sum;
         }
         if (lane != 31)
-          store(base, pk);
+          warp_row_store<T, V>(dx, base, L, pk);
         else
           held = pk;
       };
@@ -749,7 +823,7 @@ __global__ void __launch_bounds__(kCausalConv1dThreads, 3)
       const int64_t last = (L - 1) / tile * tile + static_cast<int64_t>(V) * 31;
 #pragma unroll
       for (int j = 0; j < H; ++j) held.v[V - H + j] = from_acc<T>(open[j]);
-      store(last, held);
+      warp_row_store<T, V>(dx, last, L, held);
     }
     // The row's sums: a fixed xor tree over the lanes; lane 0 writes them.
 #pragma unroll
@@ -761,7 +835,7 @@ __global__ void __launch_bounds__(kCausalConv1dThreads, 3)
 #pragma unroll
       for (int k = 0; k < K; ++k) row[k] = part[k];
     }
-  }
+  });
 }
 
 // dweight[d, k] = Σ_rows partial[row][d][k], dbias[d] = Σ_rows partial[row][d][W]: the rows
@@ -900,8 +974,12 @@ void with_conv_kernel(const CausalConv1dLaunch& l, F&& f) {
         if (l.rows_warp) return f(causal_conv1d_rows_warp_backward_kernel<T, Wt, W>);
       }
       f(causal_conv1d_backward_kernel<T, Wt, W, Lay, false>);
-    } else
+    } else {
+      if constexpr (Lay == Layout::RowsVec16 && sizeof(T) <= 4) {
+        if (l.rows_warp) return f(causal_conv1d_rows_warp_forward_kernel<T, Wt, W>);
+      }
       f(causal_conv1d_forward_kernel<T, Wt, W, Lay>);
+    }
   });
 }
 
