@@ -112,6 +112,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ssd_seq_idx.cuh"
+#include "kernels/gated_activation_math.h"
 #include "kernels/ssd_chunk_scan.h"
 
 namespace baracuda::kernels::cuda {
@@ -1732,7 +1733,13 @@ __device__ __forceinline__ const T* ssd_at(const SsdOperand<T>& o, int64_t b, in
 // and 330 µs, and five blocks forced by the launch bound spilled: 393). Before, one kernel
 // for dy_pre and the dD partials (209 µs) and another for dz (171 µs) read dy and z twice;
 // one element a thread with four 64-bit divisions each (and 256-position segments) took
-// 669 and 752 µs, and the dD sum over the 4× more partials went from 60 to 243 µs.
+// 669 and 752 µs, and the dD sum over the 4× more partials went from 60 to 243 µs. The
+// kernel is bound by memory: with z and D it reads dy, z, y_pre and x and writes dy_pre
+// and dz, 12 bytes an element (1.0 GB at the 2.7B shape: ~240 µs at 4.2 TB/s). Its z math
+// is SwiGLU's backward (gated_activation_math.h: the hardware exp and reciprocal for
+// 16-bit data, where expf and two IEEE divisions had been) and the operands' addresses
+// step by their time strides: 563 → 243 SASS instructions a position for bf16 (sm_90a),
+// 74 registers, and 293 → 285–290 µs: the instructions were not what bound it.
 template <typename T, int V>
 __global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGateParams<T> p) {
   using Acc = acc_t<T>;
@@ -1743,19 +1750,33 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGatePara
     const int64_t seg = i / row_vecs, e = (i - seg * row_vecs) * V;
     const int64_t h = e / p.D, d = e - h * p.D;
     const int64_t q_begin = seg * kSsdDSeg, q_end = min(q_begin + kSsdDSeg, p.positions);
-    int64_t b = q_begin / p.seqlen, t = q_begin % p.seqlen;  // position q = b·L + t
+    int64_t t = q_begin % p.seqlen;  // position q = b·L + t
+    const int64_t b = q_begin / p.seqlen;
+    // The operands at (b, t, h, d), each advanced by its time stride a step, or to the next
+    // batch element's t = 0 where t wraps (not a product of four strides a step).
+    const T* pdy = ssd_at(p.dy, b, t, h, d);
+    const T* pz = gated ? ssd_at(p.z, b, t, h, d) : nullptr;
+    const T* py = gated ? ssd_at(p.y_pre, b, t, h, d) : nullptr;
+    const T* px = with_D ? ssd_at(p.x, b, t, h, d) : nullptr;
+    const auto wrap = [&](const SsdOperand<T>& o) { return o.s[0] - (p.seqlen - 1) * o.s[1]; };
+    const int64_t wdy = wrap(p.dy), wz = gated ? wrap(p.z) : 0, wy = gated ? wrap(p.y_pre) : 0,
+                  wx = with_D ? wrap(p.x) : 0;
     Acc sum[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) sum[k] = 0;
     for (int64_t q = q_begin; q < q_end; ++q) {
       T dv[V], zv[V], yv[V], xv[V];
-      ssd_load_vec<T, V>(dv, ssd_at(p.dy, b, t, h, d), true, V);
+      ssd_load_vec<T, V>(dv, pdy, true, V);
       if (gated) {  // z given: the launch check guarantees dz and y_pre
-        ssd_load_vec<T, V>(zv, ssd_at(p.z, b, t, h, d), true, V);
-        ssd_load_vec<T, V>(yv, ssd_at(p.y_pre, b, t, h, d), true, V);
+        ssd_load_vec<T, V>(zv, pz, true, V);
+        ssd_load_vec<T, V>(yv, py, true, V);
       }
-      if (with_D) ssd_load_vec<T, V>(xv, ssd_at(p.x, b, t, h, d), true, V);
-      if (++t == p.seqlen) t = 0, ++b;
+      if (with_D) ssd_load_vec<T, V>(xv, px, true, V);
+      const bool next_b = ++t == p.seqlen;
+      if (next_b) t = 0;
+      pdy += next_b ? wdy : p.dy.s[1];
+      if (gated) pz += next_b ? wz : p.z.s[1], py += next_b ? wy : p.y_pre.s[1];
+      if (with_D) px += next_b ? wx : p.x.s[1];
       Acc g[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) g[k] = to_acc(dv[k]);
@@ -1763,10 +1784,11 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGatePara
         T r[V], dz[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const Acc zk = to_acc(zv[k]), ez = ssd_exp(-zk);
-          const Acc sg = Acc(1) / (Acc(1) + ez);
-          dz[k] = from_acc<T>(g[k] * to_acc(yv[k]) * sg * (Acc(1) + zk * (Acc(1) - sg)));
-          r[k] = from_acc<T>(g[k] * (zk / (Acc(1) + ez)));
+          Acc dyp, dzk;  // y = y_pre·silu(z): SwiGLU's backward with a = y_pre, b = z
+          gated_backward<GatedKind::Swiglu, sizeof(T) == 2>(g[k], Acc(to_acc(yv[k])), Acc(to_acc(zv[k])),
+                                                             dyp, dzk);
+          dz[k] = from_acc<T>(dzk);
+          r[k] = from_acc<T>(dyp);
           g[k] = to_acc(r[k]);
         }
         ssd_store_vec<T, V>(p.dyp + q * p.hd + e, r, true, V);
