@@ -21,7 +21,10 @@ namespace baracuda::kernels {
 namespace cuda {
 
 // kRopeCosSinThreads (core/rope_cos_sin_plan.h): threads a block, shared with the plan.
-constexpr int kRopeCsUnroll = 2;  // rows per step
+// Rows per step: every load of a step is issued before its math and stores. 4 (128
+// registers, still 2 blocks an SM) against 2 (98): flash-attention's layout 183.4 → 181.1
+// µs, the Hugging Face q + k 212.2 → 209.0 (H200, benchmarks/tune/time_rope_cos_sin.py).
+constexpr int kRopeCsUnroll = 4;
 
 struct RopeCsParams {
   int64_t B, Hq, Hk, S, D, R, half;
