@@ -468,6 +468,37 @@ def test_backward_every_option(dtype, backward):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_backward_dD(dtype, backward):
+    """dD of [H] and [H, P], with z and without, every group shape: with the group products
+    the dx kernel writes dD's partials (one per row tile of a chunk; zeros for the tiles
+    past a short last chunk, the heads split over blocks, P not a multiple of 64) and the
+    gate kernel runs only with z; the per-head backward's gate kernel writes them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = random.Random(5 + HALF.index(dtype))
+    torch.manual_seed(5)
+    for i, (b, L, H, P, N, G, Q) in enumerate(GROUP_SHAPES):
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D=("h", "hdim")[i % 2], z=i % 3 == 0)
+        check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {sorted(t)} {kw} ({backward})")
+    # which kernel sums dy_pre·x without z
+    b, L, H, P, N, G, Q = GROUP_SHAPES[0]
+    t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D="h", z=False)
+    leaves = {k: v.detach().requires_grad_() if v.is_floating_point() else v for k, v in t.items()}
+    run = lambda: mamba.mamba_chunk_scan_combined(  # noqa: E731
+        leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], Q, D=leaves["D"],
+        dt_bias=leaves.get("dt_bias"), initial_states=leaves.get("initial_states"),
+        seq_idx=leaves.get("seq_idx"), **kw).float().sum().backward()
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    names = " ".join(e.key for e in prof.key_averages() if e.device_time_total > 0)
+    assert ("ssd_gate_kernel" in names) == (backward == "staged"), (backward, names)
+
+
+@requires_cuda
 def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph():
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the group products need the tensor-core backward (sm_80+)")

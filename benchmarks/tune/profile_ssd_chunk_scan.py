@@ -1,13 +1,15 @@
 """Dev tool: the SSD chunk scan against mamba_ssm's Triton mamba_chunk_scan_combined, kernel
 by kernel, on the same tensors (bf16). Run on the GPU from the repo root, after
 ``scripts/peers.sh install`` (without peers/ only our side is shown):
-  PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py [--options] [--shapes 0,1]
+  PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py [--options [--no-z]] [--shapes 0,1]
       [--forwards auto,fused_mma] [--backwards auto,staged,group_mma]
 For each shape and pass (forward; backward = the backward pass alone, autograd with a
 retained graph): the median time of the whole pass (CUDA events, benchmarks/harness.py's
 time_us) for both, then each side's kernels (torch.profiler, µs per call over REPS
 calls), largest first. ``--options`` passes what a Mamba2 layer passes (D, z, dt_bias
-with softplus, float32 initial states; A, D and dt_bias in float32). ``--forwards``: our
+with softplus, float32 initial states; A, D and dt_bias in float32); ``--no-z`` leaves z out
+(a Mamba2 layer with rmsnorm=True, mamba_ssm's default, gives z to its gated RMSNorm and
+not to the scan). ``--forwards``: our
 CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma", "fused_mma_cb",
 "fused_wgmma": forced through the test switch where the kernel takes the problem);
 ``--backwards`` likewise for the backward ("staged": the per-head dB/dC products,
@@ -42,7 +44,7 @@ CHUNK = 256
 REPS = 10
 
 
-def make_inputs(b, L, H, P, N, G, options, dtype=torch.bfloat16):
+def make_inputs(b, L, H, P, N, G, options, dtype=torch.bfloat16, z=True):
     x = torch.randn(b, L, H, P, device="cuda", dtype=dtype)
     dt = F.softplus(torch.randn(b, L, H, device="cuda") - 2).to(dtype)
     A = -torch.exp(0.5 * torch.randn(H, device="cuda")).to(dtype)
@@ -56,6 +58,8 @@ def make_inputs(b, L, H, P, N, G, options, dtype=torch.bfloat16):
         args[2] = -torch.exp(0.5 * torch.randn(H, **f32))
         kw = dict(D=torch.randn(H, **f32), z=torch.randn_like(x), dt_bias=0.1 * torch.randn(H, **f32),
                   initial_states=torch.randn(b, H, P, N, **f32), dt_softplus=True)
+        if not z:
+            del kw["z"]
     leaves = [t.requires_grad_() for t in args] + [v.requires_grad_() for v in kw.values()
                                                    if isinstance(v, torch.Tensor)]
     return args, kw, leaves
@@ -86,6 +90,7 @@ def show(title, rows):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--options", action="store_true")
+    ap.add_argument("--no-z", action="store_true", help="with --options: no z")
     ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))))
     ap.add_argument("--forwards", default="auto")
     ap.add_argument("--backwards", default="auto")
@@ -95,8 +100,9 @@ def main():
     summary = []
     for i in [int(s) for s in a.shapes.split(",")]:
         b, L, H, P, N, G = SHAPES[i]
-        case = f"B{b} L{L} H{H} P{P} N{N} G{G} Q{CHUNK}" + (" +options" if a.options else "")
-        args, kw, leaves = make_inputs(b, L, H, P, N, G, a.options)
+        case = f"B{b} L{L} H{H} P{P} N{N} G{G} Q{CHUNK}" + (" +options" if a.options else "") + \
+            (" -z" if a.options and a.no_z else "")
+        args, kw, leaves = make_inputs(b, L, H, P, N, G, a.options, z=not a.no_z)
         info = bt.explain(torch.ops.baracuda.ssd_chunk_scan_combined, *[t.detach() for t in args], CHUNK)
         print(f"\n== {case}: our forward {info.variant}")
         impls = {}

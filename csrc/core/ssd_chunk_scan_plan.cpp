@@ -491,6 +491,12 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.group_products = group_products(f, p.variant_, p.launch_);
   p.launch_.group_wgmma = group_wgmma(f, p.launch_);
   p.launch_.dcb_splits = p.launch_.group_products ? ssd_dcb_splits(f, p.launch_) : 1;
+  // dD's partials from the group dx kernel where the gate kernel would run for them alone
+  // (D without z, as in a Mamba2 layer whose gated RMSNorm takes z). H200, the 2.7B
+  // shape's options backward without z: dx 650 → 679–684 µs, the gate kernel's 96.9 gone,
+  // the backward's kernels 2300 → 2229–2238. With z the gate kernel reads dy, z and y_pre
+  // anyway: there x costs it 32 µs (256 without), no more than the partials cost dx.
+  p.launch_.dD_in_dx = p.launch_.group_products && !p.launch_.gated;
   p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);

@@ -204,6 +204,11 @@ struct SsdChunkScanLaunch {
   // per tile pair, each writing its own partial dCB (summed in split order where dC and
   // dB read it), so that its blocks fill whole rounds of the GPU (see ssd_dcb_splits).
   int64_t dcb_splits = 1;
+  // With group_products and without z: the dx kernel, which holds dy_pre and x of each
+  // (row tile, column tile, head) in shared memory for its D term and ddt dots, writes
+  // dD's partials (one per chunk row tile), and the gate kernel, there for them alone,
+  // does not run. See ssd_dD_segments.
+  bool dD_in_dx = false;
   // CUDA tensor-core path: the state columns (64 or 128) one block of the chunk-state
   // kernel computes (H_c's S_c and the backward's local dstate), reading each x (or dy)
   // tile once for all of them (state_tile_n in ssd_chunk_scan_plan.cpp). 0 elsewhere.

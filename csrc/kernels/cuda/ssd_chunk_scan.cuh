@@ -57,8 +57,9 @@
 //                    take the seed through the states as they are.
 //   D                forward: the Y epilogue (ssd_epilogue) adds D·x to the float
 //                    accumulator; backward: the DX epilogue adds D·dy_pre to dx, and
-//                    ssd_gate_kernel writes per-64-position partials of dy_pre·x
-//                    that ssd_dD_kernel sums in a fixed order.
+//                    the partials of dy_pre·x (ssd_dD_segments), which ssd_dD_kernel
+//                    sums in a fixed order, come from the group dx kernel (dD_in_dx)
+//                    or else from ssd_gate_kernel.
 //   z                forward: the Y epilogue writes y_pre (when y_pre_out is given) and
 //                    then y_pre·silu(z). Backward: ssd_gate_kernel writes dy_pre =
 //                    dy·silu(z) (rounded to T) into the workspace (dyp), which every
@@ -82,7 +83,8 @@
 //   ssd_dacs_kernel         block per (b,h,c): X_s from 64×64 tiles of T
 //   ssd_finalize_kernel     warp per (b,h,c): da, ddt, dA partials
 //   ssd_dA_kernel           warp per h: fixed-order sum of the dA (and ddt_bias) partials
-//   ssd_gate_kernel         backward with z or D: dy_pre, dz, dD partials
+//   ssd_gate_kernel         backward with z, or D without dD_in_dx: dy_pre, dz, dD
+//                           partials
 //   ssd_dD_kernel           dD from its partials
 //
 // Determinism: no atomics. Every output element and every workspace partial is written
@@ -204,7 +206,9 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   cbt       [B, G, nc, P', 64, 64]  group_products only: each tile pair's B_s·C_q,
 //                                  stored [s][q] (the dCB pass computes it, dx reads it)
 //   dbp       [H, B·nc]            ddt_bias partials per (b, c)
-//   dDp       [⌈B·L/64⌉, H, D]     dD partials per 64-position segment (kSsdDSeg)
+//   dDp       [S_D, H, D]          dD partials, S_D = ssd_dD_segments: per 64-position
+//                                  segment of b·L + t (kSsdDSeg; the gate kernel), or per
+//                                  (b, chunk, 64-row tile) with dD_in_dx (the dx kernel)
 //   dyp       [B, L, H, D] T       with z (SsdChunkScanLaunch::gated): dy_pre = dy·silu(z),
 //                                  which the backward's kernels read in place of dy
 //   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
@@ -216,6 +220,14 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 // the input type with z (dyp); the forward needs acs,
 // dtf and states (and states_t) only (8·B·H·L bytes + B·H·L + B·H·nc·D·N Acc, plus
 // 2·B·H·nc·D·N bytes).
+// dD's partial sums a (h, d): one per kSsdDSeg positions of the flattened b·L + t (the gate
+// kernel), or, with dD_in_dx, one per (b, chunk, 64-row tile of Q') in that order (the
+// group dx kernel; a tile past a short last chunk writes zeros).
+inline int64_t ssd_dD_segments(const SsdChunkScanLaunch& l) {
+  if (l.dD_in_dx) return l.batch * l.nchunks() * (l.dcb_ld() / kSsdTile);
+  return (l.batch * l.seqlen + kSsdDSeg - 1) / kSsdDSeg;
+}
+
 struct SsdWorkspace {
   size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
          xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dyp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
@@ -273,7 +285,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     w.dap = take(l.heads * l.batch * nc);
     w.split = take(w.nsplit > 1 && !l.group_products ? w.nsplit * l.batch * l.seqlen * l.groups * l.state_dim : 0);
     w.dbp = take(l.heads * l.batch * nc);
-    w.dDp = take((l.batch * l.seqlen + kSsdDSeg - 1) / kSsdDSeg * l.heads * l.head_dim);
+    w.dDp = take(ssd_dD_segments(l) * l.heads * l.head_dim);
     if (l.gated) w.dyp = take(l.batch * l.seqlen * l.heads * l.head_dim, element_size(l.element));
     if (l.group_products) {
       w.dcb_ld = l.dcb_ld();  // (a multiple of kSsdTile)
@@ -1467,6 +1479,8 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "dt_element must be the element or the compute type");
   if (backward && l.z != nullptr && (l.dz == nullptr || l.y_pre == nullptr))
     fail(PlanErrorKind::Internal, op, "z needs dz and y_pre in the backward");
+  if (backward && l.dD_in_dx && !l.group_products)
+    fail(PlanErrorKind::Internal, op, "dD_in_dx needs the group products' dx kernel");
   if (backward && l.gated != (l.z != nullptr))
     fail(PlanErrorKind::Internal, op, "gated must say whether z is given (the workspace's dy_pre)");
   if (l.state_tile_n != 0 && l.state_tile_n != kSsdTile && l.state_tile_n != 2 * kSsdTile)
@@ -1710,7 +1724,7 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
 //       σ(z))) into the dz output: one pass over dy and z, as mamba_ssm's
 //       _chunk_scan_bwd_dz (which also allocates its dout_x);
 //   D:  part[seg, h, d] = Σ_{positions of seg} dy_pre·x   (dD's partials; ssd_dD_kernel sums
-//       them after the other kernels).
+//       them after the other kernels), unless the group dx kernel writes them (dD_in_dx).
 template <typename T>
 struct SsdGateParams {
   int64_t seqlen, heads, hd, D, positions, nseg, total;
@@ -1859,22 +1873,24 @@ bool ssd_gate_vec(int64_t D, std::initializer_list<const SsdOperand<T>*> ops, st
   return true;
 }
 
-// dy_pre (into the workspace's dyp) and dz, and the dD partials; no-op without z and D.
+// dy_pre (into the workspace's dyp) and dz, and the dD partials (unless the dx kernel
+// writes them: dD_in_dx); no-op when there is neither to do.
 template <typename T>
 void ssd_launch_gate(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
-  if (l.z == nullptr && l.D == nullptr) return;
+  const bool partials = l.D != nullptr && !l.dD_in_dx;
+  if (l.z == nullptr && !partials) return;
   SsdGateParams<T> p;
   p.seqlen = l.seqlen, p.heads = l.heads, p.D = l.head_dim, p.hd = l.heads * l.head_dim;
   p.positions = l.batch * l.seqlen;
   p.nseg = (p.positions + kSsdDSeg - 1) / kSsdDSeg;
   p.total = p.nseg * p.hd;
-  p.x = ssd_operand<T>(l.D != nullptr ? l.x : nullptr, l.x_stride, true);
+  p.x = ssd_operand<T>(partials ? l.x : nullptr, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.z = ssd_operand<T>(l.z, l.z_stride, true);
   p.y_pre = ssd_operand<T>(l.z != nullptr ? l.y_pre : nullptr, l.y_pre_stride, true);
   p.dyp = l.z != nullptr ? ssd_ws<T>(l, w.dyp) : nullptr;
   p.dz = l.z != nullptr ? static_cast<T*>(l.dz) : nullptr;
-  p.part = l.D != nullptr ? ssd_ws<acc_t<T>>(l, w.dDp) : nullptr;
+  p.part = partials ? ssd_ws<acc_t<T>>(l, w.dDp) : nullptr;
   if (p.total == 0) return;
   constexpr int V = 16 / sizeof(T);
   const bool vec = ssd_gate_vec<T>(p.D, {&p.dy, &p.z, &p.x, &p.y_pre}, {p.dyp, p.dz});
@@ -1893,7 +1909,7 @@ void ssd_launch_dD(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStrea
   if (l.dD == nullptr) return;
   const int64_t outs = l.D_per_dim ? l.heads * l.head_dim : l.heads;
   if (outs == 0) return;
-  const int64_t nseg = (l.batch * l.seqlen + kSsdDSeg - 1) / kSsdDSeg;
+  const int64_t nseg = ssd_dD_segments(l);
   ssd_dD_kernel<Acc><<<ssd_grid(outs), kSsdThreads, 0, stream>>>(ssd_ws<Acc>(l, w.dDp), nseg, l.heads, l.head_dim,
                                                                   l.D_per_dim, static_cast<Acc*>(l.dD));
   check_launch("ssd_chunk_scan_backward(dD)");

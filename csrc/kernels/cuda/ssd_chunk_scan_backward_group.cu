@@ -589,6 +589,27 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
   }
 }
 
+// Sums each of 16 values over the 8 lanes that share lane % 4 (lane bits 2..4) by halving:
+// at each of the three steps a lane gives away half of its values and adds its partner's
+// half to the other: 14 shuffles, where a xor tree per value takes 48. The lane is left
+// with the sums of values 2·(lane / 4) and 2·(lane / 4) + 1 in v[0], v[1]; the order of
+// every sum is fixed.
+template <int M>
+__device__ __forceinline__ void ssd_halve_over(float (&v)[16], int lane) {
+  constexpr int kHalf = M / 2;  // values kept (of the 2·kHalf held)
+  const bool up = (lane & M) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float give = up ? v[i] : v[i + kHalf], keep = up ? v[i + kHalf] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, give, M);
+  }
+}
+__device__ __forceinline__ void ssd_reduce_scatter16(float (&v)[16], int lane) {
+  ssd_halve_over<16>(v, lane);
+  ssd_halve_over<8>(v, lane);
+  ssd_halve_over<4>(v, lane);
+}
+
 template <typename T>
 struct SsdGroupDxParams {
   int64_t seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
@@ -604,6 +625,7 @@ struct SsdGroupDxParams {
   float* part;         // [B, H, L, j_tiles]: x·dxpre
   float* part2;        // [B, H, L, j_tiles]: x·dxpre of the inter-chunk term
   SsdEpilogue<T> epi;  // D·dy_pre (EPI)
+  float* dpart;        // DD: dD's partials [B·nc·r_tiles, H, P] (ssd_dD_segments)
 };
 
 // dx of one (b, g, c, head split, 64-row tile s, 64-column tile j of head_dim), head by
@@ -626,8 +648,16 @@ struct SsdGroupDxParams {
 // 747 -> 680 us, then 648 with the pair loads; plain dx 646 -> 577 in all.
 // Blocks an SM: 3 without EPI (168 registers; at 2 it was slower: 646 -> 712 us before the
 // x tiles), 2 with it (with the x tiles at 3 it spilled: 725 us against 680).
-template <typename T, bool EPI>
+// DD (with EPI; dD_in_dx, the plan's choice without z) also writes dD's partials Σ_s
+// dy_pre[s][j]·x[s][j] over the block's rows (both tiles are in shared memory for the
+// epilogue): the lane's two rows, then the 8 lanes of its columns (ssd_reduce_scatter16), the
+// warps' sums (sDd, by head parity) added in warp order by threads below 64 after the
+// next barrier. 238 → 250 registers, no spills. H200, the 2.7B shape with D and without
+// z: dx 650 → 679–684 µs (688 with a xor tree a value), where the gate kernel it spares
+// took 96.9 µs to read dy and x.
+template <typename T, bool EPI, bool DD>
 __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
+  static_assert(EPI || !DD, "dD's partials come with the D epilogue");
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                             // [64][ld]: B rows s
   T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                   // [64][ld]: Gn rows j
@@ -637,6 +667,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
   // row scales exp(Acs_last − Acs_s).
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sRowScale[2][kSsdTile], sRowDt[2][kSsdTile];
   __shared__ float sD[EPI ? 2 : 1][kSsdTile];  // EPI: the head's D of columns j0.. (0 past P)
+  __shared__ float sDd[DD ? 2 : 1][DD ? kTcThreads / 32 : 1][kSsdTile];  // DD: the warps' dD sums
   __shared__ double sRef[2];  // written alike by threads 0..63, each reading back its own store
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
@@ -653,17 +684,33 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
     const int64_t t0 = c * p.chunk;
     const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
     const int r0 = rt * kSsdTile, j0 = jt * kSsdTile;
-    if (r0 >= len) continue;  // a row tile past the end of the last (short) chunk
-    const int rows = min(kSsdTile, len - r0), jrows = min(kSsdTile, p.P - j0);
+    const int jrows = min(kSsdTile, p.P - j0);
+    const int64_t h_begin = g * p.hpg + split * p.hps;
+    const int nh = static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin));
+    // dD's partials of this (b, c, row tile): [seg][h][j]
+    float* dpart = DD ? p.dpart + ((b * p.nchunks + c) * p.r_tiles + rt) * p.heads * p.P : nullptr;
+    if (r0 >= len) {  // a row tile past the end of the last (short) chunk
+      if constexpr (DD)
+        for (int i = tid; i < nh * jrows; i += kTcThreads) dpart[(h_begin + i / jrows) * p.P + j0 + i % jrows] = 0.0f;
+      continue;
+    }
+    const int rows = min(kSsdTile, len - r0);
     // Column tiles rt, rt + 1, ..., last; with EPI in the reverse order, the diagonal one
     // last, so that its dy_pre rows are still in their buffer after the loop. (The plain
     // kernel keeps the forward order: reversed, ptxas spilled 152 bytes instead of 92.)
     const int last_tile = (len - 1) / kSsdTile, n_steps = last_tile + 1 - rt;
     auto col_tile = [&](int k) { return EPI ? last_tile - k : rt + k; };
-    const int64_t h_begin = g * p.hpg + split * p.hps;
-    const int nh = static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin));
     const bool live = rw < rows;  // (warp-uniform)
     const float* cbt = p.cbt + ((b * p.groups + g) * p.nchunks + c) * p.pairs * (kSsdTile * kSsdTile);
+    // DD, after a barrier that follows head hi's epilogue: its dD partials, the live
+    // warps' sums in warp order
+    auto flush_dD = [&](int hi) {
+      if (tid < jrows) {
+        float t = 0.0f;
+        for (int w = 0; w < (rows + 15) / 16; ++w) t += sDd[hi & 1][w][tid];
+        dpart[(h_begin + hi) * p.P + j0 + tid] = t;
+      }
+    };
 
     // Stage copies: head hi's dy rows of column tile col_tile(k) into buffer `buf`, and (threads
     // below 64) that tile's Acs into a register, stored to shared memory at the stage.
@@ -738,6 +785,8 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
           }
         ssd_cp_async_wait<0>();  // this stage's copies (the only group in flight)
         __syncthreads();
+        if constexpr (DD)
+          if (k == 0 && hi > 0) flush_dD(hi - 1);
         if (k == 0) {
           // the inter-chunk term: exp(Acs_last − Acs_s)·Σ_n B_s[n]·Gn[j][n] into acc
           if (live) {
@@ -803,6 +852,9 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
       // diagonal stage and held through the column tiles, dy_pre's 16 registers were spilled
       // at every head (dx with D 830 µs against 665 without at the Mamba-2 2.7B shape, H200).
       const T* dy_last = sV + ((st - 1) & 1) * kSsdTile * kTcLd;
+      float dsum[8][2];  // DD: Σ over the lane's rows of dy_pre·x, its 16 columns
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) dsum[nt][0] = dsum[nt][1] = 0.0f;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int rl = rw + g8 + 8 * half, rg = r0 + rl;
@@ -825,6 +877,12 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
           if constexpr (EPI) {
             ssd_smem_pair(dys, dy_last + rl * kTcLd + nt * 8 + 2 * t4);
             dd = *reinterpret_cast<const float2*>(&sD[hb][nt * 8 + 2 * t4]);
+            if constexpr (DD) {
+              T xs[2];
+              ssd_smem_pair(xs, xs_head + rl * kTcLd + nt * 8 + 2 * t4);
+              dsum[nt][0] += to_acc(dys[0]) * to_acc(xs[0]);
+              dsum[nt][1] += to_acc(dys[1]) * to_acc(xs[1]);
+            }
           }
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
@@ -835,8 +893,19 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
         }
         tc_store_row<T>(p.out + ((b * p.seqlen + t0 + rg) * p.heads + h) * p.P, j0, p.P, p.P % 2 == 0, acc, half, 1.0f);
       }
+      if constexpr (DD) {  // the warp's sums over its 16 rows, to sDd
+        float v[16];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) v[2 * nt] = dsum[nt][0], v[2 * nt + 1] = dsum[nt][1];
+        ssd_reduce_scatter16(v, lane);
+        *reinterpret_cast<float2*>(&sDd[hb][warp][8 * g8 + 2 * t4]) = make_float2(v[0], v[1]);
+      }
     }
     ssd_cp_async_wait<0>();  // (no copies are left in flight; keep every thread idle)
+    if constexpr (DD) {
+      __syncthreads();  // the last head's sDd
+      flush_dD(nh - 1);
+    }
   }
 }
 
@@ -925,10 +994,10 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   check_launch(op);
 }
 
-template <typename T, bool EPI>
+template <typename T, bool EPI, bool DD>
 void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, cudaStream_t stream) {
-  allow_dynamic_smem(ssd_group_dx_kernel<T, EPI>, smem, "ssd_chunk_scan_backward(group_dx)");
-  ssd_group_dx_kernel<T, EPI><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  allow_dynamic_smem(ssd_group_dx_kernel<T, EPI, DD>, smem, "ssd_chunk_scan_backward(group_dx)");
+  ssd_group_dx_kernel<T, EPI, DD><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(group_dx)");
 }
 
@@ -968,8 +1037,15 @@ void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t 
   p.epi.D_s0 = l.D_stride[0];
   p.epi.D_s1 = l.D_per_dim ? l.D_stride[1] : 0;
   p.epi.on = p.epi.D != nullptr;
+  const bool dd = p.epi.on && l.dD_in_dx;  // dD's partials here (the gate kernel writes them otherwise)
+  p.dpart = dd ? ssd_ws<float>(l, w.dDp) : nullptr;
   if (p.total_blocks == 0) return;
-  p.epi.on ? launch_dx_with<T, true>(p, smem, stream) : launch_dx_with<T, false>(p, smem, stream);
+  if (!p.epi.on)
+    launch_dx_with<T, false, false>(p, smem, stream);
+  else if (dd)
+    launch_dx_with<T, true, true>(p, smem, stream);
+  else
+    launch_dx_with<T, true, false>(p, smem, stream);
 }
 
 }  // namespace
