@@ -40,6 +40,28 @@ void table_strides(const TensorLayout& t, int64_t B, int64_t out[3]) {
   }
 }
 
+// Whether the kernel's table runs load as 16-byte vectors (RopeCosSinLaunch::table_vec16):
+// for a float32 table with 16-bit data, where it was measured to gain. H200, ncu,
+// flash-attention's layout x [8, 4096, 32, 128] bf16 with float32 [S, 64] tables: one
+// entry a load (16 a thread), 58 % of the kernel's L2 sectors were excess (the 8 lanes of
+// a position 32 bytes apart each load), L2 at 76 % and DRAM at 62 %; with the vectors
+// 181.1 → 173.5 µs (benchmarks/tune/time_rope_cos_sin.py). A bfloat16 [1, S, 128] table
+// (Hugging Face's q + k) measured 209.0 → 213.5 µs, on another machine of the same kind
+// (copies equal to 0.3 %): entry by entry there until an A/B in one run says otherwise.
+bool table_vec16(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
+  if (l.access != RopeCosSinAccess::Vec16) return false;
+  if (d.cos.dtype != ElementKind::F32 || element_size(d.q.dtype) != 2) return false;
+  const int64_t esz = element_size(d.cos.dtype), per = 16 / esz;
+  const int64_t run = (l.interleaved && l.full_table ? 2 : 1) * l.pairs_per_item;
+  if (run % per != 0) return false;
+  if (l.full_table && !l.interleaved && (l.R / 2) % per != 0) return false;  // the v run's start
+  const auto fits = [&](const TensorLayout& t, const int64_t st[3]) {
+    const int64_t rows = t.rank == 3 ? t.sizes[1] : t.sizes[0];
+    return t.alignment >= 16 && st[2] == 1 && st[0] % per == 0 && (rows == 1 || st[1] % per == 0);
+  };
+  return fits(d.cos, l.cos_strides) && fits(d.sin, l.sin_strides);
+}
+
 RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& oq,
                              const TensorLayout& ok) {
   RopeCosSinLaunch l;
@@ -89,6 +111,7 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
   l.n_pass = (l.D - l.R) / l.vec;
   l.n_cols = l.B * l.S * (l.n_rot + l.n_pass);
   if (d.device.backend != Backend::Cuda || l.n_cols == 0) return l;
+  l.table_vec16 = table_vec16(d, l);
 
   const int64_t rows = l.Hq + l.Hk;
   const int64_t grid_x = ceil_div(l.n_cols, int64_t{kRopeCosSinThreads});
@@ -105,7 +128,7 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
 }
 
 KernelSku make_sku(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
-  const char* variant = l.access == RopeCosSinAccess::Vec16 ? "vec16" : "scalar";
+  const char* variant = l.access == RopeCosSinAccess::Vec16 ? (l.table_vec16 ? "vec16_table16" : "vec16") : "scalar";
   if (d.device.backend == Backend::Cpu)
     variant = d.q.strides[3] == 1 && d.q.dtype != ElementKind::F64 ? "rows_simd" : "rows";
   // Elementwise, no reduction: deterministic and bit-stable.

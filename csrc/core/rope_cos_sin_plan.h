@@ -61,6 +61,12 @@ struct RopeCosSinLaunch {
 
   // CUDA work decomposition.
   int64_t pairs_per_item = 1, n_rot = 0, n_pass = 0, n_cols = 0, rows_per_thread = 1;
+  // CUDA, Vec16, a float32 table of 16-bit data: a thread's table entries (one run of
+  // pairs_per_item entries a table and half, or 2·pairs_per_item with a full interleaved
+  // table) load as 16-byte vectors: the runs are whole vectors, the entry stride 1, the
+  // rows and data 16-byte aligned (table_vec16 in rope_cos_sin_plan.cpp). One entry a load
+  // otherwise.
+  bool table_vec16 = false;
 
   const void* q = nullptr;
   const void* k = nullptr;

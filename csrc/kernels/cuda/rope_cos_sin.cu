@@ -4,7 +4,8 @@
 // RopeCosSinLaunch): a column is (b, s, row item) with the item fastest, so a warp's
 // 16-byte accesses are consecutive in a row; a row is one head of q (r < Hq) or of k.
 // A thread loads its column's table entries once (P pairs × (c_u, s_u, c_v, s_v), from
-// the table's dtype to float; double for float64 data), builds the 2×2 coefficients of
+// the table's dtype to float; double for float64 data; in 16-byte vectors where the plan
+// says table_vec16, else one entry a load), builds the 2×2 coefficients of
 // the direction (forward: [c_u, −s_u; s_v, c_v], backward: their transpose), and walks
 // rows_per_thread heads, issuing every load of a step before its math.
 //
@@ -31,7 +32,7 @@ struct RopeCsParams {
   int64_t n_items, n_rot, n_cols, rows_per_thread;
   int64_t q_s[4], k_s[4], yq_s[4], yk_s[4];
   int64_t cos_s[3], sin_s[3];
-  bool full_table, backward;
+  bool full_table, backward, table_vec16;
   const void* q;
   const void* k;
   const void* cos;
@@ -49,6 +50,20 @@ __device__ __forceinline__ acc_t<T> load_entry(const C* p) {
     return table_to_double(__ldg(p));
   else
     return to_acc(p[0]);
+}
+
+// K consecutive table entries from 16-byte vectors (p 16-byte aligned; K·sizeof(C) a
+// multiple of 16).
+template <typename T, typename C, int K>
+__device__ __forceinline__ void load_run(const C* p, acc_t<T> (&out)[K]) {
+  constexpr int kPer = 16 / sizeof(C);
+  static_assert(K % kPer == 0, "a run of whole 16-byte vectors");
+#pragma unroll
+  for (int i = 0; i < K / kPer; ++i) {
+    const Pack<C, kPer> v = load_pack<C, kPer>(p + i * kPer);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) out[i * kPer + j] = static_cast<acc_t<T>>(to_acc(v.v[j]));
+  }
 }
 
 template <typename T, int V>
@@ -94,25 +109,60 @@ __global__ void __launch_bounds__(kRopeCosSinThreads) rope_cos_sin_kernel(const 
 
   // Coefficients of the item's pairs: y_u = m00·u + m01·v, y_v = m10·u + m11·v.
   Acc m00[P], m01[P], m10[P], m11[P];
+  const auto set_pair = [&](int j, Acc cu, Acc su, Acc cv, Acc sv) {
+    m00[j] = cu;
+    m11[j] = cv;
+    m01[j] = p.backward ? sv : -su;
+    m10[j] = p.backward ? -su : sv;
+  };
+  // table runs in 16-byte vectors (the plan's table_vec16): P entries of each table from
+  // the item's first pair (and P more from half on a full half-split table), or 2P with a
+  // full interleaved table
+  constexpr bool kRunVec = P * sizeof(C) % 16 == 0, kRun2Vec = 2 * P * sizeof(C) % 16 == 0;
+  bool loaded = false;
   if (!pass) {
     const C* cosr = static_cast<const C*>(p.cos) + b * p.cos_s[0] + s * p.cos_s[1];
     const C* sinr = static_cast<const C*>(p.sin) + b * p.sin_s[0] + s * p.sin_s[1];
+    if constexpr (Interleaved && kRun2Vec) {
+      if (p.table_vec16 && p.full_table) {
+        Acc c[2 * P], sn[2 * P];
+        load_run<T, C, 2 * P>(cosr + 2 * item * P, c);
+        load_run<T, C, 2 * P>(sinr + 2 * item * P, sn);
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
-      const int64_t pair = item * P + j;
-      int64_t eu = pair, ev = pair;
-      if (p.full_table) {
-        eu = Interleaved ? 2 * pair : pair;
-        ev = Interleaved ? 2 * pair + 1 : pair + p.half;
+        for (int j = 0; j < P; ++j) set_pair(j, c[2 * j], sn[2 * j], c[2 * j + 1], sn[2 * j + 1]);
+        loaded = true;
       }
-      const Acc cu = load_entry<T>(cosr + eu * p.cos_s[2]);
-      const Acc su = load_entry<T>(sinr + eu * p.sin_s[2]);
-      const Acc cv = load_entry<T>(cosr + ev * p.cos_s[2]);
-      const Acc sv = load_entry<T>(sinr + ev * p.sin_s[2]);
-      m00[j] = cu;
-      m11[j] = cv;
-      m01[j] = p.backward ? sv : -su;
-      m10[j] = p.backward ? -su : sv;
+    }
+    if constexpr (kRunVec) {
+      if (p.table_vec16 && !loaded && !(Interleaved && p.full_table)) {
+        Acc cu[P], su[P];
+        load_run<T, C, P>(cosr + item * P, cu);
+        load_run<T, C, P>(sinr + item * P, su);
+        if (p.full_table) {  // half-split: the v entries from half on
+          Acc cv[P], sv[P];
+          load_run<T, C, P>(cosr + p.half + item * P, cv);
+          load_run<T, C, P>(sinr + p.half + item * P, sv);
+#pragma unroll
+          for (int j = 0; j < P; ++j) set_pair(j, cu[j], su[j], cv[j], sv[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < P; ++j) set_pair(j, cu[j], su[j], cu[j], su[j]);
+        }
+        loaded = true;
+      }
+    }
+    if (!loaded) {
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        const int64_t pair = item * P + j;
+        int64_t eu = pair, ev = pair;
+        if (p.full_table) {
+          eu = Interleaved ? 2 * pair : pair;
+          ev = Interleaved ? 2 * pair + 1 : pair + p.half;
+        }
+        set_pair(j, load_entry<T>(cosr + eu * p.cos_s[2]), load_entry<T>(sinr + eu * p.sin_s[2]),
+                 load_entry<T>(cosr + ev * p.cos_s[2]), load_entry<T>(sinr + ev * p.sin_s[2]));
+      }
     }
   }
 
@@ -195,6 +245,10 @@ void check_rope_cos_sin_launch(const RopeCosSinLaunch& l, const char* op) {
 template <typename T, typename C, int V, bool Interleaved>
 void launch(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
   check_rope_cos_sin_launch<V, Interleaved>(l, op);
+  constexpr int64_t P = Interleaved ? (V > 1 ? V / 2 : 1) : V;
+  const int64_t run = (Interleaved && l.full_table ? 2 : 1) * P;
+  if (l.table_vec16 && (V == 1 || run * static_cast<int64_t>(sizeof(C)) % 16 != 0))
+    fail(PlanErrorKind::Internal, op, "table_vec16 planned for table runs that are not whole 16-byte vectors");
   RopeCsParams p;
   p.B = l.B;
   p.Hq = l.Hq;
@@ -219,6 +273,7 @@ void launch(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
   }
   p.full_table = l.full_table;
   p.backward = l.backward;
+  p.table_vec16 = l.table_vec16;
   p.q = l.q;
   p.k = l.k;
   p.cos = l.cos;
