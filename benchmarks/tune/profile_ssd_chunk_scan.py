@@ -58,7 +58,7 @@ def make_inputs(b, L, H, P, N, G, options, dtype=torch.bfloat16, z=True):
         args[2] = -torch.exp(0.5 * torch.randn(H, **f32))
         kw = dict(D=torch.randn(H, **f32), z=torch.randn_like(x), dt_bias=0.1 * torch.randn(H, **f32),
                   initial_states=torch.randn(b, H, P, N, **f32), dt_softplus=True)
-        if not z:
+        if not z:  # (drawn all the same: the other inputs stay those of the run with z)
             del kw["z"]
     leaves = [t.requires_grad_() for t in args] + [v.requires_grad_() for v in kw.values()
                                                    if isinstance(v, torch.Tensor)]

@@ -44,10 +44,7 @@ def main():
     a = ap.parse_args()
     bt._C._ssd_cuda_forward(a.kernel)
     torch.manual_seed(0)
-    args, kw, leaves = ps.make_inputs(*ps.SHAPES[a.shape], a.options)
-    if a.no_z and "z" in kw:
-        z = kw.pop("z")
-        leaves = [t for t in leaves if t is not z]
+    args, kw, leaves = ps.make_inputs(*ps.SHAPES[a.shape], a.options, z=not a.no_z)
     if a.seq > 1:
         b, L = args[0].shape[:2]
         g = torch.Generator().manual_seed(0)
