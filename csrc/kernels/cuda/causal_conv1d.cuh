@@ -661,8 +661,8 @@ __device__ __forceinline__ void warp_row_window(const Pack<T, V>& cx, int lane, 
 // tiles' loads in flight while one is computed, the window by warp_row_window. The taps
 // are added in the order of the other walks (conv_pre), so the outputs have their bits.
 // final_states: the row's last W − 1 inputs, read again by lanes 0 .. W − 2 after the
-// walk. Four blocks an SM (sm_90a: 64 registers, no spills; 80 without the bound): not
-// yet timed.
+// walk. Four blocks an SM (sm_90a: 64 registers, no spills; 80 without the bound): H200,
+// B4 D5120 L4096 bf16, 114 µs against 152 for the chunks of a8a2991 (causal-conv1d 89).
 template <typename T, typename Wt, int W>
 __global__ void __launch_bounds__(kCausalConv1dThreads, 4)
     causal_conv1d_rows_warp_forward_kernel(const CausalConv1dLaunch l) {
