@@ -115,15 +115,24 @@ def test_strided_and_bshd(device, dtype, interleaved):
     check_qk(q2, k2, c1, s1, interleaved, "expanded table")
 
 
+@pytest.fixture(params=["auto", "any", "never"])
+def table_vectors(request):
+    """The CUDA plans' table reads: the plan's rule (16-byte vectors for float32 tables of
+    16-bit data), vectors for every table whose runs are whole aligned vectors, or none."""
+    previous = bt._C._rope_cos_sin_table_vectors(request.param)
+    yield request.param
+    bt._C._rope_cos_sin_table_vectors(previous)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel variants")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("layout", ["full", "half"])
-def test_cuda_table_vectors_and_their_fallbacks(dtype, interleaved, layout):
-    """The CUDA kernel reads a float32 table of 16-bit data in 16-byte vectors where every
-    run of a thread's entries is whole vectors at aligned addresses (vec16_table16), else
-    entry by entry (as any other table): a table one entry off 16 bytes and rows padded
-    off 16 bytes fall back; each against float64."""
+def test_cuda_table_vectors_and_their_fallbacks(dtype, interleaved, layout, table_vectors):
+    """The CUDA kernel reads the table in 16-byte vectors (vec16_table16) where every run of
+    a thread's entries is whole vectors at aligned addresses and the setting allows it (the
+    plan's rule: float32 tables of 16-bit data), else entry by entry: a table one entry off
+    16 bytes and rows padded off 16 bytes fall back; each against float64."""
     B, Hq, Hk, S = 2, 4, 2, 9
     for D, R in ((128, 128), (128, 64), (64, 48)):
         theta = angles(B, S, R, layout == "full", "cuda")
@@ -134,7 +143,9 @@ def test_cuda_table_vectors_and_their_fallbacks(dtype, interleaved, layout):
             pairs = (16 // q.element_size()) // (2 if interleaved else 1)
             run = pairs * (2 if interleaved and layout == "full" else 1)
             whole = run % per == 0 and (layout == "half" or interleaved or (R // 2) % per == 0)
-            whole = whole and tdtype == torch.float32 and q.element_size() == 2
+            if table_vectors == "auto":
+                whole = whole and tdtype == torch.float32 and q.element_size() == 2
+            whole = whole and table_vectors != "never"
             cases = {"contiguous": (cos, sin, whole)}
             off = torch.zeros(cos.numel() + 1, dtype=tdtype, device="cuda")  # one entry off
             cases["offset"] = (off[1:].view(cos.shape).copy_(cos), sin.clone(), False)
@@ -142,10 +153,19 @@ def test_cuda_table_vectors_and_their_fallbacks(dtype, interleaved, layout):
             pad = pad[..., :cos.shape[-1]].copy_(cos)  # rows one entry longer
             cases["padded rows"] = (pad, sin, False)
             for name, (c, s, vec) in cases.items():
-                what = f"{dtype} table={tdtype} {layout} il={interleaved} D={D} R={R} {name}"
+                what = f"{dtype} table={tdtype} {layout} il={interleaved} D={D} R={R} {name} ({table_vectors})"
                 want = "vec16_table16" if vec else "vec16"
                 assert bt.explain("rope_qk_cos_sin", q, k, c, s, interleaved).variant == want, what
                 check_qk(q, k, c, s, interleaved, what)
+
+
+def test_table_vectors_switch_names_its_settings():
+    assert bt._C._rope_cos_sin_table_vectors("auto") == "auto"
+    assert bt._C._rope_cos_sin_table_vectors("any") == "auto"
+    assert bt._C._rope_cos_sin_table_vectors("never") == "any"
+    with pytest.raises(ValueError, match="auto, any or never"):
+        bt._C._rope_cos_sin_table_vectors("some")
+    assert bt._C._rope_cos_sin_table_vectors("auto") == "never"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,6 +1,7 @@
 #include "core/rope_cos_sin_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 
 #include "kernels/rope_cos_sin.h"
@@ -47,10 +48,13 @@ void table_strides(const TensorLayout& t, int64_t B, int64_t out[3]) {
 // a position 32 bytes apart each load), L2 at 76 % and DRAM at 62 %; with the vectors
 // 181.1 → 173.5 µs (benchmarks/tune/time_rope_cos_sin.py). A bfloat16 [1, S, 128] table
 // (Hugging Face's q + k) measured 209.0 → 213.5 µs, on another machine of the same kind
-// (copies equal to 0.3 %): entry by entry there until an A/B in one run says otherwise.
+// (copies equal to 0.3 %): entry by entry there until an A/B in one run says otherwise
+// (rope_cos_sin_force_table_vectors).
+std::atomic<int> g_table_vectors{-1};  // -1: the rule above; 0: never; 1: every whole-vector table
 bool table_vec16(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
-  if (l.access != RopeCosSinAccess::Vec16) return false;
-  if (d.cos.dtype != ElementKind::F32 || element_size(d.q.dtype) != 2) return false;
+  const int forced = g_table_vectors.load(std::memory_order_relaxed);
+  if (l.access != RopeCosSinAccess::Vec16 || forced == 0) return false;
+  if (forced < 0 && (d.cos.dtype != ElementKind::F32 || element_size(d.q.dtype) != 2)) return false;
   const int64_t esz = element_size(d.cos.dtype), per = 16 / esz;
   const int64_t run = (l.interleaved && l.full_table ? 2 : 1) * l.pairs_per_item;
   if (run % per != 0) return false;
@@ -175,6 +179,12 @@ void RopeCosSinPlan::run(void* stream, Workspace, const RopeCosSinArgs& args) co
   l.yk = desc_.has_k ? args.yk.data : nullptr;
   run_on_backend(desc_.device.backend, op, kernels::rope_cos_sin_cpu,
                  BARACUDA_CUDA_ENTRY(kernels::rope_cos_sin_cuda), l, stream);
+}
+
+std::optional<bool> rope_cos_sin_force_table_vectors(std::optional<bool> force) {
+  const int previous = g_table_vectors.exchange(force ? static_cast<int>(*force) : -1);
+  if (previous < 0) return std::nullopt;
+  return previous == 1;
 }
 
 const char* rope_cos_sin_op_name(bool has_k, bool backward) {

@@ -23,6 +23,7 @@
 // for float64 data); the table may be float32 or the activation dtype.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "core/plan.h"
@@ -159,6 +160,12 @@ struct RopeCosSinArgs {
   TensorRef q, k, cos, sin;  // k.data may be null when !has_k or k is empty
   MutTensorRef yq, yk;
 };
+
+// Tests and benchmarks only: whether the CUDA plans read the table in 16-byte vectors
+// (RopeCosSinLaunch::table_vec16): nullopt for the plan's rule (float32 tables of 16-bit
+// data), true wherever the table's runs are whole aligned vectors, false never. Returns
+// the previous setting.
+std::optional<bool> rope_cos_sin_force_table_vectors(std::optional<bool> force);
 
 class RopeCosSinPlan : public PlanOf<RopeCosSinDescriptor, RopeCosSinLaunch> {
  public:

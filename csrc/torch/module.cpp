@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/rmsnorm_plan.h"
+#include "core/rope_cos_sin_plan.h"
 #include "core/ssd_chunk_scan_plan.h"
 #include "kernels/common.h"
 #include "kernels/ssd_chunk_scan.h"
@@ -124,6 +125,21 @@ PYBIND11_MODULE(_C, m) {
     if (!previous) return std::string("auto");
     if (!*previous) return std::string("staged");
     return std::string(previous_wgmma.value_or(false) ? "group_wgmma" : "group_mma");
+  }, py::arg("name"));
+  // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
+  // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
+  // "never"; returns the previous setting.
+  m.def("_rope_cos_sin_table_vectors", [](const std::string& name) {
+    std::optional<bool> force;
+    if (name == "any") {
+      force = true;
+    } else if (name == "never") {
+      force = false;
+    } else if (name != "auto") {
+      throw py::value_error("_rope_cos_sin_table_vectors: expected auto, any or never, got " + name);
+    }
+    const std::optional<bool> previous = rope_cos_sin_force_table_vectors(force);
+    return std::string(!previous ? "auto" : *previous ? "any" : "never");
   }, py::arg("name"));
   // Tests only: whether the plain RMSNorm backward may be staged on CUDA (the plan's choice
   // where it fits; False: never); returns the previous setting.
