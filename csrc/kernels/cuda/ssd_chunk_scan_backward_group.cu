@@ -667,7 +667,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
   // row scales exp(Acs_last − Acs_s).
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sRowScale[2][kSsdTile], sRowDt[2][kSsdTile];
   __shared__ float sD[EPI ? 2 : 1][kSsdTile];  // EPI: the head's D of columns j0.. (0 past P)
-  __shared__ float sDd[DD ? 2 : 1][DD ? kTcThreads / 32 : 1][kSsdTile];  // DD: the warps' dD sums
+  __shared__ __align__(16) float sDd[DD ? 2 : 1][DD ? kTcThreads / 32 : 1][kSsdTile];  // DD: the warps' dD sums (float2 stores)
   __shared__ double sRef[2];  // written alike by threads 0..63, each reading back its own store
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
