@@ -48,6 +48,32 @@
 namespace baracuda::kernels::cuda {
 namespace {
 
+// Sums each of 16 values over the 8 lanes that share lane % 4 (lane bits 2..4) by halving:
+// at each step (partners lane ^ 4, then ^ 8, then ^ 16) a lane gives away half of its
+// values and adds its partner's half to the other: 14 shuffles, where a xor tree a value
+// takes 48. Each sum is the xor tree's over 4, 8, 16, bit for bit (the same pairs added in
+// the same order). The lane is left with the sums of values 2·r and 2·r + 1 in v[0], v[1],
+// r = ssd_scatter_slot(lane): lane / 4's three bits reversed.
+template <int M, int Held>  // partner lane ^ M; values held, the first half kept
+__device__ __forceinline__ void ssd_halve_over(float (&v)[16], int lane) {
+  constexpr int kHalf = Held / 2;
+  const bool up = (lane & M) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float give = up ? v[i] : v[i + kHalf], keep = up ? v[i + kHalf] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, give, M);
+  }
+}
+__device__ __forceinline__ void ssd_reduce_scatter16(float (&v)[16], int lane) {
+  ssd_halve_over<4, 16>(v, lane);
+  ssd_halve_over<8, 8>(v, lane);
+  ssd_halve_over<16, 4>(v, lane);
+}
+__device__ __forceinline__ int ssd_scatter_slot(int lane) {
+  const int g8 = lane / 4;
+  return ((g8 & 1) << 2) | (g8 & 2) | (g8 >> 2);
+}
+
 template <typename T>
 struct SsdGroupDcbParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
@@ -87,7 +113,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
   T* sB = sC + kSsdTile * p.ldn;                // and [64][ldn] B rows (s)
   // decays in base 2 relative to the column tile's last position (ssd_log2_rel)
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sColDt[2][kSsdTile];
-  __shared__ float sXcol[2][kTcThreads / 32][kSsdTile];  // per warp: Σ_q of the masked row prefixes
+  __shared__ __align__(16) float sXcol[2][kTcThreads / 32][kSsdTile];  // per warp: Σ_q of the masked row prefixes
   __shared__ float sRowT[2][kSsdTile];                   // the row sums of T
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
@@ -261,17 +287,15 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
         else
           epilogue(std::false_type{});
       }
-      // column sums of the masked prefixes over the warp's 16 rows (fixed xor tree)
+      // column sums of the masked prefixes over the warp's 16 rows (ssd_reduce_scatter16:
+      // the fixed xor tree's sums, a lane's two columns a float2 store)
+      {
+        float v[16];
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float v = m[nt][e] + m[nt][2 + e];
-          v += __shfl_xor_sync(0xffffffffu, v, 4);
-          v += __shfl_xor_sync(0xffffffffu, v, 8);
-          v += __shfl_xor_sync(0xffffffffu, v, 16);
-          if (g8 == 0) sXcol[buf][warp][nt * 8 + 2 * t4 + e] = v;
-        }
+        for (int nt = 0; nt < 8; ++nt) v[2 * nt] = m[nt][0] + m[nt][2], v[2 * nt + 1] = m[nt][1] + m[nt][3];
+        ssd_reduce_scatter16(v, lane);
+        *reinterpret_cast<float2*>(&sXcol[buf][warp][8 * ssd_scatter_slot(lane) + 2 * t4]) = make_float2(v[0], v[1]);
+      }
       if (t4 == 0) {
         sRowT[buf][rw + g8] = rowtot[0];
         sRowT[buf][rw + g8 + 8] = rowtot[1];
@@ -589,27 +613,6 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
   }
 }
 
-// Sums each of 16 values over the 8 lanes that share lane % 4 (lane bits 2..4) by halving:
-// at each of the three steps a lane gives away half of its values and adds its partner's
-// half to the other: 14 shuffles, where a xor tree per value takes 48. The lane is left
-// with the sums of values 2·(lane / 4) and 2·(lane / 4) + 1 in v[0], v[1]; the order of
-// every sum is fixed.
-template <int M>
-__device__ __forceinline__ void ssd_halve_over(float (&v)[16], int lane) {
-  constexpr int kHalf = M / 2;  // values kept (of the 2·kHalf held)
-  const bool up = (lane & M) != 0;
-#pragma unroll
-  for (int i = 0; i < kHalf; ++i) {
-    const float give = up ? v[i] : v[i + kHalf], keep = up ? v[i + kHalf] : v[i];
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, give, M);
-  }
-}
-__device__ __forceinline__ void ssd_reduce_scatter16(float (&v)[16], int lane) {
-  ssd_halve_over<16>(v, lane);
-  ssd_halve_over<8>(v, lane);
-  ssd_halve_over<4>(v, lane);
-}
-
 template <typename T>
 struct SsdGroupDxParams {
   int64_t seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
@@ -898,7 +901,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) v[2 * nt] = dsum[nt][0], v[2 * nt + 1] = dsum[nt][1];
         ssd_reduce_scatter16(v, lane);
-        *reinterpret_cast<float2*>(&sDd[hb][warp][8 * g8 + 2 * t4]) = make_float2(v[0], v[1]);
+        *reinterpret_cast<float2*>(&sDd[hb][warp][8 * ssd_scatter_slot(lane) + 2 * t4]) = make_float2(v[0], v[1]);
       }
     }
     ssd_cp_async_wait<0>();  // (no copies are left in flight; keep every thread idle)
