@@ -324,18 +324,24 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
   struct RowToken {
     Acc delta, dtx, dA, Dx, z;
   };
+  // (Every operand is loaded before any is used: with the loads written between the
+  // softplus and the exp, as the formulas read, ptxas issued x's, A's and D's only after
+  // the softplus's branch, a second round trip to memory on the path of every block.)
   const auto row_token = [&](Idx p, Idx t) {
-    RowToken r;
     const Acc bias =
         l.has_dt_bias ? small<T>(l.dt_bias, bias_f32, h * Idx(l.dt_bias_s[0]) + p * Idx(l.dt_bias_s[1])) : Acc(0);
-    r.delta = state_update_delta(
-        small<T>(l.dt, dt_f32, b * Idx(l.dt_s[0]) + t * Idx(l.dt_s[1]) + h * Idx(l.dt_s[2]) + p * Idx(l.dt_s[3])) + bias,
-        l.dt_softplus);
+    const Acc dt = small<T>(l.dt, dt_f32, b * Idx(l.dt_s[0]) + t * Idx(l.dt_s[1]) + h * Idx(l.dt_s[2]) + p * Idx(l.dt_s[3]));
     const Acc xv = static_cast<Acc>(to_acc(x[b * Idx(l.x_s[0]) + t * Idx(l.x_s[1]) + h * Idx(l.x_s[2]) + p * Idx(l.x_s[3])]));
+    const Acc a = row_a && N > 0 ? small<T>(l.A, A_f32, h * Idx(l.A_s[0]) + p * Idx(l.A_s[1])) : Acc(0);
+    const Acc d = l.has_D ? small<T>(l.D, D_f32, h * Idx(l.D_s[0]) + p * Idx(l.D_s[1])) : Acc(0);
+    const Acc zv =
+        has_z ? static_cast<Acc>(to_acc(z[b * Idx(l.z_s[0]) + t * Idx(l.z_s[1]) + h * Idx(l.z_s[2]) + p * Idx(l.z_s[3])])) : Acc(0);
+    RowToken r;
+    r.delta = state_update_delta(dt + bias, l.dt_softplus);
     r.dtx = r.delta * xv;
-    r.dA = row_a && N > 0 ? math_exp(small<T>(l.A, A_f32, h * Idx(l.A_s[0]) + p * Idx(l.A_s[1])) * r.delta) : Acc(0);
-    r.Dx = l.has_D ? small<T>(l.D, D_f32, h * Idx(l.D_s[0]) + p * Idx(l.D_s[1])) * xv : Acc(0);
-    r.z = has_z ? static_cast<Acc>(to_acc(z[b * Idx(l.z_s[0]) + t * Idx(l.z_s[1]) + h * Idx(l.z_s[2]) + p * Idx(l.z_s[3])])) : Acc(0);
+    r.dA = row_a && N > 0 ? math_exp(a * r.delta) : Acc(0);
+    r.Dx = d * xv;
+    r.z = zv;
     return r;
   };
   // out of (row p, token t) from the sum y over n: + D·x, the gate, rounded once.
