@@ -23,7 +23,8 @@
 // with B and C loaded as one vector a lane each (the plan's bc_vec), ncu counted 7.3 µs
 // against mamba_ssm's 5.0 (caches flushed; 8.9 with scalar B and C loads) and 2.1 times
 // its instructions; two passes a block (the plan's rule since) take it from 4.6 µs to 4.0
-// from a CUDA graph, against mamba_ssm's 3.1-3.2: what is left.
+// from a CUDA graph, and every per-row operand loaded before the softplus to 3.6-3.7,
+// against mamba_ssm's 3.0-3.1: what is left.
 // No workspace, no host synchronization: the launch can be captured in a CUDA graph.
 #include <cstring>
 
