@@ -341,7 +341,7 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
     r.delta = state_update_delta(dt + bias, l.dt_softplus);
     r.dtx = r.delta * xv;
     r.dA = row_a && N > 0 ? math_exp(a * r.delta) : Acc(0);
-    r.Dx = d * xv;
+    r.Dx = l.has_D ? d * xv : Acc(0);  // (without D, 0 even where x is Inf or NaN, as before)
     r.z = zv;
     return r;
   };
