@@ -827,22 +827,34 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
         if (k == 0 && hi + 1 < nh) issue_s(hi + 1, row_acs, row_dt, last, ref_next);
         ssd_cp_async_commit();
         if (!live) continue;
-        // P = B·Cᵀ ∘ exp(Acs_q − Acs_s) over q >= s (selected, not multiplied, to 0), then P·dy
+        // P = B·Cᵀ ∘ exp(Acs_q − Acs_s) over q >= s (selected, not multiplied, to 0), then P·dy.
+        // A column tile after the diagonal one and inside the chunk has no pair to select
+        // (each of its rows is inside the chunk too): its stage skips the 3 compares and the
+        // select a value.
+        auto weigh = [&](auto masked) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int rl = rw + g8 + 8 * half, rg = r0 + rl;
-          const float ra = sRowL[hb][rl];
+          for (int half = 0; half < 2; ++half) {
+            const int rl = rw + g8 + 8 * half, rg = r0 + rl;
+            const float ra = sRowL[hb][rl];
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            const float2 ca = *reinterpret_cast<const float2*>(&sColL[buf][nt * 8 + 2 * t4]);
+            for (int nt = 0; nt < 8; ++nt) {
+              const float2 ca = *reinterpret_cast<const float2*>(&sColL[buf][nt * 8 + 2 * t4]);
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int cg = c0 + nt * 8 + 2 * t4 + e;
-              const float w = ssd_exp2((e ? ca.y : ca.x) - ra);
-              cb[nt][2 * half + e] = cg >= rg && rg < len && cg < len ? cb[nt][2 * half + e] * w : 0.0f;
+              for (int e = 0; e < 2; ++e) {
+                const int cg = c0 + nt * 8 + 2 * t4 + e;
+                const float v = cb[nt][2 * half + e] * ssd_exp2((e ? ca.y : ca.x) - ra);
+                if constexpr (decltype(masked)::value)
+                  cb[nt][2 * half + e] = cg >= rg && rg < len && cg < len ? v : 0.0f;
+                else
+                  cb[nt][2 * half + e] = v;
+              }
             }
           }
-        }
+        };
+        if (ct != rt && c0 + kSsdTile <= len)
+          weigh(std::false_type{});
+        else
+          weigh(std::true_type{});
         uint32_t pa[4][4];
         tc_to_a_frags<T>(cb, pa);
         tc_warp_pv<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4);
