@@ -705,6 +705,14 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
     auto col_tile = [&](int k) { return EPI ? last_tile - k : rt + k; };
     const bool live = rw < rows;  // (warp-uniform)
     const float* cbt = p.cbt + ((b * p.groups + g) * p.nchunks + c) * p.pairs * (kSsdTile * kSsdTile);
+    // The block's operands at its first head h_begin (head hi adds hi times its stride), so
+    // that a head's copies and stores do not recompute their addresses from the indices.
+    const T* dy_blk = p.dy.p + b * p.dy.s[0] + t0 * p.dy.s[1] + h_begin * p.dy.s[2] + j0 * p.dy.s[3];
+    const T* x_blk = p.x.p + b * p.x.s[0] + (t0 + r0) * p.x.s[1] + h_begin * p.x.s[2] + j0 * p.x.s[3];
+    const int64_t st_head = p.nchunks * p.P * static_cast<int64_t>(p.N);
+    const T* st_blk = p.state + (((b * p.heads + h_begin) * p.nchunks + c) * p.P + j0) * static_cast<int64_t>(p.N);
+    const int64_t at_blk = (b * p.heads + h_begin) * p.seqlen + t0;  // [B, H, L] at (b, h_begin, t0)
+    T* out_blk = p.out + ((b * p.seqlen + t0 + r0) * p.heads + h_begin) * p.P;  // dx [B, L, H, P] at row r0
     // DD, after a barrier that follows head hi's epilogue: its dD partials, the live
     // warps' sums in warp order
     auto flush_dD = [&](int hi) {
@@ -718,27 +726,22 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
     // Stage copies: head hi's dy rows of column tile col_tile(k) into buffer `buf`, and (threads
     // below 64) that tile's Acs into a register, stored to shared memory at the stage.
     auto issue_v = [&](int hi, int k, int buf, double& col_acs) {
-      const int64_t h = h_begin + hi;
       const int c0 = col_tile(k) * kSsdTile, cols = min(kSsdTile, len - c0);
-      tc_fill<T, true>(sV + buf * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile,
-                       p.dy.p + b * p.dy.s[0] + (t0 + c0) * p.dy.s[1] + h * p.dy.s[2] + j0 * p.dy.s[3], p.dy.s[1],
-                       p.dy.s[3], cols, p.P - j0);
+      tc_fill<T, true>(sV + buf * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile, dy_blk + hi * p.dy.s[2] + c0 * p.dy.s[1],
+                       p.dy.s[1], p.dy.s[3], cols, p.P - j0);
       // (the index clamped into the tile: an unconditional load, which nothing waits for
       // before the stage; columns past the chunk are masked where the value is used)
-      if (tid < kSsdTile) col_acs = p.acs[(b * p.heads + h) * p.seqlen + t0 + c0 + min(tid, cols - 1)];
+      if (tid < kSsdTile) col_acs = p.acs[at_blk + hi * p.seqlen + c0 + min(tid, cols - 1)];
     };
     // Head hi's state rows j0.. into the state tile (zeros past P and N), its x rows into
     // x buffer hi % 2 (last read by head hi − 2's epilogue, before head hi − 1's first
     // barrier), and its row data into registers (threads below 64).
     auto issue_s = [&](int hi, double& row_acs, float& row_dt, double& last, double& ref) {
-      const int64_t bh = b * p.heads + h_begin + hi;
-      tc_fill<T, true>(sS, p.ld, kSsdTile, p.NP, p.state + ((bh * p.nchunks + c) * p.P + j0) * static_cast<int64_t>(p.N),
-                       p.N, 1, jrows, p.N);
-      tc_fill<T, true>(sX + (hi & 1) * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile,
-                       p.x.p + b * p.x.s[0] + (t0 + r0) * p.x.s[1] + (h_begin + hi) * p.x.s[2] + j0 * p.x.s[3],
-                       p.x.s[1], p.x.s[3], rows, p.P - j0);
+      tc_fill<T, true>(sS, p.ld, kSsdTile, p.NP, st_blk + hi * st_head, p.N, 1, jrows, p.N);
+      tc_fill<T, true>(sX + (hi & 1) * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile, x_blk + hi * p.x.s[2], p.x.s[1],
+                       p.x.s[3], rows, p.P - j0);
       if (tid < kSsdTile) {
-        const int64_t at = bh * p.seqlen + t0;
+        const int64_t at = at_blk + hi * p.seqlen;
         row_acs = p.acs[at + r0 + min(tid, rows - 1)];  // (clamped, as in issue_v; rows past
         row_dt = p.dtf[at + r0 + min(tid, rows - 1)];   // the chunk are masked where used)
         last = p.acs[at + len - 1];
@@ -756,7 +759,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
     ssd_cp_async_commit();
     int st = 0;  // stages so far: buffer st % 2
     for (int hi = 0; hi < nh; ++hi) {
-      const int64_t h = h_begin + hi, bh = b * p.heads + h;
+      const int64_t h = h_begin + hi, at_head = at_blk + hi * p.seqlen;
       const int hb = hi & 1;
       // the head's x rows for the ddt dots (zeros past the chunk and P), copied with its
       // state tile (issue_s): read from shared memory where used, so that no registers hold
@@ -814,7 +817,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
             for (int half = 0; half < 2; ++half) {  // part2: fixed xor tree over the row's 4 lanes
               const float s = ssd_quad_sum(dot[half]);
               const int rg = r0 + rw + g8 + 8 * half;
-              if (t4 == 0 && rg < len) p.part2[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = s;
+              if (t4 == 0 && rg < len) p.part2[(at_head + rg) * p.j_tiles + jt] = s;
             }
           }
           __syncthreads();  // every warp is done with the state tile
@@ -884,7 +887,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
         }
         s = ssd_quad_sum(s);
         if (rg >= len) continue;
-        if (t4 == 0) p.part[(bh * p.seqlen + t0 + rg) * p.j_tiles + jt] = s;
+        if (t4 == 0) p.part[(at_head + rg) * p.j_tiles + jt] = s;
         const float dt = sRowDt[hb][rl];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
@@ -907,7 +910,8 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
             acc[nt][2 * half + e] = v;
           }
         }
-        tc_store_row<T>(p.out + ((b * p.seqlen + t0 + rg) * p.heads + h) * p.P, j0, p.P, p.P % 2 == 0, acc, half, 1.0f);
+        tc_store_row<T>(out_blk + (static_cast<int64_t>(rl) * p.heads + hi) * p.P, j0, p.P, p.P % 2 == 0, acc, half,
+                        1.0f);
       }
       if constexpr (DD) {  // the warp's sums over its 16 rows, to sDd
         float v[16];
