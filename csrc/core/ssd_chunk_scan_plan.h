@@ -124,8 +124,11 @@ constexpr int64_t ssd_fused_cb_tiles(int64_t chunk) {
 // plain kernel's registers).
 // Heads per block, measured at the 2.7B shape (H100, bf16; 80 heads a group): dx took
 // 1163 us with 4, 1239 with 8, 1353 with 16 and 2277 with all 80 (fewer heads: more,
-// shorter blocks and a shorter tail; the B rows are loaded once a block).
-constexpr int64_t kSsdGroupDxHeads = 4;
+// shorter blocks and a shorter tail; the B rows are loaded once a block). With the
+// kernel of 2026-12 (two blocks an SM with D, addresses once a block) 8 won on an H200:
+// dx with D and dD's partials 652-657 us against 666-667 with 4, 621 against 620-626
+// with z, 528 without the options.
+constexpr int64_t kSsdGroupDxHeads = 8;
 constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
   const int64_t ld = (state_dim + 15) / 16 * 16 + 8;
   return 64 * ld * 2 + 64 * ld * 2 + 2 * 64 * 72 * 2 * 2;
