@@ -327,7 +327,9 @@ __device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const T*
 // Measured at the Mamba-2 2.7B shape (H200, bf16, N = 128; states recomputed in the
 // backward / chunk dstate): NT = 2 with 2 steps 226 / 194 µs; NT = 1: 321 / 234; 3 steps
 // (2 blocks per multiprocessor instead of 4): 370 / 296 with NT = 2, 323 / 259 with
-// NT = 1 (the same build and run).
+// NT = 1 (the same build and run). Four 32-position steps in the same shared memory
+// (three in flight): 176 / 170 against 150 / 145 µs with two of 64 (2026-12-03, H200):
+// twice the barriers; the kernel is L2-bound (80 % under ncu).
 constexpr int kSsdCsStages = 2;
 template <int NT>
 __host__ __device__ constexpr int ssd_cs_ldy() {
