@@ -378,19 +378,6 @@ __global__ void __launch_bounds__(256) ssd_group_dcb_round_kernel(const float* d
 // 2·t4) fill both wavefronts without conflicts.
 constexpr int kSsdGradCLd = kSsdTile + 8;
 
-// dst = a [nrows][kcols] 16-bit tile (tc_fill_to) in wgmma's 128-byte swizzle
-// (gmma_sw128_off), in panels of 64 columns (nrows·128 bytes each; a last partial panel's
-// chunks past kcols are never read); dst 1024-byte aligned, nrows a multiple of 8. A warp
-// reads four whole 128-byte rows and each 8-thread phase stores one row's 8 chunks to 8
-// different bank groups (the core-matrix layout allowed only half rows without bank
-// conflicts, which doubled the kernel's L2 requests: ncu, H200).
-template <typename T>
-__device__ __forceinline__ void sw128_fill(unsigned char* dst, int nrows, int kcols, const T* src, int64_t s1,
-                                           int64_t s3, int rows, int K) {
-  tc_fill_to<T, true>([=](int r, int g) { return dst + gmma_sw128_elem(nrows, r, 8 * g); }, nrows, kcols, src, s1,
-                      s3, rows, K);
-}
-
 template <typename T>
 struct SsdGroupGradParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;

@@ -37,6 +37,7 @@
 
 #include "kernels/cuda/ssd_chunk_scan.cuh"
 #include "kernels/cuda/ssd_chunk_scan_mma.cuh"
+#include "kernels/cuda/ssd_wgmma.cuh"
 
 #include <algorithm>
 
@@ -44,6 +45,7 @@ namespace baracuda::kernels::cuda {
 
 constexpr int kTcThreads = 128;           // 4 warps × 16 rows of a 64-row tile
 constexpr int kTcLd = kSsdTile + 8;       // row stride of a 64-column 16-bit tile
+constexpr int kSsdTileBytes = kSsdTile * kSsdTile * 2;  // a [64][64] 16-bit tile, unpadded (sw128_fill)
 constexpr int kTcMaxHeads = 16;           // heads per Y / DX / X_s block
 constexpr int kTcCacheTiles = 4;          // Lft·Rgtᵀ column tiles kept per Y / DX block
 constexpr int kTcCacheSlot = 4 * 32 * 32;  // floats per cached tile: 4 warps × 32 lanes × 32
@@ -151,6 +153,33 @@ template <typename T, bool ASYNC = false>
 __device__ __forceinline__ void tc_fill(T* dst, int ld, int nrows, int kcols, const T* src, int64_t s1,
                                         int64_t s3, int rows, int K) {
   tc_fill_to<T, ASYNC>([=](int r, int g) { return dst + r * ld + g * 8; }, nrows, kcols, src, s1, s3, rows, K);
+}
+
+// dst = a [nrows][kcols] 16-bit tile (tc_fill_to) in wgmma's 128-byte swizzle
+// (gmma_sw128_off), in panels of 64 columns (nrows·128 bytes each; a last partial panel's
+// chunks past kcols are never read); dst 128-byte aligned (1024 for wgmma's descriptors),
+// nrows a multiple of 8. A warp reads four whole 128-byte rows and each 8-thread phase
+// stores one row's 8 chunks to 8 different bank groups (the core-matrix layout allowed
+// only half rows without bank conflicts, which doubled the group dC kernel's L2 requests).
+// Rows padded to an odd multiple of 16 bytes instead (tc_fill's layouts for ldmatrix) cost
+// cp.async 1.5 × the rows' bytes in L2 sectors read: 7.9 M sectors for 5.2 M of rows in a
+// micro-benchmark of the chunk-state fills, 5.2 M swizzled (ncu, H200). When kcols / 8
+// divides kTcThreads into passes of a multiple of 8 rows and the tile is whole (16-byte
+// groups, rows and K complete), a thread's group and row % 8 stay fixed, so its
+// destination moves by whole rows.
+template <typename T>
+__device__ __forceinline__ void sw128_fill(unsigned char* dst, int nrows, int kcols, const T* src, int64_t s1,
+                                           int64_t s3, int rows, int K) {
+  const int groups = kcols / 8, dr = kTcThreads / groups;
+  if (tc_vec_ok(src, s1, s3) && rows >= nrows && K >= kcols && dr * groups == kTcThreads && dr % 8 == 0) {
+    const int r0 = static_cast<int>(threadIdx.x) / groups, g = static_cast<int>(threadIdx.x) - r0 * groups;
+    unsigned char* d = dst + gmma_sw128_elem(nrows, r0, 8 * g);
+    const T* s = src + r0 * s1 + 8 * g;
+    for (int r = r0; r < nrows; r += dr, d += dr * 128, s += dr * s1) ssd_cp_async16(d, s);
+    return;
+  }
+  tc_fill_to<T, true>([=](int r, int g) { return dst + gmma_sw128_elem(nrows, r, 8 * g); }, nrows, kcols, src, s1,
+                      s3, rows, K);
 }
 
 // ---- warp-level tile products -------------------------------------------------------------
@@ -281,16 +310,27 @@ __device__ __forceinline__ void tc_store_row(O* orow, int j0, int J, bool pairs,
 }
 
 // ---- 2'. chunk state (and the backward's local dstate) ------------------------------------
-// tc_warp_gemm<T, true, true> into NT accumulator tiles (B columns 64·j.., for the j with
-// 64·j < nv) with the A operand's k-th column scaled by w[k] in registers (each A
-// fragment value times the weight of its k, rounded back to T) before its MMAs.
+// The product of tc_warp_gemm<T, true, true> into NT accumulator tiles (B columns 64·j..,
+// for the j with 64·j < nv) with the A operand's k-th column scaled by w[k] in registers
+// (each A fragment value times the weight of its k, rounded back to T) before its MMAs.
+// A (the warp's 16 columns of a [k][64] tile) and B ([k][64·NT], NT panels) are 64-row
+// tiles in the 128-byte swizzle (sw128_fill), read by byte offsets fixed per lane: an
+// ldmatrix's 8 rows start at a multiple of 8, so row % 8 = lane % 8 and the chunk flip
+// is the lane's; a k-step adds 16 rows (2048 bytes), B's 16-column step np flips chunk
+// bit 1 (np << 5), a panel adds 64 rows · 128 bytes. (Through gmma_sw128_elem per
+// ldmatrix the kernel ran 35 % more instructions than with padded rows: ncu, H200.)
 template <typename T, int NT>
-__device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const T* sA, int lda, const T* sB, int ldb,
-                                                int ksteps, const float* w, int nv) {
-  const int lane = threadIdx.x % 32, t4 = lane % 4;
-  for (int kk = 0; kk < ksteps; ++kk) {
+__device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const unsigned char* sA, int a_chunk,
+                                                const unsigned char* sB, int ksteps, const float* w, int nv) {
+  const int lane = threadIdx.x % 32, t4 = lane % 4, l8 = lane % 8;
+  // A: rows 8·(lane / 16) + l8 of the k-step, chunk a_chunk + (lane / 8) % 2;
+  // B: rows 8·((lane / 8) % 2) + l8, chunk 2·np + lane / 16
+  const unsigned char* a_row = sA + ((lane / 16) * 8 + l8) * 128 + (((a_chunk + (lane / 8) % 2) ^ l8) << 4);
+  const unsigned char* b_row = sB + (((lane / 8) % 2) * 8 + l8) * 128;
+  const int b_chunk = ((lane / 16) ^ l8) << 4;
+  for (int kk = 0; kk < ksteps; ++kk, a_row += 16 * 128, b_row += 16 * 128) {
     uint32_t a[4];
-    ssd_ldsm_x4_t(a, sA + (kk * 16 + (lane / 16) * 8 + lane % 8) * lda + ((lane / 8) % 2) * 8);
+    ssd_ldsm_x4_t(a, a_row);
     // a[0], a[1]: columns 2·t4, 2·t4 + 1; a[2], a[3]: columns 2·t4 + 8, 2·t4 + 9
     const float2 wl = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4);
     const float2 wh = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4 + 8);
@@ -307,7 +347,7 @@ __device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const T*
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t b[4];
-        ssd_ldsm_x4_t(b, sB + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * ldb + j * kSsdTile + np * 16 + (lane / 16) * 8);
+        ssd_ldsm_x4_t(b, b_row + j * kSsdTileBytes + (b_chunk ^ (np << 5)));
         ssd_mma16816<T>(acc[j][2 * np], a, b[0], b[1]);
         ssd_mma16816<T>(acc[j][2 * np + 1], a, b[2], b[3]);
       }
@@ -317,7 +357,8 @@ __device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const T*
 
 // ssd_chunk_state_kernel's product on tensor cores: out[d, n] = Σ_s (w_s·X_s[d])·Y_s[n]
 // for a 64 × (64·NT) (d, n) tile, K = the chunk's positions in steps of 64; w_s·X_s is
-// rounded to T. X is stored [s][d] (A read transposed), Y [s][n] (B read transposed).
+// rounded to T. X is stored [s][d] (A read transposed), Y [s][n] (B read transposed), in
+// the 128-byte swizzle (sw128_fill).
 // A two-step cp.async ring of (X, Y) steps: step k + 1 is copied while step k
 // multiplies; threads 0..63 write the step's weights w_s, one barrier per step, and each
 // warp scales its A fragments in registers (tc_warp_gemm_wk: w_s·X_s rounded to T, the
@@ -329,27 +370,24 @@ __device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const T*
 // (2 blocks per multiprocessor instead of 4): 370 / 296 with NT = 2, 323 / 259 with
 // NT = 1 (the same build and run). Four 32-position steps in the same shared memory
 // (three in flight): 176 / 170 against 150 / 145 µs with two of 64 (2026-12-03, H200):
-// twice the barriers; the kernel is L2-bound (80 % under ncu).
+// twice the barriers; the kernel was L2-bound (80 % under ncu). Its X and Y rows padded to
+// 72 and 136 elements had the fills read 763 MB from L2 for 503 MB of operands; swizzled,
+// 493 MB, 64 % of L2 throughput, 139 / 136 µs (ncu: 64 M instructions against 59 M).
 constexpr int kSsdCsStages = 2;
 template <int NT>
-__host__ __device__ constexpr int ssd_cs_ldy() {
-  return 64 * NT + 8;  // an odd multiple of 16 bytes (ldmatrix)
-}
-template <int NT>
-__host__ __device__ constexpr int ssd_cs_smem() {
-  return kSsdCsStages * (kSsdTile * kTcLd + kSsdTile * ssd_cs_ldy<NT>()) * 2;
+__host__ __device__ constexpr int ssd_cs_smem() {  // the ring of swizzled tiles and room to align it
+  return kSsdCsStages * (1 + NT) * kSsdTileBytes + 1024;
 }
 
 template <typename T, bool DSTATE, int NT>
 __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const SsdStateParams<T> p) {
   constexpr int STAGES = kSsdCsStages;
-  constexpr int kLdY = ssd_cs_ldy<NT>();
-  constexpr int kStage = kSsdTile * kTcLd + kSsdTile * kLdY;  // elements of one step's X and Y
+  constexpr int kStage = (1 + NT) * kSsdTileBytes;  // X [64][64], Y [64][64·NT]
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
-  T* ring = reinterpret_cast<T*>(ssd_dyn_smem);
+  unsigned char* ring = gmma_align1024(ssd_dyn_smem);
   __shared__ __align__(16) float sW[STAGES][kSsdTile];  // the step's w_s
   auto sX = [&](int k) { return ring + (k % STAGES) * kStage; };
-  auto sY = [&](int k) { return ring + (k % STAGES) * kStage + kSsdTile * kTcLd; };
+  auto sY = [&](int k) { return ring + (k % STAGES) * kStage + kSsdTileBytes; };
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
   const int n_blocks = (p.n_tiles + NT - 1) / NT;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
@@ -375,8 +413,8 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
     auto issue = [&](int k) {  // step k's copies (none past the chunk); always a commit group
       if (k < steps) {
         const int s0 = k * kSsdTile, rows = min(kSsdTile, len - s0);
-        tc_fill<T, true>(sX(k), kTcLd, kSsdTile, kSsdTile, X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], rows, dv);
-        tc_fill<T, true>(sY(k), kLdY, kSsdTile, NT * kSsdTile, Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], rows, nv);
+        sw128_fill<T>(sX(k), kSsdTile, kSsdTile, X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], rows, dv);
+        sw128_fill<T>(sY(k), kSsdTile, NT * kSsdTile, Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], rows, nv);
       }
       ssd_cp_async_commit();
     };
@@ -410,7 +448,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
       __syncthreads();  // step k and its weights are visible; step k − 1's buffers are free
       issue(k + STAGES - 1);
       load_w(k + 1);
-      if (live) tc_warp_gemm_wk<T, NT>(acc, sX(k) + 16 * warp, kTcLd, sY(k), kLdY, (rows + 15) / 16, w, nv);
+      if (live) tc_warp_gemm_wk<T, NT>(acc, sX(k), 2 * warp, sY(k), (rows + 15) / 16, w, nv);
     }
     ssd_cp_async_wait<0>();  // (only empty groups are left)
     if (!live) continue;
