@@ -17,9 +17,7 @@
 __device__ __forceinline__ unsigned su32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 template <int MODE, int ROWB>
 __global__ void __launch_bounds__(128) fill(const char* __restrict__ src, char* out, long rowstride, int heads) {
-  // MODE 0: pitch ROWB (no pad) cp.async.cg; 1: pitch ROWB+16 cp.async.cg; 2: pitch ROWB, 16-B chunks XOR (r % 8)
-  // 3: pitch ROWB+16, ld.global.v4 + st.shared; 4: pitch ROWB+16 cp.async.ca; 5: pitch ROWB+16, cp.async.cg with
-  // the warp taking 8 threads x 4 rows spread (thread -> row = t % 4 ...) [column-major thread order]
+  // (the modes: see the header; MODE 5's copy e takes row e % 64 of group e / 64)
   constexpr int PITCH = (MODE == 0 || MODE == 2) ? ROWB : ROWB + 16;
   constexpr int G = ROWB / 16;  // 16-B groups a row
   extern __shared__ __align__(16) char sm[];
