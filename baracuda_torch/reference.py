@@ -401,13 +401,17 @@ def process_dt(dt: Tensor, dt_bias: Optional[Tensor] = None, dt_softplus: bool =
     """mamba_ssm's dt preprocessing: ``dt + dt_bias``, then softplus where the sum is at
     most 20 (``dt_softplus``), then a clamp to ``dt_limit`` (always; the default
     ``(0, inf)`` maps a negative dt to 0). Autograd gives the gradient the kernels use:
-    zero where the clamp bites, ``sigmoid`` of the pre-softplus value where softplus
+    zero where the value is strictly outside ``dt_limit`` and passed unchanged on the
+    bounds themselves (mamba_ssm's mask is ``dt < dt_min or dt > dt_max``; ``Tensor.clamp``'s
+    own gradient is zero on a bound, which a bf16 ``dt + dt_bias`` or a dt of 0 under the
+    default limit reaches exactly), ``sigmoid`` of the pre-softplus value where softplus
     applied."""
     if dt_bias is not None:
         dt = dt + dt_bias
     if dt_softplus:
         dt = F.softplus(dt, threshold=20.0)
-    return dt.clamp(min=dt_limit[0], max=dt_limit[1])
+    inside = (dt >= dt_limit[0]) & (dt <= dt_limit[1])
+    return torch.where(inside, dt, dt.clamp(min=dt_limit[0], max=dt_limit[1]))
 
 
 def ssd_chunk_scan_combined(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,

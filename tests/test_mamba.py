@@ -282,6 +282,32 @@ def test_gradcheck_dt_limit():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_dt_limit_gradient_on_the_bounds(device):
+    """A processed dt exactly on dt_min or dt_max keeps its gradient (mamba_ssm masks only
+    strictly outside the limits), against the float64 reference and its own finite
+    differences: dt_bias moves the bounded values off the bound by less than the steps."""
+    torch.manual_seed(3)
+    f = torch.float64
+    x, B, C = (torch.randn(1, 4, 1, n, dtype=f, device=device) for n in (2, 3, 3))
+    A = torch.tensor([-0.7], dtype=f, device=device)
+    dt = torch.tensor([0.25, 0.5, 0.0, 0.1], dtype=f, device=device)[None, :, None]
+    ours = mamba.mamba_chunk_scan_combined
+    grads = []
+    for fn in (ours, ref.ssd_chunk_scan_combined):
+        d = dt.clone().requires_grad_()
+        grads.append(torch.autograd.grad(fn(x, d, A, B, C, 2, dt_limit=(0.0, 0.5)).sum(), d)[0])
+    torch.testing.assert_close(grads[0], grads[1])
+    assert (grads[0][0, 1:3, 0] != 0).all()  # dt_max and dt_min themselves
+    eps = 1e-7  # one-sided differences from inside the limits
+    for t, sign in ((1, -1.0), (2, 1.0)):
+        step = torch.zeros_like(dt)
+        step[0, t, 0] = sign * eps
+        fd = (ours(x, dt + step, A, B, C, 2, dt_limit=(0.0, 0.5)).sum()
+              - ours(x, dt, A, B, C, 2, dt_limit=(0.0, 0.5)).sum()) / (sign * eps)
+        assert abs(fd.item() - grads[0][0, t, 0].item()) < 1e-5 * max(1.0, abs(fd.item()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_outputs_fully_written(device, dtype):
     """Deterministic mode fills fresh allocations with NaN: every output and gradient
