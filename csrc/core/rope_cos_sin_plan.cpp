@@ -47,9 +47,9 @@ void table_strides(const TensorLayout& t, int64_t B, int64_t out[3]) {
 // entry a load (16 a thread), 58 % of the kernel's L2 sectors were excess (the 8 lanes of
 // a position 32 bytes apart each load), L2 at 76 % and DRAM at 62 %; with the vectors
 // 181.1 → 173.5 µs (benchmarks/tune/time_rope_cos_sin.py). A bfloat16 [1, S, 128] table
-// (Hugging Face's q + k) measured 209.0 → 213.5 µs, on another machine of the same kind
-// (copies equal to 0.3 %): entry by entry there until an A/B in one run says otherwise
-// (rope_cos_sin_force_table_vectors).
+// (Hugging Face's q + k) stays entry by entry: in one run (rope_cos_sin_force_table_vectors,
+// `time_rope_cos_sin.py LABEL --table-vectors auto,any,never`) this rule 209.0 µs, vectors
+// for that table too 212.3, none at all 209.5 (and 173.7 / 173.7 / 180.2 on the flash layout).
 std::atomic<int> g_table_vectors{-1};  // -1: the rule above; 0: never; 1: every whole-vector table
 bool table_vec16(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
   const int forced = g_table_vectors.load(std::memory_order_relaxed);
