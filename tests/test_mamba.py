@@ -284,8 +284,8 @@ def test_gradcheck_dt_limit():
 @pytest.mark.parametrize("device", DEVICES)
 def test_dt_limit_gradient_on_the_bounds(device):
     """A processed dt exactly on dt_min or dt_max keeps its gradient (mamba_ssm masks only
-    strictly outside the limits), against the float64 reference and its own finite
-    differences: dt_bias moves the bounded values off the bound by less than the steps."""
+    strictly outside the limits): against the float64 reference, and against one-sided
+    finite differences taken from inside the limits."""
     torch.manual_seed(3)
     f = torch.float64
     x, B, C = (torch.randn(1, 4, 1, n, dtype=f, device=device) for n in (2, 3, 3))
