@@ -154,6 +154,33 @@ def test_nan_inf_propagate_like_reference(device, kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_reglu_gradient_at_special_gates(device, dtype):
+    """reglu's gradients where the gate is 0, ±0, ±inf or NaN equal torch.relu's: zero
+    where b <= 0, dy·a everywhere else (a NaN gate passes it). Across every vector
+    position of the CPU's AVX2 loop and the GPU's vector loads, and the scalar tail."""
+    gates = torch.tensor([0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1.5, -1.5],
+                         dtype=torch.float64)
+    n = 37                                   # not a multiple of any vector width
+    b = gates.repeat(n // len(gates) + 1)[:n].to(dtype)
+    a = randn((n,), dtype, device, 2.0)
+    x = torch.cat([a, b.to(device)]).requires_grad_()
+    dy = randn((n,), dtype, device)
+    y = bt.reglu(x, 0)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    xr = x.detach().clone().requires_grad_()
+    yr = xr[:n] * torch.relu(xr[n:])
+    (dxr,) = torch.autograd.grad(yr, xr, dy)
+    torch.testing.assert_close(y, yr, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(dx, dxr, equal_nan=True, rtol=0, atol=0)
+    # the two-tensor form shares the math: gated_activation_pair(gate=b, up=a)
+    g = xr.detach()[n:].clone().requires_grad_()
+    u = xr.detach()[:n].clone().requires_grad_()
+    dg, du = torch.autograd.grad(bt.gated_activation_pair(g, u, "reglu"), (g, u), dy)
+    torch.testing.assert_close(torch.cat([du, dg]), dxr, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty_tensors(device):
     for shape, dim in [((0, 8), -1), ((4, 0), -1), ((2, 0, 6), -1), ((0,), 0)]:
         x = torch.empty(shape, device=device).requires_grad_()

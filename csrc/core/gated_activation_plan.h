@@ -3,7 +3,7 @@
 //
 //   kind        gate(b)        da                db
 //   glu         σ(b)           dy·σ(b)           dy·a·σ(b)(1−σ(b))
-//   reglu       max(b, 0)      dy·max(b, 0)      (b>0) ? dy·a : 0
+//   reglu       max(b, 0)      dy·max(b, 0)      (b<=0) ? 0 : dy·a
 //   swiglu      b·σ(b)         dy·b·σ(b)         dy·a·σ(b)(1 + b(1−σ(b)))
 //   geglu       b·Φ(b)         dy·b·Φ(b)         dy·a·(Φ(b) + b·φ(b))
 //   geglu_tanh  gelu_tanh(b)   dy·gelu_tanh(b)   dy·a·gelu_tanh'(b)

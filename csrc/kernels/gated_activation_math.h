@@ -136,9 +136,9 @@ BARACUDA_HD void gated_backward(Acc dy, Acc a, Acc b, Acc& da, Acc& db) {
     da = dy * s;
     db = dy * a * s * (Acc(1) - s);
   } else if constexpr (K == GatedKind::Reglu) {
-    const bool pos = b > Acc(0);
-    da = dy * ((pos || b != b) ? b : Acc(0));
-    db = pos ? dy * a : Acc(0);
+    // torch.relu's gradient: zero where b <= 0, passed everywhere else, a NaN b included
+    da = dy * ((b > Acc(0) || b != b) ? b : Acc(0));
+    db = (b <= Acc(0)) ? Acc(0) : dy * a;
   } else if constexpr (K == GatedKind::Swiglu) {
     const Acc s = sigmoid<Fast>(b);
     da = dy * (b * s);

@@ -51,7 +51,7 @@ inline void vbackward(FVec dy, FVec a, FVec b, FVec& da, FVec& db) {
     db = dy * a * s * (one - s);
   } else if constexpr (K == GatedKind::Reglu) {
     da = dy * at::vec::maximum(b, zero);
-    db = FVec::blendv(zero, dy * a, b > zero);
+    db = FVec::blendv(dy * a, zero, b <= zero);  // ordered compare: a NaN b passes, as torch.relu
   } else if constexpr (K == GatedKind::Swiglu) {
     avx2::swiglu_backward(dy, a, b, da, db);
   } else if constexpr (K == GatedKind::Geglu) {
