@@ -397,7 +397,7 @@ def ssd_fused_wgmma_cases() -> Iterator[Case]:
 
 def ssd_fused_n256_cases() -> Iterator[Case]:
     """fused_mma_cb at state dims above 128 (its tile of 256 columns in two halves of
-    128, the second's C·H_cᵀ handed to the first; the plan's forward there): N = 256 (whole
+    128, the second's H_c handed to the first; the plan's forward there): N = 256 (whole
     16-byte rows, one head a group and head_dim 128), N = 200 (padded tile, scalar loads)
     with D, z and initial states, and N = 256 with those and seq_idx; forward and backward.
     Sm_90 only."""

@@ -352,7 +352,7 @@ def test_n256_every_option_reproducible_and_graph_capture(cb_256):
 @pytest.mark.parametrize("dtype", HALF)
 def test_n256_seq_idx(dtype, cb_256):
     """seq_idx at N = 256 (the halves' kernel with the sequence starts: each half masks its
-    own chain's state and C·H_cᵀ): out, final states and gradients against the float64
+    own chain's state; the first multiplies C·H_cᵀ over both halves): out, final states and gradients against the float64
     recurrence, sequences starting anywhere and at the chunk edges, with the options."""
     rng = random.Random(2560 + HALF.index(dtype))
     torch.manual_seed(2560)

@@ -54,9 +54,9 @@ struct FusedParams {
   void* y_pre;          // dense [B, L, H, head_dim] or null
   float* final_states;  // dense [B, H, head_dim, N] or null
   int* ticket;          // then one counter per chain: chunks published
-  int* partial_ready;   // two halves: [pairs][nchunks][kFusedQ / 16], 1 once that row tile's partial is stored
+  int* half_ready;      // two halves: [pairs][nchunks], 1 once the second half's H_c is stored
   float* ring;          // [chains][2][kFusedP][split_cols]: the last two states handed over
-  float* partial;       // two halves: [pairs][nchunks][kFusedQ / 16][kFusedP / 8][32 lanes][4] (C·H_cᵀ, half 1)
+  void* half_states;    // two halves: [pairs][nchunks][kFusedP][split_cols], H_c of half 1 rounded to T
   float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][2][32 lanes][4] (ssd_fused_cb_tiles)
   int cb_tiles;
   const void* seq;      // seq_idx [B, L] (int32, or int64 with seq_i64), or null
@@ -66,8 +66,8 @@ struct FusedParams {
 
 // A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile and,
 // with the state columns in two halves (SPLIT: FusedMmaCb at N > 128), the half: the
-// second half first, so that the block of the first, which waits for the second's
-// C·H_cᵀ over its columns (its row tiles' partial sums), has the larger ticket.
+// second half first, so that the block of the first, which waits for the second's H_c
+// over its columns, has the larger ticket.
 struct FusedTile {
   int c, b, h, grp, t0, len, p0;
   int nh, n0;      // the half of the state columns and its first column (0, 0 without halves)
@@ -411,20 +411,20 @@ inline int64_t fused_ring_bytes(const SsdChunkScanLaunch& l) {
   return fused_chains(l) * 2 * kSsdFusedHeadTile * (l.fused_state_tile / l.fused_state_split) * 4;
 }
 
-// With two halves: the second half's partial C·H_cᵀ of each row tile and a flag each.
-inline int64_t fused_partial_tiles(const SsdChunkScanLaunch& l) {
-  return l.fused_state_split > 1 ? fused_pairs(l) * l.nchunks() * (kSsdFusedMaxChunk / 16) : 0;
+// With two halves: one H_c of the second half per (pair, chunk), 16-bit, and a flag each.
+inline int64_t fused_half_states(const SsdChunkScanLaunch& l) {
+  return l.fused_state_split > 1 ? fused_pairs(l) * l.nchunks() : 0;
 }
 
-// The workspace: the ticket, the chains' counters and the partial sums' flags (zeroed on
+// The workspace: the ticket, the chains' counters and the half states' flags (zeroed on
 // the stream before each launch), the ring (a multiple of 256 bytes), the C·Bᵀ table,
-// then the partial sums.
+// then the half states.
 inline int64_t fused_flags_bytes(const SsdChunkScanLaunch& l) {
-  return fused_align256((fused_chains(l) + 1 + fused_partial_tiles(l)) * 4);
+  return fused_align256((fused_chains(l) + 1 + fused_half_states(l)) * 4);
 }
 inline size_t fused_workspace_bytes(const SsdChunkScanLaunch& l) {
   return static_cast<size_t>(fused_flags_bytes(l) + fused_ring_bytes(l) + fused_cb_bytes(l) +
-                             fused_partial_tiles(l) * 16 * kSsdFusedHeadTile * 4);
+                             fused_half_states(l) * kSsdFusedHeadTile * (l.fused_state_tile / 2) * 2);
 }
 
 // The plan's launch description must be one these kernels were written for.
@@ -501,15 +501,15 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   const int64_t chains = fused_chains(l);
   auto* ws = static_cast<unsigned char*>(l.workspace);
   p.ticket = reinterpret_cast<int*>(ws);
-  p.partial_ready = p.ticket + 1 + chains;
+  p.half_ready = p.ticket + 1 + chains;
   p.ring = reinterpret_cast<float*>(ws + fused_flags_bytes(l));
   if (l.cuda_forward == SsdCudaForward::FusedMmaCb) {
     p.cb = reinterpret_cast<float*>(ws + fused_flags_bytes(l) + fused_ring_bytes(l));
     p.cb_tiles = static_cast<int>(ssd_fused_cb_tiles(l.chunk_size));
   }
   if (l.fused_state_split > 1)
-    p.partial = reinterpret_cast<float*>(ws + fused_flags_bytes(l) + fused_ring_bytes(l) + fused_cb_bytes(l));
-  if (cudaMemsetAsync(ws, 0, (chains + 1 + fused_partial_tiles(l)) * 4, stream) != cudaSuccess)
+    p.half_states = ws + fused_flags_bytes(l) + fused_ring_bytes(l) + fused_cb_bytes(l);
+  if (cudaMemsetAsync(ws, 0, (chains + 1 + fused_half_states(l)) * 4, stream) != cudaSuccess)
     check_launch("ssd_chunk_scan");
   return p;
 }

@@ -46,9 +46,12 @@
 // multiprocessor to itself and waited on its own loads (latency-bound under ncu: 0.27
 // eligible warps a scheduler). Each half is a chain of its own (S_c, H_c and its
 // hand-over over its columns are independent of the other's); the second half's block
-// stores its C·H_cᵀ per row tile in float32, and the first half's block adds it to its own
-// before the decay, the intra-chunk products and the epilogue: the output sums C·H_cᵀ in
-// two halves, in a fixed order.
+// stores its H_c, rounded to the input type as the products take it (16 KB), in the
+// workspace and stops there, and the first half's block multiplies C·H_cᵀ over all N
+// columns (C's second half through the same per-warp tile) before the decay, the
+// intra-chunk products and the epilogue. (Before, the second half's block multiplied its
+// own C·H_cᵀ and handed over 64 KB of float32 partial sums per block pair, and read its C
+// half for that: 13 % more of the kernel's L2 traffic at B2 L4096 H16 P128 N256 G16.)
 //
 // Ordering and progress: blocks take a ticket (atomicAdd) when they start and work on the
 // ticket's problem, chunk-major, so the block a block waits for has a smaller ticket: it
@@ -275,10 +278,9 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
 }
 
 // SPLIT (FusedMmaCb's state tile of 256 as two halves of NS = 128, FusedTile::nh): the
-// block's B, C, state and C·H_cᵀ are those of its half's columns; the second half's block
-// stores each row tile's C·H_cᵀ (float32, fragment order) and a flag in the workspace and
-// stops there, and the first half's warps add it to theirs (waiting for the flag) before
-// the rest of the output.
+// block's B, state and hand-over are those of its half's columns; the second half's block
+// stores its rounded H_c and a flag in the workspace and stops there, and the first half's
+// block takes it into sH's columns NS .. 2·NS (waiting for the flag) for C·H_cᵀ over both.
 template <typename T, int NS, bool CB, bool SEQ, bool SPLIT = false>
 __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     ssd_fused_forward_kernel(const FusedParams p) {
@@ -289,7 +291,9 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   T* sX = reinterpret_cast<T*>(smem);   // [kFusedQ][kLdX]
   T* sB = sX + kFusedQ * kLdX;          // [kFusedQ][kLdN]
   T* sC = sB + kFusedQ * kLdN;          // [kFusedQ][kLdN] (not with CB)
-  T* sH = CB ? sB : sC + kFusedQ * kLdN;  // [kFusedP][kLdN]: H_c, rounded (CB: once B is done)
+  // [kFusedP][kLdH]: H_c, rounded (CB: once B is done; SPLIT: both halves' columns)
+  constexpr int kLdH = SPLIT ? 2 * NS + 8 : kLdN;
+  T* sH = CB ? sB : sC + kFusedQ * kLdN;
   float* acs2 = reinterpret_cast<float*>(CB ? sC : sH + kFusedP * kLdN);  // [kFusedQ]
   float* dts = acs2 + kFusedQ;                                             // [kFusedQ]
   float* wgt = dts + kFusedQ;                                              // [kFusedQ]
@@ -370,19 +374,21 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     fused_wait_for_state(p, tile);
     load_state();
   }
-  // CB: C's rows come through a [16][kLdN] tile per warp where B was, after sH
-  T* sCw = sB + (kFusedP + warp * 16) * kLdN;
-  auto load_c_rows = [&](int r0) {
+  // CB: C's rows come through a [16][kLdN] tile per warp where B was, after sH; columns
+  // n0 .. n0 + NS of the state (SPLIT: the first half's block takes both halves in turn)
+  static_assert(kFusedP * kLdH + kFusedWarps * 16 * kLdN <= kFusedQ * kLdN, "sH and the C tiles fit where B was");
+  T* sCw = sH + kFusedP * kLdH + warp * 16 * kLdN;
+  auto load_c_rows = [&](int r0, int n0) {
     const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + (tile.t0 + r0) * p.Cs[1] + tile.grp * p.Cs[2] +
-                  tile.n0 * p.Cs[3];
+                  n0 * p.Cs[3];
     constexpr int kGroups = NS / 8;  // 16-byte groups of a row
-    if (p.bc_vec && r0 + 16 <= len && p.state_dim - tile.n0 >= NS) {  // whole rows: a copy per group, no checks
+    if (p.bc_vec && r0 + 16 <= len && p.state_dim - n0 >= NS) {  // whole rows: a copy per group, no checks
 #pragma unroll
       for (int i = lane; i < 16 * kGroups; i += 32)
         ssd_cp_async16(sCw + (i / kGroups) * kLdN + (i % kGroups) * 8,
                        Cg + (i / kGroups) * p.Cs[1] + (i % kGroups) * 8);
     } else {  // (Cg is row r0: its rows 0 .. 15)
-      load_rows<T, kLdN, NS>(sCw, Cg, p.Cs[1], p.Cs[3], p.bc_vec, 0, 16, len - r0, p.state_dim - tile.n0, lane, 32);
+      load_rows<T, kLdN, NS>(sCw, Cg, p.Cs[1], p.Cs[3], p.bc_vec, 0, 16, len - r0, p.state_dim - n0, lane, 32);
     }
     ssd_cp_async_commit();
   };
@@ -395,7 +401,13 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
       for (int half = 0; half < 2; ++half) {
         const int pr = mt * 16 + g8 + half * 8, n = nh + j * 8 + 2 * q4;
         const float2 h = hin[j][half];
-        *reinterpret_cast<uint32_t*>(sH + pr * kLdN + n) = ssd_pack2<T>(h.x, h.y);
+        const uint32_t hr = ssd_pack2<T>(h.x, h.y);
+        if (SPLIT && tile.nh == 1)  // the first half's block takes it from the workspace
+          __stcg(static_cast<unsigned int*>(p.half_states) + ((tile.pair * p.nchunks + tile.c) * kFusedP + pr) * (NS / 2) +
+                     n / 2,
+                 hr);
+        else
+          *reinterpret_cast<uint32_t*>(sH + pr * kLdH + n) = hr;
         fused_state_out<NS>(p, tile, pr, n,
                             make_float2(fmaf(decay, h.x, sacc[j][2 * half]),
                                         fmaf(decay, h.y, sacc[j][2 * half + 1])));
@@ -403,8 +415,29 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     }
     fused_publish_state(p, tile);
   }
+  if constexpr (SPLIT) {
+    const int64_t at = tile.pair * p.nchunks + tile.c;
+    if (tile.nh == 1) {  // (block-uniform) H_c's half handed to the first half's block: done
+      __syncthreads();   // (as fused_publish_state: one cumulative release after a barrier)
+      if (tid == 0) st_release(p.half_ready + at, 1);
+      return;
+    }
+    // the second half's H_c, rounded by its block, into sH's columns NS .. 2·NS; its block
+    // has the smaller ticket: it runs
+    if (tid == 0)
+      for (int64_t spins = 0; ld_acquire(p.half_ready + at) == 0; ++spins) {
+        if (spins > (int64_t{1} << 26)) __trap();
+        __nanosleep(32);
+      }
+    __syncthreads();
+    const T* h1 = static_cast<const T*>(p.half_states) + at * (kFusedP * NS);
+#pragma unroll
+    for (int i = tid; i < kFusedP * NS / 8; i += kFusedThreads)
+      ssd_cp_async16(sH + (i / (NS / 8)) * kLdH + NS + (i % (NS / 8)) * 8, h1 + i * 8);
+    ssd_cp_async_commit();
+  }
   if constexpr (CB) {
-    if (warp < mtiles) load_c_rows(warp * 16);
+    if (warp < mtiles) load_c_rows(warp * 16, tile.n0);
   }
   ssd_cp_async_wait<0>();
   __syncthreads();  // C and H_c visible
@@ -449,46 +482,34 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     float acc[kFusedP / 8][4];
 #pragma unroll
     for (int j = 0; j < kFusedP / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    // inter-chunk: C·H_cᵀ, then the rows scaled by exp(Acs_t)
+    // inter-chunk: C·H_cᵀ (SPLIT: over both halves' columns, C's second half through the
+    // warp's tile once the first is in registers), then the rows scaled by exp(Acs_t)
+    auto c_h = [&](int n0) {
 #pragma unroll
-    for (int kk = 0; kk < kNT; ++kk) {
+      for (int kk = 0; kk < kNT; ++kk) {
 #pragma unroll
-      for (int j = 0; j < kFusedP / 8; j += 2) {
-        uint32_t bf[4];
-        ssd_ldsm_x4(bf, sH + (j * 8 + (lane >> 4) * 8 + (lane & 7)) * kLdN + kk * 16 + ((lane >> 3) & 1) * 8);
-        ssd_mma16816<T>(acc[j], cf[kk], bf[0], bf[1]);
-        ssd_mma16816<T>(acc[j + 1], cf[kk], bf[2], bf[3]);
+        for (int j = 0; j < kFusedP / 8; j += 2) {
+          uint32_t bf[4];
+          ssd_ldsm_x4(bf, sH + (j * 8 + (lane >> 4) * 8 + (lane & 7)) * kLdH + n0 + kk * 16 + ((lane >> 3) & 1) * 8);
+          ssd_mma16816<T>(acc[j], cf[kk], bf[0], bf[1]);
+          ssd_mma16816<T>(acc[j + 1], cf[kk], bf[2], bf[3]);
+        }
       }
+    };
+    c_h(0);
+    if constexpr (SPLIT) {
+      __syncwarp();
+      load_c_rows(r0, NS);
+      ssd_cp_async_wait<0>();
+      __syncwarp();
+#pragma unroll
+      for (int kk = 0; kk < kNT; ++kk)
+        ssd_ldsm_x4(cf[kk], sCw + (((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + kk * 16 + (lane >> 4) * 8);
+      c_h(NS);
     }
     if constexpr (CB) {  // the warp's C rows of its next pass, copied during this one
       __syncwarp();
-      if (pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles) load_c_rows((2 * kFusedWarps - 1 - warp) * 16);
-    }
-    if constexpr (SPLIT) {  // the halves' C·H_cᵀ summed (see the template's comment)
-      const int64_t at = (tile.pair * p.nchunks + tile.c) * (kFusedQ / 16) + mtile;
-      float* part = p.partial + at * (16 * kFusedP) + lane * 4;
-      if (tile.nh == 1) {
-#pragma unroll
-        for (int j = 0; j < kFusedP / 8; ++j)
-          __stcg(reinterpret_cast<float4*>(part + j * 128), make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
-        __syncwarp();  // (then one lane's release, cumulative over the warp's stores)
-        if (lane == 0) st_release(p.partial_ready + at, 1);
-        continue;
-      }
-      if (lane == 0)  // the second half's block has the smaller ticket: it runs
-        for (int64_t spins = 0; ld_acquire(p.partial_ready + at) == 0; ++spins) {
-          if (spins > (int64_t{1} << 26)) __trap();
-          __nanosleep(32);
-        }
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < kFusedP / 8; ++j) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(part + j * 128));
-        acc[j][0] += v.x;
-        acc[j][1] += v.y;
-        acc[j][2] += v.z;
-        acc[j][3] += v.w;
-      }
+      if (pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles) load_c_rows((2 * kFusedWarps - 1 - warp) * 16, tile.n0);
     }
     const float acs_a = acs2[ta], acs_b = acs2[tb];
     {
