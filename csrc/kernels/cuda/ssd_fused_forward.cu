@@ -51,7 +51,9 @@
 // columns (C's second half through the same per-warp tile) before the decay, the
 // intra-chunk products and the epilogue. (Before, the second half's block multiplied its
 // own C·H_cᵀ and handed over 64 KB of float32 partial sums per block pair, and read its C
-// half for that: 13 % more of the kernel's L2 traffic at B2 L4096 H16 P128 N256 G16.)
+// half for that: 13 % more L2 traffic at B2 L4096 H16 P128 N256 G16, counted; the kernel's
+// time was level, BENCHMARKS.md, "SSD at N = 256: the halves hand over H_c", and the
+// hand-over's workspace is a quarter of what it was.)
 //
 // Ordering and progress: blocks take a ticket (atomicAdd) when they start and work on the
 // ticket's problem, chunk-major, so the block a block waits for has a smaller ticket: it
