@@ -218,11 +218,20 @@ def small_model(device: str, dtype, tiny: bool = False):
 
 def stock_kernels() -> str:
     """What transformers' Mamba-2 decoding runs in this process: its PyTorch fallbacks, or
-    the packages it imported."""
+    the packages it imported. The globals it calls: fallback-decorated functions in newer
+    releases (a fused kernel where the decorator found the package); in older ones (5.3:
+    no ``mamba2_selective_state_update``) the packages' own functions, or None without
+    them (its lazy loader sets them on the first forward)."""
     from baracuda_torch.integrations import huggingface as hf
     m2 = sys.modules["transformers.models.mamba2.modeling_mamba2"]
-    used = [name for name in ("causal_conv1d_update", "mamba2_selective_state_update")
-            if hf._runs_fused_kernel(getattr(m2, name))]
+    used = []
+    for name in ("causal_conv1d_update", "mamba2_selective_state_update", "selective_state_update"):
+        fn = getattr(m2, name, None)
+        if fn is None:
+            continue
+        package = getattr(fn, "__module__", "").split(".")[0]
+        if hf._runs_fused_kernel(fn) or package in ("causal_conv1d", "mamba_ssm"):
+            used.append(name)
     return "stock runs " + (", ".join(used) + " from its packages" if used else "transformers' PyTorch paths")
 
 
