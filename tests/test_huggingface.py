@@ -26,14 +26,31 @@ from helpers import DEVICES, CountOps, assert_close_to_reference, requires_cuda 
 
 HAS_MAMBA = importlib.util.find_spec("baracuda_torch.mamba") is not None
 TF_VERSION = transformers.__version__
-# transformers' Mamba-2 mixers call a replaceable mamba2_chunk_scan from 5.17 on (of the
-# tested versions); before that they compute the scan inline and are left alone.
-MAMBA_PATCHABLE = HAS_MAMBA and hasattr(
-    importlib.import_module("transformers.models.mamba2.modeling_mamba2"), "mamba2_chunk_scan")
+
+
+def _mixer_calls_chunk_scan() -> bool:
+    """Whether this transformers' Mamba2Mixer.forward (through functools.wraps wrappers)
+    calls a module-level mamba2_chunk_scan: 5.16 through 5.24 of the releases tried (5.16.1,
+    5.17.0, 5.20.2, 5.22.2, 5.23.0, 5.24.0). 5.0.0, 5.1.0, 5.3.0, 5.8.1 and 5.12.1 compute the
+    scan inline; 5.15.1 defines mamba2_chunk_scan but wraps the forward in an accelerate-hooks
+    decorator without __wrapped__, which hides the call (the mixer is then left alone, with a
+    note)."""
+    m2 = importlib.import_module("transformers.models.mamba2.modeling_mamba2")
+    fn = m2.Mamba2Mixer.forward
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return hasattr(m2, "mamba2_chunk_scan") and "mamba2_chunk_scan" in fn.__code__.co_names
+
+
+# transformers' Mamba-2 mixers that call a replaceable mamba2_chunk_scan are patched; the
+# others are left alone.
+MAMBA_PATCHABLE = HAS_MAMBA and _mixer_calls_chunk_scan()
 # ... and their decoding step calls replaceable causal_conv1d_update and
-# mamba2_selective_state_update (5.24 does).
-MAMBA_DECODE_PATCHABLE = MAMBA_PATCHABLE and hasattr(
-    importlib.import_module("transformers.models.mamba2.modeling_mamba2"), "mamba2_selective_state_update")
+# mamba2_selective_state_update whose fallback decorators record causal-conv1d's and
+# mamba_ssm's contracts (5.20, 5.22, 5.23 and 5.24 of the releases tried; 5.16's do not).
+_M2 = importlib.import_module("transformers.models.mamba2.modeling_mamba2")
+MAMBA_DECODE_PATCHABLE = MAMBA_PATCHABLE and all(
+    hf._kernel_contract(getattr(_M2, name, None)) == contract for name, contract in hf._DECODE_FUNCTIONS.items())
 HAS_PAIR = hasattr(torch.ops.baracuda, "gated_activation_pair")
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -719,12 +736,12 @@ def test_old_transformers_mamba_is_explained():
     without its RMSNorms too, Mamba2 raises a ValueError saying the same."""
     desc = hf.apply_baracuda(_zoo("mamba2-g1"))
     assert f"note: backbone.layers.0.mixer (Mamba2Mixer): transformers {TF_VERSION}'s Mamba-2 mixer " \
-           "computes its scan inline" in desc and ">= 5.17" in desc and "3 x Mamba2RMSNorm" in desc
+           "computes its scan inline" in desc and "5.16 through 5.24" in desc and "3 x Mamba2RMSNorm" in desc
     model = _zoo("mamba2-g1")
     for n, m in _plain_norms(model):
         m.forward = m.forward  # an instance forward: the norm is left alone
     with pytest.raises(ValueError, match=rf"Mamba2ForCausalLM \(transformers {TF_VERSION}\).*"
-                                         r"computes its scan inline.*>= 5.17"):
+                                         r"computes its scan inline.*5.16 through 5.24"):
         hf.apply_baracuda(model)
     desc = hf.apply_baracuda(_zoo("bamba-g2"))
     assert f"note: model.layers.0.mamba (BambaMixer): transformers {TF_VERSION}'s Mamba-2 mixer computes " \

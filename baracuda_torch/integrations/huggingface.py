@@ -25,8 +25,9 @@ unchanged):
   values: SiLU -> swiglu, erf GELU -> geglu, tanh GELU -> geglu_tanh, ReLU -> reglu,
   sigmoid -> glu; any other activation leaves the MLP as it is (the description says so).
 * **Mamba-2 mixers** of Mamba2, Bamba and FalconH1, on transformers versions whose mixer
-  calls ``mamba2_chunk_scan`` (5.17 and newer of those tested; older ones compute the scan
-  inline and are left alone with a note): the chunked scan calls
+  calls ``mamba2_chunk_scan`` (5.16 through 5.24 of those tested; older ones compute the
+  scan inline, and 5.15 hides the call behind a wrapper: left alone with a note): the
+  chunked scan calls
   ``baracuda_torch.mamba.mamba_chunk_scan_combined`` on every device. The training path
   ``mamba2_split_conv1d_scan_combined`` (training without a cache) follows what the
   unpatched model runs there. Where transformers has a fused kernel for it (``mamba_ssm``
@@ -673,8 +674,9 @@ def _plan(name: str, module: nn.Module, notes: list[str],
     ver = _tf_version()
     if not _uses(fwd, "mamba2_chunk_scan"):
         notes.append(f"{name} ({cls}): transformers {ver}'s Mamba-2 mixer computes its scan inline "
-                     "(no mamba2_chunk_scan call to replace); mixer left unpatched (Mamba-2 mixers "
-                     "are patched with transformers >= 5.17)")
+                     "(no mamba2_chunk_scan call to replace, or one hidden behind a wrapper); mixer left "
+                     "unpatched (Mamba-2 mixers are patched where their forward calls it: transformers "
+                     "5.16 through 5.24 of the tested releases)")
         return None
     if cls not in _VERIFIED_MIXERS:
         notes.append(f"{name} ({cls}): this Mamba-2 mixer is not verified against baracuda_torch "
@@ -857,7 +859,8 @@ def apply_baracuda(model: nn.Module) -> str:
             "sigmoid act_fn), RMSNorm with LlamaRMSNorm's or GemmaRMSNorm's code or Mamba-2 "
             "mixer calling mamba2_chunk_scan found to patch (supported: Llama, Mistral, Qwen2, "
             "Qwen3, Gemma, Gemma2, Gemma3 and models sharing their attention/MLP/RMSNorm code; "
-            "the Mamba-2 mixers of Mamba2, Bamba and FalconH1 with transformers >= 5.17)"
+            "the Mamba-2 mixers of Mamba2, Bamba and FalconH1 where their forward calls "
+            "mamba2_chunk_scan: transformers 5.16 through 5.24 of the tested releases)"
             f"{detail}")
     lines = [f"baracuda_torch patched {type(model).__name__}:"]
     lines += [f"  {n} x {k}" for k, n in counts.items()]
