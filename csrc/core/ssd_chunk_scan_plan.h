@@ -57,6 +57,10 @@ constexpr int64_t kSsdFusedCbMinHeads = 4;
 // that kernel takes the problem and runs on the device (Staged always does), or restores
 // the plan's own choice (std::nullopt). Returns the previous setting.
 std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForward> kernel);
+// Tests and benchmarks only: FusedMmaCb's table of each head's P (fused_cb_decayed,
+// "fused_mma_p") wherever it can run (true), or never (false, the plan's choice until it
+// has been measured). Returns the previous setting.
+bool ssd_force_cb_decayed(bool force);
 
 // The CUDA backward's intra-chunk dB and dC products ("group_mma"): with several heads
 // per group, the per-head weight matrices M_h[q][s] = (dy_q·x_s)·exp(Acs_q − Acs_s)·dt_s
@@ -196,6 +200,11 @@ struct SsdChunkScanLaunch {
   SsdCudaForward cuda_forward = SsdCudaForward::Staged;
   int64_t fused_state_tile = 0;
   int64_t fused_state_split = 1;
+  // FusedMmaCb with one head per group and the state tile in halves: the table holds each
+  // head's P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s, masked and rounded to the input type as the
+  // fused kernel's intra-chunk products take it (its A fragments), instead of float32 C·Bᵀ
+  // (ssd_force_cb_decayed: only where forced, until measured).
+  bool fused_cb_decayed = false;
   // CUDA backward: the intra-chunk dB/dC products once per group and dx from the
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.
