@@ -85,8 +85,8 @@ std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 // (state_dim above 128) FusedMmaCb alone takes, and the plan takes it there whatever the
 // heads per group, as two halves of 128 columns in blocks of their own (each half's state
 // is a chain of its own; the second half's block hands its H_c to the first's, which
-// multiplies C·H_cᵀ over both and finishes the output), so that its blocks are those of N = 128 (107 KB, two a
-// multiprocessor). Measured on an H200 at B2 L4096 H16 P128 N256 G16 (one head per
+// multiplies C·H_cᵀ over both and finishes the output), so that its blocks are those of
+// N = 128 (107 KB, two a multiprocessor). Measured on an H200 at B2 L4096 H16 P128 N256 G16 (one head per
 // group), µs of kernels: the staged kernels 767; one block of the whole tile (175 KB, one
 // block a multiprocessor) 352–357 with its C·Bᵀ table of 100–103 (BENCHMARKS.md, "SSD:
 // dCB stored in 16 bits by its kernel, …"); the halves 323, the fused kernel 251 → 218.

@@ -180,10 +180,85 @@ constexpr int kCbK = 64;           // N's columns a step
 constexpr int kCbStages = 3;       // steps in the ring
 constexpr int kCbLd = kCbK + 8;    // 16-bit row stride: an odd multiple of 16 bytes (ldmatrix)
 constexpr int kCbPairSmem = 2 * kCbStages * 64 * kCbLd * 2;  // C's and B's rows, 16-bit
-template <typename T, int NS>
-__device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
+// The C·Bᵀ tiles of a pair of 64-row tiles (ti >= tj) of a chunk, for the pairs tables
+// (cb_table_pairs, ssd_fused_p_kernel): C's 64 rows from ti·64 and B's from tj·64 come in
+// kCbK-column steps of N through a ring of kCbStages buffers (sC0, sB0: [kCbStages][64 *
+// kCbLd] each); warp w multiplies C's row tile 4·ti + (w % 4) with B's column tiles
+// 4·tj + j0 + j, j < J (those above the diagonal skipped), accumulating into cb[j], each
+// tile's k-steps over N in order (as the fused kernel's step 4: the same bits).
+// `between` runs once the first steps' loads are in flight, before the first wait.
+template <typename T, int NS, int THREADS, int J, typename Between>
+__device__ __forceinline__ void cb_pair_products(const FusedParams& p, T* sC0, T* sB0, const T* Cg, const T* Bg,
+                                                 int ti, int tj, int len, int j0, float (&cb)[J][2][4],
+                                                 Between between) {
   static_assert(NS % kCbK == 0, "the state tile is whole steps");
   constexpr int kSteps = NS / kCbK;
+  // The usual case (16-byte rows, the block's 64 rows of C and of B inside the chunk, N the
+  // whole tile): a thread's kPieces 8-column pieces of each step are those load_rows would
+  // give it, at addresses computed once and moved by a step's columns.
+  constexpr int kPieces = 64 * kCbK / 8 / THREADS, kRowStep = THREADS / 8;
+  static_assert(kPieces * THREADS == 64 * kCbK / 8, "whole 16-byte pieces a thread and operand a step");
+  const bool fast = p.bc_vec && (ti + 1) * 64 <= len && p.state_dim == NS;
+  const int fr = threadIdx.x >> 3, fc = (threadIdx.x & 7) * 8;
+  const T* const fC = Cg + (ti * 64 + fr) * p.Cs[1] + fc;
+  const T* const fB = Bg + (tj * 64 + fr) * p.Bs[1] + fc;
+  const int64_t fCs = kRowStep * p.Cs[1], fBs = kRowStep * p.Bs[1];
+  auto load = [&](int step, int buf) {
+    const int k0 = step * kCbK;
+    if (fast) {
+      T* const dC = sC0 + (buf * 64 + fr) * kCbLd + fc;
+      T* const dB = sB0 + (buf * 64 + fr) * kCbLd + fc;
+#pragma unroll
+      for (int k = 0; k < kPieces; ++k) {
+        ssd_cp_async16(dC + k * kRowStep * kCbLd, fC + k * fCs + k0);
+        ssd_cp_async16(dB + k * kRowStep * kCbLd, fB + k * fBs + k0);
+      }
+      return;
+    }
+    load_rows<T, kCbLd, kCbK>(sC0 + buf * 64 * kCbLd, Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64,
+                              len, p.state_dim - k0, threadIdx.x, THREADS);
+    load_rows<T, kCbLd, kCbK>(sB0 + buf * 64 * kCbLd, Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64,
+                              len, p.state_dim - k0, threadIdx.x, THREADS);
+  };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int mtile = ti * 4 + (warp & 3);
+  const bool live = mtile * 16 < len;  // (warp-uniform)
+#pragma unroll
+  for (int s = 0; s < kCbStages - 1; ++s) {
+    if (s < kSteps) load(s, s);
+    ssd_cp_async_commit();
+  }
+  between();
+#pragma unroll 1
+  for (int step = 0; step < kSteps; ++step) {
+    const int buf = step % kCbStages;
+    if (step + kCbStages - 1 < kSteps) load(step + kCbStages - 1, (step + kCbStages - 1) % kCbStages);
+    ssd_cp_async_commit();
+    ssd_cp_async_wait<kCbStages - 1>();  // step `step`'s rows are here
+    __syncthreads();
+    const T* sC = sC0 + buf * 64 * kCbLd;
+    const T* sB = sB0 + buf * 64 * kCbLd;
+    if (live) {
+#pragma unroll
+      for (int kk = 0; kk < kCbK / 16; ++kk) {
+        uint32_t cf[4];
+        ssd_ldsm_x4(cf, sC + ((warp & 3) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kCbLd + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          if (tj * 4 + j0 + j > mtile) continue;  // (warp-uniform: the diagonal pair's upper tiles)
+          uint32_t bf[4];
+          ssd_ldsm_x4(bf, sB + ((j0 + j) * 16 + (lane >> 4) * 8 + (lane & 7)) * kCbLd + kk * 16 + ((lane >> 3) & 1) * 8);
+          ssd_mma16816<T>(cb[j][0], cf, bf[0], bf[1]);
+          ssd_mma16816<T>(cb[j][1], cf, bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();  // buffer `buf` is free for step + kCbStages
+  }
+}
+
+template <typename T, int NS>
+__device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* const sC0 = reinterpret_cast<T*>(smem);        // [kCbStages][64 * kCbLd]
   T* const sB0 = sC0 + kCbStages * 64 * kCbLd;      // [kCbStages][64 * kCbLd]
@@ -199,67 +274,11 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   if (ti * 64 >= len) return;  // (the whole block)
   const T* Cg = static_cast<const T*>(p.C) + b * p.Cs[0] + t0 * p.Cs[1] + grp * p.Cs[2];
   const T* Bg = static_cast<const T*>(p.B) + b * p.Bs[0] + t0 * p.Bs[1] + grp * p.Bs[2];
-  // The usual case (16-byte rows, the block's 64 rows of C and of B inside the chunk, N the
-  // whole tile): a thread's four 8-column pieces of each step are those load_rows would
-  // give it, at addresses computed once and moved by a step's columns.
-  static_assert(64 * kCbK / 8 == 4 * kCbThreads, "four 16-byte pieces a thread and operand a step");
-  const bool fast = p.bc_vec && (ti + 1) * 64 <= len && p.state_dim == NS;
-  const int fr = threadIdx.x >> 3, fc = (threadIdx.x & 7) * 8;
-  const T* const fC = Cg + (ti * 64 + fr) * p.Cs[1] + fc;
-  const T* const fB = Bg + (tj * 64 + fr) * p.Bs[1] + fc;
-  const int64_t fCs = 16 * p.Cs[1], fBs = 16 * p.Bs[1];
-  auto load = [&](int step, int buf) {
-    const int k0 = step * kCbK;
-    if (fast) {
-      T* const dC = sC0 + (buf * 64 + fr) * kCbLd + fc;
-      T* const dB = sB0 + (buf * 64 + fr) * kCbLd + fc;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        ssd_cp_async16(dC + k * 16 * kCbLd, fC + k * fCs + k0);
-        ssd_cp_async16(dB + k * 16 * kCbLd, fB + k * fBs + k0);
-      }
-      return;
-    }
-    load_rows<T, kCbLd, kCbK>(sC0 + buf * 64 * kCbLd, Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64,
-                              len, p.state_dim - k0, threadIdx.x, kCbThreads);
-    load_rows<T, kCbLd, kCbK>(sB0 + buf * 64 * kCbLd, Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64,
-                              len, p.state_dim - k0, threadIdx.x, kCbThreads);
-  };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int mtile = ti * 4 + warp;
   const bool live = mtile * 16 < len;  // (warp-uniform)
   float cb[4][2][4] = {};
-#pragma unroll
-  for (int s = 0; s < kCbStages - 1; ++s) {
-    if (s < kSteps) load(s, s);
-    ssd_cp_async_commit();
-  }
-#pragma unroll 1
-  for (int step = 0; step < kSteps; ++step) {
-    const int buf = step % kCbStages;
-    if (step + kCbStages - 1 < kSteps) load(step + kCbStages - 1, (step + kCbStages - 1) % kCbStages);
-    ssd_cp_async_commit();
-    ssd_cp_async_wait<kCbStages - 1>();  // step `step`'s rows are here
-    __syncthreads();
-    const T* sC = sC0 + buf * 64 * kCbLd;
-    const T* sB = sB0 + buf * 64 * kCbLd;
-    if (live) {
-#pragma unroll
-      for (int kk = 0; kk < kCbK / 16; ++kk) {
-        uint32_t cf[4];
-        ssd_ldsm_x4(cf, sC + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kCbLd + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (tj * 4 + j > mtile) continue;  // (warp-uniform: the diagonal pair's upper tiles)
-          uint32_t bf[4];
-          ssd_ldsm_x4(bf, sB + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * kCbLd + kk * 16 + ((lane >> 3) & 1) * 8);
-          ssd_mma16816<T>(cb[j][0], cf, bf[0], bf[1]);
-          ssd_mma16816<T>(cb[j][1], cf, bf[2], bf[3]);
-        }
-      }
-    }
-    __syncthreads();  // buffer `buf` is free for step + kCbStages
-  }
+  cb_pair_products<T, NS, kCbThreads>(p, sC0, sB0, Cg, Bg, ti, tj, len, 0, cb, [] {});
   if (!live) return;
   float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * groups + grp) * p.cb_tiles * 256 +
                (mtile * (mtile + 1) / 2 + tj * 4) * 256 + lane * 4;
@@ -306,17 +325,13 @@ __device__ __forceinline__ void fused_p_fragment(const float (&cb)[2][4], int s0
 // The decayed table (fused_cb_decayed: one head a group, the state tile of 256 in halves):
 // a block of 8 warps per (batch, chunk, head, pair of 64-row tiles ti >= tj), warp w the
 // tiles (i, j) of row tile i = 4·ti + (w & 3) and j = 4·tj + 2·(w >> 2) + 0, 1, j <= i:
-// C·Bᵀ as cb_table_pairs computes it (the same ring of 64-column steps of N, the k-steps
-// in order), the chunk's dt and its cumsum as the fused kernel's step 1 computes them
+// C·Bᵀ by cb_pair_products as cb_table_pairs computes it (the same bits), the chunk's dt and its cumsum as the fused kernel's step 1 computes them
 // (fused_dt_cumsum, a position a thread), then P's fragments (fused_p_fragment) stored in
 // the input type, lane-major a tile (512 contiguous bytes a warp store and load): the fused
 // kernel's intra-chunk step then loads its operand instead of 8 float32 and computing it.
 constexpr int kCbDecSmem = kCbPairSmem + (3 * kFusedQ + 16 + kFusedQ + kFusedWarps) * 4;
 template <typename T, int NS, bool SEQ>
 __global__ void __launch_bounds__(kFusedThreads) ssd_fused_p_kernel(const FusedParams p) {
-  static_assert(NS % kCbK == 0, "the state tile is whole steps");
-  static_assert(64 * kCbK / 8 == 2 * kFusedThreads, "two 16-byte pieces a thread and operand a step");
-  constexpr int kSteps = NS / kCbK;
   extern __shared__ __align__(16) unsigned char smem[];
   T* const sC0 = reinterpret_cast<T*>(smem);    // [kCbStages][64 * kCbLd]
   T* const sB0 = sC0 + kCbStages * 64 * kCbLd;  // [kCbStages][64 * kCbLd]
@@ -341,65 +356,14 @@ __global__ void __launch_bounds__(kFusedThreads) ssd_fused_p_kernel(const FusedP
   if (ti * 64 >= len) return;  // (the whole block)
   const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + tile.t0 * p.Cs[1] + tile.grp * p.Cs[2];
   const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2];
-  const bool fast = p.bc_vec && (ti + 1) * 64 <= len && p.state_dim == NS;
-  const int fr = threadIdx.x >> 3, fc = (threadIdx.x & 7) * 8;
-  const T* const fC = Cg + (ti * 64 + fr) * p.Cs[1] + fc;
-  const T* const fB = Bg + (tj * 64 + fr) * p.Bs[1] + fc;
-  const int64_t fCs = 32 * p.Cs[1], fBs = 32 * p.Bs[1];
-  auto load = [&](int step, int buf) {
-    const int k0 = step * kCbK;
-    if (fast) {
-      T* const dC = sC0 + (buf * 64 + fr) * kCbLd + fc;
-      T* const dB = sB0 + (buf * 64 + fr) * kCbLd + fc;
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        ssd_cp_async16(dC + k * 32 * kCbLd, fC + k * fCs + k0);
-        ssd_cp_async16(dB + k * 32 * kCbLd, fB + k * fBs + k0);
-      }
-      return;
-    }
-    load_rows<T, kCbLd, kCbK>(sC0 + buf * 64 * kCbLd, Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64,
-                              len, p.state_dim - k0, threadIdx.x, kFusedThreads);
-    load_rows<T, kCbLd, kCbK>(sB0 + buf * 64 * kCbLd, Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64,
-                              len, p.state_dim - k0, threadIdx.x, kFusedThreads);
-  };
-#pragma unroll
-  for (int s = 0; s < kCbStages - 1; ++s) {
-    if (s < kSteps) load(s, s);
-    ssd_cp_async_commit();
-  }
-  // the chunk's dt and decays while the first steps' rows are in flight
-  fused_dt_cumsum<SEQ>(p, tile, fused_dt_load<T>(p, tile), acs2, dts, wgt, warp_total, seg);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int mtile = ti * 4 + (warp & 3), j0 = 2 * (warp >> 2);
   const bool live = mtile * 16 < len;  // (warp-uniform)
   float cb[2][2][4] = {};
-#pragma unroll 1
-  for (int step = 0; step < kSteps; ++step) {
-    const int buf = step % kCbStages;
-    if (step + kCbStages - 1 < kSteps) load(step + kCbStages - 1, (step + kCbStages - 1) % kCbStages);
-    ssd_cp_async_commit();
-    ssd_cp_async_wait<kCbStages - 1>();  // step `step`'s rows are here
-    __syncthreads();
-    const T* sC = sC0 + buf * 64 * kCbLd;
-    const T* sB = sB0 + buf * 64 * kCbLd;
-    if (live) {
-#pragma unroll
-      for (int kk = 0; kk < kCbK / 16; ++kk) {
-        uint32_t cf[4];
-        ssd_ldsm_x4(cf, sC + ((warp & 3) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kCbLd + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (tj * 4 + j0 + j > mtile) continue;  // (warp-uniform: the diagonal pair's upper tiles)
-          uint32_t bf[4];
-          ssd_ldsm_x4(bf, sB + ((j0 + j) * 16 + (lane >> 4) * 8 + (lane & 7)) * kCbLd + kk * 16 + ((lane >> 3) & 1) * 8);
-          ssd_mma16816<T>(cb[j][0], cf, bf[0], bf[1]);
-          ssd_mma16816<T>(cb[j][1], cf, bf[2], bf[3]);
-        }
-      }
-    }
-    __syncthreads();  // buffer `buf` is free for step + kCbStages
-  }
+  // the chunk's dt and decays while the first steps' rows are in flight
+  cb_pair_products<T, NS, kFusedThreads>(p, sC0, sB0, Cg, Bg, ti, tj, len, j0, cb, [&] {
+    fused_dt_cumsum<SEQ>(p, tile, fused_dt_load<T>(p, tile), acs2, dts, wgt, warp_total, seg);
+  });
   if (!live) return;
   const int g8 = lane >> 2, q4 = lane & 3;
   const int ta = mtile * 16 + g8, tb = ta + 8;
