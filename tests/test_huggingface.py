@@ -26,6 +26,7 @@ from helpers import DEVICES, CountOps, assert_close_to_reference, requires_cuda 
 
 HAS_MAMBA = importlib.util.find_spec("baracuda_torch.mamba") is not None
 TF_VERSION = transformers.__version__
+_M2 = importlib.import_module("transformers.models.mamba2.modeling_mamba2")
 
 
 def _mixer_calls_chunk_scan() -> bool:
@@ -35,11 +36,10 @@ def _mixer_calls_chunk_scan() -> bool:
     scan inline; 5.15.1 defines mamba2_chunk_scan but wraps the forward in an accelerate-hooks
     decorator without __wrapped__, which hides the call (the mixer is then left alone, with a
     note)."""
-    m2 = importlib.import_module("transformers.models.mamba2.modeling_mamba2")
-    fn = m2.Mamba2Mixer.forward
+    fn = _M2.Mamba2Mixer.forward
     while hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
-    return hasattr(m2, "mamba2_chunk_scan") and "mamba2_chunk_scan" in fn.__code__.co_names
+    return hasattr(_M2, "mamba2_chunk_scan") and "mamba2_chunk_scan" in fn.__code__.co_names
 
 
 # transformers' Mamba-2 mixers that call a replaceable mamba2_chunk_scan are patched; the
@@ -48,7 +48,6 @@ MAMBA_PATCHABLE = HAS_MAMBA and _mixer_calls_chunk_scan()
 # ... and their decoding step calls replaceable causal_conv1d_update and
 # mamba2_selective_state_update whose fallback decorators record causal-conv1d's and
 # mamba_ssm's contracts (5.20, 5.22, 5.23 and 5.24 of the releases tried; 5.16's do not).
-_M2 = importlib.import_module("transformers.models.mamba2.modeling_mamba2")
 MAMBA_DECODE_PATCHABLE = MAMBA_PATCHABLE and all(
     hf._kernel_contract(getattr(_M2, name, None)) == contract for name, contract in hf._DECODE_FUNCTIONS.items())
 HAS_PAIR = hasattr(torch.ops.baracuda, "gated_activation_pair")
