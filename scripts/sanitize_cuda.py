@@ -409,22 +409,6 @@ def ssd_fused_n256_cases() -> Iterator[Case]:
                _ssd_fused_run, ("ssd_chunk_scan_combined",))
 
 
-def ssd_fused_p_cases() -> Iterator[Case]:
-    """fused_mma_p (forced through the test switch: fused_mma_cb with its table of P where a
-    group has one head above N = 128): N = 256 whole rows, N = 200 padded with D, z and
-    initial states, and N = 256 with those and seq_idx; forward and backward. Sm_90 only."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        return
-    previous = bt._C._ssd_cuda_forward("fused_mma_p")
-    try:
-        for N, P, options, seq in ((256, 128, False, False), (200, 64, True, False), (256, 64, True, True)):
-            yield (f"ssd fused_mma_p N={N} P={P} options={options} seq_idx={seq}",
-                   lambda N=N, P=P, options=options, seq=seq: _ssd_fused_inputs(2, P, 2, N, options, seq),
-                   _ssd_fused_run, ("ssd_chunk_scan_combined",))
-    finally:
-        bt._C._ssd_cuda_forward(previous)
-
-
 def state_update_cases() -> Iterator[Case]:
     """The state update and its tokens op over d_state classes (lanes and chunks a row), a
     batch large enough for several passes a block (both ways of computing a row's values:
@@ -474,8 +458,7 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "ssd": ssd_cases,
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
             "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases,
-            "ssd_fused_n256": ssd_fused_n256_cases, "ssd_fused_p": ssd_fused_p_cases,
-            "ssd_fused_seq": ssd_fused_seq_cases,
+            "ssd_fused_n256": ssd_fused_n256_cases, "ssd_fused_seq": ssd_fused_seq_cases,
             "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
 

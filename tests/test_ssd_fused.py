@@ -365,46 +365,11 @@ def test_n256_seq_idx(dtype, cb_256):
         check_case(t, kw, Q, f"N256 seq {dtype} {(b, L, H, P, N, G, Q)} {kw}")
 
 
-@requires_cuda
-@pytest.mark.parametrize("seq", [False, True], ids=["plain", "seq_idx"])
-def test_n256_decayed_table_gives_the_group_tables_bits(seq, cb_256):
-    """fused_mma_p (through the switch: one head a group above N = 128, the table holding
-    each head's P, its decays, masks and rounding done by the table kernel) against the
-    same heads with B and C shared by pairs of heads (fused_mma_cb's float32 C·Bᵀ table):
-    the same bits, out and final states; explain names it and its table kernel runs."""
-    torch.manual_seed(25)
-    b, L, H, P, N, Q = 1, 600, 4, 128, 256, 256
-    x = torch.randn(b, L, H, P, device="cuda", dtype=torch.bfloat16)
-    dt = (torch.rand(b, L, H, device="cuda") * 0.5).to(torch.bfloat16)
-    A = -torch.rand(H, device="cuda")
-    B2, C2 = (torch.randn(b, L, 2, N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kw = dict(D=torch.randn(H, device="cuda"), z=torch.randn_like(x),
-              initial_states=torch.randn(b, H, P, N, device="cuda"), return_final_states=True)
-    if seq:
-        kw["seq_idx"] = _sequence_ids(b, L, Q, "dense", torch.int32).cuda()
-    grouped = mamba.mamba_chunk_scan_combined(x, dt, A, B2, C2, Q, **kw)
-    B4, C4 = B2.repeat_interleave(2, dim=2), C2.repeat_interleave(2, dim=2)
-    assert bt.explain("ssd_chunk_scan", x, dt, A.to(x.dtype), B4, C4, chunk_size=Q).variant == "fused_mma_cb"
-    previous = bt._C._ssd_cuda_forward("fused_mma_p")
-    try:
-        assert bt.explain("ssd_chunk_scan", x, dt, A.to(x.dtype), B4, C4, chunk_size=Q).variant == "fused_mma_p"
-        per_head = mamba.mamba_chunk_scan_combined(x, dt, A, B4, C4, Q, **kw)
-        ran = _ssd_kernels_run(lambda: mamba.mamba_chunk_scan_combined(x, dt, A, B4, C4, Q, **kw))
-    finally:
-        bt._C._ssd_cuda_forward(previous)
-    assert ran & _MARKS == _VARIANT_KERNELS[("forward", "fused_mma_p")], ran
-    for u, v in zip(grouped, per_head):
-        assert torch.equal(u, v)
-
-
 def test_forward_switch_names_its_choices():
     assert bt._C._ssd_cuda_forward("auto") == "auto"
-    with pytest.raises(ValueError, match="auto, staged, fused_mma, fused_mma_cb, fused_mma_p or fused_wgmma"):
+    with pytest.raises(ValueError, match="auto, staged, fused_mma, fused_mma_cb or fused_wgmma"):
         bt._C._ssd_cuda_forward("fused")
     assert bt._C._ssd_cuda_forward("auto") == "auto"
-    assert bt._C._ssd_cuda_forward("fused_mma_p") == "auto"
-    assert bt._C._ssd_cuda_forward("fused_mma_cb") == "fused_mma_p"
-    assert bt._C._ssd_cuda_forward("auto") == "fused_mma_cb"
 
 
 # ---- the backward's group products ("group_mma": the intra-chunk dB/dC products once per
@@ -582,7 +547,6 @@ def test_backward_switch_names_its_choices():
 _VARIANT_KERNELS = {
     ("forward", "fused_mma"): {"ssd_fused_forward_kernel"},
     ("forward", "fused_mma_cb"): {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel"},
-    ("forward", "fused_mma_p"): {"ssd_fused_p_kernel", "ssd_fused_forward_kernel"},
     ("forward", "chunked_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_tc_scan_kernel"},
     ("forward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_scan_kernel"},
     ("backward", "group_mma"): {"ssd_tc_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
@@ -595,7 +559,7 @@ _VARIANT_KERNELS = {
 # group_wgmma runs group_mma's kernels (the dC/dB kernel's products on wgmma)
 _VARIANT_KERNELS[("backward", "group_wgmma")] = _VARIANT_KERNELS[("backward", "group_mma")]
 # Kernels no variant shares: each is the mark of the variants that list it.
-_MARKS = {"ssd_fused_cb_kernel", "ssd_fused_p_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel",
+_MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel",
           "ssd_tc_chunk_state_kernel", "ssd_chunk_state_kernel", "ssd_tc_scan_kernel", "ssd_scan_kernel",
           "ssd_tc_dacs_kernel", "ssd_dacs_kernel",
           "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"}

@@ -285,10 +285,6 @@ CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
   return c;
 }
 
-// ssd_force_cb_decayed's setting: FusedMmaCb's table of P (fused_cb_decayed) wherever it
-// can run, or never (the plan's choice until it is measured: it has not run on a GPU yet).
-std::atomic<bool> g_forced_cb_decayed{false};
-
 // ssd_force_group_products's setting: -1 for the plan's own choice, 0 never, 1 wherever
 // it can run.
 std::atomic<int> g_forced_group{-1};
@@ -338,13 +334,13 @@ bool group_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l
 
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
                          SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                         bool group_wgmma = false, bool cb_decayed = false) {
+                         bool group_wgmma = false) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
     case SsdVariant::CpuChunked: return "chunked";
     case SsdVariant::Chunked:
       if (forward == SsdCudaForward::FusedMma) return "fused_mma";
-      if (forward == SsdCudaForward::FusedMmaCb) return cb_decayed ? "fused_mma_p" : "fused_mma_cb";
+      if (forward == SsdCudaForward::FusedMmaCb) return "fused_mma_cb";
       if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
       if (group) return group_wgmma ? "group_wgmma" : "group_mma";
       return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
@@ -355,12 +351,12 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
 
 KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward,
                    SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                   bool group_wgmma = false, bool cb_decayed = false) {
+                   bool group_wgmma = false) {
   KernelSku sku;
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(desc, v, forward, group, group_wgmma, cb_decayed);
+  sku.variant = variant_name(desc, v, forward, group, group_wgmma);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
@@ -405,8 +401,6 @@ std::optional<bool> ssd_force_group_products(std::optional<bool> force) {
   return previous == 1;
 }
 
-bool ssd_force_cb_decayed(bool force) { return g_forced_cb_decayed.exchange(force); }
-
 std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force) {
   const int previous = g_forced_group_wgmma.exchange(force ? static_cast<int>(*force) : -1);
   if (previous < 0) return std::nullopt;
@@ -427,14 +421,11 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
   p.launch_.cuda_forward = forward.kernel;
   p.launch_.fused_state_tile = forward.state_tile;
   p.launch_.fused_state_split = forward.state_tile > 128 ? 2 : 1;
-  p.launch_.fused_cb_decayed = g_forced_cb_decayed.load(std::memory_order_relaxed) &&
-                               forward.kernel == SsdCudaForward::FusedMmaCb && forward.state_tile > 128 &&
-                               p.launch_.heads == p.launch_.groups;
   p.launch_.tensor_cores = uses_tensor_cores(desc, p.variant_);
   p.launch_.state_tile_n = state_tile_n(desc, p.variant_, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, false, kOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
-  p.sku_ = make_sku(desc, p.variant_, false, p.launch_.cuda_forward, false, false, p.launch_.fused_cb_decayed);
+  p.sku_ = make_sku(desc, p.variant_, false, p.launch_.cuda_forward);
   return p;
 }
 

@@ -57,10 +57,6 @@ constexpr int64_t kSsdFusedCbMinHeads = 4;
 // that kernel takes the problem and runs on the device (Staged always does), or restores
 // the plan's own choice (std::nullopt). Returns the previous setting.
 std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForward> kernel);
-// Tests and benchmarks only: FusedMmaCb's table of each head's P (fused_cb_decayed,
-// "fused_mma_p") wherever it can run (true), or never (false, the plan's choice until it
-// has been measured). Returns the previous setting.
-bool ssd_force_cb_decayed(bool force);
 
 // The CUDA backward's intra-chunk dB and dC products ("group_mma"): with several heads
 // per group, the per-head weight matrices M_h[q][s] = (dy_q·x_s)·exp(Acs_q − Acs_s)·dt_s
@@ -85,8 +81,8 @@ std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 // (state_dim above 128) FusedMmaCb alone takes, and the plan takes it there whatever the
 // heads per group, as two halves of 128 columns in blocks of their own (each half's state
 // is a chain of its own; the second half's block hands its H_c to the first's, which
-// multiplies C·H_cᵀ over both and finishes the output), so that its blocks are those of
-// N = 128 (107 KB, two a multiprocessor). Measured on an H200 at B2 L4096 H16 P128 N256 G16 (one head per
+// multiplies C·H_cᵀ over both and finishes the output), so that its blocks are those of N = 128 (107 KB, two a
+// multiprocessor). Measured on an H200 at B2 L4096 H16 P128 N256 G16 (one head per
 // group), µs of kernels: the staged kernels 767; one block of the whole tile (175 KB, one
 // block a multiprocessor) 352–357 with its C·Bᵀ table of 100–103 (BENCHMARKS.md, "SSD:
 // dCB stored in 16 bits by its kernel, …"); the halves 323, the fused kernel 251 → 218.
@@ -200,11 +196,6 @@ struct SsdChunkScanLaunch {
   SsdCudaForward cuda_forward = SsdCudaForward::Staged;
   int64_t fused_state_tile = 0;
   int64_t fused_state_split = 1;
-  // FusedMmaCb with one head per group and the state tile in halves: the table holds each
-  // head's P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s, masked and rounded to the input type as the
-  // fused kernel's intra-chunk products take it (its A fragments), instead of float32 C·Bᵀ
-  // (ssd_force_cb_decayed: only where forced, until measured).
-  bool fused_cb_decayed = false;
   // CUDA backward: the intra-chunk dB/dC products once per group and dx from the
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.

@@ -84,27 +84,22 @@ PYBIND11_MODULE(_C, m) {
   // Tests only: the CPU chunked SSD's products on its plain loops (false) or the BLAS.
   m.def("_ssd_cpu_blas", &kernels::ssd_chunk_scan_cpu_chunked_use_blas, py::arg("enabled"));
   // Tests and benchmarks only: the SSD's CUDA forward, "auto" (the plan's choice),
-  // "staged", "fused_mma", "fused_mma_cb", "fused_mma_p" (fused_mma_cb with its table of
-  // P where a group has one head and N > 128: ssd_force_cb_decayed) or "fused_wgmma"
-  // (each where it takes the problem); returns the previous setting.
+  // "staged", "fused_mma", "fused_mma_cb" or "fused_wgmma" (each where it takes the
+  // problem); returns the previous setting.
   m.def("_ssd_cuda_forward", [](const std::string& name) {
     static const std::pair<const char*, SsdCudaForward> kNames[] = {
         {"staged", SsdCudaForward::Staged},
         {"fused_mma", SsdCudaForward::FusedMma},
         {"fused_mma_cb", SsdCudaForward::FusedMmaCb},
-        {"fused_mma_p", SsdCudaForward::FusedMmaCb},
         {"fused_wgmma", SsdCudaForward::FusedWgmma}};
     std::optional<SsdCudaForward> want;
     for (const auto& [n, k] : kNames)
       if (name == n) want = k;
     if (!want && name != "auto")
       throw py::value_error(
-          "_ssd_cuda_forward: expected auto, staged, fused_mma, fused_mma_cb, fused_mma_p or fused_wgmma, got " +
-          name);
+          "_ssd_cuda_forward: expected auto, staged, fused_mma, fused_mma_cb or fused_wgmma, got " + name);
     const std::optional<SsdCudaForward> previous = ssd_force_cuda_forward(want);
-    const bool previous_decayed = ssd_force_cb_decayed(name == "fused_mma_p");
     if (!previous) return std::string("auto");
-    if (previous_decayed) return std::string("fused_mma_p");
     for (const auto& [n, k] : kNames)
       if (*previous == k) return std::string(n);
     return std::string("auto");

@@ -57,8 +57,7 @@ struct FusedParams {
   int* half_ready;      // two halves: [pairs][nchunks], 1 once the second half's H_c is stored
   float* ring;          // [chains][2][kFusedP][split_cols]: the last two states handed over
   void* half_states;    // two halves: [pairs][nchunks][kFusedP][split_cols], H_c of half 1 rounded to T
-  float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][2][32 lanes][4] (ssd_fused_cb_tiles);
-                        // decayed: [B][nchunks][H][cb_tiles][32 lanes][4] 32-bit words (P's A fragments)
+  float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][2][32 lanes][4] (ssd_fused_cb_tiles)
   int cb_tiles;
   const void* seq;      // seq_idx [B, L] (int32, or int64 with seq_i64), or null
   int64_t seq_s[2];
@@ -402,11 +401,10 @@ inline int64_t fused_chains(const SsdChunkScanLaunch& l) { return fused_pairs(l)
 
 inline int64_t fused_align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// FusedMmaCb's C·Bᵀ table, in bytes (0 for the other kernels): 1 KB a 16 × 16 tile of
-// float32, 512 bytes of 16-bit P where decayed (fused_cb_decayed).
+// FusedMmaCb's C·Bᵀ table, in bytes (0 for the other kernels).
 inline int64_t fused_cb_bytes(const SsdChunkScanLaunch& l) {
   if (l.cuda_forward != SsdCudaForward::FusedMmaCb) return 0;
-  return l.batch * l.nchunks() * l.groups * ssd_fused_cb_tiles(l.chunk_size) * (l.fused_cb_decayed ? 512 : 1024);
+  return l.batch * l.nchunks() * l.groups * ssd_fused_cb_tiles(l.chunk_size) * 256 * 4;
 }
 
 inline int64_t fused_ring_bytes(const SsdChunkScanLaunch& l) {
@@ -437,7 +435,6 @@ inline void fused_check_launch(const SsdChunkScanLaunch& l, SsdCudaForward kerne
       (l.fused_state_tile != 64 && l.fused_state_tile != 128 &&
        (l.fused_state_tile != 256 || kernel != SsdCudaForward::FusedMmaCb)) ||
       l.fused_state_split != (l.fused_state_tile > 128 ? 2 : 1) ||
-      (l.fused_cb_decayed && (kernel != SsdCudaForward::FusedMmaCb || l.fused_state_split != 2 || l.heads != l.groups)) ||
       (l.seq_idx != nullptr && kernel == SsdCudaForward::FusedWgmma) ||
       l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
       fused_chains(l) * l.nchunks() >= (int64_t{1} << 31))

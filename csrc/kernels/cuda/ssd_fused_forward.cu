@@ -180,85 +180,10 @@ constexpr int kCbK = 64;           // N's columns a step
 constexpr int kCbStages = 3;       // steps in the ring
 constexpr int kCbLd = kCbK + 8;    // 16-bit row stride: an odd multiple of 16 bytes (ldmatrix)
 constexpr int kCbPairSmem = 2 * kCbStages * 64 * kCbLd * 2;  // C's and B's rows, 16-bit
-// The C·Bᵀ tiles of a pair of 64-row tiles (ti >= tj) of a chunk, for the pairs tables
-// (cb_table_pairs, ssd_fused_p_kernel): C's 64 rows from ti·64 and B's from tj·64 come in
-// kCbK-column steps of N through a ring of kCbStages buffers (sC0, sB0: [kCbStages][64 *
-// kCbLd] each); warp w multiplies C's row tile 4·ti + (w % 4) with B's column tiles
-// 4·tj + j0 + j, j < J (those above the diagonal skipped), accumulating into cb[j], each
-// tile's k-steps over N in order (as the fused kernel's step 4: the same bits).
-// `between` runs once the first steps' loads are in flight, before the first wait.
-template <typename T, int NS, int THREADS, int J, typename Between>
-__device__ __forceinline__ void cb_pair_products(const FusedParams& p, T* sC0, T* sB0, const T* Cg, const T* Bg,
-                                                 int ti, int tj, int len, int j0, float (&cb)[J][2][4],
-                                                 Between between) {
-  static_assert(NS % kCbK == 0, "the state tile is whole steps");
-  constexpr int kSteps = NS / kCbK;
-  // The usual case (16-byte rows, the block's 64 rows of C and of B inside the chunk, N the
-  // whole tile): a thread's kPieces 8-column pieces of each step are those load_rows would
-  // give it, at addresses computed once and moved by a step's columns.
-  constexpr int kPieces = 64 * kCbK / 8 / THREADS, kRowStep = THREADS / 8;
-  static_assert(kPieces * THREADS == 64 * kCbK / 8, "whole 16-byte pieces a thread and operand a step");
-  const bool fast = p.bc_vec && (ti + 1) * 64 <= len && p.state_dim == NS;
-  const int fr = threadIdx.x >> 3, fc = (threadIdx.x & 7) * 8;
-  const T* const fC = Cg + (ti * 64 + fr) * p.Cs[1] + fc;
-  const T* const fB = Bg + (tj * 64 + fr) * p.Bs[1] + fc;
-  const int64_t fCs = kRowStep * p.Cs[1], fBs = kRowStep * p.Bs[1];
-  auto load = [&](int step, int buf) {
-    const int k0 = step * kCbK;
-    if (fast) {
-      T* const dC = sC0 + (buf * 64 + fr) * kCbLd + fc;
-      T* const dB = sB0 + (buf * 64 + fr) * kCbLd + fc;
-#pragma unroll
-      for (int k = 0; k < kPieces; ++k) {
-        ssd_cp_async16(dC + k * kRowStep * kCbLd, fC + k * fCs + k0);
-        ssd_cp_async16(dB + k * kRowStep * kCbLd, fB + k * fBs + k0);
-      }
-      return;
-    }
-    load_rows<T, kCbLd, kCbK>(sC0 + buf * 64 * kCbLd, Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64,
-                              len, p.state_dim - k0, threadIdx.x, THREADS);
-    load_rows<T, kCbLd, kCbK>(sB0 + buf * 64 * kCbLd, Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64,
-                              len, p.state_dim - k0, threadIdx.x, THREADS);
-  };
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int mtile = ti * 4 + (warp & 3);
-  const bool live = mtile * 16 < len;  // (warp-uniform)
-#pragma unroll
-  for (int s = 0; s < kCbStages - 1; ++s) {
-    if (s < kSteps) load(s, s);
-    ssd_cp_async_commit();
-  }
-  between();
-#pragma unroll 1
-  for (int step = 0; step < kSteps; ++step) {
-    const int buf = step % kCbStages;
-    if (step + kCbStages - 1 < kSteps) load(step + kCbStages - 1, (step + kCbStages - 1) % kCbStages);
-    ssd_cp_async_commit();
-    ssd_cp_async_wait<kCbStages - 1>();  // step `step`'s rows are here
-    __syncthreads();
-    const T* sC = sC0 + buf * 64 * kCbLd;
-    const T* sB = sB0 + buf * 64 * kCbLd;
-    if (live) {
-#pragma unroll
-      for (int kk = 0; kk < kCbK / 16; ++kk) {
-        uint32_t cf[4];
-        ssd_ldsm_x4(cf, sC + ((warp & 3) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kCbLd + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-          if (tj * 4 + j0 + j > mtile) continue;  // (warp-uniform: the diagonal pair's upper tiles)
-          uint32_t bf[4];
-          ssd_ldsm_x4(bf, sB + ((j0 + j) * 16 + (lane >> 4) * 8 + (lane & 7)) * kCbLd + kk * 16 + ((lane >> 3) & 1) * 8);
-          ssd_mma16816<T>(cb[j][0], cf, bf[0], bf[1]);
-          ssd_mma16816<T>(cb[j][1], cf, bf[2], bf[3]);
-        }
-      }
-    }
-    __syncthreads();  // buffer `buf` is free for step + kCbStages
-  }
-}
-
 template <typename T, int NS>
 __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
+  static_assert(NS % kCbK == 0, "the state tile is whole steps");
+  constexpr int kSteps = NS / kCbK;
   extern __shared__ __align__(16) unsigned char smem[];
   T* const sC0 = reinterpret_cast<T*>(smem);        // [kCbStages][64 * kCbLd]
   T* const sB0 = sC0 + kCbStages * 64 * kCbLd;      // [kCbStages][64 * kCbLd]
@@ -274,11 +199,67 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   if (ti * 64 >= len) return;  // (the whole block)
   const T* Cg = static_cast<const T*>(p.C) + b * p.Cs[0] + t0 * p.Cs[1] + grp * p.Cs[2];
   const T* Bg = static_cast<const T*>(p.B) + b * p.Bs[0] + t0 * p.Bs[1] + grp * p.Bs[2];
+  // The usual case (16-byte rows, the block's 64 rows of C and of B inside the chunk, N the
+  // whole tile): a thread's four 8-column pieces of each step are those load_rows would
+  // give it, at addresses computed once and moved by a step's columns.
+  static_assert(64 * kCbK / 8 == 4 * kCbThreads, "four 16-byte pieces a thread and operand a step");
+  const bool fast = p.bc_vec && (ti + 1) * 64 <= len && p.state_dim == NS;
+  const int fr = threadIdx.x >> 3, fc = (threadIdx.x & 7) * 8;
+  const T* const fC = Cg + (ti * 64 + fr) * p.Cs[1] + fc;
+  const T* const fB = Bg + (tj * 64 + fr) * p.Bs[1] + fc;
+  const int64_t fCs = 16 * p.Cs[1], fBs = 16 * p.Bs[1];
+  auto load = [&](int step, int buf) {
+    const int k0 = step * kCbK;
+    if (fast) {
+      T* const dC = sC0 + (buf * 64 + fr) * kCbLd + fc;
+      T* const dB = sB0 + (buf * 64 + fr) * kCbLd + fc;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        ssd_cp_async16(dC + k * 16 * kCbLd, fC + k * fCs + k0);
+        ssd_cp_async16(dB + k * 16 * kCbLd, fB + k * fBs + k0);
+      }
+      return;
+    }
+    load_rows<T, kCbLd, kCbK>(sC0 + buf * 64 * kCbLd, Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64,
+                              len, p.state_dim - k0, threadIdx.x, kCbThreads);
+    load_rows<T, kCbLd, kCbK>(sB0 + buf * 64 * kCbLd, Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64,
+                              len, p.state_dim - k0, threadIdx.x, kCbThreads);
+  };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int mtile = ti * 4 + warp;
   const bool live = mtile * 16 < len;  // (warp-uniform)
   float cb[4][2][4] = {};
-  cb_pair_products<T, NS, kCbThreads>(p, sC0, sB0, Cg, Bg, ti, tj, len, 0, cb, [] {});
+#pragma unroll
+  for (int s = 0; s < kCbStages - 1; ++s) {
+    if (s < kSteps) load(s, s);
+    ssd_cp_async_commit();
+  }
+#pragma unroll 1
+  for (int step = 0; step < kSteps; ++step) {
+    const int buf = step % kCbStages;
+    if (step + kCbStages - 1 < kSteps) load(step + kCbStages - 1, (step + kCbStages - 1) % kCbStages);
+    ssd_cp_async_commit();
+    ssd_cp_async_wait<kCbStages - 1>();  // step `step`'s rows are here
+    __syncthreads();
+    const T* sC = sC0 + buf * 64 * kCbLd;
+    const T* sB = sB0 + buf * 64 * kCbLd;
+    if (live) {
+#pragma unroll
+      for (int kk = 0; kk < kCbK / 16; ++kk) {
+        uint32_t cf[4];
+        ssd_ldsm_x4(cf, sC + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kCbLd + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (tj * 4 + j > mtile) continue;  // (warp-uniform: the diagonal pair's upper tiles)
+          uint32_t bf[4];
+          ssd_ldsm_x4(bf, sB + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * kCbLd + kk * 16 + ((lane >> 3) & 1) * 8);
+          ssd_mma16816<T>(cb[j][0], cf, bf[0], bf[1]);
+          ssd_mma16816<T>(cb[j][1], cf, bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();  // buffer `buf` is free for step + kCbStages
+  }
   if (!live) return;
   float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * groups + grp) * p.cb_tiles * 256 +
                (mtile * (mtile + 1) / 2 + tj * 4) * 256 + lane * 4;
@@ -298,100 +279,14 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
     cb_table_pairs<T, NS>(p);
 }
 
-// The lane's A fragment of P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s for the 16 × 16 tile of rows
-// ta = r0 + g8, tb = ta + 8 and columns s0 .. s0 + 15, from the lane's C·Bᵀ accumulator
-// fragments of that tile: zero outside lo_t <= s <= t (one unsigned comparison against
-// span_t = t − lo_t), rounded to the input type. acs2 and dts: fused_dt_cumsum's. The
-// fused kernel and the decayed table (ssd_fused_p_kernel) both call it: the same bits.
-template <typename T>
-__device__ __forceinline__ void fused_p_fragment(const float (&cb)[2][4], int s0, int q4, const float* acs2,
-                                                 const float* dts, float acs_a, float acs_b, int lo_a, int lo_b,
-                                                 unsigned span_a, unsigned span_b, uint32_t (&pf)[4]) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const int s = s0 + nt * 8 + 2 * q4;
-    const float2 as = *reinterpret_cast<const float2*>(acs2 + s);
-    const float2 ds = *reinterpret_cast<const float2*>(dts + s);
-    const unsigned da = static_cast<unsigned>(s - lo_a), db = static_cast<unsigned>(s - lo_b);
-    const float pa0 = da <= span_a ? cb[nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
-    const float pa1 = da + 1 <= span_a ? cb[nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
-    const float pb0 = db <= span_b ? cb[nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
-    const float pb1 = db + 1 <= span_b ? cb[nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
-    pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
-    pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
-  }
-}
-
-// The decayed table (fused_cb_decayed: one head a group, the state tile of 256 in halves):
-// a block of 8 warps per (batch, chunk, head, pair of 64-row tiles ti >= tj), warp w the
-// tiles (i, j) of row tile i = 4·ti + (w & 3) and j = 4·tj + 2·(w >> 2) + 0, 1, j <= i:
-// C·Bᵀ by cb_pair_products as cb_table_pairs computes it (the same bits), the chunk's dt and its cumsum as the fused kernel's step 1 computes them
-// (fused_dt_cumsum, a position a thread), then P's fragments (fused_p_fragment) stored in
-// the input type, lane-major a tile (512 contiguous bytes a warp store and load): the fused
-// kernel's intra-chunk step then loads its operand instead of 8 float32 and computing it.
-constexpr int kCbDecSmem = kCbPairSmem + (3 * kFusedQ + 16 + kFusedQ + kFusedWarps) * 4;
-template <typename T, int NS, bool SEQ>
-__global__ void __launch_bounds__(kFusedThreads) ssd_fused_p_kernel(const FusedParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* const sC0 = reinterpret_cast<T*>(smem);    // [kCbStages][64 * kCbLd]
-  T* const sB0 = sC0 + kCbStages * 64 * kCbLd;  // [kCbStages][64 * kCbLd]
-  float* const acs2 = reinterpret_cast<float*>(sB0 + kCbStages * 64 * kCbLd);  // [kFusedQ]
-  float* const dts = acs2 + kFusedQ;                                            // [kFusedQ]
-  float* const wgt = dts + kFusedQ;                                             // [kFusedQ] (unused here)
-  float* const warp_total = wgt + kFusedQ;                                      // [kFusedWarps]
-  int* const seg = reinterpret_cast<int*>(warp_total + 16);                      // SEQ: [kFusedQ + kFusedWarps]
-  int rest = blockIdx.x;
-  int ti, tj;
-  ssd_tile_pair(rest % kCbPairs, ti, tj);
-  rest /= kCbPairs;
-  FusedTile tile{};
-  tile.h = rest % p.heads;
-  rest /= p.heads;
-  tile.grp = tile.h;  // (one head a group)
-  tile.c = rest % p.nchunks;
-  tile.b = rest / p.nchunks;
-  tile.t0 = tile.c * p.chunk;
-  tile.len = min(p.chunk, p.seqlen - tile.t0);
-  const int len = tile.len;
-  if (ti * 64 >= len) return;  // (the whole block)
-  const T* Cg = static_cast<const T*>(p.C) + tile.b * p.Cs[0] + tile.t0 * p.Cs[1] + tile.grp * p.Cs[2];
-  const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int mtile = ti * 4 + (warp & 3), j0 = 2 * (warp >> 2);
-  const bool live = mtile * 16 < len;  // (warp-uniform)
-  float cb[2][2][4] = {};
-  // the chunk's dt and decays while the first steps' rows are in flight
-  cb_pair_products<T, NS, kFusedThreads>(p, sC0, sB0, Cg, Bg, ti, tj, len, j0, cb, [&] {
-    fused_dt_cumsum<SEQ>(p, tile, fused_dt_load<T>(p, tile), acs2, dts, wgt, warp_total, seg);
-  });
-  if (!live) return;
-  const int g8 = lane >> 2, q4 = lane & 3;
-  const int ta = mtile * 16 + g8, tb = ta + 8;
-  const int lo_a = SEQ ? max(seg[ta], 0) : 0, lo_b = SEQ ? max(seg[tb], 0) : 0;
-  const unsigned span_a = static_cast<unsigned>(ta - lo_a), span_b = static_cast<unsigned>(tb - lo_b);
-  const float acs_a = acs2[ta], acs_b = acs2[tb];
-  uint32_t* out = reinterpret_cast<uint32_t*>(p.cb) +
-                  ((static_cast<int64_t>(tile.b) * p.nchunks + tile.c) * p.heads + tile.h) * p.cb_tiles * 128 +
-                  (mtile * (mtile + 1) / 2 + tj * 4 + j0) * 128 + lane * 4;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    if (tj * 4 + j0 + j > mtile) continue;
-    uint32_t pf[4];
-    fused_p_fragment<T>(cb[j], (tj * 4 + j0 + j) * 16, q4, acs2, dts, acs_a, acs_b, lo_a, lo_b, span_a, span_b, pf);
-    *reinterpret_cast<uint4*>(out + j * 128) = make_uint4(pf[0], pf[1], pf[2], pf[3]);
-  }
-}
-
 // SPLIT (FusedMmaCb's state tile of 256 as two halves of NS = 128, FusedTile::nh): the
 // block's B, state and hand-over are those of its half's columns; the second half's block
 // stores its rounded H_c and a flag in the workspace and stops there, and the first half's
 // block takes it into sH's columns NS .. 2·NS (waiting for the flag) for C·H_cᵀ over both.
-// DEC (fused_cb_decayed, SPLIT only): the table holds P's fragments (ssd_fused_p_kernel).
-template <typename T, int NS, bool CB, bool SEQ, bool SPLIT = false, bool DEC = false>
+template <typename T, int NS, bool CB, bool SEQ, bool SPLIT = false>
 __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     ssd_fused_forward_kernel(const FusedParams p) {
   static_assert(NS <= 128 && (!SPLIT || (CB && NS == 128)), "a tile of 256 runs as two halves of 128 (SPLIT)");
-  static_assert(!DEC || SPLIT, "the decayed table is the halves' (fused_cb_decayed)");
   constexpr int kLdN = NS + 8;
   constexpr int kNT = NS / 16;  // k-steps over N; 8-column tiles per warp in the state product
   extern __shared__ __align__(16) unsigned char smem[];
@@ -633,7 +528,21 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     // s <= t, one unsigned comparison) from the step's C·Bᵀ fragments, rounded to the input
     // type, times x's rows s0..
     const unsigned span_a = static_cast<unsigned>(ta - lo_a), span_b = static_cast<unsigned>(tb - lo_b);
-    auto multiply = [&](const uint32_t (&pf)[4], int s0) {
+    auto consume = [&](const float (&cb)[2][4], int s0) {
+      uint32_t pf[4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int s = s0 + nt * 8 + 2 * q4;
+        const float2 as = *reinterpret_cast<const float2*>(acs2 + s);
+        const float2 ds = *reinterpret_cast<const float2*>(dts + s);
+        const unsigned da = static_cast<unsigned>(s - lo_a), db = static_cast<unsigned>(s - lo_b);
+        const float pa0 = da <= span_a ? cb[nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
+        const float pa1 = da + 1 <= span_a ? cb[nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
+        const float pb0 = db <= span_b ? cb[nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
+        const float pb1 = db + 1 <= span_b ? cb[nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
+        pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
+        pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
+      }
 #pragma unroll
       for (int j = 0; j < kFusedP / 8; j += 2) {
         uint32_t bf[4];
@@ -642,27 +551,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
         ssd_mma16816<T>(acc[j + 1], pf, bf[2], bf[3]);
       }
     };
-    auto consume = [&](const float (&cb)[2][4], int s0) {
-      uint32_t pf[4];
-      fused_p_fragment<T>(cb, s0, q4, acs2, dts, acs_a, acs_b, lo_a, lo_b, span_a, span_b, pf);
-      multiply(pf, s0);
-    };
-    if constexpr (DEC) {
-      // the table's P fragments (mtile, 0..mtile), the next one's load in flight while one
-      // is multiplied
-      const uint4* row = reinterpret_cast<const uint4*>(
-                             static_cast<const uint32_t*>(static_cast<const void*>(p.cb)) +
-                             ((static_cast<int64_t>(tile.b) * p.nchunks + tile.c) * p.heads + tile.h) * p.cb_tiles * 128 +
-                             (mtile * (mtile + 1) / 2) * 128) +
-                         lane;
-      uint4 cur = __ldg(row), nxt = cur;
-      for (int st = 0; st <= mtile; ++st) {
-        if (st + 1 <= mtile) nxt = __ldg(row + (st + 1) * 32);
-        const uint32_t pf[4] = {cur.x, cur.y, cur.z, cur.w};
-        multiply(pf, st * 16);
-        cur = nxt;
-      }
-    } else if constexpr (CB) {
+    if constexpr (CB) {
       // the table's tiles (mtile, 0..mtile), the next tile's loads in flight while this one
       // is consumed
       const float* row = cb_chunk + (mtile * (mtile + 1) / 2) * 256;
@@ -730,44 +619,21 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   const FusedParams p = fused_params(l, stream);
   constexpr bool kSplit = NS > 128;
   constexpr int kNs = kSplit ? 128 : NS;
-  const bool seq = l.seq_idx != nullptr;
-  const bool dec = l.fused_cb_decayed;  // (fused_check_launch: with kSplit alone)
   if constexpr (CB) {
-    bool decayed_table = false;
-    if constexpr (kSplit) {
-      if (dec) {
-        const auto table = seq ? ssd_fused_p_kernel<T, NS, true> : ssd_fused_p_kernel<T, NS, false>;
-        fused_allow_smem(table, kCbDecSmem);
-        const int64_t blocks = l.batch * l.nchunks() * l.heads * kCbPairs;
-        table<<<static_cast<unsigned int>(blocks), kFusedThreads, kCbDecSmem, stream>>>(p);
-        decayed_table = true;
-      }
-    }
-    if (!decayed_table) {
-      constexpr bool rows = NS <= 128;
-      const int64_t smem = rows ? (64 + kFusedQ) * (NS + 8) * 2 : kCbPairSmem;
-      fused_allow_smem(ssd_fused_cb_kernel<T, NS>, smem);
-      const int64_t blocks = l.batch * l.nchunks() * l.groups * (rows ? kFusedQ / 64 : kCbPairs);
-      ssd_fused_cb_kernel<T, NS><<<static_cast<unsigned int>(blocks), kCbThreads, smem, stream>>>(p);
-    }
+    constexpr bool rows = NS <= 128;
+    const int64_t smem = rows ? (64 + kFusedQ) * (NS + 8) * 2 : kCbPairSmem;
+    fused_allow_smem(ssd_fused_cb_kernel<T, NS>, smem);
+    const int64_t blocks = l.batch * l.nchunks() * l.groups * (rows ? kFusedQ / 64 : kCbPairs);
+    ssd_fused_cb_kernel<T, NS><<<static_cast<unsigned int>(blocks), kCbThreads, smem, stream>>>(p);
     check_launch("ssd_chunk_scan");
   }
+  const bool seq = l.seq_idx != nullptr;
   const int64_t smem = ssd_fused_smem_bytes(l.cuda_forward, kNs, seq);
   const int64_t blocks = fused_chains(l) * p.nchunks;
   const auto launch = [&](auto kernel) {
     fused_allow_smem(kernel, smem);
     kernel<<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
   };
-  if constexpr (kSplit) {
-    if (dec) {
-      if (seq)
-        launch(ssd_fused_forward_kernel<T, kNs, CB, true, kSplit, true>);
-      else
-        launch(ssd_fused_forward_kernel<T, kNs, CB, false, kSplit, true>);
-      check_launch("ssd_chunk_scan");
-      return;
-    }
-  }
   if (seq)
     launch(ssd_fused_forward_kernel<T, kNs, CB, true, kSplit>);
   else
