@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # The tested ranges; keep in step with pyproject.toml and README.md.
 TORCH_SPEC=${TORCH_SPEC:-"torch>=2.8,<2.16"}
-TRANSFORMERS_SPEC=${TRANSFORMERS_SPEC:-"transformers>=5.0,<5.25"}
+TRANSFORMERS_SPEC=${TRANSFORMERS_SPEC:-"transformers>=5.0,<5.26"}
 REQUIREMENTS=("setuptools>=77" wheel ninja "$TORCH_SPEC" pytest numpy expecttest hypothesis
               "$TRANSFORMERS_SPEC")
 

@@ -34,8 +34,8 @@ def _mixer_calls_chunk_scan() -> bool:
     calls a module-level mamba2_chunk_scan: 5.16 through 5.24 of the releases tried (5.16.1,
     5.17.0, 5.20.2, 5.22.2, 5.23.0, 5.24.0). 5.0.0, 5.1.0, 5.3.0, 5.8.1 and 5.12.1 compute the
     scan inline; 5.15.1 defines mamba2_chunk_scan but wraps the forward in an accelerate-hooks
-    decorator without __wrapped__, which hides the call (the mixer is then left alone, with a
-    note)."""
+    decorator without __wrapped__, which hides the call; 5.25.0's forward calls
+    mamba2_scan_forward, which calls it (in each case the mixer is left alone, with a note)."""
     fn = _M2.Mamba2Mixer.forward
     while hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
@@ -386,7 +386,7 @@ def _patched_pair(name, device="cpu"):
     patched = copy.deepcopy(base)
     desc = hf.apply_baracuda(patched)
     if name.startswith(MAMBA_FAMILIES) and HAS_MAMBA and not MAMBA_PATCHABLE:
-        assert f"transformers {TF_VERSION}'s Mamba-2 mixer computes its scan inline" in desc, desc
+        assert f"transformers {TF_VERSION}'s Mamba-2 mixer has no mamba2_chunk_scan call of its own" in desc, desc
     return base, patched, desc
 
 
@@ -735,16 +735,16 @@ def test_old_transformers_mamba_is_explained():
     without its RMSNorms too, Mamba2 raises a ValueError saying the same."""
     desc = hf.apply_baracuda(_zoo("mamba2-g1"))
     assert f"note: backbone.layers.0.mixer (Mamba2Mixer): transformers {TF_VERSION}'s Mamba-2 mixer " \
-           "computes its scan inline" in desc and "5.16 through 5.24" in desc and "3 x Mamba2RMSNorm" in desc
+           "has no mamba2_chunk_scan call of its own" in desc and "5.16 through 5.24" in desc and "3 x Mamba2RMSNorm" in desc
     model = _zoo("mamba2-g1")
     for n, m in _plain_norms(model):
         m.forward = m.forward  # an instance forward: the norm is left alone
     with pytest.raises(ValueError, match=rf"Mamba2ForCausalLM \(transformers {TF_VERSION}\).*"
-                                         r"computes its scan inline.*5.16 through 5.24"):
+                                         r"has no mamba2_chunk_scan call of its own.*5.16 through 5.24"):
         hf.apply_baracuda(model)
     desc = hf.apply_baracuda(_zoo("bamba-g2"))
-    assert f"note: model.layers.0.mamba (BambaMixer): transformers {TF_VERSION}'s Mamba-2 mixer computes " \
-           "its scan inline" in desc and "BambaAttention" in desc
+    assert f"note: model.layers.0.mamba (BambaMixer): transformers {TF_VERSION}'s Mamba-2 mixer has no " \
+           "mamba2_chunk_scan call of its own" in desc and "BambaAttention" in desc
 
 
 def test_unverified_mamba_mixer_left_alone():

@@ -26,7 +26,8 @@ unchanged):
   sigmoid -> glu; any other activation leaves the MLP as it is (the description says so).
 * **Mamba-2 mixers** of Mamba2, Bamba and FalconH1, on transformers versions whose mixer
   calls ``mamba2_chunk_scan`` (5.16 through 5.24 of those tested; older ones compute the
-  scan inline, and 5.15 hides the call behind a wrapper: left alone with a note): the
+  scan inline, 5.15 hides the call behind a wrapper and 5.25 makes it inside
+  ``mamba2_scan_forward``: left alone with a note): the
   chunked scan calls
   ``baracuda_torch.mamba.mamba_chunk_scan_combined`` on every device. The training path
   ``mamba2_split_conv1d_scan_combined`` (training without a cache) follows what the
@@ -673,10 +674,11 @@ def _plan(name: str, module: nn.Module, notes: list[str],
     fwd = type(module).forward
     ver = _tf_version()
     if not _uses(fwd, "mamba2_chunk_scan"):
-        notes.append(f"{name} ({cls}): transformers {ver}'s Mamba-2 mixer computes its scan inline "
-                     "(no mamba2_chunk_scan call to replace, or one hidden behind a wrapper); mixer left "
-                     "unpatched (Mamba-2 mixers are patched where their forward calls it: transformers "
-                     "5.16 through 5.24 of the tested releases)")
+        notes.append(f"{name} ({cls}): transformers {ver}'s Mamba-2 mixer has no mamba2_chunk_scan "
+                     "call of its own to replace (its scan is inline, its forward hidden behind a "
+                     "wrapper, or the call inside another function, as 5.25's mamba2_scan_forward has "
+                     "it); mixer left unpatched (Mamba-2 mixers are patched where their forward calls "
+                     "it: transformers 5.16 through 5.24 of the tested releases)")
         return None
     if cls not in _VERIFIED_MIXERS:
         notes.append(f"{name} ({cls}): this Mamba-2 mixer is not verified against baracuda_torch "
