@@ -31,15 +31,13 @@ _M2 = importlib.import_module("transformers.models.mamba2.modeling_mamba2")
 
 def _mixer_calls_chunk_scan() -> bool:
     """Whether this transformers' Mamba2Mixer.forward (through functools.wraps wrappers)
-    calls a module-level mamba2_chunk_scan: 5.16 through 5.24 of the releases tried (5.16.1,
-    5.17.0, 5.20.2, 5.22.2, 5.23.0, 5.24.0). 5.0.0, 5.1.0, 5.3.0, 5.8.1 and 5.12.1 compute the
-    scan inline; 5.15.1 defines mamba2_chunk_scan but wraps the forward in an accelerate-hooks
-    decorator without __wrapped__, which hides the call; 5.25.0's forward calls
-    mamba2_scan_forward, which calls it (in each case the mixer is left alone, with a note)."""
-    fn = _M2.Mamba2Mixer.forward
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return hasattr(_M2, "mamba2_chunk_scan") and "mamba2_chunk_scan" in fn.__code__.co_names
+    calls a module-level mamba2_chunk_scan, itself or in the mamba2_scan_forward it calls:
+    5.16 through 5.25 of the releases tried (5.16.1, 5.17.0, 5.20.2, 5.22.2, 5.23.0, 5.24.0
+    itself; 5.25.0 through mamba2_scan_forward, a ``kernels`` function layer). 5.0.0, 5.1.0,
+    5.3.0, 5.8.1 and 5.12.1 compute the scan inline; 5.15.1 defines mamba2_chunk_scan but
+    wraps the forward in an accelerate-hooks decorator without __wrapped__, which hides the
+    call (the mixer is then left alone, with a note)."""
+    return hf._scan_site(_M2.Mamba2Mixer.forward) is not None
 
 
 # transformers' Mamba-2 mixers that call a replaceable mamba2_chunk_scan are patched; the
@@ -47,9 +45,11 @@ def _mixer_calls_chunk_scan() -> bool:
 MAMBA_PATCHABLE = HAS_MAMBA and _mixer_calls_chunk_scan()
 # ... and their decoding step calls replaceable causal_conv1d_update and
 # mamba2_selective_state_update whose fallback decorators record causal-conv1d's and
-# mamba_ssm's contracts (5.20, 5.22, 5.23 and 5.24 of the releases tried; 5.16's do not).
+# mamba_ssm's contracts (5.20, 5.22, 5.23, 5.24 and 5.25 of the releases tried; 5.16's do not).
 MAMBA_DECODE_PATCHABLE = MAMBA_PATCHABLE and all(
-    hf._kernel_contract(getattr(_M2, name, None)) == contract for name, contract in hf._DECODE_FUNCTIONS.items())
+    site is not None and hf._kernel_contract(site.__globals__.get(name)) == contract
+    for name, contract in hf._DECODE_FUNCTIONS.items()
+    for site in [hf._decode_sites(_M2.Mamba2Mixer.forward, hf._scan_site(_M2.Mamba2Mixer.forward))[name]])
 HAS_PAIR = hasattr(torch.ops.baracuda, "gated_activation_pair")
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -386,7 +386,7 @@ def _patched_pair(name, device="cpu"):
     patched = copy.deepcopy(base)
     desc = hf.apply_baracuda(patched)
     if name.startswith(MAMBA_FAMILIES) and HAS_MAMBA and not MAMBA_PATCHABLE:
-        assert f"transformers {TF_VERSION}'s Mamba-2 mixer has no mamba2_chunk_scan call of its own" in desc, desc
+        assert f"transformers {TF_VERSION}'s Mamba-2 mixer has no mamba2_chunk_scan call to replace" in desc, desc
     return base, patched, desc
 
 
@@ -691,7 +691,8 @@ def test_mamba_paths_taken(monkeypatch):
     unpatched function (no attention_mask, a norm over n_groups groups), and the profiler
     sees our scan in every mode."""
     import transformers.models.mamba2.modeling_mamba2 as m2
-    grouped_norm = "group_size" in m2.MambaRMSNormGated.__init__.__code__.co_varnames
+    norm = getattr(m2, "MambaRMSNormGated", None) or m2.Mamba2RMSNormGated  # (5.25's name)
+    grouped_norm = "group_size" in norm.__init__.__code__.co_varnames
     _, patched, desc = _patched_pair("mamba2-g2")
     # n_groups = 2: transformers >= 5.24's norm is per group (fused path allowed), 5.17's over
     # the whole width (fused path not allowed)
@@ -735,16 +736,16 @@ def test_old_transformers_mamba_is_explained():
     without its RMSNorms too, Mamba2 raises a ValueError saying the same."""
     desc = hf.apply_baracuda(_zoo("mamba2-g1"))
     assert f"note: backbone.layers.0.mixer (Mamba2Mixer): transformers {TF_VERSION}'s Mamba-2 mixer " \
-           "has no mamba2_chunk_scan call of its own" in desc and "5.16 through 5.24" in desc and "3 x Mamba2RMSNorm" in desc
+           "has no mamba2_chunk_scan call to replace" in desc and "5.16 through 5.25" in desc and "3 x Mamba2RMSNorm" in desc
     model = _zoo("mamba2-g1")
     for n, m in _plain_norms(model):
         m.forward = m.forward  # an instance forward: the norm is left alone
     with pytest.raises(ValueError, match=rf"Mamba2ForCausalLM \(transformers {TF_VERSION}\).*"
-                                         r"has no mamba2_chunk_scan call of its own.*5.16 through 5.24"):
+                                         r"has no mamba2_chunk_scan call to replace.*5.16 through 5.25"):
         hf.apply_baracuda(model)
     desc = hf.apply_baracuda(_zoo("bamba-g2"))
     assert f"note: model.layers.0.mamba (BambaMixer): transformers {TF_VERSION}'s Mamba-2 mixer has no " \
-           "mamba2_chunk_scan call of its own" in desc and "BambaAttention" in desc
+           "mamba2_chunk_scan call to replace" in desc and "BambaAttention" in desc
 
 
 def test_unverified_mamba_mixer_left_alone():
@@ -752,7 +753,7 @@ def test_unverified_mamba_mixer_left_alone():
     if not MAMBA_PATCHABLE or not hasattr(transformers, "Zamba2Config"):
         pytest.skip("needs patchable Mamba-2 mixers and Zamba2")
     from transformers.models.zamba2 import modeling_zamba2 as z2
-    if not hf._uses(z2.Zamba2MambaMixer.forward, "mamba2_chunk_scan"):
+    if hf._scan_site(z2.Zamba2MambaMixer.forward) is None:
         pytest.skip("Zamba2's mixer does not call mamba2_chunk_scan here")
     cfg = transformers.Zamba2Config(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                     mamba_d_state=8, mamba_headdim=16, n_mamba_heads=4, chunk_size=8,

@@ -25,9 +25,9 @@ unchanged):
   values: SiLU -> swiglu, erf GELU -> geglu, tanh GELU -> geglu_tanh, ReLU -> reglu,
   sigmoid -> glu; any other activation leaves the MLP as it is (the description says so).
 * **Mamba-2 mixers** of Mamba2, Bamba and FalconH1, on transformers versions whose mixer
-  calls ``mamba2_chunk_scan`` (5.16 through 5.24 of those tested; older ones compute the
-  scan inline, 5.15 hides the call behind a wrapper and 5.25 makes it inside
-  ``mamba2_scan_forward``: left alone with a note): the
+  calls ``mamba2_chunk_scan``, itself or through ``mamba2_scan_forward`` (5.16 through
+  5.25 of those tested; older ones compute the scan inline, and 5.15 hides the call behind
+  a wrapper: left alone with a note): the
   chunked scan calls
   ``baracuda_torch.mamba.mamba_chunk_scan_combined`` on every device. The training path
   ``mamba2_split_conv1d_scan_combined`` (training without a cache) follows what the
@@ -257,7 +257,7 @@ def _kernel_contract(fn: Any) -> tuple[str, str] | None:
         cv = _closure_vars(fn)
         if isinstance(cv.get("func_name"), str) and isinstance(cv.get("package"), str):
             return cv["package"], cv["func_name"]
-        fn = getattr(fn, "__wrapped__", None)
+        fn = _inner(fn)
     return None
 
 
@@ -349,7 +349,7 @@ def _runs_fused_kernel(fn: Any) -> bool:
         flag = _closure_vars(fn).get("is_new_implementation")
         if flag is not None:
             return bool(flag)
-        fn = getattr(fn, "__wrapped__", None)
+        fn = _inner(fn)
     return False
 
 
@@ -375,9 +375,27 @@ def _refs() -> dict[str, Any]:
     return _REFS
 
 
+def _hub_func(obj: Any) -> Any:
+    """The function behind a ``kernels`` function layer, else None. With ``kernels``
+    installed (transformers 5.25 requires it), ``use_kernel_forward_from_hub`` on a function
+    makes it an ``nn.Module`` instance whose forward calls that function (``func``, a closure
+    variable) unless a model's ``kernelize`` made a hub kernel active."""
+    if not isinstance(obj, nn.Module):
+        return None
+    fn = _closure_vars(getattr(type(obj), "forward", None)).get("func")
+    return fn if callable(fn) else None
+
+
+def _inner(fn: Any) -> Any:
+    """One wrapper in: a decorator's ``__wrapped__`` or a ``kernels`` function layer's
+    function; None where ``fn`` wraps nothing."""
+    inner = getattr(fn, "__wrapped__", None)
+    return inner if inner is not None else _hub_func(fn)
+
+
 def _unwrap(fn: Any) -> Any:
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
+    while (inner := _inner(fn)) is not None:
+        fn = inner
     return fn
 
 
@@ -413,6 +431,30 @@ def _uses(fn: Any, name: str) -> bool:
     inner = _unwrap(fn)
     code = getattr(inner, "__code__", None)
     return code is not None and name in code.co_names and name in inner.__globals__
+
+
+def _scan_site(fwd: Any) -> Any:
+    """The function whose ``mamba2_chunk_scan`` call a Mamba-2 mixer's ``forward`` makes:
+    the forward itself (transformers 5.16 through 5.24) or the ``mamba2_scan_forward`` it
+    calls (5.25); None where neither calls it (the scan inline, or a call hidden)."""
+    if _uses(fwd, "mamba2_chunk_scan"):
+        return _unwrap(fwd)
+    if _uses(fwd, "mamba2_scan_forward"):
+        scan = _unwrap(_unwrap(fwd).__globals__["mamba2_scan_forward"])
+        if _uses(scan, "mamba2_chunk_scan"):
+            return scan
+    return None
+
+
+def _decode_sites(fwd: Any, scan: Any) -> dict[str, Any]:
+    """For each of _DECODE_FUNCTIONS, the function that calls it (None if none): the
+    mixer's forward where it makes the scan call itself; on 5.25 the conv step is called in
+    the ``causal_conv1d_forward`` the forward calls, the state update beside the scan."""
+    top = _unwrap(fwd)
+    if scan is top:
+        return dict.fromkeys(_DECODE_FUNCTIONS, top)
+    conv = _unwrap(top.__globals__["causal_conv1d_forward"]) if _uses(fwd, "causal_conv1d_forward") else None
+    return {"causal_conv1d_update": conv, "mamba2_selective_state_update": scan}
 
 
 def _rope_attention(module: nn.Module) -> bool:
@@ -673,12 +715,13 @@ def _plan(name: str, module: nn.Module, notes: list[str],
         return norm_plan(None) if _looks_like_rms_norm(module) else None  # (for its note)
     fwd = type(module).forward
     ver = _tf_version()
-    if not _uses(fwd, "mamba2_chunk_scan"):
+    scan = _scan_site(fwd)
+    if scan is None:
         notes.append(f"{name} ({cls}): transformers {ver}'s Mamba-2 mixer has no mamba2_chunk_scan "
-                     "call of its own to replace (its scan is inline, its forward hidden behind a "
-                     "wrapper, or the call inside another function, as 5.25's mamba2_scan_forward has "
-                     "it); mixer left unpatched (Mamba-2 mixers are patched where their forward calls "
-                     "it: transformers 5.16 through 5.24 of the tested releases)")
+                     "call to replace (its scan is inline, or the call hidden behind a wrapper); mixer "
+                     "left unpatched (Mamba-2 mixers are patched where their forward, or the "
+                     "mamba2_scan_forward it calls, calls it: transformers 5.16 through 5.25 of the "
+                     "tested releases)")
         return None
     if cls not in _VERIFIED_MIXERS:
         notes.append(f"{name} ({cls}): this Mamba-2 mixer is not verified against baracuda_torch "
@@ -691,8 +734,9 @@ def _plan(name: str, module: nn.Module, notes: list[str],
     spec: dict[str, Any] = {"kind": "mamba", "fused": False, "norm_before_gate": None, "eps": None,
                             "gate_without_norm": False, "mask_pos": _mask_position(fwd),
                             "transformers": ver}
-    g = _unwrap(fwd).__globals__
-    decode = all(_uses(fwd, name) and _kernel_contract(g[name]) == contract
+    sites = _decode_sites(fwd, scan)
+    decode = all(sites[name] is not None and _uses(sites[name], name)
+                 and _kernel_contract(sites[name].__globals__[name]) == contract
                  for name, contract in _DECODE_FUNCTIONS.items())
     spec["decode"] = decode
     if not decode:
@@ -757,11 +801,27 @@ def _build(cls: type, spec: dict) -> Callable[..., Any] | None:
     mamba = _mamba_module() if kind == "mamba" else None
     if mamba is None:
         return None
-    common: dict[str, Any] = {"mamba2_chunk_scan": _make_chunk_scan(mamba)}
+    # The replacements, in the function that makes each call (see _scan_site and
+    # _decode_sites): the forward's own globals, or those of the mamba2_scan_forward and
+    # causal_conv1d_forward it calls (5.25), rebuilt and given to the forward in their place.
+    top, scan = _unwrap(fwd), _scan_site(fwd)
+    if scan is None:
+        return None
+    inner: dict[str, Any] = {"mamba2_chunk_scan": _make_chunk_scan(mamba)}
+    common: dict[str, Any] = {}
     if spec.get("decode"):
-        g = _unwrap(fwd).__globals__
-        common["causal_conv1d_update"] = _make_conv_update(g["causal_conv1d_update"])
-        common["mamba2_selective_state_update"] = _make_state_update(g["mamba2_selective_state_update"])
+        sites = _decode_sites(fwd, scan)
+        conv, state = sites["causal_conv1d_update"], sites["mamba2_selective_state_update"]
+        inner["mamba2_selective_state_update"] = _make_state_update(state.__globals__["mamba2_selective_state_update"])
+        conv_update = {"causal_conv1d_update": _make_conv_update(conv.__globals__["causal_conv1d_update"])}
+        if conv is top:
+            common.update(conv_update)
+        else:
+            common["causal_conv1d_forward"] = _rebind(conv, conv_update)
+    if scan is top:
+        common.update(inner)
+    else:
+        common["mamba2_scan_forward"] = _rebind(scan, inner)
     unfused = _rebind(fwd, {**common, "mamba2_split_conv1d_scan_combined": _no_fused_path})
     if not spec["fused"]:
         return unfused
@@ -862,7 +922,7 @@ def apply_baracuda(model: nn.Module) -> str:
             "mixer calling mamba2_chunk_scan found to patch (supported: Llama, Mistral, Qwen2, "
             "Qwen3, Gemma, Gemma2, Gemma3 and models sharing their attention/MLP/RMSNorm code; "
             "the Mamba-2 mixers of Mamba2, Bamba and FalconH1 where their forward calls "
-            "mamba2_chunk_scan: transformers 5.16 through 5.24 of the tested releases)"
+            "mamba2_chunk_scan: transformers 5.16 through 5.25 of the tested releases)"
             f"{detail}")
     lines = [f"baracuda_torch patched {type(model).__name__}:"]
     lines += [f"  {n} x {k}" for k, n in counts.items()]
