@@ -46,10 +46,8 @@ MAMBA_PATCHABLE = HAS_MAMBA and _mixer_calls_chunk_scan()
 # ... and their decoding step calls replaceable causal_conv1d_update and
 # mamba2_selective_state_update whose fallback decorators record causal-conv1d's and
 # mamba_ssm's contracts (5.20, 5.22, 5.23, 5.24 and 5.25 of the releases tried; 5.16's do not).
-MAMBA_DECODE_PATCHABLE = MAMBA_PATCHABLE and all(
-    site is not None and hf._kernel_contract(site.__globals__.get(name)) == contract
-    for name, contract in hf._DECODE_FUNCTIONS.items()
-    for site in [hf._decode_sites(_M2.Mamba2Mixer.forward, hf._scan_site(_M2.Mamba2Mixer.forward))[name]])
+MAMBA_DECODE_PATCHABLE = MAMBA_PATCHABLE and hf._decode_replaceable(
+    _M2.Mamba2Mixer.forward, hf._scan_site(_M2.Mamba2Mixer.forward))
 HAS_PAIR = hasattr(torch.ops.baracuda, "gated_activation_pair")
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

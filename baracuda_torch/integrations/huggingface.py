@@ -457,6 +457,15 @@ def _decode_sites(fwd: Any, scan: Any) -> dict[str, Any]:
     return {"causal_conv1d_update": conv, "mamba2_selective_state_update": scan}
 
 
+def _decode_replaceable(fwd: Any, scan: Any) -> bool:
+    """Whether a mixer's decoding step can run on our ops: each of _DECODE_FUNCTIONS is
+    called (_decode_sites) and is of the contract its fallback decorator records."""
+    sites = _decode_sites(fwd, scan)
+    return all(sites[name] is not None and _uses(sites[name], name)
+               and _kernel_contract(sites[name].__globals__[name]) == contract
+               for name, contract in _DECODE_FUNCTIONS.items())
+
+
 def _rope_attention(module: nn.Module) -> bool:
     fwd = type(module).forward
     if not _uses(fwd, "apply_rotary_pos_emb"):
@@ -734,10 +743,7 @@ def _plan(name: str, module: nn.Module, notes: list[str],
     spec: dict[str, Any] = {"kind": "mamba", "fused": False, "norm_before_gate": None, "eps": None,
                             "gate_without_norm": False, "mask_pos": _mask_position(fwd),
                             "transformers": ver}
-    sites = _decode_sites(fwd, scan)
-    decode = all(sites[name] is not None and _uses(sites[name], name)
-                 and _kernel_contract(sites[name].__globals__[name]) == contract
-                 for name, contract in _DECODE_FUNCTIONS.items())
+    decode = _decode_replaceable(fwd, scan)
     spec["decode"] = decode
     if not decode:
         notes.append(f"{name} ({cls}): its decoding step stays transformers' own (no "
@@ -810,9 +816,8 @@ def _build(cls: type, spec: dict) -> Callable[..., Any] | None:
     inner: dict[str, Any] = {"mamba2_chunk_scan": _make_chunk_scan(mamba)}
     common: dict[str, Any] = {}
     if spec.get("decode"):
-        sites = _decode_sites(fwd, scan)
-        conv, state = sites["causal_conv1d_update"], sites["mamba2_selective_state_update"]
-        inner["mamba2_selective_state_update"] = _make_state_update(state.__globals__["mamba2_selective_state_update"])
+        conv = _decode_sites(fwd, scan)["causal_conv1d_update"]  # (the state update's site is the scan's)
+        inner["mamba2_selective_state_update"] = _make_state_update(scan.__globals__["mamba2_selective_state_update"])
         conv_update = {"causal_conv1d_update": _make_conv_update(conv.__globals__["causal_conv1d_update"])}
         if conv is top:
             common.update(conv_update)
