@@ -927,7 +927,8 @@ def apply_baracuda(model: nn.Module) -> str:
             "mixer calling mamba2_chunk_scan found to patch (supported: Llama, Mistral, Qwen2, "
             "Qwen3, Gemma, Gemma2, Gemma3 and models sharing their attention/MLP/RMSNorm code; "
             "the Mamba-2 mixers of Mamba2, Bamba and FalconH1 where their forward calls "
-            "mamba2_chunk_scan: transformers 5.16 through 5.25 of the tested releases)"
+            "mamba2_chunk_scan, itself or through mamba2_scan_forward: transformers 5.16 through "
+            "5.25 of the tested releases)"
             f"{detail}")
     lines = [f"baracuda_torch patched {type(model).__name__}:"]
     lines += [f"  {n} x {k}" for k, n in counts.items()]
