@@ -40,15 +40,22 @@
 //                    (0 strictly outside the clamp, sigmoid where softplus applied) and
 //                    writes ddt of the raw dt, plus per-(b, c) ddt_bias partials that
 //                    ssd_dA_kernel sums in a fixed order.
-//   seq_idx          ssd_cumsum_kernel only: Acs is lowered by kSsdSeqOffset at every
-//                    sequence start (and stays lowered to the chunk's end), so that each
-//                    decay that crosses a start underflows to exactly 0: the intra-chunk
+//   seq_idx          ssd_cumsum_kernel lowers Acs by kSsdSeqOffset at every sequence
+//                    start (and keeps it lowered to the chunk's end), so that each decay
+//                    that crosses a start underflows to exactly 0: the intra-chunk
 //                    C·Bᵀ decay matrix exp(Acs_q − Acs_s), the chunk-state weights
 //                    exp(Acs_last − Acs_s), the inter-chunk exp(Acs_q) and the state
 //                    passing exp(Acs_last). Differences inside one sequence are unchanged,
-//                    so no other kernel knows about seq_idx, forward or backward; the
-//                    stable da below then is the gradient of the reset recurrence (0 at
-//                    a start, whose decay is not used).
+//                    and the stable da below is the gradient of the reset recurrence (0
+//                    at a start, whose decay is not used). A zero decay still multiplies:
+//                    0·NaN is NaN, so on the tensor-core kernels a NaN or Inf of one
+//                    sequence reaches the others of its chunk (and its state, the later
+//                    chunks), as in mamba_ssm. A run of these SIMT kernels alone
+//                    (ssd_seq_masks: float32, float64) keeps sequences apart instead: the
+//                    cumsum also restarts at each start and stores each position's count
+//                    of starts since its chunk's start (`seg`), and every kernel selects
+//                    (never multiplies) a term that crosses a start to 0 and leaves such
+//                    pairs out of its products (ssd_mma_seg), as the CPU kernels do.
 //   initial_states   seed of the forward state pass (H_0), in ssd_state_pass_kernel,
 //   final_states     which also writes H_nc (the state after the last step) when
 //                    asked; with L = 0 the pass only copies.
@@ -106,7 +113,8 @@
 // (masked P entries are selected to 0, and diagonal tiles accumulate only causal pairs).
 // NaN in dt or A also poisons, in the backward, the positions of its chunk after it
 // (Acs_last − Acs_s is NaN − NaN), and ±Inf can differ from the recurrence wherever the
-// chunked form sums in another order (Σ_n C·(B·Inf) vs (C·B)·Inf).
+// chunked form sums in another order (Σ_n C·(B·Inf) vs (C·B)·Inf). With seq_idx, none of
+// these reaches another packed sequence (ssd_seq_masks; not on the tensor-core kernels).
 #pragma once
 
 #include <algorithm>
@@ -172,6 +180,8 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  alone cost ~1e-6 relative error in y at Q = 100-256
 //                                  (the sequential recurrence in float32: ~2e-7).
 //   dtf       [B, H, L]            dt converted
+//   seg       [B, L] int32         SIMT runs (ssd_seq_masks) with seq_idx: the sequence
+//                                  starts in [chunk start, t] at each position t
 //   states    [B, H, nc, D, N]     S_c, then (in place, without states_t) H_c, the state
 //                                  entering chunk c
 //   states_t  [B, H, nc, D, N] T   16-bit inputs on tensor cores (ssd_state_copies): H_c
@@ -217,9 +227,9 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 // + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N (S'·B·G·nc·Q'² + 2·B·H·nc·P'·64
 // + B·G·nc·P'·4096 in place of the splits with group_products), each buffer rounded up
 // to 256 bytes, plus 2·2·B·H·nc·D·N bytes with the state copies and B·L·H·D elements of
-// the input type with z (dyp); the forward needs acs,
-// dtf and states (and states_t) only (8·B·H·L bytes + B·H·L + B·H·nc·D·N Acc, plus
-// 2·B·H·nc·D·N bytes).
+// the input type with z (dyp), or 4·B·L bytes (seg) without them; the forward needs acs,
+// dtf, seg and states (and states_t) only (8·B·H·L bytes + B·H·L + B·H·nc·D·N Acc, plus
+// 4·B·L or 2·B·H·nc·D·N bytes).
 // dD's partial sums a (h, d): one per kSsdDSeg positions of the flattened b·L + t (the gate
 // kernel), or, with dD_in_dx, one per (b, chunk, 64-row tile of Q') in that order (the
 // group dx kernel; a tile past a short last chunk writes zeros).
@@ -229,7 +239,7 @@ inline int64_t ssd_dD_segments(const SsdChunkScanLaunch& l) {
 }
 
 struct SsdWorkspace {
-  size_t acs = 0, dtf = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
+  size_t acs = 0, dtf = 0, seg = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
          xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dyp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
   size_t states_t = 0, gstates_t = 0;  // (ssd_state_copies only)
   size_t total = 0;
@@ -243,6 +253,11 @@ struct SsdWorkspace {
 inline bool ssd_state_copies(const SsdChunkScanLaunch& l) {
   return l.tensor_cores && (l.element == ElementKind::F16 || l.element == ElementKind::BF16);
 }
+
+// Whether the run's kernels keep packed sequences apart (see seq_idx in the header comment):
+// with seq_idx, on a run of the SIMT kernels alone (no tensor-core kernel reads Acs as
+// they write it).
+inline bool ssd_seq_masks(const SsdChunkScanLaunch& l) { return l.seq_idx != nullptr && !ssd_state_copies(l); }
 
 // Elements of D·N per thread in the state passes: 16 bytes of the compute type.
 __host__ __device__ constexpr int ssd_pass_vec(ElementKind compute) { return compute == ElementKind::F64 ? 2 : 4; }
@@ -271,6 +286,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   };
   w.acs = take(bh * l.seqlen, sizeof(double));
   w.dtf = take(bh * l.seqlen);
+  w.seg = take(ssd_state_copies(l) ? 0 : l.batch * l.seqlen, sizeof(int32_t));  // (sized before seq_idx is known)
   w.states = take(bh * nc * dn);
   const bool copies = ssd_state_copies(l);
   if (copies) w.states_t = take(bh * nc * dn, 2);
@@ -304,6 +320,11 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
 template <typename Acc>
 Acc* ssd_ws(const SsdChunkScanLaunch& l, size_t offset) {
   return reinterpret_cast<Acc*>(static_cast<char*>(l.workspace) + offset);
+}
+
+// The starts counts (workspace `seg`) where the run keeps sequences apart, else null.
+inline int32_t* ssd_seg(const SsdChunkScanLaunch& l, const SsdWorkspace& w) {
+  return ssd_seq_masks(l) ? ssd_ws<int32_t>(l, w.seg) : nullptr;
 }
 
 // Grid for `total` virtual blocks; kernels loop vb = blockIdx.x, += gridDim.x.
@@ -389,6 +410,31 @@ __device__ __forceinline__ void ssd_mma_causal(const Acc* __restrict__ a, int ld
     for (int i = 0; i < 4; ++i) {
       const int row = 4 * ty + i, col = k0 + k;
       if (REV ? col >= row : col <= row) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = ssd_fma(av[i], bv[j], acc[i][j]);
+      }
+    }
+  }
+}
+
+// ssd_mma restricted to the pairs of one packed sequence (row 4·ty + i and k-step k0 + k
+// with equal starts counts rseg, cseg: ssd_seq_masks), and on a diagonal tile (`diag`) to
+// the causal ones as in ssd_mma_causal: a NaN or Inf of V in another sequence stays out.
+template <int KSTEPS, bool REV, typename Acc>
+__device__ __forceinline__ void ssd_mma_seg(const Acc* __restrict__ a, int lda, const Acc* __restrict__ b, int ldb,
+                                            int ty, int tx, int k0, bool diag, const int32_t* rseg,
+                                            const int32_t* cseg, Acc (&acc)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < KSTEPS; ++k) {
+    Acc av[4], bv[4];
+    ssd_ld4(a + k * lda + 4 * ty, av);
+    ssd_ld4(b + k * ldb + 4 * tx, bv);
+    const int col = k0 + k;
+    const int32_t cs = cseg[col];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = 4 * ty + i;
+      if (rseg[row] == cs && (!diag || (REV ? col >= row : col <= row))) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = ssd_fma(av[i], bv[j], acc[i][j]);
       }
@@ -517,12 +563,15 @@ struct SsdCumsumParams {
   int64_t seq_s[2];
   double* acs;    // [B, H, L]
   acc_t<T>* dtf;  // [B, H, L]
+  int32_t* seg = nullptr;  // [B, L] (ssd_seq_masks), or null
 };
 
 // Warp per (b, h, c): dt_s processed (ssd_dt_process) and stored in Acc for the later
 // kernels; Acs_q = Σ_{s ≤ q} dt_s·A_h in double, in 32-wide segments (shuffle scan plus a
 // carry), in the order fixed by the chunk, minus kSsdSeqOffset per sequence start in
-// [chunk start, q] when seq_idx is given.
+// [chunk start, q] when seq_idx is given. With `seg` the sum also restarts at each start
+// (from the start's own dt·A: an Inf or NaN dt of one sequence stays out of the next
+// one's Acs), and the warps of head 0 store each position's count of starts there.
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsumParams<T> p) {
   using Acc = acc_t<T>;
@@ -541,6 +590,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
     Acc* dtf = p.dtf + bh * p.seqlen + t0;
     double carry = 0;
     int seg_carry = 0;
+    const bool restart = p.seg != nullptr;
     for (int64_t base = 0; base < len; base += 32) {
       const int64_t i = base + lane;
       Acc d = 0;
@@ -553,19 +603,26 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
       }
       double v = static_cast<double>(d) * a_h;
       int sg = start;
+      bool cut = restart && start;  // (restart) a start in [base, i]: v is the sum from the last
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const double u = __shfl_up_sync(0xffffffffu, v, o);
         const int us = __shfl_up_sync(0xffffffffu, sg, o);
-        if (lane >= o) v += u, sg += us;
+        const bool uc = __shfl_up_sync(0xffffffffu, cut, o);
+        if (lane >= o) {
+          if (!cut) v += u;
+          sg += us;
+          cut = cut || uc;
+        }
       }
+      const double a = cut ? v : carry + v;
+      const int starts = seg_carry + sg;
       if (i < len) {
-        const double a = carry + v;
-        const int starts = seg_carry + sg;
         acs[i] = starts == 0 ? a : a - kSsdSeqOffset * starts;
         dtf[i] = d;
+        if (restart && h == 0) p.seg[b * p.seqlen + t0 + i] = starts;
       }
-      carry += __shfl_sync(0xffffffffu, v, 31);
+      carry = __shfl_sync(0xffffffffu, a, 31);
       seg_carry += __shfl_sync(0xffffffffu, sg, 31);
     }
   }
@@ -580,6 +637,7 @@ struct SsdStateParams {
   SsdOperand<T> yo;  // B (forward) or C (backward), per group, [.., N]
   const double* acs;
   const acc_t<T>* dtf;
+  const int32_t* seg = nullptr;  // [B, L] starts counts (ssd_seq_masks), or null
   acc_t<T>* out;  // [B, H, nc, D, N]
 };
 
@@ -587,6 +645,8 @@ struct SsdStateParams {
 // block with K = positions:
 //   forward (DSTATE = false): X = x, Y = B, w_s = exp(Acs_last − Acs_s)·dt_s  → S_c
 //   backward (DSTATE = true): X = dy, Y = C, w_s = exp(Acs_s)   → Σ_q exp(Acs_q)·dy_q ⊗ C_q
+// With `seg`, a position whose weight crosses a sequence start (forward: not in the
+// chunk's last sequence; backward: after a start) is 0 in both operands.
 template <typename T, bool DSTATE>
 __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(const SsdStateParams<T> p) {
   using Acc = acc_t<T>;
@@ -612,18 +672,21 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(const SsdS
     const double acs_last = acs[len - 1];
     const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2];
     const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2];
+    const int32_t* seg = p.seg != nullptr ? p.seg + b * p.seqlen + t0 : nullptr;
+    const int32_t keep = seg == nullptr ? 0 : DSTATE ? 0 : seg[len - 1];
+    auto out_of_seq = [&](int s) { return seg != nullptr && seg[s] != keep; };
     Acc acc[4][4] = {};
     for (int s0 = 0; s0 < len; s0 += KS) {
       __syncthreads();  // the previous step (or virtual block) is done with sA/sB
       ssd_fill<Acc, false>(sA, [&](int m, int k) -> Acc {
         const int s = s0 + k, d = d0 + m;
-        if (s >= len || d >= p.D) return Acc(0);
+        if (s >= len || d >= p.D || out_of_seq(s)) return Acc(0);
         const Acc w = DSTATE ? ssd_decay<Acc>(acs[s]) : ssd_decay<Acc>(acs_last - acs[s]) * dtf[s];
         return w * to_acc(X[s * p.xo.s[1] + d * p.xo.s[3]]);
       });
       ssd_fill<Acc, false>(sB, [&](int m, int k) -> Acc {
         const int s = s0 + k, n = n0 + m;
-        if (s >= len || n >= p.N) return Acc(0);
+        if (s >= len || n >= p.N || out_of_seq(s)) return Acc(0);
         return to_acc(Y[s * p.yo.s[1] + n * p.yo.s[3]]);
       });
       __syncthreads();
@@ -647,6 +710,7 @@ template <typename Acc>
 struct SsdPassParams {
   int64_t batch, heads, seqlen, chunk, nchunks, dn, kblocks, total_blocks;
   const double* acs;
+  const int32_t* seg = nullptr;  // [B, L] starts counts (ssd_seq_masks), or null
   Acc* states;         // [B, H, nc, D·N]: S_c in, H_c out (forward pass without a copy)
   Acc* gstates;        // [B, H, nc, D·N]: local dstate in, Gn_c out (backward pass)
   Acc* kpart;          // [B, H, nc, kblocks]
@@ -661,6 +725,12 @@ struct SsdPassParams {
   const Acc* seed;     // [B, H, D, N] at seed_s strides, or null (zeros)
   int64_t seed_s[4];
   Acc* last;           // dense [B, H, D, N], or null
+  // Whether chunk c of batch row b holds a sequence start (with `seg`): its state then
+  // does not reach the next chunk, which takes S_c alone (selected, so that a NaN or Inf
+  // of the earlier sequence stays there).
+  __device__ __forceinline__ bool reset(int64_t b, int64_t c) const {
+    return seg != nullptr && seg[b * seqlen + min(c * chunk + chunk, seqlen) - 1] != 0;
+  }
   __device__ __forceinline__ Acc seed_of(int64_t bh, int64_t e) const {
     if (seed == nullptr) return Acc(0);
     const int64_t b = bh / heads, h = bh % heads, d = e / N, n = e % N;
@@ -762,12 +832,15 @@ __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pa
     for (int i = 0; i < V; ++i) run[i] = i < n ? p.seed_of(bh, e + i) : Acc(0);
     for (int64_t c0 = 0; c0 < p.nchunks; c0 += kSsdPassWindow) {
       Acc s[kSsdPassWindow][V], dec[kSsdPassWindow];
+      bool cut[kSsdPassWindow];
 #pragma unroll
       for (int i = 0; i < kSsdPassWindow; ++i) {
         const int64_t c = c0 + i;
+        cut[i] = false;
         if (c < p.nchunks) {
           ssd_load_vec(s[i], st + c * p.dn, vec, n);
           dec[i] = ssd_decay<Acc>(acs[min(c * p.chunk + p.chunk, p.seqlen) - 1]);
+          cut[i] = p.reset(bh / p.heads, c);
         }
       }
 #pragma unroll
@@ -776,7 +849,7 @@ __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pa
         if constexpr (kCopy) ssd_store_rounded(cp + (c0 + i) * p.dn, run, vec, n);
         else ssd_store_vec(st + (c0 + i) * p.dn, run, vec, n);
 #pragma unroll
-        for (int k = 0; k < V; ++k) run[k] = dec[i] * run[k] + s[i][k];
+        for (int k = 0; k < V; ++k) run[k] = cut[i] ? s[i][k] : dec[i] * run[k] + s[i][k];
       }
     }
     if (p.last != nullptr) ssd_store_vec(p.last + bh * p.dn + e, run, vec, n);
@@ -817,10 +890,12 @@ __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pa
     for (int64_t c0 = p.nchunks - 1; c0 >= 0; c0 -= kSsdPassWindow) {
       Acc local[kSsdPassWindow][V], dec[kSsdPassWindow], kd[kSsdPassWindow];
       Hv h[kSsdPassWindow][V];
+      bool cut[kSsdPassWindow];
 #pragma unroll
       for (int i = 0; i < kSsdPassWindow; ++i) {
         const int64_t c = c0 - i;
         dec[i] = Acc(0);
+        cut[i] = c >= 0 && p.reset(bh / p.heads, c);
 #pragma unroll
         for (int k = 0; k < V; ++k) local[i][k] = Acc(0), h[i][k] = Hv{};
         if (c >= 0) {
@@ -840,7 +915,7 @@ __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pa
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           kd[i] += run[k] * to_acc(h[i][k]);
-          run[k] = local[i][k] + dec[i] * run[k];
+          run[k] = cut[i] ? local[i][k] : local[i][k] + dec[i] * run[k];
         }
       }
       __syncthreads();  // the previous window's reads of red[] are done
@@ -900,6 +975,7 @@ struct SsdScanParams {
   int64_t state_sk, state_sj;
   const double* acs;
   const acc_t<T>* dtf;
+  const int32_t* seg = nullptr;  // [B, L] starts counts (ssd_seq_masks), or null
   T* out;           // dense [B, L, H or G, J]
   acc_t<T>* out_split;  // DC/DB with nsplit > 1: [nsplit, B, L, G, J] instead of out
   acc_t<T>* part;   // [B, H, L, j_tiles] row-dot partials, DX: x·dxpre (full), DC: U
@@ -908,11 +984,12 @@ struct SsdScanParams {
 };
 
 // part[r·tiles + jt] = Σ_j dot(r, j)·v[i][j] for the thread's 4 rows r (rows ≥ len
-// skipped), reduced over the 16 threads of a row group in a fixed tree.
+// skipped; rows i with bit i of `zero` set are 0), reduced over the 16 threads of a row
+// group in a fixed tree.
 template <typename T, typename Acc>
 __device__ __forceinline__ void ssd_row_dot(const T* dot, int64_t s_t, int64_t s_j, int r0, int len,
                                             int j0, int J, const Acc (&v)[4][4], Acc* part, int tiles,
-                                            int jt, int ty, int tx) {
+                                            int jt, int ty, int tx, unsigned zero = 0) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int rg = r0 + 4 * ty + i;
@@ -920,7 +997,8 @@ __device__ __forceinline__ void ssd_row_dot(const T* dot, int64_t s_t, int64_t s
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int jg = j0 + 4 * tx + j;
-      if (rg < len && jg < J) sdot += to_acc(dot[static_cast<int64_t>(rg) * s_t + jg * s_j]) * v[i][j];
+      if (rg < len && jg < J && !(zero >> i & 1u))
+        sdot += to_acc(dot[static_cast<int64_t>(rg) * s_t + jg * s_j]) * v[i][j];
     }
     sdot = ssd_sum16(sdot);
     if (tx == 0 && rg < len) part[static_cast<int64_t>(rg) * tiles + jt] = sdot;
@@ -929,19 +1007,22 @@ __device__ __forceinline__ void ssd_row_dot(const T* dot, int64_t s_t, int64_t s
 
 // EPI (Y, DX with an option of p.epi): a separate instantiation, so that the plain
 // kernel keeps its registers.
-template <typename T, int MODE, bool EPI = false>
+// SEG (p.seg given: ssd_seq_masks) likewise.
+template <typename T, int MODE, bool EPI = false, bool SEG = false>
 __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanParams<T> p) {
   using Acc = acc_t<T>;
   constexpr int KS = SsdCfg<Acc>::KS, LD = SsdCfg<Acc>::LD;
   constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;     // causal partners c ≥ r
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;   // per group, sum over heads
   constexpr bool kStateKFast = MODE == kSsdY || MODE == kSsdDX;  // S(k, j) = state[j·N + k]
-  constexpr bool kHeadAcc = MODE == kSsdDC;  // U needs this head's inter-chunk part alone
+  // DC's U needs this head's inter-chunk part alone, and SEG's DB selects rows of it
+  constexpr bool kHeadAcc = MODE == kSsdDC || (SEG && MODE == kSsdDB);
   __shared__ __align__(16) Acc sA[KS * LD];          // Lft tile, k-major
   __shared__ __align__(16) Acc sB[KS * LD];          // S, Rgt or V tile, k-major
   __shared__ __align__(16) Acc sP[kSsdTile * kSsdTile];  // P(r, c) stored at [c][r]
   __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
   __shared__ Acc sRowDt[kSsdTile], sRowScale[kSsdTile], sColDt[kSsdTile];
+  __shared__ int32_t sRowSeg[kSsdTile], sColSeg[kSsdTile];  // with seg: starts counts
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int64_t n_hg = kMulti ? p.groups * p.nsplit : p.heads;  // (g, split) or h
 
@@ -964,10 +1045,14 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
     const int64_t split = kMulti ? hg % p.nsplit : 0;
     const int64_t h_begin = kMulti ? g * p.hpg + split * p.hps : hg;
     const int nh = kMulti ? static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin)) : 1;
+    // With seg: the chunk's starts counts, and the count of the rows that the state term
+    // reaches (Y, DC: H_c, before any start; DX, DB: Gn, the chunk's last sequence)
+    const int32_t* seg = SEG ? p.seg + b * p.seqlen + t0 : nullptr;
+    const int32_t reach = SEG && kRev ? seg[len - 1] : 0;
 
-    // acc: the block's output tile. DC computes each head's inter-chunk term into accH
-    // first (for that head's U row dot) and then adds it to acc; everything else
-    // accumulates into acc directly.
+    // acc: the block's output tile. DC (and SEG's DB) computes each head's inter-chunk
+    // term into accH first (for that head's U row dot; for the rows SEG selects) and then
+    // adds it to acc; everything else accumulates into acc directly.
     Acc acc[4][4], accH[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -1000,6 +1085,7 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
         Acc scale = kRev ? ssd_decay<Acc>(acs_last - ar) : ssd_decay<Acc>(ar);
         if (MODE == kSsdDB) scale *= dr;
         sRowScale[threadIdx.x] = ok ? scale : Acc(0);
+        if constexpr (SEG) sRowSeg[threadIdx.x] = ok ? seg[r] : reach;
       }
       __syncthreads();  // row data visible (also when K1 == 0 skips the loop below)
       // Lft(r, k) for the tile's rows, times rs_r when SCALED; 0 outside the chunk and
@@ -1019,8 +1105,8 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
           for (int j = 0; j < 4; ++j) accH[i][j] = 0;
       }
 
-      // (a) inter-chunk term: hacc += (diag(rs) · Lft) · S, K = K1 (hacc = accH for DC,
-      //     acc otherwise).
+      // (a) inter-chunk term: hacc += (diag(rs) · Lft) · S, K = K1 (hacc = accH for DC
+      //     and SEG's DB, acc otherwise).
       for (int k0 = 0; k0 < p.K1; k0 += KS) {
         __syncthreads();
         ssd_fill<Acc, true>(sA, get_lft(k0, std::true_type{}));
@@ -1032,13 +1118,26 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
         __syncthreads();
         ssd_mma<KS>(sA, LD, sB, LD, ty, tx, hacc);
       }
+      // With seg, the rows that a sequence start separates from the state: selected to 0
+      // (their scaled Lft rows are 0, or NaN, and 0 times a NaN of the state is NaN).
+      unsigned cut_rows = 0;
+      if constexpr (SEG) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (sRowSeg[4 * ty + i] == reach) continue;
+          cut_rows |= 1u << i;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) hacc[i][j] = 0;
+        }
+      }
       // Row dots of the inter-chunk part over this column tile: DX: x·dxpre_inter (→ V,
       // one head, so acc holds only the inter part here); DC: C·(this head's inter part
       // of dC) = U.
       if constexpr (MODE == kSsdDX || MODE == kSsdDC) {
         const T* dot = base(p.dot);
         Acc* part = (MODE == kSsdDX ? p.part2 : p.part) + (bh * p.seqlen + t0) * p.j_tiles;
-        ssd_row_dot<T, Acc>(dot, p.dot.s[1], p.dot.s[3], r0, len, j0, p.J, hacc, part, p.j_tiles, jt, ty, tx);
+        ssd_row_dot<T, Acc>(dot, p.dot.s[1], p.dot.s[3], r0, len, j0, p.J, hacc, part, p.j_tiles, jt, ty, tx,
+                            cut_rows);
       }
       if constexpr (kHeadAcc) {
 #pragma unroll
@@ -1056,7 +1155,11 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
           const int cc = c0 + threadIdx.x;
           sColAcs[threadIdx.x] = cc < len ? acs[cc] : 0.0;
           sColDt[threadIdx.x] = cc < len ? dtf[cc] : Acc(0);
+          if constexpr (SEG) sColSeg[threadIdx.x] = cc < len ? seg[cc] : 0;
         }
+        // (block-uniform) a sequence start inside the tile pair's positions: P·V takes
+        // only the pairs of one sequence (the counts grow with the position)
+        const bool split = SEG && seg[min(r0, c0)] != seg[min(max(r0, c0) + kSsdTile, len) - 1];
         Acc accP[4][4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -1074,8 +1177,9 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
           ssd_mma<KS>(sA, LD, sB, LD, ty, tx, accP);
         }
         __syncthreads();  // sColAcs/sColDt visible even when K1 == 0
-        // Decay and causal mask; P is stored transposed (sP[c][r]) so that it is the
-        // k-major left operand of P · V. Masked entries are set, not multiplied, to 0.
+        // Decay and causal mask (with seg: and the pairs of one sequence); P is stored
+        // transposed (sP[c][r]) so that it is the k-major left operand of P · V. Masked
+        // entries are set, not multiplied, to 0.
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int cl = 4 * tx + j, cg = c0 + cl;
@@ -1085,7 +1189,7 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
             const int rl = 4 * ty + i, rg = r0 + rl;
             const bool causal = kRev ? cg >= rg : cg <= rg;
             Acc v = 0;
-            if (causal && rg < len && cg < len) {
+            if (causal && rg < len && cg < len && (!SEG || sRowSeg[rl] == sColSeg[cl])) {
               if (kRev) {
                 v = accP[i][j] * ssd_decay<Acc>(sColAcs[cl] - sRowAcs[rl]);
                 if (MODE == kSsdDB) v *= sRowDt[rl];
@@ -1105,7 +1209,10 @@ __global__ void __launch_bounds__(kSsdThreads, 2) ssd_scan_kernel(const SsdScanP
             return to_acc(val[static_cast<int64_t>(cc) * p.val.s[1] + j * p.val.s[3]]);
           });
           __syncthreads();
-          if (ct == rt)
+          if (split)
+            ssd_mma_seg<KS, kRev>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, k0, ct == rt, sRowSeg, sColSeg,
+                                  acc);
+          else if (ct == rt)
             ssd_mma_causal<KS, kRev>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, k0, acc);
           else
             ssd_mma<KS>(sP + k0 * kSsdTile, kSsdTile, sB, LD, ty, tx, acc);
@@ -1176,6 +1283,7 @@ struct SsdDacsParams {
   SsdOperand<T> x, dy, B, C;
   const double* acs;
   const acc_t<T>* dtf;
+  const int32_t* seg = nullptr;  // [B, L] starts counts (ssd_seq_masks), or null
   acc_t<T>* xs;  // [B, H, L]
 };
 
@@ -1252,6 +1360,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsPara
   __shared__ Acc sT[kSsdTile * TLD];
   __shared__ double sRowAcs[kSsdTile], sColAcs[kSsdTile];
   __shared__ Acc sColDt[kSsdTile];
+  __shared__ int32_t sRowSeg[kSsdTile], sColSeg[kSsdTile];  // starts counts (0 without seg)
   __shared__ Acc sRowTot[kSsdTile], sColSum[kSsdTile];
   __shared__ Acc sFull;
   const int tid = threadIdx.x;
@@ -1268,6 +1377,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsPara
     const T* dyp = p.dy.p + b * p.dy.s[0] + t0 * p.dy.s[1] + h * p.dy.s[2];
     const T* bp = p.B.p + b * p.B.s[0] + t0 * p.B.s[1] + g * p.B.s[2];
     const T* cp = p.C.p + b * p.C.s[0] + t0 * p.C.s[1] + g * p.C.s[2];
+    const int32_t* seg = p.seg != nullptr ? p.seg + b * p.seqlen + t0 : nullptr;
     __syncthreads();  // the previous virtual block is done with shared memory
     for (int s = tid; s < len; s += kSsdThreads) xs[s] = 0;
     const int n_t = (len + kSsdTile - 1) / kSsdTile;
@@ -1276,6 +1386,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsPara
       __syncthreads();  // the previous row tile's readers of sRowAcs/sRowTot are done
       if (tid < kSsdTile) {
         sRowAcs[tid] = r0 + tid < len ? acs[r0 + tid] : 0.0;
+        sRowSeg[tid] = seg != nullptr && r0 + tid < len ? seg[r0 + tid] : 0;
         sRowTot[tid] = 0;
       }
       for (int tj = 0; tj <= ti; ++tj) {
@@ -1284,6 +1395,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsPara
         if (tid < kSsdTile) {
           sColAcs[tid] = c0 + tid < len ? acs[c0 + tid] : 0.0;
           sColDt[tid] = c0 + tid < len ? dtf[c0 + tid] : Acc(0);
+          sColSeg[tid] = seg != nullptr && c0 + tid < len ? seg[c0 + tid] : 0;
         }
         // accCB(q, s') = C_q·B_s' (K = N), accYX(q, s') = dy_q·x_s' (K = D)
         Acc accCB[4][4], accYX[4][4];
@@ -1319,7 +1431,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsPara
           for (int j = 0; j < 4; ++j) {
             const int sl = 4 * tx + j, sc = c0 + sl;
             Acc v = 0;
-            if (q < len && sc < q)
+            if (q < len && sc < q && sRowSeg[ql] == sColSeg[sl])  // (selected: pairs of one sequence)
               v = accCB[i][j] * accYX[i][j] * (ssd_decay<Acc>(sRowAcs[ql] - sColAcs[sl]) * sColDt[sl]);
             sT[ql * TLD + sl] = v;
           }
@@ -1341,6 +1453,7 @@ struct SsdFinalizeParams {
   SsdDtIn<T> dt;  // raw dt and its options, for d(processed dt)/d(raw dt)
   const double* acs;
   const acc_t<T>* dtf;
+  const int32_t* seg;  // [B, L] starts counts (ssd_seq_masks), or null
   const acc_t<T>* kpart;
   const acc_t<T>* ddtp;
   const acc_t<T>* vp;
@@ -1374,7 +1487,12 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
     const Acc bias = p.dt.bias_of(h);
     Acc wsum = 0;
     for (int64_t i = lane; i < p.kblocks; i += 32) wsum += p.kpart[(bh * p.nchunks + c) * p.kblocks + i];
-    const Acc w_c = ssd_decay<Acc>(p.acs[row0 + len - 1]) * ssd_sum32(wsum);
+    // With seg: W only without a start in the chunk, and V only of its last sequence
+    // (selected, as everything that crosses a start)
+    const int32_t* seg = p.seg != nullptr ? p.seg + b * p.seqlen + t0 : nullptr;
+    const int32_t last_seq = seg != nullptr ? seg[len - 1] : 0;
+    Acc w_c = ssd_decay<Acc>(p.acs[row0 + len - 1]) * ssd_sum32(wsum);
+    if (last_seq != 0) w_c = 0;
 
     Acc carry = 0;
     for (int64_t base = (len - 1) / 32 * 32; base >= 0; base -= 32) {
@@ -1403,7 +1521,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
           vsum += p.vp[(row0 + i) * p.d_tiles + k];
           direct += p.ddtp[(row0 + i) * p.d_tiles + k];
         }
-        vi = dti * vsum;
+        vi = seg != nullptr && seg[i] != last_seq ? Acc(0) : dti * vsum;
       }
       Acc incl = vi;
 #pragma unroll
@@ -1505,6 +1623,7 @@ void ssd_launch_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaS
   p.seq_s[0] = l.seq_idx_stride[0], p.seq_s[1] = l.seq_idx_stride[1];
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.seg = ssd_seg(l, w);
   if (p.total_warps == 0) return;
   ssd_cumsum_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
   check_launch("ssd_chunk_scan(cumsum)");
@@ -1523,6 +1642,7 @@ void ssd_launch_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, 
   p.yo = ssd_operand<T>(DSTATE ? l.C : l.B, DSTATE ? l.C_stride : l.B_stride, false);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.seg = ssd_seg(l, w);
   p.out = ssd_ws<Acc>(l, DSTATE ? w.gstates : w.states);
   if (p.total_blocks == 0) return;
   ssd_chunk_state_kernel<T, DSTATE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
@@ -1549,6 +1669,7 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, v
   p.nchunks = l.nchunks(), p.dn = l.head_dim * l.state_dim, p.kblocks = w.kblocks;
   p.total_blocks = l.batch * l.heads * p.kblocks;
   p.acs = ssd_ws<double>(l, w.acs);
+  p.seg = ssd_seg(l, w);
   p.states = ssd_ws<Acc>(l, w.states);
   p.gstates = BW ? ssd_ws<Acc>(l, w.gstates) : nullptr;
   p.kpart = BW ? ssd_ws<Acc>(l, w.kpart) : nullptr;
@@ -1648,16 +1769,23 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
   p.state_sk = y_like ? 1 : l.state_dim;
   p.state_sj = y_like ? l.state_dim : 1;
   p.state = ssd_ws<Acc>(l, MODE == kSsdY || MODE == kSsdDC ? w.states : w.gstates);
+  p.seg = ssd_seg(l, w);
   ssd_scan_roles<T, Acc, MODE>(p, l, w);
   if (p.total_blocks == 0) return;
-  if constexpr (!kMulti) {
-    if (p.epi.on)
-      ssd_scan_kernel<T, MODE, true><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  auto run = [&](auto epi, auto seg) {
+    ssd_scan_kernel<T, MODE, decltype(epi)::value, decltype(seg)::value>
+        <<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
+  };
+  auto with_seg = [&](auto epi) {
+    if (p.seg != nullptr)
+      run(epi, std::true_type{});
     else
-      ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
-  } else {
-    ssd_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
-  }
+      run(epi, std::false_type{});
+  };
+  if (!kMulti && p.epi.on)
+    with_seg(std::bool_constant<!kMulti>{});  // (DC, DB: never an epilogue)
+  else
+    with_seg(std::false_type{});
   check_launch(MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)");
   if constexpr (kMulti)
     if (p.nsplit > 1) ssd_split_sum(l, p.out_split, p.nsplit, p.out, stream);
@@ -1677,6 +1805,7 @@ void ssd_launch_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
   p.C = ssd_operand<T>(l.C, l.C_stride, false);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.seg = ssd_seg(l, w);
   p.xs = ssd_ws<Acc>(l, w.xs);
   if (p.total_blocks == 0) return;
   ssd_dacs_kernel<T><<<ssd_grid(p.total_blocks), kSsdThreads, 0, stream>>>(p);
@@ -1696,6 +1825,7 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.dt = ssd_dt_in<T>(l);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
+  p.seg = ssd_seg(l, w);
   p.kpart = ssd_ws<Acc>(l, w.kpart);
   p.ddtp = ssd_ws<Acc>(l, w.ddtp);
   p.vp = ssd_ws<Acc>(l, w.vp);
