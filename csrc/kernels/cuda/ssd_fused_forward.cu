@@ -572,7 +572,10 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     } else {
       // C·Bᵀ per step, STEPS steps at a time (two independent chains keep the tensor cores
       // busier)
-      auto steps = [&]<int STEPS>(int s_first) {
+      // (STEPS as an integral_constant: a lambda's template parameter list is C++20, and
+      // torch's extension builds may compile this file as C++17)
+      auto steps = [&](auto steps_c, int s_first) {
+        constexpr int STEPS = decltype(steps_c)::value;
         float cb[STEPS][2][4];
 #pragma unroll
         for (int u = 0; u < STEPS; ++u)
@@ -593,8 +596,8 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
         for (int u = 0; u < STEPS; ++u) consume(cb[u], s_first + u * 16);
       };
       int s0 = 0;
-      for (; s0 + 16 <= r0; s0 += 32) steps.template operator()<2>(s0);
-      if (s0 <= r0) steps.template operator()<1>(s0);
+      for (; s0 + 16 <= r0; s0 += 32) steps(std::integral_constant<int, 2>{}, s0);
+      if (s0 <= r0) steps(std::integral_constant<int, 1>{}, s0);
     }
     // epilogue: rows ta and tb, columns j·8 + 2·q4 (+1)
     if constexpr (CB) load_z();
