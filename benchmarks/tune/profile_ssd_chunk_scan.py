@@ -2,11 +2,14 @@
 by kernel, on the same tensors (bf16). Run on the GPU from the repo root, after
 ``scripts/peers.sh install`` (without peers/ only our side is shown):
   PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py [--options [--no-z]] [--shapes 0,1]
-      [--forwards auto,fused_mma] [--backwards auto,staged,group_mma]
+      [--forwards auto,fused_mma] [--backwards auto,staged,group_mma] [--dtype float32] [--seqs 8]
 For each shape and pass (forward; backward = the backward pass alone, autograd with a
 retained graph): the median time of the whole pass (CUDA events, benchmarks/harness.py's
 time_us) for both, then each side's kernels (torch.profiler, µs per call over REPS
-calls), largest first. ``--options`` passes what a Mamba2 layer passes (D, z, dt_bias
+calls), largest first. ``--dtype``: the activations' dtype (bfloat16; float32 runs our
+SIMT kernels, and mamba_ssm's Triton dots in TF32). ``--seqs K``: seq_idx with K packed
+sequences a row of nearly equal lengths (K = 7: every start inside a chunk of 256 at
+L = 4096 and 8192). ``--options`` passes what a Mamba2 layer passes (D, z, dt_bias
 with softplus, float32 initial states; A, D and dt_bias in float32); ``--no-z`` leaves z out
 (a Mamba2 layer with rmsnorm=True, mamba_ssm's default, gives z to its gated RMSNorm and
 not to the scan). ``--forwards``: our
@@ -44,7 +47,7 @@ CHUNK = 256
 REPS = 10
 
 
-def make_inputs(b, L, H, P, N, G, options, dtype=torch.bfloat16, z=True):
+def make_inputs(b, L, H, P, N, G, options, dtype=torch.bfloat16, z=True, seqs=0):
     x = torch.randn(b, L, H, P, device="cuda", dtype=dtype)
     dt = F.softplus(torch.randn(b, L, H, device="cuda") - 2).to(dtype)
     A = -torch.exp(0.5 * torch.randn(H, device="cuda")).to(dtype)
@@ -60,8 +63,10 @@ def make_inputs(b, L, H, P, N, G, options, dtype=torch.bfloat16, z=True):
                   initial_states=torch.randn(b, H, P, N, **f32), dt_softplus=True)
         if not z:  # (drawn all the same: the other inputs stay those of the run with z)
             del kw["z"]
+    if seqs > 1:
+        kw["seq_idx"] = (torch.arange(L, device="cuda", dtype=torch.int32) * seqs // L).expand(b, L).contiguous()
     leaves = [t.requires_grad_() for t in args] + [v.requires_grad_() for v in kw.values()
-                                                   if isinstance(v, torch.Tensor)]
+                                                   if isinstance(v, torch.Tensor) and v.is_floating_point()]
     return args, kw, leaves
 
 
@@ -95,14 +100,18 @@ def main():
     ap.add_argument("--forwards", default="auto")
     ap.add_argument("--backwards", default="auto")
     ap.add_argument("--once", action="store_true", help="run ours 3 times, nothing else (for ncu)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--seqs", type=int, default=0, help="packed sequences a row (seq_idx; 0: none)")
     a = ap.parse_args()
     theirs = None if a.once else peers.mamba_chunk_scan_combined()
     summary = []
     for i in [int(s) for s in a.shapes.split(",")]:
         b, L, H, P, N, G = SHAPES[i]
         case = f"B{b} L{L} H{H} P{P} N{N} G{G} Q{CHUNK}" + (" +options" if a.options else "") + \
-            (" -z" if a.options and a.no_z else "")
-        args, kw, leaves = make_inputs(b, L, H, P, N, G, a.options, z=not a.no_z)
+            (" -z" if a.options and a.no_z else "") + (f" {a.dtype}" if a.dtype != "bfloat16" else "") + \
+            (f" seqs={a.seqs}" if a.seqs > 1 else "")
+        args, kw, leaves = make_inputs(b, L, H, P, N, G, a.options, getattr(torch, a.dtype), z=not a.no_z,
+                                       seqs=a.seqs)
         info = bt.explain(torch.ops.baracuda.ssd_chunk_scan_combined, *[t.detach() for t in args], CHUNK)
         print(f"\n== {case}: our forward {info.variant}")
         impls = {}
