@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import baracuda_torch as bt
 from baracuda_torch import mamba
 from baracuda_torch import reference as ref
-from helpers import DEVICES, FLOAT_DTYPES
+from helpers import DEVICES, FLOAT_DTYPES, requires_cuda
 from test_ssd_chunk_scan import check, rtol_for
 
 ops = torch.ops.baracuda
@@ -285,6 +285,33 @@ def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
                     for what, a, b in zip(("y", "dx", "ddt", "dB", "dC"), got, clean):
                         msg = f"chunk {chunk}, a non-finite {name} in [{lo}, {hi}) of row {r}: {what}"
                         torch.testing.assert_close(a[~bad], b[~bad], rtol=0, atol=0, msg=msg)
+
+
+# The tensor-core kernels (float16, bfloat16 on CUDA) multiply across a start by a zero
+# decay, as mamba_ssm's Triton kernels do (README, Limitations): strict, so that the day
+# they keep sequences apart this says so.
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.xfail(
+    strict=True, reason="the tensor-core SSD kernels carry a NaN across a packed-sequence start")])])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_packed_sequences_16bit_nan(device, dtype):
+    """A NaN in x of the first of two packed sequences, at the head_dim of the fused
+    forward (64): the second sequence's output and per-step gradients are those of the
+    run without it."""
+    rng = random.Random(23)
+    L, cut = 300, 150
+    t, _ = make_case(rng, 1, L, 2, 64, 64, 1, dtype, device, D=False, z=False, dt_bias=False,
+                     init=False, seq_idx=False, softplus=False, limit=False, mixed=False)
+    seq = torch.zeros(1, L, dtype=torch.int32, device=device)
+    seq[:, cut:] = 1
+    dy = torch.randn(1, L, 2, 64, dtype=dtype, device=device)
+    u = dict(t)
+    u["x"] = t["x"].clone()
+    u["x"][0, 100] = float("nan")
+    clean = _packed_grads(t, seq, dy, 64, slice(cut, L))
+    got = _packed_grads(u, seq, dy, 64, slice(cut, L))
+    for what, a, b in zip(("y", "dx", "ddt", "dB", "dC"), got, clean):
+        assert torch.isfinite(a).all(), f"a NaN in the first sequence reaches the second's {what}"
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=what)
 
 
 def test_gradcheck_float64_all_options():
