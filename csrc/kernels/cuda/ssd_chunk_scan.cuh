@@ -1453,7 +1453,7 @@ struct SsdFinalizeParams {
   SsdDtIn<T> dt;  // raw dt and its options, for d(processed dt)/d(raw dt)
   const double* acs;
   const acc_t<T>* dtf;
-  const int32_t* seg;  // [B, L] starts counts (ssd_seq_masks), or null
+  const int32_t* seg = nullptr;  // [B, L] starts counts (ssd_seq_masks), or null
   const acc_t<T>* kpart;
   const acc_t<T>* ddtp;
   const acc_t<T>* vp;
@@ -1782,8 +1782,10 @@ void ssd_launch_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
     else
       run(epi, std::false_type{});
   };
-  if (!kMulti && p.epi.on)
-    with_seg(std::bool_constant<!kMulti>{});  // (DC, DB: never an epilogue)
+  if constexpr (kMulti)
+    with_seg(std::false_type{});  // (DC, DB: no epilogue)
+  else if (p.epi.on)
+    with_seg(std::true_type{});
   else
     with_seg(std::false_type{});
   check_launch(MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)");
