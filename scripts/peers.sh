@@ -10,6 +10,13 @@
 #                              # wheel for the GPU machine's Python and torch, into peers/
 #   scripts/peers.sh install   # on the GPU machine (no network): unpack into peers/site,
 #                              # which benchmarks/peers.py puts on sys.path
+# Not a peer, but carried the same way: the transformers that the Hugging Face patch is
+# tested against (the newest of pyproject's range), when the GPU machine's image has an
+# older one:
+#   scripts/peers.sh fetch-transformers     # here: its wheels and its dependencies' for
+#                              # the GPU machine (DEVICE_PYTHON, 3.12), into peers/transformers
+#   scripts/peers.sh install-transformers   # there: unpacked into peers/transformers-site;
+#   PYTHONPATH=$PWD/peers/transformers-site:$PWD python3 -m pytest tests/test_huggingface.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -62,6 +69,23 @@ PYEOF
     done
     [ "$found" = 1 ] || echo "causal-conv1d: no $tag wheel in peers/ (scripts/peers.sh build-causal-conv1d); mamba_ssm's fused Mamba2 path and the causal_conv1d peer will be skipped"
     ls "$site" ;;
+  fetch-transformers)
+    # TRANSFORMERS_VERSION (5.25.0) and the wheels it needs, for DEVICE_PYTHON on
+    # x86_64 Linux; numpy left out (torch's image has one, and a second would shadow it)
+    rm -rf peers/transformers && mkdir -p peers/transformers
+    $PY -m pip download --quiet --only-binary=:all: --implementation cp \
+      --python-version "${DEVICE_PYTHON:-3.12}" --platform manylinux_2_28_x86_64 \
+      --platform manylinux2014_x86_64 --platform any -d peers/transformers \
+      "transformers==${TRANSFORMERS_VERSION:-5.25.0}"
+    rm -f peers/transformers/numpy-*.whl
+    ls peers/transformers ;;
+  install-transformers)
+    # (zip files: unpacked without pip, as install does)
+    site=peers/transformers-site
+    rm -rf "$site" && mkdir -p "$site"
+    $PY -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" \
+      "$site" peers/transformers/*.whl
+    PYTHONPATH="$PWD/$site" $PY -c "import transformers; print('transformers', transformers.__version__, 'in $site')" ;;
   build-causal-conv1d)
     # causal-conv1d's CUDA extension for the GPU machine, for sm_90 only, against the GPU
     # machine's Python version (PYTHON: an interpreter of that version) and torch
@@ -113,5 +137,5 @@ PYEOF
     strip --strip-debug "$work"/unpacked/causal_conv1d-"$version"/causal_conv1d_cuda*.so
     "$vpy" -m wheel pack "$work/unpacked/causal_conv1d-$version" -d peers
     ls -la peers/causal_conv1d-"$version"-*.whl ;;
-  *) echo "usage: scripts/peers.sh fetch|install|build-causal-conv1d" >&2; exit 2 ;;
+  *) echo "usage: scripts/peers.sh fetch|install|fetch-transformers|install-transformers|build-causal-conv1d" >&2; exit 2 ;;
 esac
