@@ -258,15 +258,7 @@ def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
             seq[r, cs[k]:cs[k + 1]] = k % 3   # ids repeat: a start is where the id changes
     seq = seq.to(device)
     dy = torch.randn(2, L, H, 6, dtype=dtype, device=device)
-    names = ("x", "dt", "B", "C")
-
-    def run(u, g, chunk):
-        leaves = {k: u[k].detach().clone().requires_grad_() for k in names}
-        y = mamba.mamba_chunk_scan_combined(leaves["x"], leaves["dt"], u["A"], leaves["B"],
-                                            leaves["C"], chunk, D=u["D"], seq_idx=seq,
-                                            initial_states=u["initial_states"])
-        return [y.detach()] + list(torch.autograd.grad(y, [leaves[k] for k in names], g))
-
+    run = lambda u, g, chunk: _packed_grads(u, seq, g, chunk, slice(None))  # noqa: E731
     for chunk in (16, 64, 100):
         clean = run(t, dy, chunk)
         for r, cs in enumerate(cuts):

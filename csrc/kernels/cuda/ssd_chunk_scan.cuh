@@ -286,9 +286,9 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   };
   w.acs = take(bh * l.seqlen, sizeof(double));
   w.dtf = take(bh * l.seqlen);
-  w.seg = take(ssd_state_copies(l) ? 0 : l.batch * l.seqlen, sizeof(int32_t));  // (sized before seq_idx is known)
-  w.states = take(bh * nc * dn);
   const bool copies = ssd_state_copies(l);
+  w.seg = take(copies ? 0 : l.batch * l.seqlen, sizeof(int32_t));  // (sized before seq_idx is known)
+  w.states = take(bh * nc * dn);
   if (copies) w.states_t = take(bh * nc * dn, 2);
   if (backward) {
     w.gstates = take(bh * nc * dn);
@@ -603,7 +603,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
       }
       double v = static_cast<double>(d) * a_h;
       int sg = start;
-      bool cut = restart && start;  // (restart) a start in [base, i]: v is the sum from the last
+      bool cut = restart && start;  // (restart) a start in [base, i]: v then sums from the last one
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const double u = __shfl_up_sync(0xffffffffu, v, o);
