@@ -279,11 +279,11 @@ def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
                         torch.testing.assert_close(a[~bad], b[~bad], rtol=0, atol=0, msg=msg)
 
 
-# The tensor-core kernels (float16, bfloat16 on CUDA) multiply across a start by a zero
-# decay, as mamba_ssm's Triton kernels do (README, Limitations): strict, so that the day
-# they keep sequences apart this says so.
+# The tensor-core backward kernels (float16, bfloat16 on CUDA) multiply across a start by a
+# zero decay, as mamba_ssm's Triton kernels do (README, Limitations; the fused forwards keep
+# sequences apart: the test below): strict, so that the day they do too this says so.
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.xfail(
-    strict=True, reason="the tensor-core SSD kernels carry a NaN across a packed-sequence start")])])
+    strict=True, reason="the tensor-core SSD backward kernels carry a NaN across a packed-sequence start")])])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_packed_sequences_16bit_nan(device, dtype):
     """A NaN in x of the first of two packed sequences, at the head_dim of the fused
@@ -304,6 +304,42 @@ def test_packed_sequences_16bit_nan(device, dtype):
     for what, a, b in zip(("y", "dx", "ddt", "dB", "dC"), got, clean):
         assert torch.isfinite(a).all(), f"a NaN in the first sequence reaches the second's {what}"
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=what)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cut", [150, 128, 133])
+def test_packed_sequences_16bit_nan_forward(device, dtype, cut):
+    """The forward alone (on CUDA the fused kernels at head_dim 64: both C·Bᵀ routes, and
+    the state's two halves at N = 256): a NaN in x, B or C, or an Inf in dt, of either of
+    two packed sequences leaves the other's output bitwise unchanged; starts inside a
+    16-position step, on a chunk edge and inside a step that also holds the row tile's
+    first rows."""
+    rng = random.Random(29)
+    L = 300
+    # FusedMma (2 heads a group), FusedMmaCb (4), FusedMmaCb's two state halves (N = 256)
+    for heads, groups, N in ((2, 1, 64), (4, 1, 64), (2, 2, 256)):
+        t, _ = make_case(rng, 1, L, heads, 64, N, groups, dtype, device, D=False, z=False,
+                         dt_bias=False, init=True, seq_idx=False, softplus=False, limit=False,
+                         mixed=False)
+        seq = torch.zeros(1, L, dtype=torch.int32, device=device)
+        seq[:, cut:] = 1
+
+        def run(u):
+            return mamba.mamba_chunk_scan_combined(u["x"], u["dt"], u["A"], u["B"], u["C"], 64,
+                                                   seq_idx=seq, initial_states=u["initial_states"])
+
+        clean = run(t)
+        for bad, keep in ((slice(0, cut), slice(cut, L)), (slice(cut, L), slice(0, cut))):
+            for name in ("x", "B", "C", "dt"):
+                for step in (bad.start, (bad.start + bad.stop) // 2, bad.stop - 1):
+                    u = dict(t)
+                    u[name] = t[name].clone()
+                    u[name][0, step] = float("inf") if name == "dt" else float("nan")
+                    y = run(u)
+                    msg = f"{name} at {step} (start {cut}, {heads} heads) reaches the other sequence's y"
+                    assert torch.isfinite(y[:, keep]).all(), msg
+                    torch.testing.assert_close(y[:, keep], clean[:, keep], rtol=0, atol=0, msg=msg)
 
 
 def test_gradcheck_float64_all_options():

@@ -138,6 +138,12 @@ __device__ __forceinline__ uint32_t scale2(uint32_t r, float w0, float w1) {
   return ssd_pack2<T>(f.x * w0, f.y * w1);
 }
 
+// A pair of 16-bit values at positions k and k + 1 (low half first), each kept where its
+// position is in [lo, hi), else 0 (selected: a NaN outside stays out).
+__device__ __forceinline__ uint32_t keep2(uint32_t r, int k, int lo, int hi) {
+  return (k >= lo && k < hi ? r & 0xffffu : 0u) | (k + 1 >= lo && k + 1 < hi ? r & 0xffff0000u : 0u);
+}
+
 // Eight elements src[k·s_col], k < 8, as raw 16 bytes; 0 where k >= K (K <= 8).
 template <typename T>
 __device__ __forceinline__ uint4 gather8(const T* src, int64_t s_col, int K) {
@@ -219,7 +225,9 @@ __device__ __forceinline__ FusedDt fused_dt_load(const FusedParams& p, const Fus
 // intra-chunk pairs (t, s) need seg[t] <= s, the incoming state reaches only rows with
 // seg[t] < 0, the chunk state takes the positions s >= seg[last] (wgt 0 before), and the
 // state handed on decays by 0 when a sequence starts in the chunk (the value returned is
-// then −inf, for 2^x = 0). The cumsum itself is unchanged.
+// then −inf, for 2^x = 0). The cumsum restarts at each start (from the start's own
+// dt·A), so that an Inf or NaN dt of one sequence stays out of the later ones' decays;
+// before the chunk's first start it is the plain cumsum, bit for bit.
 template <bool SEQ = false>
 __device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const FusedTile& tile, FusedDt in,
                                                  float* acs2, float* dts, float* wgt, float* warp_total,
@@ -238,10 +246,12 @@ __device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const Fus
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const float u = __shfl_up_sync(0xffffffffu, cum, o);
-    if (lane >= o) cum += u;
     if constexpr (SEQ) {
       const int us = __shfl_up_sync(0xffffffffu, sp, o);
+      if (lane >= o && sp < 0) cum += u;  // (restarts: nothing before this lane's last start)
       if (lane >= o) sp = max(sp, us);
+    } else {
+      if (lane >= o) cum += u;
     }
   }
   if (lane == 31) {
@@ -249,7 +259,13 @@ __device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const Fus
     if constexpr (SEQ) seg[kFusedQ + warp] = sp;
   }
   __syncthreads();
-  for (int w = 0; w < warp; ++w) cum += warp_total[w];
+  int first = 0;  // (SEQ: the warps before this one whose totals count, from the last with a start)
+  if constexpr (SEQ) {
+    if (sp >= 0) first = warp;
+    for (int w = warp - 1; w >= first; --w)
+      if (seg[kFusedQ + w] >= 0) first = w;
+  }
+  for (int w = first; w < warp; ++w) cum += warp_total[w];
   acs2[tid] = cum;
   dts[tid] = dtv;
   if constexpr (SEQ) {

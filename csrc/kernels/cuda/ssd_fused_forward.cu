@@ -66,7 +66,11 @@
 //
 // Non-finite values, as in the staged tensor-core kernels: the masked (zero) entries of a
 // diagonal 16 × 16 tile of P multiply the x rows of later positions of that tile, so a
-// NaN or Inf in x can reach up to 15 earlier positions of its chunk.
+// NaN or Inf in x can reach up to 15 earlier positions of its sequence. With seq_idx
+// (SEQ) none reaches another packed sequence: the cumsum restarts at each start, the
+// chunk state leaves out (selects to 0) the positions before the chunk's last start, the
+// hand-over and the incoming state's rows are selected at a start, and a 16-position
+// step that holds a start multiplies x once per sequence.
 #include "kernels/cuda/ssd_fused_common.cuh"
 
 namespace baracuda::kernels {
@@ -350,10 +354,15 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   // ---- 2. S_c[p][n] = Σ_s (wgt_s·x[s][p])·B[s][n]: warp (mt, nh) owns rows 16·mt.. of p
   // and half of the N columns.
   const int len16 = (len + 15) / 16 * 16, mtiles = len16 / 16;
+  // SEQ: the chunk's last sequence start (−1: none); the chunk state takes only the
+  // positions from it on: the k-steps before it are skipped, and in its own k-step both
+  // operands of the earlier positions are selected to 0 (0·NaN would be NaN)
+  const int seg_last = SEQ ? seg[len - 1] : -1;
   float sacc[kNT][4];
 #pragma unroll
   for (int j = 0; j < kNT; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-  for (int k0 = 0; k0 < len16; k0 += 16) {
+  for (int k0 = SEQ && seg_last > 0 ? seg_last / 16 * 16 : 0; k0 < len16; k0 += 16) {
+    const bool cut = SEQ && k0 < seg_last;  // (block-uniform)
     uint32_t af[4];
     ssd_ldsm_x4_t(af, sX + (k0 + (lane >> 4) * 8 + (lane & 7)) * kLdX + mt * 16 + ((lane >> 3) & 1) * 8);
     const float2 w01 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4);
@@ -362,10 +371,18 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     af[1] = scale2<T>(af[1], w01.x, w01.y);
     af[2] = scale2<T>(af[2], w89.x, w89.y);
     af[3] = scale2<T>(af[3], w89.x, w89.y);
+    if (cut) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) af[i] = keep2(af[i], k0 + 2 * q4 + (i >> 1) * 8, seg_last, kFusedQ);
+    }
 #pragma unroll
     for (int j = 0; j < kNT; j += 2) {
       uint32_t bf[4];
       ssd_ldsm_x4_t(bf, sB + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + nh + j * 8 + (lane >> 4) * 8);
+      if (cut) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) bf[i] = keep2(bf[i], k0 + 2 * q4 + (i & 1) * 8, seg_last, kFusedQ);
+      }
       ssd_mma16816<T>(sacc[j], af, bf[0], bf[1]);
       ssd_mma16816<T>(sacc[j + 1], af, bf[2], bf[3]);
     }
@@ -410,9 +427,10 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
                  hr);
         else
           *reinterpret_cast<uint32_t*>(sH + pr * kLdH + n) = hr;
+        // (SEQ: a start in the chunk hands on S_c alone, selected)
+        const float2 s2 = make_float2(sacc[j][2 * half], sacc[j][2 * half + 1]);
         fused_state_out<NS>(p, tile, pr, n,
-                            make_float2(fmaf(decay, h.x, sacc[j][2 * half]),
-                                        fmaf(decay, h.y, sacc[j][2 * half + 1])));
+                            seg_last >= 0 ? s2 : make_float2(fmaf(decay, h.x, s2.x), fmaf(decay, h.y, s2.y)));
       }
     }
     fused_publish_state(p, tile);
@@ -515,19 +533,25 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     }
     const float acs_a = acs2[ta], acs_b = acs2[tb];
     {
-      const float ea = !SEQ || sa < 0 ? fast_exp2(acs_a) : 0.0f, eb = !SEQ || sb < 0 ? fast_exp2(acs_b) : 0.0f;
+      // (SEQ: rows after a start in the chunk are selected to 0, not multiplied by 0)
+      const float ea = fast_exp2(acs_a), eb = fast_exp2(acs_b);
+      const bool ra = !SEQ || sa < 0, rb = !SEQ || sb < 0;
 #pragma unroll
       for (int j = 0; j < kFusedP / 8; ++j) {
-        acc[j][0] *= ea;
-        acc[j][1] *= ea;
-        acc[j][2] *= eb;
-        acc[j][3] *= eb;
+        acc[j][0] = ra ? acc[j][0] * ea : 0.0f;
+        acc[j][1] = ra ? acc[j][1] * ea : 0.0f;
+        acc[j][2] = rb ? acc[j][2] * eb : 0.0f;
+        acc[j][3] = rb ? acc[j][3] * eb : 0.0f;
       }
     }
     // intra-chunk, per 16-column step s0 <= r0: P = (C·Bᵀ)∘exp(Acs_t − Acs_s)·dt_s (lo_t <=
     // s <= t, one unsigned comparison) from the step's C·Bᵀ fragments, rounded to the input
     // type, times x's rows s0..
     const unsigned span_a = static_cast<unsigned>(ta - lo_a), span_b = static_cast<unsigned>(tb - lo_b);
+    // SEQ: the steps before the one holding row r0's sequence start have P = 0 in every row
+    // (the starts grow with the position) and are skipped, so that the per-sequence path
+    // below runs only in the step holding a start and in the row tile holding one
+    const int st0 = SEQ ? max(seg[r0], 0) / 16 : 0;
     auto consume = [&](const float (&cb)[2][4], int s0) {
       uint32_t pf[4];
 #pragma unroll
@@ -542,6 +566,37 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
         const float pb1 = db + 1 <= span_b ? cb[nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
         pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
         pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
+      }
+      // SEQ, where the positions s0 .. and the tile's rows are not all one sequence
+      // (warp-uniform; the starts grow with the position): P's entries across a start are
+      // 0, but 0·x is NaN for a NaN x, so x's rows go in one product per sequence (x's
+      // fragments of the other positions selected to 0), each into an accumulator of its
+      // own that only the rows of that sequence add
+      if (SEQ && seg[s0] != seg[min(r0 + 15, len - 1)]) {
+        // the starts among the step's positions (bit i: s0 + i; warp-uniform), so that each
+        // sequence's positions [lo, hi) follow without a walk through seg
+        const int kq = s0 + (lane & 15);
+        const unsigned starts = __ballot_sync(0xffffffffu, lane < 16 && kq < len && seg[kq] == kq) & 0xffffu;
+        const int sq0 = seg[s0];
+#pragma unroll
+        for (int j = 0; j < kFusedP / 8; j += 2) {  // (unrolled: acc's indices are compile-time)
+          uint32_t bf[4];
+          ssd_ldsm_x4_t(bf, sX + (s0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdX + j * 8 + (lane >> 4) * 8);
+          for (int lo = s0, hi; lo < s0 + 16; lo = hi) {
+            const unsigned above = starts & ~((2u << (lo - s0)) - 1u);  // the starts after lo
+            hi = above != 0u ? s0 + __ffs(above) - 1 : s0 + 16;
+            const int sq = lo == s0 ? sq0 : lo;  // (a start's seg is its own position)
+            uint32_t m[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) m[i] = keep2(bf[i], s0 + 2 * q4 + (i & 1) * 8, lo, hi);
+            float t0[4] = {}, t1[4] = {};
+            ssd_mma16816<T>(t0, pf, m[0], m[1]);
+            ssd_mma16816<T>(t1, pf, m[2], m[3]);
+            if (sa == sq) acc[j][0] += t0[0], acc[j][1] += t0[1], acc[j + 1][0] += t1[0], acc[j + 1][1] += t1[1];
+            if (sb == sq) acc[j][2] += t0[2], acc[j][3] += t0[3], acc[j + 1][2] += t1[2], acc[j + 1][3] += t1[3];
+          }
+        }
+        return;
       }
 #pragma unroll
       for (int j = 0; j < kFusedP / 8; j += 2) {
@@ -561,8 +616,8 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
           *reinterpret_cast<float4*>(v[nt]) = __ldg(reinterpret_cast<const float4*>(row + st * 256 + nt * 128));
       };
       float cur[2][4], nxt[2][4];
-      fetch(cur, 0);
-      for (int st = 0; st <= mtile; st += 2) {
+      fetch(cur, st0);
+      for (int st = st0; st <= mtile; st += 2) {
         if (st + 1 <= mtile) fetch(nxt, st + 1);
         consume(cur, st * 16);
         if (st + 1 > mtile) break;
@@ -595,7 +650,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
 #pragma unroll
         for (int u = 0; u < STEPS; ++u) consume(cb[u], s_first + u * 16);
       };
-      int s0 = 0;
+      int s0 = st0 * 16;
       for (; s0 + 16 <= r0; s0 += 32) steps(std::integral_constant<int, 2>{}, s0);
       if (s0 <= r0) steps(std::integral_constant<int, 1>{}, s0);
     }
