@@ -48,9 +48,10 @@
 //                    passing exp(Acs_last). Differences inside one sequence are unchanged,
 //                    and the stable da below is the gradient of the reset recurrence (0
 //                    at a start, whose decay is not used). A zero decay still multiplies:
-//                    0·NaN is NaN, so on the tensor-core kernels a NaN or Inf of one
-//                    sequence reaches the others of its chunk (and its state, the later
-//                    chunks), as in mamba_ssm. A run of these SIMT kernels alone
+//                    0·NaN is NaN, so on the staged tensor-core kernels a NaN or Inf of
+//                    one sequence reaches the others of its chunk (and its state, the
+//                    later chunks), as in mamba_ssm (the fused forwards keep sequences
+//                    apart: ssd_fused_forward.cu). A run of these SIMT kernels alone
 //                    (ssd_seq_masks: float32, float64) keeps sequences apart instead: the
 //                    cumsum also restarts at each start and stores each position's count
 //                    of starts since its chunk's start (`seg`), and every kernel selects
