@@ -337,7 +337,7 @@ def test_packed_sequences_16bit_nan_forward(device, dtype, cut):
                     u[name] = t[name].clone()
                     u[name][0, step] = float("inf") if name == "dt" else float("nan")
                     y = run(u)
-                    msg = f"{name} at {step} (start {cut}, {heads} heads) reaches the other sequence's y"
+                    msg = f"{name} at {step} (start {cut}, {heads} heads, N {N}) reaches the other sequence's y"
                     assert torch.isfinite(y[:, keep]).all(), msg
                     torch.testing.assert_close(y[:, keep], clean[:, keep], rtol=0, atol=0, msg=msg)
 
