@@ -21,6 +21,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 mkdir -p peers
+# unzip_into DIR WHEEL...: wheels are zip files, unpacked without pip (the device's
+# environment may lack it)
+unzip_into() {
+  $PY -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" "$@"
+}
 case "${1:-}" in
   fetch)
     # pure-Python wheels: Liger-Kernel, and what mamba_ssm's Triton files import
@@ -40,9 +45,7 @@ PYEOF
   install)
     site=peers/site
     rm -rf "$site" && mkdir -p "$site"
-    # wheels are zip files: unpacked without pip (the device's environment may lack it)
-    $PY -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" \
-      "$site" peers/liger_kernel-*.whl peers/einops-*.whl peers/packaging-*.whl
+    unzip_into "$site" peers/liger_kernel-*.whl peers/einops-*.whl peers/packaging-*.whl
     # mamba_ssm: the Python package without its CUDA extensions. The Triton SSD path
     # (ops/triton) and the Mamba2 module (modules/mamba2.py) import torch, triton, einops,
     # huggingface_hub and, where present, causal_conv1d: no compiled mamba_ssm extension.
@@ -62,7 +65,7 @@ PYEOF
     for w in peers/causal_conv1d-*.whl; do
       [ -e "$w" ] || continue
       case "$w" in
-        *-"$tag"-"$tag"-*) $PY -c "import sys, zipfile; zipfile.ZipFile(sys.argv[2]).extractall(sys.argv[1])" "$site" "$w"
+        *-"$tag"-"$tag"-*) unzip_into "$site" "$w"
                            found=1; echo "causal-conv1d: $(basename "$w")" ;;
         *) echo "causal-conv1d: $(basename "$w") is not for $tag; skipped" ;;
       esac
@@ -80,11 +83,9 @@ PYEOF
     rm -f peers/transformers/numpy-*.whl
     ls peers/transformers ;;
   install-transformers)
-    # (zip files: unpacked without pip, as install does)
     site=peers/transformers-site
     rm -rf "$site" && mkdir -p "$site"
-    $PY -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" \
-      "$site" peers/transformers/*.whl
+    unzip_into "$site" peers/transformers/*.whl
     PYTHONPATH="$PWD/$site" $PY -c "import transformers; print('transformers', transformers.__version__, 'in $site')" ;;
   build-causal-conv1d)
     # causal-conv1d's CUDA extension for the GPU machine, for sm_90 only, against the GPU
