@@ -368,6 +368,38 @@ def ssd_fused_seq_cases() -> Iterator[Case]:
             bt._C._ssd_cuda_forward(previous)
 
 
+def ssd_staged_seq_cases() -> Iterator[Case]:
+    """The staged tensor-core kernels with seq_idx (float16, bfloat16; the forward and the
+    per-head backward forced through the test switches): D, z, dt_bias with softplus and
+    initial states; two starts in one chunk, one at a chunk's first position, one inside a
+    16-position step."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
+        return
+    from baracuda_torch.mamba import mamba_chunk_scan_combined
+    previous = bt._C._ssd_cuda_forward("staged"), bt._C._ssd_cuda_backward("staged")
+    try:
+        for dtype in (torch.bfloat16, torch.float16):
+            def make(dtype=dtype):
+                B, L, H, P, G, N = 2, 70, 4, 32, 2, 16
+                seq_idx = torch.zeros(B, L, dtype=torch.int32, device="cuda")
+                for t0 in (5, 21, 32, 50):
+                    seq_idx[:, t0:] += 1
+                return (rand(B, L, H, P, dtype=dtype), rand(B, L, H, dtype=dtype),
+                        (-torch.rand(H, device="cuda")).requires_grad_(),
+                        rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype),
+                        rand(H, dtype=torch.float32), rand(B, L, H, P, dtype=dtype),
+                        rand(H, dtype=torch.float32), rand(B, H, P, N, dtype=torch.float32), seq_idx)
+
+            def run(x, dt, A, B, C, D, z, dt_bias, init, seq_idx):
+                return mamba_chunk_scan_combined(x, dt, A, B, C, 32, D=D, z=z, dt_bias=dt_bias,
+                                                 initial_states=init, seq_idx=seq_idx, dt_softplus=True,
+                                                 return_final_states=True)
+            yield "ssd staged seq_idx", make, run, ("ssd_chunk_scan_combined",)
+    finally:
+        bt._C._ssd_cuda_forward(previous[0])
+        bt._C._ssd_cuda_backward(previous[1])
+
+
 def _ssd_fused_inputs(H, P, G, N, options, seq=False):
     """The fused forwards' cases' inputs (bfloat16, B 1, L 300): x, dt, A, B, C with
     gradients, then D [H], z and float32 initial states (or None each without options), and
@@ -459,6 +491,7 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
             "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases,
             "ssd_fused_n256": ssd_fused_n256_cases, "ssd_fused_seq": ssd_fused_seq_cases,
+            "ssd_staged_seq": ssd_staged_seq_cases,
             "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
 

@@ -9,6 +9,7 @@ state_dict against mamba_ssm's names and shapes.
 
 Tolerances: those of test_ssd_chunk_scan (rtol_for), applied to every output.
 """
+import contextlib
 import random
 
 import pytest
@@ -187,6 +188,18 @@ def test_seq_idx_resets_state(device):
     torch.testing.assert_close(fin, fin2, rtol=1e-12, atol=1e-12)
 
 
+@contextlib.contextmanager
+def _cuda_routes(forward, backward):
+    """The SSD's CUDA forward and backward forced (bt._C._ssd_cuda_forward / _backward; no
+    effect on the CPU), restored on exit."""
+    previous = bt._C._ssd_cuda_forward(forward), bt._C._ssd_cuda_backward(backward)
+    try:
+        yield
+    finally:
+        bt._C._ssd_cuda_forward(previous[0])
+        bt._C._ssd_cuda_backward(previous[1])
+
+
 def _packed_grads(t, seq, dy, chunk, sl):
     """Output and gradients of the packed scan, restricted to steps `sl`; initial states
     only with the first sequence (they do not reach the later ones)."""
@@ -200,8 +213,8 @@ def _packed_grads(t, seq, dy, chunk, sl):
 
 
 # (float32: on CUDA the SIMT kernels, which end their products at every start as the CPU
-# kernels do; the tensor-core backward kernels of the 16-bit types still multiply across a
-# start by a zero decay, as mamba_ssm's Triton kernels do: README, Limitations.)
+# kernels do; the group products' backward kernels of the 16-bit types still multiply
+# across a start by a zero decay, as mamba_ssm's Triton kernels do: README, Limitations.)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("preference", ["fastest", "precise"])
 @pytest.mark.parametrize("chunk,cut", [(8, 13), (5, 15), (16, 1), (64, 39)])
@@ -241,12 +254,15 @@ def test_packed_sequences_keep_nan_to_themselves(device, preference, chunk, cut)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
     """Two rows of several packed sequences (some of a few steps, several starts inside
-    one 64-position tile, one sequence across chunks, non-monotone ids): a NaN in one
-    sequence's x, B, C or output gradient, or an Inf in its dt, changes no value of any
-    other sequence's output or per-step gradients, on every chunk size."""
+    one 64-position tile and one 16-position step, one sequence across chunks,
+    non-monotone ids): a NaN in one sequence's x, B, C or output gradient, or an Inf in its
+    dt, changes no value of any other sequence's output or per-step gradients, on every
+    chunk size. On CUDA the staged kernels (forced; at this head_dim the plan's choice
+    too): SIMT for float32 and float64, tensor cores with the per-head backward products
+    for the 16-bit types."""
     rng = random.Random(17)
     L, H = 150, 4
     t, _ = make_case(rng, 2, L, H, 6, 7, 2, dtype, device, D=True, z=False, dt_bias=False,
@@ -258,7 +274,10 @@ def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
             seq[r, cs[k]:cs[k + 1]] = k % 3   # ids repeat: a start is where the id changes
     seq = seq.to(device)
     dy = torch.randn(2, L, H, 6, dtype=dtype, device=device)
-    run = lambda u, g, chunk: _packed_grads(u, seq, g, chunk, slice(None))  # noqa: E731
+    def run(u, g, chunk):
+        with _cuda_routes("staged", "staged"):
+            return _packed_grads(u, seq, g, chunk, slice(None))
+
     for chunk in (16, 64, 100):
         clean = run(t, dy, chunk)
         for r, cs in enumerate(cuts):
@@ -279,16 +298,20 @@ def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
                         torch.testing.assert_close(a[~bad], b[~bad], rtol=0, atol=0, msg=msg)
 
 
-# The tensor-core backward kernels (float16, bfloat16 on CUDA) multiply across a start by a
-# zero decay, as mamba_ssm's Triton kernels do (README, Limitations; the fused forwards keep
-# sequences apart: the test below): strict, so that the day they do too this says so.
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.xfail(
-    strict=True, reason="the tensor-core SSD backward kernels carry a NaN across a packed-sequence start")])])
+# The group products' backward kernels (float16, bfloat16 on CUDA; the plan's choice here)
+# multiply across a start by a zero decay, as mamba_ssm's Triton kernels do (README,
+# Limitations): strict, so that the day they keep sequences apart this says so.
+@pytest.mark.parametrize("device,backward", [
+    ("cpu", "auto"),
+    pytest.param("cuda", "auto", marks=[requires_cuda, pytest.mark.xfail(
+        strict=True, reason="the group products' SSD backward kernels carry a NaN across a packed-sequence start")]),
+    pytest.param("cuda", "staged", marks=requires_cuda)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_packed_sequences_16bit_nan(device, dtype):
+def test_packed_sequences_16bit_nan(device, backward, dtype):
     """A NaN in x of the first of two packed sequences, at the head_dim of the fused
     forward (64): the second sequence's output and per-step gradients are those of the
-    run without it."""
+    run without it; on CUDA the plan's forward (fused) and backward (the group products),
+    or the staged forward with the per-head backward products."""
     rng = random.Random(23)
     L, cut = 300, 150
     t, _ = make_case(rng, 1, L, 2, 64, 64, 1, dtype, device, D=False, z=False, dt_bias=False,
@@ -299,8 +322,9 @@ def test_packed_sequences_16bit_nan(device, dtype):
     u = dict(t)
     u["x"] = t["x"].clone()
     u["x"][0, 100] = float("nan")
-    clean = _packed_grads(t, seq, dy, 64, slice(cut, L))
-    got = _packed_grads(u, seq, dy, 64, slice(cut, L))
+    with _cuda_routes("auto" if backward == "auto" else "staged", backward):
+        clean = _packed_grads(t, seq, dy, 64, slice(cut, L))
+        got = _packed_grads(u, seq, dy, 64, slice(cut, L))
     for what, a, b in zip(("y", "dx", "ddt", "dB", "dC"), got, clean):
         assert torch.isfinite(a).all(), f"a NaN in the first sequence reaches the second's {what}"
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=what)
@@ -311,23 +335,26 @@ def test_packed_sequences_16bit_nan(device, dtype):
 @pytest.mark.parametrize("cut", [150, 128, 133])
 def test_packed_sequences_16bit_nan_forward(device, dtype, cut):
     """The forward alone (on CUDA the fused kernels at head_dim 64: both C·Bᵀ routes, and
-    the state's two halves at N = 256): a NaN in x, B or C, or an Inf in dt, of either of
-    two packed sequences leaves the other's output bitwise unchanged; starts inside a
-    16-position step, on a chunk edge and inside a step that also holds the row tile's
-    first rows."""
+    the state's two halves at N = 256; and the staged tensor-core kernels, forced): a NaN
+    in x, B or C, or an Inf in dt, of either of two packed sequences leaves the other's
+    output bitwise unchanged; starts inside a 16-position step, on a chunk edge and inside
+    a step that also holds the row tile's first rows."""
     rng = random.Random(29)
     L = 300
-    # FusedMma (2 heads a group), FusedMmaCb (4), FusedMmaCb's two state halves (N = 256)
-    for heads, groups, N in ((2, 1, 64), (4, 1, 64), (2, 2, 256)):
+    # FusedMma (2 heads a group), FusedMmaCb (4), FusedMmaCb's two state halves (N = 256),
+    # the staged kernels
+    for heads, groups, N, forward in ((2, 1, 64, "auto"), (4, 1, 64, "auto"), (2, 2, 256, "auto"),
+                                      (2, 1, 64, "staged")):
         t, _ = make_case(rng, 1, L, heads, 64, N, groups, dtype, device, D=False, z=False,
                          dt_bias=False, init=True, seq_idx=False, softplus=False, limit=False,
                          mixed=False)
         seq = torch.zeros(1, L, dtype=torch.int32, device=device)
         seq[:, cut:] = 1
 
-        def run(u):
-            return mamba.mamba_chunk_scan_combined(u["x"], u["dt"], u["A"], u["B"], u["C"], 64,
-                                                   seq_idx=seq, initial_states=u["initial_states"])
+        def run(u, forward=forward):
+            with _cuda_routes(forward, "auto"):
+                return mamba.mamba_chunk_scan_combined(u["x"], u["dt"], u["A"], u["B"], u["C"], 64,
+                                                       seq_idx=seq, initial_states=u["initial_states"])
 
         clean = run(t)
         for bad, keep in ((slice(0, cut), slice(cut, L)), (slice(cut, L), slice(0, cut))):
@@ -337,7 +364,7 @@ def test_packed_sequences_16bit_nan_forward(device, dtype, cut):
                     u[name] = t[name].clone()
                     u[name][0, step] = float("inf") if name == "dt" else float("nan")
                     y = run(u)
-                    msg = f"{name} at {step} (start {cut}, {heads} heads, N {N}) reaches the other sequence's y"
+                    msg = f"{name} at {step} (start {cut}, {heads} heads, N {N}, {forward}) reaches the other sequence's y"
                     assert torch.isfinite(y[:, keep]).all(), msg
                     torch.testing.assert_close(y[:, keep], clean[:, keep], rtol=0, atol=0, msg=msg)
 

@@ -47,16 +47,22 @@
 //                    exp(Acs_last − Acs_s), the inter-chunk exp(Acs_q) and the state
 //                    passing exp(Acs_last). Differences inside one sequence are unchanged,
 //                    and the stable da below is the gradient of the reset recurrence (0
-//                    at a start, whose decay is not used). A zero decay still multiplies:
-//                    0·NaN is NaN, so on the staged tensor-core kernels a NaN or Inf of
-//                    one sequence reaches the others of its chunk (and its state, the
-//                    later chunks), as in mamba_ssm (the fused forwards keep sequences
-//                    apart: ssd_fused_forward.cu). A run of these SIMT kernels alone
-//                    (ssd_seq_masks: float32, float64) keeps sequences apart instead: the
-//                    cumsum also restarts at each start and stores each position's count
-//                    of starts since its chunk's start (`seg`), and every kernel selects
-//                    (never multiplies) a term that crosses a start to 0 and leaves such
-//                    pairs out of its products (ssd_mma_seg), as the CPU kernels do.
+//                    at a start, whose decay is not used). A zero decay still multiplies
+//                    (0·NaN is NaN), so the kernels keep sequences apart by selection
+//                    (ssd_seq_masks): the cumsum also restarts at each start and stores
+//                    each position's count of starts since its chunk's start (`seg`), and
+//                    every kernel that reads it selects (never multiplies) a term that
+//                    crosses a start to 0 and leaves such pairs out of its products
+//                    (ssd_mma_seg; on tensor cores, one product per sequence where a
+//                    16-position step holds a start), as the CPU kernels do. Every SIMT
+//                    kernel, the state passes and the tensor-core chunk-state, scan and
+//                    X_s kernels read it (the tensor-core ones take each position's decays
+//                    relative to a position of its own sequence: ssd_log2_seq); the group
+//                    products' kernels (ssd_chunk_scan_backward_group.cu) do not yet: they
+//                    read Acs without the restarts (acs_cont), where every start lowers
+//                    the sum from where it was, and on them a NaN or Inf of one sequence
+//                    reaches the others of its chunk, as in mamba_ssm (the fused forwards
+//                    keep sequences apart: ssd_fused_forward.cu).
 //   initial_states   seed of the forward state pass (H_0), in ssd_state_pass_kernel,
 //   final_states     which also writes H_nc (the state after the last step) when
 //                    asked; with L = 0 the pass only copies.
@@ -115,7 +121,7 @@
 // NaN in dt or A also poisons, in the backward, the positions of its chunk after it
 // (Acs_last − Acs_s is NaN − NaN), and ±Inf can differ from the recurrence wherever the
 // chunked form sums in another order (Σ_n C·(B·Inf) vs (C·B)·Inf). With seq_idx, none of
-// these reaches another packed sequence (ssd_seq_masks; not on the tensor-core kernels).
+// these reaches another packed sequence (ssd_seq_masks; not on the group products' kernels).
 #pragma once
 
 #include <algorithm>
@@ -180,9 +186,11 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  that grow with the chunk: in float32 that difference
 //                                  alone cost ~1e-6 relative error in y at Q = 100-256
 //                                  (the sequential recurrence in float32: ~2e-7).
+//   acs_cont  [B, H, L] double     the group products' backward with seq_idx: Acs without
+//                                  the restarts (ssd_acs_continued)
 //   dtf       [B, H, L]            dt converted
-//   seg       [B, L] int32         SIMT runs (ssd_seq_masks) with seq_idx: the sequence
-//                                  starts in [chunk start, t] at each position t
+//   seg       [B, L] int32         with seq_idx (ssd_seq_masks): the sequence starts in
+//                                  [chunk start, t] at each position t
 //   states    [B, H, nc, D, N]     S_c, then (in place, without states_t) H_c, the state
 //                                  entering chunk c
 //   states_t  [B, H, nc, D, N] T   16-bit inputs on tensor cores (ssd_state_copies): H_c
@@ -243,6 +251,7 @@ struct SsdWorkspace {
   size_t acs = 0, dtf = 0, seg = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
          xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dyp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
   size_t states_t = 0, gstates_t = 0;  // (ssd_state_copies only)
+  size_t acs_cont = 0;                 // (the group products' backward only; 0: none)
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
@@ -256,9 +265,8 @@ inline bool ssd_state_copies(const SsdChunkScanLaunch& l) {
 }
 
 // Whether the run's kernels keep packed sequences apart (see seq_idx in the header comment):
-// with seq_idx, on a run of the SIMT kernels alone (no tensor-core kernel reads Acs as
-// they write it).
-inline bool ssd_seq_masks(const SsdChunkScanLaunch& l) { return l.seq_idx != nullptr && !ssd_state_copies(l); }
+// with seq_idx.
+inline bool ssd_seq_masks(const SsdChunkScanLaunch& l) { return l.seq_idx != nullptr; }
 
 // Elements of D·N per thread in the state passes: 16 bytes of the compute type.
 __host__ __device__ constexpr int ssd_pass_vec(ElementKind compute) { return compute == ElementKind::F64 ? 2 : 4; }
@@ -286,9 +294,10 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     return at;
   };
   w.acs = take(bh * l.seqlen, sizeof(double));
+  if (backward && l.group_products) w.acs_cont = take(bh * l.seqlen, sizeof(double));
   w.dtf = take(bh * l.seqlen);
   const bool copies = ssd_state_copies(l);
-  w.seg = take(copies ? 0 : l.batch * l.seqlen, sizeof(int32_t));  // (sized before seq_idx is known)
+  w.seg = take(l.batch * l.seqlen, sizeof(int32_t));  // (sized before seq_idx is known)
   w.states = take(bh * nc * dn);
   if (copies) w.states_t = take(bh * nc * dn, 2);
   if (backward) {
@@ -326,6 +335,13 @@ Acc* ssd_ws(const SsdChunkScanLaunch& l, size_t offset) {
 // The starts counts (workspace `seg`) where the run keeps sequences apart, else null.
 inline int32_t* ssd_seg(const SsdChunkScanLaunch& l, const SsdWorkspace& w) {
   return ssd_seq_masks(l) ? ssd_ws<int32_t>(l, w.seg) : nullptr;
+}
+
+// The Acs that the group products' kernels read: with seq_idx the cumsum's continued copy
+// (acs_cont: they multiply across a start by a zero decay and need every start to lower
+// Acs), else Acs itself.
+inline const double* ssd_acs_continued(const SsdChunkScanLaunch& l, const SsdWorkspace& w) {
+  return ssd_ws<double>(l, ssd_seq_masks(l) && w.acs_cont != 0 ? w.acs_cont : w.acs);
 }
 
 // Grid for `total` virtual blocks; kernels loop vb = blockIdx.x, += gridDim.x.
@@ -565,6 +581,7 @@ struct SsdCumsumParams {
   double* acs;    // [B, H, L]
   acc_t<T>* dtf;  // [B, H, L]
   int32_t* seg = nullptr;  // [B, L] (ssd_seq_masks), or null
+  double* acs_cont = nullptr;  // [B, H, L]: with seg, Acs without the restarts (ssd_acs_continued), or null
 };
 
 // Warp per (b, h, c): dt_s processed (ssd_dt_process) and stored in Acc for the later
@@ -572,7 +589,10 @@ struct SsdCumsumParams {
 // carry), in the order fixed by the chunk, minus kSsdSeqOffset per sequence start in
 // [chunk start, q] when seq_idx is given. With `seg` the sum also restarts at each start
 // (from the start's own dt·A: an Inf or NaN dt of one sequence stays out of the next
-// one's Acs), and the warps of head 0 store each position's count of starts there.
+// one's Acs, and the value of a position depends on its sequence alone), and the warps of
+// head 0 store each position's count of starts there; `acs_cont` then gets the sum
+// without the restarts (every start lowers it by kSsdSeqOffset from where it was, which
+// a restart does not: the sum of an earlier sequence can exceed the offset).
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsumParams<T> p) {
   using Acc = acc_t<T>;
@@ -589,7 +609,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
     const Acc bias = p.dt.bias_of(h);
     double* acs = p.acs + bh * p.seqlen + t0;
     Acc* dtf = p.dtf + bh * p.seqlen + t0;
-    double carry = 0;
+    double carry = 0, carry_cont = 0;
     int seg_carry = 0;
     const bool restart = p.seg != nullptr;
     for (int64_t base = 0; base < len; base += 32) {
@@ -603,6 +623,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
         if (p.seq_idx != nullptr && t > 0) start = seq_starts_at(p.seq_idx, p.seq_i64, p.seq_s, b, t);
       }
       double v = static_cast<double>(d) * a_h;
+      double vc = v;  // (acs_cont) without the restarts
       int sg = start;
       bool cut = restart && start;  // (restart) a start in [base, i]: v then sums from the last one
 #pragma unroll
@@ -610,20 +631,25 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
         const double u = __shfl_up_sync(0xffffffffu, v, o);
         const int us = __shfl_up_sync(0xffffffffu, sg, o);
         const bool uc = __shfl_up_sync(0xffffffffu, cut, o);
+        const double uvc = p.acs_cont != nullptr ? __shfl_up_sync(0xffffffffu, vc, o) : 0.0;
         if (lane >= o) {
           if (!cut) v += u;
+          vc += uvc;
           sg += us;
           cut = cut || uc;
         }
       }
       const double a = cut ? v : carry + v;
+      const double ac = carry_cont + vc;
       const int starts = seg_carry + sg;
       if (i < len) {
         acs[i] = starts == 0 ? a : a - kSsdSeqOffset * starts;
         dtf[i] = d;
         if (restart && h == 0) p.seg[b * p.seqlen + t0 + i] = starts;
+        if (p.acs_cont != nullptr) p.acs_cont[bh * p.seqlen + t0 + i] = starts == 0 ? ac : ac - kSsdSeqOffset * starts;
       }
       carry = __shfl_sync(0xffffffffu, a, 31);
+      carry_cont = __shfl_sync(0xffffffffu, ac, 31);
       seg_carry += __shfl_sync(0xffffffffu, sg, 31);
     }
   }
@@ -1625,6 +1651,7 @@ void ssd_launch_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaS
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   p.seg = ssd_seg(l, w);
+  if (p.seg != nullptr && w.acs_cont != 0) p.acs_cont = ssd_ws<double>(l, w.acs_cont);
   if (p.total_warps == 0) return;
   ssd_cumsum_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
   check_launch("ssd_chunk_scan(cumsum)");

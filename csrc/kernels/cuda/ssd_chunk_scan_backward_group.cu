@@ -937,7 +937,7 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.B = ssd_operand<T>(l.B, l.B_stride, false);
   p.C = ssd_operand<T>(l.C, l.C_stride, false);
-  p.acs = ssd_ws<double>(l, w.acs);
+  p.acs = ssd_acs_continued(l, w);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.dcb = p.nsplit > 1 ? ssd_ws<float>(l, w.dcb) : nullptr;
   p.dcb_t = ssd_ws<T>(l, w.dcb_t);
@@ -990,7 +990,7 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.v = DB ? ssd_operand<T>(l.C, l.C_stride, false) : ssd_operand<T>(l.B, l.B_stride, false);
   p.dot = ssd_operand<T>(l.C, l.C_stride, false);
   p.state = ssd_ws<T>(l, DB ? w.gstates_t : w.states_t);
-  p.acs = ssd_ws<double>(l, w.acs);
+  p.acs = ssd_acs_continued(l, w);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.dcb = ssd_ws<T>(l, w.dcb_t);
   p.upart = DB ? nullptr : ssd_ws<float>(l, w.up);
@@ -1032,7 +1032,7 @@ void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t 
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.B = ssd_operand<T>(l.B, l.B_stride, false);
-  p.acs = ssd_ws<double>(l, w.acs);
+  p.acs = ssd_acs_continued(l, w);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.state = ssd_ws<T>(l, w.gstates_t);
   p.cbt = ssd_ws<float>(l, w.cbt);

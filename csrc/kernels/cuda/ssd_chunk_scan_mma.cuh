@@ -38,6 +38,12 @@ __device__ __forceinline__ uint32_t ssd_pack2(float lo, float hi) {
   return r;
 }
 
+// A pair of 16-bit values at positions k and k + 1 (low half first), each kept where its
+// position is in [lo, hi), else 0 (selected: a NaN outside stays out).
+__device__ __forceinline__ uint32_t keep2(uint32_t r, int k, int lo, int hi) {
+  return (k >= lo && k < hi ? r & 0xffffu : 0u) | (k + 1 >= lo && k + 1 < hi ? r & 0xffff0000u : 0u);
+}
+
 __device__ __forceinline__ uint32_t ssd_smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

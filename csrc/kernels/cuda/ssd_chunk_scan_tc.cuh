@@ -73,6 +73,15 @@ constexpr double kSsdLog2e = 1.4426950408889634;
 __device__ __forceinline__ float ssd_log2_rel(double acs, double ref) {
   return static_cast<float>((acs - ref) * kSsdLog2e);
 }
+// With seq_idx (`seg`), a position's value for the kernels that keep packed sequences
+// apart: relative to `ref` where the position is in ref's sequence (seg == seg_ref), else
+// to its own sequence's start. There the cumsum restarts at each start and lowers the sum
+// by kSsdSeqOffset per start, so acs + kSsdSeqOffset·seg is the sum from that start (to
+// ~1e-12), a value of the sequence alone: two positions of one sequence share a reference,
+// and none takes another sequence's (a reference after an Inf dt would be -Inf).
+__device__ __forceinline__ float ssd_log2_seq(double acs, int seg, double ref, int seg_ref) {
+  return seg == seg_ref ? ssd_log2_rel(acs, ref) : ssd_log2_rel(acs + kSsdSeqOffset * seg, 0.0);
+}
 // 2^v (ex2.approx.ftz: about 2 ulp; results below 2^-126 flush to 0)
 __device__ __forceinline__ float ssd_exp2(float v) {
   float r;
@@ -230,6 +239,56 @@ __device__ __forceinline__ void tc_warp_pv(float (&acc)[8][4], const uint32_t (&
   }
 }
 
+// tc_warp_pv for packed sequences (ssd_seq_masks): rseg, the starts counts of the warp's
+// 16 rows (nrows of them inside the chunk), cseg, those of the tile's 64 columns (ncols
+// inside). P's entries across a start are 0, but 0·V is NaN for a NaN V, so a k-step whose
+// columns and the warp's rows are not all one sequence multiplies V once per sequence of
+// both: V's fragments of the other columns selected to 0, into an accumulator of its own
+// that only that sequence's rows add. (All warp-uniform: every lane reads the same counts.)
+template <typename T>
+__device__ __forceinline__ void tc_warp_pv_seg(float (&acc)[8][4], const uint32_t (&pa)[4][4], const T* sV,
+                                               int kk_lo, int kk_hi, const int* rseg, int nrows, const int* cseg,
+                                               int ncols) {
+  const int lane = threadIdx.x % 32, g8 = lane / 4, t4 = lane % 4;
+  const int r_lo = rseg[0], r_hi = rseg[nrows - 1];
+  const int sa = g8 < nrows ? rseg[g8] : -1, sb = g8 + 8 < nrows ? rseg[g8 + 8] : -1;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const int c0 = kk * 16;
+    if (kk < kk_lo || kk >= kk_hi || c0 >= ncols) continue;  // (past the chunk: P = 0, V = 0)
+    const int c_lo = cseg[c0], c_hi = cseg[min(c0 + 15, ncols - 1)];
+    const T* vrow = sV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kTcLd + (lane / 16) * 8;
+    if (c_lo == r_hi && c_hi == r_lo) {  // (then r_lo = r_hi = c_lo = c_hi) one sequence
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ssd_ldsm_x4_t(b, vrow + np * 16);
+        ssd_mma16816<T>(acc[2 * np], pa[kk], b[0], b[1]);
+        ssd_mma16816<T>(acc[2 * np + 1], pa[kk], b[2], b[3]);
+      }
+      continue;
+    }
+    for (int q = max(c_lo, r_lo); q <= min(c_hi, r_hi); ++q) {
+      // sequence q's columns of the step, [lo, hi) (the counts grow with the position)
+      const unsigned m =
+          __ballot_sync(0xffffffffu, lane < 16 && c0 + lane < ncols && cseg[c0 + lane] == q) & 0xffffu;
+      const int lo = c0 + __ffs(m) - 1, hi = lo + __popc(m);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        ssd_ldsm_x4_t(b, vrow + np * 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = keep2(b[i], c0 + 2 * t4 + (i & 1) * 8, lo, hi);
+        float u0[4] = {}, u1[4] = {};
+        ssd_mma16816<T>(u0, pa[kk], b[0], b[1]);
+        ssd_mma16816<T>(u1, pa[kk], b[2], b[3]);
+        if (sa == q) acc[2 * np][0] += u0[0], acc[2 * np][1] += u0[1], acc[2 * np + 1][0] += u1[0], acc[2 * np + 1][1] += u1[1];
+        if (sb == q) acc[2 * np][2] += u0[2], acc[2 * np][3] += u0[3], acc[2 * np + 1][2] += u1[2], acc[2 * np + 1][3] += u1[3];
+      }
+    }
+  }
+}
+
 // The 16 × 64 accumulator layout read as the A fragments of the next product: k-step kk
 // covers columns 16kk..16kk+15, i.e. accumulator tiles 2kk and 2kk + 1.
 template <typename T>
@@ -259,10 +318,12 @@ __device__ __forceinline__ float ssd_quad_sum(float v) {
 
 // part[rg·tiles + jt] = Σ_j dot(rg, j)·v(rg, j) over the warp's 16 rows rg = r0 + rw + ..
 // (rows >= len skipped) and this 64-column tile: each lane sums its 16 columns of a row
-// in a fixed order, then the 4 lanes of the row in a fixed xor tree. Warp-uniform call.
+// in a fixed order, then the 4 lanes of the row in a fixed xor tree; 0 (selected) for
+// row g8 + 8·half where bit `half` of `zero` is set. Warp-uniform call.
 template <typename T>
 __device__ __forceinline__ void tc_row_dot(const T* dot, int64_t s_t, int64_t s_j, int r0, int len, int rw, int j0,
-                                           int J, const float (&v)[8][4], float* part, int tiles, int jt) {
+                                           int J, const float (&v)[8][4], float* part, int tiles, int jt,
+                                           unsigned zero = 0) {
   const int lane = threadIdx.x % 32, g8 = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -276,6 +337,7 @@ __device__ __forceinline__ void tc_row_dot(const T* dot, int64_t s_t, int64_t s_
         if (rg < len && jg < J) s += to_acc(dot[static_cast<int64_t>(rg) * s_t + jg * s_j]) * v[nt][2 * half + e];
       }
     s = ssd_quad_sum(s);
+    if ((zero >> half) & 1u) s = 0.0f;
     if (t4 == 0 && rg < len) part[static_cast<int64_t>(rg) * tiles + jt] = s;
   }
 }
@@ -379,13 +441,19 @@ __host__ __device__ constexpr int ssd_cs_smem() {  // the ring of swizzled tiles
   return kSsdCsStages * (1 + NT) * kSsdTileBytes + 1024;
 }
 
-template <typename T, bool DSTATE, int NT>
+// SEG (p.seg given: packed sequences): only the positions of one sequence enter, the
+// chunk's last (forward: from its last start) or first (backward: before its first start).
+// The steps without any are skipped; in the step holding the boundary the other positions'
+// weights and rows of both operands are 0 (selected: a NaN or Inf there stays out). A
+// separate instantiation: in the others it cost 2 (NT = 2) and 16 (NT = 1) registers.
+template <typename T, bool DSTATE, int NT, bool SEG = false>
 __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const SsdStateParams<T> p) {
   constexpr int STAGES = kSsdCsStages;
   constexpr int kStage = (1 + NT) * kSsdTileBytes;  // X [64][64], Y [64][64·NT]
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   unsigned char* ring = gmma_align1024(ssd_dyn_smem);
   __shared__ __align__(16) float sW[STAGES][kSsdTile];  // the step's w_s
+  __shared__ int sCut;  // seg: the chunk's last (forward) or first (backward) sequence start
   auto sX = [&](int k) { return ring + (k % STAGES) * kStage; };
   auto sY = [&](int k) { return ring + (k % STAGES) * kStage + kSsdTileBytes; };
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
@@ -409,10 +477,29 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
     const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2] + d0 * p.xo.s[3];
     const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2] + n0 * p.yo.s[3];
     const bool live = 16 * warp < dv;
-    const int steps = (len + kSsdTile - 1) / kSsdTile;
-    auto issue = [&](int k) {  // step k's copies (none past the chunk); always a commit group
+    __syncthreads();  // the previous virtual block is done with the ring (and sCut)
+    // The positions that enter, [lo, hi): the whole chunk, or with a start in it (seg, a
+    // count that grows with the position) those of its last (forward) or first (backward)
+    // sequence.
+    int lo = 0, hi = len;
+    if (SEG && p.seg[b * p.seqlen + t0 + len - 1] != 0) {  // (block-uniform)
+      const int32_t* seg = p.seg + b * p.seqlen + t0;
+      if (threadIdx.x == 0) sCut = DSTATE ? len : 0;
+      __syncthreads();
+      int cut = DSTATE ? len : 0;
+      for (int s = threadIdx.x; s < len; s += kTcThreads)  // (a start at the chunk's first position counts)
+        if (seg[s] != (s > 0 ? seg[s - 1] : 0)) cut = DSTATE ? min(cut, s) : max(cut, s);
+      if (DSTATE)
+        atomicMin(&sCut, cut);
+      else
+        atomicMax(&sCut, cut);
+      __syncthreads();
+      (DSTATE ? hi : lo) = sCut;
+    }
+    const int k_begin = lo / kSsdTile, steps = (hi + kSsdTile - 1) / kSsdTile;
+    auto issue = [&](int k) {  // step k's copies (none past hi); always a commit group
       if (k < steps) {
-        const int s0 = k * kSsdTile, rows = min(kSsdTile, len - s0);
+        const int s0 = k * kSsdTile, rows = min(kSsdTile, hi - s0);
         sw128_fill<T>(sX(k), kSsdTile, kSsdTile, X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], rows, dv);
         sw128_fill<T>(sY(k), kSsdTile, NT * kSsdTile, Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], rows, nv);
       }
@@ -423,29 +510,41 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
     // the step that uses it).
     double a_s = 0.0;
     float dt_s = 0.0f;
+    // (forward: a position before lo weighs 0, its Acs and dt not read: they may not be finite)
     auto load_w = [&](int k) {
       if (threadIdx.x < kSsdTile && k < steps) {
-        const int s = min(k * kSsdTile + static_cast<int>(threadIdx.x), len - 1);
-        a_s = acs[s];
-        if constexpr (!DSTATE) dt_s = dtf[s];
+        const int s = min(k * kSsdTile + static_cast<int>(threadIdx.x), hi - 1);
+        const bool in = !SEG || DSTATE || s >= lo;
+        a_s = in ? acs[s] : acs_last;
+        if constexpr (!DSTATE) dt_s = in ? dtf[s] : 0.0f;
       }
     };
     float acc[NT][8][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) tc_zero(acc[j]);
-    __syncthreads();  // the previous virtual block is done with the ring
 #pragma unroll
-    for (int k = 0; k < STAGES - 1; ++k) issue(k);
-    load_w(0);
-    for (int k = 0; k < steps; ++k) {
+    for (int k = 0; k < STAGES - 1; ++k) issue(k_begin + k);
+    load_w(k_begin);
+    if (SEG && lo % kSsdTile != 0) {  // (block-uniform) the first step's rows before lo, both operands, to 0
+      ssd_cp_async_wait<0>();
+      __syncthreads();  // its copies have landed
+      const int skip = lo % kSsdTile;
+      for (int e = threadIdx.x; e < skip * (1 + NT) * 16; e += kTcThreads) {
+        const int r = e / ((1 + NT) * 16), q = e % ((1 + NT) * 16);  // q: 8 bytes of the row's X, then Y's panels
+        unsigned char* at = q < 16 ? sX(k_begin) + r * 128 + q * 8
+                                   : sY(k_begin) + ((q - 16) / 16) * kSsdTileBytes + r * 128 + (q % 16) * 8;
+        *reinterpret_cast<uint2*>(at) = make_uint2(0u, 0u);
+      }
+    }
+    for (int k = k_begin; k < steps; ++k) {
       ssd_cp_async_wait<STAGES - 2>();  // step k's copies (this thread's) have landed
-      const int s0 = k * kSsdTile, rows = min(kSsdTile, len - s0);
+      const int s0 = k * kSsdTile, rows = min(kSsdTile, hi - s0);
       float* w = sW[k % STAGES];
-      if (threadIdx.x < kSsdTile) {  // (0 past the chunk: those X rows are zeros, w may not be finite)
+      if (threadIdx.x < kSsdTile) {  // (0 past hi: those X rows are zeros, w may not be finite)
         const int r = threadIdx.x;
         w[r] = r >= rows ? 0.0f : DSTATE ? ssd_decay<float>(a_s) : ssd_decay<float>(acs_last - a_s) * dt_s;
       }
-      __syncthreads();  // step k and its weights are visible; step k − 1's buffers are free
+      __syncthreads();  // step k, its weights (and zeroed rows) are visible; step k − 1's buffers are free
       issue(k + STAGES - 1);
       load_w(k + 1);
       if (live) tc_warp_gemm_wk<T, NT>(acc, sX(k), 2 * warp, sY(k), (rows + 15) / 16, w, nv);
@@ -501,13 +600,21 @@ struct SsdTcScanParams {
   float* part;       // DX: x·dxpre, DC: U ([B, H, L, j_tiles])
   float* part2;      // DX: x·dxpre (inter-chunk part)
   SsdEpilogue<T> epi;  // Y, DX (see ssd_epilogue)
+  const int32_t* seg = nullptr;  // [B, L] starts counts (ssd_seq_masks), or null
 };
 
 // (At most 168 registers, 3 blocks per multiprocessor: DC's U row dots would take it to
 // 208 and 2 blocks.)
 // EPI (Y, DX with an option of p.epi): a separate instantiation, so that the plain
 // kernel keeps its registers.
-template <typename T, int MODE, bool EPI = false>
+// SEG (p.seg given: packed sequences; Y and DX take it with EPI, whose epilogue also
+// serves no option) keeps every sequence to itself: the inter-chunk term (and its row dot)
+// is selected to 0 in the rows that the state does not reach (Y, DC: after the chunk's
+// first start; DX, DB: before its last), P to 0 across a start, and P·V runs per sequence
+// where a step mixes them (tc_warp_pv_seg). A separate instantiation too: as a runtime
+// branch it cost the plain kernels 20–44 bytes of spills (ptxas, sm_90a); the SEG kernels
+// spill 16–40 bytes (DX's, with EPI, 108 against EPI's own 88).
+template <typename T, int MODE, bool EPI = false, bool SEG = false>
 __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcScanParams<T> p) {
   constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;    // causal partners c >= r
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;  // per group, sum over heads
@@ -521,6 +628,8 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
   // decays in base 2 relative to the row tile's first (Y, DC) or last (DX, DB) row
   __shared__ float sRowL[kSsdTile], sColL[kSsdTile];
   __shared__ float sRowDt[kSsdTile], sRowScale[kSsdTile], sColDt[kSsdTile];
+  __shared__ int sRowSeg[kSsdTile], sColSeg[kSsdTile];  // seg: the starts counts (rows past the chunk: -1)
+  __shared__ bool sRowCut[kSsdTile];  // seg: the state does not reach the row
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;  // the warp's first row in the tile
   const int ksteps = p.K1P / 16;
@@ -598,6 +707,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
       const float* dtf = p.dtf + bh * p.seqlen + t0;
       const double acs_last = acs[len - 1];
       const double acs_ref = acs[kRev ? r0 + rows - 1 : r0];
+      const int seg_ref = SEG ? p.seg[b * p.seqlen + t0 + (kRev ? r0 + rows - 1 : r0)] : 0;
       __syncthreads();  // the previous head (or the cache) is done with all buffers and the row data
       if (threadIdx.x < kSsdTile) {
         const int r = r0 + threadIdx.x;
@@ -609,6 +719,13 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
         float scale = kRev ? ssd_decay<float>(acs_last - ar) : ssd_decay<float>(ar);
         if (MODE == kSsdDB) scale *= dr;
         sRowScale[threadIdx.x] = ok ? scale : 0.0f;
+        if constexpr (SEG) {  // (the state reaches the chunk's first (Y, DC) or last (DX, DB) sequence)
+          const int32_t* seg = p.seg + b * p.seqlen + t0;
+          const int rs = ok ? seg[r] : -1;
+          sRowSeg[threadIdx.x] = rs;
+          sRowCut[threadIdx.x] = rs != (kRev ? seg[len - 1] : 0);
+          if (ok) sRowL[threadIdx.x] = ssd_log2_seq(ar, rs, acs_ref, seg_ref);
+        }
       }
       if constexpr (!kGroupLR)
         tc_fill<T, true>(sL, p.ld_l, kSsdTile, p.K1P, base(p.lft, h) + r0 * p.lft.s[1], p.lft.s[1], p.lft.s[3], rows,
@@ -633,15 +750,18 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
       if (live) {
         tc_warp_gemm<T, false, !kGroupLR>(accI, sL + rw * p.ld_l, p.ld_l, sX, p.ld_s, ksteps, 0, 4);
         const float sa = sRowScale[rw + g8], sb = sRowScale[rw + g8 + 8];
+        // (SEG: the rows the state does not reach, selected)
+        const bool cut_a = SEG && sRowCut[rw + g8], cut_b = SEG && sRowCut[rw + g8 + 8];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-          accI[nt][0] *= sa, accI[nt][1] *= sa;
-          accI[nt][2] *= sb, accI[nt][3] *= sb;
+          accI[nt][0] = cut_a ? 0.0f : accI[nt][0] * sa, accI[nt][1] = cut_a ? 0.0f : accI[nt][1] * sa;
+          accI[nt][2] = cut_b ? 0.0f : accI[nt][2] * sb, accI[nt][3] = cut_b ? 0.0f : accI[nt][3] * sb;
         }
         // Row dots of the inter-chunk part: DX x·dxpre_inter (→ V), DC C·dC_inter (→ U).
         if constexpr (MODE == kSsdDX || MODE == kSsdDC) {
           float* part = (MODE == kSsdDX ? p.part2 : p.part) + (bh * p.seqlen + t0) * p.j_tiles;
-          tc_row_dot<T>(base(p.dot, h), p.dot.s[1], p.dot.s[3], r0, len, rw, j0, p.J, accI, part, p.j_tiles, jt);
+          tc_row_dot<T>(base(p.dot, h), p.dot.s[1], p.dot.s[3], r0, len, rw, j0, p.J, accI, part, p.j_tiles, jt,
+                        (cut_a ? 1u : 0u) | (cut_b ? 2u : 0u));
         }
       }
       if constexpr (kMulti) {
@@ -661,6 +781,11 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
           const int cc = c0 + threadIdx.x;
           sColL[threadIdx.x] = cc < len ? ssd_log2_rel(acs[cc], acs_ref) : 0.0f;
           sColDt[threadIdx.x] = cc < len ? dtf[cc] : 0.0f;
+          if constexpr (SEG) {
+            const int cs = cc < len ? p.seg[b * p.seqlen + t0 + cc] : 0;
+            sColSeg[threadIdx.x] = cs;
+            if (cc < len) sColL[threadIdx.x] = ssd_log2_seq(acs[cc], cs, acs_ref, seg_ref);
+          }
         }
         ssd_cp_async_wait<1>();  // step k's copies (the group before the newest) are done
         __syncthreads();
@@ -690,7 +815,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
               const int cl = nt * 8 + 2 * t4 + e, cg = c0 + cl;
               const bool causal = kRev ? cg >= rg : cg <= rg;
               float v = 0.0f;
-              if (causal && rg < len && cg < len) {
+              if (causal && rg < len && cg < len && (!SEG || sRowSeg[rl] == sColSeg[cl])) {
                 if (kRev) {
                   v = cb[nt][2 * half + e] * ssd_exp2(sColL[cl] - ra);
                   if (MODE == kSsdDB) v *= rd;
@@ -703,7 +828,11 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
         }
         uint32_t pa[4][4];
         tc_to_a_frags<T>(cb, pa);
-        tc_warp_pv<T>(acc, pa, sV(k), lo, hi_);
+        if constexpr (SEG)
+          tc_warp_pv_seg<T>(acc, pa, sV(k), lo, hi_, sRowSeg + rw, min(16, rows - rw), sColSeg,
+                            min(kSsdTile, len - c0));
+        else
+          tc_warp_pv<T>(acc, pa, sV(k), lo, hi_);
       }
       ssd_cp_async_wait<0>();  // (only empty groups can be left; keep every thread idle)
 
@@ -761,7 +890,8 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
 // the C·Bᵀ tile once, then for each head the dy·xᵀ tile and
 //   T_qs' = (C_q·B_s')·(dy_q·x_s')·exp(Acs_q − Acs_s')·dt_s'   (s' < q, else 0)
 // in float32, and adds the tile's crossing sums to that head's xs exactly as
-// ssd_dacs_kernel does (same fixed order per head; see there).
+// ssd_dacs_kernel does (same fixed order per head; see there). With `seg` (packed
+// sequences) T is selected to 0 for a pair across a start.
 template <typename T>
 struct SsdTcDacsParams {
   int64_t seqlen, heads, groups, hpg, chunk, nchunks, total_blocks, nsplit, hps;
@@ -771,6 +901,7 @@ struct SsdTcDacsParams {
   const double* acs;
   const float* dtf;
   float* xs;  // [B, H, L]
+  const int32_t* seg = nullptr;  // [B, L] starts counts (ssd_seq_masks), or null
 };
 
 template <typename T>
@@ -783,6 +914,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacs
   float* sRowTotAll = reinterpret_cast<float*>(ssd_dyn_smem + p.off_rowtot);  // [hps][64]
   __shared__ float sRowL[kSsdTile], sColL[kSsdTile];  // base-2 decays relative to the column tile's last position
   __shared__ float sColDt[kSsdTile], sColSum[kSsdTile];
+  __shared__ int sRowSeg[kSsdTile], sColSeg[kSsdTile];  // seg: the starts counts
   __shared__ float sFull;
   const int tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
@@ -798,6 +930,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacs
     const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
     const T* bp = p.B.p + b * p.B.s[0] + t0 * p.B.s[1] + g * p.B.s[2];
     const T* cp = p.C.p + b * p.C.s[0] + t0 * p.C.s[1] + g * p.C.s[2];
+    const int32_t* seg = p.seg != nullptr ? p.seg + b * p.seqlen + t0 : nullptr;
     __syncthreads();  // the previous virtual block is done with shared memory
     for (int hi = 0; hi < nh; ++hi) {
       float* xs = p.xs + (b * p.heads + h_begin + hi) * p.seqlen + t0;
@@ -831,9 +964,14 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacs
           __syncthreads();  // sA, sB, sT and the row/column data are free
           if (tid < kSsdTile) {
             const double ref = acs[c0 + cols - 1];
-            sRowL[tid] = r0 + tid < len ? ssd_log2_rel(acs[r0 + tid], ref) : 0.0f;
-            sColL[tid] = c0 + tid < len ? ssd_log2_rel(acs[c0 + tid], ref) : 0.0f;
+            const int rs = seg != nullptr && r0 + tid < len ? seg[r0 + tid] : 0;
+            const int cs = seg != nullptr && c0 + tid < len ? seg[c0 + tid] : 0;
+            const int seg_ref = seg != nullptr ? seg[c0 + cols - 1] : 0;
+            sRowL[tid] = r0 + tid < len ? ssd_log2_seq(acs[r0 + tid], rs, ref, seg_ref) : 0.0f;
+            sColL[tid] = c0 + tid < len ? ssd_log2_seq(acs[c0 + tid], cs, ref, seg_ref) : 0.0f;
             sColDt[tid] = c0 + tid < len ? dtf[c0 + tid] : 0.0f;
+            sRowSeg[tid] = rs;
+            sColSeg[tid] = cs;
           }
           tc_fill<T>(sA, p.ld, kSsdTile, ssd_k16(p.D), dyp + r0 * p.dy.s[1], p.dy.s[1], p.dy.s[3], rows, p.D);
           tc_fill<T>(sB, p.ld, kSsdTile, ssd_k16(p.D), xp + c0 * p.x.s[1], p.x.s[1], p.x.s[3], cols, p.D);
@@ -850,7 +988,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_dacs_kernel(const SsdTcDacs
               for (int e = 0; e < 2; ++e) {
                 const int sl = nt * 8 + 2 * t4 + e, sc = c0 + sl;
                 float v = 0.0f;
-                if (q < len && sc < q)
+                if (q < len && sc < q && sRowSeg[ql] == sColSeg[sl])
                   v = cb[nt][2 * half + e] * m[nt][2 * half + e] *
                       (ssd_exp2(sRowL[ql] - sColL[sl]) * sColDt[sl]);
                 sT[ql * TLD + sl] = v;
@@ -886,8 +1024,14 @@ void ssd_launch_tc_chunk_state_nt(SsdStateParams<T> p, cudaStream_t stream) {
   if (p.total_blocks == 0) return;
   constexpr int smem = ssd_cs_smem<NT>();
   const char* op = DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)";
-  allow_dynamic_smem(ssd_tc_chunk_state_kernel<T, DSTATE, NT>, smem, op);
-  ssd_tc_chunk_state_kernel<T, DSTATE, NT><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  auto run = [&](auto kernel) {
+    allow_dynamic_smem(kernel, smem, op);
+    kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  };
+  if (p.seg != nullptr)
+    run(ssd_tc_chunk_state_kernel<T, DSTATE, NT, true>);
+  else
+    run(ssd_tc_chunk_state_kernel<T, DSTATE, NT>);
   check_launch(op);
 }
 
@@ -901,6 +1045,7 @@ void ssd_launch_tc_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& 
   p.yo = ssd_operand<T>(DSTATE ? l.C : l.B, DSTATE ? l.C_stride : l.B_stride, false);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
+  p.seg = ssd_seg(l, w);
   p.out = ssd_ws<float>(l, DSTATE ? w.gstates : w.states);
   // The plan's state tile (SsdChunkScanLaunch::state_tile_n, checked with the launch).
   if (l.state_tile_n == 2 * kSsdTile)
@@ -960,19 +1105,18 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   p.state = ssd_ws<T>(l, MODE == kSsdY || MODE == kSsdDC ? w.states_t : w.gstates_t);
   p.state_ld = l.state_dim;
   ssd_scan_roles<T, float, MODE>(p, l, w);
+  p.seg = ssd_seg(l, w);
   if (p.total_blocks == 0) return true;
-  if constexpr (!kMulti) {
-    if (p.epi.on) {
-      allow_dynamic_smem(ssd_tc_scan_kernel<T, MODE, true>, smem, op);
-      ssd_tc_scan_kernel<T, MODE, true><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
-    } else {
-      allow_dynamic_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
-      ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
-    }
-  } else {
-    allow_dynamic_smem(ssd_tc_scan_kernel<T, MODE>, smem, op);
-    ssd_tc_scan_kernel<T, MODE><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
-  }
+  auto run = [&](auto kernel) {
+    allow_dynamic_smem(kernel, smem, op);
+    kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  };
+  if (p.seg != nullptr)
+    run(ssd_tc_scan_kernel<T, MODE, !kMulti, true>);
+  else if (!kMulti && p.epi.on)
+    run(ssd_tc_scan_kernel<T, MODE, !kMulti>);
+  else
+    run(ssd_tc_scan_kernel<T, MODE>);
   check_launch(op);
   if constexpr (kMulti)
     if (p.nsplit > 1) ssd_split_sum(l, p.out_split, p.nsplit, p.out, stream);
@@ -1004,6 +1148,7 @@ bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.xs = ssd_ws<float>(l, w.xs);
+  p.seg = ssd_seg(l, w);
   if (p.total_blocks == 0) return true;
   allow_dynamic_smem(ssd_tc_dacs_kernel<T>, smem, "ssd_chunk_scan_backward(dacs)");
   ssd_tc_dacs_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);

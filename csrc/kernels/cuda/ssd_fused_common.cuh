@@ -138,12 +138,6 @@ __device__ __forceinline__ uint32_t scale2(uint32_t r, float w0, float w1) {
   return ssd_pack2<T>(f.x * w0, f.y * w1);
 }
 
-// A pair of 16-bit values at positions k and k + 1 (low half first), each kept where its
-// position is in [lo, hi), else 0 (selected: a NaN outside stays out).
-__device__ __forceinline__ uint32_t keep2(uint32_t r, int k, int lo, int hi) {
-  return (k >= lo && k < hi ? r & 0xffffu : 0u) | (k + 1 >= lo && k + 1 < hi ? r & 0xffff0000u : 0u);
-}
-
 // Eight elements src[k·s_col], k < 8, as raw 16 bytes; 0 where k >= K (K <= 8).
 template <typename T>
 __device__ __forceinline__ uint4 gather8(const T* src, int64_t s_col, int K) {
