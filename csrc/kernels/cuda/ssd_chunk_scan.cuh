@@ -40,29 +40,29 @@
 //                    (0 strictly outside the clamp, sigmoid where softplus applied) and
 //                    writes ddt of the raw dt, plus per-(b, c) ddt_bias partials that
 //                    ssd_dA_kernel sums in a fixed order.
-//   seq_idx          ssd_cumsum_kernel lowers Acs by kSsdSeqOffset at every sequence
-//                    start (and keeps it lowered to the chunk's end), so that each decay
-//                    that crosses a start underflows to exactly 0: the intra-chunk
-//                    C·Bᵀ decay matrix exp(Acs_q − Acs_s), the chunk-state weights
-//                    exp(Acs_last − Acs_s), the inter-chunk exp(Acs_q) and the state
-//                    passing exp(Acs_last). Differences inside one sequence are unchanged,
-//                    and the stable da below is the gradient of the reset recurrence (0
-//                    at a start, whose decay is not used). A zero decay still multiplies
-//                    (0·NaN is NaN), so the kernels keep sequences apart by selection
-//                    (ssd_seq_masks): the cumsum also restarts at each start and stores
-//                    each position's count of starts since its chunk's start (`seg`), and
-//                    every kernel that reads it selects (never multiplies) a term that
-//                    crosses a start to 0 and leaves such pairs out of its products
-//                    (ssd_mma_seg; on tensor cores, one product per sequence where a
-//                    16-position step holds a start), as the CPU kernels do. Every SIMT
-//                    kernel, the state passes and the tensor-core chunk-state, scan and
-//                    X_s kernels read it (the tensor-core ones take each position's decays
-//                    relative to a position of its own sequence: ssd_log2_seq); the group
-//                    products' kernels (ssd_chunk_scan_backward_group.cu) do not yet: they
-//                    read Acs without the restarts (acs_cont), where every start lowers
-//                    the sum from where it was, and on them a NaN or Inf of one sequence
-//                    reaches the others of its chunk, as in mamba_ssm (the fused forwards
-//                    keep sequences apart: ssd_fused_forward.cu).
+//   seq_idx          ssd_cumsum_kernel restarts the sum at every sequence start (from
+//                    the start's own dt·A), lowers Acs by kSsdSeqOffset per start since
+//                    the chunk's start, and stores each position's count of those starts
+//                    (`seg`). The kernels that read it select to 0 (never multiply by a
+//                    zero decay: 0·NaN is NaN) a term that crosses a start and leave such
+//                    pairs out of their products (ssd_mma_seg; on tensor cores one product
+//                    per sequence where a 16-position step holds a start), as the CPU
+//                    kernels do: the intra-chunk C·Bᵀ decay matrix exp(Acs_q − Acs_s), the
+//                    chunk-state weights exp(Acs_last − Acs_s), the inter-chunk exp(Acs_q)
+//                    and the state passing exp(Acs_last); so a NaN or Inf stays in its
+//                    sequence. A position's Acs depends on its own sequence alone (Acs +
+//                    kSsdSeqOffset·seg is the sum from its start), and the tensor-core
+//                    kernels take each position's decays relative to a position of its
+//                    own sequence (ssd_log2_seq). The stable da below is the gradient of
+//                    the reset recurrence (0 at a start, whose decay is not used). Every
+//                    SIMT kernel, the state passes and the tensor-core chunk-state, scan
+//                    and X_s kernels read `seg`; the group products' kernels
+//                    (ssd_chunk_scan_backward_group.cu) do not yet: they read the sum
+//                    without the restarts (acs_cont), which every start lowers by
+//                    kSsdSeqOffset from where it was, so that each decay across a start
+//                    underflows to 0, and on them a NaN or Inf of one sequence reaches
+//                    the others of its chunk, as in mamba_ssm (the fused forwards keep
+//                    sequences apart their own way: ssd_fused_forward.cu).
 //   initial_states   seed of the forward state pass (H_0), in ssd_state_pass_kernel,
 //   final_states     which also writes H_nc (the state after the last step) when
 //                    asked; with L = 0 the pass only copies.
@@ -502,9 +502,11 @@ __device__ __forceinline__ Acc ssd_sum32(Acc v) {
 
 // ---- 1. chunk cumsum ---------------------------------------------------------------------
 // A sequence start (seq_idx[b, t] != seq_idx[b, t−1]) at local position t of a chunk
-// lowers Acs at t and after it by this much: every decay exp(Acs_q − Acs_s) across it,
-// exp(Acs_q) after it and exp(Acs_last) of its chunk underflow to exactly 0 in float and
-// double (see the header comment), while differences inside one sequence keep their
+// lowers Acs at t and after it by this much. Without the restarts (acs_cont) every decay
+// exp(Acs_q − Acs_s) across it, exp(Acs_q) after it and exp(Acs_last) of its chunk
+// underflow to exactly 0 in float and double; with them (`seg`) only while the earlier
+// sequence's sum stays above −kSsdSeqOffset, so the kernels that read `seg` select such
+// terms instead (see the header comment). Differences inside one sequence keep their
 // value (the offset is an integer multiple of a power of two; it costs at most
 // ~2^-40·(starts in the chunk) of absolute precision in Acs).
 constexpr double kSsdSeqOffset = 4096.0;
