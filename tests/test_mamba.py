@@ -274,6 +274,7 @@ def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
             seq[r, cs[k]:cs[k + 1]] = k % 3   # ids repeat: a start is where the id changes
     seq = seq.to(device)
     dy = torch.randn(2, L, H, 6, dtype=dtype, device=device)
+
     def run(u, g, chunk):
         with _cuda_routes("staged", "staged"):
             return _packed_grads(u, seq, g, chunk, slice(None))
