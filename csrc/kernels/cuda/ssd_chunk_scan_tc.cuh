@@ -613,7 +613,8 @@ struct SsdTcScanParams {
 // first start; DX, DB: before its last), P to 0 across a start, and P·V runs per sequence
 // where a step mixes them (tc_warp_pv_seg). A separate instantiation too: as a runtime
 // branch it cost the plain kernels 20–44 bytes of spills (ptxas, sm_90a); the SEG kernels
-// spill 16–40 bytes (DX's, with EPI, 108 against EPI's own 88).
+// spill themselves (bytes stored / loaded: Y 16 / 24, DC 24 / 40, DX with EPI 76 / 108
+// against EPI's own 60 / 88).
 template <typename T, int MODE, bool EPI = false, bool SEG = false>
 __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcScanParams<T> p) {
   constexpr bool kRev = MODE == kSsdDX || MODE == kSsdDB;    // causal partners c >= r
