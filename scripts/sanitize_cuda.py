@@ -151,31 +151,39 @@ def ssd_cases() -> Iterator[Case]:
                    ("ssd_chunk_scan",))
 
 
+def _ssd_option_inputs(dtype, D_per_dim, starts):
+    """x, dt, A, B, C, D, z, dt_bias, initial states and seq_idx of the options' cases (B 2,
+    L 70, H 4, P 32, G 2, N 16; parameters in float32, float64 for float64; sequences
+    starting at `starts`)."""
+    B, L, H, P, G, N = 2, 70, 4, 32, 2, 16
+    pdt = torch.float64 if dtype == torch.float64 else torch.float32
+    seq_idx = torch.zeros(B, L, dtype=torch.int32, device="cuda")
+    for t0 in starts:
+        seq_idx[:, t0:] += 1
+    return (rand(B, L, H, P, dtype=dtype), rand(B, L, H, dtype=dtype),
+            (-torch.rand(H, device="cuda", dtype=pdt)).requires_grad_(),
+            rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype),
+            rand(*((H, P) if D_per_dim else (H,)), dtype=pdt),
+            rand(B, L, H, P, dtype=dtype), rand(H, dtype=pdt),
+            rand(B, H, P, N, dtype=pdt), seq_idx)
+
+
+def _ssd_option_run(x, dt, A, B, C, D, z, dt_bias, init, seq_idx):
+    from baracuda_torch.mamba import mamba_chunk_scan_combined
+    return mamba_chunk_scan_combined(
+        x, dt, A, B, C, 32, D=D, z=z, dt_bias=dt_bias, initial_states=init,
+        seq_idx=seq_idx, dt_softplus=True, dt_limit=(0.01, 2.0),
+        return_final_states=True)
+
+
 def ssd_option_cases() -> Iterator[Case]:
     """mamba_chunk_scan_combined with every option: D (both shapes), z, dt_bias + softplus +
     limit, initial and final states, seq_idx boundaries inside chunks, float32 parameters."""
-    from baracuda_torch.mamba import mamba_chunk_scan_combined
     for dtype in DTYPES:
         for D_per_dim in (False, True):
-            def make(dtype=dtype, D_per_dim=D_per_dim):
-                B, L, H, P, G, N = 2, 70, 4, 32, 2, 16
-                pdt = torch.float64 if dtype == torch.float64 else torch.float32
-                seq_idx = torch.zeros(B, L, dtype=torch.int32, device="cuda")
-                seq_idx[:, 21:] = 1
-                seq_idx[:, 50:] = 2
-                return (rand(B, L, H, P, dtype=dtype), rand(B, L, H, dtype=dtype),
-                        (-torch.rand(H, device="cuda", dtype=pdt)).requires_grad_(),
-                        rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype),
-                        rand(*((H, P) if D_per_dim else (H,)), dtype=pdt),
-                        rand(B, L, H, P, dtype=dtype), rand(H, dtype=pdt),
-                        rand(B, H, P, N, dtype=pdt), seq_idx)
-
-            def run(x, dt, A, B, C, D, z, dt_bias, init, seq_idx):
-                return mamba_chunk_scan_combined(
-                    x, dt, A, B, C, 32, D=D, z=z, dt_bias=dt_bias, initial_states=init,
-                    seq_idx=seq_idx, dt_softplus=True, dt_limit=(0.01, 2.0),
-                    return_final_states=True)
-            yield f"ssd options D_per_dim={D_per_dim}", make, run, ("ssd_chunk_scan_combined",)
+            yield (f"ssd options D_per_dim={D_per_dim}",
+                   lambda dtype=dtype, D_per_dim=D_per_dim: _ssd_option_inputs(dtype, D_per_dim, (21, 50)),
+                   _ssd_option_run, ("ssd_chunk_scan_combined",))
 
 
 def rmsnorm_cases() -> Iterator[Case]:
@@ -370,31 +378,15 @@ def ssd_fused_seq_cases() -> Iterator[Case]:
 
 def ssd_staged_seq_cases() -> Iterator[Case]:
     """The staged tensor-core kernels with seq_idx (float16, bfloat16; the forward and the
-    per-head backward forced through the test switches): D, z, dt_bias with softplus and
-    initial states; two starts in one chunk, one at a chunk's first position, one inside a
-    16-position step."""
+    per-head backward forced through the test switches): the options' cases with two starts
+    in one chunk, one at a chunk's first position, one inside a 16-position step."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
         return
-    from baracuda_torch.mamba import mamba_chunk_scan_combined
     previous = bt._C._ssd_cuda_forward("staged"), bt._C._ssd_cuda_backward("staged")
     try:
         for dtype in (torch.bfloat16, torch.float16):
-            def make(dtype=dtype):
-                B, L, H, P, G, N = 2, 70, 4, 32, 2, 16
-                seq_idx = torch.zeros(B, L, dtype=torch.int32, device="cuda")
-                for t0 in (5, 21, 32, 50):
-                    seq_idx[:, t0:] += 1
-                return (rand(B, L, H, P, dtype=dtype), rand(B, L, H, dtype=dtype),
-                        (-torch.rand(H, device="cuda")).requires_grad_(),
-                        rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype),
-                        rand(H, dtype=torch.float32), rand(B, L, H, P, dtype=dtype),
-                        rand(H, dtype=torch.float32), rand(B, H, P, N, dtype=torch.float32), seq_idx)
-
-            def run(x, dt, A, B, C, D, z, dt_bias, init, seq_idx):
-                return mamba_chunk_scan_combined(x, dt, A, B, C, 32, D=D, z=z, dt_bias=dt_bias,
-                                                 initial_states=init, seq_idx=seq_idx, dt_softplus=True,
-                                                 return_final_states=True)
-            yield "ssd staged seq_idx", make, run, ("ssd_chunk_scan_combined",)
+            yield ("ssd staged seq_idx", lambda dtype=dtype: _ssd_option_inputs(dtype, False, (5, 21, 32, 50)),
+                   _ssd_option_run, ("ssd_chunk_scan_combined",))
     finally:
         bt._C._ssd_cuda_forward(previous[0])
         bt._C._ssd_cuda_backward(previous[1])
