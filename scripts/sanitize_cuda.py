@@ -377,15 +377,19 @@ def ssd_fused_seq_cases() -> Iterator[Case]:
 
 
 def ssd_staged_seq_cases() -> Iterator[Case]:
-    """The staged tensor-core kernels with seq_idx (float16, bfloat16; the forward and the
-    per-head backward forced through the test switches): the options' cases with two starts
-    in one chunk, one at a chunk's first position, one inside a 16-position step."""
+    """The staged tensor-core kernels with seq_idx (float16, bfloat16; the forward, and the
+    per-head and the group products' backward, forced through the test switches): the
+    options' cases with two starts in one chunk, one at a chunk's first position, one
+    inside a 16-position step."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
         return
-    previous = bt._C._ssd_cuda_forward("staged"), bt._C._ssd_cuda_backward("staged")
+    previous = bt._C._ssd_cuda_forward("staged"), bt._C._ssd_cuda_backward("auto")
     try:
-        for dtype in (torch.bfloat16, torch.float16):
-            yield ("ssd staged seq_idx", lambda dtype=dtype: _ssd_option_inputs(dtype, False, (5, 21, 32, 50)),
+        for dtype, backward in ((torch.bfloat16, "staged"), (torch.float16, "staged"),
+                                (torch.bfloat16, "group_mma"), (torch.bfloat16, "group_wgmma")):
+            bt._C._ssd_cuda_backward(backward)
+            yield (f"ssd staged seq_idx backward={backward}",
+                   lambda dtype=dtype: _ssd_option_inputs(dtype, False, (5, 21, 32, 50)),
                    _ssd_option_run, ("ssd_chunk_scan_combined",))
     finally:
         bt._C._ssd_cuda_forward(previous[0])

@@ -261,8 +261,9 @@ def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
     non-monotone ids): a NaN in one sequence's x, B, C or output gradient, or an Inf in its
     dt, changes no value of any other sequence's output or per-step gradients, on every
     chunk size. On CUDA the staged kernels (forced; at this head_dim the plan's choice
-    too): SIMT for float32 and float64, tensor cores with the per-head backward products
-    for the 16-bit types."""
+    too): SIMT for float32 and float64, tensor cores for the 16-bit types, with the
+    per-head backward products and with the group products (mma.sync, and wgmma where
+    the device has it)."""
     rng = random.Random(17)
     L, H = 150, 4
     t, _ = make_case(rng, 2, L, H, 6, 7, 2, dtype, device, D=True, z=False, dt_bias=False,
@@ -274,9 +275,17 @@ def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
             seq[r, cs[k]:cs[k + 1]] = k % 3   # ids repeat: a start is where the id changes
     seq = seq.to(device)
     dy = torch.randn(2, L, H, 6, dtype=dtype, device=device)
+    half = dtype in (torch.float16, torch.bfloat16)
+    for backward in ("staged", "group_mma", "group_wgmma") if half and device == "cuda" else ("staged",):
+        _many_packed_sequences(t, seq, dy, cuts, backward)
+
+
+def _many_packed_sequences(t, seq, dy, cuts, backward):
+    """test_many_packed_sequences_keep_nan_to_themselves on one CUDA backward route."""
+    L, device = seq.shape[1], seq.device
 
     def run(u, g, chunk):
-        with _cuda_routes("staged", "staged"):
+        with _cuda_routes("staged", backward):
             return _packed_grads(u, seq, g, chunk, slice(None))
 
     for chunk in (16, 64, 100):
@@ -295,24 +304,20 @@ def test_many_packed_sequences_keep_nan_to_themselves(device, dtype):
                         u[name] = target
                     got = run(u, g, chunk)
                     for what, a, b in zip(("y", "dx", "ddt", "dB", "dC"), got, clean):
-                        msg = f"chunk {chunk}, a non-finite {name} in [{lo}, {hi}) of row {r}: {what}"
+                        msg = f"chunk {chunk}, {backward}, a non-finite {name} in [{lo}, {hi}) of row {r}: {what}"
                         torch.testing.assert_close(a[~bad], b[~bad], rtol=0, atol=0, msg=msg)
 
 
-# The group products' backward kernels (float16, bfloat16 on CUDA; the plan's choice here)
-# multiply across a start by a zero decay, as mamba_ssm's Triton kernels do (README,
-# Limitations): strict, so that the day they keep sequences apart this says so.
 @pytest.mark.parametrize("device,backward", [
-    ("cpu", "auto"),
-    pytest.param("cuda", "auto", marks=[requires_cuda, pytest.mark.xfail(
-        strict=True, reason="the group products' SSD backward kernels carry a NaN across a packed-sequence start")]),
-    pytest.param("cuda", "staged", marks=requires_cuda)])
+    ("cpu", "auto"), pytest.param("cuda", "auto", marks=requires_cuda),
+    pytest.param("cuda", "staged", marks=requires_cuda), pytest.param("cuda", "group_mma", marks=requires_cuda)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_packed_sequences_16bit_nan(device, backward, dtype):
     """A NaN in x of the first of two packed sequences, at the head_dim of the fused
     forward (64): the second sequence's output and per-step gradients are those of the
-    run without it; on CUDA the plan's forward (fused) and backward (the group products),
-    or the staged forward with the per-head backward products."""
+    run without it; on CUDA the plan's forward (fused) and backward (the group products,
+    on wgmma on Hopper), the group products on mma.sync, or the staged forward with the
+    per-head backward products."""
     rng = random.Random(23)
     L, cut = 300, 150
     t, _ = make_case(rng, 1, L, 2, 64, 64, 1, dtype, device, D=False, z=False, dt_bias=False,
@@ -323,7 +328,7 @@ def test_packed_sequences_16bit_nan(device, backward, dtype):
     u = dict(t)
     u["x"] = t["x"].clone()
     u["x"][0, 100] = float("nan")
-    with _cuda_routes("auto" if backward == "auto" else "staged", backward):
+    with _cuda_routes("staged" if backward == "staged" else "auto", backward):
         clean = _packed_grads(t, seq, dy, 64, slice(cut, L))
         got = _packed_grads(u, seq, dy, 64, slice(cut, L))
     for what, a, b in zip(("y", "dx", "ddt", "dB", "dC"), got, clean):

@@ -43,26 +43,21 @@
 //   seq_idx          ssd_cumsum_kernel restarts the sum at every sequence start (from
 //                    the start's own dt·A), lowers Acs by kSsdSeqOffset per start since
 //                    the chunk's start, and stores each position's count of those starts
-//                    (`seg`). The kernels that read it select to 0 (never multiply by a
-//                    zero decay: 0·NaN is NaN) a term that crosses a start and leave such
-//                    pairs out of their products (ssd_mma_seg; on tensor cores one product
-//                    per sequence where a 16-position step holds a start), as the CPU
-//                    kernels do: the intra-chunk C·Bᵀ decay matrix exp(Acs_q − Acs_s), the
+//                    (`seg`). Every kernel selects to 0 (never multiplies by a zero decay:
+//                    0·NaN is NaN) a term that crosses a start and leaves such pairs out
+//                    of its products (ssd_mma_seg; on tensor cores one product per
+//                    sequence where a 16-position step holds a start), as the CPU kernels
+//                    do: the intra-chunk C·Bᵀ decay matrix exp(Acs_q − Acs_s), the
 //                    chunk-state weights exp(Acs_last − Acs_s), the inter-chunk exp(Acs_q)
 //                    and the state passing exp(Acs_last); so a NaN or Inf stays in its
 //                    sequence. A position's Acs depends on its own sequence alone (Acs +
 //                    kSsdSeqOffset·seg is the sum from its start), and the tensor-core
-//                    kernels take each position's decays relative to a position of its
-//                    own sequence (ssd_log2_seq). The stable da below is the gradient of
-//                    the reset recurrence (0 at a start, whose decay is not used). Every
-//                    SIMT kernel, the state passes and the tensor-core chunk-state, scan
-//                    and X_s kernels read `seg`; the group products' kernels
-//                    (ssd_chunk_scan_backward_group.cu) do not yet: they read the sum
-//                    without the restarts (acs_cont), which every start lowers by
-//                    kSsdSeqOffset from where it was, so that each decay across a start
-//                    underflows to 0, and on them a NaN or Inf of one sequence reaches
-//                    the others of its chunk, as in mamba_ssm (the fused forwards keep
-//                    sequences apart their own way: ssd_fused_forward.cu).
+//                    kernels take each position's decays relative to a position of its own
+//                    sequence (ssd_log2_seq). The stable da below is the gradient of the
+//                    reset recurrence (0 at a start, whose decay is not used). (The fused
+//                    forwards keep sequences apart their own way: ssd_fused_forward.cu.
+//                    mamba_ssm's Triton kernels multiply across a start, so there a NaN or
+//                    Inf of one sequence reaches the others of its chunk.)
 //   initial_states   seed of the forward state pass (H_0), in ssd_state_pass_kernel,
 //   final_states     which also writes H_nc (the state after the last step) when
 //                    asked; with L = 0 the pass only copies.
@@ -121,7 +116,7 @@
 // NaN in dt or A also poisons, in the backward, the positions of its chunk after it
 // (Acs_last − Acs_s is NaN − NaN), and ±Inf can differ from the recurrence wherever the
 // chunked form sums in another order (Σ_n C·(B·Inf) vs (C·B)·Inf). With seq_idx, none of
-// these reaches another packed sequence (ssd_seq_masks; not on the group products' kernels).
+// these reaches another packed sequence (ssd_seq_masks).
 #pragma once
 
 #include <algorithm>
@@ -186,8 +181,6 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  that grow with the chunk: in float32 that difference
 //                                  alone cost ~1e-6 relative error in y at Q = 100-256
 //                                  (the sequential recurrence in float32: ~2e-7).
-//   acs_cont  [B, H, L] double     the group products' backward with seq_idx: Acs without
-//                                  the restarts (ssd_acs_continued)
 //   dtf       [B, H, L]            dt converted
 //   seg       [B, L] int32         with seq_idx (ssd_seq_masks): the sequence starts in
 //                                  [chunk start, t] at each position t
@@ -251,7 +244,6 @@ struct SsdWorkspace {
   size_t acs = 0, dtf = 0, seg = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
          xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dyp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
   size_t states_t = 0, gstates_t = 0;  // (ssd_state_copies only)
-  size_t acs_cont = 0;                 // (the group products' backward only; 0: none)
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
@@ -294,7 +286,6 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
     return at;
   };
   w.acs = take(bh * l.seqlen, sizeof(double));
-  if (backward && l.group_products) w.acs_cont = take(bh * l.seqlen, sizeof(double));
   w.dtf = take(bh * l.seqlen);
   const bool copies = ssd_state_copies(l);
   w.seg = take(l.batch * l.seqlen, sizeof(int32_t));  // (sized before seq_idx is known)
@@ -335,13 +326,6 @@ Acc* ssd_ws(const SsdChunkScanLaunch& l, size_t offset) {
 // The starts counts (workspace `seg`) where the run keeps sequences apart, else null.
 inline int32_t* ssd_seg(const SsdChunkScanLaunch& l, const SsdWorkspace& w) {
   return ssd_seq_masks(l) ? ssd_ws<int32_t>(l, w.seg) : nullptr;
-}
-
-// The Acs that the group products' kernels read: with seq_idx the cumsum's continued copy
-// (acs_cont: they multiply across a start by a zero decay and need every start to lower
-// Acs), else Acs itself.
-inline const double* ssd_acs_continued(const SsdChunkScanLaunch& l, const SsdWorkspace& w) {
-  return ssd_ws<double>(l, ssd_seq_masks(l) && w.acs_cont != 0 ? w.acs_cont : w.acs);
 }
 
 // Grid for `total` virtual blocks; kernels loop vb = blockIdx.x, += gridDim.x.
@@ -502,13 +486,12 @@ __device__ __forceinline__ Acc ssd_sum32(Acc v) {
 
 // ---- 1. chunk cumsum ---------------------------------------------------------------------
 // A sequence start (seq_idx[b, t] != seq_idx[b, t−1]) at local position t of a chunk
-// lowers Acs at t and after it by this much. Without the restarts (acs_cont) every decay
-// exp(Acs_q − Acs_s) across it, exp(Acs_q) after it and exp(Acs_last) of its chunk
-// underflow to exactly 0 in float and double; with them (`seg`) only while the earlier
-// sequence's sum stays above −kSsdSeqOffset, so the kernels that read `seg` select such
-// terms instead (see the header comment). Differences inside one sequence keep their
-// value (the offset is an integer multiple of a power of two; it costs at most
-// ~2^-40·(starts in the chunk) of absolute precision in Acs).
+// lowers Acs at t and after it by this much, and the sum restarts at t: a decay across
+// the start underflows to 0 only while the earlier sequence's sum stays above
+// −kSsdSeqOffset, so every kernel selects such terms instead (`seg`; see the header
+// comment). Differences inside one sequence keep their value (the offset is an integer
+// multiple of a power of two; it costs at most ~2^-40·(starts in the chunk) of absolute
+// precision in Acs).
 constexpr double kSsdSeqOffset = 4096.0;
 
 template <typename Acc>
@@ -583,7 +566,6 @@ struct SsdCumsumParams {
   double* acs;    // [B, H, L]
   acc_t<T>* dtf;  // [B, H, L]
   int32_t* seg = nullptr;  // [B, L] (ssd_seq_masks), or null
-  double* acs_cont = nullptr;  // [B, H, L]: with seg, Acs without the restarts (ssd_acs_continued), or null
 };
 
 // Warp per (b, h, c): dt_s processed (ssd_dt_process) and stored in Acc for the later
@@ -591,10 +573,10 @@ struct SsdCumsumParams {
 // carry), in the order fixed by the chunk, minus kSsdSeqOffset per sequence start in
 // [chunk start, q] when seq_idx is given. With `seg` the sum also restarts at each start
 // (from the start's own dt·A: an Inf or NaN dt of one sequence stays out of the next
-// one's Acs, and the value of a position depends on its sequence alone), and the warps of
-// head 0 store each position's count of starts there; `acs_cont` then gets the sum
-// without the restarts (every start lowers it by kSsdSeqOffset from where it was, which
-// a restart does not: the sum of an earlier sequence can exceed the offset).
+// one's Acs, and the value of a position depends on its sequence alone; the sum of an
+// earlier sequence can exceed the offset, so a restarted Acs can rise at a start: every
+// kernel that reads it selects across a start), and the warps of head 0 store each
+// position's count of starts there.
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsumParams<T> p) {
   using Acc = acc_t<T>;
@@ -611,7 +593,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
     const Acc bias = p.dt.bias_of(h);
     double* acs = p.acs + bh * p.seqlen + t0;
     Acc* dtf = p.dtf + bh * p.seqlen + t0;
-    double carry = 0, carry_cont = 0;
+    double carry = 0;
     int seg_carry = 0;
     const bool restart = p.seg != nullptr;
     for (int64_t base = 0; base < len; base += 32) {
@@ -625,7 +607,6 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
         if (p.seq_idx != nullptr && t > 0) start = seq_starts_at(p.seq_idx, p.seq_i64, p.seq_s, b, t);
       }
       double v = static_cast<double>(d) * a_h;
-      double vc = v;  // (acs_cont) without the restarts
       int sg = start;
       bool cut = restart && start;  // (restart) a start in [base, i]: v then sums from the last one
 #pragma unroll
@@ -633,25 +614,20 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
         const double u = __shfl_up_sync(0xffffffffu, v, o);
         const int us = __shfl_up_sync(0xffffffffu, sg, o);
         const bool uc = __shfl_up_sync(0xffffffffu, cut, o);
-        const double uvc = p.acs_cont != nullptr ? __shfl_up_sync(0xffffffffu, vc, o) : 0.0;
         if (lane >= o) {
           if (!cut) v += u;
-          vc += uvc;
           sg += us;
           cut = cut || uc;
         }
       }
       const double a = cut ? v : carry + v;
-      const double ac = carry_cont + vc;
       const int starts = seg_carry + sg;
       if (i < len) {
         acs[i] = starts == 0 ? a : a - kSsdSeqOffset * starts;
         dtf[i] = d;
         if (restart && h == 0) p.seg[b * p.seqlen + t0 + i] = starts;
-        if (p.acs_cont != nullptr) p.acs_cont[bh * p.seqlen + t0 + i] = starts == 0 ? ac : ac - kSsdSeqOffset * starts;
       }
       carry = __shfl_sync(0xffffffffu, a, 31);
-      carry_cont = __shfl_sync(0xffffffffu, ac, 31);
       seg_carry += __shfl_sync(0xffffffffu, sg, 31);
     }
   }
@@ -1653,7 +1629,6 @@ void ssd_launch_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaS
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<Acc>(l, w.dtf);
   p.seg = ssd_seg(l, w);
-  if (p.seg != nullptr && w.acs_cont != 0) p.acs_cont = ssd_ws<double>(l, w.acs_cont);
   if (p.total_warps == 0) return;
   ssd_cumsum_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
   check_launch("ssd_chunk_scan(cumsum)");

@@ -89,6 +89,7 @@ struct SsdGroupDcbParams {
   float* xin;        // [B, H, nc, pairs, 64]: the pair's crossing sums at its column positions
   float* xsuf;       // [B, H, nc, pairs, 64]: suffix sums of the pair's row sums
   float* cbt;        // [B, G, nc, pairs, 64, 64]: the pair's C·Bᵀ tile transposed, [s][q]
+  const int32_t* seg = nullptr;  // [B, L] starts counts (SEG), or null
 };
 
 // The crossing sums X_s of the stable da (ssd_chunk_scan.cuh) come from the same pass:
@@ -103,8 +104,11 @@ struct SsdGroupDcbParams {
 // once per X_s it belongs to: no cancelling subtraction.
 // 4 blocks per multiprocessor (128 registers, with C·Bᵀ's 32 floats a few words spill):
 // the 2.7B layer's 640 blocks are 1.2 rounds on an H100's 132 multiprocessors.
-template <typename T>
-__global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdGroupDcbParams<T> p) {
+// SEG (packed sequences: p.seg): M and T are selected to 0 across a start (a tile pair that
+// holds one takes the masked epilogue), and each position's decay is relative to a
+// position of its own sequence (ssd_log2_seq).
+template <typename T, bool SEG = false>
+__global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(const SsdGroupDcbParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   const int tile_elems = kSsdTile * p.ld;
   T* sDy = reinterpret_cast<T*>(ssd_dyn_smem);  // [2][64][ld]: q rows of dy, per head buffer
@@ -115,6 +119,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sColDt[2][kSsdTile];
   __shared__ __align__(16) float sXcol[2][kTcThreads / 32][kSsdTile];  // per warp: Σ_q of the masked row prefixes
   __shared__ float sRowT[2][kSsdTile];                   // the row sums of T
+  __shared__ int sRowSeg[SEG ? kSsdTile : 1], sColSeg[SEG ? kSsdTile : 1];  // SEG: the starts counts
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
@@ -133,7 +138,9 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
     const int rows = min(kSsdTile, len - r0), cols = min(kSsdTile, len - c0);
     const bool live = rw < rows;
     const int hi_np = ti == tj ? warp + 1 : 4;  // column pairs holding s <= q for the warp's rows
-    const bool full = ti > tj && rows == kSsdTile && cols == kSsdTile;  // (block-uniform)
+    const int32_t* seg = SEG ? p.seg + b * p.seqlen + t0 : nullptr;
+    // (block-uniform; SEG: and one sequence, the counts growing with the position)
+    const bool full = ti > tj && rows == kSsdTile && cols == kSsdTile && (!SEG || seg[c0] == seg[r0 + rows - 1]);
     // Whole tiles of 16-byte groups in every head (64 rows and columns, head_dim a multiple
     // of 16, unit inner strides, 16-byte aligned bases and strides): `load` issues each
     // thread's copies straight from its first group's address, without tc_fill's checks
@@ -164,8 +171,14 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
       if (tid < kSsdTile) {
         const int64_t at = (b * p.heads + h) * p.seqlen + t0;
         const double ref = p.acs[at + c0 + cols - 1];
-        sRowL[buf][tid] = tid < rows ? ssd_log2_rel(p.acs[at + r0 + tid], ref) : 0.0f;
-        sColL[buf][tid] = tid < cols ? ssd_log2_rel(p.acs[at + c0 + tid], ref) : 0.0f;
+        if constexpr (SEG) {  // (the counts were stored before the pair's first barrier)
+          const int seg_ref = sColSeg[cols - 1];
+          sRowL[buf][tid] = tid < rows ? ssd_log2_seq(p.acs[at + r0 + tid], sRowSeg[tid], ref, seg_ref) : 0.0f;
+          sColL[buf][tid] = tid < cols ? ssd_log2_seq(p.acs[at + c0 + tid], sColSeg[tid], ref, seg_ref) : 0.0f;
+        } else {
+          sRowL[buf][tid] = tid < rows ? ssd_log2_rel(p.acs[at + r0 + tid], ref) : 0.0f;
+          sColL[buf][tid] = tid < cols ? ssd_log2_rel(p.acs[at + c0 + tid], ref) : 0.0f;
+        }
         sColDt[buf][tid] = tid < cols ? p.dtf[at + c0 + tid] : 0.0f;
       }
     };
@@ -188,6 +201,10 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
     };
 
     __syncthreads();  // the previous virtual block is done with shared memory
+    if (SEG && tid < kSsdTile) {  // (-1, -2 past the chunk: no pair there is one sequence)
+      sRowSeg[tid] = tid < rows ? seg[r0 + tid] : -1;
+      sColSeg[tid] = tid < cols ? seg[c0 + tid] : -2;
+    }
     // C·Bᵀ of the tile pair, once for all heads (float32, exact operands)
     tc_fill<T>(sC, p.ldn, kSsdTile, p.NP, p.C.p + b * p.C.s[0] + (t0 + r0) * p.C.s[1] + g * p.C.s[2], p.C.s[1],
                p.C.s[3], rows, p.N);
@@ -249,8 +266,9 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_dcb_kernel(const SsdG
                 mv = __fmul_rn(m[nt][2 * half + e], w);
                 tv[e] = __fmul_rn(cb[nt][2 * half + e], mv);
               } else {
-                mv = ql < rows && sl < cols && c0 + sl <= r0 + ql ? __fmul_rn(m[nt][2 * half + e], w) : 0.0f;
-                tv[e] = c0 + sl < r0 + ql ? __fmul_rn(cb[nt][2 * half + e], mv) : 0.0f;
+                const bool one = !SEG || sRowSeg[ql] == sColSeg[sl];  // (SEG: a pair of one sequence)
+                mv = ql < rows && sl < cols && c0 + sl <= r0 + ql && one ? __fmul_rn(m[nt][2 * half + e], w) : 0.0f;
+                tv[e] = c0 + sl < r0 + ql && one ? __fmul_rn(cb[nt][2 * half + e], mv) : 0.0f;
               }
               acc[nt][2 * half + e] += mv;
             }
@@ -393,6 +411,7 @@ struct SsdGroupGradParams {
                          // else ssd_group_dcb_round_kernel)
   float* upart;          // dC: U partials [B, H, L, j_tiles]; null for dB
   T* out;                // dC or dB, [B, L, G, N] contiguous
+  const int32_t* seg = nullptr;  // [B, L] starts counts (SEG), or null
 };
 
 // dC (DB false; rows q) or dB (DB true; rows s) of one (b, g, c, 64-row tile, 64-column
@@ -414,7 +433,11 @@ struct SsdGroupGradParams {
 //     shared memory (Lft K-major, the state tile N-major) instead of each warp's 32
 //     mma.sync and 20 ldmatrix; the epilogue is the same (wgmma's m64n64 accumulators are
 //     laid out as the warps' mma.sync m16n8 tiles).
-template <typename T, bool DB, bool WG>
+// SEG (packed sequences: p.seg): dCB's entries across a start are 0 (the dCB kernel), and
+// phase 1 multiplies B or C once per sequence where a 16-position step mixes them
+// (tc_warp_gemm_seg); phase 2 leaves out (selects) the rows the state does not reach (dC:
+// after the chunk's first start; dB: before its last) and their U partials.
+template <typename T, bool DB, bool WG, bool SEG = false>
 __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const SsdGroupGradParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   constexpr int S = ssd_group_grad_stages(DB);
@@ -429,6 +452,10 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
   float* sCf = reinterpret_cast<float*>(smem + p.off_c);        // dC: [64][kSsdGradCLd]
   const int s_elems = WG ? p.KP * kSsdTile : p.KP * kTcLd;
   __shared__ float sScale[S][kSsdTile];  // the rows' rs, per buffer
+  // SEG: the starts counts of the rows (-1 past the chunk) and of phase 1's positions (-2),
+  // and whether the state misses the row
+  __shared__ int sRowSeg[SEG ? kSsdTile : 1], sColSeg[SEG ? kSsdTile : 1];
+  __shared__ bool sRowCut[SEG ? kSsdTile : 1];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
@@ -463,15 +490,30 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
       tc_fill<T, true>(sV, kTcLd, kSsdTile, kSsdTile,
                        vbase + static_cast<int64_t>(kt * kSsdTile) * p.v.s[1] + j0 * p.v.s[3], p.v.s[1], p.v.s[3],
                        min(kSsdTile, len - kt * kSsdTile), p.N - j0);
+      const int kcols = min(kSsdTile, len - kt * kSsdTile);
+      if (SEG && tid < kSsdTile) {
+        const int32_t* seg = p.seg + b * p.seqlen + t0;
+        sColSeg[tid] = tid < kcols ? seg[kt * kSsdTile + tid] : -2;
+        if (kt == k_first) {  // (the rows' counts, once a block: the block's first barrier is behind)
+          const int rs = tid < rows ? seg[r0 + tid] : -1;
+          sRowSeg[tid] = rs;
+          sRowCut[tid] = rs != (DB ? seg[len - 1] : 0);
+        }
+      }
       ssd_cp_async_commit();
       ssd_cp_async_wait<0>();
       __syncthreads();
       // The diagonal tile: only the 16-position k-steps with causal partners.
       // A is stored [m][k] (dC) or read k-major (dB); V is [k][n].
       const int lo = kt == rt && DB ? warp : 0, hi = kt == rt && !DB ? warp + 1 : 4;
-      if (live)
-        tc_warp_gemm<T, DB, true>(acc, DB ? sA + lo * 16 * kTcLd + rw : sA + rw * kTcLd + lo * 16, kTcLd,
-                                  sV + lo * 16 * kTcLd, kTcLd, hi - lo, 0, 4);
+      const T* a_at = DB ? sA + lo * 16 * kTcLd + rw : sA + rw * kTcLd + lo * 16;
+      if (live) {
+        if constexpr (SEG)
+          tc_warp_gemm_seg<T, DB>(acc, a_at, kTcLd, sV + lo * 16 * kTcLd, kTcLd, hi - lo, sRowSeg + rw,
+                                  min(16, rows - rw), sColSeg + lo * 16, kcols - lo * 16);
+        else
+          tc_warp_gemm<T, DB, true>(acc, a_at, kTcLd, sV + lo * 16 * kTcLd, kTcLd, hi - lo, 0, 4);
+      }
     }
 
     // ---- 2. inter-chunk, head by head
@@ -563,6 +605,7 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
         for (int half = 0; half < 2; ++half) {
           const int rl = rw + g8 + 8 * half;
           const float scale = sScale[buf][rl];
+          const bool cut = SEG && sRowCut[rl];  // (selected: the row keeps phase 1's sum, U is 0)
           float dotv = 0.0f;
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt) {
@@ -570,10 +613,12 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
               const float2 cv = *reinterpret_cast<const float2*>(&sCf[rl * kSsdGradCLd + nt * 8 + 2 * t4]);
               dotv += cv.x * acc_h[nt][2 * half] + cv.y * acc_h[nt][2 * half + 1];
             }
-            acc[nt][2 * half] = fmaf(acc_h[nt][2 * half], scale, acc[nt][2 * half]);
-            acc[nt][2 * half + 1] = fmaf(acc_h[nt][2 * half + 1], scale, acc[nt][2 * half + 1]);
+            if (!cut) {
+              acc[nt][2 * half] = fmaf(acc_h[nt][2 * half], scale, acc[nt][2 * half]);
+              acc[nt][2 * half + 1] = fmaf(acc_h[nt][2 * half + 1], scale, acc[nt][2 * half + 1]);
+            }
           }
-          u[half] = scale * dotv;
+          u[half] = cut ? 0.0f : scale * dotv;
         }
         if constexpr (!DB) {  // U partial of this head, row and column tile (fixed xor tree over the row's 4 lanes)
 #pragma unroll
@@ -616,6 +661,7 @@ struct SsdGroupDxParams {
   float* part2;        // [B, H, L, j_tiles]: x·dxpre of the inter-chunk term
   SsdEpilogue<T> epi;  // D·dy_pre (EPI)
   float* dpart;        // DD: dD's partials [B·nc·r_tiles, H, P] (ssd_dD_segments)
+  const int32_t* seg = nullptr;  // [B, L] starts counts (SEG), or null
 };
 
 // dx of one (b, g, c, head split, 64-row tile s, 64-column tile j of head_dim), head by
@@ -645,8 +691,12 @@ struct SsdGroupDxParams {
 // next barrier. 238 → 250 registers, no spills. H200, the 2.7B shape with D and without
 // z: dx 650 → 679–684 µs (688 with a xor tree a value), where the gate kernel it spares
 // took 96.9 µs to read dy and x.
-template <typename T, bool EPI, bool DD>
-__global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
+// SEG (packed sequences: p.seg): the inter-chunk term and its x dot are selected to 0 in
+// the rows before the chunk's last start, P across a start, P·dy runs per sequence where a
+// step mixes them (tc_warp_pv_seg), and each position's decay is relative to a position of
+// its own sequence (ssd_log2_seq).
+template <typename T, bool EPI, bool DD, bool SEG = false>
+__global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
   static_assert(EPI || !DD, "dD's partials come with the D epilogue");
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                             // [64][ld]: B rows s
@@ -659,6 +709,10 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
   __shared__ float sD[EPI ? 2 : 1][kSsdTile];  // EPI: the head's D of columns j0.. (0 past P)
   __shared__ __align__(16) float sDd[DD ? 2 : 1][DD ? kTcThreads / 32 : 1][kSsdTile];  // DD: the warps' dD sums (float2 stores)
   __shared__ double sRef[2];  // written alike by threads 0..63, each reading back its own store
+  // SEG: the starts counts of the rows (-1 past the chunk) and of each buffer's columns (-2),
+  // and whether the state misses the row (before the chunk's last start)
+  __shared__ int sRowSeg[SEG ? kSsdTile : 1], sColSeg[SEG ? 2 : 1][SEG ? kSsdTile : 1];
+  __shared__ bool sRowCut[SEG ? kSsdTile : 1];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   const int64_t n_gs = p.groups * p.nsplit;
@@ -712,13 +766,17 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
 
     // Stage copies: head hi's dy rows of column tile col_tile(k) into buffer `buf`, and (threads
     // below 64) that tile's Acs into a register, stored to shared memory at the stage.
+    int col_seg = 0;  // SEG: the stage's column's starts count (threads below 64)
     auto issue_v = [&](int hi, int k, int buf, double& col_acs) {
       const int c0 = col_tile(k) * kSsdTile, cols = min(kSsdTile, len - c0);
       tc_fill<T, true>(sV + buf * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile, dy_blk + hi * p.dy.s[2] + c0 * p.dy.s[1],
                        p.dy.s[1], p.dy.s[3], cols, p.P - j0);
       // (the index clamped into the tile: an unconditional load, which nothing waits for
       // before the stage; columns past the chunk are masked where the value is used)
-      if (tid < kSsdTile) col_acs = p.acs[at_blk + hi * p.seqlen + c0 + min(tid, cols - 1)];
+      if (tid < kSsdTile) {
+        col_acs = p.acs[at_blk + hi * p.seqlen + c0 + min(tid, cols - 1)];
+        if constexpr (SEG) col_seg = tid < cols ? p.seg[b * p.seqlen + t0 + c0 + tid] : -2;
+      }
     };
     // Head hi's state rows j0.. into the state tile (zeros past P and N), its x rows into
     // x buffer hi % 2 (last read by head hi − 2's epilogue, before head hi − 1's first
@@ -737,6 +795,14 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
     };
 
     __syncthreads();  // the previous virtual block is done with shared memory
+    // SEG: the rows' counts (each thread below 64 reads back its own) and the row tile's
+    // last row's, the reference of the decays
+    const int seg_ref = SEG ? p.seg[b * p.seqlen + t0 + r0 + rows - 1] : 0;
+    if (SEG && tid < kSsdTile) {
+      const int rs = tid < rows ? p.seg[b * p.seqlen + t0 + r0 + tid] : -1;
+      sRowSeg[tid] = rs;
+      sRowCut[tid] = rs != p.seg[b * p.seqlen + t0 + len - 1];
+    }
     tc_fill<T, true>(sL, p.ld, kSsdTile, p.NP, p.B.p + b * p.B.s[0] + (t0 + r0) * p.B.s[1] + g * p.B.s[2], p.B.s[1],
                      p.B.s[3], rows, p.N);
     double col_acs = 0.0, row_acs = 0.0, last = 0.0, ref_next = 0.0;
@@ -759,12 +825,17 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
         if (tid < kSsdTile) {
           if (k == 0) {  // (the registers hold head hi's row data until issue_s(hi + 1) below)
             sRef[hb] = ref_next;
-            sRowL[hb][tid] = ssd_log2_rel(row_acs, ref_next);
+            sRowL[hb][tid] = SEG ? ssd_log2_seq(row_acs, sRowSeg[tid], ref_next, seg_ref) : ssd_log2_rel(row_acs, ref_next);
             sRowDt[hb][tid] = row_dt;
             sRowScale[hb][tid] = tid < rows ? ssd_decay<float>(last - row_acs) : 0.0f;
             if constexpr (EPI) sD[hb][tid] = j0 + tid < p.P ? p.epi.D[h * p.epi.D_s0 + (j0 + tid) * p.epi.D_s1] : 0.0f;
           }
-          sColL[buf][tid] = ssd_log2_rel(col_acs, sRef[hb]);
+          if constexpr (SEG) {
+            sColL[buf][tid] = ssd_log2_seq(col_acs, col_seg, sRef[hb], seg_ref);
+            sColSeg[buf][tid] = col_seg;
+          } else {
+            sColL[buf][tid] = ssd_log2_rel(col_acs, sRef[hb]);
+          }
         }
         // this stage's B·Cᵀ values (rows g8, g8 + 8 of the warp; the lane's columns)
         float cb[8][4];
@@ -789,16 +860,18 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
             for (int half = 0; half < 2; ++half) {
               const int rl = rw + g8 + 8 * half;
               const float scale = sRowScale[hb][rl];
+              const bool cut = SEG && sRowCut[rl];  // (selected, with its dot)
 #pragma unroll
               for (int nt = 0; nt < 8; ++nt) {
                 T xs[2];
                 ssd_smem_pair(xs, xs_head + rl * kTcLd + nt * 8 + 2 * t4);
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                  acc[nt][2 * half + e] *= scale;
+                  acc[nt][2 * half + e] = cut ? 0.0f : acc[nt][2 * half + e] * scale;
                   dot[half] += to_acc(xs[e]) * acc[nt][2 * half + e];
                 }
               }
+              if (cut) dot[half] = 0.0f;
             }
 #pragma unroll
             for (int half = 0; half < 2; ++half) {  // part2: fixed xor tree over the row's 4 lanes
@@ -835,20 +908,27 @@ __global__ void __launch_bounds__(kTcThreads, EPI ? 2 : 3) ssd_group_dx_kernel(c
                 const int cg = c0 + nt * 8 + 2 * t4 + e;
                 const float v = cb[nt][2 * half + e] * ssd_exp2((e ? ca.y : ca.x) - ra);
                 if constexpr (decltype(masked)::value)
-                  cb[nt][2 * half + e] = cg >= rg && rg < len && cg < len ? v : 0.0f;
+                  cb[nt][2 * half + e] =
+                      cg >= rg && rg < len && cg < len && (!SEG || sRowSeg[rl] == sColSeg[buf][nt * 8 + 2 * t4 + e])
+                          ? v
+                          : 0.0f;
                 else
                   cb[nt][2 * half + e] = v;
               }
             }
           }
         };
-        if (ct != rt && c0 + kSsdTile <= len)
+        if (!SEG && ct != rt && c0 + kSsdTile <= len)
           weigh(std::false_type{});
         else
           weigh(std::true_type{});
         uint32_t pa[4][4];
         tc_to_a_frags<T>(cb, pa);
-        tc_warp_pv<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4);
+        if constexpr (SEG)
+          tc_warp_pv_seg<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4, sRowSeg + rw,
+                            min(16, rows - rw), sColSeg[buf], min(kSsdTile, len - c0));
+        else
+          tc_warp_pv<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4);
       }
       if (!live) continue;
       // part: x·dxpre; dx = dt·dxpre (+ D·dy_pre)
@@ -937,8 +1017,9 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.B = ssd_operand<T>(l.B, l.B_stride, false);
   p.C = ssd_operand<T>(l.C, l.C_stride, false);
-  p.acs = ssd_acs_continued(l, w);
+  p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
+  p.seg = ssd_seg(l, w);
   p.dcb = p.nsplit > 1 ? ssd_ws<float>(l, w.dcb) : nullptr;
   p.dcb_t = ssd_ws<T>(l, w.dcb_t);
   p.xin = ssd_ws<float>(l, w.xin);
@@ -947,8 +1028,14 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   if (p.total_blocks == 0) return;
   // the heads' two dy and two x buffers, or (before them) the C and B tiles
   const int smem = std::max(4 * kSsdTile * p.ld, 2 * kSsdTile * p.ldn) * static_cast<int>(sizeof(T));
-  allow_dynamic_smem(ssd_group_dcb_kernel<T>, smem, "ssd_chunk_scan_backward(group_dcb)");
-  ssd_group_dcb_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  auto run = [&](auto kernel) {
+    allow_dynamic_smem(kernel, smem, "ssd_chunk_scan_backward(group_dcb)");
+    kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  };
+  if (p.seg != nullptr)
+    run(ssd_group_dcb_kernel<T, true>);
+  else
+    run(ssd_group_dcb_kernel<T>);
   check_launch("ssd_chunk_scan_backward(group_dcb)");
   if (p.nsplit > 1) {
     const int64_t per_split = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
@@ -990,21 +1077,34 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.v = DB ? ssd_operand<T>(l.C, l.C_stride, false) : ssd_operand<T>(l.B, l.B_stride, false);
   p.dot = ssd_operand<T>(l.C, l.C_stride, false);
   p.state = ssd_ws<T>(l, DB ? w.gstates_t : w.states_t);
-  p.acs = ssd_acs_continued(l, w);
+  p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
+  p.seg = ssd_seg(l, w);
   p.dcb = ssd_ws<T>(l, w.dcb_t);
   p.upart = DB ? nullptr : ssd_ws<float>(l, w.up);
   p.out = static_cast<T*>(DB ? l.dB : l.dC);
   if (p.total_blocks == 0) return;
-  allow_dynamic_smem(ssd_group_grad_kernel<T, DB, WG>, smem, op);
-  ssd_group_grad_kernel<T, DB, WG><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  auto run = [&](auto kernel) {
+    allow_dynamic_smem(kernel, smem, op);
+    kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  };
+  if (p.seg != nullptr)
+    run(ssd_group_grad_kernel<T, DB, WG, true>);
+  else
+    run(ssd_group_grad_kernel<T, DB, WG>);
   check_launch(op);
 }
 
 template <typename T, bool EPI, bool DD>
 void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, cudaStream_t stream) {
-  allow_dynamic_smem(ssd_group_dx_kernel<T, EPI, DD>, smem, "ssd_chunk_scan_backward(group_dx)");
-  ssd_group_dx_kernel<T, EPI, DD><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  auto run = [&](auto kernel) {
+    allow_dynamic_smem(kernel, smem, "ssd_chunk_scan_backward(group_dx)");
+    kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+  };
+  if (p.seg != nullptr)
+    run(ssd_group_dx_kernel<T, EPI, DD, true>);
+  else
+    run(ssd_group_dx_kernel<T, EPI, DD>);
   check_launch("ssd_chunk_scan_backward(group_dx)");
 }
 
@@ -1032,8 +1132,9 @@ void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t 
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.B = ssd_operand<T>(l.B, l.B_stride, false);
-  p.acs = ssd_acs_continued(l, w);
+  p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
+  p.seg = ssd_seg(l, w);
   p.state = ssd_ws<T>(l, w.gstates_t);
   p.cbt = ssd_ws<float>(l, w.cbt);
   p.out = static_cast<T*>(l.dx);

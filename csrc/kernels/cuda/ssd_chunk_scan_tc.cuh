@@ -239,53 +239,86 @@ __device__ __forceinline__ void tc_warp_pv(float (&acc)[8][4], const uint32_t (&
   }
 }
 
-// tc_warp_pv for packed sequences (ssd_seq_masks): rseg, the starts counts of the warp's
-// 16 rows (nrows of them inside the chunk), cseg, those of the tile's 64 columns (ncols
-// inside). P's entries across a start are 0, but 0·V is NaN for a NaN V, so a k-step whose
-// columns and the warp's rows are not all one sequence multiplies V once per sequence of
-// both: V's fragments of the other columns selected to 0, into an accumulator of its own
-// that only that sequence's rows add. (All warp-uniform: every lane reads the same counts.)
+// One 16-position k-step of acc += A·V for packed sequences (ssd_seq_masks): a, the warp's A
+// fragments of the step; vrow, this lane's ldmatrix row address of V's step ([k][n] tiles,
+// + 16 elements a 16-column pair np); k0, the step's first position in the tile, ncols the
+// tile's positions inside the chunk; r_lo, r_hi the starts counts of the warp's first and
+// last row inside the chunk, sa, sb those of the lane's rows g8, g8 + 8 (-1 outside);
+// cseg, the counts of the tile's positions. A's entries across a start are 0, but 0·V is
+// NaN for a NaN V, so a step whose positions and the warp's rows are not all one sequence
+// multiplies V once per sequence of both: V's fragments of the other positions selected to
+// 0, into an accumulator of its own that only that sequence's rows add. (Warp-uniform:
+// every lane reads the same counts.)
+template <typename T>
+__device__ __forceinline__ void tc_step_seg(float (&acc)[8][4], const uint32_t (&a)[4], const T* vrow, int k0,
+                                            int ncols, int r_lo, int r_hi, int sa, int sb, const int* cseg) {
+  const int lane = threadIdx.x % 32, t4 = lane % 4;
+  if (k0 >= ncols) return;  // (past the chunk: A = 0, V = 0)
+  const int c_lo = cseg[k0], c_hi = cseg[min(k0 + 15, ncols - 1)];
+  if (c_lo == r_hi && c_hi == r_lo) {  // (then r_lo = r_hi = c_lo = c_hi) one sequence
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ssd_ldsm_x4_t(b, vrow + np * 16);
+      ssd_mma16816<T>(acc[2 * np], a, b[0], b[1]);
+      ssd_mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
+    }
+    return;
+  }
+  for (int q = max(c_lo, r_lo); q <= min(c_hi, r_hi); ++q) {
+    // sequence q's positions of the step, [lo, hi) (the counts grow with the position)
+    const unsigned m = __ballot_sync(0xffffffffu, lane < 16 && k0 + lane < ncols && cseg[k0 + lane] == q) & 0xffffu;
+    const int lo = k0 + __ffs(m) - 1, hi = lo + __popc(m);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ssd_ldsm_x4_t(b, vrow + np * 16);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b[i] = keep2(b[i], k0 + 2 * t4 + (i & 1) * 8, lo, hi);
+      float u0[4] = {}, u1[4] = {};
+      ssd_mma16816<T>(u0, a, b[0], b[1]);
+      ssd_mma16816<T>(u1, a, b[2], b[3]);
+      if (sa == q) acc[2 * np][0] += u0[0], acc[2 * np][1] += u0[1], acc[2 * np + 1][0] += u1[0], acc[2 * np + 1][1] += u1[1];
+      if (sb == q) acc[2 * np][2] += u0[2], acc[2 * np][3] += u0[3], acc[2 * np + 1][2] += u1[2], acc[2 * np + 1][3] += u1[3];
+    }
+  }
+}
+
+// tc_warp_pv for packed sequences (tc_step_seg): rseg, the starts counts of the warp's 16
+// rows (nrows of them inside the chunk), cseg, those of the tile's 64 positions (ncols
+// inside).
 template <typename T>
 __device__ __forceinline__ void tc_warp_pv_seg(float (&acc)[8][4], const uint32_t (&pa)[4][4], const T* sV,
                                                int kk_lo, int kk_hi, const int* rseg, int nrows, const int* cseg,
                                                int ncols) {
-  const int lane = threadIdx.x % 32, g8 = lane / 4, t4 = lane % 4;
+  const int lane = threadIdx.x % 32, g8 = lane / 4;
   const int r_lo = rseg[0], r_hi = rseg[nrows - 1];
   const int sa = g8 < nrows ? rseg[g8] : -1, sb = g8 + 8 < nrows ? rseg[g8 + 8] : -1;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    const int c0 = kk * 16;
-    if (kk < kk_lo || kk >= kk_hi || c0 >= ncols) continue;  // (past the chunk: P = 0, V = 0)
-    const int c_lo = cseg[c0], c_hi = cseg[min(c0 + 15, ncols - 1)];
-    const T* vrow = sV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kTcLd + (lane / 16) * 8;
-    if (c_lo == r_hi && c_hi == r_lo) {  // (then r_lo = r_hi = c_lo = c_hi) one sequence
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ssd_ldsm_x4_t(b, vrow + np * 16);
-        ssd_mma16816<T>(acc[2 * np], pa[kk], b[0], b[1]);
-        ssd_mma16816<T>(acc[2 * np + 1], pa[kk], b[2], b[3]);
-      }
-      continue;
-    }
-    for (int q = max(c_lo, r_lo); q <= min(c_hi, r_hi); ++q) {
-      // sequence q's columns of the step, [lo, hi) (the counts grow with the position)
-      const unsigned m =
-          __ballot_sync(0xffffffffu, lane < 16 && c0 + lane < ncols && cseg[c0 + lane] == q) & 0xffffu;
-      const int lo = c0 + __ffs(m) - 1, hi = lo + __popc(m);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        ssd_ldsm_x4_t(b, vrow + np * 16);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) b[i] = keep2(b[i], c0 + 2 * t4 + (i & 1) * 8, lo, hi);
-        float u0[4] = {}, u1[4] = {};
-        ssd_mma16816<T>(u0, pa[kk], b[0], b[1]);
-        ssd_mma16816<T>(u1, pa[kk], b[2], b[3]);
-        if (sa == q) acc[2 * np][0] += u0[0], acc[2 * np][1] += u0[1], acc[2 * np + 1][0] += u1[0], acc[2 * np + 1][1] += u1[1];
-        if (sb == q) acc[2 * np][2] += u0[2], acc[2 * np][3] += u0[3], acc[2 * np + 1][2] += u1[2], acc[2 * np + 1][3] += u1[3];
-      }
-    }
+    if (kk < kk_lo || kk >= kk_hi) continue;
+    tc_step_seg<T>(acc, pa[kk], sV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kTcLd + (lane / 16) * 8, kk * 16,
+                   ncols, r_lo, r_hi, sa, sb, cseg);
+  }
+}
+
+// tc_warp_gemm<T, A_KM, true> for packed sequences (tc_step_seg; all four 16-column pairs):
+// rseg / nrows and cseg / ncols as in tc_warp_pv_seg, the k positions those of B's rows.
+template <typename T, bool A_KM>
+__device__ __forceinline__ void tc_warp_gemm_seg(float (&acc)[8][4], const T* sA, int lda, const T* sB, int ldb,
+                                                 int ksteps, const int* rseg, int nrows, const int* cseg,
+                                                 int ncols) {
+  const int lane = threadIdx.x % 32, g8 = lane / 4;
+  const int r_lo = rseg[0], r_hi = rseg[nrows - 1];
+  const int sa = g8 < nrows ? rseg[g8] : -1, sb = g8 + 8 < nrows ? rseg[g8 + 8] : -1;
+  for (int kk = 0; kk < ksteps; ++kk) {
+    uint32_t a[4];
+    if constexpr (A_KM)
+      ssd_ldsm_x4_t(a, sA + (kk * 16 + (lane / 16) * 8 + lane % 8) * lda + ((lane / 8) % 2) * 8);
+    else
+      ssd_ldsm_x4(a, sA + (lane % 16) * lda + kk * 16 + (lane / 16) * 8);
+    tc_step_seg<T>(acc, a, sB + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * ldb + (lane / 16) * 8, kk * 16, ncols,
+                   r_lo, r_hi, sa, sb, cseg);
   }
 }
 
