@@ -508,9 +508,13 @@ __global__ void __launch_bounds__(kTcThreads, 4) ssd_group_grad_kernel(const Ssd
       const int lo = kt == rt && DB ? warp : 0, hi = kt == rt && !DB ? warp + 1 : 4;
       const T* a_at = DB ? sA + lo * 16 * kTcLd + rw : sA + rw * kTcLd + lo * 16;
       if (live) {
-        if constexpr (SEG)
-          tc_warp_gemm_seg<T, DB>(acc, a_at, kTcLd, sV + lo * 16 * kTcLd, kTcLd, hi - lo, sRowSeg + rw,
-                                  min(16, rows - rw), sColSeg + lo * 16, kcols - lo * 16);
+        // SEG: per sequence only where the warp's rows and the step's positions are not all
+        // one (warp-uniform; the counts grow with the position)
+        const int w_rows = min(16, rows - rw);
+        if (SEG && !(sRowSeg[rw] == sRowSeg[rw + w_rows - 1] && sColSeg[0] == sColSeg[kcols - 1] &&
+                     sRowSeg[rw] == sColSeg[0]))
+          tc_warp_gemm_seg<T, DB>(acc, a_at, kTcLd, sV + lo * 16 * kTcLd, kTcLd, hi - lo, sRowSeg + rw, w_rows,
+                                  sColSeg + lo * 16, kcols - lo * 16);
         else
           tc_warp_gemm<T, DB, true>(acc, a_at, kTcLd, sV + lo * 16 * kTcLd, kTcLd, hi - lo, 0, 4);
       }
@@ -890,6 +894,11 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
         if (k == 0 && hi + 1 < nh) issue_s(hi + 1, row_acs, row_dt, last, ref_next);
         ssd_cp_async_commit();
         if (!live) continue;
+        // SEG: whether the warp's rows and the column tile are all one sequence (warp-uniform;
+        // the counts grow with the position): then the stage is the plain kernel's
+        const int w_rows = min(16, rows - rw), t_cols = min(kSsdTile, len - c0);
+        const bool one = !SEG || (sRowSeg[rw] == sRowSeg[rw + w_rows - 1] &&
+                                  sColSeg[buf][0] == sColSeg[buf][t_cols - 1] && sRowSeg[rw] == sColSeg[buf][0]);
         // P = B·Cᵀ ∘ exp(Acs_q − Acs_s) over q >= s (selected, not multiplied, to 0), then P·dy.
         // A column tile after the diagonal one and inside the chunk has no pair to select
         // (each of its rows is inside the chunk too): its stage skips the 3 compares and the
@@ -909,7 +918,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
                 const float v = cb[nt][2 * half + e] * ssd_exp2((e ? ca.y : ca.x) - ra);
                 if constexpr (decltype(masked)::value)
                   cb[nt][2 * half + e] =
-                      cg >= rg && rg < len && cg < len && (!SEG || sRowSeg[rl] == sColSeg[buf][nt * 8 + 2 * t4 + e])
+                      cg >= rg && rg < len && cg < len && (one || sRowSeg[rl] == sColSeg[buf][nt * 8 + 2 * t4 + e])
                           ? v
                           : 0.0f;
                 else
@@ -918,15 +927,15 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
             }
           }
         };
-        if (!SEG && ct != rt && c0 + kSsdTile <= len)
+        if (one && ct != rt && c0 + kSsdTile <= len)
           weigh(std::false_type{});
         else
           weigh(std::true_type{});
         uint32_t pa[4][4];
         tc_to_a_frags<T>(cb, pa);
-        if constexpr (SEG)
-          tc_warp_pv_seg<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4, sRowSeg + rw,
-                            min(16, rows - rw), sColSeg[buf], min(kSsdTile, len - c0));
+        if (SEG && !one)
+          tc_warp_pv_seg<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4, sRowSeg + rw, w_rows,
+                            sColSeg[buf], t_cols);
         else
           tc_warp_pv<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4);
       }

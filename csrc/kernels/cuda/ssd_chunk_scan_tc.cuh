@@ -825,6 +825,11 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
         __syncthreads();
         if (!live) continue;
         const int lo = np_lo(ct), hi_ = np_hi(ct);
+        // SEG: whether the warp's rows and the column tile are all one sequence (warp-uniform;
+        // the counts grow with the position): then nothing below needs the counts
+        const int w_rows = min(16, rows - rw), t_cols = min(kSsdTile, len - c0);
+        const bool one = !SEG || (sRowSeg[rw] == sRowSeg[rw + w_rows - 1] && sColSeg[0] == sColSeg[t_cols - 1] &&
+                                  sRowSeg[rw] == sColSeg[0]);
         float cb[8][4];
         if (k < n_cached) {
           const float* slot_p = sCache + (k * 4 + warp) * 1024 + lane;
@@ -849,7 +854,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
               const int cl = nt * 8 + 2 * t4 + e, cg = c0 + cl;
               const bool causal = kRev ? cg >= rg : cg <= rg;
               float v = 0.0f;
-              if (causal && rg < len && cg < len && (!SEG || sRowSeg[rl] == sColSeg[cl])) {
+              if (causal && rg < len && cg < len && (one || sRowSeg[rl] == sColSeg[cl])) {
                 if (kRev) {
                   v = cb[nt][2 * half + e] * ssd_exp2(sColL[cl] - ra);
                   if (MODE == kSsdDB) v *= rd;
@@ -862,9 +867,8 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_tc_scan_kernel(const SsdTcS
         }
         uint32_t pa[4][4];
         tc_to_a_frags<T>(cb, pa);
-        if constexpr (SEG)
-          tc_warp_pv_seg<T>(acc, pa, sV(k), lo, hi_, sRowSeg + rw, min(16, rows - rw), sColSeg,
-                            min(kSsdTile, len - c0));
+        if (SEG && !one)
+          tc_warp_pv_seg<T>(acc, pa, sV(k), lo, hi_, sRowSeg + rw, w_rows, sColSeg, t_cols);
         else
           tc_warp_pv<T>(acc, pa, sV(k), lo, hi_);
       }
