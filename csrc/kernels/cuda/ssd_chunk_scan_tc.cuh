@@ -196,16 +196,23 @@ __device__ __forceinline__ void sw128_fill(unsigned char* dst, int nrows, int kc
 // `ksteps` k-steps of 16. A is the warp's 16 rows, stored [m][k] at sA (row stride lda),
 // or [k][m] when A_KM (sA then points at the warp's first column). B has 64 columns,
 // stored [n][k] (row stride ldb), or [k][n] when B_KN.
+// The warp's A fragments of k-step kk (tc_warp_gemm's A layouts).
+template <bool A_KM, typename T>
+__device__ __forceinline__ void tc_load_a(uint32_t (&a)[4], const T* sA, int lda, int kk) {
+  const int lane = threadIdx.x % 32;
+  if constexpr (A_KM)
+    ssd_ldsm_x4_t(a, sA + (kk * 16 + (lane / 16) * 8 + lane % 8) * lda + ((lane / 8) % 2) * 8);
+  else
+    ssd_ldsm_x4(a, sA + (lane % 16) * lda + kk * 16 + (lane / 16) * 8);
+}
+
 template <typename T, bool A_KM, bool B_KN>
 __device__ __forceinline__ void tc_warp_gemm(float (&acc)[8][4], const T* sA, int lda, const T* sB, int ldb,
                                              int ksteps, int np_lo, int np_hi) {
   const int lane = threadIdx.x % 32;
   for (int kk = 0; kk < ksteps; ++kk) {
     uint32_t a[4];
-    if constexpr (A_KM)
-      ssd_ldsm_x4_t(a, sA + (kk * 16 + (lane / 16) * 8 + lane % 8) * lda + ((lane / 8) % 2) * 8);
-    else
-      ssd_ldsm_x4(a, sA + (lane % 16) * lda + kk * 16 + (lane / 16) * 8);
+    tc_load_a<A_KM>(a, sA, lda, kk);
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       if (np < np_lo || np >= np_hi) continue;
@@ -242,20 +249,28 @@ __device__ __forceinline__ void tc_warp_pv(float (&acc)[8][4], const uint32_t (&
 // One 16-position k-step of acc += A·V for packed sequences (ssd_seq_masks): a, the warp's A
 // fragments of the step; vrow, this lane's ldmatrix row address of V's step ([k][n] tiles,
 // + 16 elements a 16-column pair np); k0, the step's first position in the tile, ncols the
-// tile's positions inside the chunk; r_lo, r_hi the starts counts of the warp's first and
-// last row inside the chunk, sa, sb those of the lane's rows g8, g8 + 8 (-1 outside);
-// cseg, the counts of the tile's positions. A's entries across a start are 0, but 0·V is
+// tile's positions inside the chunk; rs, the starts counts of the warp's rows (tc_row_seg);
+// cseg, those of the tile's positions. A's entries across a start are 0, but 0·V is
 // NaN for a NaN V, so a step whose positions and the warp's rows are not all one sequence
 // multiplies V once per sequence of both: V's fragments of the other positions selected to
 // 0, into an accumulator of its own that only that sequence's rows add. (Warp-uniform:
 // every lane reads the same counts.)
+struct TcRowSeg {
+  int lo, hi;  // the counts of the warp's first and last row inside the chunk
+  int a, b;    // those of the lane's rows g8, g8 + 8 (-1 outside)
+};
+__device__ __forceinline__ TcRowSeg tc_row_seg(const int* rseg, int nrows) {
+  const int g8 = (threadIdx.x % 32) / 4;
+  return {rseg[0], rseg[nrows - 1], g8 < nrows ? rseg[g8] : -1, g8 + 8 < nrows ? rseg[g8 + 8] : -1};
+}
+
 template <typename T>
 __device__ __forceinline__ void tc_step_seg(float (&acc)[8][4], const uint32_t (&a)[4], const T* vrow, int k0,
-                                            int ncols, int r_lo, int r_hi, int sa, int sb, const int* cseg) {
+                                            int ncols, const TcRowSeg& rs, const int* cseg) {
   const int lane = threadIdx.x % 32, t4 = lane % 4;
   if (k0 >= ncols) return;  // (past the chunk: A = 0, V = 0)
   const int c_lo = cseg[k0], c_hi = cseg[min(k0 + 15, ncols - 1)];
-  if (c_lo == r_hi && c_hi == r_lo) {  // (then r_lo = r_hi = c_lo = c_hi) one sequence
+  if (c_lo == rs.hi && c_hi == rs.lo) {  // (then all four are equal) one sequence
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t b[4];
@@ -265,7 +280,7 @@ __device__ __forceinline__ void tc_step_seg(float (&acc)[8][4], const uint32_t (
     }
     return;
   }
-  for (int q = max(c_lo, r_lo); q <= min(c_hi, r_hi); ++q) {
+  for (int q = max(c_lo, rs.lo); q <= min(c_hi, rs.hi); ++q) {
     // sequence q's positions of the step, [lo, hi) (the counts grow with the position)
     const unsigned m = __ballot_sync(0xffffffffu, lane < 16 && k0 + lane < ncols && cseg[k0 + lane] == q) & 0xffffu;
     const int lo = k0 + __ffs(m) - 1, hi = lo + __popc(m);
@@ -278,8 +293,8 @@ __device__ __forceinline__ void tc_step_seg(float (&acc)[8][4], const uint32_t (
       float u0[4] = {}, u1[4] = {};
       ssd_mma16816<T>(u0, a, b[0], b[1]);
       ssd_mma16816<T>(u1, a, b[2], b[3]);
-      if (sa == q) acc[2 * np][0] += u0[0], acc[2 * np][1] += u0[1], acc[2 * np + 1][0] += u1[0], acc[2 * np + 1][1] += u1[1];
-      if (sb == q) acc[2 * np][2] += u0[2], acc[2 * np][3] += u0[3], acc[2 * np + 1][2] += u1[2], acc[2 * np + 1][3] += u1[3];
+      if (rs.a == q) acc[2 * np][0] += u0[0], acc[2 * np][1] += u0[1], acc[2 * np + 1][0] += u1[0], acc[2 * np + 1][1] += u1[1];
+      if (rs.b == q) acc[2 * np][2] += u0[2], acc[2 * np][3] += u0[3], acc[2 * np + 1][2] += u1[2], acc[2 * np + 1][3] += u1[3];
     }
   }
 }
@@ -291,14 +306,13 @@ template <typename T>
 __device__ __forceinline__ void tc_warp_pv_seg(float (&acc)[8][4], const uint32_t (&pa)[4][4], const T* sV,
                                                int kk_lo, int kk_hi, const int* rseg, int nrows, const int* cseg,
                                                int ncols) {
-  const int lane = threadIdx.x % 32, g8 = lane / 4;
-  const int r_lo = rseg[0], r_hi = rseg[nrows - 1];
-  const int sa = g8 < nrows ? rseg[g8] : -1, sb = g8 + 8 < nrows ? rseg[g8 + 8] : -1;
+  const int lane = threadIdx.x % 32;
+  const TcRowSeg rs = tc_row_seg(rseg, nrows);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if (kk < kk_lo || kk >= kk_hi) continue;
     tc_step_seg<T>(acc, pa[kk], sV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kTcLd + (lane / 16) * 8, kk * 16,
-                   ncols, r_lo, r_hi, sa, sb, cseg);
+                   ncols, rs, cseg);
   }
 }
 
@@ -308,17 +322,13 @@ template <typename T, bool A_KM>
 __device__ __forceinline__ void tc_warp_gemm_seg(float (&acc)[8][4], const T* sA, int lda, const T* sB, int ldb,
                                                  int ksteps, const int* rseg, int nrows, const int* cseg,
                                                  int ncols) {
-  const int lane = threadIdx.x % 32, g8 = lane / 4;
-  const int r_lo = rseg[0], r_hi = rseg[nrows - 1];
-  const int sa = g8 < nrows ? rseg[g8] : -1, sb = g8 + 8 < nrows ? rseg[g8 + 8] : -1;
+  const int lane = threadIdx.x % 32;
+  const TcRowSeg rs = tc_row_seg(rseg, nrows);
   for (int kk = 0; kk < ksteps; ++kk) {
     uint32_t a[4];
-    if constexpr (A_KM)
-      ssd_ldsm_x4_t(a, sA + (kk * 16 + (lane / 16) * 8 + lane % 8) * lda + ((lane / 8) % 2) * 8);
-    else
-      ssd_ldsm_x4(a, sA + (lane % 16) * lda + kk * 16 + (lane / 16) * 8);
+    tc_load_a<A_KM>(a, sA, lda, kk);
     tc_step_seg<T>(acc, a, sB + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * ldb + (lane / 16) * 8, kk * 16, ncols,
-                   r_lo, r_hi, sa, sb, cseg);
+                   rs, cseg);
   }
 }
 
