@@ -213,8 +213,7 @@ def _packed_grads(t, seq, dy, chunk, sl):
 
 
 # (float32: on CUDA the SIMT kernels, which end their products at every start as the CPU
-# kernels do; the group products' backward kernels of the 16-bit types still multiply
-# across a start by a zero decay, as mamba_ssm's Triton kernels do: README, Limitations.)
+# kernels do; the 16-bit types' tensor-core kernels: the tests below.)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("preference", ["fastest", "precise"])
 @pytest.mark.parametrize("chunk,cut", [(8, 13), (5, 15), (16, 1), (64, 39)])
