@@ -192,10 +192,6 @@ __device__ __forceinline__ void sw128_fill(unsigned char* dst, int nrows, int kc
 }
 
 // ---- warp-level tile products -------------------------------------------------------------
-// acc[nt] (the 16 × 8 tiles nt = 2·np, 2·np + 1 for np_lo <= np < np_hi) += A · B over
-// `ksteps` k-steps of 16. A is the warp's 16 rows, stored [m][k] at sA (row stride lda),
-// or [k][m] when A_KM (sA then points at the warp's first column). B has 64 columns,
-// stored [n][k] (row stride ldb), or [k][n] when B_KN.
 // The warp's A fragments of k-step kk (tc_warp_gemm's A layouts).
 template <bool A_KM, typename T>
 __device__ __forceinline__ void tc_load_a(uint32_t (&a)[4], const T* sA, int lda, int kk) {
@@ -206,6 +202,10 @@ __device__ __forceinline__ void tc_load_a(uint32_t (&a)[4], const T* sA, int lda
     ssd_ldsm_x4(a, sA + (lane % 16) * lda + kk * 16 + (lane / 16) * 8);
 }
 
+// acc[nt] (the 16 × 8 tiles nt = 2·np, 2·np + 1 for np_lo <= np < np_hi) += A · B over
+// `ksteps` k-steps of 16. A is the warp's 16 rows, stored [m][k] at sA (row stride lda),
+// or [k][m] when A_KM (sA then points at the warp's first column). B has 64 columns,
+// stored [n][k] (row stride ldb), or [k][n] when B_KN.
 template <typename T, bool A_KM, bool B_KN>
 __device__ __forceinline__ void tc_warp_gemm(float (&acc)[8][4], const T* sA, int lda, const T* sB, int ldb,
                                              int ksteps, int np_lo, int np_hi) {
