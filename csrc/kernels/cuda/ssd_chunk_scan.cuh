@@ -334,6 +334,18 @@ inline unsigned int ssd_grid(int64_t total) {
 }
 
 // ---- device helpers ----------------------------------------------------------------------
+// With seq_idx, the group products' dCB and dx kernels (ssd_chunk_scan_backward_group.cu)
+// launch twice: the plain instantiation takes the virtual blocks whose positions lo..hi
+// of the chunk (`seg`: the chunk's starts counts) are one sequence, where it computes what
+// the SEG one would (every decay within one sequence, no term to select), and the SEG
+// instantiation the others. Whether this instantiation skips the block (never where seg
+// is null: no seq_idx, the plain kernel alone). The SEG kernels take more registers (fewer
+// blocks a multiprocessor) for what only the blocks holding a start need.
+template <bool SEG>
+__device__ __forceinline__ bool ssd_seg_skip(const int32_t* seg, int lo, int hi) {
+  return seg != nullptr && (seg[lo] == seg[hi]) == SEG;
+}
+
 // Peels one index off a flat index (a virtual block number, an element index): returns
 // v % d and leaves v / d in v, in 32-bit arithmetic where `narrow` (every flat index of the
 // launch fits 32 bits: ssd_narrow of their count): a 64-bit division is a long

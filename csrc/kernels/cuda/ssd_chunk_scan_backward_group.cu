@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
     const int r0 = ti * kSsdTile, c0 = tj * kSsdTile;
     if (r0 >= len) continue;  // a tile past the end of the last (short) chunk: never read
     const int rows = min(kSsdTile, len - r0), cols = min(kSsdTile, len - c0);
+    if (ssd_seg_skip<SEG>(p.seg ? p.seg + b * p.seqlen + t0 : nullptr, c0, r0 + rows - 1)) continue;
     const bool live = rw < rows;
     const int hi_np = ti == tj ? warp + 1 : 4;  // column pairs holding s <= q for the warp's rows
     const int32_t* seg = SEG ? p.seg + b * p.seqlen + t0 : nullptr;
@@ -737,12 +738,14 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
     const int nh = static_cast<int>(min(p.hps, (g + 1) * p.hpg - h_begin));
     // dD's partials of this (b, c, row tile): [seg][h][j]
     float* dpart = DD ? p.dpart + ((b * p.nchunks + c) * p.r_tiles + rt) * p.heads * p.P : nullptr;
-    if (r0 >= len) {  // a row tile past the end of the last (short) chunk
-      if constexpr (DD)
+    if (r0 >= len) {  // a row tile past the end of the last (short) chunk (the plain kernel's)
+      if constexpr (DD && !SEG)
         for (int i = tid; i < nh * jrows; i += kTcThreads) dpart[(h_begin + i / jrows) * p.P + j0 + i % jrows] = 0.0f;
       continue;
     }
     const int rows = min(kSsdTile, len - r0);
+    // (rows r0.., their column tiles to the chunk's end, the state reaching its last sequence)
+    if (ssd_seg_skip<SEG>(p.seg ? p.seg + b * p.seqlen + t0 : nullptr, r0, len - 1)) continue;
     // Column tiles rt, rt + 1, ..., last; with EPI in the reverse order, the diagonal one
     // last, so that its dy_pre rows are still in their buffer after the loop. (The plain
     // kernel keeps the forward order: reversed, ptxas spilled 152 bytes instead of 92.)
@@ -1041,10 +1044,11 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
     allow_dynamic_smem(kernel, smem, "ssd_chunk_scan_backward(group_dcb)");
     kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   };
-  if (p.seg != nullptr)
-    run(ssd_group_dcb_kernel<T, true>);
-  else
-    run(ssd_group_dcb_kernel<T>);
+  // With seq_idx the plain kernel takes the tile pairs of one sequence and the SEG one
+  // (3 blocks an SM) the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row
+  // (H200), 500-505 + 249-250 µs where the SEG kernel alone took 774-780.
+  run(ssd_group_dcb_kernel<T>);
+  if (p.seg != nullptr) run(ssd_group_dcb_kernel<T, true>);
   check_launch("ssd_chunk_scan_backward(group_dcb)");
   if (p.nsplit > 1) {
     const int64_t per_split = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
@@ -1097,6 +1101,9 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
     allow_dynamic_smem(kernel, smem, op);
     kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   };
+  // (With seq_idx the SEG kernel takes every block, unlike dCB and dx: at the Mamba-2 2.7B
+  // shape its 512 blocks are one wave of 4 an SM, and a plain launch for the blocks of one
+  // sequence added a second: dC 179 -> 174 + 146 µs, dB 165 -> 141 + 141 on an H200.)
   if (p.seg != nullptr)
     run(ssd_group_grad_kernel<T, DB, WG, true>);
   else
@@ -1110,10 +1117,12 @@ void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, cudaStream_t stream)
     allow_dynamic_smem(kernel, smem, "ssd_chunk_scan_backward(group_dx)");
     kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   };
-  if (p.seg != nullptr)
-    run(ssd_group_dx_kernel<T, EPI, DD, true>);
-  else
-    run(ssd_group_dx_kernel<T, EPI, DD>);
+  // With seq_idx the plain kernel takes the blocks of one sequence and the SEG one (2 blocks
+  // an SM) the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row (H200),
+  // 407-411 + 328-330 µs where the SEG kernel alone took 797-805 (with D 498-502 + 355
+  // against 897).
+  run(ssd_group_dx_kernel<T, EPI, DD>);
+  if (p.seg != nullptr) run(ssd_group_dx_kernel<T, EPI, DD, true>);
   check_launch("ssd_chunk_scan_backward(group_dx)");
 }
 
