@@ -1046,7 +1046,7 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   };
   // With seq_idx the plain kernel takes the tile pairs of one sequence and the SEG one
   // (3 blocks an SM) the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row
-  // (H200), 500-505 + 249-250 µs where the SEG kernel alone took 774-780.
+  // (H200), 498-505 + 248-250 µs where the SEG kernel alone took 774-780.
   run(ssd_group_dcb_kernel<T>);
   if (p.seg != nullptr) run(ssd_group_dcb_kernel<T, true>);
   check_launch("ssd_chunk_scan_backward(group_dcb)");
@@ -1119,8 +1119,8 @@ void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, cudaStream_t stream)
   };
   // With seq_idx the plain kernel takes the blocks of one sequence and the SEG one (2 blocks
   // an SM) the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row (H200),
-  // 407-411 + 328-330 µs where the SEG kernel alone took 797-805 (with D 498-502 + 355
-  // against 897).
+  // 407-411 + 328-333 µs where the SEG kernel alone took 797-805 (with D 498-502 + 353-359
+  // against 896-897).
   run(ssd_group_dx_kernel<T, EPI, DD>);
   if (p.seg != nullptr) run(ssd_group_dx_kernel<T, EPI, DD, true>);
   check_launch("ssd_chunk_scan_backward(group_dx)");
