@@ -140,7 +140,9 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
     const bool live = rw < rows;
     const int hi_np = ti == tj ? warp + 1 : 4;  // column pairs holding s <= q for the warp's rows
     const int32_t* seg = SEG ? p.seg + b * p.seqlen + t0 : nullptr;
-    // (block-uniform; SEG: and one sequence, the counts growing with the position)
+    // (block-uniform; SEG: and one sequence, the counts growing with the position. The SEG
+    // kernel now takes only pairs that hold a start (ssd_seg_skip), so there it is never
+    // true; compiled out, `!SEG && ...`, ptxas spilled 168 bytes instead of 72, sm_90a.)
     const bool full = ti > tj && rows == kSsdTile && cols == kSsdTile && (!SEG || seg[c0] == seg[r0 + rows - 1]);
     // Whole tiles of 16-byte groups in every head (64 rows and columns, head_dim a multiple
     // of 16, unit inner strides, 16-byte aligned bases and strides): `load` issues each
