@@ -532,6 +532,61 @@ def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph()
             assert rel < 8 * eps, (group, name, rel)
 
 
+@requires_cuda
+@pytest.mark.parametrize("seqs", [0, 5], ids=["no_seq_idx", "five_sequences"])
+def test_side_streams_keep_the_bits_on_any_stream_and_in_a_graph(seqs):
+    """The group products' backward with its kernels on side streams (the plan's choice: dCB
+    beside the state kernels; with seq_idx each SEG launch beside its plain one) gives the
+    bits of the backward with every kernel on the caller's stream, on the default stream, on
+    a stream of the caller's own whose earlier work it must wait for, and replayed from a
+    CUDA graph; each pass's outputs NaN-poisoned first."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the group products need the tensor-core backward (sm_80+)")
+    b, L, H, P, N, G, Q = 2, 700, 16, 64, 128, 2, 256
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    dout = torch.randn_like(x)
+    # starts inside chunks (140, 280, ...: chunks 0, 1 and 2 hold one each)
+    seq_idx = (torch.arange(L, device="cuda", dtype=torch.int32) * seqs // L).expand(b, L).contiguous() \
+        if seqs else None
+    run = lambda: ops.ssd_chunk_scan_combined_backward(  # noqa: E731
+        dout, None, x, dt, A, B, C, Q, seq_idx=seq_idx)[:5]
+    assert bt.explain(ops.ssd_chunk_scan_backward, dout, x, dt, A, B, C, Q).variant.startswith("group_")
+    previous = bt._C._ssd_cuda_backward_side_stream("off")
+    try:
+        expected = run()
+    finally:
+        bt._C._ssd_cuda_backward_side_stream(previous)
+    assert all(torch.isfinite(t).all() for t in expected)
+    poison_fresh_outputs()
+    assert all(torch.equal(u, v) for u, v in zip(run(), expected))
+    # a stream of the caller's own, busy with the inputs' last writes when the op starts:
+    # the side streams must wait for them (a missing fork reads the old dout)
+    stream = torch.cuda.Stream()
+    late = dout.clone()
+    dout.fill_(float("nan"))
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(2_000_000)
+        dout.copy_(late)
+        got = run()
+    torch.cuda.current_stream().wait_stream(stream)
+    assert all(torch.equal(u, v) for u, v in zip(got, expected))
+    graph, out_g = capture_graph(run)
+    for t in out_g:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(u, v) for u, v in zip(out_g, expected))
+
+
+def test_backward_side_stream_switch_names_its_choices():
+    assert bt._C._ssd_cuda_backward_side_stream("auto") == "auto"
+    assert bt._C._ssd_cuda_backward_side_stream("off") == "auto"
+    assert bt._C._ssd_cuda_backward_side_stream("auto") == "off"
+    with pytest.raises(ValueError, match="auto or off"):
+        bt._C._ssd_cuda_backward_side_stream("on")
+
+
 def test_backward_switch_names_its_choices():
     assert bt._C._ssd_cuda_backward("auto") == "auto"
     assert bt._C._ssd_cuda_backward("group_mma") == "auto"

@@ -332,6 +332,20 @@ bool group_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l
          desc.device.smem_optin_bytes >= ssd_group_grad_smem_bytes(l.head_dim, false, true);
 }
 
+// ssd_force_backward_side_stream's setting: -1 for the plan's own choice, 0 never, 1
+// wherever the group products run (the plan's choice too).
+std::atomic<int> g_forced_side_stream{-1};
+
+// Whether the group products' backward overlaps kernels on side streams: wherever they run
+// (the same kernels; a fork and a join cost a few µs of launches). Measured on an H200
+// (bf16, torch 2.11; BENCHMARKS.md "SSD backward on side streams"), the backward pass at
+// the Mamba-2 2.7B shape B4 L4096 H80 P64 N128 G1: 2048–2053 → 1999–2000 µs, with 7
+// packed sequences a row 2456–2460 → 2322–2323; level (within 1 %) at the other
+// three shapes.
+bool backward_side_stream(const SsdChunkScanLaunch& l) {
+  return l.group_products && g_forced_side_stream.load(std::memory_order_relaxed) != 0;
+}
+
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
                          SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
                          bool group_wgmma = false) {
@@ -403,6 +417,12 @@ std::optional<bool> ssd_force_group_products(std::optional<bool> force) {
 
 std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force) {
   const int previous = g_forced_group_wgmma.exchange(force ? static_cast<int>(*force) : -1);
+  if (previous < 0) return std::nullopt;
+  return previous == 1;
+}
+
+std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force) {
+  const int previous = g_forced_side_stream.exchange(force ? static_cast<int>(*force) : -1);
   if (previous < 0) return std::nullopt;
   return previous == 1;
 }
@@ -490,6 +510,7 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_ = plan_launch(f, s, &desc);
   p.launch_.group_products = group_products(f, p.variant_, p.launch_);
   p.launch_.group_wgmma = group_wgmma(f, p.launch_);
+  p.launch_.side_stream = backward_side_stream(p.launch_);
   p.launch_.dcb_splits = p.launch_.group_products ? ssd_dcb_splits(f, p.launch_) : 1;
   // dD's partials from the group dx kernel where the gate kernel would run for them alone
   // (D without z, as in a Mamba2 layer whose gated RMSNorm takes z). H200, the 2.7B

@@ -74,6 +74,12 @@ std::optional<bool> ssd_force_group_products(std::optional<bool> force);
 // ("group_mma"). Tests and benchmarks only: `force` false keeps mma.sync; true or
 // std::nullopt takes wgmma wherever it can run. Returns the previous setting.
 std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
+// With the group products the plan runs the dCB kernel (and with seq_idx the SEG launches)
+// on side streams beside the kernels they do not depend on (SsdChunkScanLaunch::
+// side_stream): the same kernels and bits, in less time. Tests and benchmarks only:
+// `force` false keeps every kernel on the caller's stream; true or std::nullopt takes the
+// side streams wherever the group products run. Returns the previous setting.
+std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force);
 
 // The fused forward's geometry, shared by the plan and the kernels: a block owns one chunk
 // (up to kSsdFusedMaxChunk positions) of one head and kSsdFusedHeadTile of its head_dim
@@ -203,6 +209,11 @@ struct SsdChunkScanLaunch {
   // With group_products: the dC/dB kernel's per-head products on wgmma (sm_90a, the
   // plan's choice there; see ssd_force_group_wgmma).
   bool group_wgmma = false;
+  // With group_products: the dCB kernel runs on a side stream beside the backward's state
+  // kernels (it needs only the cumsum; joined before dx), and with seq_idx each SEG
+  // launch of the dCB and dx kernels beside its plain one (kernels/cuda/side_stream.cuh;
+  // see ssd_force_backward_side_stream).
+  bool side_stream = false;
   // With group_products: the dCB pass splits each group's heads over this many blocks
   // per tile pair, each writing its own partial dCB (summed in split order where dC and
   // dB read it), so that its blocks fill whole rounds of the GPU (see ssd_dcb_splits).

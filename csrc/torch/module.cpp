@@ -126,6 +126,20 @@ PYBIND11_MODULE(_C, m) {
     if (!*previous) return std::string("staged");
     return std::string(previous_wgmma.value_or(false) ? "group_wgmma" : "group_mma");
   }, py::arg("name"));
+  // Tests and benchmarks only: whether the SSD's CUDA backward with the group products runs
+  // kernels on side streams (SsdChunkScanLaunch::side_stream), "auto" (the plan's choice:
+  // wherever the group products run) or "off" (every kernel on the caller's stream);
+  // returns the previous setting.
+  m.def("_ssd_cuda_backward_side_stream", [](const std::string& name) {
+    std::optional<bool> force;
+    if (name == "off") {
+      force = false;
+    } else if (name != "auto") {
+      throw py::value_error("_ssd_cuda_backward_side_stream: expected auto or off, got " + name);
+    }
+    const std::optional<bool> previous = ssd_force_backward_side_stream(force);
+    return std::string(previous.value_or(true) ? "auto" : "off");
+  }, py::arg("name"));
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
   // "never"; returns the previous setting.

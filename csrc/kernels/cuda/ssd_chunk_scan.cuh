@@ -1616,6 +1616,8 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "z needs dz and y_pre in the backward");
   if (backward && l.dD_in_dx && !l.group_products)
     fail(PlanErrorKind::Internal, op, "dD_in_dx needs the group products' dx kernel");
+  if (l.side_stream && !(backward && l.group_products))
+    fail(PlanErrorKind::Internal, op, "side_stream is the group products' backward's");
   if (backward && l.gated != (l.z != nullptr))
     fail(PlanErrorKind::Internal, op, "gated must say whether z is given (the workspace's dy_pre)");
   if (l.state_tile_n != 0 && l.state_tile_n != kSsdTile && l.state_tile_n != 2 * kSsdTile)

@@ -5,6 +5,7 @@
 // then the finalize kernels for ddt, dA, ddt_bias, and last dD (see
 // ssd_chunk_scan.cuh for the formulas and the workspace layout; float16 and bfloat16 run
 // the tensor-core kernels of ssd_chunk_scan_tc.cuh on sm_80+).
+#include "kernels/cuda/side_stream.cuh"
 #include "kernels/cuda/ssd_chunk_scan_tc.cuh"
 
 namespace baracuda::kernels {
@@ -48,11 +49,17 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   // dinitial_states = dfinal_states).
   dispatch_floating(l.element, [&](auto tag) { ssd_launch_gate<decltype(tag)>(l, w, s); });  // dy_pre, dz, dD partials
   ssd_run_forward_states(lb, w, nullptr, s);  // Acs, dt; S_c → H_c (recomputed)
+  // dCB = Σ_heads of the intra-chunk weights; X_s; B·Cᵀ tiles. It reads only the cumsum's
+  // Acs and dt (and seq_idx's counts): with side_stream it runs beside the state kernels,
+  // whose chunk states and passes (about 450 µs at the 2.7B shape) leave most of the GPU
+  // idle at times (the passes walk the chunks in order).
+  const cudaStream_t sd = l.side_stream ? side_stream_fork(s, 0) : s;
+  if (l.group_products) ssd_backward_group_dcb(lb, w, sd);
   dispatch_floating(l.element, [&](auto tag) {
     ssd_run_states<decltype(tag), /*BW=*/true>(lb, w, l.dinitial_states, s);  // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
   });
+  if (l.side_stream) side_stream_join(s, 0);
   if (l.group_products) {
-    ssd_backward_group_dcb(lb, w, s);          // dCB = Σ_heads of the intra-chunk weights; X_s; B·Cᵀ tiles
     ssd_backward_group_dx(lb, w, s);           // dx (+ D·dy_pre) from those tiles; partials of ddt(direct) and V
     ssd_backward_group_grad(lb, w, false, s);  // dC = dCB·B + the heads' inter-chunk terms; partials of U
     ssd_backward_group_grad(lb, w, true, s);   // dB = dCBᵀ·C + the heads' inter-chunk terms

@@ -42,6 +42,7 @@
 // Non-finite values: as the other tensor-core kernels, a diagonal tile's products run
 // over whole 16-position k-steps, so a NaN or Inf in B, C (or in dy, x through dCB) can
 // also reach up to 15 other positions of its 16-position block.
+#include "kernels/cuda/side_stream.cuh"
 #include "kernels/cuda/ssd_chunk_scan_tc.cuh"
 #include "kernels/cuda/ssd_wgmma.cuh"
 
@@ -1010,6 +1011,23 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
   }
 }
 
+// The dCB or dx kernel's launches: the plain one alone without seq_idx (`seg` false);
+// with it the plain one and the SEG one (ssd_seg_skip divides the blocks between them),
+// one after the other on `stream`, or with `side` (SsdChunkScanLaunch::side_stream) the
+// SEG one on side stream 1 beside the plain one, joined before `stream` goes on: each
+// launch's last wave, partly empty, then overlaps the other's blocks.
+template <typename Plain, typename Seg>
+void ssd_seg_launches(bool side, bool seg, cudaStream_t stream, Plain plain, Seg seg_launch) {
+  if (seg && side) {
+    seg_launch(side_stream_fork(stream, 1));  // (first: its blocks are the longer ones)
+    plain(stream);
+    side_stream_join(stream, 1);
+    return;
+  }
+  plain(stream);
+  if (seg) seg_launch(stream);
+}
+
 template <typename T>
 void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   SsdGroupDcbParams<T> p;
@@ -1042,15 +1060,16 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   if (p.total_blocks == 0) return;
   // the heads' two dy and two x buffers, or (before them) the C and B tiles
   const int smem = std::max(4 * kSsdTile * p.ld, 2 * kSsdTile * p.ldn) * static_cast<int>(sizeof(T));
-  auto run = [&](auto kernel) {
+  auto run = [&](auto kernel, cudaStream_t on) {
     allow_dynamic_smem(kernel, smem, "ssd_chunk_scan_backward(group_dcb)");
-    kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+    kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, on>>>(p);
   };
   // With seq_idx the plain kernel takes the tile pairs of one sequence and the SEG one
   // (3 blocks an SM) the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row
-  // (H200), 498-505 + 248-250 µs where the SEG kernel alone took 774-780.
-  run(ssd_group_dcb_kernel<T>);
-  if (p.seg != nullptr) run(ssd_group_dcb_kernel<T, true>);
+  // (H200), 498-505 + 248-250 µs where the SEG kernel alone took 774-780; with
+  // side_stream the two run side by side (ssd_seg_launches).
+  ssd_seg_launches(l.side_stream, p.seg != nullptr, stream, [&](cudaStream_t on) { run(ssd_group_dcb_kernel<T>, on); },
+                   [&](cudaStream_t on) { run(ssd_group_dcb_kernel<T, true>, on); });
   check_launch("ssd_chunk_scan_backward(group_dcb)");
   if (p.nsplit > 1) {
     const int64_t per_split = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
@@ -1114,17 +1133,17 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
 }
 
 template <typename T, bool EPI, bool DD>
-void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, cudaStream_t stream) {
-  auto run = [&](auto kernel) {
+void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, bool side, cudaStream_t stream) {
+  auto run = [&](auto kernel, cudaStream_t on) {
     allow_dynamic_smem(kernel, smem, "ssd_chunk_scan_backward(group_dx)");
-    kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
+    kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, on>>>(p);
   };
   // With seq_idx the plain kernel takes the blocks of one sequence and the SEG one (2 blocks
   // an SM) the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row (H200),
   // 407-411 + 328-333 µs where the SEG kernel alone took 797-805 (with D 498-502 + 353-359
-  // against 896-897).
-  run(ssd_group_dx_kernel<T, EPI, DD>);
-  if (p.seg != nullptr) run(ssd_group_dx_kernel<T, EPI, DD, true>);
+  // against 896-897); with side_stream the two run side by side (ssd_seg_launches).
+  ssd_seg_launches(side, p.seg != nullptr, stream, [&](cudaStream_t on) { run(ssd_group_dx_kernel<T, EPI, DD>, on); },
+                   [&](cudaStream_t on) { run(ssd_group_dx_kernel<T, EPI, DD, true>, on); });
   check_launch("ssd_chunk_scan_backward(group_dx)");
 }
 
@@ -1169,11 +1188,11 @@ void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t 
   p.dpart = dd ? ssd_ws<float>(l, w.dDp) : nullptr;
   if (p.total_blocks == 0) return;
   if (!p.epi.on)
-    launch_dx_with<T, false, false>(p, smem, stream);
+    launch_dx_with<T, false, false>(p, smem, l.side_stream, stream);
   else if (dd)
-    launch_dx_with<T, true, true>(p, smem, stream);
+    launch_dx_with<T, true, true>(p, smem, l.side_stream, stream);
   else
-    launch_dx_with<T, true, false>(p, smem, stream);
+    launch_dx_with<T, true, false>(p, smem, l.side_stream, stream);
 }
 
 }  // namespace
