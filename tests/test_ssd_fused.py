@@ -545,7 +545,7 @@ def test_side_streams_keep_the_bits_on_any_stream_and_in_a_graph(seqs):
     b, L, H, P, N, G, Q = 2, 700, 16, 64, 128, 2, 256
     x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
     dout = torch.randn_like(x)
-    # starts inside chunks (140, 280, ...: chunks 0, 1 and 2 hold one each)
+    # starts inside chunks (140, 280, 420, 560: chunk 1 holds two)
     seq_idx = (torch.arange(L, device="cuda", dtype=torch.int32) * seqs // L).expand(b, L).contiguous() \
         if seqs else None
     run = lambda: ops.ssd_chunk_scan_combined_backward(  # noqa: E731

@@ -11,7 +11,8 @@
 // kept for the thread's life): two threads never order each other's work, and a thread
 // that captures a CUDA graph (the fork and join are events, which capture follows) never
 // draws another thread's launches into it. The streams are created with the capture mode
-// relaxed, so a first use inside a capture is allowed.
+// relaxed, so a first use inside a capture is allowed. They have the default priority,
+// whatever the caller's stream's (a high-priority caller's op runs partly at the default).
 #pragma once
 
 #include <cuda_runtime.h>
