@@ -14,6 +14,7 @@ next to the per-head ones. CUDA only.
 Tolerances: those of test_ssd_chunk_scan (rtol_for), through test_mamba's check_case.
 """
 import random
+import threading
 
 import pytest
 import torch
@@ -577,6 +578,50 @@ def test_side_streams_keep_the_bits_on_any_stream_and_in_a_graph(seqs):
     graph.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(u, v) for u, v in zip(out_g, expected))
+
+
+@requires_cuda
+def test_side_streams_of_several_host_threads_stay_apart():
+    """Four host threads, each on a stream of its own, run the group products' backward with
+    7 packed sequences at once, five times each: every result has the one-stream bits (a
+    thread's side streams and events are its own; shared ones would let one thread's fork
+    or join order another's work)."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the group products need the tensor-core backward (sm_80+)")
+    b, L, H, P, N, G, Q = 2, 700, 16, 64, 128, 2, 256
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    seq_idx = (torch.arange(L, device="cuda", dtype=torch.int32) * 7 // L).expand(b, L).contiguous()
+    douts = [torch.randn_like(x) for _ in range(4)]
+    run = lambda dout: ops.ssd_chunk_scan_combined_backward(  # noqa: E731
+        dout, None, x, dt, A, B, C, Q, seq_idx=seq_idx)[:5]
+    previous = bt._C._ssd_cuda_backward_side_stream("off")
+    try:
+        expected = [run(d) for d in douts]
+    finally:
+        bt._C._ssd_cuda_backward_side_stream(previous)
+    torch.cuda.synchronize()
+    got, errors = [[] for _ in douts], []
+
+    def worker(k):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for _ in range(5):
+                    got[k].append(run(douts[k]))
+            stream.synchronize()
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(douts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k, outs in enumerate(got):
+        assert len(outs) == 5
+        for out in outs:
+            assert all(torch.equal(u, v) for u, v in zip(out, expected[k])), k
 
 
 def test_backward_side_stream_switch_names_its_choices():
