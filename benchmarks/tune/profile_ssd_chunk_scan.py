@@ -3,6 +3,7 @@ by kernel, on the same tensors (bf16). Run on the GPU from the repo root, after
 ``scripts/peers.sh install`` (without peers/ only our side is shown):
   PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py [--options [--no-z]] [--shapes 0,1]
       [--forwards auto,fused_mma] [--backwards auto,staged,group_mma] [--dtype float32] [--seqs 8]
+      [--one-stream]
 For each shape and pass (forward; backward = the backward pass alone, autograd with a
 retained graph): the median time of the whole pass (CUDA events, benchmarks/harness.py's
 time_us) for both, then each side's kernels (torch.profiler, µs per call over REPS
@@ -17,6 +18,10 @@ CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma
 "fused_wgmma": forced through the test switch where the kernel takes the problem);
 ``--backwards`` likewise for the backward ("staged": the per-head dB/dC products,
 "group_mma": the per-group ones, "group_wgmma": those with the dC/dB kernel on wgmma). Every pair of the two lists is measured.
+``--one-stream``: our backward with every kernel on the caller's stream
+(``_ssd_cuda_backward_side_stream("off")``); by default the plan runs some of the group
+products' kernels on side streams, where the kernels' sum counts the overlapped kernels in
+full and only the pass's time says what the overlap gains.
 ``--once``: our forward and backward (first of each list), three times each and nothing
 else (no timing, profiler or mamba_ssm), for a profiler that wraps the process:
   ncu --clock-control none -k regex:ssd_tc_scan_kernel --launch-skip 2 --launch-count 1 \
@@ -85,7 +90,7 @@ def kernels(fn):
 
 
 def show(title, rows):
-    total = sum(r[1] for r in rows)
+    total = sum(r[1] for r in rows)  # (kernels that overlap on side streams count in full)
     print(f"  {title}: {total:.0f} µs of kernels per call")
     for name, us, n in rows:
         short = name if len(name) < 100 else name[:97] + "..."
@@ -100,10 +105,13 @@ def main():
     ap.add_argument("--forwards", default="auto")
     ap.add_argument("--backwards", default="auto")
     ap.add_argument("--once", action="store_true", help="run ours 3 times, nothing else (for ncu)")
+    ap.add_argument("--one-stream", action="store_true", help="our backward's kernels all on one stream")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--seqs", type=int, default=0, help="packed sequences a row (seq_idx; 0: none)")
     a = ap.parse_args()
     theirs = None if a.once else peers.mamba_chunk_scan_combined()
+    if a.one_stream:
+        bt._C._ssd_cuda_backward_side_stream("off")
     summary = []
     for i in [int(s) for s in a.shapes.split(",")]:
         b, L, H, P, N, G = SHAPES[i]

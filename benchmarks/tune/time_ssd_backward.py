@@ -4,8 +4,11 @@ file's shapes, optionally with seq_idx and a forced CUDA forward — for A/B run
 kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py take too
 long. Run on the GPU from the repo root:
   PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options [--no-z]] [--shape 0]
-      [--forward] [--seq K] [--kernel fused_mma_cb]
+      [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream]
 ``--no-z``: the options without z (what the Mamba-2 layer passes: its gated norm takes z).
+``--one-stream``: every backward kernel on the caller's stream (the plan overlaps some of
+the group products' kernels on side streams, where each overlapped kernel takes longer than
+alone and the total counts them in full: for one kernel's A/B, run both sides with it).
 Prints one line: the label, the total, every kernel above 5 µs and a digest of the output
 (forward) or the gradients (backward) — the inputs come from seed 0, so two builds that
 compute the same bits print the same digest."""
@@ -41,8 +44,11 @@ def main():
     ap.add_argument("--forward", action="store_true", help="time the forward (inputs requiring grad)")
     ap.add_argument("--seq", type=int, default=0, help="seq_idx: K packed sequences a row, random lengths")
     ap.add_argument("--kernel", default="auto", help="the CUDA forward, through the test switch")
+    ap.add_argument("--one-stream", action="store_true", help="the backward's kernels all on one stream")
     a = ap.parse_args()
     bt._C._ssd_cuda_forward(a.kernel)
+    if a.one_stream:
+        bt._C._ssd_cuda_backward_side_stream("off")
     torch.manual_seed(0)
     args, kw, leaves = ps.make_inputs(*ps.SHAPES[a.shape], a.options, z=not a.no_z)
     if a.seq > 1:
@@ -66,6 +72,7 @@ def main():
     print(a.label, "forward" if a.forward else "backward",
           ("options without z" if a.no_z else "options") if a.options else "plain", f"shape {a.shape}",
           f"seq {a.seq}" if a.seq else "", a.kernel if a.kernel != "auto" else "",
+          "one stream" if a.one_stream else "",
           f"{sum(r[1] for r in rows):.0f} µs:",
           " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), f"| digest {digest}", flush=True)
 
