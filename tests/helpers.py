@@ -20,11 +20,18 @@ def compute_eps(dtype: torch.dtype) -> float:
 
 
 def assert_close_to_reference(actual: torch.Tensor, expected64: torch.Tensor,
-                              baseline: torch.Tensor | None, what: str, floor_ulps: float = 32) -> None:
+                              baseline: torch.Tensor | None, what: str, floor_ulps: float = 32,
+                              rounded64: torch.Tensor | None = None) -> None:
     """FlashAttention's rule for low precision: the kernel's error against a float64
     reference is at most twice the error of PyTorch computing the same thing in the same
     dtype (``baseline``), plus a floor of a few units of the compute precision at the
-    largest magnitude. NaNs must sit exactly where the reference has them."""
+    largest magnitude. NaNs must sit exactly where the reference has them.
+    ``rounded64``: the float64 reference on the inputs rounded to the kernel's dtype (what
+    the kernel sees). Where given, a kernel within half a unit of its dtype (plus the
+    floor) of it also passes: that is as near as a kernel can be, and over a few elements
+    PyTorch's error, which decides the first rule, can be near 0 by chance (its own
+    roundings landing by the unrounded inputs' truth: a one-element fp16 GeGLU failed
+    that rule about one draw in ten)."""
     assert actual.shape == expected64.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected64.shape)}"
     a = actual.detach().double().cpu()
     e = expected64.detach().double().cpu()
@@ -41,7 +48,16 @@ def assert_close_to_reference(actual: torch.Tensor, expected64: torch.Tensor,
         b = baseline.detach().double().cpu()
         base = (b - e)[mask].abs().max().item()
     scale = e[mask].abs().max().item()
-    tol = 2 * base + floor_ulps * compute_eps(actual.dtype) * max(scale, 1e-30)
+    floor = floor_ulps * compute_eps(actual.dtype) * max(scale, 1e-30)
+    tol = 2 * base + floor
+    if err > tol and rounded64 is not None:
+        r = rounded64.detach().double().cpu()
+        mask_r = mask & ~(r.isnan() | r.isinf())
+        if torch.equal(mask_r, mask):
+            err_r = (a - r)[mask].abs().max().item()
+            tol_r = 0.5 * torch.finfo(actual.dtype).eps * r[mask].abs().max().item() + floor
+            if err_r <= tol_r:
+                return
     assert err <= tol, (f"{what}: max abs error {err:.3g} exceeds tolerance {tol:.3g} "
                         f"(PyTorch in {actual.dtype}: {base:.3g}; scale {scale:.3g})")
 

@@ -22,6 +22,7 @@ of the views, and the two reach maps), and add it to ``STRATEGIES``.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -54,11 +55,15 @@ class Case:
     info: dict = field(default_factory=dict)
 
     def reduced_grads(self, out_shape) -> list:
-        """Inputs whose gradient sums several output elements (broadcast ones, for lerp)."""
-        if not self.name.startswith("lerp"):
-            return []
-        return [k for k, (b, v) in enumerate(zip(self.bases, self.views))
-                if v(b).numel() != torch.Size(out_shape).numel()]
+        """Inputs whose gradient sums several per-element gradients: broadcast by the op
+        (lerp: a view smaller than the output) or by the layout (any op: a stride-0 view of
+        a smaller base, whose gradient autograd sums over the view's copies)."""
+        out_numel = torch.Size(out_shape).numel()
+
+        def reduced(view: Tensor) -> bool:
+            return (self.name.startswith("lerp") and view.numel() != out_numel) or \
+                any(s == 0 and n > 1 for s, n in zip(view.stride(), view.shape))
+        return [k for k, (b, v) in enumerate(zip(self.bases, self.views)) if reduced(v(b))]
 
     def __repr__(self):
         return f"Case({self.name}, {self.info})"
@@ -384,6 +389,9 @@ def check_matches_reference(case: Case, dtype, device):
     dy = dy64.to(dtype).to(device)
     y, g = _grads(case.ours, case, dtype, device, lambda y: dy)
     y64, g64 = _grads(case.ref, case, torch.float64, "cpu", lambda y: dy.cpu().double())
+    # the same on the inputs rounded to the dtype (what our op sees)
+    rounded = dataclasses.replace(case, bases=[b.to(dtype).double() for b in case.bases])
+    y64r, g64r = _grads(case.ref, rounded, torch.float64, "cpu", lambda y: dy.cpu().double())
     # PyTorch itself in the same dtype (CPU half-precision math), the 2x baseline.
     yl, gl = _grads(case.ref, case, dtype, "cpu", lambda y: dy.cpu())
     assert y.dtype == dtype and y.device.type == device
@@ -391,15 +399,17 @@ def check_matches_reference(case: Case, dtype, device):
     # difference between the device's and the host's pow/sin/cos moves the output by about
     # max|p|·ε64 of its scale (measured on an H200: 7e-14 at p ~ 1e6, float64 output).
     angle_ulps = 4 * case.info.get("max_angle", 0) * torch.finfo(torch.float64).eps / compute_eps(dtype)
-    assert_close_to_reference(y, y64, yl, f"y of {case!r} {dtype}", case.floor_ulps + angle_ulps)
-    for k, (a, e, b) in enumerate(zip(g, g64, gl)):
+    assert_close_to_reference(y, y64, yl, f"y of {case!r} {dtype}", case.floor_ulps + angle_ulps, y64r)
+    for k, (a, e, b, er) in enumerate(zip(g, g64, gl, g64r)):
         floor = case.floor_ulps + angle_ulps
         if k in case.reduced_grads(out_shape) and dtype in (torch.float16, torch.bfloat16):
             # A broadcast input's gradient is the sum of per-element gradients that the
             # backward op rounds to the dtype first (lerp_backward writes dy-shaped
-            # gradients), so it may miss PyTorch's 2x bound by up to one unit of the dtype.
+            # gradients; a layout's stride-0 view is summed by autograd), so it may miss
+            # PyTorch's 2x bound by up to one unit of the dtype.
             floor = max(floor, torch.finfo(dtype).eps / torch.finfo(torch.float32).eps)
-        assert_close_to_reference(a, e, b, f"grad {k} of {case!r} {dtype}", floor)
+        assert_close_to_reference(a, e, b, f"grad {k} of {case!r} {dtype}", floor,
+                                  None if k in case.reduced_grads(out_shape) else er)
 
 
 def _view_mask(case, k, j):
