@@ -27,7 +27,6 @@ def _gelu_tanh(t: Tensor) -> Tensor:
     return t * torch.sigmoid(2.0 * u)
 
 
-
 def gated_activation(x: Tensor, kind: str, dim: int = -1, gate_first: bool = False) -> Tensor:
     a, b = x.chunk(2, dim)
     if gate_first:

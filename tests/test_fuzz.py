@@ -7,7 +7,9 @@ with a step or an offset, stride-0 broadcast) and returns a :class:`Case`. The s
 properties run over every case:
 
 * forward and every input gradient against ``baracuda_torch.reference`` in float64,
-  with FlashAttention's rule for low precision (``helpers.assert_close_to_reference``);
+  with FlashAttention's rule for low precision (``helpers.assert_close_to_reference``),
+  or within half a unit of the dtype of the float64 reference on the inputs rounded to
+  the dtype (where one gradient does not sum several rounded ones);
 * a NaN placed in one element of one input changes only the outputs that element can
   reach (its row for gated activations; its (batch, head, position) for RoPE; the
   outputs it broadcasts to for lerp; the outputs whose index points at it for gather;
