@@ -533,6 +533,29 @@ def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph()
             assert rel < 8 * eps, (group, name, rel)
 
 
+def _group_backward(seqs):
+    """The group products' backward at B2 L700 H16 P64 N128 G2 (bf16, chunk 256) with `seqs`
+    packed sequences a row (starts inside chunks; 0: no seq_idx): (x, backward(dout) →
+    dx, ddt, dA, dB, dC). Skips below sm_80 (the tensor-core backward)."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the group products need the tensor-core backward (sm_80+)")
+    b, L, H, P, N, G, Q = 2, 700, 16, 64, 128, 2, 256
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    seq_idx = (torch.arange(L, device="cuda", dtype=torch.int32) * seqs // L).expand(b, L).contiguous() \
+        if seqs else None
+    assert bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q).variant.startswith("group_")
+    return x, lambda dout: ops.ssd_chunk_scan_combined_backward(dout, None, x, dt, A, B, C, Q, seq_idx=seq_idx)[:5]
+
+
+def _on_one_stream(fn):
+    """fn() with every kernel of the SSD backward on the caller's stream."""
+    previous = bt._C._ssd_cuda_backward_side_stream("off")
+    try:
+        return fn()
+    finally:
+        bt._C._ssd_cuda_backward_side_stream(previous)
+
+
 @requires_cuda
 @pytest.mark.parametrize("seqs", [0, 5], ids=["no_seq_idx", "five_sequences"])
 def test_side_streams_keep_the_bits_on_any_stream_and_in_a_graph(seqs):
@@ -540,23 +563,12 @@ def test_side_streams_keep_the_bits_on_any_stream_and_in_a_graph(seqs):
     beside the state kernels; with seq_idx each SEG launch beside its plain one) gives the
     bits of the backward with every kernel on the caller's stream, on the default stream, on
     a stream of the caller's own whose earlier work it must wait for, and replayed from a
-    CUDA graph; each pass's outputs NaN-poisoned first."""
-    if torch.cuda.get_device_capability()[0] < 8:
-        pytest.skip("the group products need the tensor-core backward (sm_80+)")
-    b, L, H, P, N, G, Q = 2, 700, 16, 64, 128, 2, 256
-    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    CUDA graph; each pass's outputs NaN-poisoned first. (seqs = 5: starts at 140, 280, 420
+    and 560, chunk 1 holding two.)"""
+    x, backward = _group_backward(seqs)
     dout = torch.randn_like(x)
-    # starts inside chunks (140, 280, 420, 560: chunk 1 holds two)
-    seq_idx = (torch.arange(L, device="cuda", dtype=torch.int32) * seqs // L).expand(b, L).contiguous() \
-        if seqs else None
-    run = lambda: ops.ssd_chunk_scan_combined_backward(  # noqa: E731
-        dout, None, x, dt, A, B, C, Q, seq_idx=seq_idx)[:5]
-    assert bt.explain(ops.ssd_chunk_scan_backward, dout, x, dt, A, B, C, Q).variant.startswith("group_")
-    previous = bt._C._ssd_cuda_backward_side_stream("off")
-    try:
-        expected = run()
-    finally:
-        bt._C._ssd_cuda_backward_side_stream(previous)
+    run = lambda: backward(dout)  # noqa: E731
+    expected = _on_one_stream(run)
     assert all(torch.isfinite(t).all() for t in expected)
     poison_fresh_outputs()
     assert all(torch.equal(u, v) for u, v in zip(run(), expected))
@@ -586,19 +598,9 @@ def test_side_streams_of_several_host_threads_stay_apart():
     7 packed sequences at once, five times each: every result has the one-stream bits (a
     thread's side streams and events are its own; shared ones would let one thread's fork
     or join order another's work)."""
-    if torch.cuda.get_device_capability()[0] < 8:
-        pytest.skip("the group products need the tensor-core backward (sm_80+)")
-    b, L, H, P, N, G, Q = 2, 700, 16, 64, 128, 2, 256
-    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
-    seq_idx = (torch.arange(L, device="cuda", dtype=torch.int32) * 7 // L).expand(b, L).contiguous()
+    x, run = _group_backward(7)
     douts = [torch.randn_like(x) for _ in range(4)]
-    run = lambda dout: ops.ssd_chunk_scan_combined_backward(  # noqa: E731
-        dout, None, x, dt, A, B, C, Q, seq_idx=seq_idx)[:5]
-    previous = bt._C._ssd_cuda_backward_side_stream("off")
-    try:
-        expected = [run(d) for d in douts]
-    finally:
-        bt._C._ssd_cuda_backward_side_stream(previous)
+    expected = _on_one_stream(lambda: [run(d) for d in douts])
     torch.cuda.synchronize()
     got, errors = [[] for _ in douts], []
 
