@@ -283,7 +283,7 @@ def test_forced_staged_forward_agrees():
 
 
 # State dims above 128 (tiles of 256 columns): fused_mma_cb only (its blocks take the tile
-# in two halves of 128 columns: 107 KB of shared memory, so sm_80 and Hopper), through the
+# in two halves of 128 columns: 108 KB of shared memory, so sm_80 and Hopper), through the
 # test switch. One head a group with two head_dim tiles (as the issue's N = 256 shape,
 # P = 128), four heads a group, and N = 200 (a padded tile, scalar loads) with an odd chunk.
 SHAPES_N256 = [
@@ -312,7 +312,7 @@ def cb_256():
 @requires_cuda
 def test_n256_is_fused_mma_cb_where_its_tiles_fit():
     """Above N = 128 the plan takes fused_mma_cb whatever the heads per group (here one) where
-    the device's shared memory holds its blocks of two halves of 128 state columns (107 KB:
+    the device's shared memory holds its blocks of two halves of 128 state columns (108 KB:
     sm_80, Hopper and sm_100, not the 99 KB devices), the staged kernels elsewhere; forced
     to a fused kernel that cannot take N = 256, the staged kernels too."""
     staged = staged_variant()

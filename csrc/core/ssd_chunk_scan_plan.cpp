@@ -127,6 +127,7 @@ SsdChunkScanLaunch plan_launch(const SsdChunkScanDescriptor& desc, const SsdSize
   l.dt_softplus = o.dt_softplus;
   l.dt_min = o.dt_min;
   l.dt_max = o.dt_max;
+  l.factored_decays = o.dt_min >= 0.0;
   return l;
 }
 

@@ -87,7 +87,7 @@ std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force);
 // (state_dim above 128) FusedMmaCb alone takes, and the plan takes it there whatever the
 // heads per group, as two halves of 128 columns in blocks of their own (each half's state
 // is a chain of its own; the second half's block hands its H_c to the first's, which
-// multiplies C·H_cᵀ over both and finishes the output), so that its blocks are those of N = 128 (107 KB, two a
+// multiplies C·H_cᵀ over both and finishes the output), so that its blocks are those of N = 128 (108 KB, two a
 // multiprocessor). Measured on an H200 at B2 L4096 H16 P128 N256 G16 (one head per
 // group), µs of kernels: the staged kernels 767; one block of the whole tile (175 KB, one
 // block a multiprocessor) 352–357 with its C·Bᵀ table of 100–103 (BENCHMARKS.md, "SSD:
@@ -111,7 +111,7 @@ constexpr int64_t ssd_fused_smem_bytes(SsdCudaForward kernel, int64_t ns, bool s
       kernel == SsdCudaForward::FusedMmaCb ? kSsdFusedMaxChunk : 2 * kSsdFusedMaxChunk + kSsdFusedHeadTile;
   const int64_t starts = seq ? (kSsdFusedMaxChunk + 8) * 4 : 0;
   return (kSsdFusedMaxChunk * (kSsdFusedHeadTile + pad) + bch_rows * (ns + pad)) * 2 + exchange +
-         3 * kSsdFusedMaxChunk * 4 + 64 + starts;
+         4 * kSsdFusedMaxChunk * 4 + 64 + starts;
 }
 // FusedMmaCb's C·Bᵀ table: per (batch, chunk, group), the causal 16 × 16 tiles (row tile
 // i, column tile j <= i; i·(i+1)/2 + j in order) of float32, each as the 32 lanes'
@@ -223,6 +223,12 @@ struct SsdChunkScanLaunch {
   // dD's partials (one per chunk row tile), and the gate kernel, there for them alone,
   // does not run. See ssd_dD_segments.
   bool dD_in_dx = false;
+  // dt >= 0 after its clamp (dt_min >= 0, the default): each head's cumsum is monotone, so
+  // the mma.sync fused forwards and the group dCB and dx kernels weigh the pairs of a tile that lies
+  // after its reference position by a row factor times a column factor, exp2 once a
+  // position instead of once a pair (kernels/cuda/ssd_chunk_scan_tc.cuh, "factored
+  // weights"). With dt of both signs they keep one exp2 a pair.
+  bool factored_decays = false;
   // CUDA tensor-core path: the state columns (64 or 128) one block of the chunk-state
   // kernel computes (H_c's S_c and the backward's local dstate), reading each x (or dy)
   // tile once for all of them (state_tile_n in ssd_chunk_scan_plan.cpp). 0 elsewhere.

@@ -91,6 +91,7 @@ struct SsdGroupDcbParams {
   float* xsuf;       // [B, H, nc, pairs, 64]: suffix sums of the pair's row sums
   float* cbt;        // [B, G, nc, pairs, 64, 64]: the pair's C·Bᵀ tile transposed, [s][q]
   const int32_t* seg = nullptr;  // [B, L] starts counts (SEG), or null
+  bool factored = false;  // SsdChunkScanLaunch::factored_decays
 };
 
 // The crossing sums X_s of the stable da (ssd_chunk_scan.cuh) come from the same pass:
@@ -118,6 +119,8 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
   T* sB = sC + kSsdTile * p.ldn;                // and [64][ldn] B rows (s)
   // decays in base 2 relative to the column tile's last position (ssd_log2_rel)
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sColDt[2][kSsdTile];
+  // `full` pairs: the weights' row factors 2^sRowL and column factors 2^−sColL·dt
+  __shared__ float sRowF[2][kSsdTile], sColW[2][kSsdTile];
   __shared__ __align__(16) float sXcol[2][kTcThreads / 32][kSsdTile];  // per warp: Σ_q of the masked row prefixes
   __shared__ float sRowT[2][kSsdTile];                   // the row sums of T
   __shared__ int sRowSeg[SEG ? kSsdTile : 1], sColSeg[SEG ? kSsdTile : 1];  // SEG: the starts counts
@@ -144,7 +147,9 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
     // (block-uniform; SEG: and one sequence, the counts growing with the position. The SEG
     // kernel now takes only pairs that hold a start (ssd_seg_skip), so there it is never
     // true; compiled out, `!SEG && ...`, ptxas spilled 168 bytes instead of 72, sm_90a.)
-    const bool full = ti > tj && rows == kSsdTile && cols == kSsdTile && (!SEG || seg[c0] == seg[r0 + rows - 1]);
+    // (and factored_decays: the weights factor, ssd_chunk_scan_tc.cuh's "factored weights")
+    const bool full =
+        p.factored && ti > tj && rows == kSsdTile && cols == kSsdTile && (!SEG || seg[c0] == seg[r0 + rows - 1]);
     // Whole tiles of 16-byte groups in every head (64 rows and columns, head_dim a multiple
     // of 16, unit inner strides, 16-byte aligned bases and strides): `load` issues each
     // thread's copies straight from its first group's address, without tc_fill's checks
@@ -184,6 +189,10 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
           sColL[buf][tid] = tid < cols ? ssd_log2_rel(p.acs[at + c0 + tid], ref) : 0.0f;
         }
         sColDt[buf][tid] = tid < cols ? p.dtf[at + c0 + tid] : 0.0f;
+        if (!SEG && full) {  // (every row and column inside the chunk; never true in SEG)
+          sRowF[buf][tid] = ssd_exp2(sRowL[buf][tid]);
+          sColW[buf][tid] = ssd_exp2(-sColL[buf][tid]) * sColDt[buf][tid];
+        }
       }
     };
     // Head hh's X partials from the warps' shared sums (threads 0..63, one position each).
@@ -249,14 +258,14 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
       // M (into acc) and T (in place of m), then T's inclusive row prefix sums in column
       // order (8-column steps: the quad's pair sums scanned across its lanes). `full`: a
       // whole off-diagonal tile pair, where every mask below but the tile's last column
-      // holds, so that path has no per-element selects (the products are rounded alike
-      // in both paths, __fmul_rn: the same bits).
+      // holds, so that path has no per-element selects, and its weights are the factors
+      // sRowF·sColW (factored_decays; __fmul_rn: no contraction in either path).
       auto epilogue = [&](auto full_tag) {
         constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int ql = rw + g8 + 8 * half;
-          const float ra = sRowL[buf][ql];
+          const float ra = kFull ? sRowF[buf][ql] : sRowL[buf][ql];
           float carry = 0.0f;
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt) {
@@ -264,7 +273,8 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int sl = nt * 8 + 2 * t4 + e;
-              const float w = ssd_exp2(ra - sColL[buf][sl]) * sColDt[buf][sl];
+              // (kFull: the factors)
+              const float w = kFull ? __fmul_rn(ra, sColW[buf][sl]) : ssd_exp2(ra - sColL[buf][sl]) * sColDt[buf][sl];
               float mv;  // selected, not multiplied: masked pairs add exactly nothing
               if constexpr (kFull) {
                 mv = __fmul_rn(m[nt][2 * half + e], w);
@@ -670,6 +680,7 @@ struct SsdGroupDxParams {
   SsdEpilogue<T> epi;  // D·dy_pre (EPI)
   float* dpart;        // DD: dD's partials [B·nc·r_tiles, H, P] (ssd_dD_segments)
   const int32_t* seg = nullptr;  // [B, L] starts counts (SEG), or null
+  bool factored = false;  // SsdChunkScanLaunch::factored_decays
 };
 
 // dx of one (b, g, c, head split, 64-row tile s, 64-column tile j of head_dim), head by
@@ -714,6 +725,8 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
   // Decays in base 2 relative to the row tile's last row (ssd_log2_rel); the inter-chunk
   // row scales exp(Acs_last − Acs_s).
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sRowScale[2][kSsdTile], sRowDt[2][kSsdTile];
+  // the weights' factors 2^−sRowL and 2^sColL (the column tiles after the row tile's)
+  __shared__ float sRowF[2][kSsdTile], sColF[2][kSsdTile];
   __shared__ float sD[EPI ? 2 : 1][kSsdTile];  // EPI: the head's D of columns j0.. (0 past P)
   __shared__ __align__(16) float sDd[DD ? 2 : 1][DD ? kTcThreads / 32 : 1][kSsdTile];  // DD: the warps' dD sums (float2 stores)
   __shared__ double sRef[2];  // written alike by threads 0..63, each reading back its own store
@@ -835,17 +848,17 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
         if (tid < kSsdTile) {
           if (k == 0) {  // (the registers hold head hi's row data until issue_s(hi + 1) below)
             sRef[hb] = ref_next;
-            sRowL[hb][tid] = SEG ? ssd_log2_seq(row_acs, sRowSeg[tid], ref_next, seg_ref) : ssd_log2_rel(row_acs, ref_next);
+            const float rl = SEG ? ssd_log2_seq(row_acs, sRowSeg[tid], ref_next, seg_ref) : ssd_log2_rel(row_acs, ref_next);
+            sRowL[hb][tid] = rl;
+            sRowF[hb][tid] = ssd_exp2(-rl);
             sRowDt[hb][tid] = row_dt;
             sRowScale[hb][tid] = tid < rows ? ssd_decay<float>(last - row_acs) : 0.0f;
             if constexpr (EPI) sD[hb][tid] = j0 + tid < p.P ? p.epi.D[h * p.epi.D_s0 + (j0 + tid) * p.epi.D_s1] : 0.0f;
           }
-          if constexpr (SEG) {
-            sColL[buf][tid] = ssd_log2_seq(col_acs, col_seg, sRef[hb], seg_ref);
-            sColSeg[buf][tid] = col_seg;
-          } else {
-            sColL[buf][tid] = ssd_log2_rel(col_acs, sRef[hb]);
-          }
+          const float cl = SEG ? ssd_log2_seq(col_acs, col_seg, sRef[hb], seg_ref) : ssd_log2_rel(col_acs, sRef[hb]);
+          sColL[buf][tid] = cl;
+          sColF[buf][tid] = ssd_exp2(cl);
+          if constexpr (SEG) sColSeg[buf][tid] = col_seg;
         }
         // this stage's B·Cᵀ values (rows g8, g8 + 8 of the warp; the lane's columns)
         float cb[8][4];
@@ -910,19 +923,24 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
         // (each of its rows is inside the chunk too): its stage skips the 3 compares and the
         // select a value (H200, the 2.7B shape: dx with D and dD's partials 679-680 -> 666 us,
         // with D and z 648 -> 626; ptxas: no spills with D, as before).
+        // Unmasked (and factored_decays: ssd_chunk_scan_tc.cuh's "factored weights"), the
+        // weights factor: 2^(a_q − a_s) = 2^a_q · 2^−a_s (the reference, the row tile's last
+        // row, lies between s and q), a product a value in place of an exp2.
         auto weigh = [&](auto masked) {
+          constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int rl = rw + g8 + 8 * half, rg = r0 + rl;
-            const float ra = sRowL[hb][rl];
+            const float ra = kMasked ? sRowL[hb][rl] : sRowF[hb][rl];
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
-              const float2 ca = *reinterpret_cast<const float2*>(&sColL[buf][nt * 8 + 2 * t4]);
+              const float2 ca = *reinterpret_cast<const float2*>(&(kMasked ? sColL : sColF)[buf][nt * 8 + 2 * t4]);
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int cg = c0 + nt * 8 + 2 * t4 + e;
-                const float v = cb[nt][2 * half + e] * ssd_exp2((e ? ca.y : ca.x) - ra);
-                if constexpr (decltype(masked)::value)
+                const float v = kMasked ? cb[nt][2 * half + e] * ssd_exp2((e ? ca.y : ca.x) - ra)
+                                        : cb[nt][2 * half + e] * ((e ? ca.y : ca.x) * ra);
+                if constexpr (kMasked)
                   cb[nt][2 * half + e] =
                       cg >= rg && rg < len && cg < len && (one || sRowSeg[rl] == sColSeg[buf][nt * 8 + 2 * t4 + e])
                           ? v
@@ -933,7 +951,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
             }
           }
         };
-        if (one && ct != rt && c0 + kSsdTile <= len)
+        if (p.factored && one && ct != rt && c0 + kSsdTile <= len)
           weigh(std::false_type{});
         else
           weigh(std::true_type{});
@@ -1031,6 +1049,7 @@ void ssd_seg_launches(bool side, bool seg, cudaStream_t stream, Plain plain, Seg
 template <typename T>
 void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   SsdGroupDcbParams<T> p;
+  p.factored = l.factored_decays;
   p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
   p.chunk = l.chunk_size, p.nchunks = l.nchunks();
   p.nsplit = l.dcb_splits;
@@ -1150,6 +1169,7 @@ void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, bool side, cudaStrea
 template <typename T>
 void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   SsdGroupDxParams<T> p;
+  p.factored = l.factored_decays;
   p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
   p.chunk = l.chunk_size, p.nchunks = l.nchunks();
   p.P = static_cast<int>(l.head_dim);

@@ -82,6 +82,20 @@ __device__ __forceinline__ float ssd_log2_rel(double acs, double ref) {
 __device__ __forceinline__ float ssd_log2_seq(double acs, int seg, double ref, int seg_ref) {
   return seg == seg_ref ? ssd_log2_rel(acs, ref) : ssd_log2_rel(acs + kSsdSeqOffset * seg, 0.0);
 }
+// Factored weights (SsdChunkScanLaunch::factored_decays, set by the plan where dt_min >= 0):
+// the processed dt is then >= 0 (or NaN) and A has one sign a head, so each head's cumsum
+// is monotone in the position. For a pair (t, s) and a reference e with s <= e < t, the
+// weight 2^(a_t − a_s) is then 2^(a_t − a_e)·2^(a_e − a_s), both factors on the same side
+// of 1: where one overflows or flushes to 0 the direct weight does too (never inf·0). A
+// tile of pairs wholly after e (the mma.sync fused forwards' 16-position steps before a
+// row's own, e the step's last position; the group dCB and dx kernels' off-diagonal tile
+// pairs, e the reference they already take) then needs one exp2 a row and one a column,
+// not one a pair: by count, one a pair gave the MUFU unit (16 results a clock a
+// multiprocessor) about twice the clocks the tile's mma.sync products take. A pair's
+// value may differ in its last bits from the direct weight's (the factors are rounded);
+// each kernel takes one form or the other by the tile's place alone, so results stay
+// bitwise reproducible. With dt of both signs (dt_min < 0) a factor could overflow where
+// the weight does not, and the kernels keep one exp2 a pair.
 // 2^v (ex2.approx.ftz: about 2 ulp; results below 2^-126 flush to 0)
 __device__ __forceinline__ float ssd_exp2(float v) {
   float r;

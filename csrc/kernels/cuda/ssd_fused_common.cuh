@@ -62,6 +62,7 @@ struct FusedParams {
   const void* seq;      // seq_idx [B, L] (int32, or int64 with seq_i64), or null
   int64_t seq_s[2];
   bool seq_i64;
+  bool factored;  // SsdChunkScanLaunch::factored_decays
 };
 
 // A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile and,
@@ -209,8 +210,11 @@ __device__ __forceinline__ FusedDt fused_dt_load(const FusedParams& p, const Fus
 
 // Processes the chunk's dt (`in`: fused_dt_load's values; softplus, clamp; 0 past the
 // chunk's end) and writes, one position per thread: dts (processed dt), acs2 =
-// log2(e)·cumsum(dt·A) (the chunk's decays in base 2) and wgt = 2^(acs2_last − acs2_s)·dt_s
-// (the chunk-state weights). Returns acs2_last. Ends with __syncthreads(). `warp_total`:
+// log2(e)·cumsum(dt·A) (the chunk's decays in base 2), wgt = 2^(acs2_last − acs2_s)·dt_s
+// (the chunk-state weights) and, where `colw` is given, colw = 2^(acs2_e − acs2_s)·dt_s
+// with e = s | 15, the last position of s's 16-position step (0 where e is past the
+// chunk): the column factors of the intra-chunk weights of the steps before a row's own
+// (ssd_fused_forward.cu's step 4). Returns acs2_last. Ends with __syncthreads(). `warp_total`:
 // kFusedWarps floats.
 //
 // SEQ, with seq_idx (p.seq; `seg`: kFusedQ + kFusedWarps ints): seg[t] is the chunk position of
@@ -225,7 +229,7 @@ __device__ __forceinline__ FusedDt fused_dt_load(const FusedParams& p, const Fus
 template <bool SEQ = false>
 __device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const FusedTile& tile, FusedDt in,
                                                  float* acs2, float* dts, float* wgt, float* warp_total,
-                                                 int* seg = nullptr) {
+                                                 int* seg = nullptr, float* colw = nullptr) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float A2 = in.A * 1.4426950408889634f;
   float dtv = 0.0f, d = in.dt;
@@ -268,6 +272,10 @@ __device__ __forceinline__ float fused_dt_cumsum(const FusedParams& p, const Fus
   }
   __syncthreads();
   const float last = acs2[tile.len - 1];
+  if (colw != nullptr) {
+    const int e = tid | 15;
+    colw[tid] = e < tile.len ? fast_exp2(acs2[e] - cum) * dtv : 0.0f;
+  }
   if constexpr (SEQ) {
     const int seg_last = seg[tile.len - 1];
     wgt[tid] = tid < tile.len && tid >= seg_last ? fast_exp2(last - cum) * dtv : 0.0f;
@@ -508,6 +516,7 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   p.seq_s[0] = l.seq_idx_stride[0];
   p.seq_s[1] = l.seq_idx_stride[1];
   p.seq_i64 = l.seq_idx_int64;
+  p.factored = l.factored_decays;
   const int64_t chains = fused_chains(l);
   auto* ws = static_cast<unsigned char*>(l.workspace);
   p.ticket = reinterpret_cast<int*>(ws);

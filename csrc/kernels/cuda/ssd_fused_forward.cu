@@ -36,7 +36,7 @@
 // of its products at N = 128) and C's whole shared-memory tile:
 // once the chunk state is done, H_c goes where B was, and each warp copies the 16 C rows
 // of its next output tile into a [16][N] tile of its own there (C·H_cᵀ is all that still
-// needs them). A block then takes 107 KB instead of 193 and two blocks share a
+// needs them). A block then takes 108 KB instead of 193 and two blocks share a
 // multiprocessor (128 registers a thread), one's loads and waits overlapping the other's
 // products. Every value is computed by the same operations in the same order as in
 // FusedMma, so the outputs are the same bits (tests/test_ssd_fused.py checks that).
@@ -303,7 +303,8 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   float* acs2 = reinterpret_cast<float*>(CB ? sC : sH + kFusedP * kLdN);  // [kFusedQ]
   float* dts = acs2 + kFusedQ;                                             // [kFusedQ]
   float* wgt = dts + kFusedQ;                                              // [kFusedQ]
-  float* warp_total = wgt + kFusedQ;                                       // [kFusedWarps]
+  float* colw = wgt + kFusedQ;                                             // [kFusedQ]
+  float* warp_total = colw + kFusedQ;                                      // [kFusedWarps]
   int& s_ticket = *reinterpret_cast<int*>(warp_total + kFusedWarps);
   int& s_ready = *(&s_ticket + 1);  // (within the 64 bytes ssd_fused_smem_bytes adds)
   int* seg = reinterpret_cast<int*>(warp_total + 16);  // SEQ: [kFusedQ + kFusedWarps] (ssd_fused_smem_bytes' `seq`)
@@ -331,7 +332,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
       ssd_cp_async_commit();
     }
   }
-  const float last2 = fused_dt_cumsum<SEQ>(p, tile, dt_in, acs2, dts, wgt, warp_total, seg);
+  const float last2 = fused_dt_cumsum<SEQ>(p, tile, dt_in, acs2, dts, wgt, warp_total, seg, colw);
   if (tid == 0) s_ready = fused_state_ready(p, tile);
   ssd_cp_async_wait<CB ? 0 : 1>();
   __syncthreads();  // x and B visible, s_ready set
@@ -554,18 +555,36 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     const int st0 = SEQ ? max(seg[r0], 0) / 16 : 0;
     auto consume = [&](const float (&cb)[2][4], int s0) {
       uint32_t pf[4];
+      // A step before the row tile's own, its positions and the tile's rows one sequence
+      // (block-uniform): every pair is causal and of one sequence, and the weight factors
+      // through e = s0 + 15 into a row factor 2^(Acs_t − Acs_e) and a column factor
+      // 2^(Acs_e − Acs_s)·dt_s (colw): two exp2 a lane for the tile's 8 entries instead of
+      // 8 (the plan's factored_decays: ssd_chunk_scan_tc.cuh, "factored weights"). The
+      // diagonal step keeps the direct weights: there t <= e, and 2^(Acs_t − Acs_e) could
+      // overflow alone.
+      if (s0 + 16 <= r0 && p.factored && (!SEQ || seg[s0] == seg[min(r0 + 15, len - 1)])) {
+        const float e = acs2[s0 + 15];
+        const float fa = fast_exp2(acs_a - e), fb = fast_exp2(acs_b - e);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int s = s0 + nt * 8 + 2 * q4;
-        const float2 as = *reinterpret_cast<const float2*>(acs2 + s);
-        const float2 ds = *reinterpret_cast<const float2*>(dts + s);
-        const unsigned da = static_cast<unsigned>(s - lo_a), db = static_cast<unsigned>(s - lo_b);
-        const float pa0 = da <= span_a ? cb[nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
-        const float pa1 = da + 1 <= span_a ? cb[nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
-        const float pb0 = db <= span_b ? cb[nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
-        const float pb1 = db + 1 <= span_b ? cb[nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
-        pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
-        pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
+        for (int nt = 0; nt < 2; ++nt) {
+          const float2 w = *reinterpret_cast<const float2*>(colw + s0 + nt * 8 + 2 * q4);
+          pf[2 * nt] = ssd_pack2<T>(cb[nt][0] * (fa * w.x), cb[nt][1] * (fa * w.y));
+          pf[2 * nt + 1] = ssd_pack2<T>(cb[nt][2] * (fb * w.x), cb[nt][3] * (fb * w.y));
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int s = s0 + nt * 8 + 2 * q4;
+          const float2 as = *reinterpret_cast<const float2*>(acs2 + s);
+          const float2 ds = *reinterpret_cast<const float2*>(dts + s);
+          const unsigned da = static_cast<unsigned>(s - lo_a), db = static_cast<unsigned>(s - lo_b);
+          const float pa0 = da <= span_a ? cb[nt][0] * fast_exp2(acs_a - as.x) * ds.x : 0.0f;
+          const float pa1 = da + 1 <= span_a ? cb[nt][1] * fast_exp2(acs_a - as.y) * ds.y : 0.0f;
+          const float pb0 = db <= span_b ? cb[nt][2] * fast_exp2(acs_b - as.x) * ds.x : 0.0f;
+          const float pb1 = db + 1 <= span_b ? cb[nt][3] * fast_exp2(acs_b - as.y) * ds.y : 0.0f;
+          pf[2 * nt] = ssd_pack2<T>(pa0, pa1);
+          pf[2 * nt + 1] = ssd_pack2<T>(pb0, pb1);
+        }
       }
       // SEQ, where the positions s0 .. and the tile's rows are not all one sequence
       // (warp-uniform; the starts grow with the position): P's entries across a start are
