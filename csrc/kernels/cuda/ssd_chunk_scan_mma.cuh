@@ -109,6 +109,27 @@ __device__ __forceinline__ void ssd_cp_async16(void* smem, const void* gmem) {
   __trap();
 #endif
 }
+// An L2 cache policy that evicts first what it tags (createpolicy, sm_80+), for
+// ssd_cp_async16_hint: operands read once (a head's x in the fused forward), so that L2
+// keeps the ones many blocks read (the group's B and C, the C·Bᵀ table).
+__device__ __forceinline__ uint64_t ssd_evict_first_policy() {
+  uint64_t pol = 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+#endif
+  return pol;
+}
+// ssd_cp_async16 under the L2 cache policy `pol` (ssd_evict_first_policy).
+__device__ __forceinline__ void ssd_cp_async16_hint(void* smem, const void* gmem, uint64_t pol) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(ssd_smem_u32(smem)), "l"(gmem),
+               "l"(pol)
+               : "memory");
+#else
+  (void)smem, (void)gmem, (void)pol;
+  __trap();
+#endif
+}
 
 // Closes the thread's current group of cp.async copies.
 __device__ __forceinline__ void ssd_cp_async_commit() {

@@ -155,9 +155,11 @@ __device__ __forceinline__ uint4 gather8(const T* src, int64_t s_col, int K) {
 // apart: 16-byte groups by cp.async where `vec` (needs K % 8 == 0, unit inner stride and
 // 16-byte aligned rows), else gathered; 0 where r >= rows or c >= K. A thread keeps one
 // column group and walks every kStep-th row, so its addresses advance by constants.
+// `evict_first` (an operand no other block reads): the whole-tile copies take the L2
+// evict-first policy (ssd_evict_first_policy).
 template <typename T, int COLS, typename At>
 __device__ __forceinline__ void fused_load_tile(At at, int bytes_per_8_rows, const T* src, int64_t s_row,
-                                                int64_t s_col, bool vec, int rows, int K) {
+                                                int64_t s_col, bool vec, int rows, int K, bool evict_first = false) {
   constexpr int kGroups = COLS / 8;
   constexpr int kStep = kFusedThreads / kGroups;  // rows between a thread's groups
   static_assert(kFusedThreads % kGroups == 0 && kStep % 8 == 0, "whole 8-row groups per step");
@@ -168,6 +170,12 @@ __device__ __forceinline__ void fused_load_tile(At at, int bytes_per_8_rows, con
   const int step = kStep / 8 * bytes_per_8_rows;
   const bool col_in = c < K;
   if (vec && rows >= kFusedQ && K >= COLS) {  // the usual whole tile: a copy per group, no checks
+    if (evict_first) {
+      const uint64_t pol = ssd_evict_first_policy();
+#pragma unroll
+      for (int i = 0; i < kFusedQ / kStep; ++i) ssd_cp_async16_hint(d + i * step, s + i * kStep * s_row, pol);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kFusedQ / kStep; ++i) ssd_cp_async16(d + i * step, s + i * kStep * s_row);
     return;
@@ -372,7 +380,7 @@ template <typename T>
 __device__ __forceinline__ uint32_t fused_z_pair(const FusedParams& p, const FusedTile& tile, int t, int col) {
   const T* zp = static_cast<const T*>(p.z) + tile.b * p.zs[0] + (tile.t0 + t) * p.zs[1] + tile.h * p.zs[2] +
                 (tile.p0 + col) * p.zs[3];
-  if (p.z_pair) return __ldg(reinterpret_cast<const unsigned int*>(zp));
+  if (p.z_pair) return __ldcs(reinterpret_cast<const unsigned int*>(zp));
   T v[2] = {zp[0], zp[p.zs[3]]};
   uint32_t r;
   memcpy(&r, v, 4);
@@ -399,14 +407,18 @@ __device__ __forceinline__ void fused_store_out(const FusedParams& p, const Fuse
   }
   const int64_t out_at =
       ((static_cast<int64_t>(tile.b) * p.seqlen + tile.t0 + t) * p.heads + tile.h) * p.head_dim + pc;
+  // y_pre and y stored, and z read (fused_z_pair), with the streaming hint (.cs: evicted
+  // first), as the fused forward's x fill is (its evict_first): each is touched once, and
+  // L2 keeps what every head's block reads (B, C, the C·Bᵀ table). H200, the Mamba-2 2.7B
+  // shape: the fused kernel 540 -> 518 µs, with the options 736 -> 698 (BENCHMARKS.md).
   if (p.y_pre != nullptr)
-    *reinterpret_cast<uint32_t*>(static_cast<T*>(p.y_pre) + out_at) = ssd_pack2<T>(v0, v1);
+    __stcs(reinterpret_cast<unsigned int*>(static_cast<T*>(p.y_pre) + out_at), ssd_pack2<T>(v0, v1));
   if (p.z != nullptr) {  // v·silu(z) = v·z/(1 + e^-z); e^-z = inf gives 0
     const float2 zv = unpack2<T>(z2);
     v0 *= __fdividef(zv.x, 1.0f + __expf(-zv.x));
     v1 *= __fdividef(zv.y, 1.0f + __expf(-zv.y));
   }
-  *reinterpret_cast<uint32_t*>(static_cast<T*>(p.y) + out_at) = ssd_pack2<T>(v0, v1);
+  __stcs(reinterpret_cast<unsigned int*>(static_cast<T*>(p.y) + out_at), ssd_pack2<T>(v0, v1));
 }
 
 // ---- host ------------------------------------------------------------------------------

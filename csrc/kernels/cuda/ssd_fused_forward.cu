@@ -83,9 +83,9 @@ static_assert(kFusedWarps * 2 * 16 == kFusedQ, "each warp owns two 16-row tiles 
 // A [kFusedQ][COLS] tile of rows padded to LD elements (fused_load_tile).
 template <typename T, int LD, int COLS>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t s_row, int64_t s_col, bool vec,
-                                          int rows, int K) {
+                                          int rows, int K, bool evict_first = false) {
   fused_load_tile<T, COLS>([&](int r, int c) { return reinterpret_cast<unsigned char*>(dst + r * LD + c); },
-                           8 * LD * static_cast<int>(sizeof(T)), src, s_row, s_col, vec, rows, K);
+                           8 * LD * static_cast<int>(sizeof(T)), src, s_row, s_col, vec, rows, K, evict_first);
 }
 
 // The rows [rows0, rows0 + nrows) of a 16-bit [len][K] tile from src (row stride s_row,
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   {
     const T* x = static_cast<const T*>(p.x) + tile.b * p.xs[0] + tile.t0 * p.xs[1] + tile.h * p.xs[2] +
                  tile.p0 * p.xs[3];
-    load_tile<T, kLdX, kFusedP>(sX, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP);
+    load_tile<T, kLdX, kFusedP>(sX, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP, /*evict_first=*/true);
     const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2] +
                   tile.n0 * p.Bs[3];
     load_tile<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim - tile.n0);
