@@ -161,6 +161,33 @@ def test_random_option_combinations(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_dt_of_both_signs(device, dtype):
+    """dt_limit's lower end below 0 keeps negative dt (mamba_ssm clamps, it does not refuse):
+    a head's cumsum then rises and falls, and every kernel still matches the float64
+    recurrence (on CUDA the tensor-core kernels keep one exp a pair there: the plan's
+    factored_decays is off)."""
+    rng = random.Random(4321 + FLOAT_DTYPES.index(dtype))
+    torch.manual_seed(21)
+    for i in range(6):
+        b, L, H, P, N, G, Q = SHAPES[i % len(SHAPES)]
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, device, softplus=False, limit=False)
+        t["dt"] = negative_dt(t["dt"])
+        kw["dt_limit"] = (-0.5, INF)
+        check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {sorted(t)} dt of both signs")
+
+
+def negative_dt(dt):
+    """make_case's dt (softplus(N(0, 1) − 1) > 0) with every fifth step −0.3 and step 2 at
+    −0.7 (which dt_limit = (−0.5, inf) clamps): the cumsum rises at those steps and falls
+    at the others, while the values stay of the order of a monotone run's."""
+    d = dt.double().clone()
+    d[:, ::5] = -0.3
+    d[:, 2:3] = -0.7
+    return d.to(dt.dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_every_option_at_once(device):
     rng = random.Random(7)
     for D in ("h", "hdim"):

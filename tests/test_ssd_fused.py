@@ -22,7 +22,7 @@ import torch
 import baracuda_torch as bt
 from baracuda_torch import mamba
 from helpers import capture_graph, poison_fresh_outputs, requires_cuda
-from test_mamba import check_case, make_case
+from test_mamba import check_case, make_case, negative_dt
 from test_ssd_chunk_scan import check, reference_grads, rtol_for, ssd_inputs
 
 ops = torch.ops.baracuda
@@ -466,6 +466,24 @@ def test_backward_every_option(dtype, backward):
         t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", seq_idx=(i % 2 == 1) or None,
                           init=(i % 2 == 0) or None, z=(i % 3 != 2) or None)
         check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {sorted(t)} {kw} ({backward})")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_dt_of_both_signs(dtype, backward):
+    """dt_limit's lower end below 0 keeps negative dt, so a head's cumsum is not monotone:
+    the fused forward and the backward's products keep one exp a pair (the plan's
+    factored_decays is off: kernels/cuda/ssd_chunk_scan_tc.cuh, "factored weights"). Out,
+    final states and gradients against the float64 recurrence, at two group shapes, the
+    second with seq_idx."""
+    rng = random.Random(41 + HALF.index(dtype))
+    torch.manual_seed(17)
+    for i, (b, L, H, P, N, G, Q) in enumerate(GROUP_SHAPES[:2]):
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D=False, z=False, dt_bias=False, init=False,
+                          seq_idx=i == 1, softplus=False, limit=False)
+        t["dt"] = negative_dt(t["dt"])
+        kw["dt_limit"] = (-0.5, float("inf"))
+        check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} dt of both signs ({backward})")
 
 
 @requires_cuda
