@@ -848,7 +848,8 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
         if (tid < kSsdTile) {
           if (k == 0) {  // (the registers hold head hi's row data until issue_s(hi + 1) below)
             sRef[hb] = ref_next;
-            const float rl = SEG ? ssd_log2_seq(row_acs, sRowSeg[tid], ref_next, seg_ref) : ssd_log2_rel(row_acs, ref_next);
+            const float rl =
+                SEG ? ssd_log2_seq(row_acs, sRowSeg[tid], ref_next, seg_ref) : ssd_log2_rel(row_acs, ref_next);
             sRowL[hb][tid] = rl;
             sRowF[hb][tid] = ssd_exp2(-rl);
             sRowDt[hb][tid] = row_dt;
