@@ -3,7 +3,7 @@ by kernel, on the same tensors (bf16). Run on the GPU from the repo root, after
 ``scripts/peers.sh install`` (without peers/ only our side is shown):
   PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py [--options [--no-z]] [--shapes 0,1]
       [--forwards auto,fused_mma] [--backwards auto,staged,group_mma] [--dtype float32] [--seqs 8]
-      [--one-stream]
+      [--one-stream] [--no-peer]
 For each shape and pass (forward; backward = the backward pass alone, autograd with a
 retained graph): the median time of the whole pass (CUDA events, benchmarks/harness.py's
 time_us) for both, then each side's kernels (torch.profiler, µs per call over REPS
@@ -22,6 +22,8 @@ CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma
 (``_ssd_cuda_backward_side_stream("off")``); by default the plan runs some of the group
 products' kernels on side streams, where the kernels' sum counts the overlapped kernels in
 full and only the pass's time says what the overlap gains.
+``--no-peer``: ours only (mamba_ssm's first calls autotune its Triton kernels, most of a
+run's minutes at the four shapes).
 ``--once``: our forward and backward (first of each list), three times each and nothing
 else (no timing, profiler or mamba_ssm), for a profiler that wraps the process:
   ncu --clock-control none -k regex:ssd_tc_scan_kernel --launch-skip 2 --launch-count 1 \
@@ -108,8 +110,10 @@ def main():
     ap.add_argument("--one-stream", action="store_true", help="our backward's kernels all on one stream")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--seqs", type=int, default=0, help="packed sequences a row (seq_idx; 0: none)")
+    ap.add_argument("--no-peer", action="store_true",
+                    help="ours only: mamba_ssm's Triton autotuning takes most of a run's minutes")
     a = ap.parse_args()
-    theirs = None if a.once else peers.mamba_chunk_scan_combined()
+    theirs = None if a.once or a.no_peer else peers.mamba_chunk_scan_combined()
     if a.one_stream:
         bt._C._ssd_cuda_backward_side_stream("off")
     summary = []
