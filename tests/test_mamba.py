@@ -163,10 +163,10 @@ def test_random_option_combinations(device, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_dt_of_both_signs(device, dtype):
-    """dt_limit's lower end below 0 keeps negative dt (mamba_ssm clamps, it does not refuse):
-    a head's cumsum then rises and falls, and every kernel still matches the float64
-    recurrence (on CUDA the tensor-core kernels keep one exp a pair there: the plan's
-    factored_decays is off)."""
+    """dt_limit's lower end below 0 keeps negative dt: a head's cumsum then rises and falls,
+    and every kernel still matches the float64 recurrence (the CUDA tensor-core kernels
+    keep one exp a pair then, the plan's factored_decays being off: test_ssd_fused's
+    test_dt_of_both_signs runs this at their shapes)."""
     rng = random.Random(4321 + FLOAT_DTYPES.index(dtype))
     torch.manual_seed(21)
     for i in range(6):
