@@ -488,6 +488,26 @@ def test_dt_of_both_signs(dtype, backward):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF)
+def test_decays_that_flush_to_zero(dtype, backward):
+    """dt spikes of 100 with A <= -2 (a decay below exp(-200), 0 in float32; x = 0 there, so
+    that the spike's own input stays in range) inside chunks, 3 % of the steps: with the
+    factored weights (the plan's factored_decays, dt >= 0) a factor flushes to 0 exactly
+    where the pair's weight does, so nothing becomes NaN or leaks past a spike. Out, final
+    states and gradients against the float64 recurrence, at two group shapes."""
+    rng = random.Random(43 + HALF.index(dtype))
+    torch.manual_seed(19)
+    for b, L, H, P, N, G, Q in GROUP_SHAPES[:2]:
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D=False, z=False, dt_bias=False, init=True,
+                          seq_idx=False, softplus=False, limit=False)
+        spikes = torch.rand(t["dt"].shape, device="cuda") < 0.03
+        t["dt"] = torch.where(spikes, torch.full_like(t["dt"], 100.0), t["dt"].clamp_min(0))
+        t["x"] = torch.where(spikes[..., None], torch.zeros_like(t["x"]), t["x"])
+        t["A"] = t["A"] - 2
+        check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} dt spikes ({backward})")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
 def test_backward_dD(dtype, backward):
     """dD of [H] and [H, P], with z and without, every group shape: with the group products
     the dx kernel writes dD's partials (one per row tile of a chunk; zeros for the tiles
