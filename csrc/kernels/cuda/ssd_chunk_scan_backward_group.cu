@@ -75,6 +75,32 @@ __device__ __forceinline__ int ssd_scatter_slot(int lane) {
   return ((g8 & 1) << 2) | (g8 & 2) | (g8 >> 2);
 }
 
+// Scans over a warp's 32 lanes in a fixed order (Hillis–Steele steps; each lane ends with
+// its sum): the exclusive prefix sum (lane 0: 0), the inclusive suffix sum, and the total
+// (a xor tree, in every lane).
+__device__ __forceinline__ float ssd_warp_scan_excl(float v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const float up = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += up;
+  }
+  const float ex = __shfl_up_sync(0xffffffffu, v, 1);
+  return lane == 0 ? 0.0f : ex;
+}
+__device__ __forceinline__ float ssd_warp_suffix_incl(float v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const float down = __shfl_down_sync(0xffffffffu, v, d);
+    if (lane + d < 32) v += down;
+  }
+  return v;
+}
+__device__ __forceinline__ float ssd_warp_total(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
 template <typename T>
 struct SsdGroupDcbParams {
   int64_t batch, seqlen, heads, groups, hpg, chunk, nchunks, total_blocks;
@@ -198,19 +224,36 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
     // Head hh's X partials from the warps' shared sums (threads 0..63, one position each).
     const int64_t h0 = g * p.hpg + split * p.hps;
     const int nh = static_cast<int>(min(p.hps, p.hpg - split * p.hps));
+    // Threads 0..63 store (the others compute alike and store nothing, so that the scans'
+    // shuffles run with every warp whole): warps 0 and 1 (2 and 3 repeat them) scan their 32
+    // positions, warp 1 taking warp 0's total (and warp 0 warp 1's) as a xor tree of its own
+    // over the other half's values.
     auto flush = [&](int hh) {
-      if (tid >= kSsdTile) return;
-      const int pb = hh & 1;
+      const int pb = hh & 1, n = tid & (kSsdTile - 1);
       const int64_t at = (((b * p.heads + h0 + hh) * p.nchunks + c) * p.pairs + pair) * kSsdTile;
-      // column n's masked prefix sums belong to position c0 + n + 1
+      const bool low = n < 32;
       float xin = 0.0f;
-      if (tid > 0)
+      if (full) {
+        // sXcol holds the warps' column sums of T: xin at position c0 + n is the sum of
+        // columns 0 .. n − 1 (every row of a whole pair lies after every column)
+        float cs = 0.0f, other = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kTcThreads / 32; ++w) xin += sXcol[pb][w][tid - 1];
-      p.xin[at + tid] = xin;
-      float suf = 0.0f;
-      for (int q = kSsdTile - 1; q >= tid; --q) suf += sRowT[pb][q];
-      p.xsuf[at + tid] = suf;
+        for (int w = 0; w < kTcThreads / 32; ++w) cs += sXcol[pb][w][n], other += sXcol[pb][w][n ^ 32];
+        const float lower = ssd_warp_scan_excl(cs, lane);
+        const float below = ssd_warp_total(other);  // (the upper warp: the sum of columns 0..31)
+        xin = low ? lower : below + lower;
+      } else if (n > 0) {
+        // column n's masked prefix sums belong to position c0 + n + 1
+#pragma unroll
+        for (int w = 0; w < kTcThreads / 32; ++w) xin += sXcol[pb][w][n - 1];
+      }
+      // the suffix sums of the row sums, positions n .. 63
+      const float upper = ssd_warp_suffix_incl(sRowT[pb][n], lane);
+      const float above = ssd_warp_total(sRowT[pb][n ^ 32]);  // (the lower warp: the sum of rows 32..63)
+      if (tid < kSsdTile) {
+        p.xin[at + n] = xin;
+        p.xsuf[at + n] = low ? upper + above : upper;
+      }
     };
 
     __syncthreads();  // the previous virtual block is done with shared memory
@@ -257,9 +300,12 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
       float rowtot[2] = {0.0f, 0.0f};
       // M (into acc) and T (in place of m), then T's inclusive row prefix sums in column
       // order (8-column steps: the quad's pair sums scanned across its lanes). `full`: a
-      // whole off-diagonal tile pair, where every mask below but the tile's last column
-      // holds, so that path has no per-element selects, and its weights are the factors
-      // sRowF·sColW (factored_decays; __fmul_rn: no contraction in either path).
+      // whole off-diagonal tile pair, where every row lies after every column, so that
+      // path has no per-element selects, its weights are the factors sRowF·sColW
+      // (factored_decays; __fmul_rn: no contraction in either path), and it keeps T itself:
+      // xin's sums over q of the row prefixes are the prefix sums of T's column sums, which
+      // flush scans once a head (64 values) where the row scans took 5 shuffles and about
+      // 8 more instructions a lane's pair of values.
       auto epilogue = [&](auto full_tag) {
         constexpr bool kFull = decltype(full_tag)::value;
 #pragma unroll
@@ -286,6 +332,12 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
               }
               acc[nt][2 * half + e] += mv;
             }
+            if constexpr (kFull) {  // T itself: sXcol takes its column sums, flush their prefix
+              m[nt][2 * half] = tv[0];
+              m[nt][2 * half + 1] = tv[1];
+              carry += tv[0] + tv[1];
+              continue;
+            }
             const float pairsum = tv[0] + tv[1];
             float incl = pairsum;
             float up = __shfl_up_sync(0xffffffffu, incl, 1);
@@ -299,16 +351,11 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
             const int n0 = nt * 8 + 2 * t4;
             // keep the prefix through column n only where q >= c0 + n + 1 (and n + 1 < 64)
             const float p0 = base + tv[0], p1 = p0 + tv[1];
-            if constexpr (kFull) {
-              m[nt][2 * half] = p0;
-              m[nt][2 * half + 1] = n0 + 2 < kSsdTile ? p1 : 0.0f;
-            } else {
-              m[nt][2 * half] = r0 + ql >= c0 + n0 + 1 && n0 + 1 < kSsdTile ? p0 : 0.0f;
-              m[nt][2 * half + 1] = r0 + ql >= c0 + n0 + 2 && n0 + 2 < kSsdTile ? p1 : 0.0f;
-            }
+            m[nt][2 * half] = r0 + ql >= c0 + n0 + 1 && n0 + 1 < kSsdTile ? p0 : 0.0f;
+            m[nt][2 * half + 1] = r0 + ql >= c0 + n0 + 2 && n0 + 2 < kSsdTile ? p1 : 0.0f;
             carry += steptot;
           }
-          rowtot[half] = carry;
+          rowtot[half] = kFull ? ssd_quad_sum(carry) : carry;  // (kFull: the lane's own columns)
         }
       };
       if (live) {
@@ -319,8 +366,8 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
         else
           epilogue(std::false_type{});
       }
-      // column sums of the masked prefixes over the warp's 16 rows (ssd_reduce_scatter16:
-      // the fixed xor tree's sums, a lane's two columns a float2 store)
+      // column sums of the masked prefixes (`full`: of T) over the warp's 16 rows
+      // (ssd_reduce_scatter16: the fixed xor tree's sums, a lane's two columns a float2 store)
       {
         float v[16];
 #pragma unroll
