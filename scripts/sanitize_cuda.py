@@ -308,21 +308,24 @@ def ssd_group_cases() -> Iterator[Case]:
     4 heads (the plan's choice at these sizes: dCB in 2 head splits), or 4 groups of one
     head (one split: the dCB kernel stores the 16-bit dCB itself), a short last chunk,
     head_dim past one 64-column tile, state_dim padded to the MMA step (40) or not a
-    multiple of 4 (38, the scalar copies), with and without D and z."""
+    multiple of 4 (38, the scalar copies), with and without D and z; chunk 64, and 128 at
+    L = 300 (whole off-diagonal 64-row tile pairs, where dCB's weights factor)."""
     from baracuda_torch.mamba import mamba_chunk_scan_combined
     for dtype in (torch.bfloat16, torch.float16):
-        for N, options, G in ((40, False, 1), (38, True, 1), (40, True, 4)):
-            def make(dtype=dtype, N=N, options=options, G=G):
-                B, L, H, P = 2, 100, 4, 96
+        for N, options, G, L, Q in ((40, False, 1, 100, 64), (38, True, 1, 100, 64), (40, True, 4, 100, 64),
+                                    (40, False, 1, 300, 128)):
+            def make(dtype=dtype, N=N, options=options, G=G, L=L):
+                B, H, P = 2, 4, 96
                 t = (rand(B, L, H, P, dtype=dtype), (torch.rand(B, L, H, device="cuda", dtype=dtype) * 0.5),
                      (-torch.rand(H, device="cuda", dtype=dtype)), rand(B, L, G, N, dtype=dtype),
                      rand(B, L, G, N, dtype=dtype))
                 extra = (rand(H, P, dtype=torch.float32), rand(B, L, H, P, dtype=dtype)) if options else (None, None)
                 return tuple(x.requires_grad_() if x is not None and not x.requires_grad else x for x in t) + extra
 
-            def run(x, dt, A, B, C, D, z):
-                return mamba_chunk_scan_combined(x, dt, A, B, C, 64, D=D, z=z)
-            yield f"ssd group products N={N} options={options} G={G}", make, run, ("ssd_chunk_scan_combined",)
+            def run(x, dt, A, B, C, D, z, Q=Q):
+                return mamba_chunk_scan_combined(x, dt, A, B, C, Q, D=D, z=z)
+            yield f"ssd group products N={N} options={options} G={G} L={L} chunk={Q}", make, run, \
+                ("ssd_chunk_scan_combined",)
 
 
 def _wgmma_cases(cases, switch, name: str) -> Iterator[Case]:
