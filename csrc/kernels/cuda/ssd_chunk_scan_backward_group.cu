@@ -221,10 +221,10 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
         }
       }
     };
-    // Head hh's X partials from the warps' shared sums (threads 0..63, one position each).
     const int64_t h0 = g * p.hpg + split * p.hps;
     const int nh = static_cast<int>(min(p.hps, p.hpg - split * p.hps));
-    // Threads 0..63 store (the others compute alike and store nothing, so that the scans'
+    // Head hh's X partials from the warps' shared sums, a position each for threads 0..63,
+    // which store them (the others compute alike and store nothing, so that the scans'
     // shuffles run with every warp whole): warps 0 and 1 (2 and 3 repeat them) scan their 32
     // positions, warp 1 taking warp 0's total (and warp 0 warp 1's) as a xor tree of its own
     // over the other half's values.
