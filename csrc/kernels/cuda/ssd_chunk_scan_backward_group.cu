@@ -76,8 +76,8 @@ __device__ __forceinline__ int ssd_scatter_slot(int lane) {
 }
 
 // Scans over a warp's 32 lanes in a fixed order (Hillis–Steele steps; each lane ends with
-// its sum): the exclusive prefix sum (lane 0: 0), the inclusive suffix sum, and the total
-// (a xor tree, in every lane).
+// its sum): the exclusive prefix sum (lane 0: 0) and the inclusive suffix sum. (The total,
+// in every lane: ssd_sum32.)
 __device__ __forceinline__ float ssd_warp_scan_excl(float v, int lane) {
 #pragma unroll
   for (int d = 1; d < 32; d *= 2) {
@@ -93,11 +93,6 @@ __device__ __forceinline__ float ssd_warp_suffix_incl(float v, int lane) {
     const float down = __shfl_down_sync(0xffffffffu, v, d);
     if (lane + d < 32) v += down;
   }
-  return v;
-}
-__device__ __forceinline__ float ssd_warp_total(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
   return v;
 }
 
@@ -240,7 +235,7 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
 #pragma unroll
         for (int w = 0; w < kTcThreads / 32; ++w) cs += sXcol[pb][w][n], other += sXcol[pb][w][n ^ 32];
         const float lower = ssd_warp_scan_excl(cs, lane);
-        const float below = ssd_warp_total(other);  // (the upper warp: the sum of columns 0..31)
+        const float below = ssd_sum32(other);  // (the upper warp: the sum of columns 0..31)
         xin = low ? lower : below + lower;
       } else if (n > 0) {
         // column n's masked prefix sums belong to position c0 + n + 1
@@ -249,7 +244,7 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
       }
       // the suffix sums of the row sums, positions n .. 63
       const float upper = ssd_warp_suffix_incl(sRowT[pb][n], lane);
-      const float above = ssd_warp_total(sRowT[pb][n ^ 32]);  // (the lower warp: the sum of rows 32..63)
+      const float above = ssd_sum32(sRowT[pb][n ^ 32]);  // (the lower warp: the sum of rows 32..63)
       if (tid < kSsdTile) {
         p.xin[at + n] = xin;
         p.xsuf[at + n] = low ? upper + above : upper;
