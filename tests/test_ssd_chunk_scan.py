@@ -447,6 +447,32 @@ def test_cuda_largest_dims(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_99kb_device_keeps_every_stage_on_one_path(dtype):
+    """A device whose blocks may opt into 99 KB of shared memory (sm_86, sm_89, sm_120;
+    simulated by capping what the plans see): the staged tensor-core scan does not fit at N
+    or D above 192, so the plan runs every stage on the SIMT kernels there (`explain`:
+    chunked), forward and backward against the float64 recurrence over several chunks;
+    at 192 the tensor cores stay. (Before, only the scan fell back to SIMT, at launch, and
+    read the float32 state buffer, which with 16-bit inputs holds S_c, not H_c.)"""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80+")
+    previous = bt._C._cuda_smem_optin_cap(99 * 1024)
+    try:
+        for b, L, H, D, N, G, Q in [(1, 300, 2, 64, 256, 1, 64), (1, 200, 2, 256, 64, 2, 64),
+                                    (1, 150, 2, 64, 200, 1, 32)]:
+            inputs = ssd_inputs(b, L, H, D, N, G, dtype, "cuda")
+            assert bt.explain("ssd_chunk_scan", *inputs, chunk_size=Q).variant == "chunked", (D, N)
+            assert bt.explain(ops.ssd_chunk_scan_backward, inputs[0], *inputs, Q).variant == "chunked", (D, N)
+            dy = torch.randn(b, L, H, D, dtype=torch.float64).to(device="cuda", dtype=dtype)
+            check_against(inputs, Q, cpu_truth(inputs, dy, Q), f"{dtype} D={D} N={N} on 99 KB", dy)
+        inputs = ssd_inputs(1, 200, 2, 192, 192, 1, dtype, "cuda")
+        assert bt.explain("ssd_chunk_scan", *inputs, chunk_size=64).variant == "chunked_mma"
+    finally:
+        bt._C._cuda_smem_optin_cap(previous)
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_long_sequence(dtype):
     """Many chunks (state passing over 24 chunks) at the benchmark head layouts."""

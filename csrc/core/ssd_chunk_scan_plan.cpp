@@ -183,11 +183,14 @@ bool wgmma_device(const SsdChunkScanDescriptor& desc) {
 }
 
 // The CUDA kernels run float16/bfloat16 on tensor cores where the device has mma.sync
-// with 16-bit operands (sm_80+; kernels/cuda/ssd_chunk_scan_tc.cuh makes the same
-// choice at launch from the device's compute capability).
+// with 16-bit operands (sm_80+) and gives the staged tensor-core scan its shared memory
+// for this problem's N and D (ssd_tc_scan_smem_bytes: every stage on tensor cores, or none).
 bool uses_tensor_cores(const SsdChunkScanDescriptor& desc, SsdVariant v) {
   const bool half = desc.x.dtype == ElementKind::F16 || desc.x.dtype == ElementKind::BF16;
-  return v == SsdVariant::Chunked && half && desc.device.arch >= 80;
+  const int64_t room = desc.device.smem_optin_bytes - kSsdTcStaticSmem;
+  return v == SsdVariant::Chunked && half && desc.device.arch >= 80 &&
+         ssd_tc_scan_smem_bytes(desc.B.sizes[3], false) <= room &&
+         ssd_tc_scan_smem_bytes(desc.x.sizes[3], true) <= room;
 }
 
 // The tensor-core chunk-state kernel's state columns per block (see

@@ -81,6 +81,24 @@ std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 // side streams wherever the group products run. Returns the previous setting.
 std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force);
 
+// Shared memory of the staged tensor-core scan kernel (kernels/cuda/ssd_chunk_scan_tc.cuh's
+// ssd_launch_tc_scan) without its cache of Lft·Rgtᵀ tiles, for a contraction over k1 (N for
+// y and dx, `multi` false; D for dC and dB, `multi` true): an Lft tile, a V tile, an Rgt tile
+// and the larger of the S tile and another V and Rgt pair, 64 rows each (S: k1 rows) of
+// 16-bit values padded by 16 bytes. The kernel keeps kSsdTcStaticSmem of the device's
+// opt-in limit for its static arrays. With 16-bit inputs the state passes write H_c and Gn_c
+// only rounded to the input type, which the tensor-core kernels read and the SIMT ones
+// cannot, so the plan runs every stage on tensor cores only where this fits the device for
+// N and D (on a 99 KB device, N and D up to 192), else every stage on SIMT.
+constexpr int64_t kSsdTcStaticSmem = 2048;
+constexpr int64_t ssd_tc_scan_smem_bytes(int64_t k1, bool multi) {
+  const int64_t k1p = (k1 + 15) / 16 * 16;
+  const int64_t lft = (64 * (k1p + 8) * 2 + 15) / 16 * 16;
+  const int64_t s = multi ? (k1p * (64 + 8) * 2 + 15) / 16 * 16 : lft;
+  const int64_t v = 64 * (64 + 8) * 2;
+  return 2 * lft + v + (s > v + lft ? s : v + lft);
+}
+
 // The fused forward's geometry, shared by the plan and the kernels: a block owns one chunk
 // (up to kSsdFusedMaxChunk positions) of one head and kSsdFusedHeadTile of its head_dim
 // columns; the state columns are padded to a tile of 64, 128 or 256. A tile of 256

@@ -63,6 +63,12 @@ MutTensorRef mut_ref_of(at::Tensor& t, const std::string& op, const char* what) 
   return MutTensorRef{layout_of(t, op, what), t.data_ptr()};
 }
 
+namespace {
+std::atomic<int64_t> g_smem_optin_cap{0};
+}  // namespace
+
+int64_t set_smem_optin_cap(int64_t bytes) { return g_smem_optin_cap.exchange(bytes); }
+
 DeviceInfo device_info(const at::Tensor& t, const std::string& op) {
   DeviceInfo info;
   if (t.is_cuda()) {
@@ -74,6 +80,8 @@ DeviceInfo device_info(const at::Tensor& t, const std::string& op) {
     info.sm_count = prop->multiProcessorCount;
     info.l2_bytes = prop->l2CacheSize;
     info.smem_optin_bytes = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
+    const int64_t cap = g_smem_optin_cap.load(std::memory_order_relaxed);
+    if (cap > 0 && cap < info.smem_optin_bytes) info.smem_optin_bytes = cap;
     info.arch_specific_kernels = kernels::cuda_arch_specific_kernels(info.arch);
     // An older GPU than the kernels are written for, or one this build has no code for,
     // fails here with the reason instead of a "no kernel image" error inside a launch.

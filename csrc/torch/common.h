@@ -35,6 +35,9 @@ constexpr int kMinCudaArch = 80;
 // Backend and properties of t's device. For a CUDA tensor, fails (NotImplementedError
 // naming `op`) when the GPU is older than kMinCudaArch or this build has no code for it.
 DeviceInfo device_info(const at::Tensor& t, const std::string& op);
+// Tests only: caps DeviceInfo::smem_optin_bytes as every plan sees it (a 99 KB device on a
+// larger one), 0 for the device's own; returns the previous cap.
+int64_t set_smem_optin_cap(int64_t bytes);
 
 // The cudaStream_t (as void*) of the current stream on t's device; nullptr on the CPU.
 void* current_stream(const at::Tensor& t);

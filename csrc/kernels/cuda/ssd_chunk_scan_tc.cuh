@@ -1116,10 +1116,12 @@ void ssd_launch_tc_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& 
     ssd_launch_tc_chunk_state_nt<T, DSTATE, 1>(p, stream);
 }
 
-// False (and nothing launched) when the kernel's shared memory exceeds the device's
-// opt-in limit (D or N near 256 on a 99 KB part): the caller runs the SIMT kernel.
+// The plan takes the tensor cores only where this kernel's shared memory without its cache
+// fits the device (core/ssd_chunk_scan_plan.h's ssd_tc_scan_smem_bytes, which this layout
+// must equal): its 16-bit state copies are all there is of H_c and Gn_c, which the SIMT
+// kernel could not read.
 template <typename T, int MODE>
-bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;
   const char* op = MODE == kSsdY ? "ssd_chunk_scan(scan)" : "ssd_chunk_scan_backward(scan)";
   SsdTcScanParams<T> p;
@@ -1156,19 +1158,21 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
     p.off_cache = p.off_x + x_bytes;
     return p.off_cache + cache_tiles * kTcCacheSlot * 4;
   };
+  if (p.total_blocks == 0) return;
+  const int64_t room = l.smem_optin_bytes - kSsdTcStaticSmem;
+  if (layout(0) != ssd_tc_scan_smem_bytes(p.K1, kMulti) || layout(0) > room)
+    fail(PlanErrorKind::Internal, op, "the tensor-core scan's shared memory is not what the plan counted");
   // Y/DX with several heads per block cache Lft·Rgtᵀ: as many column tiles as a row
   // tile has causal partners, up to kTcCacheTiles, if the device's shared memory holds
-  // them (2 KB left for the static arrays); otherwise no cache.
+  // them (kSsdTcStaticSmem left for the static arrays); otherwise no cache.
   const int want = !kMulti && p.hps > 1 ? std::min(p.r_tiles, kTcCacheTiles) : 0;
   int smem = layout(want);
-  if (want > 0 && smem > l.smem_optin_bytes - 2048) smem = layout(0);
-  if (smem > l.smem_optin_bytes - 2048) return false;
+  if (want > 0 && smem > room) smem = layout(0);
   p.out_split = kMulti ? ssd_ws<float>(l, w.split) : nullptr;
   p.state = ssd_ws<T>(l, MODE == kSsdY || MODE == kSsdDC ? w.states_t : w.gstates_t);
   p.state_ld = l.state_dim;
   ssd_scan_roles<T, float, MODE>(p, l, w);
   p.seg = ssd_seg(l, w);
-  if (p.total_blocks == 0) return true;
   auto run = [&](auto kernel) {
     allow_dynamic_smem(kernel, smem, op);
     kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
@@ -1182,10 +1186,10 @@ bool ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   check_launch(op);
   if constexpr (kMulti)
     if (p.nsplit > 1) ssd_split_sum(l, p.out_split, p.nsplit, p.out, stream);
-  return true;
 }
 
-// False (and nothing launched) when the shared memory exceeds the device's limit.
+// False (and nothing launched) when the shared memory exceeds the device's limit (the
+// caller then runs the SIMT kernel, which reads no state).
 template <typename T>
 bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   SsdTcDacsParams<T> p;
@@ -1218,9 +1222,9 @@ bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   return true;
 }
 
-// ---- dispatch: tensor cores for 16-bit inputs on sm_80+, the SIMT kernels otherwise ----------
-// (also for a scan or X_s kernel whose shared memory the device cannot give: float32
-// math throughout, so within the same precision guarantee)
+// ---- dispatch: tensor cores where the plan takes them (SsdChunkScanLaunch::tensor_cores),
+// the SIMT kernels otherwise (also for an X_s kernel whose shared memory the device cannot
+// give: float32 math throughout, so within the same precision guarantee)
 template <typename T, bool DSTATE>
 void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
@@ -1248,7 +1252,10 @@ void ssd_run_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* la
 template <typename T, int MODE>
 void ssd_run_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
-    if (l.tensor_cores && ssd_launch_tc_scan<T, MODE>(l, w, s)) return;
+    if (l.tensor_cores) {
+      ssd_launch_tc_scan<T, MODE>(l, w, s);
+      return;
+    }
   }
   ssd_launch_scan<T, MODE>(l, w, s);
 }
