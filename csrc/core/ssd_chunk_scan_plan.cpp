@@ -255,22 +255,30 @@ struct CudaForwardChoice {
 // the table (about 136 KB per chunk and group at chunk 256) is no larger than x's tiles
 // of those heads and is read by each of them; with one head per group it would only add
 // memory traffic.
+// The fused kernels' state tile for this problem (64, 128 or 256), or 0 where their
+// geometry does not take it (see SsdCudaForward; the kernels count positions and blocks
+// in int).
+int64_t fused_state_tile(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChunkScanLaunch& l) {
+  const int64_t blocks = l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks();
+  if (!uses_tensor_cores(desc, v) || l.chunk_size > kSsdFusedMaxChunk || l.head_dim % kSsdFusedHeadTile != 0 ||
+      l.state_dim > kSsdFusedMaxState || l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
+      blocks >= (int64_t{1} << 31))
+    return 0;
+  const int64_t tile = l.state_dim <= 64 ? 64 : l.state_dim <= 128 ? 128 : 256;
+  // a tile of 256 runs as two halves, each a block (see kSsdFusedMaxState)
+  return tile > 128 && blocks * 2 >= (int64_t{1} << 31) ? 0 : tile;
+}
+
 CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
                                const SsdChunkScanLaunch& l) {
   const int forced = g_forced_forward.load(std::memory_order_relaxed);
-  if (forced == static_cast<int>(SsdCudaForward::Staged) || !uses_tensor_cores(desc, v) ||
-      l.chunk_size > kSsdFusedMaxChunk ||
-      l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim > kSsdFusedMaxState ||
-      l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||  // the kernels count positions in int
-      l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() >= (int64_t{1} << 31))
-    return {};
+  if (forced == static_cast<int>(SsdCudaForward::Staged)) return {};
   CudaForwardChoice c;
-  c.state_tile = l.state_dim <= 64 ? 64 : l.state_dim <= 128 ? 128 : 256;
+  c.state_tile = fused_state_tile(desc, v, l);
+  if (c.state_tile == 0) return {};
   // A tile of 256 FusedMmaCb alone takes, in two halves, whatever the heads per group (see
   // kSsdFusedMaxState).
   const bool wide = c.state_tile > 128;
-  if (wide && l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() * 2 >= (int64_t{1} << 31))
-    return {};
   if (wide && forced >= 0 && forced != static_cast<int>(SsdCudaForward::FusedMmaCb)) return {};
   // seq_idx: the mma.sync kernels mask the sequence starts (fused_dt_cumsum), the wgmma
   // kernel does not. Measured at B4 L4096 H80 P64 N128 G1 chunk 256 with 8 sequences a row
@@ -350,9 +358,25 @@ bool backward_side_stream(const SsdChunkScanLaunch& l) {
   return l.group_products && g_forced_side_stream.load(std::memory_order_relaxed) != 0;
 }
 
+// ssd_force_backward_fused_states's setting: -1 for the plan's own choice, 0 never, 1
+// wherever they can run.
+std::atomic<int> g_forced_fused_states{-1};
+
+// Whether the CUDA backward recomputes H_c with the fused forward's kernel (see
+// ssd_force_backward_fused_states): with the group products (whose kernels read only the
+// 16-bit copies of H_c, so that the float32 states need no place in the workspace), where
+// the fused geometry takes the problem (`tile`: fused_state_tile) and FusedMmaCb's blocks
+// fit the device's opt-in shared memory. Not measured on a GPU yet: only when forced.
+bool backward_fused_states(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l, int64_t tile) {
+  if (g_forced_fused_states.load(std::memory_order_relaxed) != 1) return false;
+  return l.group_products && tile > 0 && l.batch > 0 && l.seqlen > 0 &&
+         desc.device.smem_optin_bytes >=
+             ssd_fused_smem_bytes(SsdCudaForward::FusedMmaCb, tile > 128 ? tile / 2 : tile, desc.options.has_seq_idx);
+}
+
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
                          SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                         bool group_wgmma = false) {
+                         bool group_wgmma = false, bool fused_states = false) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
     case SsdVariant::CpuChunked: return "chunked";
@@ -360,6 +384,7 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
       if (forward == SsdCudaForward::FusedMma) return "fused_mma";
       if (forward == SsdCudaForward::FusedMmaCb) return "fused_mma_cb";
       if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
+      if (group && fused_states) return group_wgmma ? "group_wgmma_fused_states" : "group_mma_fused_states";
       if (group) return group_wgmma ? "group_wgmma" : "group_mma";
       return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
@@ -369,12 +394,12 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
 
 KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward,
                    SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                   bool group_wgmma = false) {
+                   bool group_wgmma = false, bool fused_states = false) {
   KernelSku sku;
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(desc, v, forward, group, group_wgmma);
+  sku.variant = variant_name(desc, v, forward, group, group_wgmma, fused_states);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
@@ -427,6 +452,12 @@ std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force) {
 
 std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force) {
   const int previous = g_forced_side_stream.exchange(force ? static_cast<int>(*force) : -1);
+  if (previous < 0) return std::nullopt;
+  return previous == 1;
+}
+
+std::optional<bool> ssd_force_backward_fused_states(std::optional<bool> force) {
+  const int previous = g_forced_fused_states.exchange(force ? static_cast<int>(*force) : -1);
   if (previous < 0) return std::nullopt;
   return previous == 1;
 }
@@ -524,9 +555,16 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.dD_in_dx = p.launch_.group_products && !p.launch_.gated;
   p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
+  const int64_t tile = fused_state_tile(f, p.variant_, p.launch_);
+  p.launch_.fused_states = backward_fused_states(f, p.launch_, tile);
+  if (p.launch_.fused_states) {
+    p.launch_.fused_state_tile = tile;
+    p.launch_.fused_state_split = tile > 128 ? 2 : 1;
+  }
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
-  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma);
+  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma,
+                    p.launch_.fused_states);
   return p;
 }
 

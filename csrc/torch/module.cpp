@@ -143,6 +143,23 @@ PYBIND11_MODULE(_C, m) {
     const std::optional<bool> previous = ssd_force_backward_side_stream(force);
     return std::string(previous.value_or(true) ? "auto" : "off");
   }, py::arg("name"));
+  // Tests and benchmarks only: how the SSD's CUDA backward recomputes the chunk states,
+  // "auto" (the plan's choice), "staged" (the chunk-state kernel and the state pass) or
+  // "fused" (the fused forward's kernel stopped after its hand-over, wherever it can run:
+  // SsdChunkScanLaunch::fused_states); returns the previous setting.
+  m.def("_ssd_cuda_backward_states", [](const std::string& name) {
+    std::optional<bool> force;
+    if (name == "staged") {
+      force = false;
+    } else if (name == "fused") {
+      force = true;
+    } else if (name != "auto") {
+      throw py::value_error("_ssd_cuda_backward_states: expected auto, staged or fused, got " + name);
+    }
+    const std::optional<bool> previous = ssd_force_backward_fused_states(force);
+    if (!previous) return std::string("auto");
+    return std::string(*previous ? "fused" : "staged");
+  }, py::arg("name"));
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
   // "never"; returns the previous setting.

@@ -244,6 +244,7 @@ struct SsdWorkspace {
   size_t acs = 0, dtf = 0, seg = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
          xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dyp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
   size_t states_t = 0, gstates_t = 0;  // (ssd_state_copies only)
+  size_t fused = 0;                    // (the backward's fused_states only)
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
@@ -262,6 +263,10 @@ inline bool ssd_seq_masks(const SsdChunkScanLaunch& l) { return l.seq_idx != nul
 
 // Elements of D·N per thread in the state passes: 16 bytes of the compute type.
 __host__ __device__ constexpr int ssd_pass_vec(ElementKind compute) { return compute == ElementKind::F64 ? 2 : 4; }
+
+// The workspace of the backward's fused states (ssd_fused_forward.cu): the fused kernels'
+// flags and hand-over ring.
+size_t ssd_fused_states_workspace(const SsdChunkScanLaunch& l);
 
 inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backward) {
   const size_t esz = l.element == ElementKind::F64 ? 8 : 4;
@@ -289,8 +294,11 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   w.dtf = take(bh * l.seqlen);
   const bool copies = ssd_state_copies(l);
   w.seg = take(l.batch * l.seqlen, sizeof(int32_t));  // (sized before seq_idx is known)
-  w.states = take(bh * nc * dn);
+  // (the fused states store H_c rounded alone: nothing reads the float32 states then)
+  const bool fused = backward && l.fused_states;
+  w.states = take(fused ? 0 : bh * nc * dn);
   if (copies) w.states_t = take(bh * nc * dn, 2);
+  if (fused) w.fused = take(static_cast<int64_t>(ssd_fused_states_workspace(l)), 1);
   if (backward) {
     w.gstates = take(bh * nc * dn);
     if (copies) w.gstates_t = take(bh * nc * dn, 2);
@@ -1618,6 +1626,8 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "dD_in_dx needs the group products' dx kernel");
   if (l.side_stream && !(backward && l.group_products))
     fail(PlanErrorKind::Internal, op, "side_stream is the group products' backward's");
+  if (l.fused_states && !(backward && l.group_products && ssd_state_copies(l)))
+    fail(PlanErrorKind::Internal, op, "fused_states is the group products' backward's, on 16-bit tensor cores");
   if (backward && l.gated != (l.z != nullptr))
     fail(PlanErrorKind::Internal, op, "gated must say whether z is given (the workspace's dy_pre)");
   if (l.state_tile_n != 0 && l.state_tile_n != kSsdTile && l.state_tile_n != 2 * kSsdTile)

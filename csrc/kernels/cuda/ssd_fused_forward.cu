@@ -283,6 +283,78 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
     cb_table_pairs<T, NS>(p);
 }
 
+// Step 2 of the fused forward (and of ssd_fused_states_kernel): the chunk state
+// S_c[p][n] = Σ_s (wgt_s·x[s][p])·B[s][n] of the block's tiles sX ([kFusedQ][kLdX]) and sB
+// ([kFusedQ][NS + 8]) into sacc; warp (mt, nh) = (warp & 3, warp >> 2) owns rows 16·mt.. of
+// p and half of the N columns. SEQ: seg_last is the chunk's last sequence start (−1: none);
+// the chunk state takes only the positions from it on: the k-steps before it are skipped,
+// and in its own k-step both operands of the earlier positions are selected to 0 (0·NaN
+// would be NaN).
+template <typename T, int NS, bool SEQ>
+__device__ __forceinline__ void fused_chunk_state(float (&sacc)[NS / 16][4], const T* sX, const T* sB,
+                                                  const float* wgt, int len16, int seg_last, int lane, int mt,
+                                                  int nh) {
+  constexpr int kLdN = NS + 8;
+  constexpr int kNT = NS / 16;
+  const int q4 = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+  for (int k0 = SEQ && seg_last > 0 ? seg_last / 16 * 16 : 0; k0 < len16; k0 += 16) {
+    const bool cut = SEQ && k0 < seg_last;  // (block-uniform)
+    uint32_t af[4];
+    ssd_ldsm_x4_t(af, sX + (k0 + (lane >> 4) * 8 + (lane & 7)) * kLdX + mt * 16 + ((lane >> 3) & 1) * 8);
+    const float2 w01 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4);
+    const float2 w89 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4 + 8);
+    af[0] = scale2<T>(af[0], w01.x, w01.y);
+    af[1] = scale2<T>(af[1], w01.x, w01.y);
+    af[2] = scale2<T>(af[2], w89.x, w89.y);
+    af[3] = scale2<T>(af[3], w89.x, w89.y);
+    if (cut) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) af[i] = keep2(af[i], k0 + 2 * q4 + (i >> 1) * 8, seg_last, kFusedQ);
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; j += 2) {
+      uint32_t bf[4];
+      ssd_ldsm_x4_t(bf, sB + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + nh + j * 8 + (lane >> 4) * 8);
+      if (cut) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) bf[i] = keep2(bf[i], k0 + 2 * q4 + (i & 1) * 8, seg_last, kFusedQ);
+      }
+      ssd_mma16816<T>(sacc[j], af, bf[0], bf[1]);
+      ssd_mma16816<T>(sacc[j + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// Step 3's hand-over, once H_c is in `hin` (the pairs of fused_state_in at the thread's
+// accumulator places of sacc): each pair of H_c goes to keep(pr, n, h) (the caller keeps it,
+// rounded, for its own use), and H_{c+1} = 2^last2·H_c + S_c to the ring for chunk c + 1
+// (or to final_states after the last chunk), then published. (SEQ: after a sequence start
+// in the chunk, seg_last >= 0, S_c alone: the selected decay.)
+template <int NS, typename Keep>
+__device__ __forceinline__ void fused_hand_over(const FusedParams& p, const FusedTile& tile,
+                                                const float2 (&hin)[NS / 16][2], const float (&sacc)[NS / 16][4],
+                                                float last2, int seg_last, int lane, int mt, int nh,
+                                                Keep&& keep) {
+  constexpr int kNT = NS / 16;
+  const int g8 = lane >> 2, q4 = lane & 3;
+  const float decay = fast_exp2(last2);
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int pr = mt * 16 + g8 + half * 8, n = nh + j * 8 + 2 * q4;
+      const float2 h = hin[j][half];
+      keep(pr, n, h);
+      const float2 s2 = make_float2(sacc[j][2 * half], sacc[j][2 * half + 1]);
+      fused_state_out<NS>(p, tile, pr, n,
+                          seg_last >= 0 ? s2 : make_float2(fmaf(decay, h.x, s2.x), fmaf(decay, h.y, s2.y)));
+    }
+  }
+  fused_publish_state(p, tile);
+}
+
 // SPLIT (FusedMmaCb's state tile of 256 as two halves of NS = 128, FusedTile::nh): the
 // block's B, state and hand-over are those of its half's columns; the second half's block
 // stores its rounded H_c and a flag in the workspace and stops there, and the first half's
@@ -352,42 +424,11 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   const bool early = s_ready != 0;
   if (early) load_state();
 
-  // ---- 2. S_c[p][n] = Σ_s (wgt_s·x[s][p])·B[s][n]: warp (mt, nh) owns rows 16·mt.. of p
-  // and half of the N columns.
+  // ---- 2. S_c (fused_chunk_state)
   const int len16 = (len + 15) / 16 * 16, mtiles = len16 / 16;
-  // SEQ: the chunk's last sequence start (−1: none); the chunk state takes only the
-  // positions from it on: the k-steps before it are skipped, and in its own k-step both
-  // operands of the earlier positions are selected to 0 (0·NaN would be NaN)
   const int seg_last = SEQ ? seg[len - 1] : -1;
   float sacc[kNT][4];
-#pragma unroll
-  for (int j = 0; j < kNT; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-  for (int k0 = SEQ && seg_last > 0 ? seg_last / 16 * 16 : 0; k0 < len16; k0 += 16) {
-    const bool cut = SEQ && k0 < seg_last;  // (block-uniform)
-    uint32_t af[4];
-    ssd_ldsm_x4_t(af, sX + (k0 + (lane >> 4) * 8 + (lane & 7)) * kLdX + mt * 16 + ((lane >> 3) & 1) * 8);
-    const float2 w01 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4);
-    const float2 w89 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4 + 8);
-    af[0] = scale2<T>(af[0], w01.x, w01.y);
-    af[1] = scale2<T>(af[1], w01.x, w01.y);
-    af[2] = scale2<T>(af[2], w89.x, w89.y);
-    af[3] = scale2<T>(af[3], w89.x, w89.y);
-    if (cut) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) af[i] = keep2(af[i], k0 + 2 * q4 + (i >> 1) * 8, seg_last, kFusedQ);
-    }
-#pragma unroll
-    for (int j = 0; j < kNT; j += 2) {
-      uint32_t bf[4];
-      ssd_ldsm_x4_t(bf, sB + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + nh + j * 8 + (lane >> 4) * 8);
-      if (cut) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) bf[i] = keep2(bf[i], k0 + 2 * q4 + (i & 1) * 8, seg_last, kFusedQ);
-      }
-      ssd_mma16816<T>(sacc[j], af, bf[0], bf[1]);
-      ssd_mma16816<T>(sacc[j + 1], af, bf[2], bf[3]);
-    }
-  }
+  fused_chunk_state<T, NS, SEQ>(sacc, sX, sB, wgt, len16, seg_last, lane, mt, nh);
 
   // ---- 3. the hand-over: H_c in (also kept, rounded, for the output), H_{c+1} out
   if (!early) {  // block-uniform
@@ -413,29 +454,15 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     ssd_cp_async_commit();
   };
   if constexpr (CB) __syncthreads();  // every warp is done with B, where sH and the C tiles go
-  {
-    const float decay = fast_exp2(last2);
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int pr = mt * 16 + g8 + half * 8, n = nh + j * 8 + 2 * q4;
-        const float2 h = hin[j][half];
-        const uint32_t hr = ssd_pack2<T>(h.x, h.y);
-        if (SPLIT && tile.nh == 1)  // the first half's block takes it from the workspace
-          __stcg(static_cast<unsigned int*>(p.half_states) + ((tile.pair * p.nchunks + tile.c) * kFusedP + pr) * (NS / 2) +
-                     n / 2,
-                 hr);
-        else
-          *reinterpret_cast<uint32_t*>(sH + pr * kLdH + n) = hr;
-        // (SEQ: a start in the chunk hands on S_c alone, selected)
-        const float2 s2 = make_float2(sacc[j][2 * half], sacc[j][2 * half + 1]);
-        fused_state_out<NS>(p, tile, pr, n,
-                            seg_last >= 0 ? s2 : make_float2(fmaf(decay, h.x, s2.x), fmaf(decay, h.y, s2.y)));
-      }
-    }
-    fused_publish_state(p, tile);
-  }
+  fused_hand_over<NS>(p, tile, hin, sacc, last2, seg_last, lane, mt, nh, [&](int pr, int n, float2 h) {
+    const uint32_t hr = ssd_pack2<T>(h.x, h.y);
+    if (SPLIT && tile.nh == 1)  // the first half's block takes it from the workspace
+      __stcg(static_cast<unsigned int*>(p.half_states) + ((tile.pair * p.nchunks + tile.c) * kFusedP + pr) * (NS / 2) +
+                 n / 2,
+             hr);
+    else
+      *reinterpret_cast<uint32_t*>(sH + pr * kLdH + n) = hr;
+  });
   if constexpr (SPLIT) {
     const int64_t at = tile.pair * p.nchunks + tile.c;
     if (tile.nh == 1) {  // (block-uniform) H_c's half handed to the first half's block: done
@@ -689,6 +716,92 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   }
 }
 
+// The backward's recomputed chunk states (SsdChunkScanLaunch::fused_states): steps 1 to 3
+// of the forward kernel alone, in the blocks, tickets and ring of FusedMmaCb's geometry
+// (SPLIT: each half of a tile of 256 is a chain of its own and stores its own columns).
+// Each block stores the H_c it takes in, rounded to T, as the staged state pass does
+// (states_out, the backward's states_t), hands H_{c+1} on and stops: no C, no table and no
+// output. Its H_c are the forward kernels' bits (the same dt processing, cumsum, chunk state
+// and hand-over), where the staged kernels' (a float64 cumsum, another order of sums) differ
+// in their last bits. x and B are read once a block, and S_c's float32 round trip through
+// memory (B·H·nc·D·N, the staged chunk-state kernel's output and the state pass's input)
+// is gone.
+template <typename T, int NS, bool SEQ, bool SPLIT>
+__global__ void __launch_bounds__(kFusedThreads, 2) ssd_fused_states_kernel(const FusedParams p) {
+  static_assert(NS <= 128 && (!SPLIT || NS == 128), "a tile of 256 runs as two halves of 128 (SPLIT)");
+  constexpr int kLdN = NS + 8;
+  constexpr int kNT = NS / 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sX = reinterpret_cast<T*>(smem);  // [kFusedQ][kLdX]
+  T* sB = sX + kFusedQ * kLdX;         // [kFusedQ][kLdN]
+  // (FusedMmaCb's layout from here on: ssd_fused_smem_bytes)
+  float* acs2 = reinterpret_cast<float*>(sB + kFusedQ * kLdN);  // [kFusedQ]
+  float* dts = acs2 + kFusedQ;                                  // [kFusedQ]
+  float* wgt = dts + kFusedQ;                                   // [kFusedQ]
+  float* warp_total = wgt + 2 * kFusedQ;                        // [kFusedWarps] (after colw's place)
+  int& s_ticket = *reinterpret_cast<int*>(warp_total + kFusedWarps);
+  int& s_ready = *(&s_ticket + 1);
+  int* seg = reinterpret_cast<int*>(warp_total + 16);  // SEQ: [kFusedQ + kFusedWarps]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g8 = lane >> 2, q4 = lane & 3;
+  if (tid == 0) s_ticket = atomicAdd(p.ticket, 1);
+  __syncthreads();
+  const FusedTile tile = fused_tile<SPLIT>(p, s_ticket);
+  const int len = tile.len;
+
+  const FusedDt dt_in = fused_dt_load<T>(p, tile);
+  {
+    const T* x = static_cast<const T*>(p.x) + tile.b * p.xs[0] + tile.t0 * p.xs[1] + tile.h * p.xs[2] +
+                 tile.p0 * p.xs[3];
+    load_tile<T, kLdX, kFusedP>(sX, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP);
+    const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2] +
+                  tile.n0 * p.Bs[3];
+    load_tile<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim - tile.n0);
+    ssd_cp_async_commit();
+  }
+  const float last2 = fused_dt_cumsum<SEQ>(p, tile, dt_in, acs2, dts, wgt, warp_total, seg);
+  if (tid == 0) s_ready = fused_state_ready(p, tile);
+  ssd_cp_async_wait<0>();
+  __syncthreads();  // x and B visible, s_ready set
+
+  const int mt = warp & 3, nh = (warp >> 2) * (NS / 2);
+  float2 hin[kNT][2];
+  auto load_state = [&] {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        hin[j][half] = fused_state_in<NS>(p, tile, mt * 16 + g8 + half * 8, nh + j * 8 + 2 * q4);
+  };
+  const bool early = s_ready != 0;
+  if (early) load_state();
+
+  const int len16 = (len + 15) / 16 * 16;
+  const int seg_last = SEQ ? seg[len - 1] : -1;
+  float sacc[kNT][4];
+  fused_chunk_state<T, NS, SEQ>(sacc, sX, sB, wgt, len16, seg_last, lane, mt, nh);
+
+  if (!early) {  // block-uniform
+    fused_wait_for_state(p, tile);
+    load_state();
+  }
+  // H_c rounded into states_out[b, h, c, p0 + pr, n0 + n] (columns below N)
+  T* const out = static_cast<T*>(p.states_out) +
+                 ((static_cast<int64_t>(tile.b) * p.heads + tile.h) * p.nchunks + tile.c) * p.head_dim * p.state_dim +
+                 static_cast<int64_t>(tile.p0) * p.state_dim + tile.n0;
+  const bool even = (p.state_dim & 1) == 0;
+  fused_hand_over<NS>(p, tile, hin, sacc, last2, seg_last, lane, mt, nh, [&](int pr, int n, float2 h) {
+    T* const o = out + pr * p.state_dim + n;
+    if (tile.n0 + n + 1 < p.state_dim && even) {
+      *reinterpret_cast<uint32_t*>(o) = ssd_pack2<T>(h.x, h.y);
+    } else if (tile.n0 + n < p.state_dim) {
+      o[0] = from_acc<T>(h.x);
+      if (tile.n0 + n + 1 < p.state_dim) o[1] = from_acc<T>(h.y);
+    }
+  });
+}
+
 // NS: the plan's state tile; the blocks of a tile of 256 take it in two halves of 128
 // (SPLIT in ssd_fused_forward_kernel).
 template <typename T, int NS, bool CB>
@@ -718,6 +831,35 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   check_launch("ssd_chunk_scan");
 }
 
+
+// ssd_fused_states_kernel for the state tile NS (two halves of 128 at 256).
+template <typename T, int NS>
+void launch_fused_states(const SsdChunkScanLaunch& l, void* workspace, void* states_t, cudaStream_t stream) {
+  constexpr bool kSplit = NS > 128;
+  constexpr int kNs = kSplit ? 128 : NS;
+  SsdChunkScanLaunch f = l;
+  f.workspace = workspace;
+  f.cuda_forward = SsdCudaForward::Staged;  // (fused_params: no C·Bᵀ table)
+  FusedParams p = fused_params(f, stream);
+  p.half_states = nullptr;  // (the halves do not hand over H_c here)
+  p.D = nullptr;            // (fused_dt_load would read a [H] D for the epilogue)
+  p.z = nullptr;
+  p.y = p.y_pre = nullptr;
+  p.final_states = nullptr;
+  p.states_out = states_t;
+  const bool seq = l.seq_idx != nullptr;
+  const int64_t smem = ssd_fused_smem_bytes(SsdCudaForward::FusedMmaCb, kNs, seq);
+  const int64_t blocks = fused_chains(l) * p.nchunks;
+  const auto launch = [&](auto kernel) {
+    fused_allow_smem(kernel, smem);
+    kernel<<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
+  };
+  if (seq)
+    launch(ssd_fused_states_kernel<T, kNs, true, kSplit>);
+  else
+    launch(ssd_fused_states_kernel<T, kNs, false, kSplit>);
+  check_launch("ssd_chunk_scan_backward(fused_states)");
+}
 }  // namespace
 }  // namespace cuda
 
@@ -740,5 +882,21 @@ void ssd_chunk_scan_cuda_fused_forward(const SsdChunkScanLaunch& l, void* stream
       l.fused_state_tile == 128 ? launch_fused<T, 128, false>(l, s) : launch_fused<T, 64, false>(l, s);
   });
 }
+
+namespace cuda {
+size_t ssd_fused_states_workspace(const SsdChunkScanLaunch& l) { return fused_states_workspace_bytes(l); }
+
+void ssd_fused_states(const SsdChunkScanLaunch& l, void* workspace, void* states_t, cudaStream_t stream) {
+  if (!l.fused_states || !fused_geometry_ok(l, /*wide=*/true) || l.batch < 1 || l.seqlen < 1)
+    fail(PlanErrorKind::Internal, "ssd_chunk_scan_backward",
+         "the fused chunk states got a launch description they were not planned for");
+  dispatch_half(l.element, "ssd_chunk_scan_backward", [&](auto tag) {
+    using T = decltype(tag);
+    l.fused_state_tile == 256   ? launch_fused_states<T, 256>(l, workspace, states_t, stream)
+    : l.fused_state_tile == 128 ? launch_fused_states<T, 128>(l, workspace, states_t, stream)
+                                : launch_fused_states<T, 64>(l, workspace, states_t, stream);
+  });
+}
+}  // namespace cuda
 
 }  // namespace baracuda::kernels
