@@ -705,9 +705,11 @@ def test_backward_switch_names_its_choices():
 def test_backward_states_switch_names_its_choices():
     assert bt._C._ssd_cuda_backward_states("auto") == "auto"
     assert bt._C._ssd_cuda_backward_states("fused") == "auto"
-    assert bt._C._ssd_cuda_backward_states("staged") == "fused"
+    assert bt._C._ssd_cuda_backward_states("fused_h") == "fused"
+    assert bt._C._ssd_cuda_backward_states("fused_g") == "fused_h"
+    assert bt._C._ssd_cuda_backward_states("staged") == "fused_g"
     assert bt._C._ssd_cuda_backward_states("auto") == "staged"
-    with pytest.raises(ValueError, match="auto, staged or fused"):
+    with pytest.raises(ValueError, match="auto, staged, fused_h, fused_g or fused"):
         bt._C._ssd_cuda_backward_states("on")
 
 
@@ -725,16 +727,27 @@ FUSED_STATES_SHAPES = [
 ]
 
 
+# each route of _ssd_cuda_backward_states: its variant suffix, the kernels it runs and the
+# staged pass it replaces
+_FUSED_ROUTES = {
+    "fused_h": ("_fused_h", {"ssd_fused_states_kernel"}, {"ssd_state_pass_kernel"}),
+    "fused_g": ("_fused_g", {"ssd_fused_dstates_kernel"}, {"ssd_state_pass_bwd_kernel"}),
+    "fused": ("_fused_states", {"ssd_fused_states_kernel", "ssd_fused_dstates_kernel"},
+              {"ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel"}),
+}
+
+
 @requires_cuda
+@pytest.mark.parametrize("route", sorted(_FUSED_ROUTES))
 @pytest.mark.parametrize("shape", FUSED_STATES_SHAPES, ids=lambda s: "B{}L{}H{}P{}N{}G{}Q{}".format(*s))
-def test_fused_states_agree_with_the_staged_states_and_replay(shape):
-    """The group products' backward with its chunk states H_c from the fused forward's kernel
-    (_ssd_cuda_backward_states("fused")), with initial states, dfinal_states, D, z and 3
-    packed sequences a row: `explain` names it, its kernel runs and the forward state pass
-    does not; every gradient agrees with the backward on the staged chunk states within
-    8 eps of bfloat16 (H_c's last bits differ: a float32 cumsum and another order of sums);
-    and its bits are the same on NaN-poisoned outputs, run again and replayed from a CUDA
-    graph."""
+def test_fused_states_agree_with_the_staged_states_and_replay(shape, route):
+    """The group products' backward with its state chains on the fused forward's kernel
+    (_ssd_cuda_backward_states: H_c, the reverse chain of Gn_c and dinitial_states, or
+    both), with initial states, dfinal_states, D, z and 3 packed sequences a row: `explain`
+    names it, its kernels run and the staged passes they replace do not; every gradient
+    agrees with the backward on the staged kernels within 8 eps of bfloat16 (the states'
+    last bits differ: a float32 cumsum and another order of sums); and its bits are the same
+    on NaN-poisoned outputs, run again and replayed from a CUDA graph."""
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the group products need the tensor-core backward (sm_80+)")
     b, L, H, P, N, G, Q = shape
@@ -764,10 +777,11 @@ def test_fused_states_agree_with_the_staged_states_and_replay(shape):
     try:
         assert variant() == products
         staged = run()
-        bt._C._ssd_cuda_backward_states("fused")
-        assert variant() == products + "_fused_states"
+        bt._C._ssd_cuda_backward_states(route)
+        suffix, kernels, replaced = _FUSED_ROUTES[route]
+        assert variant() == products + suffix
         ran = _ssd_kernels_run(run)
-        assert "ssd_fused_states_kernel" in ran and "ssd_state_pass_kernel" not in ran, sorted(ran)
+        assert kernels <= ran and not replaced & ran, sorted(ran)
         poison_fresh_outputs()
         fused = run()
         assert all(torch.equal(u, v) for u, v in zip(run(), fused))
@@ -806,6 +820,7 @@ _VARIANT_KERNELS = {
 _VARIANT_KERNELS[("backward", "group_wgmma")] = _VARIANT_KERNELS[("backward", "group_mma")]
 # Kernels no variant shares: each is the mark of the variants that list it.
 _MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel", "ssd_fused_states_kernel",
+          "ssd_fused_dstates_kernel",
           "ssd_tc_chunk_state_kernel", "ssd_chunk_state_kernel", "ssd_tc_scan_kernel", "ssd_scan_kernel",
           "ssd_tc_dacs_kernel", "ssd_dacs_kernel",
           "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"}

@@ -244,17 +244,6 @@ struct CudaForwardChoice {
   int64_t state_tile = 0;
 };
 
-// The CUDA forward for this problem and, for a fused one, its state tile (see
-// SsdCudaForward). Measured on an H100 (BENCHMARKS.md, "SSD per kernel"; bf16, chunk 256):
-// the mma.sync fused forward takes 940 / 1017 / 267 µs at B4 L4096 H80 P64 N128 with G = 1
-// / G = 80 and at B2 L8192 H32 P64 N64 G32 where the staged kernels took 2138 / 2095 /
-// 944; in one run the wgmma fused forward took 1123 / 1190 / 306 against mma.sync's
-// 966 / 1040 / 274. With the C·Bᵀ table (FusedMmaCb; H200, same run, BENCHMARKS.md "SSD
-// forward with the group's C·Bᵀ table"): 603 µs at the first shape, table included,
-// against 684 for FusedMma. It takes kSsdFusedCbMinHeads heads per group or more, where
-// the table (about 136 KB per chunk and group at chunk 256) is no larger than x's tiles
-// of those heads and is read by each of them; with one head per group it would only add
-// memory traffic.
 // The fused kernels' state tile for this problem (64, 128 or 256), or 0 where their
 // geometry does not take it (see SsdCudaForward; the kernels count positions and blocks
 // in int).
@@ -269,6 +258,17 @@ int64_t fused_state_tile(const SsdChunkScanDescriptor& desc, SsdVariant v, const
   return tile > 128 && blocks * 2 >= (int64_t{1} << 31) ? 0 : tile;
 }
 
+// The CUDA forward for this problem and, for a fused one, its state tile (see
+// SsdCudaForward). Measured on an H100 (BENCHMARKS.md, "SSD per kernel"; bf16, chunk 256):
+// the mma.sync fused forward takes 940 / 1017 / 267 µs at B4 L4096 H80 P64 N128 with G = 1
+// / G = 80 and at B2 L8192 H32 P64 N64 G32 where the staged kernels took 2138 / 2095 /
+// 944; in one run the wgmma fused forward took 1123 / 1190 / 306 against mma.sync's
+// 966 / 1040 / 274. With the C·Bᵀ table (FusedMmaCb; H200, same run, BENCHMARKS.md "SSD
+// forward with the group's C·Bᵀ table"): 603 µs at the first shape, table included,
+// against 684 for FusedMma. It takes kSsdFusedCbMinHeads heads per group or more, where
+// the table (about 136 KB per chunk and group at chunk 256) is no larger than x's tiles
+// of those heads and is read by each of them; with one head per group it would only add
+// memory traffic.
 CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
                                const SsdChunkScanLaunch& l) {
   const int forced = g_forced_forward.load(std::memory_order_relaxed);
@@ -358,25 +358,29 @@ bool backward_side_stream(const SsdChunkScanLaunch& l) {
   return l.group_products && g_forced_side_stream.load(std::memory_order_relaxed) != 0;
 }
 
-// ssd_force_backward_fused_states's setting: -1 for the plan's own choice, 0 never, 1
-// wherever they can run.
+// ssd_force_backward_fused_states's setting: -1 for the plan's own choice, else which of
+// kSsdFusedH and kSsdFusedG run fused wherever they can.
 std::atomic<int> g_forced_fused_states{-1};
 
-// Whether the CUDA backward recomputes H_c with the fused forward's kernel (see
-// ssd_force_backward_fused_states): with the group products (whose kernels read only the
-// 16-bit copies of H_c, so that the float32 states need no place in the workspace), where
-// the fused geometry takes the problem (`tile`: fused_state_tile) and FusedMmaCb's blocks
-// fit the device's opt-in shared memory. Not measured on a GPU yet: only when forced.
-bool backward_fused_states(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l, int64_t tile) {
-  if (g_forced_fused_states.load(std::memory_order_relaxed) != 1) return false;
-  return l.group_products && tile > 0 && l.batch > 0 && l.seqlen > 0 &&
-         desc.device.smem_optin_bytes >=
-             ssd_fused_smem_bytes(SsdCudaForward::FusedMmaCb, tile > 128 ? tile / 2 : tile, desc.options.has_seq_idx);
+// Which of the CUDA backward's state chains run on the fused forward's kernel (kSsdFusedH:
+// H_c, kSsdFusedG: the reverse chain; see ssd_force_backward_fused_states): with the group
+// products (whose kernels read only the 16-bit copies of H_c and Gn_c, so that the float32
+// states need no place in the workspace), where the fused geometry takes the problem
+// (`tile`: fused_state_tile) and FusedMmaCb's blocks fit the device's opt-in shared
+// memory. Not measured on a GPU yet: only when forced.
+int backward_fused_states(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l, int64_t tile) {
+  const int forced = g_forced_fused_states.load(std::memory_order_relaxed);
+  if (forced <= 0) return 0;
+  const bool fits = l.group_products && tile > 0 && l.batch > 0 && l.seqlen > 0 &&
+                    desc.device.smem_optin_bytes >= ssd_fused_smem_bytes(SsdCudaForward::FusedMmaCb,
+                                                                         tile > 128 ? tile / 2 : tile,
+                                                                         desc.options.has_seq_idx);
+  return fits ? forced : 0;
 }
 
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
                          SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                         bool group_wgmma = false, bool fused_states = false) {
+                         bool group_wgmma = false, int fused = 0) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
     case SsdVariant::CpuChunked: return "chunked";
@@ -384,7 +388,10 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
       if (forward == SsdCudaForward::FusedMma) return "fused_mma";
       if (forward == SsdCudaForward::FusedMmaCb) return "fused_mma_cb";
       if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
-      if (group && fused_states) return group_wgmma ? "group_wgmma_fused_states" : "group_mma_fused_states";
+      if (group && fused == (kSsdFusedH | kSsdFusedG))
+        return group_wgmma ? "group_wgmma_fused_states" : "group_mma_fused_states";
+      if (group && fused == kSsdFusedH) return group_wgmma ? "group_wgmma_fused_h" : "group_mma_fused_h";
+      if (group && fused == kSsdFusedG) return group_wgmma ? "group_wgmma_fused_g" : "group_mma_fused_g";
       if (group) return group_wgmma ? "group_wgmma" : "group_mma";
       return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
@@ -394,12 +401,12 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
 
 KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward,
                    SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                   bool group_wgmma = false, bool fused_states = false) {
+                   bool group_wgmma = false, int fused = 0) {
   KernelSku sku;
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(desc, v, forward, group, group_wgmma, fused_states);
+  sku.variant = variant_name(desc, v, forward, group, group_wgmma, fused);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
@@ -456,10 +463,10 @@ std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force) {
   return previous == 1;
 }
 
-std::optional<bool> ssd_force_backward_fused_states(std::optional<bool> force) {
-  const int previous = g_forced_fused_states.exchange(force ? static_cast<int>(*force) : -1);
+std::optional<int> ssd_force_backward_fused_states(std::optional<int> force) {
+  const int previous = g_forced_fused_states.exchange(force ? *force & (kSsdFusedH | kSsdFusedG) : -1);
   if (previous < 0) return std::nullopt;
-  return previous == 1;
+  return previous;
 }
 
 SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
@@ -556,15 +563,17 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   const int64_t tile = fused_state_tile(f, p.variant_, p.launch_);
-  p.launch_.fused_states = backward_fused_states(f, p.launch_, tile);
-  if (p.launch_.fused_states) {
+  const int fused = backward_fused_states(f, p.launch_, tile);
+  p.launch_.fused_states = (fused & kSsdFusedH) != 0;
+  p.launch_.fused_dstates = (fused & kSsdFusedG) != 0;
+  if (fused != 0) {
     p.launch_.fused_state_tile = tile;
     p.launch_.fused_state_split = tile > 128 ? 2 : 1;
   }
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
   p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma,
-                    p.launch_.fused_states);
+                    fused);
   return p;
 }
 

@@ -83,12 +83,17 @@ std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force);
 
 // The CUDA backward recomputes the chunk states H_c (16-bit inputs on tensor cores) with
 // the staged chunk-state kernel and state pass, or with the fused forward's kernel stopped
-// after its hand-over ("fused_states": x and B read once a block, no float32 S_c through
-// memory; SsdChunkScanLaunch::fused_states) wherever the fused forward's geometry takes the
-// problem. Not yet measured on a GPU: the plan keeps the staged kernels. Tests and
-// benchmarks only: `force` true runs the fused states wherever they can run, false never;
-// std::nullopt restores the plan's own choice. Returns the previous setting.
-std::optional<bool> ssd_force_backward_fused_states(std::optional<bool> force);
+// after its hand-over (SsdChunkScanLaunch::fused_states: x and B read once a block, no
+// float32 S_c through memory); and it runs the reverse chain of the state gradients
+// (Gn_c, the ⟨Gn_c, H_c⟩ partials, dinitial_states) with the staged local-dstate kernel and
+// reverse pass, or with the same kernel's reverse mode (fused_dstates: dy and C read once a
+// block, no float32 local dstate through memory), wherever the fused forward's geometry
+// takes the problem. Not yet measured on a GPU: the plan keeps the staged kernels. Tests
+// and benchmarks only: `force` says which run fused wherever they can (ssd_fused_h,
+// ssd_fused_g, both or none); std::nullopt restores the plan's own choice. Returns the
+// previous setting.
+constexpr int kSsdFusedH = 1, kSsdFusedG = 2;
+std::optional<int> ssd_force_backward_fused_states(std::optional<int> force);
 
 // Shared memory of the staged tensor-core scan kernel (kernels/cuda/ssd_chunk_scan_tc.cuh's
 // ssd_launch_tc_scan) without its cache of Lft·Rgtᵀ tiles, for a contraction over k1 (N for
@@ -234,6 +239,10 @@ struct SsdChunkScanLaunch {
   // fused_state_split's geometry: FusedMmaCb's blocks) instead of the staged chunk-state
   // kernel and state pass (see ssd_force_backward_fused_states).
   bool fused_states = false;
+  // CUDA backward: the reverse chain of the state gradients (Gn_c, the ⟨Gn_c, H_c⟩
+  // partials, dinitial_states) by the same kernel's reverse mode (ssd_fused_dstates_kernel)
+  // instead of the staged local-dstate kernel and reverse pass (same geometry and switch).
+  bool fused_dstates = false;
   // CUDA backward: the intra-chunk dB/dC products once per group and dx from the
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.

@@ -143,22 +143,25 @@ PYBIND11_MODULE(_C, m) {
     const std::optional<bool> previous = ssd_force_backward_side_stream(force);
     return std::string(previous.value_or(true) ? "auto" : "off");
   }, py::arg("name"));
-  // Tests and benchmarks only: how the SSD's CUDA backward recomputes the chunk states,
-  // "auto" (the plan's choice), "staged" (the chunk-state kernel and the state pass) or
-  // "fused" (the fused forward's kernel stopped after its hand-over, wherever it can run:
-  // SsdChunkScanLaunch::fused_states); returns the previous setting.
+  // Tests and benchmarks only: how the SSD's CUDA backward runs its state chains, "auto"
+  // (the plan's choice), "staged" (the chunk-state kernels and the state passes), "fused_h"
+  // (H_c by the fused forward's kernel stopped after its hand-over: SsdChunkScanLaunch::
+  // fused_states), "fused_g" (the reverse chain by that kernel's reverse mode:
+  // fused_dstates) or "fused" (both), each wherever it can run; returns the previous setting.
   m.def("_ssd_cuda_backward_states", [](const std::string& name) {
-    std::optional<bool> force;
-    if (name == "staged") {
-      force = false;
-    } else if (name == "fused") {
-      force = true;
-    } else if (name != "auto") {
-      throw py::value_error("_ssd_cuda_backward_states: expected auto, staged or fused, got " + name);
-    }
-    const std::optional<bool> previous = ssd_force_backward_fused_states(force);
+    static const std::pair<const char*, int> kNames[] = {
+        {"staged", 0}, {"fused_h", kSsdFusedH}, {"fused_g", kSsdFusedG}, {"fused", kSsdFusedH | kSsdFusedG}};
+    std::optional<int> want;
+    for (const auto& [n, k] : kNames)
+      if (name == n) want = k;
+    if (!want && name != "auto")
+      throw py::value_error("_ssd_cuda_backward_states: expected auto, staged, fused_h, fused_g or fused, got " +
+                            name);
+    const std::optional<int> previous = ssd_force_backward_fused_states(want);
     if (!previous) return std::string("auto");
-    return std::string(*previous ? "fused" : "staged");
+    for (const auto& [n, k] : kNames)
+      if (*previous == k) return std::string(n);
+    return std::string("auto");
   }, py::arg("name"));
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or

@@ -63,7 +63,13 @@ struct FusedParams {
   int64_t seq_s[2];
   bool seq_i64;
   bool factored;  // SsdChunkScanLaunch::factored_decays
-  void* states_out;  // ssd_fused_states_kernel: H_c rounded to T, [B, H, nchunks, head_dim, N] (states_t)
+  // ssd_fused_states_kernel: H_c rounded to T, [B, H, nchunks, head_dim, N] (states_t);
+  // ssd_fused_dstates_kernel: Gn_c rounded (gstates_t), with H_c (states_t) in states_in for
+  // the ⟨Gn_c, H_c⟩ partials, one per block of a (b, h, c): kpart [B, H, nchunks, kslots]
+  void* states_out;
+  const void* states_in;
+  float* kpart;
+  int kslots;
 };
 
 // A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile and,
