@@ -331,6 +331,20 @@ __device__ __forceinline__ void fused_chunk_state(float (&sacc)[NS / 16][4], con
   }
 }
 
+// H_c (fused_state_in) at the thread's accumulator places of the chunk state (see
+// fused_chunk_state): hin[j][half] is the pair at row 16·mt + g8 + 8·half and columns
+// nh + 8·j + 2·q4, every load in flight at once.
+template <int NS>
+__device__ __forceinline__ void fused_load_state(float2 (&hin)[NS / 16][2], const FusedParams& p,
+                                                 const FusedTile& tile, int lane, int mt, int nh) {
+  const int g8 = lane >> 2, q4 = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NS / 16; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      hin[j][half] = fused_state_in<NS>(p, tile, mt * 16 + g8 + half * 8, nh + j * 8 + 2 * q4);
+}
+
 // Step 3's hand-over, once H_c is in `hin` (the pairs of fused_state_in at the thread's
 // accumulator places of sacc): each pair of H_c goes to keep(pr, n, h) (the caller keeps it,
 // rounded, for its own use), and H_{c+1} = 2^last2·H_c + S_c to the ring for chunk c + 1
@@ -418,13 +432,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   // published (the usual case: chunk c − 1 ran B·H·slices tickets earlier).
   const int mt = warp & 3, nh = (warp >> 2) * (NS / 2);
   float2 hin[kNT][2];
-  auto load_state = [&] {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        hin[j][half] = fused_state_in<NS>(p, tile, mt * 16 + g8 + half * 8, nh + j * 8 + 2 * q4);
-  };
+  auto load_state = [&] { fused_load_state<NS>(hin, p, tile, lane, mt, nh); };
   const bool early = s_ready != 0;
   if (early) load_state();
 
@@ -760,7 +768,6 @@ __device__ __forceinline__ void fused_states_body(const FusedParams& p) {
   int* seg = reinterpret_cast<int*>(warp_total + 16);  // SEQ: [kFusedQ + kFusedWarps]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g8 = lane >> 2, q4 = lane & 3;
   if (tid == 0) s_ticket = atomicAdd(p.ticket, 1);
   __syncthreads();
   // `chain`: the block's place in its chain (the hand-over's); `tile`: its chunk's data
@@ -799,13 +806,7 @@ __device__ __forceinline__ void fused_states_body(const FusedParams& p) {
 
   const int mt = warp & 3, nh = (warp >> 2) * (NS / 2);
   float2 hin[kNT][2];
-  auto load_state = [&] {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        hin[j][half] = fused_state_in<NS>(p, chain, mt * 16 + g8 + half * 8, nh + j * 8 + 2 * q4);
-  };
+  auto load_state = [&] { fused_load_state<NS>(hin, p, chain, lane, mt, nh); };
   const bool early = s_ready != 0;
   if (early) load_state();
 
