@@ -1188,10 +1188,10 @@ void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
     if (p.nsplit > 1) ssd_split_sum(l, p.out_split, p.nsplit, p.out, stream);
 }
 
-// False (and nothing launched) when the shared memory exceeds the device's limit (the
-// caller then runs the SIMT kernel, which reads no state).
+// Its shared memory, at most 86 KB (D or N 256, kTcMaxHeads heads a block), fits every
+// sm_80+ device (99 KB or more), so the plan's tensor-core choice needs no check of its own.
 template <typename T>
-bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
+void ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   SsdTcDacsParams<T> p;
   p.seqlen = l.seqlen, p.heads = l.heads, p.groups = l.groups, p.hpg = l.heads / l.groups;
   p.chunk = l.chunk_size, p.nchunks = l.nchunks();
@@ -1206,7 +1206,8 @@ bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   p.off_t = 2 * ab_bytes;
   p.off_rowtot = p.off_t + ssd_align16(kSsdTile * (kSsdTile + 1) * 4);
   const int smem = p.off_rowtot + static_cast<int>(p.hps) * kSsdTile * 4;
-  if (smem > l.smem_optin_bytes - 2048) return false;
+  if (smem > l.smem_optin_bytes - kSsdTcStaticSmem)
+    fail(PlanErrorKind::Internal, "ssd_chunk_scan_backward(dacs)", "the tensor-core X_s kernel does not fit the device");
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
   p.B = ssd_operand<T>(l.B, l.B_stride, false);
@@ -1215,16 +1216,14 @@ bool ssd_launch_tc_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.xs = ssd_ws<float>(l, w.xs);
   p.seg = ssd_seg(l, w);
-  if (p.total_blocks == 0) return true;
+  if (p.total_blocks == 0) return;
   allow_dynamic_smem(ssd_tc_dacs_kernel<T>, smem, "ssd_chunk_scan_backward(dacs)");
   ssd_tc_dacs_kernel<T><<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   check_launch("ssd_chunk_scan_backward(dacs)");
-  return true;
 }
 
 // ---- dispatch: tensor cores where the plan takes them (SsdChunkScanLaunch::tensor_cores),
-// the SIMT kernels otherwise (also for an X_s kernel whose shared memory the device cannot
-// give: float32 math throughout, so within the same precision guarantee)
+// the SIMT kernels otherwise
 template <typename T, bool DSTATE>
 void ssd_run_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
@@ -1263,7 +1262,10 @@ void ssd_run_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream
 template <typename T>
 void ssd_run_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
   if constexpr (ssd_is_half<T>) {
-    if (l.tensor_cores && ssd_launch_tc_dacs<T>(l, w, s)) return;
+    if (l.tensor_cores) {
+      ssd_launch_tc_dacs<T>(l, w, s);
+      return;
+    }
   }
   ssd_launch_dacs<T>(l, w, s);
 }
