@@ -455,6 +455,36 @@ def ssd_fused_states_cases() -> Iterator[Case]:
         bt._C._ssd_cuda_backward_states(previous)
 
 
+def ssd_99kb_cases() -> Iterator[Case]:
+    """The SSD's 16-bit SIMT route (a device whose blocks may opt into 99 KB, simulated by
+    capping what the plans see: the staged tensor-core scan does not fit at N or D above
+    192): N = 256 and D = 256, with every option and seq_idx boundaries inside chunks;
+    forward and backward. The cap holds while the cases run."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
+        return
+    from baracuda_torch.mamba import mamba_chunk_scan_combined
+    previous = bt._C._cuda_smem_optin_cap(99 * 1024)
+    try:
+        for dtype in (torch.bfloat16, torch.float16):
+            for P, N in ((32, 256), (256, 16)):
+                def make(dtype=dtype, P=P, N=N):
+                    B, L, H, G = 1, 70, 2, 1
+                    seq_idx = torch.zeros(B, L, dtype=torch.int32, device="cuda")
+                    seq_idx[:, 40:] = 1
+                    return (rand(B, L, H, P, dtype=dtype), rand(B, L, H, dtype=dtype),
+                            (-torch.rand(H, device="cuda")).requires_grad_(),
+                            rand(B, L, G, N, dtype=dtype), rand(B, L, G, N, dtype=dtype),
+                            rand(H, dtype=torch.float32), rand(B, L, H, P, dtype=dtype),
+                            rand(B, H, P, N, dtype=torch.float32), seq_idx)
+
+                def run(x, dt, A, B, C, D, z, init, seq_idx):
+                    return mamba_chunk_scan_combined(x, dt, A, B, C, 32, D=D, z=z, initial_states=init,
+                                                     seq_idx=seq_idx, dt_softplus=True, return_final_states=True)
+                yield f"ssd 99 KB {dtype} P={P} N={N}", make, run, ("ssd_chunk_scan_combined",)
+    finally:
+        bt._C._cuda_smem_optin_cap(previous)
+
+
 def state_update_cases() -> Iterator[Case]:
     """The state update and its tokens op over d_state classes (lanes and chunks a row), a
     batch large enough for several passes a block (both ways of computing a row's values:
@@ -505,7 +535,7 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
             "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases,
             "ssd_fused_n256": ssd_fused_n256_cases, "ssd_fused_seq": ssd_fused_seq_cases,
-            "ssd_fused_states": ssd_fused_states_cases,
+            "ssd_fused_states": ssd_fused_states_cases, "ssd_99kb": ssd_99kb_cases,
             "ssd_staged_seq": ssd_staged_seq_cases,
             "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
