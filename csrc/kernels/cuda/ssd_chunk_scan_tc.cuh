@@ -1118,8 +1118,8 @@ void ssd_launch_tc_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& 
 
 // The plan takes the tensor cores only where this kernel's shared memory without its cache
 // fits the device (core/ssd_chunk_scan_plan.h's ssd_tc_scan_smem_bytes, which this layout
-// must equal): its 16-bit state copies are all there is of H_c and Gn_c, which the SIMT
-// kernel could not read.
+// must equal): on tensor cores H_c is kept only as its 16-bit copy, which the SIMT kernel
+// could not read, so there is no falling back to it here.
 template <typename T, int MODE>
 void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t stream) {
   constexpr bool kMulti = MODE == kSsdDC || MODE == kSsdDB;
