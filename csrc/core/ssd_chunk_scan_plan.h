@@ -89,9 +89,9 @@ std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force);
 // reverse pass, or with the same kernel's reverse mode (fused_dstates: dy and C read once a
 // block, no float32 local dstate through memory), wherever the fused forward's geometry
 // takes the problem. Not yet measured on a GPU: the plan keeps the staged kernels. Tests
-// and benchmarks only: `force` says which run fused wherever they can (ssd_fused_h,
-// ssd_fused_g, both or none); std::nullopt restores the plan's own choice. Returns the
-// previous setting.
+// and benchmarks only: `force` says which run fused wherever they can (kSsdFusedH,
+// kSsdFusedG, both, or 0 for none); std::nullopt restores the plan's own choice. Returns
+// the previous setting.
 constexpr int kSsdFusedH = 1, kSsdFusedG = 2;
 std::optional<int> ssd_force_backward_fused_states(std::optional<int> force);
 
@@ -100,10 +100,11 @@ std::optional<int> ssd_force_backward_fused_states(std::optional<int> force);
 // y and dx, `multi` false; D for dC and dB, `multi` true): an Lft tile, a V tile, an Rgt tile
 // and the larger of the S tile and another V and Rgt pair, 64 rows each (S: k1 rows) of
 // 16-bit values padded by 16 bytes. The kernel keeps kSsdTcStaticSmem of the device's
-// opt-in limit for its static arrays. With 16-bit inputs the state passes write H_c and Gn_c
-// only rounded to the input type, which the tensor-core kernels read and the SIMT ones
-// cannot, so the plan runs every stage on tensor cores only where this fits the device for
-// N and D (on a 99 KB device, N and D up to 192), else every stage on SIMT.
+// opt-in limit for its static arrays. With 16-bit inputs on tensor cores the state passes
+// write H_c only rounded to the input type (and, with the group products, Gn_c), which the
+// tensor-core kernels read and the SIMT ones cannot, so the plan runs every stage on tensor
+// cores only where this fits the device for N and D (on a 99 KB device, N and D up to 192),
+// else every stage on SIMT.
 constexpr int64_t kSsdTcStaticSmem = 2048;
 constexpr int64_t ssd_tc_scan_smem_bytes(int64_t k1, bool multi) {
   const int64_t k1p = (k1 + 15) / 16 * 16;
