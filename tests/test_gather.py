@@ -277,6 +277,23 @@ def test_nan_inf_are_copied(device):
 OOB_MSG = r"index {v} is out of bounds for dim {d} with size {s}"
 
 
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_cpu_extreme_indices_raise(index_dtype):
+    """The CPU check's unsigned arithmetic (v | (size - 1 - v)) at the index type's extremes,
+    along dim (a run of one src row) and across it, among in-range indices."""
+    info = torch.iinfo(index_dtype)
+    src = randn((6, 8), torch.float32, "cpu")
+    for bad in (info.min, info.max, info.min + 1, 8, -1):
+        index = rand_index((6, 40), 8, index_dtype)
+        index[3, 17] = bad
+        with pytest.raises(IndexError, match=OOB_MSG.format(v=bad, d=1, s=8)):
+            bt.gather(src, 1, index)
+        index_t = rand_index((40, 8), 6, index_dtype)
+        index_t[29, 5] = bad
+        with pytest.raises(IndexError, match=OOB_MSG.format(v=bad, d=0, s=6)):
+            bt.gather(src, 0, index_t)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("bad", [12, -1, -9])

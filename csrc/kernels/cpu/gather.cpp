@@ -21,16 +21,28 @@ inline bool in_range(int64_t v, int64_t size) {
 
 // One run of n elements whose index and out are unit-stride and whose src advances by
 // SrcStep (0: the run is along dim itself, 1: along a dim after it) per element. The
-// indices are checked in a pass of their own, so the gather loop has no branch.
+// indices are checked in a pass of their own, so the gather loop has no branch: v lies in
+// [0, size) exactly when neither v nor size − 1 − v has its sign bit (as unsigned 64-bit
+// values, so nothing overflows), one OR a lane, which the compiler vectorizes (a compare
+// and a flag a lane did not).
 template <int SrcStep, typename T, typename I>
 void forward_unit_run(const I* idx, T* out, const T* src, int64_t n, const GatherLaunch& l) {
-  bool bad = false;
-  for (int64_t i = 0; i < n; ++i) bad |= !in_range(static_cast<int64_t>(idx[i]), l.dim_size);
-  if (bad)
+  const uint64_t top = static_cast<uint64_t>(l.dim_size) - 1;
+  uint64_t acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t u = static_cast<uint64_t>(static_cast<int64_t>(idx[i]));
+    acc |= u | (top - u);
+  }
+  if (acc >> 63)
     for (int64_t i = 0; i < n; ++i)
       if (!in_range(static_cast<int64_t>(idx[i]), l.dim_size))
         fail_index_out_of_bounds("gather", idx[i], l.dim, l.dim_size);
   const int64_t ds = l.dim_stride;
+  if constexpr (SrcStep == 0) {
+    constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
+    if (ds == 1 && n * kLine >= l.dim_size)
+      for (int64_t j = 0; j < l.dim_size; j += kLine) __builtin_prefetch(src + j);
+  }
   for (int64_t i = 0; i < n; ++i) out[i] = src[i * SrcStep + static_cast<int64_t>(idx[i]) * ds];
 }
 
