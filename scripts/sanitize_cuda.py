@@ -441,9 +441,10 @@ def ssd_fused_n256_cases() -> Iterator[Case]:
 
 
 def ssd_fused_states_cases() -> Iterator[Case]:
-    """The backward's chunk states from the fused forward's kernel (forced through
-    _ssd_cuda_backward_states, with the group products): ssd_fused's, ssd_fused_seq's and
-    (on sm_90) ssd_fused_n256's cases, their backward recomputing H_c that way."""
+    """The backward's two state chains on the fused forward's kernel (forced through
+    _ssd_cuda_backward_states("fused"), with the group products): ssd_fused's,
+    ssd_fused_seq's and (on sm_90) ssd_fused_n256's cases, their backward recomputing H_c
+    and running the reverse chain that way."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
         return
     previous = bt._C._ssd_cuda_backward_states("fused")

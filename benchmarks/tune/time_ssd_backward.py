@@ -4,13 +4,14 @@ file's shapes, optionally with seq_idx and a forced CUDA forward — for A/B run
 kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py take too
 long. Run on the GPU from the repo root:
   PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options [--no-z]] [--shape 0]
-      [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream] [--states fused]
+      [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream] [--states fused_h]
 ``--no-z``: the options without z (what the Mamba-2 layer passes: its gated norm takes z).
 ``--one-stream``: every backward kernel on the caller's stream (the plan overlaps some of
 the group products' kernels on side streams, where each overlapped kernel takes longer than
 alone and the total counts them in full: for one kernel's A/B, run both sides with it).
-``--states``: how the backward recomputes the chunk states (``_ssd_cuda_backward_states``:
-auto, staged, or fused, the fused forward's kernel stopped after its hand-over).
+``--states``: how the backward runs its state chains (``_ssd_cuda_backward_states``: auto,
+staged, fused_h (H_c on the fused forward's kernel stopped after its hand-over), fused_g
+(the reverse chain on its reverse mode) or fused (both)).
 Prints one line: the label, the total, every kernel above 5 µs and a digest of the output
 (forward) or the gradients (backward) — the inputs come from seed 0, so two builds that
 compute the same bits print the same digest."""
@@ -47,7 +48,7 @@ def main():
     ap.add_argument("--seq", type=int, default=0, help="seq_idx: K packed sequences a row, random lengths")
     ap.add_argument("--kernel", default="auto", help="the CUDA forward, through the test switch")
     ap.add_argument("--one-stream", action="store_true", help="the backward's kernels all on one stream")
-    ap.add_argument("--states", default="auto", help="the backward's chunk states, through the test switch")
+    ap.add_argument("--states", default="auto", help="the backward's state chains, through the test switch")
     a = ap.parse_args()
     bt._C._ssd_cuda_forward(a.kernel)
     bt._C._ssd_cuda_backward_states(a.states)
