@@ -24,6 +24,27 @@ using namespace baracuda::torch_ops;
 namespace {
 const char* math_name(MathPrecision m) { return m == MathPrecision::F64 ? "float64" : "float32"; }
 
+// A test switch set by name: "auto" restores the plan's own choice (std::nullopt), any other
+// name must be one of `names`; `force` sets the switch and returns its previous setting,
+// which this returns by name ("auto" for the plan's choice).
+template <typename V, size_t K, typename Force>
+std::string named_switch(const char* fn, const std::pair<const char*, V> (&names)[K], const std::string& name,
+                         Force&& force) {
+  std::optional<V> want;
+  for (const auto& [n, k] : names)
+    if (name == n) want = k;
+  if (!want && name != "auto") {
+    std::string expected = "auto";
+    for (size_t i = 0; i < K; ++i) expected += std::string(i + 1 < K ? ", " : " or ") + names[i].first;
+    throw py::value_error(std::string(fn) + ": expected " + expected + ", got " + name);
+  }
+  const std::optional<V> previous = force(want);
+  if (previous)
+    for (const auto& [n, k] : names)
+      if (*previous == k) return n;
+  return "auto";
+}
+
 std::string plan_repr(const PlanInfo& p) {
   const auto& g = p.sku.precision;
   return "PlanInfo(" + p.sku.name() + ", math=" + math_name(g.math) +
@@ -95,17 +116,7 @@ PYBIND11_MODULE(_C, m) {
         {"fused_mma", SsdCudaForward::FusedMma},
         {"fused_mma_cb", SsdCudaForward::FusedMmaCb},
         {"fused_wgmma", SsdCudaForward::FusedWgmma}};
-    std::optional<SsdCudaForward> want;
-    for (const auto& [n, k] : kNames)
-      if (name == n) want = k;
-    if (!want && name != "auto")
-      throw py::value_error(
-          "_ssd_cuda_forward: expected auto, staged, fused_mma, fused_mma_cb or fused_wgmma, got " + name);
-    const std::optional<SsdCudaForward> previous = ssd_force_cuda_forward(want);
-    if (!previous) return std::string("auto");
-    for (const auto& [n, k] : kNames)
-      if (*previous == k) return std::string(n);
-    return std::string("auto");
+    return named_switch("_ssd_cuda_forward", kNames, name, ssd_force_cuda_forward);
   }, py::arg("name"));
   // Tests and benchmarks only: the SSD's CUDA backward, "auto" (the plan's choice),
   // "staged" (the per-head dB/dC products), "group_mma" (the intra-chunk dB/dC products
@@ -151,17 +162,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ssd_cuda_backward_states", [](const std::string& name) {
     static const std::pair<const char*, int> kNames[] = {
         {"staged", 0}, {"fused_h", kSsdFusedH}, {"fused_g", kSsdFusedG}, {"fused", kSsdFusedH | kSsdFusedG}};
-    std::optional<int> want;
-    for (const auto& [n, k] : kNames)
-      if (name == n) want = k;
-    if (!want && name != "auto")
-      throw py::value_error("_ssd_cuda_backward_states: expected auto, staged, fused_h, fused_g or fused, got " +
-                            name);
-    const std::optional<int> previous = ssd_force_backward_fused_states(want);
-    if (!previous) return std::string("auto");
-    for (const auto& [n, k] : kNames)
-      if (*previous == k) return std::string(n);
-    return std::string("auto");
+    return named_switch("_ssd_cuda_backward_states", kNames, name, ssd_force_backward_fused_states);
   }, py::arg("name"));
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
