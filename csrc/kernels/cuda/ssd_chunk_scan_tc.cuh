@@ -1160,14 +1160,15 @@ void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   };
   if (p.total_blocks == 0) return;
   const int64_t room = l.smem_optin_bytes - kSsdTcStaticSmem;
-  if (layout(0) != ssd_tc_scan_smem_bytes(p.K1, kMulti) || layout(0) > room)
+  const int bare = layout(0);
+  if (bare != ssd_tc_scan_smem_bytes(p.K1, kMulti) || bare > room)
     fail(PlanErrorKind::Internal, op, "the tensor-core scan's shared memory is not what the plan counted");
   // Y/DX with several heads per block cache Lft·Rgtᵀ: as many column tiles as a row
   // tile has causal partners, up to kTcCacheTiles, if the device's shared memory holds
   // them (kSsdTcStaticSmem left for the static arrays); otherwise no cache.
   const int want = !kMulti && p.hps > 1 ? std::min(p.r_tiles, kTcCacheTiles) : 0;
   int smem = layout(want);
-  if (want > 0 && smem > room) smem = layout(0);
+  if (want > 0 && smem > room) smem = layout(0);  // (layout sets p's offsets too)
   p.out_split = kMulti ? ssd_ws<float>(l, w.split) : nullptr;
   p.state = ssd_ws<T>(l, MODE == kSsdY || MODE == kSsdDC ? w.states_t : w.gstates_t);
   p.state_ld = l.state_dim;
