@@ -324,12 +324,24 @@ def _bamba(n_groups=1):
     return transformers.BambaForCausalLM(cfg)
 
 
+try:  # what huggingface_hub's strict dataclasses raise for a config field of the wrong type
+    from huggingface_hub.errors import StrictDataclassError as _STRICT_CONFIG_ERRORS
+except ImportError:  # an older huggingface_hub does not validate the fields
+    _STRICT_CONFIG_ERRORS = ()
+
+
 def _falcon_h1(rms=True, nbg=True):
-    cfg = transformers.FalconH1Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4,
-                                      mamba_d_ssm=64, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8,
-                                      mamba_rms_norm=rms, mamba_norm_before_gate=nbg,
-                                      max_position_embeddings=64, pad_token_id=0)
+    try:
+        cfg = transformers.FalconH1Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4,
+                                          mamba_d_ssm=64, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8,
+                                          mamba_chunk_size=8, mamba_rms_norm=rms, mamba_norm_before_gate=nbg,
+                                          max_position_embeddings=64, pad_token_id=0)
+    except _STRICT_CONFIG_ERRORS as e:
+        # transformers 5.4.0 annotates FalconH1Config.use_cache as `int | None` with the
+        # default True, which huggingface_hub's strict dataclasses reject: not even the
+        # config's defaults build there, so there is no model to patch
+        pytest.skip(f"transformers {TF_VERSION} cannot build a FalconH1Config: {type(e).__name__}: {e}")
     cfg._attn_implementation = "eager"
     return transformers.FalconH1ForCausalLM(cfg)
 
