@@ -420,10 +420,17 @@ def _rebind(fn: Any, overrides: dict[str, Any]) -> Any:
         return new
     globs = dict(fn.__globals__)
     globs.update(overrides)
+    # Without the module's __name__: torch.compile names a global it reads by the module
+    # its function's globals call theirs and guards on that module's attribute, which is
+    # transformers' function, not the override (torch 2.8 with transformers 5.25 then
+    # fails to compile: a kernels function layer has no __defaults__). Nameless, the
+    # globals are guarded as this dict.
+    globs.pop("__name__", None)
     new = types.FunctionType(fn.__code__, globs, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__dict__.update(fn.__dict__)
     new.__qualname__ = fn.__qualname__
+    new.__module__ = fn.__module__
     return new
 
 
