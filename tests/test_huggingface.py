@@ -325,23 +325,29 @@ def _bamba(n_groups=1):
 
 
 try:  # what huggingface_hub's strict dataclasses raise for a config field of the wrong type
-    from huggingface_hub.errors import StrictDataclassError as _STRICT_CONFIG_ERRORS
+    from huggingface_hub.errors import StrictDataclassError
+    _STRICT_CONFIG_ERRORS: tuple = (StrictDataclassError,)
 except ImportError:  # an older huggingface_hub does not validate the fields
     _STRICT_CONFIG_ERRORS = ()
 
 
-def _falcon_h1(rms=True, nbg=True):
+def _config_or_skip(cls, **kw):
+    """``cls(**kw)``, or a skip where the installed transformers cannot build that config:
+    5.4.0 annotates some fields with the wrong type (FalconH1Config.use_cache and
+    Olmo2Config.tie_word_embeddings as ints, with bool defaults), which huggingface_hub's
+    strict dataclasses reject, so not even the defaults build there: no model to patch."""
     try:
-        cfg = transformers.FalconH1Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4,
-                                          mamba_d_ssm=64, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8,
-                                          mamba_chunk_size=8, mamba_rms_norm=rms, mamba_norm_before_gate=nbg,
-                                          max_position_embeddings=64, pad_token_id=0)
+        return cls(**kw)
     except _STRICT_CONFIG_ERRORS as e:
-        # transformers 5.4.0 annotates FalconH1Config.use_cache as `int | None` with the
-        # default True, which huggingface_hub's strict dataclasses reject: not even the
-        # config's defaults build there, so there is no model to patch
-        pytest.skip(f"transformers {TF_VERSION} cannot build a FalconH1Config: {type(e).__name__}: {e}")
+        pytest.skip(f"transformers {TF_VERSION} cannot build a {cls.__name__}: {type(e).__name__}: {e}")
+
+
+def _falcon_h1(rms=True, nbg=True):
+    cfg = _config_or_skip(transformers.FalconH1Config, vocab_size=96, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4,
+                          mamba_d_ssm=64, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8,
+                          mamba_rms_norm=rms, mamba_norm_before_gate=nbg, max_position_embeddings=64,
+                          pad_token_id=0)
     cfg._attn_implementation = "eager"
     return transformers.FalconH1ForCausalLM(cfg)
 
@@ -467,6 +473,95 @@ def test_training_matches_unpatched(name, padded, device, monkeypatch):
     assert set(gp) == set(gb)
     for n in gb:
         _close(gp[n], gb[n], f"{name} grad {n}", tol=1e-3)
+
+
+#: Other causal LMs whose code differs from the zoo's where the patch decides (per module
+#: instance, from what the module computes): a fused gate_up MLP, mixtures of experts,
+#: partial and interleaved rotary, LayerNorm, q/k norms over whole projections, NoPE
+#: layers, scaled residuals, multi-head latent attention, differential attention and
+#: hybrids with linear attention or Mamba-2 mixers. Built from transformers' own
+#: registries with a tiny config (the overrides where the defaults do not fit).
+OTHER_FAMILIES = {
+    "phi3": {}, "mixtral": {}, "qwen2_moe": {}, "qwen3_moe": {}, "olmo2": {}, "cohere": {},
+    "granite": {}, "phi": {}, "stablelm": {}, "gpt_neox": {}, "smollm3": {}, "glm4": {},
+    "starcoder2": {}, "diffllama": {}, "exaone4": {}, "helium": {},
+    "deepseek_v3": dict(qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16,
+                        q_lora_rank=32, num_key_value_heads=4, head_dim=None),
+    "qwen3_next": dict(num_hidden_layers=4),
+    # (older releases, 5.0 for one, name its layer types "mamba" and "attention"; the
+    # default mixer, 128 heads of 64 × 256 states, would take gigabytes in chunks of 256)
+    "granitemoehybrid": [dict(layer_types=layers, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8,
+                              mamba_n_groups=2, mamba_chunk_size=8)
+                         for layers in (["linear_attention", "full_attention"], ["mamba", "attention"])],
+}
+
+
+def _other_family(model_type):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if model_type not in CONFIG_MAPPING or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        pytest.skip(f"transformers {TF_VERSION} has no {model_type}")
+    small = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=128, pad_token_id=0)
+    variants = OTHER_FAMILIES[model_type]
+    variants = variants if isinstance(variants, list) else [variants]
+    for i, extra in enumerate(variants):  # the first variant the installed config takes
+        kw = {k: v for k, v in {**small, **extra}.items() if v is not None}
+        try:
+            cfg = CONFIG_MAPPING[model_type](**kw)
+            break
+        except (ValueError, *_STRICT_CONFIG_ERRORS) as e:
+            if i < len(variants) - 1:
+                continue
+            if isinstance(e, ValueError):
+                raise
+            pytest.skip(f"transformers {TF_VERSION} cannot build a {CONFIG_MAPPING[model_type].__name__}: "
+                        f"{type(e).__name__}: {e}")
+    for k in ("num_experts", "num_local_experts", "n_routed_experts"):  # few small experts
+        if isinstance(getattr(cfg, k, None), int):
+            setattr(cfg, k, min(getattr(cfg, k), 4))
+    for k in ("num_experts_per_tok", "n_group", "topk_group"):
+        if isinstance(getattr(cfg, k, None), int):
+            setattr(cfg, k, min(getattr(cfg, k), 2 if k == "num_experts_per_tok" else 1))
+    for k in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        if isinstance(getattr(cfg, k, None), int):
+            setattr(cfg, k, 32)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])(cfg).float()
+    with torch.no_grad():  # non-trivial norm weights and biases
+        for prm in model.parameters():
+            if prm.dim() == 1:
+                prm.add_(0.2 * torch.randn_like(prm))
+    return model
+
+
+@pytest.mark.parametrize("model_type", sorted(OTHER_FAMILIES))
+def test_other_families_match_unpatched(model_type):
+    """apply_baracuda on causal LMs outside the zoo: whatever it patches, the training
+    step (left-padded, labels) and evaluation compute what the unpatched model computes;
+    where it finds nothing to patch it says so and changes nothing."""
+    base = _other_family(model_type)
+    patched = copy.deepcopy(base)
+    try:
+        desc = hf.apply_baracuda(patched)
+    except ValueError as e:
+        assert f"cannot patch model class {type(base).__name__}" in str(e), e
+        desc = None
+    ids, mask = _left_padded_batch()
+    keep = mask.bool()
+    lb, gb = _train_step(base, ids, mask)
+    lp, gp = _train_step(patched, ids, mask)
+    _close(lp[keep], lb[keep], f"{model_type} logits")
+    assert set(gp) == set(gb)
+    for n in gb:
+        _close(gp[n], gb[n], f"{model_type} grad {n}", tol=1e-3)
+    base.eval(), patched.eval()
+    with torch.no_grad():
+        want = base(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        got, ours = _ours(patched, ids, attention_mask=mask, use_cache=False)
+    _close(got[keep], want[keep], f"{model_type} eval logits")
+    assert bool(ours) == (desc is not None), (ours, desc)
 
 
 @pytest.mark.parametrize("device", DEVICES)
