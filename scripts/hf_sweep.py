@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import re
 import resource
 import subprocess
 import sys
