@@ -45,12 +45,12 @@ VARIANTS = [
 LOGIT_TOL, GRAD_TOL = 1e-4, 1e-3
 
 
-def _build(model_type, variant):
-    import torch
-    import transformers
+def tiny_config(model_type, variant=None):
+    """transformers' config of ``model_type`` at SMALL's sizes with ``variant``'s overrides
+    (a None value drops the key), its mixture of experts shrunk (at most 4 experts of width
+    32, 2 a token) and eager attention. Raises what the config class raises."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    kw = {k: v for k, v in {**SMALL, **variant}.items() if v is not None}
+    kw = {k: v for k, v in {**SMALL, **(variant or {})}.items() if v is not None}
     cfg = CONFIG_MAPPING[model_type](**kw)
     for k in ("num_experts", "num_local_experts", "n_routed_experts"):  # few small experts
         if isinstance(getattr(cfg, k, None), int):
@@ -65,9 +65,18 @@ def _build(model_type, variant):
         cfg._attn_implementation = "eager"
     except Exception:  # noqa: BLE001 - a config without the attribute keeps its default
         pass
+    return cfg
+
+
+def tiny_model(model_type, cfg):
+    """The causal LM of ``model_type`` on ``cfg`` in float32 (seed 0), its 1-d parameters
+    (norm weights, biases) moved off their initial values so their gradients count."""
+    import torch
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     torch.manual_seed(0)
     model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])(cfg).float()
-    with torch.no_grad():  # non-trivial norm weights and biases
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(0.2 * torch.randn_like(p))
@@ -103,7 +112,7 @@ def one(model_type, max_params):
     why = "no variant builds"
     for variant in VARIANTS:
         try:
-            base = _build(model_type, variant)
+            base = tiny_model(model_type, tiny_config(model_type, variant))
         except Exception as e:  # noqa: BLE001 - transformers' own config checks
             why = f"build: {type(e).__name__}: {str(e)[:120]}"
             continue
@@ -117,7 +126,7 @@ def one(model_type, max_params):
             why = f"unpatched: {type(e).__name__}: {str(e)[:120]}"
             continue
         try:
-            desc = apply_baracuda(patched)
+            apply_baracuda(patched)
         except ValueError as e:
             if "cannot patch model class" in str(e):
                 return dict(status="nothing", variant=variant)
@@ -125,7 +134,7 @@ def one(model_type, max_params):
         try:
             got, ggot = _run(patched, ids, mask)
         except Exception as e:  # noqa: BLE001 - reported, not raised
-            return dict(status="PATCHED-FAIL", why=f"{type(e).__name__}: {str(e)[:200]}", desc=desc)
+            return dict(status="PATCHED-FAIL", why=f"{type(e).__name__}: {str(e)[:200]}")
         lerr = 0.0
         for i, (a, b) in enumerate(zip(got, want)):
             sel = slice(None) if i == 0 else keep

@@ -15,6 +15,7 @@ TRANSFORMERS runs them on one)."""
 import copy
 import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -331,15 +332,16 @@ except ImportError:  # an older huggingface_hub does not validate the fields
     _STRICT_CONFIG_ERRORS = ()
 
 
-def _config_or_skip(cls, **kw):
-    """``cls(**kw)``, or a skip where the installed transformers cannot build that config:
-    5.4.0 annotates some fields with the wrong type (FalconH1Config.use_cache and
-    Olmo2Config.tie_word_embeddings as ints, with bool defaults), which huggingface_hub's
-    strict dataclasses reject, so not even the defaults build there: no model to patch."""
+def _config_or_skip(make, *args, **kw):
+    """``make(*args, **kw)`` (a config), or a skip where the installed transformers cannot
+    build that config: 5.4.0 annotates some fields with the wrong type
+    (FalconH1Config.use_cache and Olmo2Config.tie_word_embeddings as ints, with bool
+    defaults), which huggingface_hub's strict dataclasses reject, so not even the defaults
+    build there: no model to patch."""
     try:
-        return cls(**kw)
+        return make(*args, **kw)
     except _STRICT_CONFIG_ERRORS as e:
-        pytest.skip(f"transformers {TF_VERSION} cannot build a {cls.__name__}: {type(e).__name__}: {e}")
+        pytest.skip(f"transformers {TF_VERSION} cannot build this config: {type(e).__name__}: {e}")
 
 
 def _falcon_h1(rms=True, nbg=True):
@@ -496,44 +498,29 @@ OTHER_FAMILIES = {
 }
 
 
+# scripts/hf_sweep.py builds the same tiny models for every causal LM transformers registers
+_spec = importlib.util.spec_from_file_location(
+    "hf_sweep", Path(__file__).resolve().parents[1] / "scripts" / "hf_sweep.py")
+hf_sweep = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hf_sweep)
+
+
 def _other_family(model_type):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     if model_type not in CONFIG_MAPPING or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         pytest.skip(f"transformers {TF_VERSION} has no {model_type}")
-    small = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, max_position_embeddings=128, pad_token_id=0)
     variants = OTHER_FAMILIES[model_type]
     variants = variants if isinstance(variants, list) else [variants]
-    for i, extra in enumerate(variants):  # the first variant the installed config takes
-        kw = {k: v for k, v in {**small, **extra}.items() if v is not None}
+    for extra in variants[:-1]:  # the first variant the installed config takes
         try:
-            cfg = CONFIG_MAPPING[model_type](**kw)
+            cfg = hf_sweep.tiny_config(model_type, extra)
             break
-        except (ValueError, *_STRICT_CONFIG_ERRORS) as e:
-            if i < len(variants) - 1:
-                continue
-            if isinstance(e, ValueError):
-                raise
-            pytest.skip(f"transformers {TF_VERSION} cannot build a {CONFIG_MAPPING[model_type].__name__}: "
-                        f"{type(e).__name__}: {e}")
-    for k in ("num_experts", "num_local_experts", "n_routed_experts"):  # few small experts
-        if isinstance(getattr(cfg, k, None), int):
-            setattr(cfg, k, min(getattr(cfg, k), 4))
-    for k in ("num_experts_per_tok", "n_group", "topk_group"):
-        if isinstance(getattr(cfg, k, None), int):
-            setattr(cfg, k, min(getattr(cfg, k), 2 if k == "num_experts_per_tok" else 1))
-    for k in ("moe_intermediate_size", "shared_expert_intermediate_size"):
-        if isinstance(getattr(cfg, k, None), int):
-            setattr(cfg, k, 32)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])(cfg).float()
-    with torch.no_grad():  # non-trivial norm weights and biases
-        for prm in model.parameters():
-            if prm.dim() == 1:
-                prm.add_(0.2 * torch.randn_like(prm))
-    return model
+        except (ValueError, *_STRICT_CONFIG_ERRORS):
+            continue
+    else:
+        cfg = _config_or_skip(hf_sweep.tiny_config, model_type, variants[-1])
+    return hf_sweep.tiny_model(model_type, cfg)
 
 
 @pytest.mark.parametrize("model_type", sorted(OTHER_FAMILIES))
