@@ -4,15 +4,14 @@ file's shapes, optionally with seq_idx and a forced CUDA forward — for A/B run
 kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py take too
 long. Run on the GPU from the repo root:
   PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options [--no-z]] [--shape 0]
-      [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream] [--states fused_h]
+      [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream]
 ``--no-z``: the options without z (what the Mamba-2 layer passes: its gated norm takes z).
 ``--one-stream``: every backward kernel on the caller's stream (the plan overlaps some of
 the group products' kernels on side streams, where each overlapped kernel takes longer than
 alone and the total counts them in full: for one kernel's A/B, run both sides with it).
-``--states``: how the backward runs its state chains (``_ssd_cuda_backward_states``: auto,
-staged, fused_h (H_c on the fused forward's kernel stopped after its hand-over), fused_g
-(the reverse chain on its reverse mode) or fused (both)).
-Prints one line: the label, the total, every kernel above 5 µs and a digest of the output
+Prints one line: the label, the pass's wall time (benchmarks/harness.py's time_us: what
+the side streams' overlap gains shows there, not in the kernels' sum), the kernels' total,
+every kernel above 5 µs and a digest of the output
 (forward) or the gradients (backward) — the inputs come from seed 0, so two builds that
 compute the same bits print the same digest."""
 from __future__ import annotations
@@ -29,6 +28,9 @@ import baracuda_torch as bt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import profile_ssd_chunk_scan as ps  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import time_us  # noqa: E402
 
 from baracuda_torch.mamba import mamba_chunk_scan_combined  # noqa: E402
 
@@ -48,10 +50,8 @@ def main():
     ap.add_argument("--seq", type=int, default=0, help="seq_idx: K packed sequences a row, random lengths")
     ap.add_argument("--kernel", default="auto", help="the CUDA forward, through the test switch")
     ap.add_argument("--one-stream", action="store_true", help="the backward's kernels all on one stream")
-    ap.add_argument("--states", default="auto", help="the backward's state chains, through the test switch")
     a = ap.parse_args()
     bt._C._ssd_cuda_forward(a.kernel)
-    bt._C._ssd_cuda_backward_states(a.states)
     if a.one_stream:
         bt._C._ssd_cuda_backward_side_stream("off")
     torch.manual_seed(0)
@@ -74,11 +74,12 @@ def main():
     digest = hashlib.sha1(b"".join(t.detach().float().cpu().numpy().tobytes()
                                    for t in (out if isinstance(out, tuple) else (out,)))).hexdigest()[:10]
     rows = ps.kernels(run)
+    wall = time_us(run)[0]
     print(a.label, "forward" if a.forward else "backward",
           ("options without z" if a.no_z else "options") if a.options else "plain", f"shape {a.shape}",
           f"seq {a.seq}" if a.seq else "", a.kernel if a.kernel != "auto" else "",
           "one stream" if a.one_stream else "",
-          f"{sum(r[1] for r in rows):.0f} µs:",
+          f"wall {wall:.0f} µs, kernels {sum(r[1] for r in rows):.0f} µs:",
           " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), f"| digest {digest}", flush=True)
 
 
