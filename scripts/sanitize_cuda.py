@@ -440,22 +440,6 @@ def ssd_fused_n256_cases() -> Iterator[Case]:
                _ssd_fused_run, ("ssd_chunk_scan_combined",))
 
 
-def ssd_fused_states_cases() -> Iterator[Case]:
-    """The backward's two state chains on the fused forward's kernel (forced through
-    _ssd_cuda_backward_states("fused"), with the group products): ssd_fused's,
-    ssd_fused_seq's and (on sm_90) ssd_fused_n256's cases, their backward recomputing H_c
-    and running the reverse chain that way."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
-        return
-    previous = bt._C._ssd_cuda_backward_states("fused")
-    try:
-        for cases in (ssd_fused_cases, ssd_fused_seq_cases, ssd_fused_n256_cases):
-            for case, make, fn, ops in cases():
-                yield case + " (fused states)", make, fn, ops
-    finally:
-        bt._C._ssd_cuda_backward_states(previous)
-
-
 def ssd_99kb_cases() -> Iterator[Case]:
     """The SSD's 16-bit SIMT route (a device whose blocks may opt into 99 KB, simulated by
     capping what the plans see: the staged tensor-core scan does not fit at N or D above
@@ -536,7 +520,7 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
             "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases,
             "ssd_fused_n256": ssd_fused_n256_cases, "ssd_fused_seq": ssd_fused_seq_cases,
-            "ssd_fused_states": ssd_fused_states_cases, "ssd_99kb": ssd_99kb_cases,
+            "ssd_99kb": ssd_99kb_cases,
             "ssd_staged_seq": ssd_staged_seq_cases,
             "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 

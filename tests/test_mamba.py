@@ -218,20 +218,13 @@ def test_seq_idx_resets_state(device):
 @contextlib.contextmanager
 def _cuda_routes(forward, backward):
     """The SSD's CUDA forward and backward forced (bt._C._ssd_cuda_forward / _backward; no
-    effect on the CPU), restored on exit. A backward named "<products>_fused_states" also
-    recomputes the chunk states with the fused forward's kernel (_ssd_cuda_backward_states),
-    wherever it can run; "auto" leaves them to the plan, the other names keep the staged
-    chunk-state kernels."""
-    products = backward.removesuffix("_fused_states")
-    states = "fused" if products != backward else "auto" if backward == "auto" else "staged"
-    previous = (bt._C._ssd_cuda_forward(forward), bt._C._ssd_cuda_backward(products),
-                bt._C._ssd_cuda_backward_states(states))
+    effect on the CPU), restored on exit."""
+    previous = bt._C._ssd_cuda_forward(forward), bt._C._ssd_cuda_backward(backward)
     try:
         yield
     finally:
         bt._C._ssd_cuda_forward(previous[0])
         bt._C._ssd_cuda_backward(previous[1])
-        bt._C._ssd_cuda_backward_states(previous[2])
 
 
 def _packed_grads(t, seq, dy, chunk, sl):
@@ -343,15 +336,13 @@ def _many_packed_sequences(t, seq, dy, cuts, backward):
 
 @pytest.mark.parametrize("device,backward", [
     ("cpu", "auto"), pytest.param("cuda", "auto", marks=requires_cuda),
-    pytest.param("cuda", "staged", marks=requires_cuda), pytest.param("cuda", "group_mma", marks=requires_cuda),
-    pytest.param("cuda", "group_mma_fused_states", marks=requires_cuda)])
+    pytest.param("cuda", "staged", marks=requires_cuda), pytest.param("cuda", "group_mma", marks=requires_cuda)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_packed_sequences_16bit_nan(device, backward, dtype):
     """A NaN in x of the first of two packed sequences, at the head_dim of the fused
     forward (64): the second sequence's output and per-step gradients are those of the
     run without it; on CUDA the plan's forward (fused) and backward (the group products,
-    on wgmma on Hopper), the group products on mma.sync (with the chunk states of the
-    staged kernels, or of the fused forward's kernel), or the staged forward with the
+    on wgmma on Hopper), the group products on mma.sync, or the staged forward with the
     per-head backward products."""
     rng = random.Random(23)
     L, cut = 300, 150

@@ -392,23 +392,18 @@ GROUP_SHAPES = [
 ]
 
 
-@pytest.fixture(params=["staged", "group_mma", "group_wgmma", "fused_states"])
+@pytest.fixture(params=["staged", "group_mma", "group_wgmma"])
 def backward(request):
     """Runs the test with the plan's CUDA backward forced to the per-head ("staged") or the
     per-group dB/dC products, with the dC/dB kernel on mma.sync ("group_mma") or on wgmma
-    ("group_wgmma": sm_90 with the build's sm_90a code), each with the staged chunk-state
-    kernels; or to the device's group products (wgmma on Hopper) with the chunk states of
-    the fused forward's kernel ("fused_states", wherever its geometry takes the problem)."""
+    ("group_wgmma": sm_90 with the build's sm_90a code)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the group products need the tensor-core backward (sm_80+)")
     if request.param == "group_wgmma" and not _wgmma_device():
         pytest.skip("group_wgmma needs an sm_90 device and the build's sm_90a code")
-    fused = request.param == "fused_states"
-    products = ("group_wgmma" if _wgmma_device() else "group_mma") if fused else request.param
-    previous = bt._C._ssd_cuda_backward(products), bt._C._ssd_cuda_backward_states("fused" if fused else "staged")
+    previous = bt._C._ssd_cuda_backward(request.param)
     yield request.param
-    bt._C._ssd_cuda_backward(previous[0])
-    bt._C._ssd_cuda_backward_states(previous[1])
+    bt._C._ssd_cuda_backward(previous)
 
 
 def _wgmma_device():
@@ -418,21 +413,6 @@ def _wgmma_device():
 def _backward_variant(inputs, Q):
     x = inputs[0]
     return bt.explain(ops.ssd_chunk_scan_backward, x, *inputs, Q).variant
-
-
-def _fused_states_take(P, N, Q):
-    """Whether the fused forward's geometry takes the problem (the backward's fused states)."""
-    return P % 64 == 0 and N <= 256 and Q <= 256
-
-
-def _expected_backward_variant(backward, P, N, Q):
-    """The variant `explain` names for the backward under the `backward` fixture's setting."""
-    if backward == "staged":
-        return "chunked_mma"
-    if backward != "fused_states":
-        return backward
-    products = "group_wgmma" if _wgmma_device() else "group_mma"
-    return products + "_fused_states" if _fused_states_take(P, N, Q) else products
 
 
 @requires_cuda
@@ -463,7 +443,7 @@ def test_backward_against_the_reference(dtype, shape, backward):
     b, L, H, P, N, G, Q = shape
     inputs = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
     leaves = [t.detach().requires_grad_() for t in inputs]
-    assert _backward_variant(inputs, Q) == _expected_backward_variant(backward, P, N, Q)
+    assert _backward_variant(inputs, Q) == (backward if backward != "staged" else "chunked_mma")
     y = bt.ssd_chunk_scan(*leaves, chunk_size=Q)
     dy = torch.randn(y.shape, dtype=torch.float64).to(device="cuda", dtype=dtype)
     poison_fresh_outputs()
@@ -702,106 +682,6 @@ def test_backward_switch_names_its_choices():
     assert bt._C._ssd_cuda_backward("auto") == "staged"
 
 
-def test_backward_states_switch_names_its_choices():
-    assert bt._C._ssd_cuda_backward_states("auto") == "auto"
-    assert bt._C._ssd_cuda_backward_states("fused") == "auto"
-    assert bt._C._ssd_cuda_backward_states("fused_h") == "fused"
-    assert bt._C._ssd_cuda_backward_states("fused_g") == "fused_h"
-    assert bt._C._ssd_cuda_backward_states("staged") == "fused_g"
-    assert bt._C._ssd_cuda_backward_states("auto") == "staged"
-    with pytest.raises(ValueError, match="auto, staged, fused_h, fused_g or fused"):
-        bt._C._ssd_cuda_backward_states("on")
-
-
-# (B, L, H, P, N, G, chunk): the 2.7B layer's heads a group with a ragged last chunk, two
-# head_dim tiles, N = 256 (two halves, each a chain of its own), N = 64 at chunk 128, N
-# neither even nor a multiple of 8 (B's rows gathered, H_c stored element by element) at an
-# odd chunk, and L shorter than the chunk.
-FUSED_STATES_SHAPES = [
-    (2, 700, 16, 64, 128, 1, 256),
-    (1, 600, 4, 128, 64, 2, 256),
-    (1, 520, 4, 64, 256, 2, 256),
-    (2, 300, 8, 64, 64, 2, 128),
-    (1, 333, 4, 64, 37, 1, 100),
-    (2, 90, 4, 64, 32, 1, 256),
-]
-
-
-# each route of _ssd_cuda_backward_states: its variant suffix, the kernels it runs and the
-# staged pass it replaces
-_FUSED_ROUTES = {
-    "fused_h": ("_fused_h", {"ssd_fused_states_kernel"}, {"ssd_state_pass_kernel"}),
-    "fused_g": ("_fused_g", {"ssd_fused_dstates_kernel"}, {"ssd_state_pass_bwd_kernel"}),
-    "fused": ("_fused_states", {"ssd_fused_states_kernel", "ssd_fused_dstates_kernel"},
-              {"ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel"}),
-}
-
-
-@requires_cuda
-@pytest.mark.parametrize("route", sorted(_FUSED_ROUTES))
-@pytest.mark.parametrize("shape", FUSED_STATES_SHAPES, ids=lambda s: "B{}L{}H{}P{}N{}G{}Q{}".format(*s))
-def test_fused_states_agree_with_the_staged_states_and_replay(shape, route):
-    """The group products' backward with its state chains on the fused forward's kernel
-    (_ssd_cuda_backward_states: H_c, the reverse chain of Gn_c and dinitial_states, or
-    both), with initial states, dfinal_states, D, z and 3 packed sequences a row: `explain`
-    names it, its kernels run and the staged passes they replace do not; every gradient
-    agrees with the backward on the staged kernels within 8 eps of bfloat16 (the states'
-    last bits differ: a float32 cumsum and another order of sums); and its bits are the same
-    on NaN-poisoned outputs, run again and replayed from a CUDA graph."""
-    if torch.cuda.get_device_capability()[0] < 8:
-        pytest.skip("the group products need the tensor-core backward (sm_80+)")
-    b, L, H, P, N, G, Q = shape
-    rng = random.Random(31)
-    torch.manual_seed(31)
-    t, _ = make_case(rng, b, L, H, P, N, G, torch.bfloat16, "cuda", D=True, z=True, dt_bias=True, init=True,
-                     seq_idx=False, softplus=True, limit=False, mixed=False)
-    seq_idx = (torch.arange(L, device="cuda", dtype=torch.int32) * 3 // L).expand(b, L).contiguous()
-    dout = torch.randn_like(t["x"])
-    dfinal = torch.randn(b, H, P, N, device="cuda")
-    y_pre = torch.randn_like(t["x"])  # (the gate's backward reads it; any values do)
-
-    def run():
-        return ops.ssd_chunk_scan_combined_backward(
-            dout, dfinal, t["x"], t["dt"], t["A"], t["B"], t["C"], Q, D=t["D"], z=t["z"],
-            dt_bias=t["dt_bias"], initial_states=t["initial_states"], seq_idx=seq_idx, y_pre=y_pre,
-            dt_softplus=True)
-
-    def variant():
-        return bt.explain(ops.ssd_chunk_scan_combined_backward, dout, dfinal, t["x"], t["dt"], t["A"], t["B"],
-                          t["C"], Q, D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
-                          initial_states=t["initial_states"], seq_idx=seq_idx, y_pre=y_pre,
-                          dt_softplus=True).variant
-
-    products = "group_wgmma" if _wgmma_device() else "group_mma"
-    previous = bt._C._ssd_cuda_backward(products), bt._C._ssd_cuda_backward_states("staged")
-    try:
-        assert variant() == products
-        staged = run()
-        bt._C._ssd_cuda_backward_states(route)
-        suffix, kernels, replaced = _FUSED_ROUTES[route]
-        assert variant() == products + suffix
-        ran = _ssd_kernels_run(run)
-        assert kernels <= ran and not replaced & ran, sorted(ran)
-        poison_fresh_outputs()
-        fused = run()
-        assert all(torch.equal(u, v) for u, v in zip(run(), fused))
-        graph, out_g = capture_graph(run)
-        for u in out_g:
-            u.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(u, v) for u, v in zip(out_g, fused))
-    finally:
-        bt._C._ssd_cuda_backward(previous[0])
-        bt._C._ssd_cuda_backward_states(previous[1])
-    eps = torch.finfo(torch.bfloat16).eps
-    names = ("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinitial_states")
-    for name, u, v in zip(names, staged, fused):
-        assert torch.isfinite(v).all(), name
-        rel = ((u.double() - v.double()).norm() / v.double().norm()).item()
-        assert rel < 8 * eps, (shape, name, rel)
-
-
 # The SSD kernels each variant `explain` names must run, and those of no other variant
 # (names as torch.profiler reports them; a kernel name is matched as a whole word).
 _VARIANT_KERNELS = {
@@ -819,8 +699,7 @@ _VARIANT_KERNELS = {
 # group_wgmma runs group_mma's kernels (the dC/dB kernel's products on wgmma)
 _VARIANT_KERNELS[("backward", "group_wgmma")] = _VARIANT_KERNELS[("backward", "group_mma")]
 # Kernels no variant shares: each is the mark of the variants that list it.
-_MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel", "ssd_fused_states_kernel",
-          "ssd_fused_dstates_kernel",
+_MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel",
           "ssd_tc_chunk_state_kernel", "ssd_chunk_state_kernel", "ssd_tc_scan_kernel", "ssd_scan_kernel",
           "ssd_tc_dacs_kernel", "ssd_dacs_kernel",
           "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"}

@@ -244,20 +244,6 @@ struct CudaForwardChoice {
   int64_t state_tile = 0;
 };
 
-// The fused kernels' state tile for this problem (64, 128 or 256), or 0 where their
-// geometry does not take it (see SsdCudaForward; the kernels count positions and blocks
-// in int).
-int64_t fused_state_tile(const SsdChunkScanDescriptor& desc, SsdVariant v, const SsdChunkScanLaunch& l) {
-  const int64_t blocks = l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks();
-  if (!uses_tensor_cores(desc, v) || l.chunk_size > kSsdFusedMaxChunk || l.head_dim % kSsdFusedHeadTile != 0 ||
-      l.state_dim > kSsdFusedMaxState || l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
-      blocks >= (int64_t{1} << 31))
-    return 0;
-  const int64_t tile = l.state_dim <= 64 ? 64 : l.state_dim <= 128 ? 128 : 256;
-  // a tile of 256 runs as two halves, each a block (see kSsdFusedMaxState)
-  return tile > 128 && blocks * 2 >= (int64_t{1} << 31) ? 0 : tile;
-}
-
 // The CUDA forward for this problem and, for a fused one, its state tile (see
 // SsdCudaForward). Measured on an H100 (BENCHMARKS.md, "SSD per kernel"; bf16, chunk 256):
 // the mma.sync fused forward takes 940 / 1017 / 267 µs at B4 L4096 H80 P64 N128 with G = 1
@@ -272,13 +258,19 @@ int64_t fused_state_tile(const SsdChunkScanDescriptor& desc, SsdVariant v, const
 CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
                                const SsdChunkScanLaunch& l) {
   const int forced = g_forced_forward.load(std::memory_order_relaxed);
-  if (forced == static_cast<int>(SsdCudaForward::Staged)) return {};
+  if (forced == static_cast<int>(SsdCudaForward::Staged) || !uses_tensor_cores(desc, v) ||
+      l.chunk_size > kSsdFusedMaxChunk ||
+      l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim > kSsdFusedMaxState ||
+      l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||  // the kernels count positions in int
+      l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() >= (int64_t{1} << 31))
+    return {};
   CudaForwardChoice c;
-  c.state_tile = fused_state_tile(desc, v, l);
-  if (c.state_tile == 0) return {};
+  c.state_tile = l.state_dim <= 64 ? 64 : l.state_dim <= 128 ? 128 : 256;
   // A tile of 256 FusedMmaCb alone takes, in two halves, whatever the heads per group (see
   // kSsdFusedMaxState).
   const bool wide = c.state_tile > 128;
+  if (wide && l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() * 2 >= (int64_t{1} << 31))
+    return {};
   if (wide && forced >= 0 && forced != static_cast<int>(SsdCudaForward::FusedMmaCb)) return {};
   // seq_idx: the mma.sync kernels mask the sequence starts (fused_dt_cumsum), the wgmma
   // kernel does not. Measured at B4 L4096 H80 P64 N128 G1 chunk 256 with 8 sequences a row
@@ -358,29 +350,9 @@ bool backward_side_stream(const SsdChunkScanLaunch& l) {
   return l.group_products && g_forced_side_stream.load(std::memory_order_relaxed) != 0;
 }
 
-// ssd_force_backward_fused_states's setting: -1 for the plan's own choice, else which of
-// kSsdFusedH and kSsdFusedG run fused wherever they can.
-std::atomic<int> g_forced_fused_states{-1};
-
-// Which of the CUDA backward's state chains run on the fused forward's kernel (kSsdFusedH:
-// H_c, kSsdFusedG: the reverse chain; see ssd_force_backward_fused_states): with the group
-// products (whose kernels read only the 16-bit copies of H_c and Gn_c, so that the float32
-// states need no place in the workspace), where the fused geometry takes the problem
-// (`tile`: fused_state_tile) and FusedMmaCb's blocks fit the device's opt-in shared
-// memory. Not measured on a GPU yet: only when forced.
-int backward_fused_states(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l, int64_t tile) {
-  const int forced = g_forced_fused_states.load(std::memory_order_relaxed);
-  if (forced <= 0) return 0;
-  const bool fits = l.group_products && tile > 0 && l.batch > 0 && l.seqlen > 0 &&
-                    desc.device.smem_optin_bytes >= ssd_fused_smem_bytes(SsdCudaForward::FusedMmaCb,
-                                                                         tile > 128 ? tile / 2 : tile,
-                                                                         desc.options.has_seq_idx);
-  return fits ? forced : 0;
-}
-
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
                          SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                         bool group_wgmma = false, int fused = 0) {
+                         bool group_wgmma = false) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
     case SsdVariant::CpuChunked: return "chunked";
@@ -388,10 +360,6 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
       if (forward == SsdCudaForward::FusedMma) return "fused_mma";
       if (forward == SsdCudaForward::FusedMmaCb) return "fused_mma_cb";
       if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
-      if (group && fused == (kSsdFusedH | kSsdFusedG))
-        return group_wgmma ? "group_wgmma_fused_states" : "group_mma_fused_states";
-      if (group && fused == kSsdFusedH) return group_wgmma ? "group_wgmma_fused_h" : "group_mma_fused_h";
-      if (group && fused == kSsdFusedG) return group_wgmma ? "group_wgmma_fused_g" : "group_mma_fused_g";
       if (group) return group_wgmma ? "group_wgmma" : "group_mma";
       return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
@@ -401,12 +369,12 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
 
 KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward,
                    SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                   bool group_wgmma = false, int fused = 0) {
+                   bool group_wgmma = false) {
   KernelSku sku;
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(desc, v, forward, group, group_wgmma, fused);
+  sku.variant = variant_name(desc, v, forward, group, group_wgmma);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
@@ -461,12 +429,6 @@ std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force) {
   const int previous = g_forced_side_stream.exchange(force ? static_cast<int>(*force) : -1);
   if (previous < 0) return std::nullopt;
   return previous == 1;
-}
-
-std::optional<int> ssd_force_backward_fused_states(std::optional<int> force) {
-  const int previous = g_forced_fused_states.exchange(force ? *force & (kSsdFusedH | kSsdFusedG) : -1);
-  if (previous < 0) return std::nullopt;
-  return previous;
 }
 
 SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
@@ -562,18 +524,9 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.dD_in_dx = p.launch_.group_products && !p.launch_.gated;
   p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
-  const int64_t tile = fused_state_tile(f, p.variant_, p.launch_);
-  const int fused = backward_fused_states(f, p.launch_, tile);
-  p.launch_.fused_states = (fused & kSsdFusedH) != 0;
-  p.launch_.fused_dstates = (fused & kSsdFusedG) != 0;
-  if (fused != 0) {
-    p.launch_.fused_state_tile = tile;
-    p.launch_.fused_state_split = tile > 128 ? 2 : 1;
-  }
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
-  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma,
-                    fused);
+  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma);
   return p;
 }
 

@@ -81,20 +81,6 @@ std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 // side streams wherever the group products run. Returns the previous setting.
 std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force);
 
-// The CUDA backward recomputes the chunk states H_c (16-bit inputs on tensor cores) with
-// the staged chunk-state kernel and state pass, or with the fused forward's kernel stopped
-// after its hand-over (SsdChunkScanLaunch::fused_states: x and B read once a block, no
-// float32 S_c through memory); and it runs the reverse chain of the state gradients
-// (Gn_c, the ⟨Gn_c, H_c⟩ partials, dinitial_states) with the staged local-dstate kernel and
-// reverse pass, or with the same kernel's reverse mode (fused_dstates: dy and C read once a
-// block, no float32 local dstate through memory), wherever the fused forward's geometry
-// takes the problem. Not yet measured on a GPU: the plan keeps the staged kernels. Tests
-// and benchmarks only: `force` says which run fused wherever they can (kSsdFusedH,
-// kSsdFusedG, both, or 0 for none); std::nullopt restores the plan's own choice. Returns
-// the previous setting.
-constexpr int kSsdFusedH = 1, kSsdFusedG = 2;
-std::optional<int> ssd_force_backward_fused_states(std::optional<int> force);
-
 // Shared memory of the staged tensor-core scan kernel (kernels/cuda/ssd_chunk_scan_tc.cuh's
 // ssd_launch_tc_scan) without its cache of Lft·Rgtᵀ tiles, for a contraction over k1 (N for
 // y and dx, `multi` false; D for dC and dB, `multi` true): an Lft tile, a V tile, an Rgt tile
@@ -235,15 +221,6 @@ struct SsdChunkScanLaunch {
   SsdCudaForward cuda_forward = SsdCudaForward::Staged;
   int64_t fused_state_tile = 0;
   int64_t fused_state_split = 1;
-  // CUDA backward: the recomputed chunk states H_c by the fused forward's steps 1 to 3
-  // (kernels/cuda/ssd_fused_forward.cu's ssd_fused_states_kernel, in fused_state_tile and
-  // fused_state_split's geometry: FusedMmaCb's blocks) instead of the staged chunk-state
-  // kernel and state pass (see ssd_force_backward_fused_states).
-  bool fused_states = false;
-  // CUDA backward: the reverse chain of the state gradients (Gn_c, the ⟨Gn_c, H_c⟩
-  // partials, dinitial_states) by the same kernel's reverse mode (ssd_fused_dstates_kernel)
-  // instead of the staged local-dstate kernel and reverse pass (same geometry and switch).
-  bool fused_dstates = false;
   // CUDA backward: the intra-chunk dB/dC products once per group and dx from the
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.

@@ -154,16 +154,6 @@ PYBIND11_MODULE(_C, m) {
     const std::optional<bool> previous = ssd_force_backward_side_stream(force);
     return std::string(previous.value_or(true) ? "auto" : "off");
   }, py::arg("name"));
-  // Tests and benchmarks only: how the SSD's CUDA backward runs its state chains, "auto"
-  // (the plan's choice), "staged" (the chunk-state kernels and the state passes), "fused_h"
-  // (H_c by the fused forward's kernel stopped after its hand-over: SsdChunkScanLaunch::
-  // fused_states), "fused_g" (the reverse chain by that kernel's reverse mode:
-  // fused_dstates) or "fused" (both), each wherever it can run; returns the previous setting.
-  m.def("_ssd_cuda_backward_states", [](const std::string& name) {
-    static const std::pair<const char*, int> kNames[] = {
-        {"staged", 0}, {"fused_h", kSsdFusedH}, {"fused_g", kSsdFusedG}, {"fused", kSsdFusedH | kSsdFusedG}};
-    return named_switch("_ssd_cuda_backward_states", kNames, name, ssd_force_backward_fused_states);
-  }, py::arg("name"));
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
   // "never"; returns the previous setting.

@@ -123,7 +123,6 @@
 #include <initializer_list>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/ssd_fused_states.cuh"
 #include "kernels/cuda/ssd_seq_idx.cuh"
 #include "kernels/gated_activation_math.h"
 #include "kernels/ssd_chunk_scan.h"
@@ -186,7 +185,7 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   seg       [B, L] int32         with seq_idx (ssd_seq_masks): the sequence starts in
 //                                  [chunk start, t] at each position t
 //   states    [B, H, nc, D, N]     S_c, then (in place, without states_t) H_c, the state
-//                                  entering chunk c (none in a backward with fused_states)
+//                                  entering chunk c
 //   states_t  [B, H, nc, D, N] T   16-bit inputs on tensor cores (ssd_state_copies): H_c
 //                                  rounded to the input type, written by the state pass
 //                                  in place of the float32 H_c (`states` keeps S_c); every
@@ -196,12 +195,10 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 // backward only:
 //   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1} (with
 //                                  group_products it keeps the local dstate: Gn_c goes
-//                                  to gstates_t alone; none with fused_dstates)
+//                                  to gstates_t alone)
 //   gstates_t [B, H, nc, D, N] T   as states_t, for Gn_c
-//   kpart     [B, H, nc, kparts]   partials of ⟨Gn_c, H_c⟩ (→ W), kparts = kblocks =
-//                                  ⌈D·N/(256·V)⌉ (V = ssd_pass_vec: 4 float32 or 2 float64
-//                                  elements; with fused_dstates one a block of that kernel:
-//                                  ssd_fused_kslots)
+//   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks = ⌈D·N/(256·V)⌉
+//                                  (V = ssd_pass_vec: 4 float32 or 2 float64 elements)
 //   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
 //   vp        [B, H, L, ⌈D/64⌉]     partials of x·dxpre(inter-chunk part) (→ V)
 //   up        [B, H, L, ⌈N/64⌉]     partials of U per 64-column tile
@@ -226,9 +223,6 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  (b, chunk, 64-row tile) with dD_in_dx (the dx kernel)
 //   dyp       [B, L, H, D] T       with z (SsdChunkScanLaunch::gated): dy_pre = dy·silu(z),
 //                                  which the backward's kernels read in place of dy
-//   fused     bytes                with fused_states or fused_dstates: the fused kernels'
-//                                  ticket, counters and hand-over ring
-//                                  (ssd_fused_states_workspace)
 //   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
 //   workspace before it knows the pointers; both are small next to the states.)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
@@ -250,10 +244,8 @@ struct SsdWorkspace {
   size_t acs = 0, dtf = 0, seg = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
          xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dyp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
   size_t states_t = 0, gstates_t = 0;  // (ssd_state_copies only)
-  size_t fused = 0;                    // (the backward's fused_states only)
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
-  int64_t kparts = 0;  // kpart's partials per (b, h, c): kblocks, or ssd_fused_kslots with fused_dstates
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
   int64_t dcb_ld = 0;           // Q' (group_products)
 };
@@ -282,7 +274,6 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   // ⟨Gn_c, H_c⟩ partials: one per block of ssd_state_pass_bwd_kernel (256·V elements)
   const int64_t per_block = kSsdThreads * ssd_pass_vec(l.compute);
   w.kblocks = (dn + per_block - 1) / per_block;
-  w.kparts = backward && l.fused_dstates ? ssd_fused_kslots(l) : w.kblocks;
   const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 0;
   w.nsplit = hpg > kSsdHeadsPerBlock ? (hpg + kSsdHeadsPerBlock - 1) / kSsdHeadsPerBlock : 1;
   // Splits of hps ≤ 8 heads, the last possibly fewer but never empty:
@@ -298,16 +289,12 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   w.dtf = take(bh * l.seqlen);
   const bool copies = ssd_state_copies(l);
   w.seg = take(l.batch * l.seqlen, sizeof(int32_t));  // (sized before seq_idx is known)
-  // (the fused states store H_c rounded alone: nothing reads the float32 states then)
-  const bool fused = backward && l.fused_states;
-  w.states = take(fused ? 0 : bh * nc * dn);
+  w.states = take(bh * nc * dn);
   if (copies) w.states_t = take(bh * nc * dn, 2);
-  if (backward && (l.fused_states || l.fused_dstates))
-    w.fused = take(static_cast<int64_t>(ssd_fused_states_workspace(l)), 1);
   if (backward) {
-    w.gstates = take(l.fused_dstates ? 0 : bh * nc * dn);
+    w.gstates = take(bh * nc * dn);
     if (copies) w.gstates_t = take(bh * nc * dn, 2);
-    w.kpart = take(bh * nc * w.kparts);
+    w.kpart = take(bh * nc * w.kblocks);
     w.ddtp = take(bh * l.seqlen * w.d_tiles);
     w.vp = take(bh * l.seqlen * w.d_tiles);
     w.up = take(bh * l.seqlen * w.n_tiles);
@@ -1477,7 +1464,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsPara
 template <typename T>
 struct SsdFinalizeParams {
   int64_t batch, seqlen, heads, chunk, nchunks, total_warps;
-  int64_t kparts, d_tiles, n_tiles;
+  int64_t kblocks, d_tiles, n_tiles;
   const acc_t<T>* A;
   int64_t A_s;
   SsdDtIn<T> dt;  // raw dt and its options, for d(processed dt)/d(raw dt)
@@ -1516,7 +1503,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
     const Acc a_h = p.A[h * p.A_s];
     const Acc bias = p.dt.bias_of(h);
     Acc wsum = 0;
-    for (int64_t i = lane; i < p.kparts; i += 32) wsum += p.kpart[(bh * p.nchunks + c) * p.kparts + i];
+    for (int64_t i = lane; i < p.kblocks; i += 32) wsum += p.kpart[(bh * p.nchunks + c) * p.kblocks + i];
     // With seg: W only without a start in the chunk, and V only of its last sequence
     // (selected, as everything that crosses a start)
     const int32_t* seg = p.seg != nullptr ? p.seg + b * p.seqlen + t0 : nullptr;
@@ -1631,8 +1618,6 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "dD_in_dx needs the group products' dx kernel");
   if (l.side_stream && !(backward && l.group_products))
     fail(PlanErrorKind::Internal, op, "side_stream is the group products' backward's");
-  if ((l.fused_states || l.fused_dstates) && !(backward && l.group_products && ssd_state_copies(l)))
-    fail(PlanErrorKind::Internal, op, "fused_states is the group products' backward's, on 16-bit tensor cores");
   if (backward && l.gated != (l.z != nullptr))
     fail(PlanErrorKind::Internal, op, "gated must say whether z is given (the workspace's dy_pre)");
   if (l.state_tile_n != 0 && l.state_tile_n != kSsdTile && l.state_tile_n != 2 * kSsdTile)
@@ -1855,7 +1840,7 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.chunk = l.chunk_size;
   p.nchunks = l.nchunks();
   p.total_warps = l.batch * l.heads * p.nchunks;
-  p.kparts = w.kparts, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
+  p.kblocks = w.kblocks, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
   p.A = static_cast<const Acc*>(l.A);
   p.A_s = l.A_stride;
   p.dt = ssd_dt_in<T>(l);

@@ -1,13 +1,11 @@
 // Mamba-2 SSD chunk scan, CUDA backward: dy_pre, dz and the dD partials (with z or D), then
-// recompute the chunk states H_c (ssd_chunk_scan_states.cu, shared with the forward, or with
-// fused_states the fused forward's kernel stopped after its hand-over, ssd_fused_forward.cu),
-// the reverse state pass for Gn_c = G_{c+1} (seeded by dfinal_states, ending in
-// dinitial_states; with fused_dstates the same kernel's reverse chain), the per-chunk
-// products for dx, dC and dB and
-// the crossing sums X_s (each in its own translation unit so they compile in parallel),
-// then the finalize kernels for ddt, dA, ddt_bias, and last dD (see
-// ssd_chunk_scan.cuh for the formulas and the workspace layout; float16 and bfloat16 run
-// the tensor-core kernels of ssd_chunk_scan_tc.cuh on sm_80+).
+// recompute the chunk states H_c (ssd_chunk_scan_states.cu, shared with the forward), the
+// reverse state pass for Gn_c = G_{c+1} (seeded by dfinal_states, ending in
+// dinitial_states), the per-chunk products for dx, dC and dB and the crossing sums X_s (each
+// in its own translation unit so they compile in parallel), then the finalize kernels for
+// ddt, dA, ddt_bias, and last dD (see ssd_chunk_scan.cuh for the formulas and the workspace
+// layout; float16 and bfloat16 run the tensor-core kernels of ssd_chunk_scan_tc.cuh on
+// sm_80+).
 #include "kernels/cuda/side_stream.cuh"
 #include "kernels/cuda/ssd_chunk_scan_tc.cuh"
 
@@ -16,7 +14,6 @@ namespace baracuda::kernels {
 namespace cuda {
 // ssd_chunk_scan_states.cu
 void ssd_run_forward_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t s);
-void ssd_run_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 // ssd_chunk_scan_backward_{dx,dc,db,dacs}.cu
 void ssd_backward_scan_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 void ssd_backward_scan_dc(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
@@ -52,31 +49,16 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   // launch below but theirs has no work and is skipped; they are written as zeros (and
   // dinitial_states = dfinal_states).
   dispatch_floating(l.element, [&](auto tag) { ssd_launch_gate<decltype(tag)>(l, w, s); });  // dy_pre, dz, dD partials
-  // with fused_states or fused_dstates, the fused forward's kernel (ssd_fused_states.cuh)
-  FusedStatesBuffers fb;
-  fb.workspace = ssd_ws<void>(l, w.fused);
-  fb.states_t = ssd_ws<void>(l, w.states_t);
-  fb.gstates_t = ssd_ws<void>(l, w.gstates_t);
-  fb.kpart = ssd_ws<float>(l, w.kpart);
-  if (l.fused_states) {  // Acs, dt; H_c (recomputed) in one kernel
-    ssd_run_cumsum(lb, w, s);
-    ssd_fused_states(lb, fb, /*dstates=*/false, s);
-  } else {
-    ssd_run_forward_states(lb, w, nullptr, s);  // Acs, dt; S_c → H_c (recomputed)
-  }
+  ssd_run_forward_states(lb, w, nullptr, s);  // Acs, dt; S_c → H_c (recomputed)
   // dCB = Σ_heads of the intra-chunk weights; X_s; B·Cᵀ tiles. It reads only the cumsum's
   // Acs and dt (and seq_idx's counts): with side_stream it runs beside the state kernels,
   // whose chunk states and passes (about 450 µs at the 2.7B shape) leave most of the GPU
   // idle at times (the passes walk the chunks in order).
   const cudaStream_t sd = l.side_stream ? side_stream_fork(s, 0) : s;
   if (l.group_products) ssd_backward_group_dcb(lb, w, sd);
-  if (l.fused_dstates) {  // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials, in one kernel
-    ssd_fused_states(lb, fb, /*dstates=*/true, s);
-  } else {
-    dispatch_floating(l.element, [&](auto tag) {
-      ssd_run_states<decltype(tag), /*BW=*/true>(lb, w, l.dinitial_states, s);  // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
-    });
-  }
+  dispatch_floating(l.element, [&](auto tag) {
+    ssd_run_states<decltype(tag), /*BW=*/true>(lb, w, l.dinitial_states, s);  // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
+  });
   if (l.side_stream) side_stream_join(s, 0);
   if (l.group_products) {
     ssd_backward_group_dx(lb, w, s);           // dx (+ D·dy_pre) from those tiles; partials of ddt(direct) and V

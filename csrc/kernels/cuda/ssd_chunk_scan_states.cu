@@ -1,7 +1,6 @@
 // Mamba-2 SSD chunk scan, CUDA: the stages that the forward and the backward share (the
 // cumsum of dt·A, the chunk states S_c and the forward state pass to H_c; the backward
-// recomputes them; with fused_states it runs the cumsum alone), in one translation unit so
-// that their kernels are compiled once.
+// recomputes them), in one translation unit so that their kernels are compiled once.
 #include "kernels/cuda/ssd_chunk_scan_tc.cuh"
 
 namespace baracuda::kernels::cuda {
@@ -16,10 +15,6 @@ void ssd_run_forward_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, 
     ssd_launch_cumsum<T>(l, w, s);                 // Acs, dt → workspace
     ssd_run_states<T, /*BW=*/false>(l, w, last, s);  // S_c → H_c (and its 16-bit copy), `last`
   });
-}
-
-void ssd_run_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s) {
-  dispatch_floating(l.element, [&](auto tag) { ssd_launch_cumsum<decltype(tag)>(l, w, s); });
 }
 
 }  // namespace baracuda::kernels::cuda

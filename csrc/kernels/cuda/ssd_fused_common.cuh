@@ -63,13 +63,6 @@ struct FusedParams {
   int64_t seq_s[2];
   bool seq_i64;
   bool factored;  // SsdChunkScanLaunch::factored_decays
-  // ssd_fused_states_kernel: H_c rounded to T, [B, H, nchunks, head_dim, N] (states_t);
-  // ssd_fused_dstates_kernel: Gn_c rounded (gstates_t), with H_c (states_t) in states_in for
-  // the ⟨Gn_c, H_c⟩ partials, one per block of a (b, h, c): kpart [B, H, nchunks, kslots]
-  void* states_out;
-  const void* states_in;
-  float* kpart;
-  int kslots;
 };
 
 // A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile and,
@@ -464,27 +457,17 @@ inline size_t fused_workspace_bytes(const SsdChunkScanLaunch& l) {
                              fused_half_states(l) * kSsdFusedHeadTile * (l.fused_state_tile / 2) * 2);
 }
 
-// The workspace of ssd_fused_states (the backward's recomputed H_c): the flags and the ring.
-inline size_t fused_states_workspace_bytes(const SsdChunkScanLaunch& l) {
-  return static_cast<size_t>(fused_flags_bytes(l) + fused_ring_bytes(l));
-}
-
-// The geometry the fused kernels were written for: 16-bit inputs, float32 compute, chunks
-// of up to kFusedQ, head_dim in tiles of kFusedP, the state in a tile of 64 or 128 (or 256
-// where `wide`, in two halves), positions and tickets that fit an int.
-inline bool fused_geometry_ok(const SsdChunkScanLaunch& l, bool wide) {
-  return (l.element == ElementKind::F16 || l.element == ElementKind::BF16) && l.compute == ElementKind::F32 &&
-         l.chunk_size >= 1 && l.chunk_size <= kSsdFusedMaxChunk && l.head_dim % kSsdFusedHeadTile == 0 &&
-         l.state_dim >= 1 && l.state_dim <= l.fused_state_tile &&
-         (l.fused_state_tile == 64 || l.fused_state_tile == 128 || (l.fused_state_tile == 256 && wide)) &&
-         l.fused_state_split == (l.fused_state_tile > 128 ? 2 : 1) &&
-         l.seqlen < (int64_t{1} << 31) - kSsdFusedMaxChunk && fused_chains(l) * l.nchunks() < (int64_t{1} << 31);
-}
-
 // The plan's launch description must be one these kernels were written for.
 inline void fused_check_launch(const SsdChunkScanLaunch& l, SsdCudaForward kernel) {
-  if (l.cuda_forward != kernel || !fused_geometry_ok(l, kernel == SsdCudaForward::FusedMmaCb) ||
-      (l.seq_idx != nullptr && kernel == SsdCudaForward::FusedWgmma))
+  if (l.cuda_forward != kernel || (l.element != ElementKind::F16 && l.element != ElementKind::BF16) ||
+      l.compute != ElementKind::F32 || l.chunk_size < 1 || l.chunk_size > kSsdFusedMaxChunk ||
+      l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim < 1 || l.state_dim > l.fused_state_tile ||
+      (l.fused_state_tile != 64 && l.fused_state_tile != 128 &&
+       (l.fused_state_tile != 256 || kernel != SsdCudaForward::FusedMmaCb)) ||
+      l.fused_state_split != (l.fused_state_tile > 128 ? 2 : 1) ||
+      (l.seq_idx != nullptr && kernel == SsdCudaForward::FusedWgmma) ||
+      l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
+      fused_chains(l) * l.nchunks() >= (int64_t{1} << 31))
     fail(PlanErrorKind::Internal, "ssd_chunk_scan",
          "the fused forward got a launch description it was not planned for");
 }

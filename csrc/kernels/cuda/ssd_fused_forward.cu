@@ -72,7 +72,6 @@
 // hand-over and the incoming state's rows are selected at a start, and a 16-position
 // step that holds a start multiplies x once per sequence.
 #include "kernels/cuda/ssd_fused_common.cuh"
-#include "kernels/cuda/ssd_fused_states.cuh"
 
 namespace baracuda::kernels {
 namespace cuda {
@@ -284,27 +283,23 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
     cb_table_pairs<T, NS>(p);
 }
 
-// Step 2 of the fused forward (and of ssd_fused_states_kernel): the chunk state
-// S_c[p][n] = Σ_s (wgt_s·x[s][p])·B[s][n] of the block's tiles sX ([kFusedQ][kLdX]) and sB
-// ([kFusedQ][NS + 8]) into sacc; warp (mt, nh) = (warp & 3, warp >> 2) owns rows 16·mt.. of
-// p and half of the N columns. SEQ: the sum takes only the positions from `edge` on (the
-// chunk's last sequence start, −1: none), or with HEAD only those before `edge` (the chunk's
-// first start, or its length: the positions the incoming state reaches); the k-steps
-// outside are skipped, and in the k-step that holds the edge both operands of the other
-// positions are selected to 0 (0·NaN would be NaN).
-template <typename T, int NS, bool SEQ, bool HEAD = false>
+// Step 2 of the fused forward: the chunk state S_c[p][n] = Σ_s (wgt_s·x[s][p])·B[s][n] of
+// the block's tiles sX ([kFusedQ][kLdX]) and sB ([kFusedQ][NS + 8]) into sacc; warp
+// (mt, nh) = (warp & 3, warp >> 2) owns rows 16·mt.. of p and half of the N columns. SEQ: seg_last is the chunk's last sequence start (−1: none);
+// the chunk state takes only the positions from it on: the k-steps before it are skipped,
+// and in its own k-step both operands of the earlier positions are selected to 0 (0·NaN
+// would be NaN).
+template <typename T, int NS, bool SEQ>
 __device__ __forceinline__ void fused_chunk_state(float (&sacc)[NS / 16][4], const T* sX, const T* sB,
-                                                  const float* wgt, int len16, int edge, int lane, int mt,
+                                                  const float* wgt, int len16, int seg_last, int lane, int mt,
                                                   int nh) {
   constexpr int kLdN = NS + 8;
   constexpr int kNT = NS / 16;
   const int q4 = lane & 3;
 #pragma unroll
   for (int j = 0; j < kNT; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
-  const int k_end = HEAD ? min(len16, (edge + 15) / 16 * 16) : len16;
-  for (int k0 = !HEAD && SEQ && edge > 0 ? edge / 16 * 16 : 0; k0 < k_end; k0 += 16) {
-    const bool cut = SEQ && (HEAD ? k0 + 16 > edge : k0 < edge);  // (block-uniform)
-    const int keep_lo = HEAD ? 0 : edge, keep_hi = HEAD ? edge : kFusedQ;
+  for (int k0 = SEQ && seg_last > 0 ? seg_last / 16 * 16 : 0; k0 < len16; k0 += 16) {
+    const bool cut = SEQ && k0 < seg_last;  // (block-uniform)
     uint32_t af[4];
     ssd_ldsm_x4_t(af, sX + (k0 + (lane >> 4) * 8 + (lane & 7)) * kLdX + mt * 16 + ((lane >> 3) & 1) * 8);
     const float2 w01 = *reinterpret_cast<const float2*>(wgt + k0 + 2 * q4);
@@ -315,7 +310,7 @@ __device__ __forceinline__ void fused_chunk_state(float (&sacc)[NS / 16][4], con
     af[3] = scale2<T>(af[3], w89.x, w89.y);
     if (cut) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) af[i] = keep2(af[i], k0 + 2 * q4 + (i >> 1) * 8, keep_lo, keep_hi);
+      for (int i = 0; i < 4; ++i) af[i] = keep2(af[i], k0 + 2 * q4 + (i >> 1) * 8, seg_last, kFusedQ);
     }
 #pragma unroll
     for (int j = 0; j < kNT; j += 2) {
@@ -323,7 +318,7 @@ __device__ __forceinline__ void fused_chunk_state(float (&sacc)[NS / 16][4], con
       ssd_ldsm_x4_t(bf, sB + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kLdN + nh + j * 8 + (lane >> 4) * 8);
       if (cut) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) bf[i] = keep2(bf[i], k0 + 2 * q4 + (i & 1) * 8, keep_lo, keep_hi);
+        for (int i = 0; i < 4; ++i) bf[i] = keep2(bf[i], k0 + 2 * q4 + (i & 1) * 8, seg_last, kFusedQ);
       }
       ssd_mma16816<T>(sacc[j], af, bf[0], bf[1]);
       ssd_mma16816<T>(sacc[j + 1], af, bf[2], bf[3]);
@@ -728,148 +723,6 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   }
 }
 
-// The backward's recomputed chunk states (SsdChunkScanLaunch::fused_states): steps 1 to 3
-// of the forward kernel alone, in the blocks, tickets and ring of FusedMmaCb's geometry
-// (SPLIT: each half of a tile of 256 is a chain of its own and stores its own columns).
-// Each block stores the H_c it takes in, rounded to T, as the staged state pass does
-// (states_out, the backward's states_t), hands H_{c+1} on and stops: no C, no table and no
-// output. Its H_c are the forward kernels' bits (the same dt processing, cumsum, chunk state
-// and hand-over), where the staged kernels' (a float64 cumsum, another order of sums) differ
-// in their last bits. x and B are read once a block, and S_c's float32 round trip through
-// memory (B·H·nc·D·N, the staged chunk-state kernel's output and the state pass's input)
-// is gone.
-//
-// BW (ssd_fused_dstates_kernel, SsdChunkScanLaunch::fused_dstates): the reverse chain of
-// the state gradients in the same way. The chain runs from the last chunk down (chain step
-// r is chunk c = nc − 1 − r, so that the hand-over helpers, seeded by "initial states" and
-// ending in "final states", take dfinal_states and write dinitial_states = G_0): the local
-// dstate Σ_q 2^(acs2_q)·dy_q ⊗ C_q over the positions the incoming state reaches (SEQ:
-// those before the chunk's first start), by the same products as S_c with dy for x and C
-// for B; G_c = local + 2^(acs2_last)·G_{c+1} (the local dstate alone after a start);
-// Gn_c = G_{c+1} stored rounded (gstates_t) and ⟨Gn_c, H_c⟩ summed over the block's
-// elements (H_c from states_t, as the staged reverse pass takes it) into the block's kpart
-// slot. The staged local-dstate kernel's float32 output and the reverse pass's read of it
-// are gone.
-template <typename T, int NS, bool SEQ, bool SPLIT, bool BW>
-__device__ __forceinline__ void fused_states_body(const FusedParams& p) {
-  static_assert(NS <= 128 && (!SPLIT || NS == 128), "a tile of 256 runs as two halves of 128 (SPLIT)");
-  constexpr int kLdN = NS + 8;
-  constexpr int kNT = NS / 16;
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* sX = reinterpret_cast<T*>(smem);  // [kFusedQ][kLdX]: x (BW: dy)
-  T* sB = sX + kFusedQ * kLdX;         // [kFusedQ][kLdN]: B (BW: C)
-  // (FusedMmaCb's layout from here on: ssd_fused_smem_bytes)
-  float* acs2 = reinterpret_cast<float*>(sB + kFusedQ * kLdN);  // [kFusedQ]
-  float* dts = acs2 + kFusedQ;                                  // [kFusedQ]
-  float* wgt = dts + kFusedQ;                                   // [kFusedQ]
-  float* warp_total = wgt + 2 * kFusedQ;                        // [kFusedWarps] (after colw's place)
-  int& s_ticket = *reinterpret_cast<int*>(warp_total + kFusedWarps);
-  int& s_ready = *(&s_ticket + 1);
-  int* seg = reinterpret_cast<int*>(warp_total + 16);  // SEQ: [kFusedQ + kFusedWarps]
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tid == 0) s_ticket = atomicAdd(p.ticket, 1);
-  __syncthreads();
-  // `chain`: the block's place in its chain (the hand-over's); `tile`: its chunk's data
-  const FusedTile chain = fused_tile<SPLIT>(p, s_ticket);
-  FusedTile tile = chain;
-  if constexpr (BW) {
-    tile.c = p.nchunks - 1 - chain.c;
-    tile.t0 = tile.c * p.chunk;
-    tile.len = min(p.chunk, p.seqlen - tile.t0);
-  }
-  const int len = tile.len;
-
-  const FusedDt dt_in = fused_dt_load<T>(p, tile);
-  {
-    const T* x = static_cast<const T*>(p.x) + tile.b * p.xs[0] + tile.t0 * p.xs[1] + tile.h * p.xs[2] +
-                 tile.p0 * p.xs[3];
-    load_tile<T, kLdX, kFusedP>(sX, x, p.xs[1], p.xs[3], p.x_vec, len, kFusedP);
-    const T* Bg = static_cast<const T*>(p.B) + tile.b * p.Bs[0] + tile.t0 * p.Bs[1] + tile.grp * p.Bs[2] +
-                  tile.n0 * p.Bs[3];
-    load_tile<T, kLdN, NS>(sB, Bg, p.Bs[1], p.Bs[3], p.bc_vec, len, p.state_dim - tile.n0);
-    ssd_cp_async_commit();
-  }
-  const float last2 = fused_dt_cumsum<SEQ>(p, tile, dt_in, acs2, dts, wgt, warp_total, seg);
-  // the chunk's last sequence start (−1: none): the hand-over takes S_c (BW: the local
-  // dstate) alone after one; the chunk state takes the positions from it on (BW: those
-  // before the first start, or all)
-  const int seg_last = SEQ ? seg[len - 1] : -1;
-  int edge = seg_last;
-  if constexpr (BW) {
-    edge = SEQ ? __syncthreads_count(tid < len && seg[tid] < 0) : len;
-    wgt[tid] = tid < edge ? fast_exp2(acs2[tid]) : 0.0f;
-  }
-  if (tid == 0) s_ready = fused_state_ready(p, chain);
-  ssd_cp_async_wait<0>();
-  __syncthreads();  // x and B visible, wgt and s_ready set
-
-  const int mt = warp & 3, nh = (warp >> 2) * (NS / 2);
-  float2 hin[kNT][2];
-  auto load_state = [&] { fused_load_state<NS>(hin, p, chain, lane, mt, nh); };
-  const bool early = s_ready != 0;
-  if (early) load_state();
-
-  const int len16 = (len + 15) / 16 * 16;
-  float sacc[kNT][4];
-  fused_chunk_state<T, NS, SEQ, BW>(sacc, sX, sB, wgt, len16, edge, lane, mt, nh);
-
-  if (!early) {  // block-uniform
-    fused_wait_for_state(p, chain);
-    load_state();
-  }
-  // the state taken in (H_c; BW: Gn_c) rounded into states_out[b, h, c, p0 + pr, n0 + n]
-  // (columns below N); BW: its products with H_c from states_in, summed
-  const int64_t at = ((static_cast<int64_t>(tile.b) * p.heads + tile.h) * p.nchunks + tile.c) * p.head_dim *
-                         p.state_dim +
-                     static_cast<int64_t>(tile.p0) * p.state_dim + tile.n0;
-  T* const out = static_cast<T*>(p.states_out) + at;
-  const T* const hc = BW ? static_cast<const T*>(p.states_in) + at : nullptr;
-  const bool even = (p.state_dim & 1) == 0;
-  float kd = 0.0f;
-  fused_hand_over<NS>(p, chain, hin, sacc, last2, seg_last, lane, mt, nh, [&](int pr, int n, float2 h) {
-    const int o = pr * p.state_dim + n, col = tile.n0 + n;
-    if (col + 1 < p.state_dim && even) {
-      *reinterpret_cast<uint32_t*>(out + o) = ssd_pack2<T>(h.x, h.y);
-      if constexpr (BW) {
-        const float2 hv = unpack2<T>(*reinterpret_cast<const uint32_t*>(hc + o));
-        kd = fmaf(h.y, hv.y, fmaf(h.x, hv.x, kd));
-      }
-    } else if (col < p.state_dim) {
-      out[o] = from_acc<T>(h.x);
-      if constexpr (BW) kd = fmaf(h.x, to_acc(hc[o]), kd);
-      if (col + 1 < p.state_dim) {
-        out[o + 1] = from_acc<T>(h.y);
-        if constexpr (BW) kd = fmaf(h.y, to_acc(hc[o + 1]), kd);
-      }
-    }
-  });
-  if constexpr (BW) {  // the block's ⟨Gn_c, H_c⟩, warps in order
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) kd += __shfl_xor_sync(0xffffffffu, kd, o);
-    __syncthreads();  // (the last chunk's hand-over has no barrier of its own)
-    if (lane == 0) warp_total[warp] = kd;
-    __syncthreads();
-    if (tid == 0) {
-      float t = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kFusedWarps; ++w) t += warp_total[w];
-      const int slot = static_cast<int>(chain.pair % p.psplit) * (SPLIT ? 2 : 1) + chain.nh;
-      p.kpart[((static_cast<int64_t>(tile.b) * p.heads + tile.h) * p.nchunks + tile.c) * p.kslots + slot] = t;
-    }
-  }
-}
-
-template <typename T, int NS, bool SEQ, bool SPLIT>
-__global__ void __launch_bounds__(kFusedThreads, 2) ssd_fused_states_kernel(const FusedParams p) {
-  fused_states_body<T, NS, SEQ, SPLIT, false>(p);
-}
-
-template <typename T, int NS, bool SEQ, bool SPLIT>
-__global__ void __launch_bounds__(kFusedThreads, 2) ssd_fused_dstates_kernel(const FusedParams p) {
-  fused_states_body<T, NS, SEQ, SPLIT, true>(p);
-}
-
 // NS: the plan's state tile; the blocks of a tile of 256 take it in two halves of 128
 // (SPLIT in ssd_fused_forward_kernel).
 template <typename T, int NS, bool CB>
@@ -899,58 +752,6 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   check_launch("ssd_chunk_scan");
 }
 
-// ssd_fused_states_kernel (BW: ssd_fused_dstates_kernel) for the state tile NS (two halves
-// of 128 at 256), on the backward launch `l` (BW: its dy, dy_pre with z, already in l.dy).
-template <typename T, int NS, bool BW>
-void launch_fused_states(const SsdChunkScanLaunch& l, const FusedStatesBuffers& buf, cudaStream_t stream) {
-  constexpr bool kSplit = NS > 128;
-  constexpr int kNs = kSplit ? 128 : NS;
-  SsdChunkScanLaunch f = l;
-  f.workspace = buf.workspace;
-  f.cuda_forward = SsdCudaForward::Staged;  // (fused_params: no C·Bᵀ table)
-  if constexpr (BW) {  // dy for x, C for B, dfinal_states → dinitial_states for the ends
-    f.x = l.dy;
-    f.B = l.C;
-    f.initial_states = l.dfinal_states;
-    for (int d = 0; d < 4; ++d) {
-      f.x_stride[d] = l.dy_stride[d];
-      f.B_stride[d] = l.C_stride[d];
-      f.init_stride[d] = l.dfinal_stride[d];
-    }
-    f.final_states = l.dinitial_states;
-  } else {
-    f.final_states = nullptr;
-  }
-  FusedParams p = fused_params(f, stream);
-  p.half_states = nullptr;  // (the halves do not hand over H_c here)
-  p.D = nullptr;            // (fused_dt_load would read a [H] D for the epilogue)
-  p.z = nullptr;
-  p.y = p.y_pre = nullptr;
-  p.states_out = BW ? buf.gstates_t : buf.states_t;
-  p.states_in = BW ? buf.states_t : nullptr;
-  p.kpart = BW ? buf.kpart : nullptr;
-  p.kslots = static_cast<int>(ssd_fused_kslots(l));
-  const bool seq = l.seq_idx != nullptr;
-  const int64_t smem = ssd_fused_smem_bytes(SsdCudaForward::FusedMmaCb, kNs, seq);
-  const int64_t blocks = fused_chains(l) * p.nchunks;
-  const auto launch = [&](auto kernel) {
-    fused_allow_smem(kernel, smem);
-    kernel<<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
-  };
-  if constexpr (BW) {
-    if (seq)
-      launch(ssd_fused_dstates_kernel<T, kNs, true, kSplit>);
-    else
-      launch(ssd_fused_dstates_kernel<T, kNs, false, kSplit>);
-    check_launch("ssd_chunk_scan_backward(fused_dstates)");
-  } else {
-    if (seq)
-      launch(ssd_fused_states_kernel<T, kNs, true, kSplit>);
-    else
-      launch(ssd_fused_states_kernel<T, kNs, false, kSplit>);
-    check_launch("ssd_chunk_scan_backward(fused_states)");
-  }
-}
 }  // namespace
 }  // namespace cuda
 
@@ -973,31 +774,5 @@ void ssd_chunk_scan_cuda_fused_forward(const SsdChunkScanLaunch& l, void* stream
       l.fused_state_tile == 128 ? launch_fused<T, 128, false>(l, s) : launch_fused<T, 64, false>(l, s);
   });
 }
-
-namespace cuda {
-size_t ssd_fused_states_workspace(const SsdChunkScanLaunch& l) { return fused_states_workspace_bytes(l); }
-
-int64_t ssd_fused_kslots(const SsdChunkScanLaunch& l) { return (l.head_dim / kSsdFusedHeadTile) * l.fused_state_split; }
-
-void ssd_fused_states(const SsdChunkScanLaunch& l, const FusedStatesBuffers& buf, bool dstates, cudaStream_t stream) {
-  if (!(dstates ? l.fused_dstates : l.fused_states) || !fused_geometry_ok(l, /*wide=*/true) || l.batch < 1 ||
-      l.seqlen < 1)
-    fail(PlanErrorKind::Internal, "ssd_chunk_scan_backward",
-         "the fused chunk states got a launch description they were not planned for");
-  dispatch_half(l.element, "ssd_chunk_scan_backward", [&](auto tag) {
-    using T = decltype(tag);
-    const auto run = [&](auto bw) {
-      constexpr bool kBw = decltype(bw)::value;
-      l.fused_state_tile == 256   ? launch_fused_states<T, 256, kBw>(l, buf, stream)
-      : l.fused_state_tile == 128 ? launch_fused_states<T, 128, kBw>(l, buf, stream)
-                                  : launch_fused_states<T, 64, kBw>(l, buf, stream);
-    };
-    if (dstates)
-      run(std::true_type{});
-    else
-      run(std::false_type{});
-  });
-}
-}  // namespace cuda
 
 }  // namespace baracuda::kernels
