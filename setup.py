@@ -81,7 +81,12 @@ def extension():
     cpp = sources("csrc/core/*.cpp") + sources("csrc/kernels/cpu/*.cpp") + sources("csrc/torch/*.cpp")
     # No -std here: BuildExtension adds the standard the installed torch's headers need.
     omp = openmp_flags()
-    cxx = ["-O3", "-fvisibility=hidden"] + omp
+    # -ffp-contract=off: the CPU kernels round each product and sum as written, with fused
+    # multiply-adds only where they call one. Otherwise the compiler may fuse a product and
+    # a sum in one kernel and not in another that is meant to give the same bits (the
+    # gated RMSNorm's y and its recomputed y differed so, with torch 2.9 to 2.12's
+    # Vectorized headers), and which it fuses changes with torch's headers and the compiler.
+    cxx = ["-O3", "-fvisibility=hidden", "-ffp-contract=off"] + omp
     include = [os.path.join(ROOT, "csrc")]
     if not build_with_cuda():
         print("baracuda_torch: building the CPU-only extension")
