@@ -285,10 +285,10 @@ __global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedPar
 
 // Step 2 of the fused forward: the chunk state S_c[p][n] = Σ_s (wgt_s·x[s][p])·B[s][n] of
 // the block's tiles sX ([kFusedQ][kLdX]) and sB ([kFusedQ][NS + 8]) into sacc; warp
-// (mt, nh) = (warp & 3, warp >> 2) owns rows 16·mt.. of p and half of the N columns. SEQ: seg_last is the chunk's last sequence start (−1: none);
-// the chunk state takes only the positions from it on: the k-steps before it are skipped,
-// and in its own k-step both operands of the earlier positions are selected to 0 (0·NaN
-// would be NaN).
+// (mt, nh) = (warp & 3, warp >> 2) owns rows 16·mt.. of p and half of the N columns.
+// SEQ: seg_last is the chunk's last sequence start (−1: none); the chunk state takes only
+// the positions from it on: the k-steps before it are skipped, and in its own k-step both
+// operands of the earlier positions are selected to 0 (0·NaN would be NaN).
 template <typename T, int NS, bool SEQ>
 __device__ __forceinline__ void fused_chunk_state(float (&sacc)[NS / 16][4], const T* sX, const T* sB,
                                                   const float* wgt, int len16, int seg_last, int lane, int mt,
