@@ -29,9 +29,6 @@ import baracuda_torch as bt
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import profile_ssd_chunk_scan as ps  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import time_us  # noqa: E402
-
 from baracuda_torch.mamba import mamba_chunk_scan_combined  # noqa: E402
 
 
@@ -74,7 +71,7 @@ def main():
     digest = hashlib.sha1(b"".join(t.detach().float().cpu().numpy().tobytes()
                                    for t in (out if isinstance(out, tuple) else (out,)))).hexdigest()[:10]
     rows = ps.kernels(run)
-    wall = time_us(run)[0]
+    wall = ps.time_us(run)[0]
     print(a.label, "forward" if a.forward else "backward",
           ("options without z" if a.no_z else "options") if a.options else "plain", f"shape {a.shape}",
           f"seq {a.seq}" if a.seq else "", a.kernel if a.kernel != "auto" else "",
