@@ -258,18 +258,17 @@ struct CudaForwardChoice {
 CudaForwardChoice cuda_forward(const SsdChunkScanDescriptor& desc, SsdVariant v,
                                const SsdChunkScanLaunch& l) {
   const int forced = g_forced_forward.load(std::memory_order_relaxed);
+  CudaForwardChoice c;
+  c.state_tile = l.state_dim <= 64 ? 64 : l.state_dim <= 128 ? 128 : 256;
+  // A tile of 256 FusedMmaCb alone takes, in two halves, whatever the heads per group (see
+  // kSsdFusedMaxState): twice the blocks.
+  const bool wide = c.state_tile > 128;
+  const int64_t blocks = l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() * (wide ? 2 : 1);
   if (forced == static_cast<int>(SsdCudaForward::Staged) || !uses_tensor_cores(desc, v) ||
       l.chunk_size > kSsdFusedMaxChunk ||
       l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim > kSsdFusedMaxState ||
       l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||  // the kernels count positions in int
-      l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() >= (int64_t{1} << 31))
-    return {};
-  CudaForwardChoice c;
-  c.state_tile = l.state_dim <= 64 ? 64 : l.state_dim <= 128 ? 128 : 256;
-  // A tile of 256 FusedMmaCb alone takes, in two halves, whatever the heads per group (see
-  // kSsdFusedMaxState).
-  const bool wide = c.state_tile > 128;
-  if (wide && l.batch * l.heads * (l.head_dim / kSsdFusedHeadTile) * l.nchunks() * 2 >= (int64_t{1} << 31))
+      blocks >= (int64_t{1} << 31))                           // and blocks in int
     return {};
   if (wide && forced >= 0 && forced != static_cast<int>(SsdCudaForward::FusedMmaCb)) return {};
   // seq_idx: the mma.sync kernels mask the sequence starts (fused_dt_cumsum), the wgmma
