@@ -265,3 +265,21 @@ def test_chunked_matches_precise_closely_at_a_long_sequence():
         for name, a, e in zip(NAMES, g, g64):
             check(a, e, 1e-4, f"{name} chunk {Q}")
     assert ref is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("what", ["dt", "x", "B", "C"])
+def test_a_later_step_leaves_earlier_outputs_bits(dtype, what):
+    """The chunked forward's outputs before a step do not depend on that step: a NaN in its
+    dt, x, B or C leaves every earlier output of the chunk bitwise as it was (each decay
+    row is formed from the steps up to it: the factored decays once centred on the whole
+    chunk's range, which a later NaN moved). Steps 1, 7 and 13 of a 16-step chunk, L = 40."""
+    inputs = ssd_inputs(2, 40, 3, 5, 4, 1, dtype, "cpu")
+    clean = ops.ssd_chunk_scan(*inputs, 16)
+    k = ["x", "dt", "A", "B", "C"].index(what)
+    for t in (1, 7, 13):
+        dirty = [a.clone() for a in inputs]
+        dirty[k][1, t] = float("nan")  # batch 1, step t (every head or group, feature)
+        y = ops.ssd_chunk_scan(*dirty, 16)
+        assert torch.equal(y[:, :t], clean[:, :t]) and torch.equal(y[0], clean[0]), f"a NaN in {what} at step {t}"
+        assert y[1, t].isnan().any()

@@ -15,8 +15,8 @@
 //   e_i         = decay[q-1, i]                    (from i to the chunk's end)
 //   Y           = (decay ∘ C Bᵀ) diag(w) X + diag(ex) C h0ᵀ + X diag(D)
 //   h_exit      = ex_{q-1} h0 + (diag(e ∘ w) X)ᵀ B
-// The decays come from two exponentials per position (exp(cs_j - m) exp(m - cs_i), m the
-// middle of the chunk's cs range, in double) when the range allows, else one per pair.
+// The decays come from two exponentials per position (exp(cs_j) exp(-cs_i), in double)
+// while |cs| <= 600, else one per pair; row j's from steps 0..j only (Chunked::load).
 //
 // Backward, per chunk in reverse with dh = dL/dh_exit (dfinal_states after the last
 // chunk), dY the gradient of Y (dout · silu(z) with the gate), P = dY Xᵀ:
@@ -198,25 +198,23 @@ struct Chunked {
       in.load_bc(l.B, l.B_stride, b, t0 + j, g, s.Bc.data() + j * N);
       if (full) in.load_bc(l.C, l.C_stride, b, t0 + j, g, s.Cc.data() + j * N);
     }
-    // exp(cs_j - cs_i) = exp(cs_j - m) exp(m - cs_i) while both factors stay finite and
-    // normal in double (|cs - m| <= 600), else one exponential per pair.
-    double lo = 0.0, hi = 0.0;
-    for (int64_t j = 0; j < q; ++j) {
-      lo = std::min(lo, a * s.T[j]);
-      hi = std::max(hi, a * s.T[j]);
+    // exp(cs_j - cs_i) = exp(cs_j) exp(-cs_i) for the rows j < nf, those before the
+    // first step with |cs| > 600 (or a NaN): both factors finite and normal in double;
+    // one exponential per pair from there on. Row j's choice and values depend on steps
+    // 0..j only, so a later step (a NaN in its dt included) never changes the bits of an
+    // earlier output. (A factoring centred on the chunk's range let a later step move the
+    // centre, and so the rounding of every earlier row.)
+    int64_t nf = 0;
+    while (nf < q && std::abs(a * s.T[nf]) <= 600.0) {
+      s.fexp[nf] = std::exp(a * s.T[nf]);
+      s.gexp[nf] = std::exp(-a * s.T[nf]);
+      ++nf;
     }
     if (xp) std::copy(xp + t0 * D, xp + (t0 + q) * D, s.X.begin());
-    const bool factor = std::isfinite(lo) && std::isfinite(hi) && hi - lo <= 1200.0;
-    const double m = factor ? 0.5 * (lo + hi) : 0.0;
-    if (factor)
-      for (int64_t j = 0; j < q; ++j) {
-        s.fexp[j] = std::exp(a * s.T[j] - m);
-        s.gexp[j] = std::exp(m - a * s.T[j]);
-      }
     for (int64_t j = full ? 0 : q - 1; j < q; ++j) {
       const double csj = a * s.T[j];
       S* row = s.decay.data() + j * q;
-      if (factor) {
+      if (j < nf) {
         const double fj = s.fexp[j];
         const double* gi = s.gexp.data();
         for (int64_t i = 0; i <= j; ++i) row[i] = static_cast<S>(fj * gi[i]);
