@@ -63,6 +63,43 @@ def test_prefill_then_steps_equals_forward(device, dtype, tol, config):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_prefill_then_steps_over_drawn_configs(device):
+    """The same property over layer configurations drawn by hypothesis (seeded: the
+    "baracuda" profile): conv width 2 to 4 with and without a bias, groups, D per channel,
+    the gated norm or the z gate, norm_before_gate, an MLP part, biases, dt_limit, the
+    chunk, batch and both lengths (a prompt of 1 token, or shorter than the conv), float64."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.settings(max_examples=25)
+    @hypothesis.given(data=st.data())
+    def run(data):
+        d = lambda strategy, label: data.draw(strategy, label=label)  # noqa: E731
+        headdim, ngroups = d(st.sampled_from([2, 4, 8]), "headdim"), d(st.sampled_from([1, 2]), "ngroups")
+        nheads = ngroups * d(st.sampled_from([1, 2, 3]), "heads a group")
+        d_ssm, mlp = nheads * headdim, d(st.booleans(), "MLP part")
+        d_model = d_ssm // 2 + (4 if mlp else 0)  # (expand 2: d_inner = d_ssm, or 8 more for the MLP)
+        cfg = dict(d_model=d_model, d_state=d(st.sampled_from([1, 4, 8]), "d_state"),
+                   d_conv=d(st.sampled_from([2, 3, 4]), "d_conv"), headdim=headdim, ngroups=ngroups,
+                   d_ssm=d_ssm if mlp else None, D_has_hdim=d(st.booleans(), "D_has_hdim"),
+                   rmsnorm=d(st.booleans(), "rmsnorm"), norm_before_gate=d(st.booleans(), "norm_before_gate"),
+                   bias=d(st.booleans(), "bias"), conv_bias=d(st.booleans(), "conv_bias"),
+                   dt_limit=d(st.sampled_from([(0.0, float("inf")), (0.02, 0.08)]), "dt_limit"),
+                   chunk_size=d(st.sampled_from([1, 3, 4, 16]), "chunk_size"))
+        batch, L, k = d(st.sampled_from([1, 3]), "batch"), d(st.sampled_from([1, 2, 5, 9]), "prompt"), \
+            d(st.sampled_from([1, 4]), "steps")
+        m = make(device, torch.float64, **cfg)
+        u = torch.randn(batch, L + k, d_model, device=device, dtype=torch.float64,
+                        generator=torch.Generator(device).manual_seed(L + 10 * k))
+        with torch.no_grad():
+            full = m(u)
+        out, _ = decode(m, u, L)
+        torch.testing.assert_close(out, full, rtol=1e-10, atol=1e-10, msg=lambda e: f"{cfg} L {L} k {k}: {e}")
+
+    run()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_flattened_input(device):
     """u [B·L, d_model] with ``seqlen``, in the prefill and in the steps."""
     m = make(device, torch.float64)
