@@ -76,6 +76,53 @@ LAYER_4 = [
          starts=[[10, 20]]),
 ]
 
+
+def _drawn_specs(n, seed, world, layer=False):
+    """n problems drawn at random (seeded) for `world` ranks: uneven shard lengths (0, 1
+    and shorter than a chunk or the conv's halo included), sequence starts anywhere
+    (shard boundaries, a shard's last token, after an empty shard), each option of the
+    scan (or the layer) on or off, float32 and float64."""
+    import random
+    rng = random.Random(seed)
+    specs = []
+    for i in range(n):
+        lengths = [rng.choice([0, 1, 2, 3, 5, 8, 13]) for _ in range(world)]
+        if not sum(lengths):
+            lengths[-1] = 4
+        L, b = sum(lengths), rng.choice([1, 2])
+        bounds = [sum(lengths[:j]) for j in range(1, world)]
+        starts = None
+        if rng.random() < 0.6:  # per row: boundaries, random places and the last token
+            starts = [sorted({p for p in rng.sample(bounds + [rng.randrange(L), L - 1], k=rng.randint(1, 3))
+                              if 0 < p < L}) for _ in range(b)]
+        spec = dict(name=f"drawn {i}", seed=1000 * seed + i, b=b, lengths=lengths, starts=starts)
+        if layer:
+            spec.update(d_conv=rng.choice([1, 2, 3, 4]), ngroups=rng.choice([1, 2]), chunk=rng.choice([1, 4, 16]),
+                        D_has_hdim=rng.random() < 0.5, rmsnorm=rng.random() < 0.7,
+                        norm_before_gate=rng.random() < 0.5,
+                        dt_limit=rng.choice([(0.0, float("inf")), (0.01, 0.5)]))
+        else:
+            G = rng.choice([1, 2])
+            spec.update(H=G * rng.choice([1, 2]), P=rng.choice([1, 3, 4]), N=rng.choice([1, 3, 5]), G=G,
+                        chunk=rng.choice([1, 2, 4, 8, 16]), dtype=rng.choice([torch.float32, torch.float64]),
+                        idx_dtype=rng.choice([torch.int32, torch.int64]),
+                        D=rng.choice([None, "h", "hdim"]), z=rng.random() < 0.5, dt_bias=rng.random() < 0.5,
+                        init=rng.random() < 0.5, softplus=rng.random() < 0.5, limit=rng.random() < 0.3)
+        specs.append(spec)
+    return specs
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_scan_matches_one_process_over_drawn_problems(world):
+    """Twelve random problems a world size (3 ranks: an odd group), in one run of workers."""
+    _run(world, cases.scan_cases, _drawn_specs(12, 50 + world, world))
+
+
+@pytest.mark.parametrize("world", [3])
+def test_mamba2_matches_one_process_over_drawn_problems(world):
+    _run(world, cases.layer_cases, _drawn_specs(8, 60 + world, world, layer=True))
+
+
 VOLUME_2 = [dict(name="seq_idx", seed=41, b=2, shard_lengths=[8, 64], with_seq_idx=True),
             dict(name="no seq_idx", seed=42, b=1, shard_lengths=[5, 80])]
 
