@@ -9,7 +9,6 @@ gradient (A, D, dt_bias, initial_states, the layer's parameters) against the
 reference's, within ``rtol_for`` of the dtype (the same rule on either device)."""
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
