@@ -6,7 +6,8 @@ error is at most twice the unpatched model's own error, plus a few float32 ulps)
 RoPE scaling type, proof that our ops run, state_dict keys, and errors; (2) equivalence
 with the unpatched model itself for every family the patch touches (Llama, Mistral,
 Qwen2, Qwen3, Gemma, Gemma2/3, Mamba2, Bamba, FalconH1) in training with and without left
-padding, evaluation, generation with a cache, torch.compile, and after deepcopy,
+padding and with activation checkpointing, evaluation, generation with a cache,
+torch.compile, and after deepcopy,
 torch.save/torch.load and save_pretrained/from_pretrained, with the RMSNorm modules
 patched (checked: every plain one runs baracuda::rms_norm, bit for bit equal to the
 module where the sums of squares are exact) and the ones the patch must leave alone left
@@ -549,6 +550,30 @@ def test_other_families_match_unpatched(model_type):
         got, ours = _ours(patched, ids, attention_mask=mask, use_cache=False)
     _close(got[keep], want[keep], f"{model_type} eval logits")
     assert bool(ours) == (desc is not None), (ours, desc)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_gradient_checkpointing_matches_unpatched(name, reentrant):
+    """Activation checkpointing (transformers' gradient_checkpointing_enable, both of
+    torch.utils.checkpoint's kinds; turned on after the patch in one copy and before it in
+    another): the decoder layers' forwards run again in the backward, and the left-padded
+    training step computes what the unpatched, checkpointed model computes."""
+    kw = dict(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    base, after, _ = _patched_pair(name)
+    before = _zoo(name)
+    for m in (base, after, before):
+        m.gradient_checkpointing_enable(**kw)
+    hf.apply_baracuda(before)
+    ids, mask = _left_padded_batch()
+    keep = mask.bool()
+    lb, gb = _train_step(base, ids, mask)
+    for order, model in (("patched, then checkpointed", after), ("checkpointed, then patched", before)):
+        lp, gp = _train_step(model, ids, mask)
+        _close(lp[keep], lb[keep], f"{name} {order}: logits")
+        assert set(gp) == set(gb)
+        for n in gb:
+            _close(gp[n], gb[n], f"{name} {order}: grad {n}", tol=1e-3)
 
 
 @pytest.mark.parametrize("device", DEVICES)
