@@ -6,13 +6,13 @@ error is at most twice the unpatched model's own error, plus a few float32 ulps)
 RoPE scaling type, proof that our ops run, state_dict keys, and errors; (2) equivalence
 with the unpatched model itself for every family the patch touches (Llama, Mistral,
 Qwen2, Qwen3, Gemma, Gemma2/3, Mamba2, Bamba, FalconH1) in training with and without left
-padding and with activation checkpointing, evaluation, generation with a cache,
-torch.compile, and after deepcopy,
-torch.save/torch.load and save_pretrained/from_pretrained, with the RMSNorm modules
-patched (checked: every plain one runs baracuda::rms_norm, bit for bit equal to the
-module where the sums of squares are exact) and the ones the patch must leave alone left
-alone. Written for every transformers of the supported range (scripts/compat.sh TORCH
-TRANSFORMERS runs them on one)."""
+padding and with activation checkpointing, evaluation, generation with a cache, sdpa
+attention, torch.compile, and after deepcopy, torch.save/torch.load and
+save_pretrained/from_pretrained, with the RMSNorm modules patched (checked: every plain
+one runs baracuda::rms_norm, bit for bit equal to the module where the sums of squares
+are exact) and the ones the patch must leave alone left alone. Written for every
+transformers of the supported range (scripts/compat.sh TORCH TRANSFORMERS runs them on
+one)."""
 import copy
 import importlib.util
 import re
@@ -574,6 +574,34 @@ def test_gradient_checkpointing_matches_unpatched(name, reentrant):
         assert set(gp) == set(gb)
         for n in gb:
             _close(gp[n], gb[n], f"{name} {order}: grad {n}", tol=1e-3)
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if not n.startswith("mamba2")])
+def test_sdpa_attention_matches_unpatched(name):
+    """The zoo builds its models with eager attention; transformers' default is sdpa
+    (torch's scaled_dot_product_attention), whose attention forward calls the same
+    apply_rotary_pos_emb: the left-padded training step and greedy generation with a
+    cache match the unpatched model under it."""
+    base = _zoo(name)
+    try:
+        base.set_attn_implementation("sdpa")
+    except ValueError as e:  # (Gemma2: no sdpa in transformers)
+        pytest.skip(f"{type(base).__name__} on transformers {TF_VERSION}: {e}")
+    patched = copy.deepcopy(base)
+    hf.apply_baracuda(patched)
+    assert patched.config._attn_implementation == "sdpa"
+    ids, mask = _left_padded_batch()
+    keep = mask.bool()
+    lb, gb = _train_step(base, ids, mask)
+    lp, gp = _train_step(patched, ids, mask)
+    _close(lp[keep], lb[keep], f"{name} sdpa logits")
+    for n in gb:
+        _close(gp[n], gb[n], f"{name} sdpa grad {n}", tol=1e-3)
+    base.eval(), patched.eval()
+    with torch.no_grad():
+        want = base.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+        got = patched.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("device", DEVICES)
