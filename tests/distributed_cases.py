@@ -202,7 +202,8 @@ def layer_case(rank, world, spec):
     with ``device_ids=[this GPU]``) or "fsdp" (FSDP2's fully_shard on a 1-d mesh of the
     rank's device type, the parameters sharded over the ranks), the wrapper's collectives
     on WORLD and the CP exchanges on a separate group; the loss scaled by the world size,
-    so that the wrapper's average of the gradients is the whole gradient."""
+    so that the wrapper's average of the gradients is the whole gradient (FSDP2 of torch
+    2.8 on gloo sums them instead: _fsdp_reduction tells)."""
     lengths = spec["lengths"]
     assert len(lengths) == world
     out64, du64, dp64 = layer_reference(spec)
@@ -230,14 +231,29 @@ def layer_case(rank, world, spec):
     check(out, out64[:, start:end], rtol, f"out of {what}")
     du = u_r.grad / world if wrap else u_r.grad   # the scaled loss; wrappers average parameters only
     check(du, du64[:, start:end], rtol, f"du of {what}")
+    reduced = _fsdp_reduction(world, device) if wrap == "fsdp" else 1.0
     for n, p in model.named_parameters():
         if wrap == "fsdp":
-            gr = p.grad.full_tensor()              # this rank holds a shard of the averaged one
+            gr = p.grad.full_tensor() / reduced    # this rank holds a shard of the averaged one
         else:
             gr = p.grad.clone()
         if not wrap:
             dist.all_reduce(gr)
         check(gr, dp64[n], rtol, f"d{n} (summed over the group) of {what}")
+
+
+def _fsdp_reduction(world, device):
+    """What FSDP2 makes of gradients across ranks: 1 where it averages them, `world` where
+    it sums them (torch 2.8 on gloo sums, newer torch averages), from a one-parameter
+    module whose gradient is 1 on every rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    probe = torch.nn.Linear(world, 1, bias=False, device=device)
+    fully_shard(probe, mesh=init_device_mesh(device.type, (world,)))
+    probe(torch.ones(1, world, device=device)).sum().backward()
+    g = probe.weight.grad.full_tensor()
+    assert torch.allclose(g, g[0, 0].expand_as(g)) and g[0, 0].item() in (1.0, float(world)), g
+    return g[0, 0].item()
 
 
 def layer_cases(rank, world, specs):
