@@ -15,8 +15,9 @@
 //   e_i         = decay[q-1, i]                    (from i to the chunk's end)
 //   Y           = (decay ∘ C Bᵀ) diag(w) X + diag(ex) C h0ᵀ + X diag(D)
 //   h_exit      = ex_{q-1} h0 + (diag(e ∘ w) X)ᵀ B
-// The decays come from two exponentials per position (exp(cs_j) exp(-cs_i), in double)
-// while |cs| <= 600, else one per pair; row j's from steps 0..j only (Chunked::load).
+// The decays come from two exponentials per position (exp(cs_j - m) exp(m - cs_i), m set
+// by the chunk's first step, in double) while the range allows, else one per pair; row
+// j's from steps 0..j only (Chunked::load).
 //
 // Backward, per chunk in reverse with dh = dL/dh_exit (dfinal_states after the last
 // chunk), dY the gradient of Y (dout · silu(z) with the gate), P = dY Xᵀ:
@@ -198,16 +199,18 @@ struct Chunked {
       in.load_bc(l.B, l.B_stride, b, t0 + j, g, s.Bc.data() + j * N);
       if (full) in.load_bc(l.C, l.C_stride, b, t0 + j, g, s.Cc.data() + j * N);
     }
-    // exp(cs_j - cs_i) = exp(cs_j) exp(-cs_i) for the rows j < nf, those before the
-    // first step with |cs| > 600 (or a NaN): both factors finite and normal in double;
-    // one exponential per pair from there on. Row j's choice and values depend on steps
-    // 0..j only, so a later step (a NaN in its dt included) never changes the bits of an
-    // earlier output. (A factoring centred on the chunk's range let a later step move the
-    // centre, and so the rounding of every earlier row.)
+    // exp(cs_j - cs_i) = exp(cs_j - m) exp(m - cs_i), m = cs_0 - 600, for the rows j < nf,
+    // those before the first step with |cs - m| > 600 (or a NaN): both factors finite and
+    // normal in double, over cs_0 - 1200 .. cs_0 (the decays shrink cs from cs_0 where
+    // dt >= 0); one exponential per pair from there on. Row j's choice and values depend
+    // on steps 0..j only, so a later step (a NaN in its dt included) never changes the
+    // bits of an earlier output. (m at the middle of the whole chunk's range let a later
+    // step move it, and so the rounding of every earlier row.)
+    const double m = q > 0 ? a * s.T[0] - 600.0 : 0.0;
     int64_t nf = 0;
-    while (nf < q && std::abs(a * s.T[nf]) <= 600.0) {
-      s.fexp[nf] = std::exp(a * s.T[nf]);
-      s.gexp[nf] = std::exp(-a * s.T[nf]);
+    while (nf < q && std::abs(a * s.T[nf] - m) <= 600.0) {
+      s.fexp[nf] = std::exp(a * s.T[nf] - m);
+      s.gexp[nf] = std::exp(m - a * s.T[nf]);
       ++nf;
     }
     if (xp) std::copy(xp + t0 * D, xp + (t0 + q) * D, s.X.begin());
