@@ -19,7 +19,7 @@ properties run over every case:
   it can reach, the same way backwards.
 
 The reach maps of the first families above are rules written per op; the later ones
-(RoPE from cos/sin tables, RMSNorm, gated RMSNorm, the causal conv and its update, the
+(the gated pair, RoPE from cos/sin tables, RMSNorm, gated RMSNorm, the causal conv and its update, the
 state update, ``mamba_chunk_scan_combined``) take theirs from where the float64
 reference carries a NaN (``_reference_reach``). The conv update and the state update
 have no gradients: their output is the op's result and the state it updated in place,
@@ -64,6 +64,9 @@ class Case:
     floor_ulps: float = 32
     info: dict = field(default_factory=dict)
     differentiable: bool = True               # False: forward properties only
+    # Inputs whose 16-bit gradient is formed from a value the forward stored in the dtype
+    # (the SSD's dz from y before the gate, as mamba_ssm keeps its out_x): one more unit.
+    stored_16bit: tuple = ()
 
     def reduced_grads(self, out_shape) -> list:
         """Inputs whose gradient sums several per-element gradients: broadcast by the op
@@ -626,6 +629,19 @@ def selective_state_update_cases(draw, device):
 
 
 @st.composite
+def gated_pair_cases(draw, device):
+    shape = tuple(_leads(draw) + [draw(SIZES)])
+    kind = draw(st.sampled_from(GATED_KINDS))
+    lays = [draw(layout_of(shape)) for _ in range(2)]
+    bases = _bases(lays, draw(st.integers(0, 2**31 - 1)), [2.0, 2.0])
+    views = [l[1] for l in lays]
+    reach, reach_back = _reference_reach(lambda g, u: ref.gated_activation_pair(g, u, kind), bases, views)
+    return Case("gated_activation_pair", bases, views, lambda g, u: bt.gated_activation_pair(g, u, kind),
+                lambda g, u: ref.gated_activation_pair(g, u, kind), reach, reach_back,
+                info=dict(shape=shape, kind=kind))
+
+
+@st.composite
 def rope_cos_sin_cases(draw, device):
     B, H, Hk = draw(SMALL), draw(SMALL), draw(SMALL)
     S = draw(st.sampled_from([0, 1, 3, 16, 37]))
@@ -731,6 +747,7 @@ def ssd_combined_cases(draw, device):
 
     reach, reach_back = _reference_reach(reference, bases, views, widen_cuda if device == "cuda" else None)
     return Case("mamba_chunk_scan_combined", bases, views, ours, reference, reach, reach_back, floor_ulps=1024,
+                stored_16bit=(names.index("z"),) if has_z else (),
                 info=dict(B=Bt, L=L, H=H, G=G, P=P, N=N, chunk=chunk, options=names[5:], softplus=softplus,
                           seq_idx=with_seq, final=final))
 
@@ -742,6 +759,7 @@ STRATEGIES = {
     "lerp.Tensor": lerp_tensor_cases,
     "gather": gather_cases,
     "ssd_chunk_scan": ssd_cases,
+    "gated_activation_pair": gated_pair_cases,
     "rope_cos_sin": rope_cos_sin_cases,
     "rms_norm": rms_norm_cases,
     "gated_rms_norm": gated_rms_norm_cases,
@@ -809,17 +827,18 @@ def check_matches_reference(case: Case, dtype, device):
     # scale is the largest of the gradient's and of the reference's gradients with respect
     # to the op's views, for this dy and a second one; a broadcast input's floor counts each
     # of its copies, plus half a unit of a 16-bit dtype each where the backward op rounds
-    # them to it first.
+    # them to it first (and a unit for a gradient made from a stored 16-bit value).
     dy2 = torch.randn(out_shape, dtype=torch.float64, generator=_dy_generator(3))
     terms = _view_grad_scales(case, [dy.cpu().double(), dy2])
     for k, (a, e, b, er) in enumerate(zip(g, g64, gl, g64r)):
         floor = case.floor_ulps + angle_ulps
         scale = e.abs().max().item() if e.numel() else 0.0
-        copies, unit = 1, 0.0
+        half = dtype in (torch.float16, torch.bfloat16)
+        copies, unit = 1, torch.finfo(dtype).eps if half and k in case.stored_16bit else 0.0
         if k in reduced:
             view_numel = case.views[k](case.bases[k]).numel()
             copies = max(view_numel // max(case.bases[k].numel(), 1), torch.Size(out_shape).numel() // max(view_numel, 1))
-            unit = torch.finfo(dtype).eps if dtype in (torch.float16, torch.bfloat16) else 0.0
+            unit = torch.finfo(dtype).eps if half else 0.0
         floor_abs = (floor * compute_eps(dtype) + unit) * copies * max(terms[k], scale)
         floor = max(floor, floor_abs / (compute_eps(dtype) * max(scale, 1e-30)))
         assert_close_to_reference(a, e, b, f"grad {k} of {case!r} {dtype}", floor,
