@@ -826,8 +826,8 @@ def check_matches_reference(case: Case, dtype, device):
     # layout's stride-0 view is summed by autograd) that can cancel the same way. So the
     # scale is the largest of the gradient's and of the reference's gradients with respect
     # to the op's views, for this dy and a second one; a broadcast input's floor counts each
-    # of its copies, plus half a unit of a 16-bit dtype each where the backward op rounds
-    # them to it first (and a unit for a gradient made from a stored 16-bit value).
+    # of its copies, plus a unit of a 16-bit dtype each where the backward op rounds them
+    # to it first (and a unit for a gradient made from a stored 16-bit value).
     dy2 = torch.randn(out_shape, dtype=torch.float64, generator=_dy_generator(3))
     terms = _view_grad_scales(case, [dy.cpu().double(), dy2])
     for k, (a, e, b, er) in enumerate(zip(g, g64, gl, g64r)):
