@@ -6,13 +6,13 @@ error is at most twice the unpatched model's own error, plus a few float32 ulps)
 RoPE scaling type, proof that our ops run, state_dict keys, and errors; (2) equivalence
 with the unpatched model itself for every family the patch touches (Llama, Mistral,
 Qwen2, Qwen3, Gemma, Gemma2/3, Mamba2, Bamba, FalconH1) in training with and without left
-padding and with activation checkpointing, evaluation, generation with a cache, sdpa
-attention, torch.compile, and after deepcopy, torch.save/torch.load and
-save_pretrained/from_pretrained, with the RMSNorm modules patched (checked: every plain
-one runs baracuda::rms_norm, bit for bit equal to the module where the sums of squares
-are exact) and the ones the patch must leave alone left alone. Written for every
-transformers of the supported range (scripts/compat.sh TORCH TRANSFORMERS runs them on
-one)."""
+padding and with activation checkpointing, evaluation, generation (greedy with a cache,
+a static cache, beam search, sampling), sdpa attention, torch.compile, and after
+deepcopy, torch.save/torch.load and save_pretrained/from_pretrained, with the RMSNorm
+modules patched (checked: every plain one runs baracuda::rms_norm, bit for bit equal to
+the module where the sums of squares are exact) and the ones the patch must leave alone
+left alone. Written for every transformers of the supported range (scripts/compat.sh
+TORCH TRANSFORMERS runs them on one)."""
 import copy
 import importlib.util
 import re
@@ -598,9 +598,34 @@ def test_sdpa_attention_matches_unpatched(name):
     for n in gb:
         _close(gp[n], gb[n], f"{name} sdpa grad {n}", tol=1e-3)
     base.eval(), patched.eval()
+    with torch.no_grad():  # (the unpadded row, as test_eval_and_generate_match_unpatched: a
+        # padded batch breaks FalconH1's own generate on transformers 5.0)
+        want = base.generate(input_ids=ids[1:], max_new_tokens=5, do_sample=False, pad_token_id=0)
+        got = patched.generate(input_ids=ids[1:], max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["static cache", "beam search", "sampling"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_generation_modes_match_unpatched(name, mode):
+    """generate beyond greedy with the dynamic cache: a static cache, beam search (3 beams)
+    and sampling (top-k, the same seed) give the unpatched model's tokens, or fail as the
+    unpatched model does (FalconH1's own beam search raises on transformers 5.0)."""
+    base, patched, _ = _patched_pair(name)
+    base.eval(), patched.eval()
+    kw = {"static cache": dict(cache_implementation="static"), "beam search": dict(num_beams=3),
+          "sampling": dict(do_sample=True, top_k=5)}[mode]
+    ids = _left_padded_batch()[0][1:]  # (the unpadded row: see test_sdpa_attention_matches_unpatched)
     with torch.no_grad():
-        want = base.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
-        got = patched.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+        torch.manual_seed(3)
+        try:
+            want = base.generate(input_ids=ids, max_new_tokens=6, pad_token_id=0, **kw)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match=re.escape(str(e))):
+                patched.generate(input_ids=ids, max_new_tokens=6, pad_token_id=0, **kw)
+            return
+        torch.manual_seed(3)
+        got = patched.generate(input_ids=ids, max_new_tokens=6, pad_token_id=0, **kw)
     assert torch.equal(got, want)
 
 
