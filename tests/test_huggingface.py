@@ -610,7 +610,8 @@ def test_sdpa_attention_matches_unpatched(name):
 def test_generation_modes_match_unpatched(name, mode):
     """generate beyond greedy with the dynamic cache: a static cache, beam search (3 beams)
     and sampling (top-k, the same seed) give the unpatched model's tokens, or fail as the
-    unpatched model does (FalconH1's own beam search raises on transformers 5.0)."""
+    unpatched model does (FalconH1's own beam search raises on transformers 5.0, and
+    Bamba's and FalconH1's static cache on 5.5: a KeyError in transformers' masks)."""
     base, patched, _ = _patched_pair(name)
     base.eval(), patched.eval()
     kw = {"static cache": dict(cache_implementation="static"), "beam search": dict(num_beams=3),
@@ -620,8 +621,8 @@ def test_generation_modes_match_unpatched(name, mode):
         torch.manual_seed(3)
         try:
             want = base.generate(input_ids=ids, max_new_tokens=6, pad_token_id=0, **kw)
-        except RuntimeError as e:
-            with pytest.raises(RuntimeError, match=re.escape(str(e))):
+        except Exception as e:  # noqa: BLE001 (whatever transformers' own model raises)
+            with pytest.raises(type(e), match=re.escape(str(e))):
                 patched.generate(input_ids=ids, max_new_tokens=6, pad_token_id=0, **kw)
             return
         torch.manual_seed(3)
