@@ -12,6 +12,8 @@ included); under DistributedDataParallel and FSDP2 (fully_shard). The bytes thro
 the collectives per layer and rank are counted and do not change with L.
 tests/test_distributed_nccl.py runs the same specs over NCCL, one GPU per rank.
 """
+import random
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -82,7 +84,6 @@ def _drawn_specs(n, seed, world, layer=False):
     and shorter than a chunk or the conv's halo included), sequence starts anywhere
     (shard boundaries, a shard's last token, after an empty shard), each option of the
     scan (or the layer) on or off, float32 and float64."""
-    import random
     rng = random.Random(seed)
     specs = []
     for i in range(n):
