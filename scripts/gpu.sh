@@ -4,6 +4,7 @@
 # printed last. Files under $OUT: summary.txt, build.log, test.log, bench.log, bench.csv,
 # bench.md, bench.png (at most 8 come back from the device machine).
 #   STAGES=build,test,bench (default; also: sanitize)   PYTEST_TARGETS="tests/test_rope.py"   PYTEST_ARGS="-x"
+#   (PYTEST_ARGS="-m cuda": only the tests that need a CUDA device, tests/conftest.py's marker)
 #   SANITIZE_TOOLS=memcheck,racecheck,synccheck,initcheck   SANITIZE_FAMILIES=gated,gated_pair,rope,rope_cos_sin,...
 #   FAMILIES=gated_activation,rope (benchmarks to run; default all)
 set -uo pipefail

@@ -15,6 +15,16 @@ except ImportError:  # test_fuzz.py is skipped without hypothesis
     pass
 
 
+def pytest_collection_modifyitems(config, items):
+    # pyproject.toml's `cuda` marker on every test whose skip condition names a CUDA device
+    # (helpers.requires_cuda on the test, its class or module, or on its "cuda" parameter),
+    # so that a GPU run can select them all with `-m cuda`: a `-k cuda` selection misses the
+    # tests whose ids do not name the device.
+    for item in items:
+        if any("cuda" in str(m.kwargs.get("reason", "")).lower() for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cuda)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
     # A different seed per test (stable across runs, so failures reproduce).
