@@ -225,7 +225,10 @@ def _declared_rules(e: dict) -> dict:
             elif kind == "arg":
                 args.append(tensors[ctx.saved_at[i]] if tensor[i] else ctx.args[i])
             elif kind == "output":
-                args.append(tensors[outs_at + saved_outs.index(i)])
+                t = tensors[outs_at + saved_outs.index(i)]
+                # an output the op did not compute (an empty 1-D tensor) is None for an
+                # optional parameter
+                args.append(None if optional[j] and t.dim() == 1 and t.numel() == 0 else t)
             elif kind == "sizes_of":
                 args.append(ctx.sizes[i])
             else:

@@ -1,27 +1,15 @@
-"""Derivatives and batching rules of ssd_chunk_scan and its backward op (see
-_autograd.py). First derivatives only (no double backward, no forward-mode AD)."""
+"""Batching rules of ssd_chunk_scan and its backward op, and the forward-mode error (see
+_autograd.py; the derivatives come from the ops' declarations in
+csrc/torch/ssd_chunk_scan_ops.cpp). First derivatives only (no double backward, no
+forward-mode AD)."""
 from __future__ import annotations
 
 import torch
 
-from ._autograd import move_bdim, not_differentiable, register
+from ._autograd import declared, move_bdim
 
 ops = torch.ops.baracuda
 _RANKS = (4, 3, 1, 4, 4)  # x [B, L, H, D], dt [B, L, H], A [H], B and C [B, L, G, N]
-
-
-def _setup(ctx, inputs, output):
-    *tensors, chunk_size = inputs
-    ctx.chunk_size = chunk_size
-    ctx.save_for_backward(*tensors)
-
-
-def _backward(ctx, dy):
-    need = ctx.needs_input_grad[:5]
-    if not any(need):
-        return (None,) * 6
-    grads = ops.ssd_chunk_scan_backward(dy, *ctx.saved_tensors, ctx.chunk_size)
-    return tuple(g if n else None for g, n in zip(grads, need)) + (None,)
 
 
 def _fold_heads(t, bdim, n, rank):
@@ -60,7 +48,7 @@ def _jvp(ctx, *tangents):
                               "jacfwd) is not implemented")
 
 
-register("ssd_chunk_scan", setup_context=_setup, backward=_backward, jvp=_jvp, vmap=_vmap)
+declared("ssd_chunk_scan", jvp=_jvp, vmap=_vmap)
 
 
 def _backward_vmap(info, in_dims, dy, x, dt, A, B, C, chunk_size):
@@ -76,6 +64,4 @@ def _backward_vmap(info, in_dims, dy, x, dt, A, B, C, chunk_size):
     return tuple(o[0] for o in outs), tuple(o[1] for o in outs)
 
 
-not_differentiable("ssd_chunk_scan_backward",
-                   "baracuda::ssd_chunk_scan: double backward is not implemented",
-                   vmap=_backward_vmap)
+declared("ssd_chunk_scan_backward", vmap=_backward_vmap)

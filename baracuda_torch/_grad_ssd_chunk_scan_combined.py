@@ -1,10 +1,10 @@
-"""Derivatives and batching rules of ssd_chunk_scan_combined (mamba_ssm's
-mamba_chunk_scan_combined) and its backward op (see _autograd.py). First derivatives
-only: forward-mode AD and double backward raise NotImplementedError naming the op.
+"""Batching rules of ssd_chunk_scan_combined (mamba_ssm's mamba_chunk_scan_combined) and
+its backward op, and the forward-mode error (see _autograd.py). First derivatives only:
+forward-mode AD and double backward raise NotImplementedError naming the op.
 
-The gradient is ssd_chunk_scan_combined_backward (out and final_states both carry
-gradients; y_pre, the pre-gate output kept for the backward when z is given, is not
-differentiable), as in the C++ autograd kernel.
+The gradient comes from the op's declaration (csrc/torch/ssd_chunk_scan_ops.cpp): it is
+ssd_chunk_scan_combined_backward (out and final_states both carry gradients; y_pre, the
+pre-gate output kept for the backward when z is given, is not differentiable).
 
 vmap folds the vmapped dim into an existing dim of every operand and calls the op once:
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ._autograd import logical_rank, move_bdim, not_differentiable, register
+from ._autograd import declared, logical_rank, move_bdim
 
 ops = torch.ops.baracuda
 _OP = "baracuda::ssd_chunk_scan_combined"
@@ -104,32 +104,6 @@ def _batched_call(call, named, in_dims, n, outs, batch_fold_ok):
 
 # ---- ssd_chunk_scan_combined ------------------------------------------------------------
 
-def _setup(ctx, inputs, output):
-    (x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_idx, dt_softplus, dt_min, dt_max,
-     _state_dtype) = inputs
-    ctx.args = (chunk_size, dt_softplus, dt_min, dt_max)
-    ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, init, seq_idx,
-                          output[2] if z is not None else None)
-    ctx.mark_non_differentiable(output[2])
-
-
-def _backward(ctx, dout, dfinal, _dy_pre):
-    x, dt, A, B, C, D, z, dt_bias, init, seq_idx, y_pre = ctx.saved_tensors
-    chunk_size, dt_softplus, dt_min, dt_max = ctx.args
-    if dout is None:
-        dout = torch.zeros_like(x)
-    g = ops.ssd_chunk_scan_combined_backward(dout, dfinal, x, dt, A, B, C, chunk_size, D, z,
-                                             dt_bias, init, seq_idx, y_pre, dt_softplus, dt_min,
-                                             dt_max)
-    need = ctx.needs_input_grad
-    # (dx, ddt, dA, dB, dC) -> inputs 0..4; (dD, dz, ddt_bias, dinitial_states) -> 6..9.
-    grads = [None] * 15
-    for i, arg in enumerate((0, 1, 2, 3, 4, 6, 7, 8, 9)):
-        if need[arg]:
-            grads[arg] = g[i]
-    return tuple(grads)
-
-
 def _jvp(ctx, *tangents):
     raise NotImplementedError(f"{_OP}: forward-mode AD (torch.func.jvp, jacfwd) is not "
                               "implemented")
@@ -148,8 +122,7 @@ def _vmap(info, in_dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_id
     return _batched_call(call, named, dims, info.batch_size, _FWD_OUTS, batch_fold_ok=True)
 
 
-register("ssd_chunk_scan_combined", setup_context=_setup, backward=_backward, jvp=_jvp,
-         vmap=_vmap)
+declared("ssd_chunk_scan_combined", jvp=_jvp, vmap=_vmap)
 
 
 # ---- ssd_chunk_scan_combined_backward ---------------------------------------------------
@@ -173,5 +146,4 @@ def _backward_vmap(info, in_dims, dout, dfinal, x, dt, A, B, C, chunk_size, D, z
     return _batched_call(call, named, dims, info.batch_size, _BWD_OUTS, batch_fold_ok=False)
 
 
-not_differentiable("ssd_chunk_scan_combined_backward",
-                   f"{_OP}: double backward is not implemented", vmap=_backward_vmap)
+declared("ssd_chunk_scan_combined_backward", vmap=_backward_vmap)

@@ -6,7 +6,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/SymInt.h>
-#include <torch/library.h>
 
 #include <deque>
 #include <initializer_list>
@@ -109,67 +108,6 @@ PlanInfo plan_info(const Plan& plan, PlanPreference pref) {
 inline PlanPreference preference_or_current(const std::optional<std::string>& p) {
   return p ? parse_preference(*p) : current_preference();
 }
-
-// What an explain_<op> function returns: the plan make_plan(pref) builds under the given
-// preference (the current one when absent), PlanErrors translated.
-template <typename MakePlan>
-PlanInfo explain_plan(const std::optional<std::string>& preference, MakePlan&& make_plan) {
-  return translate_errors([&] {
-    const PlanPreference pref = preference_or_current(preference);
-    return plan_info(make_plan(pref), pref);
-  });
-}
-
-// ---- Registration -------------------------------------------------------------------
-// One op's implementations: `kernel` for the CPU and CUDA keys (its plan picks the
-// backend from the tensors' device), `meta` for fake tensors, `autograd` for Autograd.
-template <class Kernel, class Meta, class Autograd>
-struct OpImpls {
-  const char* name;
-  Kernel kernel;
-  Meta meta;
-  Autograd autograd;
-};
-template <class Kernel, class Meta, class Autograd>
-OpImpls<Kernel, Meta, Autograd> op_impls(const char* name, Kernel kernel, Meta meta,
-                                         Autograd autograd) {
-  return {name, kernel, meta, autograd};
-}
-
-enum class ImplKey : uint8_t { Kernel, Meta, Autograd };
-
-template <class... Ops>
-void impl_ops(torch::Library& m, ImplKey key, const Ops&... ops) {
-  const auto one = [&](const auto& op) {
-    if (key == ImplKey::Kernel) m.impl(op.name, op.kernel);
-    else if (key == ImplKey::Meta) m.impl(op.name, op.meta);
-    else m.impl(op.name, op.autograd);
-  };
-  (one(ops), ...);
-}
-
-#ifdef BARACUDA_WITH_CUDA
-#define BARACUDA_IF_CUDA(...) __VA_ARGS__
-#else
-#define BARACUDA_IF_CUDA(...)
-#endif
-
-// Registers a family's ops (op_impls(...) values) for CPU, CUDA (CUDA builds), Meta and
-// Autograd. Use once per family, at the end of its <family>_ops.cpp, inside namespace
-// baracuda::torch_ops.
-#define BARACUDA_IMPL_OPS(...)                                    \
-  TORCH_LIBRARY_IMPL(baracuda, CPU, m) {                          \
-    impl_ops(m, ImplKey::Kernel, __VA_ARGS__);                    \
-  }                                                               \
-  BARACUDA_IF_CUDA(TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {        \
-    impl_ops(m, ImplKey::Kernel, __VA_ARGS__);                    \
-  })                                                              \
-  TORCH_LIBRARY_IMPL(baracuda, Meta, m) {                         \
-    impl_ops(m, ImplKey::Meta, __VA_ARGS__);                      \
-  }                                                               \
-  TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {                     \
-    impl_ops(m, ImplKey::Autograd, __VA_ARGS__);                  \
-  }
 
 // Whether a defined tensor among `tensors` (null entries skipped) has more dims than a
 // TensorLayout holds (kMaxRank). A plan validates its problem once, in select(), from

@@ -1,7 +1,7 @@
 // baracuda_torch._C: importing it registers the ops (TORCH_LIBRARY blocks in this
 // library); the Python-facing objects that are not ops live here: the plan preference,
-// plan introspection (PlanInfo; _explain for the ops declared through OpDef, explain_*
-// for the SSD scan's), the declarations' table (_op_table) and gather's error checks.
+// plan introspection (PlanInfo; _explain for the ops, all declared through OpDef), the
+// declarations' table (_op_table) and gather's error checks.
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
@@ -242,31 +242,10 @@ PYBIND11_MODULE(_C, m) {
         },
         "explain of a declared op: _explain(name, preference, *args, **kwargs).");
 
-  const auto pref = py::arg("preference") = py::none();
   // ---- gather
   m.def("gather_check_errors", &gather_check_errors, py::arg("device"),
         "Raise IndexError for an out-of-range index a CUDA gather kernel recorded on `device` "
         "(no synchronization; baracuda_torch.check_errors synchronizes first).");
   m.def("set_index_checks", &set_index_checks, py::arg("mode"));
   m.def("get_index_checks", &get_index_checks);
-
-  // ---- ssd_chunk_scan
-  m.def("explain_ssd_chunk_scan", &explain_ssd_chunk_scan, py::arg("x"), py::arg("dt"),
-        py::arg("A"), py::arg("B"), py::arg("C"), py::arg("chunk_size") = 256, pref);
-  m.def("explain_ssd_chunk_scan_backward", &explain_ssd_chunk_scan_backward, py::arg("dy"),
-        py::arg("x"), py::arg("dt"), py::arg("A"), py::arg("B"), py::arg("C"),
-        py::arg("chunk_size") = 256, pref);
-  m.def("explain_ssd_chunk_scan_combined", &explain_ssd_chunk_scan_combined, py::arg("x"),
-        py::arg("dt"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("chunk_size") = 256,
-        py::arg("D") = py::none(), py::arg("z") = py::none(), py::arg("dt_bias") = py::none(),
-        py::arg("initial_states") = py::none(), py::arg("seq_idx") = py::none(),
-        py::arg("dt_softplus") = false, py::arg("dt_min") = 0.0, py::arg("dt_max") = py::none(),
-        py::arg("state_dtype") = py::none(), pref);
-  m.def("explain_ssd_chunk_scan_combined_backward", &explain_ssd_chunk_scan_combined_backward,
-        py::arg("dout"), py::arg("dfinal_states"), py::arg("x"), py::arg("dt"), py::arg("A"),
-        py::arg("B"), py::arg("C"), py::arg("chunk_size"), py::arg("D") = py::none(),
-        py::arg("z") = py::none(), py::arg("dt_bias") = py::none(),
-        py::arg("initial_states") = py::none(), py::arg("seq_idx") = py::none(),
-        py::arg("y_pre") = py::none(), py::arg("dt_softplus") = false, py::arg("dt_min") = 0.0,
-        py::arg("dt_max") = py::none(), pref);
 }

@@ -99,6 +99,10 @@ bool may_take_grad(const at::Tensor& g, const at::Tensor& like, size_t held) {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// An optional output the op did not compute: the library returns an empty 1-D tensor
+// there (output(k) passes it to an optional parameter of the derivative as None).
+bool is_absent_output(const at::Tensor& t) { return t.dim() == 1 && t.sym_numel() == 0; }
+
 // The Autograd kernel of a declared op (see op_def.h). Its inputs, as Function::apply
 // counts them: the entry, the op handle, then one per tensor argument that is not None
 // (Function::apply records every tensor input's device), then the full argument stack;
@@ -210,7 +214,14 @@ class DeclaredFunction : public torch::autograd::Function<DeclaredFunction> {
             stack.push_back(ctx->saved_data[key("a", s.index)]);
           }
           break;
-        case GradSource::Kind::Output: stack.emplace_back(saved[next++]); break;
+        case GradSource::Kind::Output: {
+          const at::Tensor& t = saved[next++];
+          if (is_absent_output(t) && params[j].type()->kind() == c10::TypeKind::OptionalType)
+            stack.emplace_back();
+          else
+            stack.emplace_back(t);
+          break;
+        }
         case GradSource::Kind::SizesOf: stack.push_back(ctx->saved_data[key("s", s.index)]); break;
         case GradSource::Kind::None: stack.emplace_back(); break;
       }

@@ -53,7 +53,9 @@ struct GradSource {
 inline GradSource grad(int k) { return {GradSource::Kind::Grad, k, ""}; }
 // A forward argument, by schema name (tensors are saved for the backward).
 inline GradSource arg(const char* name) { return {GradSource::Kind::Arg, -1, name}; }
-// Forward output k (saved for the backward).
+// Forward output k (saved for the backward). For an optional (Tensor?) parameter of the
+// derivative, an output the op did not compute (an empty 1-D tensor, the library's absent
+// output) is None.
 inline GradSource output(int k) { return {GradSource::Kind::Output, k, ""}; }
 // The (symbolic) sizes of a tensor argument, as a SymInt[] parameter.
 inline GradSource sizes_of(const char* name) { return {GradSource::Kind::SizesOf, -1, name}; }

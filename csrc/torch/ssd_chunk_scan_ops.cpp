@@ -1,15 +1,14 @@
 // baracuda::ssd_chunk_scan, baracuda::ssd_chunk_scan_combined and their backwards:
-// CPU/CUDA kernels (tensors -> plan -> run), meta kernels (shapes only), and the
-// autograd Functions that connect the forward plans to the backward ops.
+// CPU/CUDA kernels (tensors -> plan -> run), meta kernels (shapes only), their plans for
+// explain, and their declarations (torch/op_def.h: each forward's derivative is its
+// backward op, whose own backward raises NotImplementedError).
 //
 // The op layer converts the caller's small parameter tensors (A, D, dt_bias,
 // initial_states, dfinal_states; dt when it is neither x's dtype nor the compute type)
 // to the compute type (float32, float64 for float64 inputs) the kernels read, and the
 // gradients the kernels write in the compute type back to the caller's dtypes.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <limits>
@@ -19,7 +18,7 @@
 
 #include "core/ssd_chunk_scan_plan.h"
 #include "torch/common.h"
-#include "torch/ops.h"
+#include "torch/op_def.h"
 
 namespace baracuda::torch_ops {
 
@@ -471,292 +470,97 @@ Grads9 ssd_chunk_scan_combined_backward_meta(
   });
 }
 
-// ---- autograd --------------------------------------------------------------------
+// ---- plans (baracuda_torch.explain) ----------------------------------------------
 
-at::Tensor call_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
-                        const at::Tensor& B, const at::Tensor& C, int64_t chunk_size) {
-  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                        const at::Tensor&, const at::Tensor&, int64_t)>(
-      "baracuda::ssd_chunk_scan");
-  return op.call(x, dt, A, B, C, chunk_size);
+SsdChunkScanPlan forward_plan(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+                              const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
+                              PlanPreference pref) {
+  const Prepared p = prepare(x, dt, A, B, C, chunk_size, plain_options(), true, false, kOp, nullptr);
+  return SsdChunkScanPlan::select(p.desc, pref);
 }
 
-Grads call_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dt,
-                    const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
-                    int64_t chunk_size) {
-  static auto op =
-      op_handle<Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      const at::Tensor&, const at::Tensor&, int64_t)>(
-          "baracuda::ssd_chunk_scan_backward");
-  return op.call(dy, x, dt, A, B, C, chunk_size);
+SsdChunkScanBackwardPlan backward_plan(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dt,
+                                       const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
+                                       int64_t chunk_size, PlanPreference pref) {
+  BackwardExtras e{dy, at::Tensor(), at::Tensor()};
+  const Prepared p = prepare(x, dt, A, B, C, chunk_size, plain_options(), true, false, kBackwardOp, &e);
+  return SsdChunkScanBackwardPlan::select(backward_descriptor(p, e, kBackwardOp), pref);
 }
 
-Outs3 call_combined(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
-                    const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const OptT& D,
-                    const OptT& z, const OptT& dt_bias, const OptT& init, const OptT& seq_idx,
-                    bool dt_softplus, double dt_min, std::optional<double> dt_max,
-                    std::optional<at::ScalarType> state_dtype) {
-  static auto op = op_handle<Outs3(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      int64_t, const OptT&, const OptT&, const OptT&, const OptT&, const OptT&, bool, double,
-      std::optional<double>, std::optional<at::ScalarType>)>("baracuda::ssd_chunk_scan_combined");
-  return op.call(x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_idx, dt_softplus, dt_min,
-                 dt_max, state_dtype);
+SsdChunkScanPlan combined_plan(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+                               const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const OptT& D,
+                               const OptT& z, const OptT& dt_bias, const OptT& initial_states,
+                               const OptT& seq_idx, bool dt_softplus, double dt_min,
+                               std::optional<double> dt_max, std::optional<at::ScalarType> state_dtype,
+                               PlanPreference pref) {
+  const Options o =
+      make_options(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_min, dt_max, state_dtype);
+  const Prepared p = prepare(x, dt, A, B, C, chunk_size, o, false, true, kCombinedOp, nullptr);
+  return SsdChunkScanPlan::select(p.desc, pref);
 }
 
-Grads9 call_combined_backward(const at::Tensor& dout, const OptT& dfinal, const at::Tensor& x,
-                              const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B,
-                              const at::Tensor& C, int64_t chunk_size, const OptT& D,
-                              const OptT& z, const OptT& dt_bias, const OptT& init,
-                              const OptT& seq_idx, const OptT& y_pre, bool dt_softplus,
-                              double dt_min, std::optional<double> dt_max) {
-  static auto op = op_handle<Grads9(
-      const at::Tensor&, const OptT&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, const at::Tensor&, int64_t, const OptT&, const OptT&, const OptT&,
-      const OptT&, const OptT&, const OptT&, bool, double, std::optional<double>)>(
-      "baracuda::ssd_chunk_scan_combined_backward");
-  return op.call(dout, dfinal, x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_idx, y_pre,
-                 dt_softplus, dt_min, dt_max);
+SsdChunkScanBackwardPlan combined_backward_plan(
+    const at::Tensor& dout, const OptT& dfinal_states, const at::Tensor& x, const at::Tensor& dt,
+    const at::Tensor& A, const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const OptT& D,
+    const OptT& z, const OptT& dt_bias, const OptT& initial_states, const OptT& seq_idx,
+    const OptT& y_pre, bool dt_softplus, double dt_min, std::optional<double> dt_max,
+    PlanPreference pref) {
+  const Options o =
+      make_options(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_min, dt_max, std::nullopt);
+  BackwardExtras e{dout, value_or_undefined(dfinal_states), value_or_undefined(y_pre)};
+  const Prepared p = prepare(x, dt, A, B, C, chunk_size, o, false, false, kCombinedBackwardOp, &e);
+  return SsdChunkScanBackwardPlan::select(backward_descriptor(p, e, kCombinedBackwardOp), pref);
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-class SsdChunkScanFunction : public torch::autograd::Function<SsdChunkScanFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& dt,
-                            const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
-                            int64_t chunk_size) {
-    ctx->saved_data["chunk_size"] = chunk_size;
-    ctx->save_for_backward({x, dt, A, B, C});
-    at::AutoDispatchBelowADInplaceOrView below;
-    return call_forward(x, dt, A, B, C, chunk_size);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(6);
-    if (!grads[0].defined()) return out;
-    const variable_list s = ctx->get_saved_variables();
-    auto [dx, ddt, dA, dB, dC] =
-        call_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["chunk_size"].toInt());
-    out = {dx, ddt, dA, dB, dC, at::Tensor()};
-    for (size_t i = 0; i < 5; ++i)
-      if (!ctx->needs_input_grad(i)) out[i] = at::Tensor();
-    return out;
-  }
-};
-
-// The backward ops are differentiable only to say clearly that their own backward (the
-// forward's second derivative) is not implemented.
-class SsdChunkScanBackwardFunction
-    : public torch::autograd::Function<SsdChunkScanBackwardFunction> {
- public:
-  static variable_list forward(AutogradContext*, const at::Tensor& dy, const at::Tensor& x,
-                               const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B,
-                               const at::Tensor& C, int64_t chunk_size) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [dx, ddt, dA, dB, dC] = call_backward(dy, x, dt, A, B, C, chunk_size);
-    return {dx, ddt, dA, dB, dC};
-  }
-
-  static variable_list backward(AutogradContext*, variable_list) {
-    C10_THROW_ERROR(NotImplementedError,
-                    "baracuda::ssd_chunk_scan: double backward is not implemented");
-  }
-};
-
-OptT defined_or_null(const at::Tensor& t) { return t.defined() ? OptT(t) : std::nullopt; }
-
-// Inputs of the combined op in argument order: x, dt, A, B, C, chunk_size, D, z,
-// dt_bias, initial_states, seq_idx, dt_softplus, dt_min, dt_max, state_dtype.
-constexpr size_t kCombinedArgs = 15;
-
-class SsdChunkScanCombinedFunction
-    : public torch::autograd::Function<SsdChunkScanCombinedFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& dt,
-                               const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
-                               int64_t chunk_size, const OptT& D, const OptT& z,
-                               const OptT& dt_bias, const OptT& init, const OptT& seq_idx,
-                               bool dt_softplus, double dt_min, std::optional<double> dt_max,
-                               std::optional<at::ScalarType> state_dtype) {
-    // Gradients of outputs that are not used stay undefined (backward handles them): the
-    // engine would otherwise materialize a zero tensor for y_pre, which is never
-    // differentiable, on every backward with z (the size of x).
-    ctx->set_materialize_grads(false);
-    at::Tensor out, final_states, y_pre;
-    {
-      at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(out, final_states, y_pre) =
-          call_combined(x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_idx, dt_softplus,
-                        dt_min, dt_max, state_dtype);
-    }
-    ctx->saved_data["chunk_size"] = chunk_size;
-    ctx->saved_data["dt_softplus"] = dt_softplus;
-    ctx->saved_data["dt_min"] = dt_min;
-    ctx->saved_data["dt_max"] = dt_max ? c10::IValue(*dt_max) : c10::IValue();
-    ctx->save_for_backward({x, dt, A, B, C, value_or_undefined(D), value_or_undefined(z),
-                            value_or_undefined(dt_bias), value_or_undefined(init),
-                            value_or_undefined(seq_idx), z ? y_pre : at::Tensor()});
-    ctx->mark_non_differentiable({y_pre});
-    return {out, final_states, y_pre};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(kCombinedArgs);
-    if (!grads[0].defined() && !grads[1].defined()) return out;
-    const variable_list s = ctx->get_saved_variables();
-    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(s[0]);
-    const c10::IValue& mx = ctx->saved_data["dt_max"];
-    auto g = call_combined_backward(
-        dout, defined_or_null(grads[1]), s[0], s[1], s[2], s[3], s[4],
-        ctx->saved_data["chunk_size"].toInt(), defined_or_null(s[5]), defined_or_null(s[6]),
-        defined_or_null(s[7]), defined_or_null(s[8]), defined_or_null(s[9]),
-        defined_or_null(s[10]), ctx->saved_data["dt_softplus"].toBool(),
-        ctx->saved_data["dt_min"].toDouble(),
-        mx.isNone() ? std::nullopt : std::optional<double>(mx.toDouble()));
-    // (dx, ddt, dA, dB, dC) -> inputs 0..4; dD, dz, ddt_bias, dinitial_states -> 6..9.
-    out[0] = std::get<0>(g);
-    out[1] = std::get<1>(g);
-    out[2] = std::get<2>(g);
-    out[3] = std::get<3>(g);
-    out[4] = std::get<4>(g);
-    if (s[5].defined()) out[6] = std::get<5>(g);
-    if (s[6].defined()) out[7] = std::get<6>(g);
-    if (s[7].defined()) out[8] = std::get<7>(g);
-    if (s[8].defined()) out[9] = std::get<8>(g);
-    // needs_input_grad counts the tensor inputs only (absent optionals have no edge).
-    size_t edge = 0;
-    for (size_t i = 0; i < kCombinedArgs; ++i) {
-      const bool tensor_arg = i < 5 || (i >= 6 && i <= 10 && s[i - 1].defined());
-      if (!tensor_arg) continue;
-      if (out[i].defined() && !ctx->needs_input_grad(edge)) out[i] = at::Tensor();
-      ++edge;
-    }
-    return out;
-  }
-};
-
-class SsdChunkScanCombinedBackwardFunction
-    : public torch::autograd::Function<SsdChunkScanCombinedBackwardFunction> {
- public:
-  static variable_list forward(AutogradContext*, const at::Tensor& dout, const OptT& dfinal,
-                               const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
-                               const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
-                               const OptT& D, const OptT& z, const OptT& dt_bias,
-                               const OptT& init, const OptT& seq_idx, const OptT& y_pre,
-                               bool dt_softplus, double dt_min, std::optional<double> dt_max) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto g = call_combined_backward(dout, dfinal, x, dt, A, B, C, chunk_size, D, z, dt_bias, init,
-                                    seq_idx, y_pre, dt_softplus, dt_min, dt_max);
-    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g), std::get<4>(g),
-            std::get<5>(g), std::get<6>(g), std::get<7>(g), std::get<8>(g)};
-  }
-
-  static variable_list backward(AutogradContext*, variable_list) {
-    C10_THROW_ERROR(NotImplementedError,
-                    "baracuda::ssd_chunk_scan_combined: double backward is not implemented");
-  }
-};
-
-at::Tensor ssd_chunk_scan_autograd(const at::Tensor& x, const at::Tensor& dt,
-                                   const at::Tensor& A, const at::Tensor& B, const at::Tensor& C,
-                                   int64_t chunk_size) {
-  return SsdChunkScanFunction::apply(x, dt, A, B, C, chunk_size);
-}
-
-Grads ssd_chunk_scan_backward_autograd(const at::Tensor& dy, const at::Tensor& x,
-                                       const at::Tensor& dt, const at::Tensor& A,
-                                       const at::Tensor& B, const at::Tensor& C,
-                                       int64_t chunk_size) {
-  const variable_list g = SsdChunkScanBackwardFunction::apply(dy, x, dt, A, B, C, chunk_size);
-  return Grads{g[0], g[1], g[2], g[3], g[4]};
-}
-
-Outs3 ssd_chunk_scan_combined_autograd(const at::Tensor& x, const at::Tensor& dt,
-                                       const at::Tensor& A, const at::Tensor& B,
-                                       const at::Tensor& C, int64_t chunk_size, const OptT& D,
-                                       const OptT& z, const OptT& dt_bias, const OptT& init,
-                                       const OptT& seq_idx, bool dt_softplus, double dt_min,
-                                       std::optional<double> dt_max,
-                                       std::optional<at::ScalarType> state_dtype) {
-  const variable_list o = SsdChunkScanCombinedFunction::apply(
-      x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_idx, dt_softplus, dt_min, dt_max,
-      state_dtype);
-  return Outs3{o[0], o[1], o[2]};
-}
-
-Grads9 ssd_chunk_scan_combined_backward_autograd(
-    const at::Tensor& dout, const OptT& dfinal, const at::Tensor& x, const at::Tensor& dt,
-    const at::Tensor& A, const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
-    const OptT& D, const OptT& z, const OptT& dt_bias, const OptT& init, const OptT& seq_idx,
-    const OptT& y_pre, bool dt_softplus, double dt_min, std::optional<double> dt_max) {
-  const variable_list g = SsdChunkScanCombinedBackwardFunction::apply(
-      dout, dfinal, x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_idx, y_pre, dt_softplus,
-      dt_min, dt_max);
-  return Grads9{g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
-}
 }  // namespace
 
-PlanInfo explain_ssd_chunk_scan(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
-                                const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
-                                const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    const Prepared p = prepare(x, dt, A, B, C, chunk_size, plain_options(), true, false, kOp, nullptr);
-    return SsdChunkScanPlan::select(p.desc, pref);
-  });
+TORCH_LIBRARY_FRAGMENT(baracuda, m) {
+  OpDef(m, "ssd_chunk_scan(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size=256) -> Tensor")
+      .kernel(&ssd_chunk_scan_kernel)
+      .meta(&ssd_chunk_scan_meta)
+      .explain(&forward_plan)
+      .derivative("ssd_chunk_scan_backward",
+                  {grad(0), arg("x"), arg("dt"), arg("A"), arg("B"), arg("C"), arg("chunk_size")},
+                  {{"x", 0}, {"dt", 1}, {"A", 2}, {"B", 3}, {"C", 4}});
+  // -> (dx, ddt, dA, dB, dC)
+  OpDef(m,
+        "ssd_chunk_scan_backward(Tensor dy, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
+        "int chunk_size=256) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+      .kernel(&ssd_chunk_scan_backward_kernel)
+      .meta(&ssd_chunk_scan_backward_meta)
+      .explain(&backward_plan)
+      .not_differentiable("baracuda::ssd_chunk_scan: double backward is not implemented");
+  // mamba_ssm's mamba_chunk_scan_combined contract: returns (out, final_states, y_pre);
+  // y_pre is the pre-gate output saved for the backward when z is given (an empty
+  // tensor otherwise, which the derivative receives as None); dt_max=None is +inf.
+  OpDef(m,
+        "ssd_chunk_scan_combined(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
+        "int chunk_size=256, Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, "
+        "Tensor? initial_states=None, Tensor? seq_idx=None, bool dt_softplus=False, "
+        "float dt_min=0., float? dt_max=None, ScalarType? state_dtype=None) "
+        "-> (Tensor, Tensor, Tensor)")
+      .kernel(&ssd_chunk_scan_combined_kernel)
+      .meta(&ssd_chunk_scan_combined_meta)
+      .explain(&combined_plan)
+      .derivative("ssd_chunk_scan_combined_backward",
+                  {grad(0), grad(1), arg("x"), arg("dt"), arg("A"), arg("B"), arg("C"), arg("chunk_size"),
+                   arg("D"), arg("z"), arg("dt_bias"), arg("initial_states"), arg("seq_idx"), output(2),
+                   arg("dt_softplus"), arg("dt_min"), arg("dt_max")},
+                  {{"x", 0}, {"dt", 1}, {"A", 2}, {"B", 3}, {"C", 4}, {"D", 5}, {"z", 6}, {"dt_bias", 7},
+                   {"initial_states", 8}});
+  // -> (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states); the last four are
+  // empty tensors where their input is None.
+  OpDef(m,
+        "ssd_chunk_scan_combined_backward(Tensor dout, Tensor? dfinal_states, Tensor x, "
+        "Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D=None, "
+        "Tensor? z=None, Tensor? dt_bias=None, Tensor? initial_states=None, "
+        "Tensor? seq_idx=None, Tensor? y_pre=None, bool dt_softplus=False, float dt_min=0., "
+        "float? dt_max=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+        "Tensor, Tensor)")
+      .kernel(&ssd_chunk_scan_combined_backward_kernel)
+      .meta(&ssd_chunk_scan_combined_backward_meta)
+      .explain(&combined_backward_plan)
+      .not_differentiable("baracuda::ssd_chunk_scan_combined: double backward is not implemented");
 }
-
-PlanInfo explain_ssd_chunk_scan_backward(const at::Tensor& dy, const at::Tensor& x,
-                                         const at::Tensor& dt, const at::Tensor& A,
-                                         const at::Tensor& B, const at::Tensor& C,
-                                         int64_t chunk_size,
-                                         const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    BackwardExtras e{dy, at::Tensor(), at::Tensor()};
-    const Prepared p = prepare(x, dt, A, B, C, chunk_size, plain_options(), true, false, kBackwardOp, &e);
-    return SsdChunkScanBackwardPlan::select(backward_descriptor(p, e, kBackwardOp), pref);
-  });
-}
-
-PlanInfo explain_ssd_chunk_scan_combined(
-    const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B,
-    const at::Tensor& C, int64_t chunk_size, const OptT& D, const OptT& z, const OptT& dt_bias,
-    const OptT& initial_states, const OptT& seq_idx, bool dt_softplus, double dt_min,
-    std::optional<double> dt_max, std::optional<at::ScalarType> state_dtype,
-    const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    const Options o = make_options(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_min,
-                                   dt_max, state_dtype);
-    const Prepared p = prepare(x, dt, A, B, C, chunk_size, o, false, true, kCombinedOp, nullptr);
-    return SsdChunkScanPlan::select(p.desc, pref);
-  });
-}
-
-PlanInfo explain_ssd_chunk_scan_combined_backward(
-    const at::Tensor& dout, const OptT& dfinal_states, const at::Tensor& x, const at::Tensor& dt,
-    const at::Tensor& A, const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
-    const OptT& D, const OptT& z, const OptT& dt_bias, const OptT& initial_states,
-    const OptT& seq_idx, const OptT& y_pre, bool dt_softplus, double dt_min,
-    std::optional<double> dt_max, const std::optional<std::string>& preference) {
-  return explain_plan(preference, [&](PlanPreference pref) {
-    const Options o = make_options(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_min,
-                                   dt_max, std::nullopt);
-    BackwardExtras e{dout, value_or_undefined(dfinal_states), value_or_undefined(y_pre)};
-    const Prepared p =
-        prepare(x, dt, A, B, C, chunk_size, o, false, false, kCombinedBackwardOp, &e);
-    return SsdChunkScanBackwardPlan::select(backward_descriptor(p, e, kCombinedBackwardOp), pref);
-  });
-}
-
-BARACUDA_IMPL_OPS(
-    op_impls("ssd_chunk_scan", &ssd_chunk_scan_kernel,
-             &ssd_chunk_scan_meta, &ssd_chunk_scan_autograd),
-    op_impls("ssd_chunk_scan_backward", &ssd_chunk_scan_backward_kernel,
-             &ssd_chunk_scan_backward_meta, &ssd_chunk_scan_backward_autograd),
-    op_impls("ssd_chunk_scan_combined", &ssd_chunk_scan_combined_kernel,
-             &ssd_chunk_scan_combined_meta, &ssd_chunk_scan_combined_autograd),
-    op_impls("ssd_chunk_scan_combined_backward", &ssd_chunk_scan_combined_backward_kernel,
-             &ssd_chunk_scan_combined_backward_meta, &ssd_chunk_scan_combined_backward_autograd))
 
 }  // namespace baracuda::torch_ops
