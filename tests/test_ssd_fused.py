@@ -67,7 +67,8 @@ def fused_kernels():
     return ["fused_mma", "fused_mma_cb"] + (["fused_wgmma"] if has_wgmma() else [])
 
 
-@pytest.fixture(params=[pytest.param(k, marks=requires_cuda) for k in ("fused_mma", "fused_mma_cb", "fused_wgmma")])
+@pytest.fixture(params=[pytest.param(k, marks=requires_cuda)
+                        for k in ("fused_mma", "fused_mma_cb", "fused_wgmma")])
 def kernel(request):
     """Runs the test with the plan's CUDA forward forced to this fused kernel (skipped where
     the device or build has no such kernel)."""
