@@ -9,6 +9,8 @@ gradient (A, D, dt_bias, initial_states, the layer's parameters) against the
 reference's, within ``rtol_for`` of the dtype (the same rule on either device)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -242,10 +244,12 @@ def layer_case(rank, world, spec):
         check(gr, dp64[n], rtol, f"d{n} (summed over the group) of {what}")
 
 
+@functools.cache
 def _fsdp_reduction(world, device):
     """What FSDP2 makes of gradients across ranks: 1 where it averages them, `world` where
     it sums them (torch 2.8 on gloo sums, newer torch averages), from a one-parameter
-    module whose gradient is 1 on every rank."""
+    module whose gradient is 1 on every rank; probed once a process (every rank's first
+    FSDP2 case, so all ranks take part in its collectives)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     probe = torch.nn.Linear(world, 1, bias=False, device=device)
