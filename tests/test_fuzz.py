@@ -19,9 +19,9 @@ properties run over every case:
   it can reach, the same way backwards.
 
 The reach maps of the first families above are rules written per op; the later ones
-(the gated pair, RoPE from cos/sin tables, RMSNorm, gated RMSNorm, the causal conv and its update, the
-state update, ``mamba_chunk_scan_combined``) take theirs from where the float64
-reference carries a NaN (``_reference_reach``). The conv update and the state update
+(the gated pair, RoPE from cos/sin tables, RMSNorm, gated RMSNorm, the causal conv and
+its update, the state update, ``mamba_chunk_scan_combined``) take theirs from where the
+float64 reference carries a NaN (``_reference_reach``). The conv update and the state update
 have no gradients: their output is the op's result and the state it updated in place,
 forward properties only.
 
