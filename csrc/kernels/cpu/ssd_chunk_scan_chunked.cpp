@@ -199,16 +199,18 @@ struct Chunked {
       in.load_bc(l.B, l.B_stride, b, t0 + j, g, s.Bc.data() + j * N);
       if (full) in.load_bc(l.C, l.C_stride, b, t0 + j, g, s.Cc.data() + j * N);
     }
-    // exp(cs_j - cs_i) = exp(cs_j - m) exp(m - cs_i), m = cs_0 - 600, for the rows j < nf,
-    // those before the first step with |cs - m| > 600 (or a NaN): both factors finite and
-    // normal in double, over cs_0 - 1200 .. cs_0 (the decays shrink cs from cs_0 where
-    // dt >= 0); one exponential per pair from there on. Row j's choice and values depend
-    // on steps 0..j only, so a later step (a NaN in its dt included) never changes the
-    // bits of an earlier output. (m at the middle of the whole chunk's range let a later
-    // step move it, and so the rounding of every earlier row.)
-    const double m = q > 0 ? a * s.T[0] - 600.0 : 0.0;
+    // exp(cs_j - cs_i) = exp(cs_j - m) exp(m - cs_i), m = cs_0, for the rows j < nf, those
+    // before the first step with |cs - m| > 700 (or a NaN): both factors finite and normal
+    // in double, over cs_0 - 700 .. cs_0 (the decays shrink cs from cs_0 where dt >= 0);
+    // one exponential per pair from there on. Row j's choice and values depend on steps
+    // 0..j only, so a later step (a NaN in its dt included) never changes the bits of an
+    // earlier output (m at the middle of the whole chunk's range let a later step move it).
+    // Each factor's exponent is rounded to about |cs - m|·ε, so m is the chunk's first
+    // cumsum itself: an offset from it (cs_0 - 600 once, for a range of 1200) put every
+    // factor's error at about 600·ε, some 1e-13 of every float64 output and gradient.
+    const double m = q > 0 ? a * s.T[0] : 0.0;
     int64_t nf = 0;
-    while (nf < q && std::abs(a * s.T[nf] - m) <= 600.0) {
+    while (nf < q && std::abs(a * s.T[nf] - m) <= 700.0) {
       s.fexp[nf] = std::exp(a * s.T[nf] - m);
       s.gexp[nf] = std::exp(m - a * s.T[nf]);
       ++nf;
