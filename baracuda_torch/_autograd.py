@@ -168,6 +168,12 @@ def _opoverload(name: str):
     return getattr(getattr(ops, packet), overload or "default")
 
 
+def is_absent(t: Tensor) -> bool:
+    """An optional output the op did not compute: the library returns an empty 1-D tensor
+    there (op_def.cpp's is_absent_output)."""
+    return t.dim() == 1 and t.numel() == 0
+
+
 def _is_tensor(arg) -> bool:
     t = arg.type
     return isinstance(t, torch.TensorType) or (
@@ -226,9 +232,7 @@ def _declared_rules(e: dict) -> dict:
                 args.append(tensors[ctx.saved_at[i]] if tensor[i] else ctx.args[i])
             elif kind == "output":
                 t = tensors[outs_at + saved_outs.index(i)]
-                # an output the op did not compute (an empty 1-D tensor) is None for an
-                # optional parameter
-                args.append(None if optional[j] and t.dim() == 1 and t.numel() == 0 else t)
+                args.append(None if optional[j] and is_absent(t) else t)  # (None for an optional)
             elif kind == "sizes_of":
                 args.append(ctx.sizes[i])
             else:

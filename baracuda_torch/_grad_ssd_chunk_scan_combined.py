@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ._autograd import declared, logical_rank, move_bdim
+from ._autograd import declared, is_absent, logical_rank, move_bdim
 
 ops = torch.ops.baracuda
 _OP = "baracuda::ssd_chunk_scan_combined"
@@ -49,7 +49,7 @@ def _fold(t, bdim, n, pos):
 def _unfold(t, n, pos):
     """An output of the folded call -> (the per-sample result, its out_dim); an absent
     optional output (an empty tensor) is returned unbatched."""
-    if pos is None or t.numel() == 0 and t.dim() == 1:
+    if pos is None or is_absent(t):
         return t, None
     return t.unflatten(pos, (n, -1)), pos
 
@@ -83,7 +83,7 @@ def _looped_call(call, named, in_dims, n):
         per_sample.append(call(sample))
     outs, dims = [], []
     for results in zip(*per_sample):
-        if results[0].numel() == 0 and results[0].dim() == 1:
+        if is_absent(results[0]):
             outs.append(results[0])
             dims.append(None)
         else:
