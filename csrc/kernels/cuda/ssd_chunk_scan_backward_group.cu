@@ -140,7 +140,9 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
   T* sB = sC + kSsdTile * p.ldn;                // and [64][ldn] B rows (s)
   // decays in base 2 relative to the column tile's last position (ssd_log2_rel)
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sColDt[2][kSsdTile];
-  // `full` pairs: the weights' row factors 2^sRowL and column factors 2^−sColL·dt
+  // `full` pairs: the weights' row factors 2^sRowL and column factors 2^−sColL·dt;
+  // `diag` pairs: sColW only, each column's factor relative to its 16-column block's last
+  // position
   __shared__ float sRowF[2][kSsdTile], sColW[2][kSsdTile];
   __shared__ __align__(16) float sXcol[2][kTcThreads / 32][kSsdTile];  // per warp: Σ_q of the masked row prefixes
   __shared__ float sRowT[2][kSsdTile];                   // the row sums of T
@@ -171,6 +173,15 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
     // (and factored_decays: the weights factor, ssd_chunk_scan_tc.cuh's "factored weights")
     const bool full =
         p.factored && ti > tj && rows == kSsdTile && cols == kSsdTile && (!SEG || seg[c0] == seg[r0 + rows - 1]);
+    // A whole diagonal pair (factored_decays; never in SEG, whose pairs all hold a start):
+    // warp w's 16 rows lie after every column of the 16-column blocks before its own, so
+    // those blocks take `full`'s epilogue with the factors through each block's last
+    // position e (row factor 2^(a_q − a_e), column factor 2^(a_e − a_s)·dt_s: both <= 1, as
+    // the fused forwards' steps before a row's own), only the warp's own diagonal block
+    // takes the masked one, and the blocks after it are skipped. Where every warp took
+    // the masked epilogue over all 64 columns, warp 3 (the block's pace, a barrier a head)
+    // now runs 2 of its 8 column steps masked.
+    const bool diag = !SEG && p.factored && ti == tj && rows == kSsdTile;
     // Whole tiles of 16-byte groups in every head (64 rows and columns, head_dim a multiple
     // of 16, unit inner strides, 16-byte aligned bases and strides): `load` issues each
     // thread's copies straight from its first group's address, without tc_fill's checks
@@ -213,6 +224,9 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
         if (!SEG && full) {  // (every row and column inside the chunk; never true in SEG)
           sRowF[buf][tid] = ssd_exp2(sRowL[buf][tid]);
           sColW[buf][tid] = ssd_exp2(-sColL[buf][tid]) * sColDt[buf][tid];
+        } else if (!SEG && diag) {  // (the block's last position e's value, as sColL has it)
+          const float le = ssd_log2_rel(p.acs[at + c0 + (tid | 15)], ref);
+          sColW[buf][tid] = ssd_exp2(le - sColL[buf][tid]) * sColDt[buf][tid];
         }
       }
     };
@@ -300,17 +314,40 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
       // (factored_decays; __fmul_rn: no contraction in either path), and it keeps T itself:
       // xin's sums over q of the row prefixes are the prefix sums of T's column sums, which
       // flush scans once a head (64 values) where the row scans took 5 shuffles and about
-      // 8 more instructions a lane's pair of values.
-      auto epilogue = [&](auto full_tag) {
-        constexpr bool kFull = decltype(full_tag)::value;
+      // 8 more instructions a lane's pair of values. `diag` (kMode 2): the blocks before
+      // the warp's own as `full`, with each block's row factor (T kept, its column sums
+      // scanned by the warp below), then its own block masked from the row's sum so far.
+      auto epilogue = [&](auto mode_tag) {
+        constexpr int kMode = decltype(mode_tag)::value;
+        constexpr bool kFull = kMode == 1;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int ql = rw + g8 + 8 * half;
           const float ra = kFull ? sRowF[buf][ql] : sRowL[buf][ql];
-          float carry = 0.0f;
+          float carry = 0.0f, rf = 0.0f;
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt) {
             float tv[2];
+            if constexpr (kMode == 2) {
+              const int jb = nt / 2;  // the 16-column block (warp-uniform branches)
+              if (jb < warp) {
+                if (nt % 2 == 0) rf = ssd_exp2(ra - sColL[buf][16 * jb + 15]);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const float mv = __fmul_rn(m[nt][2 * half + e], __fmul_rn(rf, sColW[buf][nt * 8 + 2 * t4 + e]));
+                  tv[e] = __fmul_rn(cb[nt][2 * half + e], mv);
+                  acc[nt][2 * half + e] += mv;
+                  m[nt][2 * half + e] = tv[e];
+                }
+                carry += tv[0] + tv[1];
+                continue;
+              }
+              if (jb > warp) {
+                m[nt][2 * half] = m[nt][2 * half + 1] = 0.0f;
+                continue;
+              }
+              if (nt % 2 == 0) carry = ssd_quad_sum(carry);  // the row's sum over the whole blocks
+            }
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int sl = nt * 8 + 2 * t4 + e;
@@ -357,9 +394,11 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
         tc_warp_gemm<T, false, false>(m, sDy + buf * tile_elems + rw * p.ld, p.ld, sX + buf * tile_elems, p.ld,
                                       p.KP / 16, 0, hi_np);
         if (full)
-          epilogue(std::true_type{});
+          epilogue(std::integral_constant<int, 1>{});
+        else if (!SEG && diag)
+          epilogue(std::integral_constant<int, 2>{});
         else
-          epilogue(std::false_type{});
+          epilogue(std::integral_constant<int, 0>{});
       }
       // column sums of the masked prefixes (`full`: of T) over the warp's 16 rows
       // (ssd_reduce_scatter16: the fixed xor tree's sums, a lane's two columns a float2 store)
@@ -369,6 +408,17 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
         for (int nt = 0; nt < 8; ++nt) v[2 * nt] = m[nt][0] + m[nt][2], v[2 * nt + 1] = m[nt][1] + m[nt][3];
         ssd_reduce_scatter16(v, lane);
         *reinterpret_cast<float2*>(&sXcol[buf][warp][8 * ssd_scatter_slot(lane) + 2 * t4]) = make_float2(v[0], v[1]);
+        if (!SEG && diag) {
+          // the whole blocks' column sums of T become their inclusive prefix sums, the
+          // masked prefixes' sums that the masked epilogue would have left there (every row
+          // of the warp lies after those columns); a lane's two columns, scanned in order
+          __syncwarp();
+          float2* col = reinterpret_cast<float2*>(&sXcol[buf][warp][2 * lane]);
+          const bool whole = 2 * lane < 16 * warp;
+          const float2 cs = whole ? *col : make_float2(0.0f, 0.0f);
+          const float p0 = ssd_warp_scan_excl(cs.x + cs.y, lane) + cs.x;
+          if (whole) *col = make_float2(p0, p0 + cs.y);
+        }
       }
       if (t4 == 0) {
         sRowT[buf][rw + g8] = rowtot[0];
