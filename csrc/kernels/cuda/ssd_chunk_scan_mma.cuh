@@ -131,6 +131,19 @@ __device__ __forceinline__ void ssd_cp_async16_hint(void* smem, const void* gmem
 #endif
 }
 
+// Bytes (4, 8 or 16) from global to shared memory (cp.async.ca: through L1), both
+// addresses aligned to Bytes; committed and waited for as ssd_cp_async16.
+template <int Bytes>
+__device__ __forceinline__ void ssd_cp_async_ca(void* smem, const void* gmem) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(ssd_smem_u32(smem)), "l"(gmem), "n"(Bytes)
+               : "memory");
+#else
+  (void)smem, (void)gmem;
+  __trap();
+#endif
+}
+
 // Closes the thread's current group of cp.async copies.
 __device__ __forceinline__ void ssd_cp_async_commit() {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
