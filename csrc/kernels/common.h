@@ -16,6 +16,8 @@ BARACUDA_HD float math_exp(float v) { return expf(v); }
 BARACUDA_HD double math_exp(double v) { return exp(v); }
 BARACUDA_HD float math_erf(float v) { return erff(v); }
 BARACUDA_HD double math_erf(double v) { return erf(v); }
+BARACUDA_HD float math_erfc(float v) { return erfcf(v); }
+BARACUDA_HD double math_erfc(double v) { return erfc(v); }
 
 #ifdef BARACUDA_WITH_CUDA
 // Host functions (cuda/device_support.cu): whether this build holds code that runs on
