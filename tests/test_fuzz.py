@@ -440,13 +440,11 @@ def rms_norm_cases(draw, device):
     def reference(*t, rounding=None):
         x, r, w = split(t)
         x, w = x.flatten(-k), None if w is None else w.flatten()  # one normalized dim
-        if residual and rounding is not None:  # h rounded to the dtype, its gradient passed on
+        if residual:  # ref.add_rms_norm, with h rounded to `rounding` (its gradient passed on)
             h = x + r.flatten(-k)
-            h = h + (h.to(rounding).to(h.dtype) - h).detach()
+            if rounding is not None:
+                h = h + (h.to(rounding).to(h.dtype) - h).detach()
             return torch.stack([ref.rms_norm(h, w, eps, convention)[0].view(shape), h.view(shape)])
-        if residual:
-            y, h, _ = ref.add_rms_norm(x, r.flatten(-k), w, eps, convention)
-            return torch.stack([y.view(shape), h.view(shape)])
         return ref.rms_norm(x, w, eps, convention)[0].view(shape)
 
     reach, reach_back = _reference_reach(reference, bases, views)
