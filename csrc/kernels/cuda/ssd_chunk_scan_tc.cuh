@@ -241,6 +241,34 @@ __device__ __forceinline__ void tc_warp_gemm(float (&acc)[8][4], const T* sA, in
   }
 }
 
+// tc_warp_gemm<T, false, false> over KS k-steps known at compile time (np_lo 0): each
+// lane's ldmatrix rows are addressed once a call and the k-steps add immediate offsets.
+// With the k-steps a runtime count, the group dCB kernel's product of a head (K = 64)
+// took 241 instructions a warp for its 32 mma.sync: the addresses formed again at every
+// step, the loop unrolled by four with a remainder and the accumulators zeroed on three
+// paths (ncu, H200, the 2.7B shape). An np_hi known where it is called (4: every column
+// pair) also drops the predicates and their WARPSYNCs.
+template <typename T, int KS>
+__device__ __forceinline__ void tc_warp_gemm_ks(float (&acc)[8][4], const T* sA, int lda, const T* sB, int ldb,
+                                                int np_hi) {
+  const int lane = threadIdx.x % 32;
+  const T* a_row = sA + (lane % 16) * lda + (lane / 16) * 8;
+  const T* b_row = sB + ((lane / 16) * 8 + lane % 8) * ldb + ((lane / 8) % 2) * 8;
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {
+    uint32_t a[4];
+    ssd_ldsm_x4(a, a_row + kk * 16);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      if (np >= np_hi) continue;
+      uint32_t b[4];
+      ssd_ldsm_x4(b, b_row + np * 16 * ldb + kk * 16);
+      ssd_mma16816<T>(acc[2 * np], a, b[0], b[1]);
+      ssd_mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 // acc += P · V with P the warp's 16 × 64 A fragments (k-steps kk_lo <= kk < kk_hi) and V
 // a 64 × 64 tile stored [k][n] in shared memory (row stride kTcLd).
 template <typename T>
