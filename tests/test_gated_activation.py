@@ -153,6 +153,31 @@ def test_nan_inf_propagate_like_reference(device, kind):
     torch.testing.assert_close(y, ref.gated_activation(x, kind), equal_nan=True)
 
 
+# The accurate GeGLU paths: the CPU's scalar kernels (float64) and the CUDA kernels (float32,
+# float64). The CPU's float32 rows run AVX2 with ATen's erf form (docs/ops.md).
+@pytest.mark.parametrize("device, dtype", [
+    ("cpu", torch.float64),
+    pytest.param("cuda", torch.float32, marks=requires_cuda),
+    pytest.param("cuda", torch.float64, marks=requires_cuda)])
+def test_geglu_lower_tail_keeps_its_relative_accuracy(device, dtype):
+    """GeGLU's Φ from erfc(−b/√2)/2: in the gate's lower tail, where (1 + erf(b/√2))/2
+    cancels (to 0 in float32 below b ≈ −5.9), y and both gradients stay within a few
+    units of the last place of the float64 reference, relatively."""
+    lo, rtol = (-9.0, 1e-5) if dtype == torch.float32 else (-30.0, 1e-12)
+    b = torch.linspace(lo, -3.0, 301, dtype=torch.float64)
+    a = 1.0 + torch.rand(301, dtype=torch.float64)
+    x64 = torch.cat([a, b]).unsqueeze(0).requires_grad_()
+    dy = 1.0 + torch.rand(1, 301, dtype=torch.float64)
+    y64 = ref.gated_activation(x64, "geglu")
+    (dx64,) = torch.autograd.grad(y64, x64, dy)
+    x = x64.detach().to(device, dtype).requires_grad_()
+    y = bt.gated_activation(x, "geglu")
+    (dx,) = torch.autograd.grad(y, x, dy.to(device, dtype))
+    for name, got, want in [("y", y, y64), ("dx", dx, dx64)]:
+        rel = ((got.double().cpu() - want) / want).abs().max().item()
+        assert rel <= rtol, f"geglu {dtype} on {device}: {name}'s largest relative error {rel:.3g} > {rtol}"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_reglu_gradient_at_special_gates(device, dtype):

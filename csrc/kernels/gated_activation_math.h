@@ -72,14 +72,13 @@ BARACUDA_HD Acc sigmoid(Acc b) {
 
 // Standard normal CDF Φ(b) and density φ(b).
 //
-// Accurate (float32/float64 data), the CPU's scalar kernels: Φ = erfc(−b/√2) / 2. Its
-// relative error stays at a few ulps in the lower tail, where PyTorch's (1 + erf(b/√2)) / 2
-// cancels: in float64 that loses 1.3e-10 of Φ(−6) and 1.8 % of Φ(−8) (and a random draw
-// of tests/test_fuzz.py had this kernel's float64 GeGLU and F.gelu's 1.0e-12 apart, of an
-// output of 8.8e-5).
+// Accurate (float32/float64 data: the CUDA kernels and the CPU's scalar kernels):
+// Φ = erfc(−b/√2) / 2. Its relative error stays at a few ulps in the lower tail, where
+// PyTorch's (1 + erf(b/√2)) / 2 cancels: in float64 that loses 1.3e-10 of Φ(−6) and 1.8 %
+// of Φ(−8), in float32 all of Φ below b ≈ −5.9 (and a random draw of tests/test_fuzz.py
+// had this kernel's float64 GeGLU and F.gelu's 1.0e-12 apart, of an output of 8.8e-5).
 // The CPU's AVX2 kernels (float32, float16, bfloat16 rows) keep ATen's vectorized erf, the
-// one PyTorch's GELU uses (Sleef's erfc doubled their time), and the CUDA kernels'
-// accurate path keeps the erf form until a GPU run verifies the change there.
+// one PyTorch's GELU uses (Sleef's erfc doubled their time).
 // Fast (float16/bfloat16 in the CUDA kernels): Φ from erfc without erf, branch-free:
 //   x = |b|/√2,  t = 1/(1 + x/2),  erfc(x) = t·Q(t)·exp(−x²),  Φ = b ≥ 0 ? 1 − erfc/2 : erfc/2
 // with Q a degree-6 polynomial fitted for this library (weighted least squares towards
@@ -104,11 +103,7 @@ BARACUDA_HD Acc normal_cdf(Acc b) {
     return b >= 0.0f ? 1.0f - half_erfc : half_erfc;
   }
 #endif
-#if defined(__CUDA_ARCH__)
-  return Acc(0.5) * (Acc(1) + math_erf(b * Acc(0.70710678118654752440)));
-#else
   return Acc(0.5) * math_erfc(b * Acc(-0.70710678118654752440));
-#endif
 }
 template <bool Fast, typename Acc>
 BARACUDA_HD Acc normal_pdf(Acc b) {
