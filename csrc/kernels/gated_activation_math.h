@@ -77,8 +77,9 @@ BARACUDA_HD Acc sigmoid(Acc b) {
 // PyTorch's (1 + erf(b/√2)) / 2 cancels: in float64 that loses 1.3e-10 of Φ(−6) and 1.8 %
 // of Φ(−8), in float32 all of Φ below b ≈ −5.9 (and a random draw of tests/test_fuzz.py
 // had this kernel's float64 GeGLU and F.gelu's 1.0e-12 apart, of an output of 8.8e-5).
-// The CPU's AVX2 kernels (float32, float16, bfloat16 rows) keep ATen's vectorized erf, the
-// one PyTorch's GELU uses (Sleef's erfc doubled their time).
+// The CPU's AVX2 kernels (float32, float16, bfloat16 rows) take the same erfc form from
+// fitted polynomials (gated_activation_avx2.cpp's vgelu_parts; Sleef's erfc doubled their
+// time, and ATen's vectorized erf cancels as 1 + erf does).
 // Fast (float16/bfloat16 in the CUDA kernels): Φ from erfc without erf, branch-free:
 //   x = |b|/√2,  t = 1/(1 + x/2),  erfc(x) = t·Q(t)·exp(−x²),  Φ = b ≥ 0 ? 1 − erfc/2 : erfc/2
 // with Q a degree-6 polynomial fitted for this library (weighted least squares towards
