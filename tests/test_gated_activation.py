@@ -153,9 +153,10 @@ def test_nan_inf_propagate_like_reference(device, kind):
     torch.testing.assert_close(y, ref.gated_activation(x, kind), equal_nan=True)
 
 
-# Every GeGLU path but the CUDA kernels' 16-bit one (a fitted erfc polynomial, within
-# 1.3e-5 relative: docs/ops.md): the CPU's scalar kernels (float64 here; the AVX2 rows'
-# tails too) and AVX2 rows (float32, bfloat16), the CUDA kernels' float32 and float64.
+# The lower tail on the CPU's scalar kernels (float64 here; the AVX2 rows' last elements
+# too), the CPU's AVX2 rows (float32, and bfloat16, whose range holds the tail) and the
+# CUDA kernels' float32 and float64 paths (their 16-bit one, a fitted erfc polynomial
+# within 1.3e-5 relative, is described in docs/ops.md).
 @pytest.mark.parametrize("device, dtype, lo, rtol", [
     ("cpu", torch.float64, -30.0, 1e-12),
     ("cpu", torch.float32, -12.0, 1e-6),
