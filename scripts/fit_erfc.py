@@ -3,8 +3,10 @@
 towards minimax relative error over x in [0, XMAX] (weighted least squares in t on
 Chebyshev points, reweighted by each point's error; mpmath's erfc as the truth), then
 reports the largest relative error of t·Q(t) in exact arithmetic and evaluated in float32
-the kernels' way (Horner with fma, t rounded). Degree 8 gives the CPU's AVX2 float32 rows
-(csrc/kernels/cpu/gated_activation_avx2.cpp, vgelu_parts):
+the kernels' way (Horner with fma, t rounded), and in exact arithmetic beyond the fit, up
+to x = --beyond (which the kernels still evaluate, times an exp(−x²) below 1e-43). Degree
+8 gives the CPU's AVX2 float32 rows (csrc/kernels/cpu/gated_activation_avx2.cpp,
+vgelu_parts):
 
     python scripts/fit_erfc.py --degree 8
 
@@ -23,6 +25,7 @@ def main() -> None:
     ap.add_argument("--degree", type=int, default=8)
     ap.add_argument("--xmax", type=float, default=10.0)
     ap.add_argument("--points", type=int, default=4000)
+    ap.add_argument("--beyond", type=float, default=14.15)  # |b| = 20: the AVX2 rows' clamp
     args = ap.parse_args()
     mp.mp.dps = 40
     deg, tmin, m = args.degree, 1.0 / (1.0 + args.xmax / 2), args.points
@@ -51,8 +54,10 @@ def main() -> None:
             q = np.float32(np.float64(q) * np.float64(t32) + np.float64(c32[k]))
         want = float(mp.erfc(mp.mpf(float(x32))) * mp.exp(mp.mpf(float(x32)) ** 2) / 2)
         worst = max(worst, abs(float(np.float32(t32 * q)) - want) / want)
+    tb = 1.0 / (1.0 + np.linspace(args.xmax, args.beyond, 401) / 2)
+    beyond = max(abs(np.polyval(c[::-1], t) / target(t) - 1) for t in tb)
     print(f"degree {deg}, x in [0, {args.xmax}]: max relative error {np.abs(rel).max():.3g} exact, "
-          f"{worst:.3g} in float32")
+          f"{worst:.3g} in float32; x in [{args.xmax}, {args.beyond}]: {beyond:.3g} exact")
     print("Q(t) coefficients, highest power first:")
     for v in c[::-1]:
         print(f"  {v:.17g}")

@@ -25,12 +25,12 @@ using avx2::sigmoid;
 //   Φ = b ≥ 0 ? 1 − erfc/2 : erfc/2.
 // Exact (float32 data): Q of degree 8 fitted for this library (`python scripts/fit_erfc.py
 // --degree 8`: relative minimax over x in [0, 10], 4.3e-8 in exact arithmetic, t·Q within
-// 2.9e-7 evaluated in float32; up to x = 14 within 4.2e-7), and exp(−b²/2) from b² split
-// exactly, u + r = b² (u = b·b rounded, r = fma(b, b, −u)), as exp(−u/2)·(1 − r/2): a
-// rounded b² costs up to (b²/2)·2^-24 relative (2e-6 at b = −8.5). Otherwise (16-bit
-// data, whose rounding is 2^-9 or 2^-12): the CUDA kernels' degree-6 Q
-// (gated_activation_math.h, erfc within 1.4e-6) and b² rounded, 5 fewer operations an
-// element.
+// 2.9e-7 evaluated in float32; up to x = 14.15, the clamp below, within 4.2e-7), and
+// exp(−b²/2) from b² split exactly, u + r = b² (u = b·b rounded, r = fma(b, b, −u)), as
+// exp(−u/2)·(1 − r/2): a rounded b² costs up to (b²/2)·2^-24 relative (2e-6 at
+// b = −8.5). Otherwise (16-bit data, whose rounding is 2^-9 or 2^-12): the CUDA kernels'
+// degree-6 Q (gated_activation_math.h, erfc within 1.4e-6) and b² rounded, 5 fewer
+// operations an element.
 // ATen's vectorized erf, which PyTorch's GELU uses, is within 1.5e-7 absolute, so
 // (1 + erf)/2 cancels in the tail: 1e-5 relative at b = −2.7, all of Φ below b ≈ −5.9.
 // |b| is clamped to 20 for the tail (Φ is 0 or 1 and e is 0 in float32 beyond it; an
