@@ -126,13 +126,15 @@ struct SsdGroupDcbParams {
 //   xsuf[pair][q − r0] = Σ_{q' >= q} Σ_{s' in tj} T[q'][s']     (for s in tiles after tj)
 // which ssd_group_xs_kernel adds up per position in a fixed order. Every T is added
 // once per X_s it belongs to: no cancelling subtraction.
-// 4 blocks per multiprocessor (128 registers, with C·Bᵀ's 32 floats a few words spill):
-// the 2.7B layer's 640 blocks are 1.2 rounds on an H100's 132 multiprocessors.
+// 3 blocks per multiprocessor (up to 168 registers): at 4 (128 registers) the loop counter
+// and loaded values spilled, and at the 2.7B shape dCB took 582-583 µs against 535 at 3
+// (H200, same build), though its 640 blocks are then 1.6 rounds of 132 multiprocessors,
+// not 1.2.
 // SEG (packed sequences: p.seg): M and T are selected to 0 across a start (a tile pair that
 // holds one takes the masked epilogue), and each position's decay is relative to a
 // position of its own sequence (ssd_log2_seq).
 template <typename T, bool SEG = false>
-__global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(const SsdGroupDcbParams<T> p) {
+__global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dcb_kernel(const SsdGroupDcbParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   const int tile_elems = kSsdTile * p.ld;
   T* sDy = reinterpret_cast<T*>(ssd_dyn_smem);  // [2][64][ld]: q rows of dy, per head buffer
@@ -312,17 +314,27 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
     }
     fetch(h0);
     ssd_cp_async_commit();
-    // C·Bᵀ of the tile pair, once for all heads (float32, exact operands)
-    tc_fill<T>(sC, p.ldn, kSsdTile, p.NP, p.C.p + b * p.C.s[0] + (t0 + r0) * p.C.s[1] + g * p.C.s[2], p.C.s[1],
-               p.C.s[3], rows, p.N);
-    tc_fill<T>(sB, p.ldn, kSsdTile, p.NP, p.B.p + b * p.B.s[0] + (t0 + c0) * p.B.s[1] + g * p.B.s[2], p.B.s[1],
-               p.B.s[3], cols, p.N);
+    // C·Bᵀ of the tile pair, once for all heads (float32, exact operands); the C and B rows
+    // by cp.async (plain loads and stores held each STS.128 on its load: 4 % of the
+    // kernel's stall samples, ncu, H100, the 2.7B shape)
+    tc_fill<T, true>(sC, p.ldn, kSsdTile, p.NP, p.C.p + b * p.C.s[0] + (t0 + r0) * p.C.s[1] + g * p.C.s[2],
+                     p.C.s[1], p.C.s[3], rows, p.N);
+    tc_fill<T, true>(sB, p.ldn, kSsdTile, p.NP, p.B.p + b * p.B.s[0] + (t0 + c0) * p.B.s[1] + g * p.B.s[2],
+                     p.B.s[1], p.B.s[3], cols, p.N);
+    ssd_cp_async_commit();
     ssd_cp_async_wait<0>();
     __syncthreads();
     convert(0);
     float cb[8][4];
     tc_zero(cb);
-    if (live) tc_warp_gemm<T, false, false>(cb, sC + rw * p.ldn, p.ldn, sB, p.ldn, p.NP / 16, 0, hi_np);
+    if (live) {
+      // (N = 128: the k-steps and row stride known here)
+      if (p.NP == 2 * kSsdTile)
+        tc_warp_gemm_ks<T, 2 * kSsdTile / 16>(cb, sC + rw * (2 * kSsdTile + 8), 2 * kSsdTile + 8, sB,
+                                              2 * kSsdTile + 8, hi_np);
+      else
+        tc_warp_gemm<T, false, false>(cb, sC + rw * p.ldn, p.ldn, sB, p.ldn, p.NP / 16, 0, hi_np);
+    }
     if (split == 0) {  // for the dx kernel: B_s·C_q at [s][q] (zeros where nothing was computed)
       float* tile = p.cbt + (((b * p.groups + g) * p.nchunks + c) * p.pairs + pair) * (kSsdTile * kSsdTile);
 #pragma unroll
@@ -444,11 +456,16 @@ __global__ void __launch_bounds__(kTcThreads, SEG ? 3 : 4) ssd_group_dcb_kernel(
         // 623.7 (H100, the 2.7B shape, two runs each, same build)
         const T* a_at = sDy + buf * tile_elems + rw * p.ld;
         const T* b_at = sX + buf * tile_elems;
-        if (p.KP == kSsdTile && full)
-          tc_warp_gemm_ks<T, kSsdTile / 16>(m, a_at, kTcLd, b_at, kTcLd, 4);
-        else if (p.KP == kSsdTile)
-          tc_warp_gemm_ks<T, kSsdTile / 16>(m, a_at, kTcLd, b_at, kTcLd, hi_np);
-        else
+        if (p.KP == kSsdTile) {
+          // each warp's own column pairs (a diagonal pair's warp w takes w + 1 of them), the
+          // count a constant in each case: no predicates
+          switch (hi_np) {
+            case 1: tc_warp_gemm_ks<T, kSsdTile / 16>(m, a_at, kTcLd, b_at, kTcLd, 1); break;
+            case 2: tc_warp_gemm_ks<T, kSsdTile / 16>(m, a_at, kTcLd, b_at, kTcLd, 2); break;
+            case 3: tc_warp_gemm_ks<T, kSsdTile / 16>(m, a_at, kTcLd, b_at, kTcLd, 3); break;
+            default: tc_warp_gemm_ks<T, kSsdTile / 16>(m, a_at, kTcLd, b_at, kTcLd, 4); break;
+          }
+        } else
           tc_warp_gemm<T, false, false>(m, a_at, p.ld, b_at, p.ld, p.KP / 16, 0, hi_np);
         if (full)
           epilogue(std::integral_constant<int, 1>{});
@@ -1027,7 +1044,12 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
         if (k == 0) {
           // the inter-chunk term: exp(Acs_last − Acs_s)·Σ_n B_s[n]·Gn[j][n] into acc
           if (live) {
-            tc_warp_gemm<T, false, false>(acc, sL + rw * p.ld, p.ld, sS, p.ld, p.NP / 16, 0, 4);
+            // (N = 128: the k-steps and row stride known here)
+            if (p.NP == 2 * kSsdTile)
+              tc_warp_gemm_ks<T, 2 * kSsdTile / 16>(acc, sL + rw * (2 * kSsdTile + 8), 2 * kSsdTile + 8, sS,
+                                                    2 * kSsdTile + 8, 4);
+            else
+              tc_warp_gemm<T, false, false>(acc, sL + rw * p.ld, p.ld, sS, p.ld, p.NP / 16, 0, 4);
             float dot[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
@@ -1234,7 +1256,7 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
     kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, on>>>(p);
   };
   // With seq_idx the plain kernel takes the tile pairs of one sequence and the SEG one
-  // (3 blocks an SM) the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row
+  // the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row
   // (H200), 498-505 + 248-250 µs where the SEG kernel alone took 774-780; with
   // side_stream the two run side by side (ssd_seg_launches).
   ssd_seg_launches(l.side_stream, p.seg != nullptr, stream, [&](cudaStream_t on) { run(ssd_group_dcb_kernel<T>, on); },
