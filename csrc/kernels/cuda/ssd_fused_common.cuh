@@ -63,6 +63,8 @@ struct FusedParams {
   int64_t seq_s[2];
   bool seq_i64;
   bool factored;  // SsdChunkScanLaunch::factored_decays
+  // fused_tile's divisors, by multiply-shift: batch·heads·psplit, heads·psplit, psplit, hpg
+  FastDivmod tiles_div, bh_div, psplit_div, hpg_div;
 };
 
 // A block's problem, from its ticket: chunk-major, then batch, head, head_dim tile and,
@@ -81,7 +83,8 @@ __device__ __forceinline__ FusedTile fused_tile(const FusedParams& p, int ticket
   FusedTile t;
   const int nsplit = SPLIT ? 2 : 1;  // (the plan's fused_state_split)
   const int per_chunk = p.batch * p.heads * p.psplit * nsplit;
-  t.c = ticket / per_chunk;
+  const uint32_t u = static_cast<uint32_t>(ticket);
+  t.c = static_cast<int>(p.tiles_div.div(SPLIT ? u >> 1 : u));  // (⌊⌊u/2⌋/n⌋ = ⌊u/2n⌋)
   int rest = ticket - t.c * per_chunk;
   t.nh = 0;
   if constexpr (SPLIT) {
@@ -89,11 +92,11 @@ __device__ __forceinline__ FusedTile fused_tile(const FusedParams& p, int ticket
     rest >>= 1;
   }
   t.n0 = t.nh * p.split_cols;
-  t.b = rest / (p.heads * p.psplit);
+  t.b = static_cast<int>(p.bh_div.div(static_cast<uint32_t>(rest)));
   rest -= t.b * p.heads * p.psplit;
-  t.h = rest / p.psplit;
+  t.h = static_cast<int>(p.psplit_div.div(static_cast<uint32_t>(rest)));
   const int ps = rest - t.h * p.psplit;
-  t.grp = t.h / p.hpg;
+  t.grp = static_cast<int>(p.hpg_div.div(static_cast<uint32_t>(t.h)));
   t.t0 = t.c * p.chunk;
   t.len = min(p.chunk, p.seqlen - t.t0);
   t.p0 = ps * kFusedP;
@@ -491,6 +494,10 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   p.nchunks = static_cast<int>(l.nchunks());
   p.psplit = static_cast<int>(l.head_dim / kFusedP);
   p.hpg = static_cast<int>(l.heads / l.groups);
+  p.tiles_div = FastDivmod(static_cast<uint32_t>(p.batch * p.heads * p.psplit));
+  p.bh_div = FastDivmod(static_cast<uint32_t>(p.heads * p.psplit));
+  p.psplit_div = FastDivmod(static_cast<uint32_t>(p.psplit));
+  p.hpg_div = FastDivmod(static_cast<uint32_t>(p.hpg));
   p.split_cols = static_cast<int>(l.fused_state_tile / l.fused_state_split);
   p.x = l.x;
   p.dt = l.dt;
