@@ -127,9 +127,8 @@ struct SsdGroupDcbParams {
 // which ssd_group_xs_kernel adds up per position in a fixed order. Every T is added
 // once per X_s it belongs to: no cancelling subtraction.
 // 3 blocks per multiprocessor (up to 168 registers): at 4 (128 registers) the loop counter
-// and loaded values spilled, and at the 2.7B shape dCB took 582-583 µs against 535 at 3
-// (H200, same build), though its 640 blocks are then 1.6 rounds of 132 multiprocessors,
-// not 1.2.
+// and loaded values spilled, and at the 2.7B shape (2560 blocks: 4 head splits) dCB took
+// 582-583 µs against 535 at 3 (H200, same build).
 // SEG (packed sequences: p.seg): M and T are selected to 0 across a start (a tile pair that
 // holds one takes the masked epilogue), and each position's decay is relative to a
 // position of its own sequence (ssd_log2_seq).
