@@ -86,20 +86,30 @@ BARACUDA_HD Acc sigmoid(Acc b) {
 // minimax relative error on x in [0, 10]): erfc's relative error ≤ 1.4e-6 for every x ≥ 0,
 // so gelu(b) = b·Φ(b) is within 1.3e-5 relative everywhere (float32 evaluation) — better
 // in the tail than 1 + erf, which cancels — in ~15 instructions instead of erff's ~40.
+// Q's coefficients, highest degree first (k = 0..6; they carry the factor 1/2, so t·Q(t)
+// is erfc/2 before exp(−x²)): the CUDA kernels' fast Φ and the CPU's AVX2 rows of 16-bit
+// data (gated_activation_avx2.cpp) evaluate Q by Horner's rule from these.
+constexpr int kErfcQ6Terms = 7;
+BARACUDA_HD constexpr float erfc_q6(int k) {
+  return k == 0 ? 0.04410344889178667f
+       : k == 1 ? -0.17837385152127142f
+       : k == 2 ? 0.19461920381500385f
+       : k == 3 ? 0.01894024934839285f
+       : k == 4 ? 0.14075384414401025f
+       : k == 5 ? 0.13879069387837298f
+                : 0.14116573388993528f;
+}
+
 template <bool Fast, typename Acc>
 BARACUDA_HD Acc normal_cdf(Acc b) {
 #if defined(__CUDA_ARCH__)
   if constexpr (Fast) {
-    // u = x·√(log2 e), so exp(−x²) = 2^(−u²); Q's coefficients carry the factor 1/2.
+    // u = x·√(log2 e), so exp(−x²) = 2^(−u²)
     const float u = fabsf(b) * 0.84932180028801907f;          // (1/√2)·√(log2 e)
     const float t = recip<true>(1.0f + 0.41627730557884884f * u);  // 1/(1 + x/2)
-    float q = 0.04410344889178667f;
-    q = q * t - 0.17837385152127142f;
-    q = q * t + 0.19461920381500385f;
-    q = q * t + 0.01894024934839285f;
-    q = q * t + 0.14075384414401025f;
-    q = q * t + 0.13879069387837298f;
-    q = q * t + 0.14116573388993528f;
+    float q = erfc_q6(0);
+#pragma unroll
+    for (int k = 1; k < kErfcQ6Terms; ++k) q = q * t + erfc_q6(k);
     const float half_erfc = t * q * fast_exp2(-u * u);
     return b >= 0.0f ? 1.0f - half_erfc : half_erfc;
   }

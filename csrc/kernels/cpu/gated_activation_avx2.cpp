@@ -55,13 +55,8 @@ inline void vgelu_parts(FVec b, FVec& cdf, FVec& e) {
     q = at::vec::fmadd(q, t, FVec(0.14118768672215212f));
     q = at::vec::fmadd(q, t, FVec(0.1410432072394987f));
   } else {
-    q = FVec(0.04410344889178667f);
-    q = at::vec::fmadd(q, t, FVec(-0.17837385152127142f));
-    q = at::vec::fmadd(q, t, FVec(0.19461920381500385f));
-    q = at::vec::fmadd(q, t, FVec(0.01894024934839285f));
-    q = at::vec::fmadd(q, t, FVec(0.14075384414401025f));
-    q = at::vec::fmadd(q, t, FVec(0.13879069387837298f));
-    q = at::vec::fmadd(q, t, FVec(0.14116573388993528f));
+    q = FVec(erfc_q6(0));
+    for (int k = 1; k < kErfcQ6Terms; ++k) q = at::vec::fmadd(q, t, FVec(erfc_q6(k)));
   }
   const FVec half_erfc = t * q * e;
   cdf = FVec::blendv(half_erfc, FVec(1.0f) - half_erfc, b >= FVec(0.0f));
