@@ -219,7 +219,8 @@ double x_bytes(const SsdChunkScanLaunch& l) {
 // least rounds × heads per block, counting 4 blocks per multiprocessor, as long as the
 // partial dCBs together take no more memory than x. At the Mamba-2 2.7B shape (640 tile
 // pairs and 80 heads, 132 multiprocessors) that is 4: 5 rounds of 20 heads in place of 2
-// rounds of 80.
+// rounds of 80. (4 was the dCB kernel's occupancy when the count was chosen; the kernel now
+// runs 3 an SM, and counting 3 would pick 3 splits at that shape: not yet measured.)
 int64_t ssd_dcb_splits(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 1;
   const int64_t tiles = l.dcb_ld() / 64;
