@@ -155,14 +155,15 @@ def test_nan_inf_propagate_like_reference(device, kind):
 
 # The lower tail on the CPU's scalar kernels (float64 here; the AVX2 rows' last elements
 # too), the CPU's AVX2 rows (float32, and bfloat16, whose range holds the tail) and the
-# CUDA kernels' float32 and float64 paths (their 16-bit one, a fitted erfc polynomial
-# within 1.3e-5 relative, is described in docs/ops.md).
+# CUDA kernels' float32 and float64 paths and their 16-bit one (bfloat16: Φ from the
+# fitted erfc polynomial, within 1.3e-5 relative, docs/ops.md).
 @pytest.mark.parametrize("device, dtype, lo, rtol", [
     ("cpu", torch.float64, -30.0, 1e-12),
     ("cpu", torch.float32, -12.0, 1e-6),
     ("cpu", torch.bfloat16, -12.0, 8e-3),
     pytest.param("cuda", torch.float32, -9.0, 1e-5, marks=requires_cuda),
-    pytest.param("cuda", torch.float64, -30.0, 1e-12, marks=requires_cuda)])
+    pytest.param("cuda", torch.float64, -30.0, 1e-12, marks=requires_cuda),
+    pytest.param("cuda", torch.bfloat16, -9.0, 8e-3, marks=requires_cuda)])
 def test_geglu_lower_tail_keeps_its_relative_accuracy(device, dtype, lo, rtol):
     """GeGLU's Φ from erfc(−b/√2)/2: in the gate's lower tail, where (1 + erf(b/√2))/2
     cancels (to 0 in float32 below b ≈ −5.9), y and both gradients stay within `rtol` of
