@@ -70,7 +70,8 @@ class Case:
     stored_16bit: tuple = ()
     # seen(dtype): the float64 reference of what the op computes from inputs in `dtype`,
     # for an op that rounds an intermediate to it (rms_norm's h = x + residual, which the
-    # norm then takes, as the decoder layer adds them in its dtype); None: ref.
+    # norm then takes, as the decoder layer adds them in its dtype; the llama convention's
+    # x·rstd, rounded before the weight); None: ref.
     seen: Optional[Callable[[torch.dtype], Callable[..., Tensor]]] = None
     # term_scales(views in float64, dys): per input, the size of the terms its gradient is
     # made of where the largest float64 gradient (_view_grad_scales) understates them by
@@ -443,18 +444,24 @@ def rms_norm_cases(draw, device):
 
     def reference(*t, rounding=None):
         x, r, w = split(t)
-        x, w = x.flatten(-k), None if w is None else w.flatten()  # one normalized dim
+        h, w = x.flatten(-k), None if w is None else w.flatten()  # one normalized dim
         if residual:  # ref.add_rms_norm, with h rounded to `rounding` (its gradient passed on)
-            h = x + r.flatten(-k)
+            h = h + r.flatten(-k)
             if rounding is not None:
                 h = h + (h.to(rounding).to(h.dtype) - h).detach()
-            return torch.stack([ref.rms_norm(h, w, eps, convention)[0].view(shape), h.view(shape)])
-        return ref.rms_norm(x, w, eps, convention)[0].view(shape)
+        if rounding is not None and convention == "llama" and w is not None:
+            # llama's x·rstd, rounded to the dtype before the weight (the gradient passed on)
+            n = ref.rms_norm(h, None, eps, convention)[0]
+            y = w * (n + (n.to(rounding).to(n.dtype) - n).detach())
+        else:
+            y = ref.rms_norm(h, w, eps, convention)[0]
+        return torch.stack([y.view(shape), h.view(shape)]) if residual else y.view(shape)
 
     reach, reach_back = _reference_reach(reference, bases, views)
     return Case("rms_norm", bases, views, ours, reference, reach, reach_back,
                 info=dict(shape=shape, k=k, convention=convention, eps=eps, weight=weighted, residual=residual),
-                seen=(lambda dtype: functools.partial(reference, rounding=dtype)) if residual else None)
+                seen=(lambda dtype: functools.partial(reference, rounding=dtype))
+                if residual or (convention == "llama" and weighted) else None)
 
 
 @st.composite
