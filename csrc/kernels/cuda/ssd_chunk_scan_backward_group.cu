@@ -50,6 +50,11 @@
 namespace baracuda::kernels::cuda {
 namespace {
 
+// The row stride of an N = 128 tile of C, B or chunk-state rows (NP + 8, as
+// SsdGroupDcbParams::ldn and SsdGroupDxParams::ld set it), for the products that take
+// their k-steps at compile time there.
+constexpr int kLdN128 = 2 * kSsdTile + 8;
+
 // Sums each of 16 values over the 8 lanes that share lane % 4 (lane bits 2..4) by halving:
 // at each step (partners lane ^ 4, then ^ 8, then ^ 16) a lane gives away half of its
 // values and adds its partner's half to the other: 14 shuffles, where a xor tree a value
@@ -329,8 +334,7 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dcb_kernel(const SsdG
     if (live) {
       // (N = 128: the k-steps and row stride known here)
       if (p.NP == 2 * kSsdTile)
-        tc_warp_gemm_ks<T, 2 * kSsdTile / 16>(cb, sC + rw * (2 * kSsdTile + 8), 2 * kSsdTile + 8, sB,
-                                              2 * kSsdTile + 8, hi_np);
+        tc_warp_gemm_ks<T, 2 * kSsdTile / 16>(cb, sC + rw * kLdN128, kLdN128, sB, kLdN128, hi_np);
       else
         tc_warp_gemm<T, false, false>(cb, sC + rw * p.ldn, p.ldn, sB, p.ldn, p.NP / 16, 0, hi_np);
     }
@@ -450,9 +454,9 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dcb_kernel(const SsdG
       };
       if (live) {
         // dy·xᵀ of the warp's rows; head_dim 64 (the Mamba-2 default) with its k-steps and
-        // row stride known here, a whole pair's product without predicates. With the loads
-        // above, 16 % fewer instructions (ncu) and dCB 580.0 and 581.0 µs against 610.8 and
-        // 623.7 (H100, the 2.7B shape, two runs each, same build)
+        // row stride known here. With the loads above, 16 % fewer instructions (ncu) and
+        // dCB 580.0 and 581.0 µs against 610.8 and 623.7 (H100, the 2.7B shape, two runs
+        // each, same build)
         const T* a_at = sDy + buf * tile_elems + rw * p.ld;
         const T* b_at = sX + buf * tile_elems;
         if (p.KP == kSsdTile) {
@@ -1045,8 +1049,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
           if (live) {
             // (N = 128: the k-steps and row stride known here)
             if (p.NP == 2 * kSsdTile)
-              tc_warp_gemm_ks<T, 2 * kSsdTile / 16>(acc, sL + rw * (2 * kSsdTile + 8), 2 * kSsdTile + 8, sS,
-                                                    2 * kSsdTile + 8, 4);
+              tc_warp_gemm_ks<T, 2 * kSsdTile / 16>(acc, sL + rw * kLdN128, kLdN128, sS, kLdN128, 4);
             else
               tc_warp_gemm<T, false, false>(acc, sL + rw * p.ld, p.ld, sS, p.ld, p.NP / 16, 0, 4);
             float dot[2] = {0.0f, 0.0f};
