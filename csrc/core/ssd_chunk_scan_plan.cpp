@@ -216,16 +216,17 @@ double x_bytes(const SsdChunkScanLaunch& l) {
 }
 
 // The dCB pass's head splits (SsdChunkScanLaunch::dcb_splits): 1 to 4, the fewest with the
-// least rounds × heads per block, counting 4 blocks per multiprocessor, as long as the
-// partial dCBs together take no more memory than x. At the Mamba-2 2.7B shape (640 tile
-// pairs and 80 heads, 132 multiprocessors) that is 4: 5 rounds of 20 heads in place of 2
-// rounds of 80. (4 was the dCB kernel's occupancy when the count was chosen; the kernel now
-// runs 3 an SM, and counting 3 would pick 3 splits at that shape: not yet measured.)
+// least rounds × heads per block, counting 3 blocks per multiprocessor (the dCB kernel's
+// occupancy), as long as the partial dCBs together take no more memory than x. At the
+// Mamba-2 2.7B shape (640 tile pairs and 80 heads, 132 multiprocessors) that is 3: 5 rounds
+// of 27 heads in place of 2 rounds of 80. (Counting 4, the kernel's occupancy when the count
+// was first chosen, picked 4 splits there: the backward took 25 µs more, H100, BENCHMARKS.md
+// fifty-second session.)
 int64_t ssd_dcb_splits(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 1;
   const int64_t tiles = l.dcb_ld() / 64;
   const int64_t blocks = l.batch * l.groups * l.nchunks() * tiles * (tiles + 1) / 2;
-  const int64_t slots = 4 * static_cast<int64_t>(std::max(desc.device.sm_count, 1));
+  const int64_t slots = 3 * static_cast<int64_t>(std::max(desc.device.sm_count, 1));
   const double dcb = dcb_bytes(l), x = x_bytes(l);
   int64_t best = 1, best_cost = -1;
   for (int64_t s = 1; s <= std::min<int64_t>(4, hpg); ++s) {
