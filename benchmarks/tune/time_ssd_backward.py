@@ -4,16 +4,20 @@ file's shapes, optionally with seq_idx and a forced CUDA forward — for A/B run
 kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py take too
 long. Run on the GPU from the repo root:
   PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options [--no-z]] [--shape 0]
-      [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream]
+      [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream] [--settings S --rounds R]
 ``--no-z``: the options without z (what the Mamba-2 layer passes: its gated norm takes z).
 ``--one-stream``: every backward kernel on the caller's stream (the plan overlaps some of
 the group products' kernels on side streams, where each overlapped kernel takes longer than
 alone and the total counts them in full: for one kernel's A/B, run both sides with it).
-Prints one line: the label, the pass's wall time (benchmarks/harness.py's time_us: what
-the side streams' overlap gains shows there, not in the kernels' sum), the kernels' total,
-every kernel above 5 µs and a digest of the output
-(forward) or the gradients (backward) — the inputs come from seed 0, so two builds that
-compute the same bits print the same digest."""
+``--settings "base;NAME=1;NAME=2" --rounds 3``: an A/B in one process, for a build whose
+code reads environment switches (an experiment's getenv, not in the package): each round
+runs every setting in turn (``base``: none of the named variables set; a setting may set
+several, comma-separated), a line each, so that the settings alternate on one machine.
+Prints one line (with settings: one a setting and round): the label, the pass's wall time
+(benchmarks/harness.py's time_us: what the side streams' overlap gains shows there, not in
+the kernels' sum), the kernels' total, every kernel above 5 µs and a digest of the output
+(forward) or the gradients (backward) — the inputs come from seed 0, so two builds (or two
+settings) that compute the same bits print the same digest."""
 from __future__ import annotations
 
 import argparse
@@ -47,7 +51,11 @@ def main():
     ap.add_argument("--seq", type=int, default=0, help="seq_idx: K packed sequences a row, random lengths")
     ap.add_argument("--kernel", default="auto", help="the CUDA forward, through the test switch")
     ap.add_argument("--one-stream", action="store_true", help="the backward's kernels all on one stream")
+    ap.add_argument("--settings", default="base", help='environment switches to alternate: "base;NAME=1;..."')
+    ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
+    settings = [dict(kv.split("=", 1) for kv in s.split(",") if "=" in kv) for s in a.settings.split(";")]
+    switches = {k for s in settings for k in s}
     bt._C._ssd_cuda_forward(a.kernel)
     if a.one_stream:
         bt._C._ssd_cuda_backward_side_stream("off")
@@ -67,17 +75,22 @@ def main():
         dy = torch.randn_like(args[0])
         y = mamba_chunk_scan_combined(*args, ps.CHUNK, **kw)
         run = lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)  # noqa: E731
-    out = run()
-    digest = hashlib.sha1(b"".join(t.detach().float().cpu().numpy().tobytes()
-                                   for t in (out if isinstance(out, tuple) else (out,)))).hexdigest()[:10]
-    rows = ps.kernels(run)
-    wall = ps.time_us(run)[0]
-    print(a.label, "forward" if a.forward else "backward",
-          ("options without z" if a.no_z else "options") if a.options else "plain", f"shape {a.shape}",
-          f"seq {a.seq}" if a.seq else "", a.kernel if a.kernel != "auto" else "",
-          "one stream" if a.one_stream else "",
-          f"wall {wall:.0f} µs, kernels {sum(r[1] for r in rows):.0f} µs:",
-          " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), f"| digest {digest}", flush=True)
+    for _ in range(a.rounds):
+        for setting, text in zip(settings, a.settings.split(";")):
+            for k in switches:
+                os.environ.pop(k, None)
+            os.environ.update(setting)
+            out = run()
+            digest = hashlib.sha1(b"".join(t.detach().float().cpu().numpy().tobytes()
+                                           for t in (out if isinstance(out, tuple) else (out,)))).hexdigest()[:10]
+            rows = ps.kernels(run)
+            wall = ps.time_us(run)[0]
+            print(a.label, text if len(settings) > 1 else "", "forward" if a.forward else "backward",
+                  ("options without z" if a.no_z else "options") if a.options else "plain", f"shape {a.shape}",
+                  f"seq {a.seq}" if a.seq else "", a.kernel if a.kernel != "auto" else "",
+                  "one stream" if a.one_stream else "",
+                  f"wall {wall:.0f} µs, kernels {sum(r[1] for r in rows):.0f} µs:",
+                  " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), f"| digest {digest}", flush=True)
 
 
 if __name__ == "__main__":
