@@ -78,10 +78,9 @@ class Case:
     # structure, whatever dy is (0: no such input); None: nowhere.
     term_scales: Optional[Callable[[list, list], list]] = None
     # out_terms(views in float64): the size of the terms the output is made of where they
-    # cancel to far less than it (lerp's a and w·(b − a)); the forward's floor counts it.
-    # In float64 the reference is PyTorch's own float64 result, rounded the same way at
-    # another order, so its error is a unit of those terms, not of the output. None: the
-    # output's own size.
+    # can cancel to far less than it (lerp's a and w·(b − a)); the forward's floor counts
+    # it. In float64 the reference is PyTorch's own float64 lerp, whose roundings differ
+    # from ours by units of those terms, not of the output. None: the output's own size.
     out_terms: Optional[Callable[[list], float]] = None
 
     def reduced_grads(self, out_shape) -> list:
@@ -271,7 +270,7 @@ def _lerp_terms(a, b, w) -> float:
     """The largest terms of lerp's two formulas, a + w·(b − a) and b − (1 − w)·(b − a)."""
     d = b - a
     terms = torch.maximum(a.abs() + (w * d).abs(), b.abs() + ((1 - w) * d).abs())
-    return terms.abs().max().item() if terms.numel() else 0.0
+    return terms.max().item() if terms.numel() else 0.0
 
 
 @st.composite
