@@ -238,6 +238,24 @@ int64_t ssd_dcb_splits(const SsdChunkScanDescriptor& desc, const SsdChunkScanLau
   return best;
 }
 
+// Whether the dCB kernel copies its one head's tiles beside the C and B rows
+// (SsdChunkScanLaunch::dcb_overlap): with one head a block, where that keeps as many of its
+// blocks on a multiprocessor (at most 3, its launch bounds; a multiprocessor holds the
+// opt-in limit + 1 KB, each block its shared memory + 1 KB the runtime reserves).
+// Measured on an H200 (bf16, the same bits; BENCHMARKS.md fifty-third session): dCB
+// 1576-1581 -> 1524-1530 µs at B4 L4096 H80 P64 N128 G80 (3 blocks an SM), 595-596 ->
+// 559-562 at B2 L8192 H32 P64 N64 G32 (3), 258-260 -> 250-251 at B2 L4096 H16 P128 N256
+// G16 (2 either way).
+bool ssd_dcb_overlap(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
+  if (l.groups <= 0 || l.dcb_splits != l.heads / l.groups) return false;
+  auto resident = [&](bool overlap) {
+    const int64_t block = ssd_group_dcb_smem_bytes(l.head_dim, l.state_dim, overlap) + kSsdGroupDcbStaticSmem + 1024;
+    return std::min<int64_t>(3, (desc.device.smem_optin_bytes + 1024) / block);
+  };
+  const int64_t with = resident(true);
+  return with > 0 && with >= resident(false);
+}
+
 // ssd_force_cuda_forward's setting: -1 for the plan's own choice, else a SsdCudaForward.
 std::atomic<int> g_forced_forward{-1};
 
@@ -517,6 +535,7 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.group_wgmma = group_wgmma(f, p.launch_);
   p.launch_.side_stream = backward_side_stream(p.launch_);
   p.launch_.dcb_splits = p.launch_.group_products ? ssd_dcb_splits(f, p.launch_) : 1;
+  p.launch_.dcb_overlap = p.launch_.group_products && ssd_dcb_overlap(f, p.launch_);
   // dD's partials from the group dx kernel where the gate kernel would run for them alone
   // (D without z, as in a Mamba2 layer whose gated RMSNorm takes z). H200, the 2.7B
   // shape's options backward without z: dx 650 → 679–684 µs, the gate kernel's 96.9 gone,

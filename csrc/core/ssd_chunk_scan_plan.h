@@ -159,6 +159,18 @@ constexpr int64_t ssd_group_dx_smem_bytes(int64_t state_dim) {
   return 64 * ld * 2 + 64 * ld * 2 + 2 * 64 * 72 * 2 * 2;
 }
 
+// The group products' dCB kernel (ssd_group_dcb_kernel in the same file): its dynamic
+// shared memory holds two heads' dy and x tiles [2][64][P16 + 8] each, which the block's C
+// and B rows [64][N16 + 8] use before the heads; with `overlap`
+// (SsdChunkScanLaunch::dcb_overlap) one head's dy and x tiles and, beside them, the C and
+// B rows, all 16-bit. Its static shared memory (the heads' decays, dt and crossing sums)
+// is at most kSsdGroupDcbStaticSmem bytes (the kernel asserts it).
+constexpr int64_t kSsdGroupDcbStaticSmem = 8192;
+constexpr int64_t ssd_group_dcb_smem_bytes(int64_t head_dim, int64_t state_dim, bool overlap) {
+  const int64_t tile = 64 * ((head_dim + 15) / 16 * 16 + 8), rows = 64 * ((state_dim + 15) / 16 * 16 + 8);
+  return 2 * (overlap ? 2 * tile + 2 * rows : (4 * tile > 2 * rows ? 4 * tile : 2 * rows));
+}
+
 // The group products' dC and dB kernel (ssd_group_grad_kernel in the same file): its
 // dynamic shared memory holds a ring of heads' rows of dy (dC) or x (dB), [64][P16 + 8]
 // (the first two also phase 1's [64][72] dCB and B or C tiles), and their state tiles
@@ -237,6 +249,10 @@ struct SsdChunkScanLaunch {
   // per tile pair, each writing its own partial dCB (summed in split order where dC and
   // dB read it), so that its blocks fill whole rounds of the GPU (see ssd_dcb_splits).
   int64_t dcb_splits = 1;
+  // With group_products and one head a dCB block (dcb_splits == heads per group): the
+  // block's one head's dy and x tiles are copied beside its C and B rows, in flight while
+  // it computes C·Bᵀ, where they would wait for it (see ssd_dcb_overlap).
+  bool dcb_overlap = false;
   // With group_products and without z: the dx kernel, which holds dy_pre and x of each
   // (row tile, column tile, head) in shared memory for its D term and ddt dots, writes
   // dD's partials (one per chunk row tile), and the gate kernel, there for them alone,

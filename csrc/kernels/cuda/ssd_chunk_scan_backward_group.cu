@@ -15,7 +15,8 @@
 //                           dCB's tile (rows q of tile ti, columns s of tile tj), summed
 //                           over the group's heads in head order in float32 registers
 //                           (the next head's dy and x tiles copied by cp.async during the
-//                           products, and the Acs and dt of the head after it), written to
+//                           products, and the Acs and dt of the head after it; with one
+//                           head a block, dcb_overlap, its tiles during C·Bᵀ), written to
 //                           the workspace (zeros where s > q or outside the chunk; rounded
 //                           to the input type there when the group's heads are one split);
 //                           and each head's partials of the crossing sums X_s (see the
@@ -137,13 +138,17 @@ struct SsdGroupDcbParams {
 // SEG (packed sequences: p.seg): M and T are selected to 0 across a start (a tile pair that
 // holds one takes the masked epilogue), and each position's decay is relative to a
 // position of its own sequence (ssd_log2_seq).
-template <typename T, bool SEG = false>
+// OVL (SsdChunkScanLaunch::dcb_overlap; one head a block): one buffer of dy and x tiles,
+// the C and B rows after it, and the head's tiles copied with the C and B rows, so that
+// they arrive during C·Bᵀ (ssd_group_dcb_smem_bytes).
+template <typename T, bool SEG = false, bool OVL = false>
 __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dcb_kernel(const SsdGroupDcbParams<T> p) {
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   const int tile_elems = kSsdTile * p.ld;
-  T* sDy = reinterpret_cast<T*>(ssd_dyn_smem);  // [2][64][ld]: q rows of dy, per head buffer
-  T* sX = sDy + 2 * tile_elems;                 // [2][64][ld]: s rows of x
-  T* sC = reinterpret_cast<T*>(ssd_dyn_smem);   // before the heads: [64][ldn] C rows (q)
+  T* sDy = reinterpret_cast<T*>(ssd_dyn_smem);  // [2][64][ld] (OVL: [64][ld]): q rows of dy, per head buffer
+  T* sX = sDy + (OVL ? 1 : 2) * tile_elems;     // [2][64][ld] (OVL: [64][ld]): s rows of x
+  // [64][ldn] C rows (q), before the heads (OVL: beside them)
+  T* sC = OVL ? sX + tile_elems : reinterpret_cast<T*>(ssd_dyn_smem);
   T* sB = sC + kSsdTile * p.ldn;                // and [64][ldn] B rows (s)
   // decays in base 2 relative to the column tile's last position (ssd_log2_rel)
   __shared__ float sRowL[2][kSsdTile], sColL[2][kSsdTile], sColDt[2][kSsdTile];
@@ -157,6 +162,10 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dcb_kernel(const SsdG
   __shared__ double sRawA[2][2 * kSsdTile];
   __shared__ float sRawDt[2][kSsdTile];
   __shared__ int sRowSeg[SEG ? kSsdTile : 1], sColSeg[SEG ? kSsdTile : 1];  // SEG: the starts counts
+  static_assert(sizeof(sRowL) + sizeof(sColL) + sizeof(sColDt) + sizeof(sRowF) + sizeof(sColW) + sizeof(sXcol) +
+                        sizeof(sRowT) + sizeof(sRawA) + sizeof(sRawDt) + sizeof(sRowSeg) + sizeof(sColSeg) <=
+                    kSsdGroupDcbStaticSmem,
+                "the plan's dcb_overlap counts kSsdGroupDcbStaticSmem bytes of static shared memory");
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const int rw = 16 * warp;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
@@ -326,7 +335,13 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dcb_kernel(const SsdG
     tc_fill<T, true>(sB, p.ldn, kSsdTile, p.NP, p.B.p + b * p.B.s[0] + (t0 + c0) * p.B.s[1] + g * p.B.s[2],
                      p.B.s[1], p.B.s[3], cols, p.N);
     ssd_cp_async_commit();
-    ssd_cp_async_wait<0>();
+    if constexpr (OVL) {  // the head's tiles in a group of their own, waited for in the loop
+      load(h0, 0);
+      ssd_cp_async_commit();
+      ssd_cp_async_wait<1>();
+    } else {
+      ssd_cp_async_wait<0>();
+    }
     __syncthreads();
     convert(0);
     float cb[8][4];
@@ -347,13 +362,14 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dcb_kernel(const SsdG
 #pragma unroll
           for (int e = 0; e < 2; ++e) tile[(nt * 8 + 2 * t4 + e) * kSsdTile + rw + g8 + 8 * half] = cb[nt][2 * half + e];
     }
-    __syncthreads();  // the C and B tiles are done before the heads' copies reuse the space
-
     float acc[8][4];
     tc_zero(acc);
-    load(h0, 0);
-    if (nh > 1) fetch(h0 + 1);
-    ssd_cp_async_commit();
+    if constexpr (!OVL) {
+      __syncthreads();  // the C and B tiles are done before the heads' copies reuse the space
+      load(h0, 0);
+      if (nh > 1) fetch(h0 + 1);
+      ssd_cp_async_commit();
+    }
     // One barrier a head: after it, every warp is done with head hi − 1 (its tiles, row
     // data and X sums in buffer buf ^ 1), so head hi + 1's copies go there only then, and
     // head hi − 1's X sums are visible to flush.
@@ -1228,6 +1244,9 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   p.chunk = l.chunk_size, p.nchunks = l.nchunks();
   p.nsplit = l.dcb_splits;
   p.hps = (p.hpg + p.nsplit - 1) / p.nsplit;  // (the plan keeps nsplit <= hpg: no split is empty)
+  if (p.nsplit < 1 || p.nsplit > p.hpg || (l.dcb_overlap && p.hps != 1))
+    fail(PlanErrorKind::Internal, "ssd_chunk_scan_backward",
+         "the dCB kernel got head splits it was not planned for (dcb_overlap takes one head a block)");
   p.P = static_cast<int>(l.head_dim);
   p.KP = ssd_k16(p.P);
   p.ld = p.KP + 8;
@@ -1251,8 +1270,7 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   p.xsuf = ssd_ws<float>(l, w.xsuf);
   p.cbt = ssd_ws<float>(l, w.cbt);
   if (p.total_blocks == 0) return;
-  // the heads' two dy and two x buffers, or (before them) the C and B tiles
-  const int smem = std::max(4 * kSsdTile * p.ld, 2 * kSsdTile * p.ldn) * static_cast<int>(sizeof(T));
+  const int smem = static_cast<int>(ssd_group_dcb_smem_bytes(l.head_dim, l.state_dim, l.dcb_overlap));
   auto run = [&](auto kernel, cudaStream_t on) {
     allow_dynamic_smem(kernel, smem, "ssd_chunk_scan_backward(group_dcb)");
     kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, on>>>(p);
@@ -1261,8 +1279,10 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   // the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row
   // (H200), 498-505 + 248-250 µs where the SEG kernel alone took 774-780; with
   // side_stream the two run side by side (ssd_seg_launches).
-  ssd_seg_launches(l.side_stream, p.seg != nullptr, stream, [&](cudaStream_t on) { run(ssd_group_dcb_kernel<T>, on); },
-                   [&](cudaStream_t on) { run(ssd_group_dcb_kernel<T, true>, on); });
+  ssd_seg_launches(
+      l.side_stream, p.seg != nullptr, stream,
+      [&](cudaStream_t on) { l.dcb_overlap ? run(ssd_group_dcb_kernel<T, false, true>, on) : run(ssd_group_dcb_kernel<T>, on); },
+      [&](cudaStream_t on) { l.dcb_overlap ? run(ssd_group_dcb_kernel<T, true, true>, on) : run(ssd_group_dcb_kernel<T, true>, on); });
   check_launch("ssd_chunk_scan_backward(group_dcb)");
   if (p.nsplit > 1) {
     const int64_t per_split = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
