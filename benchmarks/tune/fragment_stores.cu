@@ -19,7 +19,7 @@
 // 168 MB at the 2.7B shape, latency-bound) a mode that costs nothing here may still save
 // instructions (MODE 1: 4 stmatrix + 4 loads + 4 stores a head against 16 stores), and one
 // that costs time here will cost it there only where dx's stores queue: an A/B inside the
-// kernel decides. For L2's view: ncu --metrics lts__t_sectors_op_write.sum,lts__t_requests_op_write.sum
+// kernel decides. For L2's view: ncu --metrics lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum
 #include <cuda_bf16.h>
 
 #include <cstdint>
