@@ -1279,10 +1279,10 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   // the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row
   // (H200), 498-505 + 248-250 µs where the SEG kernel alone took 774-780; with
   // side_stream the two run side by side (ssd_seg_launches).
-  ssd_seg_launches(
-      l.side_stream, p.seg != nullptr, stream,
-      [&](cudaStream_t on) { l.dcb_overlap ? run(ssd_group_dcb_kernel<T, false, true>, on) : run(ssd_group_dcb_kernel<T>, on); },
-      [&](cudaStream_t on) { l.dcb_overlap ? run(ssd_group_dcb_kernel<T, true, true>, on) : run(ssd_group_dcb_kernel<T, true>, on); });
+  auto plain = l.dcb_overlap ? ssd_group_dcb_kernel<T, false, true> : ssd_group_dcb_kernel<T, false, false>;
+  auto seg = l.dcb_overlap ? ssd_group_dcb_kernel<T, true, true> : ssd_group_dcb_kernel<T, true, false>;
+  ssd_seg_launches(l.side_stream, p.seg != nullptr, stream, [&](cudaStream_t on) { run(plain, on); },
+                   [&](cudaStream_t on) { run(seg, on); });
   check_launch("ssd_chunk_scan_backward(group_dcb)");
   if (p.nsplit > 1) {
     const int64_t per_split = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
