@@ -860,6 +860,7 @@ struct SsdGroupDxParams {
   const T* state;      // Gn_c rounded to T [B, H, nc, P, N] (gstates_t)
   const float* cbt;    // [B, G, nc, pairs, 64, 64] (ssd_group_dcb_kernel)
   T* out;              // dx [B, L, H, P] contiguous
+  bool out_stage;      // P % 8 == 0 and out 16-byte aligned: dx stored 16 bytes a lane (ssd_store_staged)
   float* part;         // [B, H, L, j_tiles]: x·dxpre
   float* part2;        // [B, H, L, j_tiles]: x·dxpre of the inter-chunk term
   SsdEpilogue<T> epi;  // D·dy_pre (EPI)
@@ -1200,8 +1201,22 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
             acc[nt][2 * half + e] = v;
           }
         }
-        tc_store_row<T>(out_blk + (static_cast<int64_t>(rl) * p.heads + hi) * p.P, j0, p.P, p.P % 2 == 0, acc, half,
-                        1.0f);
+        if (!p.out_stage)
+          tc_store_row<T>(out_blk + (static_cast<int64_t>(rl) * p.heads + hi) * p.P, j0, p.P, p.P % 2 == 0, acc, half,
+                          1.0f);
+      }
+      if (p.out_stage) {  // dx 16 bytes a lane, staged in the warp's x rows of the head (read for the last time above)
+        uint32_t v[2][8];
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) v[half][nt] = ssd_pack2<T>(acc[nt][2 * half], acc[nt][2 * half + 1]);
+        T* out_warp = out_blk + (static_cast<int64_t>(rw) * p.heads + hi) * p.P + j0;
+        ssd_store_staged(reinterpret_cast<unsigned short*>(const_cast<T*>(xs_head) + rw * kTcLd), v, lane,
+                         [&](int r, int g, uint4 val) {
+                           if (r0 + rw + r < len && j0 + 8 * g < p.P)
+                             *reinterpret_cast<uint4*>(out_warp + static_cast<int64_t>(r) * p.heads * p.P + 8 * g) = val;
+                         });
       }
       if constexpr (DD) {  // the warp's sums over its 16 rows, to sDd
         float v[16];
@@ -1391,6 +1406,7 @@ void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t 
   p.state = ssd_ws<T>(l, w.gstates_t);
   p.cbt = ssd_ws<float>(l, w.cbt);
   p.out = static_cast<T*>(l.dx);
+  p.out_stage = p.P % 8 == 0 && reinterpret_cast<uintptr_t>(l.dx) % 16 == 0;
   p.part = ssd_ws<float>(l, w.ddtp);
   p.part2 = ssd_ws<float>(l, w.vp);
   p.epi = SsdEpilogue<T>{};

@@ -44,6 +44,8 @@ struct FusedParams {
   const void* z;
   int64_t zs[4];
   bool z_pair;  // z's column pairs are 4-byte aligned words (unit inner stride)
+  bool z_stage;  // z's rows 16-byte aligned with unit inner stride (fused_rows_vec): copied by cp.async
+  bool y_stage;  // y and y_pre 16-byte aligned: stored from a staging tile, 16 bytes a lane
   const float* dt_bias;
   int64_t dbs;
   bool softplus;
@@ -392,10 +394,13 @@ __device__ __forceinline__ uint32_t fused_z_pair(const FusedParams& p, const Fus
 
 // The output of row t (chunk-local, < len) at head_dim columns col, col + 1 of the tile:
 // v + D·x (x: the two input values; d_head: FusedDt::D, the value of a [H] D), y_pre,
-// then the z gate (z2: fused_z_pair); stored as T.
+// then the z gate (z2: fused_z_pair); as T pairs: .pre (y_pre) and .y.
+struct FusedOutPair {
+  uint32_t pre, y;
+};
 template <typename T>
-__device__ __forceinline__ void fused_store_out(const FusedParams& p, const FusedTile& tile, int t, int col,
-                                                float v0, float v1, uint32_t x2, uint32_t z2, float d_head) {
+__device__ __forceinline__ FusedOutPair fused_out_pair(const FusedParams& p, const FusedTile& tile, int col, float v0,
+                                                       float v1, uint32_t x2, uint32_t z2, float d_head) {
   const int pc = tile.p0 + col;
   if (p.D != nullptr) {
     const float2 xv = unpack2<T>(x2);
@@ -408,20 +413,30 @@ __device__ __forceinline__ void fused_store_out(const FusedParams& p, const Fuse
     v0 = fmaf(d0, xv.x, v0);
     v1 = fmaf(d1, xv.y, v1);
   }
-  const int64_t out_at =
-      ((static_cast<int64_t>(tile.b) * p.seqlen + tile.t0 + t) * p.heads + tile.h) * p.head_dim + pc;
-  // y_pre and y stored, and z read (fused_z_pair), with the streaming hint (.cs: evicted
-  // first), as the fused forward's x fill is (its evict_first): each is touched once, and
-  // L2 keeps what every head's block reads (B, C, the C·Bᵀ table). H200, the Mamba-2 2.7B
-  // shape: the fused kernel 540 -> 518 µs, with the options 736 -> 698 (BENCHMARKS.md).
-  if (p.y_pre != nullptr)
-    __stcs(reinterpret_cast<unsigned int*>(static_cast<T*>(p.y_pre) + out_at), ssd_pack2<T>(v0, v1));
+  FusedOutPair o;
+  o.pre = ssd_pack2<T>(v0, v1);
   if (p.z != nullptr) {  // v·silu(z) = v·z/(1 + e^-z); e^-z = inf gives 0
     const float2 zv = unpack2<T>(z2);
     v0 *= __fdividef(zv.x, 1.0f + __expf(-zv.x));
     v1 *= __fdividef(zv.y, 1.0f + __expf(-zv.y));
   }
-  __stcs(reinterpret_cast<unsigned int*>(static_cast<T*>(p.y) + out_at), ssd_pack2<T>(v0, v1));
+  o.y = ssd_pack2<T>(v0, v1);
+  return o;
+}
+
+// fused_out_pair's values stored at row t, columns col, col + 1.
+template <typename T>
+__device__ __forceinline__ void fused_store_out(const FusedParams& p, const FusedTile& tile, int t, int col,
+                                                float v0, float v1, uint32_t x2, uint32_t z2, float d_head) {
+  const FusedOutPair o = fused_out_pair<T>(p, tile, col, v0, v1, x2, z2, d_head);
+  const int64_t out_at =
+      ((static_cast<int64_t>(tile.b) * p.seqlen + tile.t0 + t) * p.heads + tile.h) * p.head_dim + tile.p0 + col;
+  // y_pre and y stored, and z read (fused_z_pair), with the streaming hint (.cs: evicted
+  // first), as the fused forward's x fill is (its evict_first): each is touched once, and
+  // L2 keeps what every head's block reads (B, C, the C·Bᵀ table). H200, the Mamba-2 2.7B
+  // shape: the fused kernel 540 -> 518 µs, with the options 736 -> 698 (BENCHMARKS.md).
+  if (p.y_pre != nullptr) __stcs(reinterpret_cast<unsigned int*>(static_cast<T*>(p.y_pre) + out_at), o.pre);
+  __stcs(reinterpret_cast<unsigned int*>(static_cast<T*>(p.y) + out_at), o.y);
 }
 
 // ---- host ------------------------------------------------------------------------------
@@ -522,6 +537,8 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   p.z = l.z;
   p.z_pair = l.z != nullptr && l.z_stride[3] == 1 && l.z_stride[0] % 2 == 0 && l.z_stride[1] % 2 == 0 &&
              l.z_stride[2] % 2 == 0 && reinterpret_cast<uintptr_t>(l.z) % 4 == 0;
+  p.z_stage = l.z != nullptr && fused_rows_vec(l.z, l.z_stride);
+  p.y_stage = reinterpret_cast<uintptr_t>(l.y) % 16 == 0 && reinterpret_cast<uintptr_t>(l.y_pre_out) % 16 == 0;
   p.dt_bias = static_cast<const float*>(l.dt_bias);
   p.dbs = l.dt_bias_stride;
   p.softplus = l.dt_softplus;

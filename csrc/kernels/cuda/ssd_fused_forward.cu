@@ -19,7 +19,13 @@
 //      rounded to the input type, in shared memory;
 //   4. y_t = exp(Acs_t)·C_t·H_cᵀ + Σ_{s ≤ t} (C_t·B_s)·exp(Acs_t − Acs_s)·dt_s · x_s,
 //      C·Bᵀ computed per 16 × 16 tile and turned into the second product's operand in
-//      registers (P rounded to the input type), then D·x, y_pre and the z gate.
+//      registers (P rounded to the input type), then D·x, y_pre and the z gate. FusedMmaCb
+//      stores a warp's 16 rows through a staging tile of its own in shared memory, 16
+//      bytes a lane instead of the fragments' 4 (store_tile_staged): at N = 128 after the
+//      C tiles where B was, where z's rows also arrive (cp.async, during the products); at
+//      N = 256 (SPLIT) the warp's C tile, whose copy of the next pass's rows then follows
+//      the epilogue. (At N = 64 no room is left; FusedMma keeps the fragments' stores:
+//      staged in its own rows of C it was 2-3 % slower, BENCHMARKS.md.)
 // So chunk states never make a round trip through memory beyond the hand-over between
 // consecutive chunks (a float32 P × N tile per block, read from L2), and x, B, C are read
 // once per block.
@@ -79,6 +85,20 @@ namespace {
 
 constexpr int kLdX = kFusedP + 8;  // 16-bit row stride: an odd multiple of 16 bytes (ldmatrix)
 static_assert(kFusedWarps * 2 * 16 == kFusedQ, "each warp owns two 16-row tiles of the output");
+
+// The warp's 16 output rows r0.. (chunk-local; those < len) of dst (dense [B, L, H,
+// head_dim]) from their fragment pairs v[half][j], through `stage` (ssd_store_staged).
+template <typename T>
+__device__ __forceinline__ void store_tile_staged(const FusedParams& p, const FusedTile& tile, T* stage, void* dst,
+                                                  const uint32_t (&v)[2][kFusedP / 8], int r0, int len, int lane) {
+  static_assert(kFusedP == 64, "a staged tile is 64 columns");
+  T* out = static_cast<T*>(dst) +
+           ((static_cast<int64_t>(tile.b) * p.seqlen + tile.t0 + r0) * p.heads + tile.h) * p.head_dim + tile.p0;
+  const int64_t row_step = static_cast<int64_t>(p.heads) * p.head_dim;
+  ssd_store_staged(reinterpret_cast<unsigned short*>(stage), v, lane, [&](int r, int g, uint4 val) {
+    if (r0 + r < len) __stcs(reinterpret_cast<uint4*>(out + r * row_step + g * 8), val);
+  });
+}
 
 // A [kFusedQ][COLS] tile of rows padded to LD elements (fused_load_tile).
 template <typename T, int LD, int COLS>
@@ -461,6 +481,27 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     ssd_cp_async_commit();
   };
   if constexpr (CB) __syncthreads();  // every warp is done with B, where sH and the C tiles go
+  // ZS: each warp's z rows of its output tile, in a staging tile (ssd_stage_at) after the C
+  // tiles where B was
+  constexpr bool ZS = CB && !SPLIT && NS == 128;
+  static_assert(!ZS || kFusedP * kLdH + kFusedWarps * 16 * (kLdN + kFusedP) <= kFusedQ * kLdN,
+                "the z tiles fit where B was");
+  T* sZw = sH + kFusedP * kLdH + kFusedWarps * 16 * kLdN + warp * 16 * kFusedP;
+  const bool zs = ZS && p.z_stage;
+  auto stage_z = [&](int r0) {
+    if (zs) {
+
+      const T* zg = static_cast<const T*>(p.z) + tile.b * p.zs[0] + (tile.t0 + r0) * p.zs[1] + tile.h * p.zs[2] +
+                    tile.p0;
+      const uint64_t pol = ssd_evict_first_policy();
+#pragma unroll
+      for (int k = 0; k < 16 * kFusedP / 8 / 32; ++k) {
+        const int i = lane + 32 * k, r = i / (kFusedP / 8), g = i % (kFusedP / 8);
+        if (r0 + r < len) ssd_cp_async16_hint(sZw + ssd_stage_at(r, g), zg + r * p.zs[1] + g * 8, pol);
+      }
+    }
+    ssd_cp_async_commit();  // (empty without: the groups' count is the same either way)
+  };
   fused_hand_over<NS>(p, tile, hin, sacc, last2, seg_last, lane, mt, nh, [&](int pr, int n, float2 h) {
     const uint32_t hr = ssd_pack2<T>(h.x, h.y);
     if (SPLIT && tile.nh == 1)  // the first half's block takes it from the workspace
@@ -534,6 +575,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
       const int row = ((lane >> 3) & 1) * 8 + (lane & 7);
       ssd_ldsm_x4(cf[kk], (CB ? sCw + row * kLdN : sC + (r0 + row) * kLdN) + kk * 16 + (lane >> 4) * 8);
     }
+    if constexpr (ZS) stage_z(r0);  // (the tile is free: the warp has read the last pass's, the waits above)
     float acc[kFusedP / 8][4];
 #pragma unroll
     for (int j = 0; j < kFusedP / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -564,7 +606,11 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     }
     if constexpr (CB) {  // the warp's C rows of its next pass, copied during this one
       __syncwarp();
-      if (pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles) load_c_rows((2 * kFusedWarps - 1 - warp) * 16, tile.n0);
+      // (SPLIT with a staged epilogue: after it, the C tile being the warp's staging tile)
+      if (pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles && !(SPLIT && p.y_stage))
+        load_c_rows((2 * kFusedWarps - 1 - warp) * 16, tile.n0);
+      else if (ZS && pass == 0)
+        ssd_cp_async_commit();  // (an empty group: the epilogue's wait counts one)
     }
     const float acs_a = acs2[ta], acs_b = acs2[tb];
     {
@@ -708,18 +754,57 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
       if (s0 <= r0) steps(std::integral_constant<int, 1>{}, s0);
     }
     // epilogue: rows ta and tb, columns j·8 + 2·q4 (+1)
-    if constexpr (CB) load_z();
+    if (zs) {  // this pass's z tile (pass 0: the next pass's C rows may still be in flight)
+      if (pass == 0)
+        ssd_cp_async_wait<1>();
+      else
+        ssd_cp_async_wait<0>();
+      __syncwarp();
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int t = half == 0 ? ta : tb;
-      if (t >= len) continue;
+      for (int j = 0; j < kFusedP / 8; j += 2) {
+        uint32_t m[4];
+        ssd_ldsm_x4(m, sZw + ssd_stage_lane_at(lane, j));
+        zr[0][j] = m[0], zr[1][j] = m[1], zr[0][j + 1] = m[2], zr[1][j + 1] = m[3];
+      }
+    } else if constexpr (CB) {
+      load_z();
+    }
+    // YS: y_pre and y through the warp's staging tile (ZS: its z tile; SPLIT: its C tile, in
+    // registers since c_h), stored 16 bytes a lane
+    constexpr bool YS = ZS || SPLIT;
+    if (YS && p.y_stage) {
+      uint32_t pre[2][kFusedP / 8], yo[2][kFusedP / 8];
 #pragma unroll
-      for (int j = 0; j < kFusedP / 8; ++j) {
-        const int col = j * 8 + 2 * q4;
-        fused_store_out<T>(p, tile, t, col, acc[j][2 * half], acc[j][2 * half + 1],
-                           *reinterpret_cast<const uint32_t*>(sX + t * kLdX + col), zr[half][j], dt_in.D);
+      for (int half = 0; half < 2; ++half) {
+        const int t = half == 0 ? ta : tb;
+#pragma unroll
+        for (int j = 0; j < kFusedP / 8; ++j) {
+          const int col = j * 8 + 2 * q4;
+          const FusedOutPair o = fused_out_pair<T>(p, tile, col, acc[j][2 * half], acc[j][2 * half + 1],
+                                                   *reinterpret_cast<const uint32_t*>(sX + t * kLdX + col),
+                                                   zr[half][j], dt_in.D);
+          pre[half][j] = o.pre;
+          yo[half][j] = o.y;
+        }
+      }
+      T* stage = ZS ? sZw : sCw;
+      if (p.y_pre != nullptr) store_tile_staged(p, tile, stage, p.y_pre, pre, r0, len, lane);
+      store_tile_staged(p, tile, stage, p.y, yo, r0, len, lane);
+    } else {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = half == 0 ? ta : tb;
+        if (t >= len) continue;
+#pragma unroll
+        for (int j = 0; j < kFusedP / 8; ++j) {
+          const int col = j * 8 + 2 * q4;
+          fused_store_out<T>(p, tile, t, col, acc[j][2 * half], acc[j][2 * half + 1],
+                             *reinterpret_cast<const uint32_t*>(sX + t * kLdX + col), zr[half][j], dt_in.D);
+        }
       }
     }
+    if (SPLIT && p.y_stage && pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles)
+      load_c_rows((2 * kFusedWarps - 1 - warp) * 16, tile.n0);
   }
 }
 
