@@ -11,9 +11,10 @@
 //   MODE 1: the tile staged in shared memory by stmatrix (4 an x4 a warp: sm_90), then
 //           16-byte loads and stores, 8 lanes a row (a row's 128 bytes at once);
 //   MODE 2: the same with 4-byte shared-memory stores in place of stmatrix (sm_80);
-// against MODE 3, a plain 16-byte copy-like write of the same bytes (the floor). Each
-// mode's output is compared with MODE 0's on the host. Build and run on the GPU from the
-// repo root:
+// against MODE 3, each lane computing and storing its 16 bytes of a row (meant as the
+// floor; on an H100 it ran as slow as MODE 0, 188 against 182 µs, while MODE 1 and 2 took
+// 62: not profiled, BENCHMARKS.md). Each mode's output is compared with MODE 0's on the
+// host. Build and run on the GPU from the repo root:
 //   nvcc -O3 -std=c++17 -arch=sm_90a benchmarks/tune/fragment_stores.cu -o /tmp/fragment_stores && /tmp/fragment_stores
 // Alone these kernels are bound by the bytes they write; inside dx (518 µs for the same
 // 168 MB at the 2.7B shape, latency-bound) a mode that costs nothing here may still save

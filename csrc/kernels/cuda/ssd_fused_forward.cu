@@ -25,7 +25,7 @@
 //      C tiles where B was, where z's rows also arrive (cp.async, during the products); at
 //      N = 256 (SPLIT) the warp's C tile, whose copy of the next pass's rows then follows
 //      the epilogue. (At N = 64 no room is left; FusedMma keeps the fragments' stores:
-//      staged in its own rows of C it was 2-3 % slower, BENCHMARKS.md.)
+//      staged in its own rows of C it was 2-5 % slower, BENCHMARKS.md.)
 // So chunk states never make a round trip through memory beyond the hand-over between
 // consecutive chunks (a float32 P × N tile per block, read from L2), and x, B, C are read
 // once per block.
