@@ -139,6 +139,8 @@ constexpr int kSsdHeadsPerBlock = 8;
 // Positions (of the flattened b·L + t) per dD partial (ssd_gate_kernel): 64, so that
 // its threads of 16 bytes (8 bf16 of d) still fill the GPU (B·L/64 · H·D/8 of them).
 constexpr int64_t kSsdDSeg = 64;
+// Threads a (segment, vector) of the gate kernel: each walks a quarter of the segment.
+constexpr int kSsdGateQuarters = 4;
 
 // K-step depth and row padding of the k-major operand tiles. The padding keeps rows
 // 16-byte aligned (vector loads) and spreads the transposing stores over banks. float64
@@ -1867,9 +1869,9 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
 }
 
 // ---- 7. backward D and z -------------------------------------------------------------------
-// Before the other backward kernels (z or D given), a thread per (position segment of
-// kSsdDSeg positions of the flattened b·L + t, h, V consecutive d) walks its segment in
-// order:
+// Before the other backward kernels (z or D given), a quad of threads per (position
+// segment of kSsdDSeg positions of the flattened b·L + t, h, V consecutive d), each
+// walking a quarter of the segment in order:
 //   z:  dy_pre = dy·silu(z), rounded to T, into `dyp` (the workspace's dense [B, L, H, D]),
 //       which every later kernel reads in place of dy, and dz = dy·y_pre·σ(z)·(1 + z·(1 −
 //       σ(z))) into the dz output: one pass over dy and z, as mamba_ssm's
@@ -1905,16 +1907,25 @@ __device__ __forceinline__ const T* ssd_at(const SsdOperand<T>& o, int64_t b, in
 // 16-bit data, where expf and two IEEE divisions had been) and the operands' addresses
 // step by their time strides: 563 → 243 SASS instructions a position for bf16 (sm_90a),
 // 74 registers, and 293 → 285–290 µs: the instructions were not what bound it.
+// A segment's 64 positions go to kSsdGateQuarters threads of a quad, 16 each, their dD
+// sums added by shuffles in a fixed tree: four times the threads (its 640 blocks at the
+// 2.7B shape had made 1.6 waves of 3 blocks an SM), 80 registers. H100, the 2.7B shape with
+// the options: 355–356 → 346 µs (BENCHMARKS.md).
 template <typename T, int V>
 __global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGateParams<T> p) {
   using Acc = acc_t<T>;
   const bool gated = p.dyp != nullptr, with_D = p.part != nullptr;
   const int64_t row_vecs = p.hd / V;
+  constexpr int nq = kSsdGateQuarters;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSsdThreads + threadIdx.x; i < p.total;
        i += static_cast<int64_t>(gridDim.x) * kSsdThreads) {
-    const int64_t seg = i / row_vecs, e = (i - seg * row_vecs) * V;
+    const int64_t item = i / nq;
+    const int k4 = static_cast<int>(i - item * nq);
+    const int64_t seg = item / row_vecs, e = (item - seg * row_vecs) * V;
     const int64_t h = e / p.D, d = e - h * p.D;
-    const int64_t q_begin = seg * kSsdDSeg, q_end = min(q_begin + kSsdDSeg, p.positions);
+    const int64_t qlen = kSsdDSeg / nq;
+    const int64_t q_begin = min(seg * kSsdDSeg + k4 * qlen, p.positions),
+                  q_end = min(q_begin + qlen, p.positions);
     int64_t t = q_begin % p.seqlen;  // position q = b·L + t
     const int64_t b = q_begin / p.seqlen;
     // The operands at (b, t, h, d), each advanced by its time stride a step, or to the next
@@ -1963,9 +1974,18 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGatePara
 #pragma unroll
         for (int k = 0; k < V; ++k) sum[k] += g[k] * to_acc(xv[k]);
     }
-    if (with_D)
+    if (with_D) {
+      // the quarters' sums in a fixed tree, (0 + 1) + (2 + 3) (the quad's lanes: i's low bits)
+      const unsigned quad = 0xfu << (threadIdx.x & 28);
 #pragma unroll
-      for (int k = 0; k < V; ++k) p.part[seg * p.hd + e + k] = sum[k];
+      for (int k = 0; k < V; ++k) {
+        sum[k] += __shfl_xor_sync(quad, sum[k], 1);
+        sum[k] += __shfl_xor_sync(quad, sum[k], 2);
+      }
+      if (k4 == 0)
+#pragma unroll
+        for (int k = 0; k < V; ++k) p.part[seg * p.hd + e + k] = sum[k];
+    }
   }
 }
 
@@ -2059,7 +2079,7 @@ void ssd_launch_gate(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
   if (p.total == 0) return;
   constexpr int V = 16 / sizeof(T);
   const bool vec = ssd_gate_vec<T>(p.D, {&p.dy, &p.z, &p.x, &p.y_pre}, {p.dyp, p.dz});
-  p.total = vec ? p.nseg * (p.hd / V) : p.nseg * p.hd;
+  p.total = (vec ? p.nseg * (p.hd / V) : p.nseg * p.hd) * kSsdGateQuarters;
   if (vec)
     ssd_gate_kernel<T, V><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
   else
