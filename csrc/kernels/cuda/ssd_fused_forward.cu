@@ -490,7 +490,6 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   const bool zs = ZS && p.z_stage;
   auto stage_z = [&](int r0) {
     if (zs) {
-
       const T* zg = static_cast<const T*>(p.z) + tile.b * p.zs[0] + (tile.t0 + r0) * p.zs[1] + tile.h * p.zs[2] +
                     tile.p0;
       const uint64_t pol = ssd_evict_first_policy();
