@@ -90,7 +90,7 @@
 //                           (dB); DC and DB loop over up to 8 of the group's heads
 //   ssd_split_sum_kernel    DC/DB with more than 8 heads per group: sums the head splits
 //   ssd_dacs_kernel         block per (b,h,c): X_s from 64×64 tiles of T
-//   ssd_finalize_kernel     warp per (b,h,c): da, ddt, dA partials
+//   ssd_finalize_kernel     block per (b,h,c): da, ddt, dA partials
 //   ssd_dA_kernel           warp per h: fixed-order sum of the dA (and ddt_bias) partials
 //   ssd_gate_kernel         backward with z, or D without dD_in_dx: dy_pre, dz, dD
 //                           partials
@@ -1465,7 +1465,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_dacs_kernel(const SsdDacsPara
 // ---- 6. backward finalize ----------------------------------------------------------------
 template <typename T>
 struct SsdFinalizeParams {
-  int64_t batch, seqlen, heads, chunk, nchunks, total_warps;
+  int64_t batch, seqlen, heads, chunk, nchunks, total;  // total: B·H·nc (a block each)
   int64_t kblocks, d_tiles, n_tiles;
   const acc_t<T>* A;
   int64_t A_s;
@@ -1483,28 +1483,37 @@ struct SsdFinalizeParams {
   void* ddt;      // dense [B, L, H], in Acc when dt.dt_acc, else in T
 };
 
-// Warp per (b, h, c), two passes over the chunk in 32-wide segments:
+// Block of kSsdThreads per (b, h, c), two passes over the chunk in 32-position segments,
+// warp w taking segment w of each round of 8:
 //   backward: xs_s += Σ_{q ≥ s} U_q + W      (suffix scan, W = exp(Acs_last)·Σ kpart)
 //   forward:  da_s = xs_s + Σ_{s' < s} V_s'   (exclusive prefix scan, V = dt·Σ vp)
 //             ddt_s = (ddt_s(direct) + A_h·da_s)·d(processed dt_s)/d(raw dt_s),
 //             dap[h, b·nc + c] = Σ_s dt_s·da_s,  dbp[h, b·nc + c] = Σ_s ddt_s
-// Each lane handles the same positions in both passes, so it reads back its own xs.
+// A segment's scan is a warp's shuffles; the carry into it, the running carry plus the
+// round's earlier segment totals (shared memory), is added by each warp in segment order,
+// and the two chunk sums are a lane's values summed over the segments in order (warp 0),
+// then a fixed tree: the order is fixed by the shapes. (A warp a chunk walked its 8
+// segments twice, 16 dependent steps, with under a wave of warps at small shapes: 21.2 µs
+// against 8.7 at B2 L4096 H16 P128 N256 G16 with the options, and 56-57 against 42 at the
+// Mamba-2 2.7B shape on H100s; BENCHMARKS.md, fifty-fifth session.)
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFinalizeParams<T> p) {
   using Acc = acc_t<T>;
-  const int lane = threadIdx.x % 32;
-  const int64_t warps_per_grid = static_cast<int64_t>(gridDim.x) * (kSsdThreads / 32);
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * (kSsdThreads / 32) + threadIdx.x / 32;
-       w < p.total_warps; w += warps_per_grid) {
-    const int64_t c = w % p.nchunks;
-    const int64_t bh = w / p.nchunks;
+  constexpr int kWarps = kSsdThreads / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __shared__ Acc sTot[kWarps];                      // a round's segment totals
+  __shared__ Acc sG[kWarps][32], sDa[kWarps][32];  // a round's ddt_s and dt_s·da_s
+  for (int64_t blk = blockIdx.x; blk < p.total; blk += gridDim.x) {
+    const int64_t c = blk % p.nchunks;
+    const int64_t bh = blk / p.nchunks;
     const int64_t h = bh % p.heads, b = bh / p.heads;
     const int64_t t0 = c * p.chunk;
     const int64_t len = min(p.chunk, p.seqlen - t0);
     const int64_t row0 = bh * p.seqlen + t0;
+    const int64_t nseg = (len + 31) / 32;
     const Acc a_h = p.A[h * p.A_s];
     const Acc bias = p.dt.bias_of(h);
-    Acc wsum = 0;
+    Acc wsum = 0;  // (every warp sums it alike)
     for (int64_t i = lane; i < p.kblocks; i += 32) wsum += p.kpart[(bh * p.nchunks + c) * p.kblocks + i];
     // With seg: W only without a start in the chunk, and V only of its last sequence
     // (selected, as everything that crosses a start)
@@ -1512,26 +1521,41 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
     const int32_t last_seq = seg != nullptr ? seg[len - 1] : 0;
     Acc w_c = ssd_decay<Acc>(p.acs[row0 + len - 1]) * ssd_sum32(wsum);
     if (last_seq != 0) w_c = 0;
+    // Adds the round's totals of the segments before this warp's to `carry` (the carry into
+    // its segment, returned) and then the rest of the `n` (the running carry, kept)
+    auto carries = [&](Acc& carry, int n) {
+      Acc mine = carry;
+      for (int k = 0; k < n; ++k) {
+        if (k == warp) mine = carry;
+        carry += sTot[k];
+      }
+      return warp < n ? mine : carry;
+    };
 
     Acc carry = 0;
-    for (int64_t base = (len - 1) / 32 * 32; base >= 0; base -= 32) {
-      const int64_t i = base + lane;
+    for (int64_t top = nseg; top > 0; top -= kWarps) {  // segments top − 1, top − 2, … (last first)
+      const int64_t sg = top - 1 - warp, i = sg * 32 + lane;
       Acc v = 0;
-      if (i < len)
+      if (sg >= 0 && i < len)
         for (int64_t k = 0; k < p.n_tiles; ++k) v += p.up[(row0 + i) * p.n_tiles + k];
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {  // inclusive suffix sum inside the segment
         const Acc u = __shfl_down_sync(0xffffffffu, v, o);
         if (lane + o < 32) v += u;
       }
-      if (i < len) p.xs[row0 + i] += carry + v + w_c;
-      carry += __shfl_sync(0xffffffffu, v, 0);
+      const Acc tot = __shfl_sync(0xffffffffu, v, 0);
+      __syncthreads();  // (the previous round's totals are read)
+      if (lane == 0) sTot[warp] = tot;
+      __syncthreads();
+      const Acc in = carries(carry, static_cast<int>(min(top, static_cast<int64_t>(kWarps))));
+      if (sg >= 0 && i < len) p.xs[row0 + i] += in + v + w_c;
     }
+    __syncthreads();  // (pass 1's xs, read back by other warps)
 
     carry = 0;
-    Acc da_dt = 0, ddt_sum = 0;
-    for (int64_t base = 0; base < len; base += 32) {
-      const int64_t i = base + lane;
+    Acc da_dt = 0, ddt_sum = 0;  // warp 0: each lane's sums over the segments
+    for (int64_t base = 0; base < len; base += 32 * kWarps) {
+      const int64_t i = base + 32 * warp + lane;
       Acc vi = 0, direct = 0, dti = 0;
       if (i < len) {
         dti = p.dtf[row0 + i];
@@ -1550,28 +1574,41 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
       }
       Acc excl = __shfl_up_sync(0xffffffffu, incl, 1);
       if (lane == 0) excl = 0;
+      const Acc tot = __shfl_sync(0xffffffffu, incl, 31);
+      __syncthreads();  // (the previous round's totals and sums are read)
+      if (lane == 0) sTot[warp] = tot;
+      __syncthreads();
+      const int n = static_cast<int>(min((len - base + 31) / 32, static_cast<int64_t>(kWarps)));
+      const Acc in = carries(carry, n);
+      Acc g = 0, dad = 0;
       if (i < len) {
-        const Acc da = p.xs[row0 + i] + (carry + excl);
+        const Acc da = p.xs[row0 + i] + (in + excl);
         Acc grad;
         (void)ssd_dt_process<Acc>(p.dt.raw(b, t0 + i, h), bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
         // (0 · an Inf or NaN gradient would be NaN; outside [dt_min, dt_max] it is 0)
-        const Acc g = grad == Acc(0) ? Acc(0) : (direct + a_h * da) * grad;
+        g = grad == Acc(0) ? Acc(0) : (direct + a_h * da) * grad;
         const int64_t at = (b * p.seqlen + t0 + i) * p.heads + h;
         if (p.dt.dt_acc)
           static_cast<Acc*>(p.ddt)[at] = g;
         else
           static_cast<T*>(p.ddt)[at] = from_acc<T>(g);
-        ddt_sum += g;
-        da_dt += dti * da;
+        dad = dti * da;
       }
-      carry += __shfl_sync(0xffffffffu, incl, 31);
+      sG[warp][lane] = g;
+      sDa[warp][lane] = dad;
+      __syncthreads();
+      if (warp == 0)
+        for (int k = 0; k < n; ++k) ddt_sum += sG[k][lane], da_dt += sDa[k][lane];
     }
-    da_dt = ssd_sum32(da_dt);
-    if (lane == 0) p.dap[h * (p.batch * p.nchunks) + b * p.nchunks + c] = da_dt;
-    if (p.dbp != nullptr) {
-      ddt_sum = ssd_sum32(ddt_sum);
-      if (lane == 0) p.dbp[h * (p.batch * p.nchunks) + b * p.nchunks + c] = ddt_sum;
+    if (warp == 0) {
+      da_dt = ssd_sum32(da_dt);
+      if (lane == 0) p.dap[h * (p.batch * p.nchunks) + b * p.nchunks + c] = da_dt;
+      if (p.dbp != nullptr) {
+        ddt_sum = ssd_sum32(ddt_sum);
+        if (lane == 0) p.dbp[h * (p.batch * p.nchunks) + b * p.nchunks + c] = ddt_sum;
+      }
     }
+    __syncthreads();  // (the next chunk's rounds reuse the shared arrays)
   }
 }
 
@@ -1841,7 +1878,7 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   SsdFinalizeParams<T> p;
   p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.chunk = l.chunk_size;
   p.nchunks = l.nchunks();
-  p.total_warps = l.batch * l.heads * p.nchunks;
+  p.total = l.batch * l.heads * p.nchunks;
   p.kblocks = w.kblocks, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
   p.A = static_cast<const Acc*>(l.A);
   p.A_s = l.A_stride;
@@ -1857,8 +1894,8 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.dap = ssd_ws<Acc>(l, w.dap);
   p.dbp = l.ddt_bias != nullptr ? ssd_ws<Acc>(l, w.dbp) : nullptr;
   p.ddt = l.ddt;
-  if (p.total_warps > 0) {
-    ssd_finalize_kernel<T><<<ssd_grid((p.total_warps + 7) / 8), kSsdThreads, 0, stream>>>(p);
+  if (p.total > 0) {
+    ssd_finalize_kernel<T><<<ssd_grid(p.total), kSsdThreads, 0, stream>>>(p);
     check_launch("ssd_chunk_scan_backward(finalize)");
   }
   if (l.heads > 0) {  // also when B·L == 0: dA (and ddt_bias) are then written as zeros
