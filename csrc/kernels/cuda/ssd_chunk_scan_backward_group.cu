@@ -888,7 +888,8 @@ struct SsdGroupDxParams {
 // through the column tiles they made the kernel spill. H200, 2.7B shape: dx with D
 // 747 -> 680 us, then 648 with the pair loads; plain dx 646 -> 577 in all.
 // Blocks an SM: 3 without EPI (168 registers; at 2 it was slower: 646 -> 712 us before the
-// x tiles), 2 with it (with the x tiles at 3 it spilled: 725 us against 680).
+// x tiles), 2 with it (with the x tiles at 3 it spilled: 725 us against 680; again with the
+// staged stores, 96 bytes: 614-616 against 595 on an H100, BENCHMARKS.md).
 // DD (with EPI; dD_in_dx, the plan's choice without z) also writes dD's partials Σ_s
 // dy_pre[s][j]·x[s][j] over the block's rows (both tiles are in shared memory for the
 // epilogue): the lane's two rows, then the 8 lanes of its columns (ssd_reduce_scatter16), the
