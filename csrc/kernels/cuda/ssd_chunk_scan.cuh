@@ -1494,8 +1494,9 @@ struct SsdFinalizeParams {
 // and the two chunk sums are a lane's values summed over the segments in order (warp 0),
 // then a fixed tree: the order is fixed by the shapes. (A warp a chunk walked its 8
 // segments twice, 16 dependent steps, with under a wave of warps at small shapes: 21.2 µs
-// against 8.7 at B2 L4096 H16 P128 N256 G16 with the options, and 56-57 against 42 at the
-// Mamba-2 2.7B shape on H100s; BENCHMARKS.md, fifty-fifth session.)
+// against 8.7 at B2 L4096 H16 P128 N256 G16 with the options; at the Mamba-2 2.7B shape
+// 56-57 against 42 in separate runs, 52.5-54.4 for an experiment build of it in the old
+// one's run; H100s, BENCHMARKS.md, fifty-fifth session.)
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFinalizeParams<T> p) {
   using Acc = acc_t<T>;
