@@ -1947,8 +1947,9 @@ __device__ __forceinline__ const T* ssd_at(const SsdOperand<T>& o, int64_t b, in
 // 74 registers, and 293 → 285–290 µs: the instructions were not what bound it.
 // A segment's 64 positions go to kSsdGateQuarters threads of a quad, 16 each, their dD
 // sums added by shuffles in a fixed tree: four times the threads (its 640 blocks at the
-// 2.7B shape had made 1.6 waves of 3 blocks an SM), 80 registers. H100, the 2.7B shape with
-// the options: 355–356 → 346 µs (BENCHMARKS.md).
+// 2.7B shape had made 1.6 waves of 3 blocks an SM), 76 registers (bfloat16; 80 in the timed
+// build, its count a runtime value). H100, the 2.7B shape with the options: 355–356 → 346
+// µs (BENCHMARKS.md).
 template <typename T, int V>
 __global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGateParams<T> p) {
   using Acc = acc_t<T>;
