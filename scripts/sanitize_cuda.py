@@ -361,6 +361,18 @@ def ssd_fused_cases() -> Iterator[Case]:
                    ("ssd_chunk_scan_combined",))
 
 
+def ssd_state_wgmma_cases() -> Iterator[Case]:
+    """The chunk-state kernel where a block computes 128 state columns (on sm_90a its
+    products on wgmma, the plan's state_wgmma): head_dim 96 (a 32-column tile: warps past it
+    multiply zeros) with N = 192 (a 64-column last block) through the staged forward, and
+    the fused forward's N = 128 with D, z and initial states; forward and backward (the
+    recomputed states and the local dstates)."""
+    for P, N, options in ((96, 192, False), (64, 128, True)):
+        yield (f"ssd chunk states P={P} N={N} options={options}",
+               lambda P=P, N=N, options=options: _ssd_fused_inputs(2, P, 1, N, options), _ssd_fused_run,
+               ("ssd_chunk_scan_combined",))
+
+
 def ssd_fused_seq_cases() -> Iterator[Case]:
     """fused_mma and fused_mma_cb with seq_idx (sequences starting inside a chunk, at a
     chunk's first position and one after it), each forced through the test switch (the
@@ -521,7 +533,7 @@ FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_c
             "ssd_fused": ssd_fused_cases, "ssd_fused_wgmma": ssd_fused_wgmma_cases,
             "ssd_fused_n256": ssd_fused_n256_cases, "ssd_fused_seq": ssd_fused_seq_cases,
             "ssd_99kb": ssd_99kb_cases,
-            "ssd_staged_seq": ssd_staged_seq_cases,
+            "ssd_staged_seq": ssd_staged_seq_cases, "ssd_state_wgmma": ssd_state_wgmma_cases,
             "mamba_split": mamba_split_cases, "state_update": state_update_cases}
 
 

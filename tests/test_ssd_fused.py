@@ -673,6 +673,66 @@ def test_backward_side_stream_switch_names_its_choices():
         bt._C._ssd_cuda_backward_side_stream("on")
 
 
+def test_state_wgmma_switch_names_its_choices():
+    assert bt._C._ssd_cuda_state_wgmma("auto") == "auto"
+    assert bt._C._ssd_cuda_state_wgmma("off") == "auto"
+    assert bt._C._ssd_cuda_state_wgmma("auto") == "off"
+    with pytest.raises(ValueError, match="auto or off"):
+        bt._C._ssd_cuda_state_wgmma("on")
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [
+    (2, 700, 4, 64, 128, 1, 256),  # the 2.7B layer's P and N: fused forward, group backward
+    (1, 333, 2, 96, 192, 1, 128),  # staged forward; a 32-column head_dim tile, a 64-column state block, short steps
+], ids=["P64-N128", "P96-N192"])
+def test_chunk_states_on_wgmma_keep_the_bits(shape):
+    """The chunk-state kernel's products on wgmma (the plan's choice on sm_90a where a block
+    computes 128 state columns) give the bits of its mma.sync products: the staged forward
+    and the backward, outputs NaN-poisoned; on such a device the wgmma instantiation is the
+    one that runs, and only there."""
+    import re
+
+    from torch.profiler import ProfilerActivity, profile
+
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the chunk-state kernel on tensor cores needs sm_80+")
+    b, L, H, P, N, G, Q = shape
+    torch.manual_seed(11)
+    inputs = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    dy = torch.randn_like(inputs[0])
+
+    def run():
+        previous = bt._C._ssd_cuda_forward("staged")
+        try:
+            out = ops.ssd_chunk_scan(*inputs, Q)
+        finally:
+            bt._C._ssd_cuda_forward(previous)
+        return [*out, *ops.ssd_chunk_scan_backward(dy, *inputs, Q)]
+
+    def kernels_of(fn):
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return {m.group(1) for e in prof.key_averages() if e.device_time_total > 0
+                for m in [re.search(r"ssd_tc_chunk_state_kernel<[^>]*,\s*(true|false)>", e.key)] if m}
+
+    previous = bt._C._ssd_cuda_state_wgmma("off")
+    try:
+        expected = run()
+        assert kernels_of(run) == {"false"}
+    finally:
+        bt._C._ssd_cuda_state_wgmma(previous)
+    assert all(torch.isfinite(t).all() for t in expected)
+    poison_fresh_outputs()
+    got = run()
+    for k, (u, v) in enumerate(zip(got, expected)):
+        assert torch.equal(u, v), k
+    assert kernels_of(run) == ({"true"} if has_wgmma() else {"false"})
+
+
 def test_backward_switch_names_its_choices():
     assert bt._C._ssd_cuda_backward("auto") == "auto"
     assert bt._C._ssd_cuda_backward("group_mma") == "auto"

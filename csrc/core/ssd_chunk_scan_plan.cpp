@@ -203,6 +203,22 @@ int64_t state_tile_n(const SsdChunkScanDescriptor& desc, SsdVariant v, const Ssd
   return l.state_dim > 64 ? 128 : 64;
 }
 
+// ssd_force_state_wgmma's setting: -1 for the plan's own choice, 0 never, 1 where the plan
+// would take it.
+std::atomic<int> g_forced_state_wgmma{-1};
+
+// Whether the chunk-state kernel runs its products on wgmma (tc_wgmma_wk): where a block
+// computes 128 state columns on an sm_90 device with the build's sm_90a code. Measured on
+// an H100 (bf16, two rounds; BENCHMARKS.md "SSD chunk states on wgmma"): at the Mamba-2
+// 2.7B shape the backward's recomputed S_c 145.8 / 145.5 -> 131.3 / 131.2 us and its local
+// dstates 149.4 / 144.2 -> 134.6 / 134.2 (the backward pass 1895 / 1902 -> 1872 / 1874),
+// at B2 L4096 H16 P128 N256 63.0 and 67.0 against 65.8 and 70.0, the same bits; with 64
+// columns (N = 64) level or slower (S_c 63.2 against 62.5, dstates 66.3 against 66.1), so
+// those keep mma.sync.
+bool state_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
+  return g_forced_state_wgmma.load(std::memory_order_relaxed) != 0 && l.state_tile_n == 128 && wgmma_device(desc);
+}
+
 // Bytes of one dCB (B·nc·G·Q'² float32) and of x (16-bit), which the dCB head splits'
 // memory is held against.
 double dcb_bytes(const SsdChunkScanLaunch& l) {
@@ -450,6 +466,12 @@ std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force) {
   return previous == 1;
 }
 
+std::optional<bool> ssd_force_state_wgmma(std::optional<bool> force) {
+  const int previous = g_forced_state_wgmma.exchange(force ? static_cast<int>(*force) : -1);
+  if (previous < 0) return std::nullopt;
+  return previous == 1;
+}
+
 SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
                                           PlanPreference pref) {
   const SsdSizes<int64_t> s = validate(desc, kOp);
@@ -466,6 +488,7 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
   p.launch_.fused_state_split = forward.state_tile > 128 ? 2 : 1;
   p.launch_.tensor_cores = uses_tensor_cores(desc, p.variant_);
   p.launch_.state_tile_n = state_tile_n(desc, p.variant_, p.launch_);
+  p.launch_.state_wgmma = state_wgmma(desc, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, false, kOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
   p.sku_ = make_sku(desc, p.variant_, false, p.launch_.cuda_forward);
@@ -544,6 +567,7 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.dD_in_dx = p.launch_.group_products && !p.launch_.gated;
   p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
+  p.launch_.state_wgmma = state_wgmma(f, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
   p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma);

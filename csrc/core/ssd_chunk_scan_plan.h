@@ -80,6 +80,12 @@ std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force);
 // `force` false keeps every kernel on the caller's stream; true or std::nullopt takes the
 // side streams wherever the group products run. Returns the previous setting.
 std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force);
+// On an sm_90 device whose build holds sm_90a code the plan runs the tensor-core
+// chunk-state kernel's products on wgmma where a block computes 128 state columns
+// (SsdChunkScanLaunch::state_wgmma): the same bits as on mma.sync. Tests and benchmarks
+// only: `force` false keeps mma.sync; true or std::nullopt takes wgmma wherever the plan
+// would. Returns the previous setting.
+std::optional<bool> ssd_force_state_wgmma(std::optional<bool> force);
 
 // Shared memory of the staged tensor-core scan kernel (kernels/cuda/ssd_chunk_scan_tc.cuh's
 // ssd_launch_tc_scan) without its cache of Lft·Rgtᵀ tiles, for a contraction over k1 (N for
@@ -268,6 +274,11 @@ struct SsdChunkScanLaunch {
   // kernel computes (H_c's S_c and the backward's local dstate), reading each x (or dy)
   // tile once for all of them (state_tile_n in ssd_chunk_scan_plan.cpp). 0 elsewhere.
   int64_t state_tile_n = 0;
+  // With state_tile_n 128 on an sm_90 device with the build's sm_90a code: the chunk-state
+  // kernel's products on wgmma (m64n128, A from registers), the same bits as its mma.sync
+  // ones, in less time (state_wgmma in ssd_chunk_scan_plan.cpp; ssd_force_state_wgmma).
+  // The packed-sequence (seq_idx) instantiation keeps mma.sync.
+  bool state_wgmma = false;
   // z is given (the plan knows before the pointers arrive): the CUDA backward's workspace
   // then holds dy_pre = dy·silu(z), which its kernels read in place of dy.
   bool gated = false;

@@ -154,6 +154,20 @@ PYBIND11_MODULE(_C, m) {
     const std::optional<bool> previous = ssd_force_backward_side_stream(force);
     return std::string(previous.value_or(true) ? "auto" : "off");
   }, py::arg("name"));
+  // Tests and benchmarks only: whether the SSD's tensor-core chunk-state kernel runs its
+  // products on wgmma (SsdChunkScanLaunch::state_wgmma), "auto" (the plan's choice: on
+  // sm_90a with 128 state columns a block) or "off" (mma.sync everywhere); returns the
+  // previous setting.
+  m.def("_ssd_cuda_state_wgmma", [](const std::string& name) {
+    std::optional<bool> force;
+    if (name == "off") {
+      force = false;
+    } else if (name != "auto") {
+      throw py::value_error("_ssd_cuda_state_wgmma: expected auto or off, got " + name);
+    }
+    const std::optional<bool> previous = ssd_force_state_wgmma(force);
+    return std::string(previous.value_or(true) ? "auto" : "off");
+  }, py::arg("name"));
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
   // "never"; returns the previous setting.

@@ -502,6 +502,53 @@ __device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const un
   }
 }
 
+// tc_warp_gemm_wk's product on wgmma (sm_90a; WG): the warp's A fragments as there
+// (ldmatrix of its 16 columns, scaled by w and rounded to T) into af, then one product a
+// k-step, the warpgroup's four warps together, with B from
+// shared memory (N-major, the same swizzled panels): m64n128 (NT = 2) or m64n64 (NT = 1),
+// all four k-steps of the 64-position step (past the step's rows both operands are zeros
+// and their weights 0; with NT = 2, Y's columns past N too). Issued and committed, not
+// waited for: the caller waits (wgmma_wait) before it reads acc, writes af or overwrites
+// sA or sB.
+template <typename T, int NT>
+__device__ __forceinline__ void tc_wgmma_wk(float (&acc)[NT * 32], uint32_t (&af)[4][4], const unsigned char* sA,
+                                            int a_chunk, const unsigned char* sB, const float* w) {
+  const int lane = threadIdx.x % 32, t4 = lane % 4, l8 = lane % 8;
+  const unsigned char* a_row = sA + ((lane / 16) * 8 + l8) * 128 + (((a_chunk + (lane / 8) % 2) ^ l8) << 4);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    ssd_ldsm_x4_t(af[kk], a_row + kk * 16 * 128);
+    const float2 wl = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4);
+    const float2 wh = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4 + 8);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      T v[2];
+      memcpy(v, &af[kk][i], 4);
+      const float2 ww = i < 2 ? wl : wh;
+      af[kk][i] = ssd_pack2<T>(ww.x * to_acc(v[0]), ww.y * to_acc(v[1]));
+    }
+  }
+  wgmma_fence();
+  if constexpr (NT == 2) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs_n128<T, 1>(reinterpret_cast<float(&)[64]>(acc), af[kk], gmma_sw128_mnmajor(sB, kSsdTile, kk * 16));
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs_n64<T, 1>(reinterpret_cast<float(&)[32]>(acc), af[kk], gmma_sw128_mnmajor(sB, kSsdTile, kk * 16));
+  }
+  wgmma_commit();
+}
+
+// Keeps af (the A operand of products in flight) in its registers until this point.
+__device__ __forceinline__ void wgmma_keep(uint32_t (&af)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(af[kk][i])::"memory");
+}
+
 // ssd_chunk_state_kernel's product on tensor cores: out[d, n] = Σ_s (w_s·X_s[d])·Y_s[n]
 // for a 64 × (64·NT) (d, n) tile, K = the chunk's positions in steps of 64; w_s·X_s is
 // rounded to T. X is stored [s][d] (A read transposed), Y [s][n] (B read transposed), in
@@ -531,8 +578,15 @@ __host__ __device__ constexpr int ssd_cs_smem() {  // the ring of swizzled tiles
 // The steps without any are skipped; in the step holding the boundary the other positions'
 // weights and rows of both operands are 0 (selected: a NaN or Inf there stays out). A
 // separate instantiation: in the others it cost 2 (NT = 2) and 16 (NT = 1) registers.
-template <typename T, bool DSTATE, int NT, bool SEG = false>
+// WG (SsdChunkScanLaunch::state_wgmma: sm_90a, NT = 2, no seg): the step's products on
+// wgmma (tc_wgmma_wk), every warp of the block's warpgroup taking part (a warp past D
+// multiplies the zeros its columns were filled with), the same bits as mma.sync. A step's
+// products run while the next step's copies are waited for; before the step's barrier, after
+// which its buffers are refilled, each thread waits for them. H100, the 2.7B shape: 131-135
+// µs a launch against 144-150 (the plan's state_wgmma).
+template <typename T, bool DSTATE, int NT, bool SEG = false, bool WG = false>
 __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const SsdStateParams<T> p) {
+  static_assert(!WG || !SEG, "the wgmma product serves the plain kernel");
   constexpr int STAGES = kSsdCsStages;
   constexpr int kStage = (1 + NT) * kSsdTileBytes;  // X [64][64], Y [64][64·NT]
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
@@ -607,6 +661,8 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
     float acc[NT][8][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) tc_zero(acc[j]);
+    float(&accf)[NT * 32] = reinterpret_cast<float(&)[NT * 32]>(acc);
+    uint32_t af[4][4];
 #pragma unroll
     for (int k = 0; k < STAGES - 1; ++k) issue(k_begin + k);
     load_w(k_begin);
@@ -623,16 +679,30 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
     }
     for (int k = k_begin; k < steps; ++k) {
       ssd_cp_async_wait<STAGES - 2>();  // step k's copies (this thread's) have landed
+      if constexpr (WG) fence_proxy_async();
       const int s0 = k * kSsdTile, rows = min(kSsdTile, hi - s0);
       float* w = sW[k % STAGES];
       if (threadIdx.x < kSsdTile) {  // (0 past hi: those X rows are zeros, w may not be finite)
         const int r = threadIdx.x;
         w[r] = r >= rows ? 0.0f : DSTATE ? ssd_decay<float>(a_s) : ssd_decay<float>(acs_last - a_s) * dt_s;
       }
+      if constexpr (WG) {  // step k − 1's products are done with its buffers and af
+        wgmma_wait<0>();
+        wgmma_keep(af);
+        wgmma_fence_regs(accf);
+      }
       __syncthreads();  // step k, its weights (and zeroed rows) are visible; step k − 1's buffers are free
       issue(k + STAGES - 1);
       load_w(k + 1);
-      if (live) tc_warp_gemm_wk<T, NT>(acc, sX(k), 2 * warp, sY(k), (rows + 15) / 16, w, nv);
+      if constexpr (WG)
+        tc_wgmma_wk<T, NT>(accf, af, sX(k), 2 * warp, sY(k), w);
+      else if (live)
+        tc_warp_gemm_wk<T, NT>(acc, sX(k), 2 * warp, sY(k), (rows + 15) / 16, w, nv);
+    }
+    if constexpr (WG) {
+      wgmma_wait<0>();
+      wgmma_keep(af);
+      wgmma_fence_regs(accf);
     }
     ssd_cp_async_wait<0>();  // (only empty groups are left)
     if (!live) continue;
@@ -1109,7 +1179,7 @@ inline void ssd_tc_head_split(int64_t hpg, int64_t other_blocks, int sms, int64_
 inline int ssd_align16(int bytes) { return (bytes + 15) / 16 * 16; }
 
 template <typename T, bool DSTATE, int NT>
-void ssd_launch_tc_chunk_state_nt(SsdStateParams<T> p, cudaStream_t stream) {
+void ssd_launch_tc_chunk_state_nt(SsdStateParams<T> p, bool wgmma, cudaStream_t stream) {
   p.total_blocks = p.batch * p.heads * p.nchunks * p.d_tiles * ((p.n_tiles + NT - 1) / NT);
   if (p.total_blocks == 0) return;
   constexpr int smem = ssd_cs_smem<NT>();
@@ -1118,10 +1188,16 @@ void ssd_launch_tc_chunk_state_nt(SsdStateParams<T> p, cudaStream_t stream) {
     allow_dynamic_smem(kernel, smem, op);
     kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, stream>>>(p);
   };
-  if (p.seg != nullptr)
+  if (p.seg != nullptr) {
     run(ssd_tc_chunk_state_kernel<T, DSTATE, NT, true>);
-  else
+  } else if constexpr (NT == 2) {  // (the plan takes wgmma only with 128 state columns)
+    if (wgmma)
+      run(ssd_tc_chunk_state_kernel<T, DSTATE, NT, false, true>);
+    else
+      run(ssd_tc_chunk_state_kernel<T, DSTATE, NT>);
+  } else {
     run(ssd_tc_chunk_state_kernel<T, DSTATE, NT>);
+  }
   check_launch(op);
 }
 
@@ -1137,11 +1213,15 @@ void ssd_launch_tc_chunk_state(const SsdChunkScanLaunch& l, const SsdWorkspace& 
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.seg = ssd_seg(l, w);
   p.out = ssd_ws<float>(l, DSTATE ? w.gstates : w.states);
-  // The plan's state tile (SsdChunkScanLaunch::state_tile_n, checked with the launch).
+  // The plan's state tile and product (SsdChunkScanLaunch::state_tile_n, checked with the
+  // launch, and state_wgmma).
+  if (l.state_wgmma && l.state_tile_n != 2 * kSsdTile)
+    fail(PlanErrorKind::Internal, DSTATE ? "ssd_chunk_scan_backward(chunk_dstate)" : "ssd_chunk_scan(chunk_state)",
+         "the chunk-state kernel's wgmma products need a state tile of 128 columns");
   if (l.state_tile_n == 2 * kSsdTile)
-    ssd_launch_tc_chunk_state_nt<T, DSTATE, 2>(p, stream);
+    ssd_launch_tc_chunk_state_nt<T, DSTATE, 2>(p, l.state_wgmma, stream);
   else
-    ssd_launch_tc_chunk_state_nt<T, DSTATE, 1>(p, stream);
+    ssd_launch_tc_chunk_state_nt<T, DSTATE, 1>(p, false, stream);
 }
 
 // The plan takes the tensor cores only where this kernel's shared memory without its cache
