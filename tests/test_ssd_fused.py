@@ -683,7 +683,7 @@ def test_state_wgmma_switch_names_its_choices():
 
 @requires_cuda
 @pytest.mark.parametrize("shape", [
-    (2, 700, 4, 64, 128, 1, 256),  # the 2.7B layer's P and N: fused forward, group backward
+    (2, 700, 4, 64, 128, 1, 256),  # the 2.7B layer's P and N: the group products' backward
     (1, 333, 2, 96, 192, 1, 128),  # staged forward; a 32-column head_dim tile, a 64-column state block, short steps
 ], ids=["P64-N128", "P96-N192"])
 def test_chunk_states_on_wgmma_keep_the_bits(shape):

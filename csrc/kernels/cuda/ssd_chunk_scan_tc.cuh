@@ -580,9 +580,9 @@ __host__ __device__ constexpr int ssd_cs_smem() {  // the ring of swizzled tiles
 // separate instantiation: in the others it cost 2 (NT = 2) and 16 (NT = 1) registers.
 // WG (SsdChunkScanLaunch::state_wgmma: sm_90a, NT = 2, no seg): the step's products on
 // wgmma (tc_wgmma_wk), every warp of the block's warpgroup taking part (a warp past D
-// multiplies the zeros its columns were filled with), the same bits as mma.sync. A step's
-// products run while the next step's copies are waited for; before the step's barrier, after
-// which its buffers are refilled, each thread waits for them. H100, the 2.7B shape: 131-135
+// multiplies the zeros its columns were filled with), the same bits as mma.sync. Step k's
+// products are waited for only before step k + 1's barrier (after which step k's buffers
+// are refilled), so they run while step k + 1's copies land. H100, the 2.7B shape: 131-135
 // µs a launch against 144-150 (the plan's state_wgmma).
 template <typename T, bool DSTATE, int NT, bool SEG = false, bool WG = false>
 __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const SsdStateParams<T> p) {
