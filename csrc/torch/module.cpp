@@ -144,44 +144,23 @@ PYBIND11_MODULE(_C, m) {
   // kernels on side streams (SsdChunkScanLaunch::side_stream), "auto" (the plan's choice:
   // wherever the group products run) or "off" (every kernel on the caller's stream);
   // returns the previous setting.
+  static const std::pair<const char*, bool> kOff[] = {{"off", false}};
   m.def("_ssd_cuda_backward_side_stream", [](const std::string& name) {
-    std::optional<bool> force;
-    if (name == "off") {
-      force = false;
-    } else if (name != "auto") {
-      throw py::value_error("_ssd_cuda_backward_side_stream: expected auto or off, got " + name);
-    }
-    const std::optional<bool> previous = ssd_force_backward_side_stream(force);
-    return std::string(previous.value_or(true) ? "auto" : "off");
+    return named_switch("_ssd_cuda_backward_side_stream", kOff, name, ssd_force_backward_side_stream);
   }, py::arg("name"));
   // Tests and benchmarks only: whether the SSD's tensor-core chunk-state kernel runs its
   // products on wgmma (SsdChunkScanLaunch::state_wgmma), "auto" (the plan's choice: on
   // sm_90a with 128 state columns a block) or "off" (mma.sync everywhere); returns the
   // previous setting.
   m.def("_ssd_cuda_state_wgmma", [](const std::string& name) {
-    std::optional<bool> force;
-    if (name == "off") {
-      force = false;
-    } else if (name != "auto") {
-      throw py::value_error("_ssd_cuda_state_wgmma: expected auto or off, got " + name);
-    }
-    const std::optional<bool> previous = ssd_force_state_wgmma(force);
-    return std::string(previous.value_or(true) ? "auto" : "off");
+    return named_switch("_ssd_cuda_state_wgmma", kOff, name, ssd_force_state_wgmma);
   }, py::arg("name"));
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
   // "never"; returns the previous setting.
   m.def("_rope_cos_sin_table_vectors", [](const std::string& name) {
-    std::optional<bool> force;
-    if (name == "any") {
-      force = true;
-    } else if (name == "never") {
-      force = false;
-    } else if (name != "auto") {
-      throw py::value_error("_rope_cos_sin_table_vectors: expected auto, any or never, got " + name);
-    }
-    const std::optional<bool> previous = rope_cos_sin_force_table_vectors(force);
-    return std::string(!previous ? "auto" : *previous ? "any" : "never");
+    static const std::pair<const char*, bool> kNames[] = {{"any", true}, {"never", false}};
+    return named_switch("_rope_cos_sin_table_vectors", kNames, name, rope_cos_sin_force_table_vectors);
   }, py::arg("name"));
   // Tests only: whether the plain RMSNorm backward may be staged on CUDA (the plan's choice
   // where it fits; False: never); returns the previous setting.
