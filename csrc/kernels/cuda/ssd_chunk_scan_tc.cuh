@@ -466,10 +466,28 @@ __device__ __forceinline__ void tc_store_row(O* orow, int j0, int J, bool pairs,
 // is the lane's; a k-step adds 16 rows (2048 bytes), B's 16-column step np flips chunk
 // bit 1 (np << 5), a panel adds 64 rows · 128 bytes. (Through gmma_sw128_elem per
 // ldmatrix the kernel ran 35 % more instructions than with padded rows: ncu, H200.)
+// The warp's A fragment of one k-step (ldmatrix, transposed) at a_at, its k-th column
+// scaled by w[k] (w: the k-step's 16 weights) and rounded back to T: a[0], a[1] hold
+// columns 2·t4, 2·t4 + 1, a[2], a[3] columns 2·t4 + 8, 2·t4 + 9.
+template <typename T>
+__device__ __forceinline__ void tc_load_a_scaled(uint32_t (&a)[4], const unsigned char* a_at, const float* w) {
+  const int t4 = threadIdx.x % 4;
+  ssd_ldsm_x4_t(a, a_at);
+  const float2 wl = *reinterpret_cast<const float2*>(w + 2 * t4);
+  const float2 wh = *reinterpret_cast<const float2*>(w + 2 * t4 + 8);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T v[2];
+    memcpy(v, &a[i], 4);
+    const float2 ww = i < 2 ? wl : wh;
+    a[i] = ssd_pack2<T>(ww.x * to_acc(v[0]), ww.y * to_acc(v[1]));
+  }
+}
+
 template <typename T, int NT>
 __device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const unsigned char* sA, int a_chunk,
                                                 const unsigned char* sB, int ksteps, const float* w, int nv) {
-  const int lane = threadIdx.x % 32, t4 = lane % 4, l8 = lane % 8;
+  const int lane = threadIdx.x % 32, l8 = lane % 8;
   // A: rows 8·(lane / 16) + l8 of the k-step, chunk a_chunk + (lane / 8) % 2;
   // B: rows 8·((lane / 8) % 2) + l8, chunk 2·np + lane / 16
   const unsigned char* a_row = sA + ((lane / 16) * 8 + l8) * 128 + (((a_chunk + (lane / 8) % 2) ^ l8) << 4);
@@ -477,17 +495,7 @@ __device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const un
   const int b_chunk = ((lane / 16) ^ l8) << 4;
   for (int kk = 0; kk < ksteps; ++kk, a_row += 16 * 128, b_row += 16 * 128) {
     uint32_t a[4];
-    ssd_ldsm_x4_t(a, a_row);
-    // a[0], a[1]: columns 2·t4, 2·t4 + 1; a[2], a[3]: columns 2·t4 + 8, 2·t4 + 9
-    const float2 wl = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4);
-    const float2 wh = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4 + 8);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      T v[2];
-      memcpy(v, &a[i], 4);
-      const float2 ww = i < 2 ? wl : wh;
-      a[i] = ssd_pack2<T>(ww.x * to_acc(v[0]), ww.y * to_acc(v[1]));
-    }
+    tc_load_a_scaled<T>(a, a_row, w + kk * 16);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       if (j * kSsdTile >= nv) continue;
@@ -513,21 +521,10 @@ __device__ __forceinline__ void tc_warp_gemm_wk(float (&acc)[NT][8][4], const un
 template <typename T, int NT>
 __device__ __forceinline__ void tc_wgmma_wk(float (&acc)[NT * 32], uint32_t (&af)[4][4], const unsigned char* sA,
                                             int a_chunk, const unsigned char* sB, const float* w) {
-  const int lane = threadIdx.x % 32, t4 = lane % 4, l8 = lane % 8;
+  const int lane = threadIdx.x % 32, l8 = lane % 8;
   const unsigned char* a_row = sA + ((lane / 16) * 8 + l8) * 128 + (((a_chunk + (lane / 8) % 2) ^ l8) << 4);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    ssd_ldsm_x4_t(af[kk], a_row + kk * 16 * 128);
-    const float2 wl = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4);
-    const float2 wh = *reinterpret_cast<const float2*>(w + kk * 16 + 2 * t4 + 8);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      T v[2];
-      memcpy(v, &af[kk][i], 4);
-      const float2 ww = i < 2 ? wl : wh;
-      af[kk][i] = ssd_pack2<T>(ww.x * to_acc(v[0]), ww.y * to_acc(v[1]));
-    }
-  }
+  for (int kk = 0; kk < 4; ++kk) tc_load_a_scaled<T>(af[kk], a_row + kk * 16 * 128, w + kk * 16);
   wgmma_fence();
   if constexpr (NT == 2) {
 #pragma unroll
