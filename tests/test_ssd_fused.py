@@ -665,20 +665,14 @@ def test_side_streams_of_several_host_threads_stay_apart():
             assert all(torch.equal(u, v) for u, v in zip(out, expected[k])), k
 
 
-def test_backward_side_stream_switch_names_its_choices():
-    assert bt._C._ssd_cuda_backward_side_stream("auto") == "auto"
-    assert bt._C._ssd_cuda_backward_side_stream("off") == "auto"
-    assert bt._C._ssd_cuda_backward_side_stream("auto") == "off"
+@pytest.mark.parametrize("switch", ["_ssd_cuda_backward_side_stream", "_ssd_cuda_state_wgmma"])
+def test_auto_or_off_switch_names_its_choices(switch):
+    fn = getattr(bt._C, switch)
+    assert fn("auto") == "auto"
+    assert fn("off") == "auto"
+    assert fn("auto") == "off"
     with pytest.raises(ValueError, match="auto or off"):
-        bt._C._ssd_cuda_backward_side_stream("on")
-
-
-def test_state_wgmma_switch_names_its_choices():
-    assert bt._C._ssd_cuda_state_wgmma("auto") == "auto"
-    assert bt._C._ssd_cuda_state_wgmma("off") == "auto"
-    assert bt._C._ssd_cuda_state_wgmma("auto") == "off"
-    with pytest.raises(ValueError, match="auto or off"):
-        bt._C._ssd_cuda_state_wgmma("on")
+        fn("on")
 
 
 @requires_cuda
