@@ -1522,9 +1522,13 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
     const int32_t last_seq = seg != nullptr ? seg[len - 1] : 0;
     Acc w_c = ssd_decay<Acc>(p.acs[row0 + len - 1]) * ssd_sum32(wsum);
     if (last_seq != 0) w_c = 0;
-    // Adds the round's totals of the segments before this warp's to `carry` (the carry into
-    // its segment, returned) and then the rest of the `n` (the running carry, kept)
-    auto carries = [&](Acc& carry, int n) {
+    // Publishes this warp's segment total `tot` to the round's `n` segments, then adds the
+    // totals of the segments before this warp's to `carry` (the carry into its segment,
+    // returned) and then the rest (the running carry, kept)
+    auto carries = [&](Acc& carry, Acc tot, int n) {
+      __syncthreads();  // (the previous round's totals, and in pass 2 its sums, are read)
+      if (lane == 0) sTot[warp] = tot;
+      __syncthreads();
       Acc mine = carry;
       for (int k = 0; k < n; ++k) {
         if (k == warp) mine = carry;
@@ -1544,11 +1548,8 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
         const Acc u = __shfl_down_sync(0xffffffffu, v, o);
         if (lane + o < 32) v += u;
       }
-      const Acc tot = __shfl_sync(0xffffffffu, v, 0);
-      __syncthreads();  // (the previous round's totals are read)
-      if (lane == 0) sTot[warp] = tot;
-      __syncthreads();
-      const Acc in = carries(carry, static_cast<int>(min(top, static_cast<int64_t>(kWarps))));
+      const int n = static_cast<int>(min(top, static_cast<int64_t>(kWarps)));
+      const Acc in = carries(carry, __shfl_sync(0xffffffffu, v, 0), n);
       if (sg >= 0 && i < len) p.xs[row0 + i] += in + v + w_c;
     }
     __syncthreads();  // (pass 1's xs, read back by other warps)
@@ -1575,12 +1576,8 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
       }
       Acc excl = __shfl_up_sync(0xffffffffu, incl, 1);
       if (lane == 0) excl = 0;
-      const Acc tot = __shfl_sync(0xffffffffu, incl, 31);
-      __syncthreads();  // (the previous round's totals and sums are read)
-      if (lane == 0) sTot[warp] = tot;
-      __syncthreads();
       const int n = static_cast<int>(min((len - base + 31) / 32, static_cast<int64_t>(kWarps)));
-      const Acc in = carries(carry, n);
+      const Acc in = carries(carry, __shfl_sync(0xffffffffu, incl, 31), n);
       Acc g = 0, dad = 0;
       if (i < len) {
         const Acc da = p.xs[row0 + i] + (in + excl);
