@@ -365,12 +365,13 @@ def ssd_state_wgmma_cases() -> Iterator[Case]:
     """The chunk-state kernel where a block computes 128 state columns (on sm_90a its
     products on wgmma, the plan's state_wgmma): head_dim 96 (a 32-column tile: warps past it
     multiply zeros) with N = 192 (a 64-column last block) through the staged forward, and
-    the fused forward's N = 128 with D, z and initial states; forward and backward (the
-    recomputed states and the local dstates)."""
-    for P, N, options in ((96, 192, False), (64, 128, True)):
-        yield (f"ssd chunk states P={P} N={N} options={options}",
-               lambda P=P, N=N, options=options: _ssd_fused_inputs(2, P, 1, N, options), _ssd_fused_run,
-               ("ssd_chunk_scan_combined",))
+    the fused forward's N = 128 with D, z and initial states, then with seq_idx too (the
+    packed-sequence instantiation); forward and backward (the recomputed states and the
+    local dstates)."""
+    for P, N, options, seq in ((96, 192, False, False), (64, 128, True, False), (64, 128, True, True)):
+        yield (f"ssd chunk states P={P} N={N} options={options} seq_idx={seq}",
+               lambda P=P, N=N, options=options, seq=seq: _ssd_fused_inputs(2, P, 1, N, options, seq),
+               _ssd_fused_run, ("ssd_chunk_scan_combined",))
 
 
 def ssd_fused_seq_cases() -> Iterator[Case]:

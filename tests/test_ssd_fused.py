@@ -680,11 +680,12 @@ def test_auto_or_off_switch_names_its_choices(switch):
     (2, 700, 4, 64, 128, 1, 256),  # the 2.7B layer's P and N: the group products' backward
     (1, 333, 2, 96, 192, 1, 128),  # staged forward; a 32-column head_dim tile, a 64-column state block, short steps
 ], ids=["P64-N128", "P96-N192"])
-def test_chunk_states_on_wgmma_keep_the_bits(shape):
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "seq_idx"])
+def test_chunk_states_on_wgmma_keep_the_bits(shape, packed):
     """The chunk-state kernel's products on wgmma (the plan's choice on sm_90a where a block
-    computes 128 state columns) give the bits of its mma.sync products: the staged forward
-    and the backward, outputs NaN-poisoned; on such a device the wgmma instantiation is the
-    one that runs, and only there."""
+    computes 128 state columns, with or without seq_idx) give the bits of its mma.sync
+    products: the staged forward and the backward, outputs NaN-poisoned; on such a device
+    the wgmma instantiation is the one that runs, and only there."""
     import re
 
     from torch.profiler import ProfilerActivity, profile
@@ -695,14 +696,22 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape):
     torch.manual_seed(11)
     inputs = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
     dy = torch.randn_like(inputs[0])
+    seq_idx = _sequence_ids(b, L, Q, "dense", torch.int32).cuda() if packed else None
 
     def run():
         previous = bt._C._ssd_cuda_forward("staged")
         try:
-            out = ops.ssd_chunk_scan(*inputs, Q)
+            if packed:
+                out = ops.ssd_chunk_scan_combined(*inputs, Q, seq_idx=seq_idx)[:2]
+            else:
+                out = [ops.ssd_chunk_scan(*inputs, Q)]
         finally:
             bt._C._ssd_cuda_forward(previous)
-        return [*out, *ops.ssd_chunk_scan_backward(dy, *inputs, Q)]
+        if packed:
+            grads = ops.ssd_chunk_scan_combined_backward(dy, None, *inputs, Q, seq_idx=seq_idx)[:5]
+        else:
+            grads = ops.ssd_chunk_scan_backward(dy, *inputs, Q)
+        return [*out, *grads]
 
     def kernels_of(fn):
         fn()
@@ -710,13 +719,15 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        return {m.group(1) for e in prof.key_averages() if e.device_time_total > 0
-                for m in [re.search(r"ssd_tc_chunk_state_kernel<[^>]*,\s*(true|false)>", e.key)] if m}
+        # (SEG, WG): the instantiation's last two flags
+        return {m.groups() for e in prof.key_averages() if e.device_time_total > 0
+                for m in [re.search(r"ssd_tc_chunk_state_kernel<[^>]*,\s*(true|false),\s*(true|false)>",
+                                    e.key)] if m}
 
     previous = bt._C._ssd_cuda_state_wgmma("off")
     try:
         expected = run()
-        assert kernels_of(run) == {"false"}
+        assert kernels_of(run) == {(str(packed).lower(), "false")}
     finally:
         bt._C._ssd_cuda_state_wgmma(previous)
     assert all(torch.isfinite(t).all() for t in expected)
@@ -724,7 +735,7 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape):
     got = run()
     for k, (u, v) in enumerate(zip(got, expected)):
         assert torch.equal(u, v), k
-    assert kernels_of(run) == ({"true"} if has_wgmma() else {"false"})
+    assert kernels_of(run) == {(str(packed).lower(), str(has_wgmma()).lower())}
 
 
 def test_backward_switch_names_its_choices():

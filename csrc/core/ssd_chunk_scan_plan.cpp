@@ -214,7 +214,8 @@ std::atomic<int> g_forced_state_wgmma{-1};
 // dstates 149.4 / 144.2 -> 134.6 / 134.2 (the backward pass 1895 / 1902 -> 1872 / 1874),
 // at B2 L4096 H16 P128 N256 63.0 and 67.0 against 65.8 and 70.0, the same bits; with 64
 // columns (N = 64) level or slower (S_c 63.2 against 62.5, dstates 66.3 against 66.1), so
-// those keep mma.sync.
+// those keep mma.sync. With seq_idx (the SEG instantiation; 2.7B shape, 7 sequences a row,
+// one round) the dstates 136.3 -> 122.7 us and S_c level (140.9 against 142.2).
 bool state_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   return g_forced_state_wgmma.load(std::memory_order_relaxed) != 0 && l.state_tile_n == 128 && wgmma_device(desc);
 }

@@ -276,8 +276,8 @@ struct SsdChunkScanLaunch {
   int64_t state_tile_n = 0;
   // With state_tile_n 128 on an sm_90 device with the build's sm_90a code: the chunk-state
   // kernel's products on wgmma (m64n128, A from registers), the same bits as its mma.sync
-  // ones, in less time (state_wgmma in ssd_chunk_scan_plan.cpp; ssd_force_state_wgmma).
-  // The packed-sequence (seq_idx) instantiation keeps mma.sync.
+  // ones, in less time (state_wgmma in ssd_chunk_scan_plan.cpp; ssd_force_state_wgmma),
+  // with or without seq_idx.
   bool state_wgmma = false;
   // z is given (the plan knows before the pointers arrive): the CUDA backward's workspace
   // then holds dy_pre = dy·silu(z), which its kernels read in place of dy.
