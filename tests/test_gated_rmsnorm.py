@@ -492,13 +492,54 @@ def test_cuda_variants_chosen():
         return bt.explain(op, x, x, w, None, x, rstd, gs).variant
 
     for op in ("gated_rms_norm", "gated_rms_norm_backward"):
-        assert variant(5120, None, op) == "block_vec16" and variant(5120, 640, op) == "block_vec16"
-        assert variant(4096, None, op) == "block_vec16" and variant(512, 64, op) == "warp_vec16"
+        # the backward's rows staged in shared memory (each fits an sm_80+ block)
+        s = "_staged" if op.endswith("backward") else ""
+        assert variant(5120, None, op) == "block_vec16" + s and variant(5120, 640, op) == "block_vec16" + s
+        assert variant(4096, None, op) == "block_vec16" + s and variant(512, 64, op) == "warp_vec16" + s
         assert variant(100, None, op) == "strided"  # 200 bytes: not whole 16-byte vectors
         assert variant(4104, None, op, torch.randn(64, 4105, dtype=bf, device="cuda")[:, 1:]) == "strided"
     assert variant(16384) == "block_vec16" and variant(32768) == "strided"  # forward: 512 threads of 4
-    assert variant(10240, op="gated_rms_norm_backward") == "block_vec16"  # 320 threads of 4
+    assert variant(10240, op="gated_rms_norm_backward") == "block_vec16_staged"  # 320 threads of 4
     assert variant(10496, op="gated_rms_norm_backward") == "strided"
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_cuda_backward_staged_and_unstaged_agree(dtype):
+    """The rows backward with dy, x and z staged through shared memory (the plan's choice
+    without a bias, where the rings fit) and unstaged (a bias, or a device with less shared
+    memory) do the same operations in the same order: the same bits, both gate positions
+    and none, one row group and several, a float32 weight beside 16-bit x, dz into a wider
+    buffer with y recomputed, and more rows than the resident grid takes at once."""
+    torch.manual_seed(6)
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    for rows, cols, gs in ((2100, 5120, None), (333, 5120, 640), (77, 256, 64), (9, 40, None)):
+        x, z, dy = (randn((rows, cols), dtype, "cuda") for _ in range(3))
+        for w_dtype in ((dtype, torch.float32) if dtype in HALF else (dtype,)):
+            w = randn((cols,), w_dtype, "cuda") + 1
+            for nbg, gate in ((True, z), (False, z), (True, None)):
+                _, rstd = ops.gated_rms_norm(x, w, None, gate, 1e-5, gs, nbg)
+                results = []
+                for allow in (True, False):
+                    previous = bt._C._rms_norm_allow_stage(allow)
+                    try:
+                        args = (dy, x, w, None, gate, rstd, gs, nbg)
+                        staged = bt.explain("gated_rms_norm_backward", *args).variant.endswith("_staged")
+                        # (a ring of two rows of dy, x and z: float64 rows of 5120 do not fit)
+                        fits = 6 * (gs or cols) * x.element_size() <= optin
+                        assert staged == allow or (allow and not fits), (allow, staged)
+                        out = list(ops.gated_rms_norm_backward(*args))
+                        if gate is not None:
+                            wide = torch.full((rows, cols + 16), float("nan"), dtype=dtype, device="cuda")
+                            got = ops.gated_rms_norm_backward_into(dy, x, w, None, z, rstd, wide[:, 8:8 + cols],
+                                                                   gs, nbg, True)
+                            out += [*got, wide]
+                        results.append(out)
+                    finally:
+                        bt._C._rms_norm_allow_stage(previous)
+                for k, (a, b) in enumerate(zip(*results)):
+                    assert torch.equal(a, b) or (a.isnan() == b.isnan()).all() and torch.equal(
+                        a.nan_to_num(0), b.nan_to_num(0)), (k, rows, cols, gs, w_dtype, nbg, gate is None)
 
 
 @requires_cuda
@@ -514,7 +555,7 @@ def test_cuda_backward_into_mamba2_layout():
     y, rstd = ops.gated_rms_norm(x, w, None, z, 1e-5)
     want = ops.gated_rms_norm_backward(dy, x, w, None, z, rstd)
     exp = ops.gated_rms_norm_backward(*(t.double() for t in (dy, x, w)), None, z.double(), rstd.double())
-    for start, variant in ((n, "block_vec16"), (n + 1, "strided")):
+    for start, variant in ((n, "block_vec16_staged"), (n + 1, "strided")):
         dz = torch.empty(4, 256, width, dtype=bf, device="cuda")[..., start:start + n]
         assert bt.explain("gated_rms_norm_backward_into", dy, x, w, None, z, rstd, dz).variant == variant
         got = ops.gated_rms_norm_backward_into(dy, x, w, None, z, rstd, dz, None, True, True)

@@ -125,10 +125,10 @@ void plan_backward_grid(RmsNormLaunch& l, Backend backend, const std::string& op
 // rms_norm_allow_stage's setting (tests only).
 std::atomic<bool> g_allow_stage{true};
 
-// RmsNormLaunch::stage where the plain rows backward's rings fit.
+// RmsNormLaunch::stage where the rows backward's rings fit (not with the gated op's bias).
 void plan_stage(RmsNormLaunch& l, const DeviceInfo& device) {
   l.stage = false;
-  if (device.backend != Backend::Cuda || l.gated || l.layout != RmsNormLayout::Rows || device.arch < 80 ||
+  if (device.backend != Backend::Cuda || l.has_bias || l.layout != RmsNormLayout::Rows || device.arch < 80 ||
       !g_allow_stage.load(std::memory_order_relaxed))
     return;
   l.stage = true;  // (rms_norm_backward_smem_bytes counts the rings only when staged)
@@ -254,8 +254,9 @@ int64_t rms_norm_dw_smem_bytes(const RmsNormLaunch& l) {
   return l.rows_per_block > 1 && l.has_weight ? l.cols * element_size(rms_norm_rstd_dtype(l.element)) : 0;
 }
 
-int64_t rms_norm_stage_row_bytes(const RmsNormLaunch& l) {
-  return l.cols * (element_size(l.out_element) + element_size(l.element));
+int64_t rms_norm_stage_row_bytes(const RmsNormLaunch& l) {  // dy, x (and the gated op's z)
+  const int64_t z = l.gated && l.gate != RmsNormGate::None ? element_size(l.element) : 0;
+  return l.cols * (element_size(l.out_element) + element_size(l.element) + z);
 }
 
 int64_t rms_norm_backward_smem_bytes(const RmsNormLaunch& l) {

@@ -164,12 +164,16 @@ struct RmsNormLaunch {
   int vec = 1, vecs = 1, group = 1, rows_per_block = 1;
   int64_t grid = 0, grid_y = 1;
   int sm_count = 0;  // the device's, for the backward's and the plain forward's grid
-  // CUDA, the plain rows backward: each row group copies its next row of dy and x into
-  // shared memory (cp.async, a ring of two rows) while it computes the current one from
-  // there, where the block's rings fit (rms_norm_backward_smem_bytes) on an sm_80+ device.
+  // CUDA, the rows backward (the gated op's without a bias too): each row group copies its
+  // next row of dy and x (and z) into shared memory (cp.async, a ring of two rows) while it
+  // computes the current one from there, where the block's rings fit
+  // (rms_norm_backward_smem_bytes) on an sm_80+ device.
   // A group otherwise holds one row's loads in flight at a time, and a multiprocessor
   // (one 512-thread block at 128 registers) too few of them to cover the latency: on an
-  // H200 at [8192, 4096] bf16 (llama convention) 91.7 µs unstaged, 75.1 staged.
+  // H200 at [8192, 4096] bf16 (llama convention) 91.7 µs unstaged, 75.1 staged; the gated
+  // backward at the Mamba-2 2.7B layer's [16384, 5120] bf16 (dz into dzxbcdt, y
+  // recomputed; two 320-thread blocks an SM) 482.9 -> 391.2 µs with one row group, 562.2
+  // -> 494.6 with 8 (H100, the same bits).
   bool stage = false;
   // Backward: rows of float32 (float64) dw partials in the workspace (0 without a weight),
   // each ngroups·cols wide; with a bias, as many rows of db partials after them.
@@ -198,11 +202,12 @@ struct RmsNormLaunch {
 
 // The CUDA rows backward's shared memory in bytes: the block's dw (then db) partial row
 // in the compute type where it has several row groups (rms_norm_dw_smem_bytes), then with
-// `stage` two rows of dy then x for each group (rms_norm_stage_row_bytes a row).
+// `stage` two rows of dy then x (then the gated op's z) for each group
+// (rms_norm_stage_row_bytes a row).
 int64_t rms_norm_dw_smem_bytes(const RmsNormLaunch& l);
 int64_t rms_norm_stage_row_bytes(const RmsNormLaunch& l);
 int64_t rms_norm_backward_smem_bytes(const RmsNormLaunch& l);
-// Tests only: whether the plans may stage the plain rows backward (RmsNormLaunch::stage;
+// Tests only: whether the plans may stage the rows backward (RmsNormLaunch::stage;
 // true by default), so that the unstaged kernel, which devices with less shared memory
 // run, is tested on the others too. Returns the previous setting.
 bool rms_norm_allow_stage(bool allow);

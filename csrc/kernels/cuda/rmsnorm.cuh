@@ -10,10 +10,10 @@
 // registers over the rows; at the end the block's groups add their partials in shared
 // memory in group order and write one partial row to the workspace, and a second kernel
 // sums the grid's partial rows per column in order. Every sum has a fixed order: the
-// results are bitwise reproducible on a given GPU. The plain backward's groups, where the
-// plan stages them (RmsNormLaunch::stage), read dy and x from a ring of two rows in shared
-// memory that cp.async fills with the next row while this one computes (the same values
-// in the same order: the same bits).
+// results are bitwise reproducible on a given GPU. The backward's groups, where the plan
+// stages them (RmsNormLaunch::stage; not the gated op's with a bias), read dy and x (and z)
+// from a ring of two rows in shared memory that cp.async fills with the next row while this
+// one computes (the same values in the same order: the same bits).
 //
 // Strided variant (any strides, any N, or rows wider than the registers hold): a row per
 // block of kRmsNormLoopThreads threads, two passes over the row (the backward's dw
@@ -383,15 +383,16 @@ __device__ __forceinline__ void store_block_partial(const Acc (&acc)[VPT][V], Ac
 
 // Bias (the gated op with a bias): db partials in registers too (instantiated apart, so
 // that the usual case holds 8 fewer registers per vector).
-// Stage (the plain op only; the plan's `stage`): dy and x come through a ring of two row
-// buffers a group in shared memory (rms_norm_backward_smem_bytes), the next row's copies in
-// flight while a row computes (for_each_row_group_staged).
+// Stage (the plan's `stage`; the gated op without a bias too): dy and x (and the gated op's
+// z) come through a ring of two row buffers a group in shared memory
+// (rms_norm_backward_smem_bytes), the next row's copies in flight while a row computes
+// (for_each_row_group_staged).
 template <typename T, typename W, typename O, int VPT, bool Gated, bool Bias, bool Stage = false>
 __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNormBackwardThreads,
                                   Gated && VPT <= 2 ? 2 : 1)
     rms_norm_rows_backward(const RmsNormParams p) {
   static_assert(Gated || !Bias, "only the gated op has a bias");
-  static_assert(!Stage || !Gated, "the staged rows are the plain op's");
+  static_assert(!Stage || !Bias, "the staged rows hold no bias");
   using Acc = acc_t<T>;
   constexpr int V = 16 / sizeof(T);
   constexpr bool Fast = kFastGate<T>;
@@ -412,30 +413,36 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
 #pragma unroll
       for (int i = 0; i < V; ++i) dw[k][i] = db[k][i] = 0;
 
-    // Stage: the group's ring of two rows of dy then x, after the dw partial row.
+    // Stage: the group's ring of two rows of dy, x (then z), after the dw partial row.
+    const bool has_z = Gated && p.gate != RmsNormGate::None;
     unsigned char* const ring = dw_smem_raw + p.stage_at + (threadIdx.x / G) * 2 * p.stage_row_bytes;
     const auto staged_dy = [&](int slot) { return reinterpret_cast<O*>(ring + slot * p.stage_row_bytes); };
     const auto staged_x = [&](int slot) { return reinterpret_cast<T*>(staged_dy(slot) + p.cols); };
-    const auto copy_row = [&](const int64_t* off, int slot) {  // (Stage: no row groups, c0 = 0)
-      const O* dy = static_cast<const O*>(p.dy) + off[kRmsDy];
-      const T* x = static_cast<const T*>(p.x) + off[kRmsBx];
+    const auto staged_z = [&](int slot) { return staged_x(slot) + p.cols; };
+    const auto rstd_at = [&](const int64_t* off) {
+      return off[kRmsRstd] + (Gated ? g * p.col_stride[kRmsRstd] : 0);
+    };
+    const auto copy_row = [&](const int64_t* off, int slot) {
+      const O* dy = static_cast<const O*>(p.dy) + off[kRmsDy] + c0;
+      const T* x = static_cast<const T*>(p.x) + off[kRmsBx] + c0;
+      const T* z = static_cast<const T*>(p.z) + off[kRmsBz] + c0;
       O* sdy = staged_dy(slot);
-      T* sx = staged_x(slot);
+      T *sx = staged_x(slot), *sz = staged_z(slot);
       for_each_vector<VPT, V>(lane, G, p.cols, [&](int, int64_t c) {
 #pragma unroll
         for (int i = 0; i < static_cast<int>(sizeof(O)) * V / 16; ++i)
           cp_async16(reinterpret_cast<unsigned char*>(sdy + c) + 16 * i,
                      reinterpret_cast<const unsigned char*>(dy + c) + 16 * i);
         cp_async16(sx + c, x + c);
+        if (has_z) cp_async16(sz + c, z + c);
       });
-      return static_cast<const Acc*>(p.rstd_in)[off[kRmsRstd]];
+      return static_cast<const Acc*>(p.rstd_in)[rstd_at(off)];
     };
     const auto row_body = [&](int64_t row, bool active, const int64_t* off, int slot, Acc staged_rstd) {
       const O* dy = Stage ? staged_dy(slot) : static_cast<const O*>(p.dy) + off[kRmsDy] + c0;
       const T* x = Stage ? staged_x(slot) : static_cast<const T*>(p.x) + off[kRmsBx] + c0;
-      const T* z = static_cast<const T*>(p.z) + off[kRmsBz] + c0;
-      const int64_t rstd_at = off[kRmsRstd] + (Gated ? g * p.col_stride[kRmsRstd] : 0);
-      const Acc rstd = Stage ? staged_rstd : active ? static_cast<const Acc*>(p.rstd_in)[rstd_at] : Acc(0);
+      const T* z = Stage ? staged_z(slot) : static_cast<const T*>(p.z) + off[kRmsBz] + c0;
+      const Acc rstd = Stage ? staged_rstd : active ? static_cast<const Acc*>(p.rstd_in)[rstd_at(off)] : Acc(0);
 
       O d[VPT][V];
       T xv[VPT][V], zv[VPT][V];
@@ -444,11 +451,12 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
         if constexpr (Stage) {
           load_vec_shared<O, V>(dy + c, d[k]);
           load_vec_shared<T, V>(x + c, xv[k]);
+          if (has_z) load_vec_shared<T, V>(z + c, zv[k]);
         } else {
           load_vec<O, V>(dy + c, d[k]);
           load_vec<T, V>(x + c, xv[k]);
+          if (has_z) load_vec<T, V>(z + c, zv[k]);
         }
-        if (Gated && p.gate != RmsNormGate::None) load_vec<T, V>(z + c, zv[k]);
         W wv[V];
         if (p.has_weight) load_vec<W, V>(w + c, wv);
 #pragma unroll
@@ -471,6 +479,7 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
         if constexpr (Stage) {  // read again rather than held over the row's sum: fewer registers
           load_vec_shared<O, V>(dy + c, d[k]);
           load_vec_shared<T, V>(x + c, xv[k]);
+          if (has_z) load_vec_shared<T, V>(z + c, zv[k]);
         }
         W wv[V], bv[V];
         if (p.has_weight) load_vec<W, V>(w + c, wv);
@@ -508,7 +517,7 @@ __global__ void __launch_bounds__(Gated ? kRmsNormGatedBackwardThreads : kRmsNor
           }
         }
         store_vec<T, V>(dx + c, out);
-        if (Gated && p.gate != RmsNormGate::None) store_vec<T, V>(dz + c, dzo);
+        if (has_z) store_vec<T, V>(dz + c, dzo);
         if (Gated && p.y) store_vec<T, V>(y + c, yo);
       });
     };
@@ -824,11 +833,9 @@ void with_backward_kernel(const RmsNormLaunch& l, F&& f) {
         default: fail(PlanErrorKind::Internal, "rms_norm_backward", "no kernel for this vector count");
       }
     };
-    if constexpr (Gated) {
+    if constexpr (Gated)
       if (l.has_bias) return rows(std::true_type{}, std::false_type{});
-    } else {
-      if (l.stage) return rows(std::false_type{}, std::true_type{});
-    }
+    if (l.stage) return rows(std::false_type{}, std::true_type{});
     return rows(std::false_type{}, std::false_type{});
   });
 }
