@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -301,6 +302,15 @@ R query_backend(Backend backend, const std::string& op, R (*cpu)(const Launch&),
   if (backend == Backend::Cpu) return cpu(launch);
   if (cuda == nullptr) fail_no_cuda_kernels(op);
   return cuda(launch);
+}
+
+// A test switch's setting held in an atomic int (-1: the plan's own choice; otherwise the
+// forced value, a bool or an enum): stores `force` and returns the previous setting.
+template <class V>
+std::optional<V> exchange_forced(std::atomic<int>& setting, std::optional<V> force) {
+  const int previous = setting.exchange(force ? static_cast<int>(*force) : -1);
+  if (previous < 0) return std::nullopt;
+  return static_cast<V>(previous);
 }
 
 }  // namespace baracuda

@@ -182,9 +182,7 @@ void RopeCosSinPlan::run(void* stream, Workspace, const RopeCosSinArgs& args) co
 }
 
 std::optional<bool> rope_cos_sin_force_table_vectors(std::optional<bool> force) {
-  const int previous = g_table_vectors.exchange(force ? static_cast<int>(*force) : -1);
-  if (previous < 0) return std::nullopt;
-  return previous == 1;
+  return exchange_forced(g_table_vectors, force);
 }
 
 const char* rope_cos_sin_op_name(bool has_k, bool backward) {

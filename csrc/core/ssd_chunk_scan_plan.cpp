@@ -444,33 +444,23 @@ void launch_backward(SsdVariant v, const SsdChunkScanLaunch& l, void* stream) {
 }  // namespace
 
 std::optional<SsdCudaForward> ssd_force_cuda_forward(std::optional<SsdCudaForward> kernel) {
-  const int previous = g_forced_forward.exchange(kernel ? static_cast<int>(*kernel) : -1);
-  if (previous < 0) return std::nullopt;
-  return static_cast<SsdCudaForward>(previous);
+  return exchange_forced(g_forced_forward, kernel);
 }
 
 std::optional<bool> ssd_force_group_products(std::optional<bool> force) {
-  const int previous = g_forced_group.exchange(force ? static_cast<int>(*force) : -1);
-  if (previous < 0) return std::nullopt;
-  return previous == 1;
+  return exchange_forced(g_forced_group, force);
 }
 
 std::optional<bool> ssd_force_group_wgmma(std::optional<bool> force) {
-  const int previous = g_forced_group_wgmma.exchange(force ? static_cast<int>(*force) : -1);
-  if (previous < 0) return std::nullopt;
-  return previous == 1;
+  return exchange_forced(g_forced_group_wgmma, force);
 }
 
 std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force) {
-  const int previous = g_forced_side_stream.exchange(force ? static_cast<int>(*force) : -1);
-  if (previous < 0) return std::nullopt;
-  return previous == 1;
+  return exchange_forced(g_forced_side_stream, force);
 }
 
 std::optional<bool> ssd_force_state_wgmma(std::optional<bool> force) {
-  const int previous = g_forced_state_wgmma.exchange(force ? static_cast<int>(*force) : -1);
-  if (previous < 0) return std::nullopt;
-  return previous == 1;
+  return exchange_forced(g_forced_state_wgmma, force);
 }
 
 SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
