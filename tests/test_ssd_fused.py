@@ -166,6 +166,19 @@ def _sequence_ids(b, L, Q, kind, dtype):
     return starts.cumsum(1).to(dtype)
 
 
+def _cuda_kernel_names(fn):
+    """The names of the CUDA kernels (and copies) a call of fn runs, by torch.profiler, after
+    a first call (its first-call work stays out of the profile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages() if e.device_time_total > 0]
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF)
 def test_seq_idx(dtype, kernel):
@@ -514,8 +527,6 @@ def test_backward_dD(dtype, backward):
     the dx kernel writes dD's partials (one per row tile of a chunk; zeros for the tiles
     past a short last chunk, the heads split over blocks, P not a multiple of 64) and the
     gate kernel runs only with z; the per-head backward's gate kernel writes them."""
-    from torch.profiler import ProfilerActivity, profile
-
     rng = random.Random(5 + HALF.index(dtype))
     torch.manual_seed(5)
     for i, (b, L, H, P, N, G, Q) in enumerate(GROUP_SHAPES):
@@ -529,12 +540,7 @@ def test_backward_dD(dtype, backward):
         leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], Q, D=leaves["D"],
         dt_bias=leaves.get("dt_bias"), initial_states=leaves.get("initial_states"),
         seq_idx=leaves.get("seq_idx"), **kw).float().sum().backward()
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    names = " ".join(e.key for e in prof.key_averages() if e.device_time_total > 0)
+    names = " ".join(_cuda_kernel_names(run))
     assert ("ssd_gate_kernel" in names) == (backward == "staged"), (backward, names)
 
 
@@ -688,8 +694,6 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape, packed):
     the wgmma instantiation is the one that runs, and only there."""
     import re
 
-    from torch.profiler import ProfilerActivity, profile
-
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the chunk-state kernel on tensor cores needs sm_80+")
     b, L, H, P, N, G, Q = shape
@@ -713,16 +717,10 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape, packed):
             grads = ops.ssd_chunk_scan_backward(dy, *inputs, Q)
         return [*out, *grads]
 
-    def kernels_of(fn):
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        # (SEG, WG): the instantiation's last two flags
-        return {m.groups() for e in prof.key_averages() if e.device_time_total > 0
-                for m in [re.search(r"ssd_tc_chunk_state_kernel<[^>]*,\s*(true|false),\s*(true|false)>",
-                                    e.key)] if m}
+    def kernels_of(fn):  # (SEG, WG): the instantiations' last two flags
+        return {m.groups() for name in _cuda_kernel_names(fn)
+                for m in [re.search(r"ssd_tc_chunk_state_kernel<[^>]*,\s*(true|false),\s*(true|false)>", name)]
+                if m}
 
     previous = bt._C._ssd_cuda_state_wgmma("off")
     try:
@@ -774,14 +772,7 @@ _MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_
 def _ssd_kernels_run(fn):
     import re
 
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()  # (first-call work stays out of the profile)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = " ".join(e.key for e in prof.key_averages() if e.device_time_total > 0)
+    names = " ".join(_cuda_kernel_names(fn))
     return {k for k in _MARKS | {"ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel"}
             if re.search(r"(?<![A-Za-z0-9_])" + k + r"(?![A-Za-z0-9_])", names)}
 
