@@ -492,10 +492,11 @@ def test_cuda_variants_chosen():
         return bt.explain(op, x, x, w, None, x, rstd, gs).variant
 
     for op in ("gated_rms_norm", "gated_rms_norm_backward"):
-        # the backward's rows staged in shared memory (each fits an sm_80+ block)
-        s = "_staged" if op.endswith("backward") else ""
-        assert variant(5120, None, op) == "block_vec16" + s and variant(5120, 640, op) == "block_vec16" + s
-        assert variant(4096, None, op) == "block_vec16" + s and variant(512, 64, op) == "warp_vec16" + s
+        s = "_staged"  # the rows staged in shared memory (each fits an sm_80+ block)
+        # (the forward only where a thread holds one vector of the row group: not 4096+ bf16)
+        f = s if op.endswith("backward") else ""
+        assert variant(5120, None, op) == "block_vec16" + f and variant(5120, 640, op) == "block_vec16" + s
+        assert variant(4096, None, op) == "block_vec16" + f and variant(512, 64, op) == "warp_vec16" + s
         assert variant(100, None, op) == "strided"  # 200 bytes: not whole 16-byte vectors
         assert variant(4104, None, op, torch.randn(64, 4105, dtype=bf, device="cuda")[:, 1:]) == "strided"
     assert variant(16384) == "block_vec16" and variant(32768) == "strided"  # forward: 512 threads of 4
@@ -505,12 +506,13 @@ def test_cuda_variants_chosen():
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_cuda_backward_staged_and_unstaged_agree(dtype):
-    """The rows backward with dy, x and z staged through shared memory (the plan's choice
-    without a bias, where the rings fit) and unstaged (a bias, or a device with less shared
-    memory) do the same operations in the same order: the same bits, both gate positions
-    and none, one row group and several, a float32 weight beside 16-bit x, dz into a wider
-    buffer with y recomputed, and more rows than the resident grid takes at once."""
+def test_cuda_staged_and_unstaged_agree(dtype):
+    """The rows kernels with x and z (the backward: dy, x and z) staged through shared
+    memory (the plan's choice where the rings fit; the backward's without a bias) and
+    unstaged (a bias, or a device with less shared memory) do the same operations in the
+    same order: the same bits, forward and backward, both gate positions and none, one row
+    group and several, a float32 weight beside 16-bit x, dz into a wider buffer with y
+    recomputed, and more rows than the resident grid takes at once."""
     torch.manual_seed(6)
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     for rows, cols, gs in ((2100, 5120, None), (333, 5120, 640), (77, 256, 64), (9, 40, None)):
@@ -528,7 +530,12 @@ def test_cuda_backward_staged_and_unstaged_agree(dtype):
                         # (a ring of two rows of dy, x and z: float64 rows of 5120 do not fit)
                         fits = 6 * (gs or cols) * x.element_size() <= optin
                         assert staged == allow or (allow and not fits), (allow, staged)
-                        out = list(ops.gated_rms_norm_backward(*args))
+                        forward = (x, w, None, gate, 1e-5, gs, nbg)
+                        staged = bt.explain("gated_rms_norm", *forward).variant.endswith("_staged")
+                        # (the forward where a thread holds one 16-byte vector of the row group:
+                        # under 8 KiB of it, with groups of up to 256 threads)
+                        assert staged == (allow and (gs or cols) * x.element_size() < 8192), (allow, staged)
+                        out = [*ops.gated_rms_norm(*forward), *ops.gated_rms_norm_backward(*args)]
                         if gate is not None:
                             wide = torch.full((rows, cols + 16), float("nan"), dtype=dtype, device="cuda")
                             got = ops.gated_rms_norm_backward_into(dy, x, w, None, z, rstd, wide[:, 8:8 + cols],

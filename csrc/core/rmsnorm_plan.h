@@ -164,10 +164,12 @@ struct RmsNormLaunch {
   int vec = 1, vecs = 1, group = 1, rows_per_block = 1;
   int64_t grid = 0, grid_y = 1;
   int sm_count = 0;  // the device's, for the backward's and the plain forward's grid
-  // CUDA, the rows backward (the gated op's without a bias too): each row group copies its
-  // next row of dy and x (and z) into shared memory (cp.async, a ring of two rows) while it
-  // computes the current one from there, where the block's rings fit
-  // (rms_norm_backward_smem_bytes) on an sm_80+ device.
+  // CUDA, the rows backward (the gated op's without a bias too) and the gated op's rows
+  // forward with one vector a thread: each row group copies its next row of dy and x (and
+  // z; the forward: x and z) into shared memory (cp.async, a ring of two rows) while it
+  // computes the current one from there, where the block's rings fit (rms_norm_smem_bytes)
+  // on an sm_80+ device; the staged forward runs a resident grid (its blocks loop over the
+  // row groups; plan_stage has its numbers).
   // A group otherwise holds one row's loads in flight at a time, and a multiprocessor
   // (one 512-thread block at 128 registers) too few of them to cover the latency: on an
   // H200 at [8192, 4096] bf16 (llama convention) 91.7 µs unstaged, 75.1 staged; the gated
@@ -200,14 +202,14 @@ struct RmsNormLaunch {
   int64_t width() const { return ngroups * cols; }  // x.size(-1)
 };
 
-// The CUDA rows backward's shared memory in bytes: the block's dw (then db) partial row
-// in the compute type where it has several row groups (rms_norm_dw_smem_bytes), then with
-// `stage` two rows of dy then x (then the gated op's z) for each group
+// The CUDA rows kernels' shared memory in bytes: the backward block's dw (then db) partial
+// row in the compute type where it has several row groups (rms_norm_dw_smem_bytes), then
+// with `stage` two rows of (the backward's dy,) x (then the gated op's z) for each group
 // (rms_norm_stage_row_bytes a row).
 int64_t rms_norm_dw_smem_bytes(const RmsNormLaunch& l);
 int64_t rms_norm_stage_row_bytes(const RmsNormLaunch& l);
-int64_t rms_norm_backward_smem_bytes(const RmsNormLaunch& l);
-// Tests only: whether the plans may stage the rows backward (RmsNormLaunch::stage;
+int64_t rms_norm_smem_bytes(const RmsNormLaunch& l);
+// Tests only: whether the plans may stage the rows kernels (RmsNormLaunch::stage;
 // true by default), so that the unstaged kernel, which devices with less shared memory
 // run, is tested on the others too. Returns the previous setting.
 bool rms_norm_allow_stage(bool allow);

@@ -8,10 +8,10 @@
 namespace baracuda::kernels {
 
 void rms_norm_cpu(const RmsNormLaunch& launch);
-// The blocks the backward may run (the plan takes at most one per group of
-// rows_per_block rows, and splits them over the row groups on y): CPU,
-// kRmsNormCpuDwBlocks; CUDA, the blocks resident on the device at once (the occupancy
-// calculator on the kernel the launch picks).
+// The blocks the backward (or the staged forward) may run (the plan takes at most one per
+// group of rows_per_block rows, and splits them over the row groups on y): CPU, the
+// backward's kRmsNormCpuDwBlocks; CUDA, the blocks resident on the device at once (the
+// occupancy calculator on the kernel the launch picks).
 int64_t rms_norm_cpu_backward_blocks(const RmsNormLaunch& launch);
 
 namespace cpu {
@@ -24,7 +24,7 @@ bool rms_norm_avx2(const RmsNormLaunch& launch);
 #ifdef BARACUDA_WITH_CUDA
 // Enqueues on `stream` (a cudaStream_t); throws PlanError(Internal) on a launch error.
 void rms_norm_cuda(const RmsNormLaunch& launch, void* stream);
-int64_t rms_norm_cuda_backward_blocks(const RmsNormLaunch& launch);
+int64_t rms_norm_cuda_resident_blocks(const RmsNormLaunch& launch);
 #endif
 
 }  // namespace baracuda::kernels

@@ -6,6 +6,7 @@ namespace baracuda::kernels {
 
 namespace cuda {
 template void launch_rms_norm_forward<false>(const RmsNormLaunch&, cudaStream_t);
+template int64_t rms_norm_forward_blocks<false>(const RmsNormLaunch&);
 }  // namespace cuda
 
 void rms_norm_cuda(const RmsNormLaunch& l, void* stream) {
@@ -17,9 +18,10 @@ void rms_norm_cuda(const RmsNormLaunch& l, void* stream) {
                  : cuda::launch_rms_norm_forward<false>(l, s);
 }
 
-int64_t rms_norm_cuda_backward_blocks(const RmsNormLaunch& l) {
-  return l.gated ? cuda::rms_norm_backward_blocks<true>(l)
-                 : cuda::rms_norm_backward_blocks<false>(l);
+int64_t rms_norm_cuda_resident_blocks(const RmsNormLaunch& l) {
+  if (l.backward)
+    return l.gated ? cuda::rms_norm_backward_blocks<true>(l) : cuda::rms_norm_backward_blocks<false>(l);
+  return l.gated ? cuda::rms_norm_forward_blocks<true>(l) : cuda::rms_norm_forward_blocks<false>(l);
 }
 
 }  // namespace baracuda::kernels
