@@ -736,6 +736,61 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape, packed):
     assert kernels_of(run) == {(str(packed).lower(), str(has_wgmma()).lower())}
 
 
+@requires_cuda
+@pytest.mark.parametrize("options", ["D_z", "D", "none"])
+def test_dx_on_wgmma_keeps_the_bits(options):
+    """The group dx kernel's P·dy on wgmma (the plan's choice on sm_90a with D, with or
+    without z; "on" takes it without D too) gives the bits of its mma.sync products: every
+    gradient, NaN-poisoned outputs; with the plan's choice the wgmma instantiation runs
+    exactly where the plan says, and "on" runs it on such a device."""
+    import re
+
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the group products need sm_80+")
+    b, L, H, P, N, G, Q = 2, 700, 4, 64, 128, 1, 256
+    torch.manual_seed(12)
+    inputs = ssd_inputs(b, L, H, P, N, G, torch.bfloat16, "cuda")
+    kw = {}
+    if options != "none":
+        kw["D"] = torch.randn(H, device="cuda")
+    if options == "D_z":
+        kw["z"] = torch.randn_like(inputs[0])
+    leaves = [t.requires_grad_() for t in [*inputs, *kw.values()]]
+    dy = torch.randn_like(inputs[0])
+
+    def run():
+        y = mamba.mamba_chunk_scan_combined(*inputs, Q, **kw)
+        return torch.autograd.grad(y, leaves, dy)
+
+    def wgmma_runs(fn):  # (the plain instantiation's last flag)
+        return {m.group(1) == "true" for name in _cuda_kernel_names(fn)
+                for m in [re.search(r"ssd_group_dx_kernel<[^>]*,\s*false,\s*(true|false)>", name)] if m}
+
+    previous = bt._C._ssd_cuda_dx_wgmma("off")
+    try:
+        expected = run()
+        assert wgmma_runs(run) == {False}
+        for setting in ("auto", "on"):
+            bt._C._ssd_cuda_dx_wgmma(setting)
+            poison_fresh_outputs()
+            got = run()
+            for k, (u, v) in enumerate(zip(got, expected)):
+                assert torch.equal(u, v), (setting, k)
+            assert wgmma_runs(run) == {has_wgmma() and (setting == "on" or options != "none")}, setting
+    finally:
+        bt._C._ssd_cuda_dx_wgmma(previous)
+    assert all(torch.isfinite(t).all() for t in expected)
+
+
+def test_dx_wgmma_switch_names_its_choices():
+    assert bt._C._ssd_cuda_dx_wgmma("auto") == "auto"
+    assert bt._C._ssd_cuda_dx_wgmma("on") == "auto"
+    assert bt._C._ssd_cuda_dx_wgmma("off") == "on"
+    with pytest.raises(ValueError, match="auto, off or on"):
+        bt._C._ssd_cuda_dx_wgmma("wgmma")
+    assert bt._C._ssd_cuda_dx_wgmma("auto") == "off"
+
+
 def test_backward_switch_names_its_choices():
     assert bt._C._ssd_cuda_backward("auto") == "auto"
     assert bt._C._ssd_cuda_backward("group_mma") == "auto"

@@ -10,9 +10,11 @@ long. Run on the GPU from the repo root:
 the group products' kernels on side streams, where each overlapped kernel takes longer than
 alone and the total counts them in full: for one kernel's A/B, run both sides with it).
 ``--settings "base;NAME=1;NAME=2" --rounds 3``: an A/B in one process, for a build whose
-code reads environment switches (an experiment's getenv, not in the package): each round
-runs every setting in turn (``base``: none of the named variables set; a setting may set
-several, comma-separated), a line each, so that the settings alternate on one machine.
+code reads environment switches (an experiment's getenv, not in the package) or through the
+package's test switches (a NAME starting with ``_``: ``bt._C.NAME(value)``, e.g.
+``_ssd_cuda_dx_wgmma=off``, "auto" where a setting does not name it): each round runs every
+setting in turn (``base``: none of the named variables set; a setting may set several,
+comma-separated), a line each, so that the settings alternate on one machine.
 Prints one line (with settings: one a setting and round): the label, the pass's wall time
 (benchmarks/harness.py's time_us: what the side streams' overlap gains shows there, not in
 the kernels' sum), the kernels' total, every kernel above 5 µs and a digest of the output
@@ -51,7 +53,7 @@ def main():
     ap.add_argument("--seq", type=int, default=0, help="seq_idx: K packed sequences a row, random lengths")
     ap.add_argument("--kernel", default="auto", help="the CUDA forward, through the test switch")
     ap.add_argument("--one-stream", action="store_true", help="the backward's kernels all on one stream")
-    ap.add_argument("--settings", default="base", help='environment switches to alternate: "base;NAME=1;..."')
+    ap.add_argument("--settings", default="base", help='switches to alternate: "base;NAME=1;_switch=off;..."')
     ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
     settings = [dict(kv.split("=", 1) for kv in s.split(",") if "=" in kv) for s in a.settings.split(";")]
@@ -78,8 +80,11 @@ def main():
     for _ in range(a.rounds):
         for setting, text in zip(settings, a.settings.split(";")):
             for k in switches:
-                os.environ.pop(k, None)
-            os.environ.update(setting)
+                if k.startswith("_"):
+                    getattr(bt._C, k)(setting.get(k, "auto"))
+                else:
+                    os.environ.pop(k, None)
+            os.environ.update({k: v for k, v in setting.items() if not k.startswith("_")})
             out = run()
             digest = hashlib.sha1(b"".join(t.detach().float().cpu().numpy().tobytes()
                                            for t in (out if isinstance(out, tuple) else (out,)))).hexdigest()[:10]

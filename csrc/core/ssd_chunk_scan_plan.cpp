@@ -220,6 +220,23 @@ bool state_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l
   return g_forced_state_wgmma.load(std::memory_order_relaxed) != 0 && l.state_tile_n == 128 && wgmma_device(desc);
 }
 
+// ssd_force_dx_wgmma's setting: -1 for the plan's own choice, 0 never, 1 wherever the
+// kernel can.
+std::atomic<int> g_forced_dx_wgmma{-1};
+
+// Whether the group dx kernel runs P·dy on wgmma (A: the P fragments in registers; B: the
+// dy tile, 128-byte swizzled): with D given (its epilogue), on an sm_90 device with the
+// build's sm_90a code. Measured on an H100 (bf16, the 2.7B shape, rounds alternating; the
+// same bits): with D and z dx 577.1-583.7 µs against 594.7-595.6 (the backward's wall
+// time 2319-2337 against 2333-2349); with D without z (dD's partials in dx, as in the
+// Mamba-2 layer) 605.7-611.4 against 623.6-624.1 (wall 1992-2004 against 1996-2007);
+// without D 520.5-523.0 against 509.4-512.6, kept on mma.sync.
+bool dx_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
+  const int forced = g_forced_dx_wgmma.load(std::memory_order_relaxed);
+  if (forced == 0 || !l.group_products || !wgmma_device(desc)) return false;
+  return forced == 1 || desc.options.has_D;
+}
+
 // Bytes of one dCB (B·nc·G·Q'² float32) and of x (16-bit), which the dCB head splits'
 // memory is held against.
 double dcb_bytes(const SsdChunkScanLaunch& l) {
@@ -463,6 +480,10 @@ std::optional<bool> ssd_force_state_wgmma(std::optional<bool> force) {
   return exchange_forced(g_forced_state_wgmma, force);
 }
 
+std::optional<bool> ssd_force_dx_wgmma(std::optional<bool> force) {
+  return exchange_forced(g_forced_dx_wgmma, force);
+}
+
 SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
                                           PlanPreference pref) {
   const SsdSizes<int64_t> s = validate(desc, kOp);
@@ -559,6 +580,7 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(f, p.launch_);
+  p.launch_.dx_wgmma = dx_wgmma(f, p.launch_);
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
   p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma);

@@ -86,6 +86,12 @@ std::optional<bool> ssd_force_backward_side_stream(std::optional<bool> force);
 // only: `force` false keeps mma.sync; true or std::nullopt takes wgmma wherever the plan
 // would. Returns the previous setting.
 std::optional<bool> ssd_force_state_wgmma(std::optional<bool> force);
+// With the group products on an sm_90 device whose build holds sm_90a code the plan runs
+// the dx kernel's P·dy on wgmma with D given (SsdChunkScanLaunch::dx_wgmma): the same
+// bits as on mma.sync. Tests and benchmarks only: `force` false keeps mma.sync, true takes
+// wgmma wherever the kernel can (D or not), std::nullopt restores the plan's choice.
+// Returns the previous setting.
+std::optional<bool> ssd_force_dx_wgmma(std::optional<bool> force);
 
 // Shared memory of the staged tensor-core scan kernel (kernels/cuda/ssd_chunk_scan_tc.cuh's
 // ssd_launch_tc_scan) without its cache of Lft·Rgtᵀ tiles, for a contraction over k1 (N for
@@ -279,6 +285,10 @@ struct SsdChunkScanLaunch {
   // ones, in less time (state_wgmma in ssd_chunk_scan_plan.cpp; ssd_force_state_wgmma),
   // with or without seq_idx.
   bool state_wgmma = false;
+  // With group_products on an sm_90 device with the build's sm_90a code: the dx kernel's
+  // P·dy on wgmma (its plain instantiation; the SEG one keeps mma.sync), the same bits
+  // (dx_wgmma in ssd_chunk_scan_plan.cpp; ssd_force_dx_wgmma).
+  bool dx_wgmma = false;
   // z is given (the plan knows before the pointers arrive): the CUDA backward's workspace
   // then holds dy_pre = dy·silu(z), which its kernels read in place of dy.
   bool gated = false;

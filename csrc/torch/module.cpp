@@ -155,6 +155,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ssd_cuda_state_wgmma", [](const std::string& name) {
     return named_switch("_ssd_cuda_state_wgmma", kOff, name, ssd_force_state_wgmma);
   }, py::arg("name"));
+  // Tests and benchmarks only: whether the SSD's group dx kernel runs P·dy on wgmma
+  // (SsdChunkScanLaunch::dx_wgmma), "auto" (the plan's choice: on sm_90a with D), "off"
+  // (mma.sync everywhere) or "on" (wgmma wherever the kernel can, D or not); returns the
+  // previous setting.
+  m.def("_ssd_cuda_dx_wgmma", [](const std::string& name) {
+    static const std::pair<const char*, bool> kNames[] = {{"off", false}, {"on", true}};
+    return named_switch("_ssd_cuda_dx_wgmma", kNames, name, ssd_force_dx_wgmma);
+  }, py::arg("name"));
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
   // "never"; returns the previous setting.

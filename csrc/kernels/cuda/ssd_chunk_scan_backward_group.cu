@@ -901,13 +901,20 @@ struct SsdGroupDxParams {
 // the rows before the chunk's last start, P across a start, P·dy runs per sequence where a
 // step mixes them (tc_warp_pv_seg), and each position's decay is relative to a position of
 // its own sequence (ssd_log2_seq).
-template <typename T, bool EPI, bool DD, bool SEG = false>
+// WG (SsdChunkScanLaunch::dx_wgmma; sm_90a): P·dy on wgmma (the four warps' P fragments
+// from registers, the dy tile from shared memory in the 128-byte swizzle), waited for at
+// once (waiting only before the next barrier measured slower: 579-584 against 577-578 µs).
+template <typename T, bool EPI, bool DD, bool SEG = false, bool WG = false>
 __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
   static_assert(EPI || !DD, "dD's partials come with the D epilogue");
+  static_assert(!WG || !SEG, "WG: P·dy on wgmma, the plain kernels");
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   T* sL = reinterpret_cast<T*>(ssd_dyn_smem);                             // [64][ld]: B rows s
   T* sS = reinterpret_cast<T*>(ssd_dyn_smem + p.off_s);                   // [64][ld]: Gn rows j
   T* sV = reinterpret_cast<T*>(ssd_dyn_smem + p.off_v);                   // [2][64][kTcLd]: dy rows q
+  // WG: the dy tiles [2][64][64] in the 128-byte swizzle instead (16 KB from the first
+  // 1024-byte boundary at or after off_v: within the padded tiles' 18 KB)
+  unsigned char* sVw = WG ? gmma_align1024(ssd_dyn_smem + p.off_v) : nullptr;
   T* sX = reinterpret_cast<T*>(ssd_dyn_smem + p.off_x);                   // [2][64][kTcLd]: x rows s, by head
   // Decays in base 2 relative to the row tile's last row (ssd_log2_rel); the inter-chunk
   // row scales exp(Acs_last − Acs_s).
@@ -979,8 +986,12 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
     int col_seg = 0;  // SEG: the stage's column's starts count (threads below 64)
     auto issue_v = [&](int hi, int k, int buf, double& col_acs) {
       const int c0 = col_tile(k) * kSsdTile, cols = min(kSsdTile, len - c0);
-      tc_fill<T, true>(sV + buf * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile, dy_blk + hi * p.dy.s[2] + c0 * p.dy.s[1],
-                       p.dy.s[1], p.dy.s[3], cols, p.P - j0);
+      if constexpr (WG)
+        sw128_fill<T>(sVw + buf * kSsdTileBytes, kSsdTile, kSsdTile, dy_blk + hi * p.dy.s[2] + c0 * p.dy.s[1],
+                      p.dy.s[1], p.dy.s[3], cols, p.P - j0);
+      else
+        tc_fill<T, true>(sV + buf * kSsdTile * kTcLd, kTcLd, kSsdTile, kSsdTile, dy_blk + hi * p.dy.s[2] + c0 * p.dy.s[1],
+                         p.dy.s[1], p.dy.s[3], cols, p.P - j0);
       // (the index clamped into the tile: an unconditional load, which nothing waits for
       // before the stage; columns past the chunk are masked where the value is used)
       if (tid < kSsdTile) {
@@ -1059,6 +1070,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
             cb[nt][2 * half] = v.x, cb[nt][2 * half + 1] = v.y;
           }
         ssd_cp_async_wait<0>();  // this stage's copies (the only group in flight)
+        if constexpr (WG) fence_proxy_async();  // (the dy tile, read by wgmma)
         __syncthreads();
         if constexpr (DD)
           if (k == 0 && hi > 0) flush_dD(hi - 1);
@@ -1104,7 +1116,9 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
           issue_v(hi + 1, 0, buf ^ 1, col_acs);
         if (k == 0 && hi + 1 < nh) issue_s(hi + 1, row_acs, row_dt, last, ref_next);
         ssd_cp_async_commit();
-        if (!live) continue;
+        // (WG: every warp of the warpgroup takes part in the product; a warp past the short
+        // last chunk's rows weighs zeros: its rows are masked)
+        if (!WG && !live) continue;
         // SEG: whether the warp's rows and the column tile are all one sequence (warp-uniform;
         // the counts grow with the position): then the stage is the plain kernel's
         const int w_rows = min(16, rows - rw), t_cols = min(kSsdTile, len - c0);
@@ -1149,11 +1163,23 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
           weigh(std::true_type{});
         uint32_t pa[4][4];
         tc_to_a_frags<T>(cb, pa);
-        if (SEG && !one)
+        if constexpr (WG) {
+          // P·dy on wgmma: the four warps' P fragments (A, registers) times the dy tile
+          // (B, N-major), all four k-steps (P is 0 below the diagonal)
+          float(&accf)[32] = reinterpret_cast<float(&)[32]>(acc);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            wgmma_rs_n64<T, 1>(accf, pa[kk], gmma_sw128_mnmajor(sVw + buf * kSsdTileBytes, kSsdTile, kk * 16));
+          wgmma_commit();
+          wgmma_wait<0>();
+          wgmma_fence_regs(accf);
+        } else if (SEG && !one) {
           tc_warp_pv_seg<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4, sRowSeg + rw, w_rows,
                             sColSeg[buf], t_cols);
-        else
+        } else {
           tc_warp_pv<T>(acc, pa, sV + buf * kSsdTile * kTcLd, ct == rt ? warp : 0, 4);
+        }
       }
       if (!live) continue;
       // part: x·dxpre; dx = dt·dxpre (+ D·dy_pre)
@@ -1186,7 +1212,11 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
           T dys[2];
           float2 dd;
           if constexpr (EPI) {
-            ssd_smem_pair(dys, dy_last + rl * kTcLd + nt * 8 + 2 * t4);
+            if constexpr (WG)
+              ssd_smem_pair(dys, reinterpret_cast<const T*>(sVw + ((st - 1) & 1) * kSsdTileBytes +
+                                                            gmma_sw128_off(rl, nt) + 4 * t4));
+            else
+              ssd_smem_pair(dys, dy_last + rl * kTcLd + nt * 8 + 2 * t4);
             dd = *reinterpret_cast<const float2*>(&sD[hb][nt * 8 + 2 * t4]);
             if constexpr (DD) {
               T xs[2];
@@ -1362,7 +1392,7 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
 }
 
 template <typename T, bool EPI, bool DD>
-void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, bool side, cudaStream_t stream) {
+void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, bool side, bool wg, cudaStream_t stream) {
   auto run = [&](auto kernel, cudaStream_t on) {
     allow_dynamic_smem(kernel, smem, "ssd_chunk_scan_backward(group_dx)");
     kernel<<<ssd_grid(p.total_blocks), kTcThreads, smem, on>>>(p);
@@ -1371,8 +1401,16 @@ void launch_dx_with(const SsdGroupDxParams<T>& p, int smem, bool side, cudaStrea
   // an SM) the others (ssd_seg_skip): at the 2.7B shape with 7 sequences a row (H200),
   // 407-411 + 328-333 µs where the SEG kernel alone took 797-805 (with D 498-502 + 353-359
   // against 896-897); with side_stream the two run side by side (ssd_seg_launches).
-  ssd_seg_launches(side, p.seg != nullptr, stream, [&](cudaStream_t on) { run(ssd_group_dx_kernel<T, EPI, DD>, on); },
-                   [&](cudaStream_t on) { run(ssd_group_dx_kernel<T, EPI, DD, true>, on); });
+  // wg (SsdChunkScanLaunch::dx_wgmma): the plain kernel's P·dy on wgmma.
+  ssd_seg_launches(
+      side, p.seg != nullptr, stream,
+      [&](cudaStream_t on) {
+        if (wg)
+          run(ssd_group_dx_kernel<T, EPI, DD, false, true>, on);
+        else
+          run(ssd_group_dx_kernel<T, EPI, DD>, on);
+      },
+      [&](cudaStream_t on) { run(ssd_group_dx_kernel<T, EPI, DD, true>, on); });
   check_launch("ssd_chunk_scan_backward(group_dx)");
 }
 
@@ -1419,11 +1457,11 @@ void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t 
   p.dpart = dd ? ssd_ws<float>(l, w.dDp) : nullptr;
   if (p.total_blocks == 0) return;
   if (!p.epi.on)
-    launch_dx_with<T, false, false>(p, smem, l.side_stream, stream);
+    launch_dx_with<T, false, false>(p, smem, l.side_stream, l.dx_wgmma, stream);
   else if (dd)
-    launch_dx_with<T, true, true>(p, smem, l.side_stream, stream);
+    launch_dx_with<T, true, true>(p, smem, l.side_stream, l.dx_wgmma, stream);
   else
-    launch_dx_with<T, true, false>(p, smem, l.side_stream, stream);
+    launch_dx_with<T, true, false>(p, smem, l.side_stream, l.dx_wgmma, stream);
 }
 
 }  // namespace
