@@ -227,8 +227,8 @@ std::atomic<int> g_forced_dx_wgmma{-1};
 // Whether the group dx kernel runs P·dy on wgmma (A: the P fragments in registers; B: the
 // dy tile, 128-byte swizzled): with D given (its epilogue), on an sm_90 device with the
 // build's sm_90a code. Measured on an H100 (bf16, the 2.7B shape, rounds alternating; the
-// same bits): with D and z dx 577.1-583.7 µs against 594.7-595.6 (the backward's wall
-// time 2319-2337 against 2333-2349); with D without z (dD's partials in dx, as in the
+// same bits): with D and z dx 577.1-583.7 µs against 591.8-595.6 (the backward's wall
+// time 2319-2337 against 2333-2350); with D without z (dD's partials in dx, as in the
 // Mamba-2 layer) 605.7-611.4 against 623.6-624.1 (wall 1992-2004 against 1996-2007);
 // without D 520.5-523.0 against 509.4-512.6, kept on mma.sync.
 bool dx_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
