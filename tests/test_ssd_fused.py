@@ -671,14 +671,24 @@ def test_side_streams_of_several_host_threads_stay_apart():
             assert all(torch.equal(u, v) for u, v in zip(out, expected[k])), k
 
 
-@pytest.mark.parametrize("switch", ["_ssd_cuda_backward_side_stream", "_ssd_cuda_state_wgmma"])
-def test_auto_or_off_switch_names_its_choices(switch):
+@pytest.mark.parametrize("switch, choices, expected", [
+    ("_ssd_cuda_backward_side_stream", ["off"], "auto or off"),
+    ("_ssd_cuda_state_wgmma", ["off"], "auto or off"),
+    ("_ssd_cuda_dx_wgmma", ["on", "off"], "auto, off or on"),
+    ("_ssd_cuda_backward", ["group_mma", "group_wgmma", "staged"], "auto, staged, group_mma or group_wgmma"),
+])
+def test_switch_names_its_choices(switch, choices, expected):
+    """Each setting returns the one before it; a name it does not know raises, naming those
+    it does."""
     fn = getattr(bt._C, switch)
-    assert fn("auto") == "auto"
-    assert fn("off") == "auto"
-    assert fn("auto") == "off"
-    with pytest.raises(ValueError, match="auto or off"):
-        fn("on")
+    previous = "auto"
+    assert fn("auto") == previous
+    for name in choices:
+        assert fn(name) == previous
+        previous = name
+    with pytest.raises(ValueError, match=expected):
+        fn("sometimes")
+    assert fn("auto") == previous
 
 
 @requires_cuda
@@ -780,25 +790,6 @@ def test_dx_on_wgmma_keeps_the_bits(options):
     finally:
         bt._C._ssd_cuda_dx_wgmma(previous)
     assert all(torch.isfinite(t).all() for t in expected)
-
-
-def test_dx_wgmma_switch_names_its_choices():
-    assert bt._C._ssd_cuda_dx_wgmma("auto") == "auto"
-    assert bt._C._ssd_cuda_dx_wgmma("on") == "auto"
-    assert bt._C._ssd_cuda_dx_wgmma("off") == "on"
-    with pytest.raises(ValueError, match="auto, off or on"):
-        bt._C._ssd_cuda_dx_wgmma("wgmma")
-    assert bt._C._ssd_cuda_dx_wgmma("auto") == "off"
-
-
-def test_backward_switch_names_its_choices():
-    assert bt._C._ssd_cuda_backward("auto") == "auto"
-    assert bt._C._ssd_cuda_backward("group_mma") == "auto"
-    assert bt._C._ssd_cuda_backward("group_wgmma") == "group_mma"
-    assert bt._C._ssd_cuda_backward("staged") == "group_wgmma"
-    with pytest.raises(ValueError, match="auto, staged, group_mma or group_wgmma"):
-        bt._C._ssd_cuda_backward("group")
-    assert bt._C._ssd_cuda_backward("auto") == "staged"
 
 
 # The SSD kernels each variant `explain` names must run, and those of no other variant
