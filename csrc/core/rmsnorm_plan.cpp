@@ -129,9 +129,10 @@ std::atomic<bool> g_allow_stage{true};
 // RmsNormLaunch::stage where the rows' rings fit: the backward (not with the gated op's
 // bias) and the gated op's forward where a thread holds one vector of a row (vecs 1).
 // The gated forward measured (H100, [16384, 5120] bf16, staged against unstaged, the same
-// bits): 8 row groups of 640 (one vector a thread) 290.4 / 253.8 µs against 347.1 /
-// 317.4 (gate after / before the norm); one group of 5120 (two vectors a thread) 208.1 /
-// 196.2 against 210.3 / 193.2, not staged.
+// bits): 8 row groups of 640 (one vector a thread) 291.2 / 255.3 µs against 345.8 /
+// 316.0 (gate after / before the norm); one group of 5120 (two vectors a thread; the staged
+// kernel's first form, its row's work in a lambda) 208.1 / 196.2 against 210.3 / 193.2,
+// not staged.
 void plan_stage(RmsNormLaunch& l, const DeviceInfo& device) {
   l.stage = false;
   if (device.backend != Backend::Cuda || l.layout != RmsNormLayout::Rows || device.arch < 80 ||
