@@ -525,23 +525,31 @@ def test_decays_that_flush_to_zero(dtype, backward):
 def test_backward_dD(dtype, backward):
     """dD of [H] and [H, P], with z and without, every group shape: with the group products
     the dx kernel writes dD's partials (one per row tile of a chunk; zeros for the tiles
-    past a short last chunk, the heads split over blocks, P not a multiple of 64) and the
-    gate kernel runs only with z; the per-head backward's gate kernel writes them."""
+    past a short last chunk, the heads split over blocks, P not a multiple of 64), with z
+    too, and the gate kernel runs only with z; the per-head backward's gate kernel writes
+    them."""
     rng = random.Random(5 + HALF.index(dtype))
     torch.manual_seed(5)
     for i, (b, L, H, P, N, G, Q) in enumerate(GROUP_SHAPES):
         t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D=("h", "hdim")[i % 2], z=i % 3 == 0)
         check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {sorted(t)} {kw} ({backward})")
-    # which kernel sums dy_pre·x without z
+    # which kernel sums dy_pre·x: the group dx kernel's DD instantiation (its third template
+    # flag), with z or without; the gate kernel runs for z, or for dD in the per-head backward
+    import re
+
     b, L, H, P, N, G, Q = GROUP_SHAPES[0]
-    t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D="h", z=False)
-    leaves = {k: v.detach().requires_grad_() if v.is_floating_point() else v for k, v in t.items()}
-    run = lambda: mamba.mamba_chunk_scan_combined(  # noqa: E731
-        leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], Q, D=leaves["D"],
-        dt_bias=leaves.get("dt_bias"), initial_states=leaves.get("initial_states"),
-        seq_idx=leaves.get("seq_idx"), **kw).float().sum().backward()
-    names = " ".join(_cuda_kernel_names(run))
-    assert ("ssd_gate_kernel" in names) == (backward == "staged"), (backward, names)
+    for z in (False, True):
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D="h", z=z)
+        leaves = {k: v.detach().requires_grad_() if v.is_floating_point() else v for k, v in t.items()}
+        run = lambda: mamba.mamba_chunk_scan_combined(  # noqa: E731
+            leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], Q, D=leaves["D"],
+            z=leaves.get("z"), dt_bias=leaves.get("dt_bias"), initial_states=leaves.get("initial_states"),
+            seq_idx=leaves.get("seq_idx"), **kw).float().sum().backward()
+        names = _cuda_kernel_names(run)
+        dd = {m.group(1) == "true" for name in names
+              for m in [re.search(r"ssd_group_dx_kernel<[^,]+,\s*(?:true|false),\s*(true|false)", name)] if m}
+        assert dd == (set() if backward == "staged" else {True}), (backward, z, names)
+        assert any("ssd_gate_kernel" in n for n in names) == (z or backward == "staged"), (backward, z, names)
 
 
 @requires_cuda

@@ -571,12 +571,15 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.side_stream = backward_side_stream(p.launch_);
   p.launch_.dcb_splits = p.launch_.group_products ? ssd_dcb_splits(f, p.launch_) : 1;
   p.launch_.dcb_overlap = p.launch_.group_products && ssd_dcb_overlap(f, p.launch_);
-  // dD's partials from the group dx kernel where the gate kernel would run for them alone
-  // (D without z, as in a Mamba2 layer whose gated RMSNorm takes z). H200, the 2.7B
-  // shape's options backward without z: dx 650 → 679–684 µs, the gate kernel's 96.9 gone,
-  // the backward's kernels 2300 → 2229–2238. With z the gate kernel reads dy, z and y_pre
-  // anyway: there x costs it 32 µs (256 without), no more than the partials cost dx.
-  p.launch_.dD_in_dx = p.launch_.group_products && !p.launch_.gated;
+  // dD's partials from the group dx kernel, with z or without. Without z the gate kernel
+  // would run for them alone (D without z, as in a Mamba2 layer whose gated RMSNorm takes
+  // z; H200, the 2.7B shape's options backward without z: dx 650 → 679–684 µs, the gate
+  // kernel's 96.9 gone, the backward's kernels 2300 → 2229–2238). With z the gate kernel
+  // runs anyway and then reads no x: H100, the 2.7B shape with D and z, gate 308–309
+  // against 359 µs, dx 606–607 against 578–579, the pass 2306–2312 against 2332–2335
+  // (on the H200 of the twenty-seventh session, before dx ran P·dy on wgmma with D, x cost
+  // the gate kernel no more than the partials cost dx).
+  p.launch_.dD_in_dx = p.launch_.group_products;
   p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(f, p.launch_);

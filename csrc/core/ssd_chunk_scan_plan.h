@@ -265,10 +265,10 @@ struct SsdChunkScanLaunch {
   // block's one head's dy and x tiles are copied beside its C and B rows, in flight while
   // it computes C·Bᵀ, where they would wait for it (see ssd_dcb_overlap).
   bool dcb_overlap = false;
-  // With group_products and without z: the dx kernel, which holds dy_pre and x of each
-  // (row tile, column tile, head) in shared memory for its D term and ddt dots, writes
-  // dD's partials (one per chunk row tile), and the gate kernel, there for them alone,
-  // does not run. See ssd_dD_segments.
+  // With group_products: the dx kernel, which holds dy_pre and x of each (row tile,
+  // column tile, head) in shared memory for its D term and ddt dots, writes dD's partials
+  // (one per chunk row tile); the gate kernel, there for them alone without z, does not
+  // run then, and with z reads no x. See ssd_dD_segments.
   bool dD_in_dx = false;
   // dt >= 0 after its clamp (dt_min >= 0, the default): each head's cumsum is monotone, so
   // the mma.sync fused forwards and the group dCB and dx kernels weigh the pairs of a tile that lies

@@ -92,8 +92,8 @@
 //   ssd_dacs_kernel         block per (b,h,c): X_s from 64×64 tiles of T
 //   ssd_finalize_kernel     block per (b,h,c): da, ddt, dA partials
 //   ssd_dA_kernel           warp per h: fixed-order sum of the dA (and ddt_bias) partials
-//   ssd_gate_kernel         backward with z, or D without dD_in_dx: dy_pre, dz, dD
-//                           partials
+//   ssd_gate_kernel         backward with z: dy_pre, dz; and with D without dD_in_dx:
+//                           dD partials
 //   ssd_dD_kernel           dD from its partials
 //
 // Determinism: no atomics. Every output element and every workspace partial is written

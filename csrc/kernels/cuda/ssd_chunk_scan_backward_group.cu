@@ -890,7 +890,7 @@ struct SsdGroupDxParams {
 // Blocks an SM: 3 without EPI (168 registers; at 2 it was slower: 646 -> 712 us before the
 // x tiles), 2 with it (with the x tiles at 3 it spilled: 725 us against 680; again with the
 // staged stores, 96 bytes: 614-616 against 595 on an H100, BENCHMARKS.md).
-// DD (with EPI; dD_in_dx, the plan's choice without z) also writes dD's partials Σ_s
+// DD (with EPI; dD_in_dx, the plan's choice with D) also writes dD's partials Σ_s
 // dy_pre[s][j]·x[s][j] over the block's rows (both tiles are in shared memory for the
 // epilogue): the lane's two rows, then the 8 lanes of its columns (ssd_reduce_scatter16), the
 // warps' sums (sDd, by head parity) added in warp order by threads below 64 after the
