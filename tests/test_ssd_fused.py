@@ -14,6 +14,7 @@ next to the per-head ones. CUDA only.
 Tolerances: those of test_ssd_chunk_scan (rtol_for), through test_mamba's check_case.
 """
 import random
+import re
 import threading
 
 import pytest
@@ -535,8 +536,6 @@ def test_backward_dD(dtype, backward):
         check_case(t, kw, Q, f"{dtype} {(b, L, H, P, N, G, Q)} {sorted(t)} {kw} ({backward})")
     # which kernel sums dy_pre·x: the group dx kernel's DD instantiation (its third template
     # flag), with z or without; the gate kernel runs for z, or for dD in the per-head backward
-    import re
-
     b, L, H, P, N, G, Q = GROUP_SHAPES[0]
     for z in (False, True):
         t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D="h", z=z)
