@@ -23,7 +23,7 @@ import torch
 import baracuda_torch as bt
 from baracuda_torch import mamba
 from helpers import capture_graph, poison_fresh_outputs, requires_cuda
-from test_mamba import check_case, make_case, negative_dt
+from test_mamba import check_case, make_case, negative_dt, run_ours
 from test_ssd_chunk_scan import check, reference_grads, rtol_for, ssd_inputs
 
 ops = torch.ops.baracuda
@@ -539,12 +539,8 @@ def test_backward_dD(dtype, backward):
     b, L, H, P, N, G, Q = GROUP_SHAPES[0]
     for z in (False, True):
         t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D="h", z=z)
-        leaves = {k: v.detach().requires_grad_() if v.is_floating_point() else v for k, v in t.items()}
-        run = lambda: mamba.mamba_chunk_scan_combined(  # noqa: E731
-            leaves["x"], leaves["dt"], leaves["A"], leaves["B"], leaves["C"], Q, D=leaves["D"],
-            z=leaves.get("z"), dt_bias=leaves.get("dt_bias"), initial_states=leaves.get("initial_states"),
-            seq_idx=leaves.get("seq_idx"), **kw).float().sum().backward()
-        names = _cuda_kernel_names(run)
+        dout, dfinal = torch.randn_like(t["x"]), torch.randn(b, H, P, N, device="cuda")
+        names = _cuda_kernel_names(lambda: run_ours(t, kw, Q, dout, dfinal))
         dd = {m.group(1) == "true" for name in names
               for m in [re.search(r"ssd_group_dx_kernel<[^,]+,\s*(?:true|false),\s*(true|false)", name)] if m}
         assert dd == (set() if backward == "staged" else {True}), (backward, z, names)
@@ -709,7 +705,6 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape, packed):
     computes 128 state columns, with or without seq_idx) give the bits of its mma.sync
     products: the staged forward and the backward, outputs NaN-poisoned; on such a device
     the wgmma instantiation is the one that runs, and only there."""
-    import re
 
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the chunk-state kernel on tensor cores needs sm_80+")
@@ -760,7 +755,6 @@ def test_dx_on_wgmma_keeps_the_bits(options):
     without z; "on" takes it without D too) gives the bits of its mma.sync products: every
     gradient, NaN-poisoned outputs; with the plan's choice the wgmma instantiation runs
     exactly where the plan says, and "on" runs it on such a device."""
-    import re
 
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the group products need sm_80+")
@@ -823,7 +817,6 @@ _MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_
 
 
 def _ssd_kernels_run(fn):
-    import re
 
     names = " ".join(_cuda_kernel_names(fn))
     return {k for k in _MARKS | {"ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel"}
