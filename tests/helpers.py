@@ -112,6 +112,19 @@ def capture_graph(step, before_capture=None):
     return graph, captured
 
 
+def cuda_kernel_names(fn) -> list[str]:
+    """The names of the CUDA kernels (and copies) a call of fn runs, by torch.profiler, after
+    a first call (its first-call work stays out of the profile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages() if e.device_time_total > 0]
+
+
 def check_graph_replay(step, refresh) -> None:
     """``step()`` captured in a CUDA graph (capture_graph), then replayed twice after
     ``refresh()`` writes new inputs in place: each replay gives eager's outputs bit for

@@ -22,7 +22,7 @@ import torch
 
 import baracuda_torch as bt
 from baracuda_torch import mamba
-from helpers import capture_graph, poison_fresh_outputs, requires_cuda
+from helpers import capture_graph, cuda_kernel_names, poison_fresh_outputs, requires_cuda
 from test_mamba import check_case, make_case, negative_dt, run_ours
 from test_ssd_chunk_scan import check, reference_grads, rtol_for, ssd_inputs
 
@@ -165,19 +165,6 @@ def _sequence_ids(b, L, Q, kind, dtype):
                 starts[:, t] = True
     starts[:, 0] = False
     return starts.cumsum(1).to(dtype)
-
-
-def _cuda_kernel_names(fn):
-    """The names of the CUDA kernels (and copies) a call of fn runs, by torch.profiler, after
-    a first call (its first-call work stays out of the profile)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.key for e in prof.key_averages() if e.device_time_total > 0]
 
 
 @requires_cuda
@@ -540,7 +527,7 @@ def test_backward_dD(dtype, backward):
     for z in (False, True):
         t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D="h", z=z)
         dout, dfinal = torch.randn_like(t["x"]), torch.randn(b, H, P, N, device="cuda")
-        names = _cuda_kernel_names(lambda: run_ours(t, kw, Q, dout, dfinal))
+        names = cuda_kernel_names(lambda: run_ours(t, kw, Q, dout, dfinal))
         dd = {m.group(1) == "true" for name in names
               for m in [re.search(r"ssd_group_dx_kernel<[^,]+,\s*(?:true|false),\s*(true|false)", name)] if m}
         assert dd == (set() if backward == "staged" else {True}), (backward, z, names)
@@ -730,7 +717,7 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape, packed):
         return [*out, *grads]
 
     def kernels_of(fn):  # (SEG, WG): the instantiations' last two flags
-        return {m.groups() for name in _cuda_kernel_names(fn)
+        return {m.groups() for name in cuda_kernel_names(fn)
                 for m in [re.search(r"ssd_tc_chunk_state_kernel<[^>]*,\s*(true|false),\s*(true|false)>", name)]
                 if m}
 
@@ -774,7 +761,7 @@ def test_dx_on_wgmma_keeps_the_bits(options):
         return torch.autograd.grad(y, leaves, dy)
 
     def wgmma_runs(fn):  # (the plain instantiation's last flag)
-        return {m.group(1) == "true" for name in _cuda_kernel_names(fn)
+        return {m.group(1) == "true" for name in cuda_kernel_names(fn)
                 for m in [re.search(r"ssd_group_dx_kernel<[^>]*,\s*false,\s*(true|false)>", name)] if m}
 
     previous = bt._C._ssd_cuda_dx_wgmma("off")
@@ -818,7 +805,7 @@ _MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_
 
 def _ssd_kernels_run(fn):
 
-    names = " ".join(_cuda_kernel_names(fn))
+    names = " ".join(cuda_kernel_names(fn))
     return {k for k in _MARKS | {"ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel"}
             if re.search(r"(?<![A-Za-z0-9_])" + k + r"(?![A-Za-z0-9_])", names)}
 
