@@ -562,6 +562,18 @@ def test_cuda_lean_b_c_loads(dtype, batch):
 
 
 @requires_cuda
+def test_cuda_lean_passes_past_lanes():
+    """Mamba-2's decode step with d_state 16 (row groups of 4 lanes) and head_dim 256 at batch
+    64: the plan's rule gives a block 8 passes of 32 rows, more passes than a group has lanes
+    to hold their rows' values (the lean kernel's lane scalars), so the launch takes the
+    staged kernel that is not lean. Against the float64 reference; the lean kernel there
+    gave the rows of passes 4 to 7 the values of passes 0 to 3 and never wrote their out."""
+    p = as_decode_step(problem("cuda", torch.bfloat16, batch=64, heads=40, dim=256, dstate=16, groups=4,
+                               state_dtype=torch.float32))
+    check_against_reference(p, False)
+
+
+@requires_cuda
 def test_cuda_lean_offsets_past_32_bits():
     """The lean kernel (Mamba-2's decode step) computes offsets in 32 bits; the plan sends a
     problem whose elements lie further than that from an operand's start to the 64-bit

@@ -133,7 +133,9 @@ void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::s
   l.stage_bytes = l.layout == StateUpdateLayout::Vec && l.A_per_row && stage <= kStateUpdateMaxStage
                       ? static_cast<int>(stage)
                       : 0;
-  l.lean = l.stage_bytes > 0 && l.chunks == 1 && l.tokens == 1 && !l.has_z && !l.has_indices &&
+  // (passes <= lanes: lane q of a group holds pass q's row values; past that, rows of later
+  // passes took an earlier pass's values by the shuffle's wrap and their out was never written)
+  l.lean = l.stage_bytes > 0 && l.chunks == 1 && l.tokens == 1 && passes <= l.lanes && !l.has_z && !l.has_indices &&
            lean_offsets_fit(l);
   const int64_t bc = l.tokens * 2 * l.dstate * (l.x_el == ElementKind::F64 ? 8 : 4);  // as float or double
   l.bc_bytes = l.tokens > 1 && l.stage_bytes + bc <= kStateUpdateMaxStage ? static_cast<int>(bc) : 0;

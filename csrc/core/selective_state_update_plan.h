@@ -101,8 +101,8 @@ struct StateUpdateLaunch {
   // computes from there; otherwise each thread group loads a row a pass from global memory
   // (the next while it computes the current one, for up to 2 chunks a lane).
   int stage_bytes = 0;
-  // Lean: a staged launch of 1 chunk a lane with one token and neither z nor batch
-  // indices (Mamba-2's decode step) runs a kernel with those compiled in, and with lane
+  // Lean: a staged launch of 1 chunk a lane with one token, at most `lanes` passes and
+  // neither z nor batch indices (Mamba-2's decode step) runs a kernel with those compiled in, and with lane
   // scalars even at one pass (one lane computes the row's values, the others take them by
   // shuffle), and 32-bit offsets where every operand's elements are within 2^30 of its
   // start: fewer registers, kStateUpdateLeanBlocks blocks a multiprocessor instead of 7.
