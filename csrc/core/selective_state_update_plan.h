@@ -102,10 +102,11 @@ struct StateUpdateLaunch {
   // (the next while it computes the current one, for up to 2 chunks a lane).
   int stage_bytes = 0;
   // Lean: a staged launch of 1 chunk a lane with one token, at most `lanes` passes and
-  // neither z nor batch indices (Mamba-2's decode step) runs a kernel with those compiled in, and with lane
-  // scalars even at one pass (one lane computes the row's values, the others take them by
-  // shuffle), and 32-bit offsets where every operand's elements are within 2^30 of its
-  // start: fewer registers, kStateUpdateLeanBlocks blocks a multiprocessor instead of 7.
+  // neither z nor batch indices (Mamba-2's decode step) runs a kernel with those compiled
+  // in, and with lane scalars even at one pass (one lane computes the row's values, the
+  // others take them by shuffle), and 32-bit offsets where every operand's elements are
+  // within 2^30 of its start: fewer registers, kStateUpdateLeanBlocks blocks a
+  // multiprocessor instead of 7.
   bool lean = false;
   // Lean, with B and C of x's dtype (2 or 4 bytes), N stride 1, N and the batch and group
   // strides multiples of 4 and the data aligned to 4 elements (as Mamba2.step passes its
