@@ -692,7 +692,6 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape, packed):
     computes 128 state columns, with or without seq_idx) give the bits of its mma.sync
     products: the staged forward and the backward, outputs NaN-poisoned; on such a device
     the wgmma instantiation is the one that runs, and only there."""
-
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the chunk-state kernel on tensor cores needs sm_80+")
     b, L, H, P, N, G, Q = shape
@@ -742,7 +741,6 @@ def test_dx_on_wgmma_keeps_the_bits(options):
     without z; "on" takes it without D too) gives the bits of its mma.sync products: every
     gradient, NaN-poisoned outputs; with the plan's choice the wgmma instantiation runs
     exactly where the plan says, and "on" runs it on such a device."""
-
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the group products need sm_80+")
     b, L, H, P, N, G, Q = 2, 700, 4, 64, 128, 1, 256
@@ -804,7 +802,6 @@ _MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_
 
 
 def _ssd_kernels_run(fn):
-
     names = " ".join(cuda_kernel_names(fn))
     return {k for k in _MARKS | {"ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel"}
             if re.search(r"(?<![A-Za-z0-9_])" + k + r"(?![A-Za-z0-9_])", names)}
