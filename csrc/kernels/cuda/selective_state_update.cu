@@ -463,9 +463,11 @@ void launch(const StateUpdateLaunch& l, cudaStream_t stream) {
        l.bc_bytes < l.tokens * 2 * l.dstate * static_cast<int64_t>(sizeof(acc_t<T>))))
     fail(PlanErrorKind::Internal, op,
          "staged B and C need several tokens, room for them after the state rows and no lean kernel");
-  if (l.lean && (l.stage_bytes == 0 || l.chunks != 1 || l.tokens != 1 || l.has_z || l.has_indices))
+  if (l.lean && (l.stage_bytes == 0 || l.chunks != 1 || l.tokens != 1 || l.passes > l.lanes || l.has_z ||
+                 l.has_indices))
     fail(PlanErrorKind::Internal, op,
-         "a lean launch needs a staged one of 1 chunk a lane, one token and no z or batch indices");
+         "a lean launch needs a staged one of 1 chunk a lane, one token, at most one pass a lane and no z or "
+         "batch indices");
   switch (l.lanes * 16 + l.chunks) {
     case 4 * 16 + 1: launch_key<T, S, 4, 1>(l, stream); break;
     case 8 * 16 + 1: launch_key<T, S, 8, 1>(l, stream); break;
