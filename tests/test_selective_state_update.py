@@ -16,7 +16,8 @@ from torch.func import vmap
 import baracuda_torch as bt
 from baracuda_torch import mamba
 from baracuda_torch import reference as ref
-from helpers import DEVICES, FLOAT_DTYPES, assert_close_to_reference, capture_graph, randn, requires_cuda
+from helpers import (DEVICES, FLOAT_DTYPES, assert_close_to_reference, capture_graph, cuda_kernel_names, randn,
+                     requires_cuda)
 
 ops = torch.ops.baracuda
 
@@ -592,3 +593,48 @@ def test_cuda_lean_offsets_past_32_bits():
     assert bt.explain("selective_state_update", p["state"], p["x"], p["dt"], p["A"], p["B"],
                       p["C"]).variant == "tile_staged"
     check_against_reference(p, False)
+
+
+def test_whole_tiles_switch_names_its_choices():
+    """The whole-tiles switch returns the setting before it and names its choices when
+    given another."""
+    fn = bt._C._state_update_whole_tiles
+    assert fn("auto") == "auto"
+    assert fn("on") == "auto" and fn("off") == "on" and fn("auto") == "off"
+    with pytest.raises(ValueError, match=r"_state_update_whole_tiles: expected auto, off or on, got sometimes"):
+        fn("sometimes")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float16),
+                                               (torch.float32, torch.float32)])
+def test_cuda_whole_tiles(dtype, state_dtype):
+    """Mamba-2's decode step on whole tiles (d_state 64 or 128: 16 or 32 lanes a row with no
+    lane past N; head_dim 64, a multiple of every block's rows; B and C views of xBC) runs
+    the whole-tiles kernel where the switch asks for it, at each of its pass counts as the
+    plan's rule picks them from the grid on a 132-SM part (d_state 128: 1, 2, 4 and 8 for 4
+    heads at batch 1, then 80 heads at batch 1, 2 and 4; d_state 64: 1, 2 and 4), and the
+    generic lean kernel where the switch is "auto" (the plan's choice until its A/B has run)
+    and where a tile is not whole: head_dim 50 (not a multiple of a pass's 4 rows) and
+    d_state 96 (lanes past N). Each against the float64 reference."""
+    G = 1
+    cases = [(N, batch, H, 64, True) for N in (64, 128) for batch, H in ((1, 4), (1, 80), (2, 80), (4, 80))]
+    cases += [(128, 4, 8, 50, False), (96, 2, 8, 64, False)]
+    previous = bt._C._state_update_whole_tiles("on")
+    try:
+        for setting in ("on", "auto"):
+            bt._C._state_update_whole_tiles(setting)
+            for N, batch, H, P, can in cases:
+                d_inner = H * P
+                p = as_decode_step(problem("cuda", dtype, batch=batch, heads=H, dim=P, dstate=N, groups=G,
+                                           state_dtype=state_dtype))
+                xbc = randn((batch, d_inner + 2 * G * N), dtype, "cuda")
+                p["B"] = xbc[:, d_inner:d_inner + G * N].view(batch, G, N)
+                p["C"] = xbc[:, d_inner + G * N:].view(batch, G, N)
+                start = p["state"].clone()
+                names = cuda_kernel_names(lambda: call(dict(p, state=start.clone()), False))
+                whole = any("state_update_whole_kernel" in n for n in names)
+                assert whole == (can and setting == "on"), (setting, N, batch, H, P, names)
+                check_against_reference(p, False)
+    finally:
+        bt._C._state_update_whole_tiles(previous)

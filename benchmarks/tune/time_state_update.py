@@ -5,7 +5,9 @@ process, three timings each, with a digest of our out and state after one step f
 — for A/B runs of the kernel's variants, a process a setting (an experiment's environment
 switch read by its plan), alternating on one machine: two settings that compute the same
 bits print the same digest. Run on the GPU from the repo root:
-  PYTHONPATH=$PWD python benchmarks/tune/time_state_update.py LABEL [--batches 1,8,64]
+  PYTHONPATH=$PWD python benchmarks/tune/time_state_update.py LABEL [--batches 1,8,64] [--whole on]
+``--whole``: the package's switch for the whole-tiles kernel (bt._C._state_update_whole_tiles:
+auto, on or off).
 Prints a line a batch: the label, ours and mamba_ssm's µs, the digest."""
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import os
 import sys
 
 import torch
+
+import baracuda_torch as bt
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_mamba2_decode as bd  # noqa: E402
@@ -26,7 +30,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("label")
     ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--whole", default="auto", choices=["auto", "on", "off"])
     a = ap.parse_args()
+    bt._C._state_update_whole_tiles(a.whole)
     peer = peers.selective_state_update()
     for batch in (int(v) for v in a.batches.split(",")):
         torch.manual_seed(0)

@@ -1,6 +1,7 @@
 #include "core/selective_state_update_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <initializer_list>
 #include <utility>
 
@@ -147,12 +148,31 @@ void plan_cuda_work(StateUpdateLaunch& l, const DeviceInfo& device, const std::s
              std::to_string(l.grid));
 }
 
+// state_update_force_whole_tiles's setting: -1 for the plan's own choice, 0 never, 1
+// wherever the kernel can.
+std::atomic<int> g_forced_whole_tiles{-1};
+
+// Whether a lean launch takes the whole-tiles kernel (StateUpdateLaunch::whole_tiles): where
+// it can, only when a test or benchmark asks for it (state_update_force_whole_tiles). Its
+// A/B against the generic lean kernel has not run on a GPU yet (BENCHMARKS.md, the
+// sixty-second session); until it has, the plan's own choice stays the generic kernel.
+bool whole_tiles(const StateUpdateLaunch& l) {
+  const bool can = l.lean && l.bc_vec && (l.lanes == 16 || l.lanes == 32) &&
+                   l.dstate == int64_t{l.lanes} * kStateUpdateLaneElems &&
+                   l.headdim % (int64_t{l.rows_per_pass} * l.passes) == 0;
+  return can && g_forced_whole_tiles.load(std::memory_order_relaxed) == 1;
+}
+
 const char* variant_name(const StateUpdateLaunch& l, Backend backend) {
   if (backend != Backend::Cuda) return "rows";
   if (l.stage_bytes > 0) return "tile_staged";
   return l.layout == StateUpdateLayout::Vec ? "tile_vec4" : "tile_strided";
 }
 }  // namespace
+
+std::optional<bool> state_update_force_whole_tiles(std::optional<bool> force) {
+  return exchange_forced(g_forced_whole_tiles, force);
+}
 
 StateUpdatePlan StateUpdatePlan::select(const StateUpdateDescriptor& d, PlanPreference) {
   const std::string op = op_name(d.tokens);
@@ -222,6 +242,7 @@ StateUpdatePlan StateUpdatePlan::select(const StateUpdateDescriptor& d, PlanPref
     l.layout = pick_layout(d.state, l.state_s, l.dstate);
     plan_cuda_work(l, d.device, op);
     l.bc_vec = l.lean && bc_vectors(d.B, l.B_s, l) && bc_vectors(d.C, l.C_s, l);
+    l.whole_tiles = whole_tiles(l);
   }
   // Sums over n in a fixed order (see the header): deterministic and bit-stable.
   p.sku_ = kernel_sku(kFamily, op, d.x.dtype, variant_name(l, d.device.backend), d.device);

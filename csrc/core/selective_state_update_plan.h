@@ -29,6 +29,7 @@
 // x's dtype, the state once to its own dtype.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,16 @@ struct StateUpdateLaunch {
   // split of xBC): a lane loads its 4 elements of each as one vector instead of 4 scalar
   // loads with their index arithmetic.
   bool bc_vec = false;
+  // Whole tiles: a lean launch with bc_vec whose rows and lanes are all inside the problem
+  // (d_state = lanes · 4 with 16 or 32 lanes, head_dim a multiple of the block's
+  // rows_per_pass · passes) runs a kernel with the passes and d_state compiled in and no
+  // bounds test: every global load of the block (its state rows' cp.async, B, C and the
+  // lanes' row values) issues before the first result is needed, one round trip to memory
+  // instead of three (the generic lean kernel converts B and C inside their bounds branch,
+  // then loads the row values).
+  // (The plan's own choice leaves it off until its A/B has run on a GPU:
+  // state_update_force_whole_tiles.)
+  bool whole_tiles = false;
   // B and C staged (> 0, several tokens): every token's B and C, converted to the kernel's
   // arithmetic type, in this many bytes of shared memory after the state rows; the block
   // copies them once instead of each (row pass, token) pair reading them from global
@@ -312,6 +323,11 @@ std::vector<Int> state_update_out_sizes(bool tokens, const StateUpdateSizes<Int>
   out.push_back(s.dim);
   return out;
 }
+
+// Tests and benchmarks only: `force` true runs the whole-tiles kernel wherever it can
+// (StateUpdateLaunch::whole_tiles), false never, std::nullopt restores the plan's own
+// choice (for now never). Returns the previous setting.
+std::optional<bool> state_update_force_whole_tiles(std::optional<bool> force);
 
 struct StateUpdateDescriptor {
   bool tokens = false;  // selective_state_update_tokens: x [B, T, H, P]

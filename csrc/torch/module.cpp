@@ -10,6 +10,7 @@
 
 #include "core/rmsnorm_plan.h"
 #include "core/rope_cos_sin_plan.h"
+#include "core/selective_state_update_plan.h"
 #include "core/ssd_chunk_scan_plan.h"
 #include "kernels/common.h"
 #include "kernels/ssd_chunk_scan.h"
@@ -162,6 +163,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ssd_cuda_dx_wgmma", [](const std::string& name) {
     static const std::pair<const char*, bool> kNames[] = {{"off", false}, {"on", true}};
     return named_switch("_ssd_cuda_dx_wgmma", kNames, name, ssd_force_dx_wgmma);
+  }, py::arg("name"));
+  // Tests and benchmarks only: whether Mamba-2's decode step takes the state update's
+  // whole-tiles kernel (StateUpdateLaunch::whole_tiles), "auto" (the plan's choice: not
+  // yet), "on" (wherever it can) or "off"; returns the previous setting.
+  m.def("_state_update_whole_tiles", [](const std::string& name) {
+    static const std::pair<const char*, bool> kNames[] = {{"off", false}, {"on", true}};
+    return named_switch("_state_update_whole_tiles", kNames, name, state_update_force_whole_tiles);
   }, py::arg("name"));
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or

@@ -24,7 +24,11 @@
 // against mamba_ssm's 5.0 (caches flushed; 8.9 with scalar B and C loads) and 2.1 times
 // its instructions; two passes a block (the plan's rule since) take it from 4.6 µs to 4.0
 // from a CUDA graph, and every per-row operand loaded before the softplus to 3.6-3.7,
-// against mamba_ssm's 3.0-3.1: what is left.
+// against mamba_ssm's 3.0-3.1: what is left. The whole-tiles kernel (the plan's
+// whole_tiles, below) is that lean kernel without a bounds test, its passes and d_state
+// compiled in: 329 SASS instructions (static, NOPs left out) in the bf16 kernel of 2 passes
+// against the lean kernel's 726, every global load issued before the first wait. Not yet
+// run on a GPU.
 // No workspace, no host synchronization: the launch can be captured in a CUDA graph.
 #include <cstring>
 
@@ -431,6 +435,90 @@ __global__ __launch_bounds__(kStateUpdateThreads, (state_update_min_blocks<T, Ch
   }
 }
 
+// The lean kernel on whole tiles (the plan's whole_tiles: d_state = Lanes · 4, head_dim a
+// multiple of the block's rows, B and C vectors of x's dtype T): no bounds test anywhere,
+// Passes and d_state compiled in, and every global load issued at the block's start in
+// this order: the state rows' cp.async (one group a pass), B and C (raw, converted after),
+// then lane q's row values for pass q (dt, dt_bias, x, A, D). The arithmetic and its order
+// are the lean kernel's: the same bits.
+template <typename T, typename S, int Lanes, int Passes>
+__global__ __launch_bounds__(kStateUpdateThreads, kStateUpdateLeanBlocks)
+    void state_update_whole_kernel(const StateUpdateLaunch l, const StateUpdateGrid grid) {
+  static_assert(sizeof(acc_t<T>) == 4 && Passes <= Lanes, "16-bit or float32 x; a lane a pass");
+  using Acc = float;
+  constexpr int kRows = kStateUpdateThreads / Lanes;  // rows a pass
+  constexpr int N = Lanes * E;
+  const int group = static_cast<int>(threadIdx.x) / Lanes;
+  const int lane = static_cast<int>(threadIdx.x) % Lanes;
+  const unsigned mask = Lanes == 32 ? 0xffffffffu : ((1u << Lanes) - 1u) << ((threadIdx.x % 32) / Lanes * Lanes);
+  uint32_t rest = blockIdx.x;
+  const int32_t ptile = static_cast<int32_t>(cuda::peel_coord<uint32_t>(rest, grid.ptiles, static_cast<uint32_t>(l.ptiles)));
+  const uint32_t h32 = cuda::peel_coord<uint32_t>(rest, grid.nheads, static_cast<uint32_t>(l.nheads));
+  const int32_t b = static_cast<int32_t>(rest), h = static_cast<int32_t>(h32);
+  const int32_t g = static_cast<int32_t>(grid.hpg.div(h32));
+  const int32_t p0 = ptile * (kRows * Passes) + group;  // this group's row of pass 0
+  const int32_t n0 = lane * E;
+
+  extern __shared__ __align__(16) unsigned char state_update_smem[];
+  S* const stage = reinterpret_cast<S*>(state_update_smem);  // [Passes][kRows][N]
+  S* const state = static_cast<S*>(l.state) + b * int32_t(l.state_s[0]) + h * int32_t(l.state_s[1]);
+  const int32_t srow = int32_t(l.state_s[2]);
+#pragma unroll
+  for (int k = 0; k < Passes; ++k) {
+    stage4(stage + (k * kRows + group) * N + n0, state + (p0 + k * kRows) * srow + n0);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  T braw[E], craw[E];
+  load4(static_cast<const T*>(l.B) + b * int32_t(l.B_s[0]) + g * int32_t(l.B_s[2]) + n0, braw);
+  load4(static_cast<const T*>(l.C) + b * int32_t(l.C_s[0]) + g * int32_t(l.C_s[2]) + n0, craw);
+  // lane q < Passes: the values of pass q's row (StateUpdateLaunch::lane_scalars)
+  Acc dt = 0, bias = 0, xv = 0, a = 0, d = 0;
+  const int32_t pq = p0 + lane * kRows;
+  if (lane < Passes) {
+    const bool dt_f32 = l.dt_el == ElementKind::F32, A_f32 = l.A_el == ElementKind::F32,
+               D_f32 = l.D_el == ElementKind::F32, bias_f32 = l.dt_bias_el == ElementKind::F32;
+    dt = small<T>(l.dt, dt_f32, b * int32_t(l.dt_s[0]) + h * int32_t(l.dt_s[2]) + pq * int32_t(l.dt_s[3]));
+    if (l.has_dt_bias)
+      bias = small<T>(l.dt_bias, bias_f32, h * int32_t(l.dt_bias_s[0]) + pq * int32_t(l.dt_bias_s[1]));
+    xv = static_cast<Acc>(to_acc(static_cast<const T*>(l.x)[b * int32_t(l.x_s[0]) + h * int32_t(l.x_s[2]) +
+                                                              pq * int32_t(l.x_s[3])]));
+    a = small<T>(l.A, A_f32, h * int32_t(l.A_s[0]) + pq * int32_t(l.A_s[1]));
+    if (l.has_D) d = small<T>(l.D, D_f32, h * int32_t(l.D_s[0]) + pq * int32_t(l.D_s[1]));
+  }
+  const Acc my_delta = state_update_delta(dt + bias, l.dt_softplus);
+  const Acc my_dtx = my_delta * xv, my_dA = math_exp(a * my_delta);
+  const Acc my_Dx = l.has_D ? d * xv : Acc(0);
+  Acc Bv[E], Cv[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    Bv[e] = static_cast<Acc>(to_acc(braw[e]));
+    Cv[e] = static_cast<Acc>(to_acc(craw[e]));
+  }
+  Acc my_y = 0;
+#pragma unroll
+  for (int k = 0; k < Passes; ++k) {
+    wait_pending(Passes - 1 - k);  // pass k's copies landed (a constant once unrolled)
+    const Acc dtx = __shfl_sync(mask, my_dtx, k, Lanes);
+    const Acc dA = __shfl_sync(mask, my_dA, k, Lanes);
+    S v[E];
+    load4(stage + (k * kRows + group) * N + n0, v);
+    Acc y = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const Acc s = static_cast<Acc>(to_acc(v[e])) * dA + Bv[e] * dtx;
+      y += s * Cv[e];
+      v[e] = from_acc<S>(s);
+    }
+    store4(state + (p0 + k * kRows) * srow + n0, v);
+#pragma unroll
+    for (int off = Lanes / 2; off > 0; off /= 2) y += __shfl_xor_sync(mask, y, off);
+    if (lane == k) my_y = y;
+  }
+  if (lane < Passes)
+    static_cast<T*>(l.out)[b * int32_t(l.out_s[0]) + h * int32_t(l.out_s[2]) + pq * int32_t(l.out_s[3])] =
+        from_acc<T>(my_y + my_Dx);
+}
+
 // One (lanes, chunks) key's kernels: unstaged, staged, or the lean staged one.
 template <typename T, typename S, int Lanes, int Chunks>
 void launch_key(const StateUpdateLaunch& l, cudaStream_t stream) {
@@ -447,6 +535,22 @@ void launch_key(const StateUpdateLaunch& l, cudaStream_t stream) {
       state_update_kernel<T, S, Lanes, 1, true, false><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l, div);
   } else {
     state_update_kernel<T, S, Lanes, Chunks, true, false><<<grid, block, l.stage_bytes + l.bc_bytes, stream>>>(l, div);
+  }
+}
+
+// The whole-tiles kernel of (Lanes, passes) (the launch checked lanes 16 or 32 and passes
+// 1, 2, 4 or 8).
+template <typename T, typename S, int Lanes>
+void launch_whole(const StateUpdateLaunch& l, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(l.grid)), block(kStateUpdateThreads);
+  const StateUpdateGrid div{cuda::FastDivmod(static_cast<uint32_t>(l.ptiles)),
+                            cuda::FastDivmod(static_cast<uint32_t>(l.nheads)),
+                            cuda::FastDivmod(static_cast<uint32_t>(l.heads_per_group))};
+  switch (l.passes) {
+    case 1: state_update_whole_kernel<T, S, Lanes, 1><<<grid, block, l.stage_bytes, stream>>>(l, div); break;
+    case 2: state_update_whole_kernel<T, S, Lanes, 2><<<grid, block, l.stage_bytes, stream>>>(l, div); break;
+    case 4: state_update_whole_kernel<T, S, Lanes, 4><<<grid, block, l.stage_bytes, stream>>>(l, div); break;
+    default: state_update_whole_kernel<T, S, Lanes, 8><<<grid, block, l.stage_bytes, stream>>>(l, div); break;
   }
 }
 
@@ -468,6 +572,25 @@ void launch(const StateUpdateLaunch& l, cudaStream_t stream) {
     fail(PlanErrorKind::Internal, op,
          "a lean launch needs a staged one of 1 chunk a lane, one token, at most one pass a lane and no z or "
          "batch indices");
+  if (l.whole_tiles) {
+    if (!l.lean || !l.bc_vec || (l.lanes != 16 && l.lanes != 32) || l.dstate != int64_t{l.lanes} * E ||
+        (l.passes != 1 && l.passes != 2 && l.passes != 4 && l.passes != 8) ||
+        l.headdim % (int64_t{l.rows_per_pass} * l.passes) != 0 ||
+        l.stage_bytes < int64_t{l.rows_per_pass} * l.passes * l.dstate * static_cast<int64_t>(sizeof(S)))
+      fail(PlanErrorKind::Internal, op,
+           "a whole-tiles launch needs a lean one with vector B and C, d_state = lanes · 4 with 16 or 32 lanes, "
+           "1, 2, 4 or 8 passes and head_dim a multiple of the block's rows");
+    if constexpr (sizeof(acc_t<T>) == 4) {
+      if (l.lanes == 16)
+        launch_whole<T, S, 16>(l, stream);
+      else
+        launch_whole<T, S, 32>(l, stream);
+      cuda::check_launch(op);
+      return;
+    } else {
+      fail(PlanErrorKind::Internal, op, "a whole-tiles launch needs 16-bit or float32 x");
+    }
+  }
   switch (l.lanes * 16 + l.chunks) {
     case 4 * 16 + 1: launch_key<T, S, 4, 1>(l, stream); break;
     case 8 * 16 + 1: launch_key<T, S, 8, 1>(l, stream); break;
