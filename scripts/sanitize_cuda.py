@@ -489,7 +489,7 @@ def state_update_cases() -> Iterator[Case]:
     a lane per (row, token) pair, and every lane), a transposed state (tile_strided), a
     pool with a padding row and an index past it (the kernel's NaN row), and A per element
     and per head (Mamba-2's expanded A: tile_staged, the rows through shared memory); the
-    whole-tiles kernel under its test switch."""
+    decode step's whole-tiles kernel."""
     def build(batch, heads, dim, N, tokens, dtype, strided=False, pool=None, head_A=False):
         def make():
             t = () if tokens is None else (tokens,)
@@ -526,16 +526,9 @@ def state_update_cases() -> Iterator[Case]:
                    build(4, 4, 9, 16, None, dtype, strided=not head_A, pool=5, head_A=head_A),
                    lambda *a: run(*a, pool=5), ("selective_state_update",))
 
-    def whole(*a):  # the whole-tiles kernel, which only its test switch selects for now
-        previous = bt._C._state_update_whole_tiles("on")
-        try:
-            return run(*a)
-        finally:
-            bt._C._state_update_whole_tiles(previous)
-
     for batch, N in ((4, 128), (64, 128), (4, 64)):  # 1, 8 and 1 passes a block on 132 multiprocessors
         yield (f"state update whole tiles B{batch} H8 P64 N{N}", build(batch, 8, 64, N, None, torch.bfloat16, head_A=True),
-               whole, ("selective_state_update",))
+               run, ("selective_state_update",))
 
 
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,

@@ -611,18 +611,18 @@ def test_whole_tiles_switch_names_its_choices():
 def test_cuda_whole_tiles(dtype, state_dtype):
     """Mamba-2's decode step on whole tiles (d_state 64 or 128: 16 or 32 lanes a row with no
     lane past N; head_dim 64, a multiple of every block's rows; B and C views of xBC) runs
-    the whole-tiles kernel where the switch asks for it, at each of its pass counts as the
-    plan's rule picks them from the grid on a 132-SM part (d_state 128: 1, 2, 4 and 8 for 4
-    heads at batch 1, then 80 heads at batch 1, 2 and 4; d_state 64: 1, 2 and 4), and the
-    generic lean kernel where the switch is "auto" (the plan's choice until its A/B has run)
-    and where a tile is not whole: head_dim 50 (not a multiple of a pass's 4 rows) and
-    d_state 96 (lanes past N). Each against the float64 reference."""
+    the whole-tiles kernel (the plan's choice, "auto", and "on"), at each of its pass counts
+    as the plan's rule picks them from the grid on a 132-SM part (d_state 128: 1, 2, 4 and 8
+    for 4 heads at batch 1, then 80 heads at batch 1, 2 and 4; d_state 64: 1, 2 and 4), and
+    the generic lean kernel where the switch is "off" and where a tile is not whole:
+    head_dim 50 (not a multiple of a pass's 4 rows) and d_state 96 (lanes past N). Each
+    against the float64 reference."""
     G = 1
     cases = [(N, batch, H, 64, True) for N in (64, 128) for batch, H in ((1, 4), (1, 80), (2, 80), (4, 80))]
     cases += [(128, 4, 8, 50, False), (96, 2, 8, 64, False)]
     previous = bt._C._state_update_whole_tiles("on")
     try:
-        for setting in ("on", "auto"):
+        for setting in ("auto", "on", "off"):
             bt._C._state_update_whole_tiles(setting)
             for N, batch, H, P, can in cases:
                 d_inner = H * P
@@ -634,7 +634,7 @@ def test_cuda_whole_tiles(dtype, state_dtype):
                 start = p["state"].clone()
                 names = cuda_kernel_names(lambda: call(dict(p, state=start.clone()), False))
                 whole = any("state_update_whole_kernel" in n for n in names)
-                assert whole == (can and setting == "on"), (setting, N, batch, H, P, names)
+                assert whole == (can and setting != "off"), (setting, N, batch, H, P, names)
                 check_against_reference(p, False)
     finally:
         bt._C._state_update_whole_tiles(previous)

@@ -121,8 +121,6 @@ struct StateUpdateLaunch {
   // lanes' row values) issues before the first result is needed, one round trip to memory
   // instead of three (the generic lean kernel converts B and C inside their bounds branch,
   // then loads the row values).
-  // (The plan's own choice leaves it off until its A/B has run on a GPU:
-  // state_update_force_whole_tiles.)
   bool whole_tiles = false;
   // B and C staged (> 0, several tokens): every token's B and C, converted to the kernel's
   // arithmetic type, in this many bytes of shared memory after the state rows; the block
@@ -324,9 +322,9 @@ std::vector<Int> state_update_out_sizes(bool tokens, const StateUpdateSizes<Int>
   return out;
 }
 
-// Tests and benchmarks only: `force` true runs the whole-tiles kernel wherever it can
-// (StateUpdateLaunch::whole_tiles), false never, std::nullopt restores the plan's own
-// choice (for now never). Returns the previous setting.
+// Tests and benchmarks only: `force` false never runs the whole-tiles kernel
+// (StateUpdateLaunch::whole_tiles: the generic lean kernel instead); true or std::nullopt
+// runs it wherever it can, the plan's own choice. Returns the previous setting.
 std::optional<bool> state_update_force_whole_tiles(std::optional<bool> force);
 
 struct StateUpdateDescriptor {

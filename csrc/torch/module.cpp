@@ -165,8 +165,9 @@ PYBIND11_MODULE(_C, m) {
     return named_switch("_ssd_cuda_dx_wgmma", kNames, name, ssd_force_dx_wgmma);
   }, py::arg("name"));
   // Tests and benchmarks only: whether Mamba-2's decode step takes the state update's
-  // whole-tiles kernel (StateUpdateLaunch::whole_tiles), "auto" (the plan's choice: not
-  // yet), "on" (wherever it can) or "off"; returns the previous setting.
+  // whole-tiles kernel (StateUpdateLaunch::whole_tiles), "auto" (the plan's choice:
+  // wherever it can), "on" (the same) or "off" (the generic lean kernel); returns the
+  // previous setting.
   m.def("_state_update_whole_tiles", [](const std::string& name) {
     static const std::pair<const char*, bool> kNames[] = {{"off", false}, {"on", true}};
     return named_switch("_state_update_whole_tiles", kNames, name, state_update_force_whole_tiles);
