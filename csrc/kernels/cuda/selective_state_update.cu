@@ -520,13 +520,17 @@ __global__ __launch_bounds__(kStateUpdateThreads, kStateUpdateLeanBlocks)
         from_acc<T>(my_y + my_Dx);
 }
 
+// The launch's grid divisors (StateUpdateGrid), for both kernels.
+StateUpdateGrid grid_divisors(const StateUpdateLaunch& l) {
+  return {cuda::FastDivmod(static_cast<uint32_t>(l.ptiles)), cuda::FastDivmod(static_cast<uint32_t>(l.nheads)),
+          cuda::FastDivmod(static_cast<uint32_t>(l.heads_per_group))};
+}
+
 // One (lanes, chunks) key's kernels: unstaged, staged, or the lean staged one.
 template <typename T, typename S, int Lanes, int Chunks>
 void launch_key(const StateUpdateLaunch& l, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(l.grid)), block(kStateUpdateThreads);
-  const StateUpdateGrid div{cuda::FastDivmod(static_cast<uint32_t>(l.ptiles)),
-                            cuda::FastDivmod(static_cast<uint32_t>(l.nheads)),
-                            cuda::FastDivmod(static_cast<uint32_t>(l.heads_per_group))};
+  const StateUpdateGrid div = grid_divisors(l);
   if (l.stage_bytes == 0) {
     state_update_kernel<T, S, Lanes, Chunks, false, false><<<grid, block, l.bc_bytes, stream>>>(l, div);
   } else if constexpr (Chunks == 1) {
@@ -544,9 +548,7 @@ void launch_key(const StateUpdateLaunch& l, cudaStream_t stream) {
 template <typename T, typename S, int Lanes>
 void launch_whole(const StateUpdateLaunch& l, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(l.grid)), block(kStateUpdateThreads);
-  const StateUpdateGrid div{cuda::FastDivmod(static_cast<uint32_t>(l.ptiles)),
-                            cuda::FastDivmod(static_cast<uint32_t>(l.nheads)),
-                            cuda::FastDivmod(static_cast<uint32_t>(l.heads_per_group))};
+  const StateUpdateGrid div = grid_divisors(l);
   switch (l.passes) {
     case 1: state_update_whole_kernel<T, S, Lanes, 1><<<grid, block, l.stage_bytes, stream>>>(l, div); break;
     case 2: state_update_whole_kernel<T, S, Lanes, 2><<<grid, block, l.stage_bytes, stream>>>(l, div); break;
