@@ -595,16 +595,6 @@ def test_cuda_lean_offsets_past_32_bits():
     check_against_reference(p, False)
 
 
-def test_whole_tiles_switch_names_its_choices():
-    """The whole-tiles switch returns the setting before it and names its choices when
-    given another."""
-    fn = bt._C._state_update_whole_tiles
-    assert fn("auto") == "auto"
-    assert fn("on") == "auto" and fn("off") == "on" and fn("auto") == "off"
-    with pytest.raises(ValueError, match=r"_state_update_whole_tiles: expected auto, off or on, got sometimes"):
-        fn("sometimes")
-
-
 @requires_cuda
 @pytest.mark.parametrize("dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float16),
                                                (torch.float32, torch.float32)])

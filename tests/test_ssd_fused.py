@@ -665,6 +665,7 @@ def test_side_streams_of_several_host_threads_stay_apart():
     ("_ssd_cuda_backward_side_stream", ["off"], "auto or off"),
     ("_ssd_cuda_state_wgmma", ["off"], "auto or off"),
     ("_ssd_cuda_dx_wgmma", ["on", "off"], "auto, off or on"),
+    ("_state_update_whole_tiles", ["on", "off"], "auto, off or on"),
     ("_ssd_cuda_backward", ["group_mma", "group_wgmma", "staged"], "auto, staged, group_mma or group_wgmma"),
 ])
 def test_switch_names_its_choices(switch, choices, expected):
