@@ -515,7 +515,7 @@ def test_backward_dD(dtype, backward):
     the dx kernel writes dD's partials (one per row tile of a chunk; zeros for the tiles
     past a short last chunk, the heads split over blocks, P not a multiple of 64), with z
     too, and the gate kernel runs only with z; the per-head backward's gate kernel writes
-    them."""
+    them (the group products' with z by positions' rows, having no partials to write)."""
     rng = random.Random(5 + HALF.index(dtype))
     torch.manual_seed(5)
     for i, (b, L, H, P, N, G, Q) in enumerate(GROUP_SHAPES):
@@ -531,7 +531,8 @@ def test_backward_dD(dtype, backward):
         dd = {m.group(1) == "true" for name in names
               for m in [re.search(r"ssd_group_dx_kernel<[^,]+,\s*(?:true|false),\s*(true|false)", name)] if m}
         assert dd == (set() if backward == "staged" else {True}), (backward, z, names)
-        assert any("ssd_gate_kernel" in n for n in names) == (z or backward == "staged"), (backward, z, names)
+        segment, rows = (any(k + "<" in n for n in names) for k in ("ssd_gate_kernel", "ssd_gate_rows_kernel"))
+        assert (segment, rows) == (backward == "staged", z and backward != "staged"), (backward, z, names)
 
 
 @requires_cuda
@@ -665,6 +666,7 @@ def test_side_streams_of_several_host_threads_stay_apart():
     ("_ssd_cuda_backward_side_stream", ["off"], "auto or off"),
     ("_ssd_cuda_state_wgmma", ["off"], "auto or off"),
     ("_ssd_cuda_dx_wgmma", ["on", "off"], "auto, off or on"),
+    ("_ssd_cuda_gate_rows", ["off"], "auto or off"),
     ("_state_update_whole_tiles", ["on", "off"], "auto, off or on"),
     ("_ssd_cuda_backward", ["group_mma", "group_wgmma", "staged"], "auto, staged, group_mma or group_wgmma"),
 ])
@@ -776,6 +778,52 @@ def test_dx_on_wgmma_keeps_the_bits(options):
             assert wgmma_runs(run) == {has_wgmma() and (setting == "on" or options != "none")}, setting
     finally:
         bt._C._ssd_cuda_dx_wgmma(previous)
+    assert all(torch.isfinite(t).all() for t in expected)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("z_layout", ["dense", "strided", "unaligned"])
+def test_gate_rows_keep_the_bits(dtype, z_layout):
+    """The backward's gate kernel by positions' rows (the plan's choice with z where dx
+    writes dD's partials) gives the segment kernel's bits: every gradient, NaN-poisoned
+    outputs; it runs where z's d is contiguous and 16-byte aligned (z a slice of a wider
+    projection, as in a Mamba-2 layer, included), the segment kernel where it is not."""
+    if torch.cuda.get_device_capability()[0] < 8 and dtype != torch.float32:
+        pytest.skip("the group products need sm_80+")
+    b, L, H, P, N, G, Q = 2, 700, 4, 64, 128, 1, 256
+    torch.manual_seed(13)
+    inputs = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
+    wide = torch.randn(b, L, H * P + 8, device="cuda", dtype=dtype)
+    z = {"dense": torch.randn_like(inputs[0]),
+         "strided": wide[..., 8:].unflatten(-1, (H, P)),
+         "unaligned": wide[..., 1:H * P + 1].unflatten(-1, (H, P))}[z_layout]
+    kw = {"D": torch.randn(H, device="cuda"), "z": z}
+    leaves = [t.requires_grad_() for t in inputs] + [kw["D"].requires_grad_()]
+    dy = torch.randn_like(inputs[0])
+
+    def run():
+        z_leaf = kw["z"].detach().requires_grad_()
+        y = mamba.mamba_chunk_scan_combined(*inputs, Q, D=kw["D"], z=z_leaf)
+        return torch.autograd.grad(y, leaves + [z_leaf], dy)
+
+    def rows_run(fn):
+        names = " ".join(cuda_kernel_names(fn))
+        return "ssd_gate_rows_kernel" in names, "ssd_gate_kernel" in names
+
+    previous = bt._C._ssd_cuda_gate_rows("off")
+    try:
+        expected = run()
+        assert rows_run(run) == (False, True)
+        bt._C._ssd_cuda_gate_rows("auto")
+        poison_fresh_outputs()
+        got = run()
+        for k, (u, v) in enumerate(zip(got, expected)):
+            assert torch.equal(u, v), k
+        rows = _backward_variant(inputs, Q).startswith("group") and z_layout != "unaligned"
+        assert rows_run(run) == (rows, not rows)
+    finally:
+        bt._C._ssd_cuda_gate_rows(previous)
     assert all(torch.isfinite(t).all() for t in expected)
 
 

@@ -237,6 +237,19 @@ bool dx_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   return forced == 1 || desc.options.has_D;
 }
 
+// ssd_force_gate_rows's setting: -1 for the plan's own choice, 0 never.
+std::atomic<int> g_forced_gate_rows{-1};
+
+// Whether the gate kernel runs by positions' rows (ssd_gate_rows_kernel): with z given and
+// dD's partials from the dx kernel, where its 32-bit indices reach every element (B·L·H·P
+// below 2^31). H100, the 2.7B shape with D and z: the gate kernel 276-279 against 309-310
+// µs, the backward's wall time 2286-2288 against 2308-2320 (the same bits).
+bool gate_rows(const SsdChunkScanLaunch& l) {
+  const int64_t elements = l.batch * l.seqlen * l.heads * l.head_dim;
+  return g_forced_gate_rows.load(std::memory_order_relaxed) != 0 && l.gated && l.dD_in_dx &&
+         elements < (int64_t{1} << 31);
+}
+
 // Bytes of one dCB (B·nc·G·Q'² float32) and of x (16-bit), which the dCB head splits'
 // memory is held against.
 double dcb_bytes(const SsdChunkScanLaunch& l) {
@@ -484,6 +497,10 @@ std::optional<bool> ssd_force_dx_wgmma(std::optional<bool> force) {
   return exchange_forced(g_forced_dx_wgmma, force);
 }
 
+std::optional<bool> ssd_force_gate_rows(std::optional<bool> force) {
+  return exchange_forced(g_forced_gate_rows, force);
+}
+
 SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
                                           PlanPreference pref) {
   const SsdSizes<int64_t> s = validate(desc, kOp);
@@ -580,6 +597,7 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   // (on the H200 of the twenty-seventh session, before dx ran P·dy on wgmma with D, x cost
   // the gate kernel no more than the partials cost dx).
   p.launch_.dD_in_dx = p.launch_.group_products;
+  p.launch_.gate_rows = gate_rows(p.launch_);
   p.launch_.tensor_cores = uses_tensor_cores(f, p.variant_);
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(f, p.launch_);

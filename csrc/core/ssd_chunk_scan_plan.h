@@ -92,6 +92,11 @@ std::optional<bool> ssd_force_state_wgmma(std::optional<bool> force);
 // wgmma wherever the kernel can (D or not), std::nullopt restores the plan's choice.
 // Returns the previous setting.
 std::optional<bool> ssd_force_dx_wgmma(std::optional<bool> force);
+// With z given and dD's partials from the dx kernel the plan runs the gate kernel by
+// positions' rows (SsdChunkScanLaunch::gate_rows): the same bits as the segment kernel.
+// Tests and benchmarks only: `force` false keeps the segment kernel; true or std::nullopt
+// takes the rows kernel wherever the plan would. Returns the previous setting.
+std::optional<bool> ssd_force_gate_rows(std::optional<bool> force);
 
 // Shared memory of the staged tensor-core scan kernel (kernels/cuda/ssd_chunk_scan_tc.cuh's
 // ssd_launch_tc_scan) without its cache of Lft·Rgtᵀ tiles, for a contraction over k1 (N for
@@ -270,6 +275,12 @@ struct SsdChunkScanLaunch {
   // (one per chunk row tile); the gate kernel, there for them alone without z, does not
   // run then, and with z reads no x. See ssd_dD_segments.
   bool dD_in_dx = false;
+  // With z given and dD_in_dx (the gate kernel computes dy_pre and dz alone): the gate
+  // kernel as an element-wise map over the positions' rows in 16-byte vectors
+  // (ssd_gate_rows_kernel; gate_rows in ssd_chunk_scan_plan.cpp), where the launch finds
+  // every operand's d contiguous and 16-byte aligned (as for the segment kernel's vectors);
+  // the segment kernel otherwise.
+  bool gate_rows = false;
   // dt >= 0 after its clamp (dt_min >= 0, the default): each head's cumsum is monotone, so
   // the mma.sync fused forwards and the group dCB and dx kernels weigh the pairs of a tile that lies
   // after its reference position by a row factor times a column factor, exp2 once a

@@ -164,6 +164,12 @@ PYBIND11_MODULE(_C, m) {
     static const std::pair<const char*, bool> kNames[] = {{"off", false}, {"on", true}};
     return named_switch("_ssd_cuda_dx_wgmma", kNames, name, ssd_force_dx_wgmma);
   }, py::arg("name"));
+  // Tests and benchmarks only: whether the SSD backward's gate kernel runs by positions'
+  // rows (SsdChunkScanLaunch::gate_rows), "auto" (the plan's choice: with z and dD's
+  // partials from dx) or "off" (the segment kernel); returns the previous setting.
+  m.def("_ssd_cuda_gate_rows", [](const std::string& name) {
+    return named_switch("_ssd_cuda_gate_rows", kOff, name, ssd_force_gate_rows);
+  }, py::arg("name"));
   // Tests and benchmarks only: whether Mamba-2's decode step takes the state update's
   // whole-tiles kernel (StateUpdateLaunch::whole_tiles), "auto" (the plan's choice:
   // wherever it can), "on" (the same) or "off" (the generic lean kernel); returns the

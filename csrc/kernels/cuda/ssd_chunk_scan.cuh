@@ -1913,6 +1913,7 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
 //       _chunk_scan_bwd_dz (which also allocates its dout_x);
 //   D:  part[seg, h, d] = Σ_{positions of seg} dy_pre·x   (dD's partials; ssd_dD_kernel sums
 //       them after the other kernels), unless the group dx kernel writes them (dD_in_dx).
+// With z and no partials to write, ssd_gate_rows_kernel (the plan's gate_rows) instead.
 template <typename T>
 struct SsdGateParams {
   int64_t seqlen, heads, hd, D, positions, nseg, total;
@@ -2025,6 +2026,55 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_gate_kernel(const SsdGatePara
   }
 }
 
+// The gate kernel without dD's partials (SsdChunkScanLaunch::gate_rows: z given, the
+// partials from the dx kernel) is an element-wise map: dy_pre and dz of each 16-byte vector
+// of d, a thread taking U vectors kSsdThreads apart (a warp's lanes on consecutive vectors
+// of a position's H·D row: 512 contiguous bytes an access), every load issued before the
+// first store; 32-bit indices (the plan's bound: B·L·H·D < 2^31). The segment kernel's
+// quads walk 16 positions each, one position's loads in flight a thread. H100, the 2.7B
+// shape with D and z (bf16): 276-277 µs at U = 2 (40 registers), 278-279 at 4 (64),
+// against the segment kernel's 309-310, the same bits.
+constexpr int kSsdGateRowsVecs = 2;
+template <typename T, int U>
+__global__ void __launch_bounds__(kSsdThreads) ssd_gate_rows_kernel(const SsdGateParams<T> p, FastDivmod row_div,
+                                                                    FastDivmod dv_div, FastDivmod L_div,
+                                                                    uint32_t row_vecs, uint32_t d_vecs, uint32_t total) {
+  using Acc = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  const uint32_t first = blockIdx.x * (kSsdThreads * U) + threadIdx.x;
+  T dv[U][V], zv[U][V], yv[U][V];
+  int64_t out[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint32_t i = first + u * kSsdThreads;
+    if (i < total) {
+      const uint32_t q = row_div.div(i), j = i - q * row_vecs;
+      const uint32_t h = dv_div.div(j), d = (j - h * d_vecs) * V;
+      const uint32_t b = L_div.div(q), t = q - b * static_cast<uint32_t>(p.seqlen);
+      ssd_load_vec<T, V>(dv[u], ssd_at(p.dy, b, t, h, d), true, V);
+      ssd_load_vec<T, V>(zv[u], ssd_at(p.z, b, t, h, d), true, V);
+      ssd_load_vec<T, V>(yv[u], ssd_at(p.y_pre, b, t, h, d), true, V);
+      out[u] = static_cast<int64_t>(q) * p.hd + static_cast<int64_t>(j) * V;
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (first + u * kSsdThreads < total) {
+      T r[V], dz[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        Acc dyp, dzk;
+        gated_backward<GatedKind::Swiglu, sizeof(T) == 2>(Acc(to_acc(dv[u][k])), Acc(to_acc(yv[u][k])),
+                                                           Acc(to_acc(zv[u][k])), dyp, dzk);
+        dz[k] = from_acc<T>(dzk);
+        r[k] = from_acc<T>(dyp);
+      }
+      ssd_store_vec<T, V>(p.dyp + out[u], r, true, V);
+      ssd_store_vec<T, V>(p.dz + out[u], dz, true, V);
+    }
+  }
+}
+
 // Block per output of dD ([H] or [H, D]): each thread sums its items (segment-major,
 // d-minor for a [H] D; thread-strided, in order), then a fixed tree: the warps' xor trees,
 // then the 8 warp sums in warp order. (A [H] D at the Mamba-2 2.7B shape has 80 outputs
@@ -2115,6 +2165,17 @@ void ssd_launch_gate(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStr
   if (p.total == 0) return;
   constexpr int V = 16 / sizeof(T);
   const bool vec = ssd_gate_vec<T>(p.D, {&p.dy, &p.z, &p.x, &p.y_pre}, {p.dyp, p.dz});
+  if (l.gate_rows && vec) {  // (the plan's gate_rows: no partials, 32-bit indices)
+    constexpr int U = kSsdGateRowsVecs;
+    const int64_t total = p.positions * (p.hd / V);
+    const uint32_t row_vecs = static_cast<uint32_t>(p.hd / V), d_vecs = static_cast<uint32_t>(p.D / V);
+    ssd_gate_rows_kernel<T, U><<<static_cast<unsigned>((total + kSsdThreads * U - 1) / (kSsdThreads * U)),
+                                 kSsdThreads, 0, stream>>>(p, FastDivmod(row_vecs), FastDivmod(d_vecs),
+                                                           FastDivmod(static_cast<uint32_t>(p.seqlen)), row_vecs,
+                                                           d_vecs, static_cast<uint32_t>(total));
+    check_launch("ssd_chunk_scan_backward(gate)");
+    return;
+  }
   p.total = (vec ? p.nseg * (p.hd / V) : p.nseg * p.hd) * kSsdGateQuarters;
   if (vec)
     ssd_gate_kernel<T, V><<<ssd_grid((p.total + kSsdThreads - 1) / kSsdThreads), kSsdThreads, 0, stream>>>(p);
