@@ -904,8 +904,13 @@ struct SsdGroupDxParams {
 // WG (SsdChunkScanLaunch::dx_wgmma; sm_90a): P·dy on wgmma (the four warps' P fragments
 // from registers, the dy tile from shared memory in the 128-byte swizzle), waited for at
 // once (waiting only before the next barrier measured slower: 579-584 against 577-578 µs).
+// With D and dD's partials (DD) it runs 3 blocks an SM (168 registers, 72 bytes of stack)
+// on one sDd buffer, which head hi's epilogue fills only after the barrier that follows
+// flush_dD(hi − 1): H100, the 2.7B shape, dx with D 585-589 against 608-611 µs at 2 blocks
+// an SM (246 registers) on two buffers, with D and z 583-588 against 608-612, the same bits.
 template <typename T, bool EPI, bool DD, bool SEG = false, bool WG = false>
-__global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
+__global__ void __launch_bounds__(kTcThreads, SEG || (EPI && !(WG && DD)) ? 2 : 3)
+    ssd_group_dx_kernel(const SsdGroupDxParams<T> p) {
   static_assert(EPI || !DD, "dD's partials come with the D epilogue");
   static_assert(!WG || !SEG, "WG: P·dy on wgmma, the plain kernels");
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
@@ -922,7 +927,8 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
   // the weights' factors 2^−sRowL and 2^sColL (the column tiles after the row tile's)
   __shared__ float sRowF[2][kSsdTile], sColF[2][kSsdTile];
   __shared__ float sD[EPI ? 2 : 1][kSsdTile];  // EPI: the head's D of columns j0.. (0 past P)
-  __shared__ __align__(16) float sDd[DD ? 2 : 1][DD ? kTcThreads / 32 : 1][kSsdTile];  // DD: the warps' dD sums (float2 stores)
+  // DD: the warps' dD sums (float2 stores), by head parity (WG: one buffer)
+  __shared__ __align__(16) float sDd[DD && !WG ? 2 : 1][DD ? kTcThreads / 32 : 1][kSsdTile];
   __shared__ double sRef[2];  // written alike by threads 0..63, each reading back its own store
   // SEG: the starts counts of the rows (-1 past the chunk) and of each buffer's columns (-2),
   // and whether the state misses the row (before the chunk's last start)
@@ -976,7 +982,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
     auto flush_dD = [&](int hi) {
       if (tid < jrows) {
         float t = 0.0f;
-        for (int w = 0; w < (rows + 15) / 16; ++w) t += sDd[hi & 1][w][tid];
+        for (int w = 0; w < (rows + 15) / 16; ++w) t += sDd[WG ? 0 : hi & 1][w][tid];
         dpart[(h_begin + hi) * p.P + j0 + tid] = t;
       }
     };
@@ -1254,7 +1260,7 @@ __global__ void __launch_bounds__(kTcThreads, EPI || SEG ? 2 : 3) ssd_group_dx_k
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) v[2 * nt] = dsum[nt][0], v[2 * nt + 1] = dsum[nt][1];
         ssd_reduce_scatter16(v, lane);
-        *reinterpret_cast<float2*>(&sDd[hb][warp][8 * ssd_scatter_slot(lane) + 2 * t4]) = make_float2(v[0], v[1]);
+        *reinterpret_cast<float2*>(&sDd[WG ? 0 : hb][warp][8 * ssd_scatter_slot(lane) + 2 * t4]) = make_float2(v[0], v[1]);
       }
     }
     ssd_cp_async_wait<0>();  // (no copies are left in flight; keep every thread idle)
