@@ -46,6 +46,13 @@ std::string named_switch(const char* fn, const std::pair<const char*, V> (&names
   return "auto";
 }
 
+// Binds named_switch as the module function `fn` (a string literal), its names static.
+template <typename V, size_t K, typename Force>
+void def_switch(py::module_& m, const char* fn, const std::pair<const char*, V> (&names)[K], Force force) {
+  m.def(fn, [fn, &names, force](const std::string& name) { return named_switch(fn, names, name, force); },
+        py::arg("name"));
+}
+
 std::string plan_repr(const PlanInfo& p) {
   const auto& g = p.sku.precision;
   return "PlanInfo(" + p.sku.name() + ", math=" + math_name(g.math) +
@@ -111,14 +118,12 @@ PYBIND11_MODULE(_C, m) {
   // Tests and benchmarks only: the SSD's CUDA forward, "auto" (the plan's choice),
   // "staged", "fused_mma", "fused_mma_cb" or "fused_wgmma" (each where it takes the
   // problem); returns the previous setting.
-  m.def("_ssd_cuda_forward", [](const std::string& name) {
-    static const std::pair<const char*, SsdCudaForward> kNames[] = {
-        {"staged", SsdCudaForward::Staged},
-        {"fused_mma", SsdCudaForward::FusedMma},
-        {"fused_mma_cb", SsdCudaForward::FusedMmaCb},
-        {"fused_wgmma", SsdCudaForward::FusedWgmma}};
-    return named_switch("_ssd_cuda_forward", kNames, name, ssd_force_cuda_forward);
-  }, py::arg("name"));
+  static const std::pair<const char*, SsdCudaForward> kSsdCudaForward[] = {
+      {"staged", SsdCudaForward::Staged},
+      {"fused_mma", SsdCudaForward::FusedMma},
+      {"fused_mma_cb", SsdCudaForward::FusedMmaCb},
+      {"fused_wgmma", SsdCudaForward::FusedWgmma}};
+  def_switch(m, "_ssd_cuda_forward", kSsdCudaForward, ssd_force_cuda_forward);
   // Tests and benchmarks only: the SSD's CUDA backward, "auto" (the plan's choice),
   // "staged" (the per-head dB/dC products), "group_mma" (the intra-chunk dB/dC products
   // once per group, wherever they can run, on mma.sync) or "group_wgmma" (the same with the
@@ -146,45 +151,33 @@ PYBIND11_MODULE(_C, m) {
   // wherever the group products run) or "off" (every kernel on the caller's stream);
   // returns the previous setting.
   static const std::pair<const char*, bool> kOff[] = {{"off", false}};
-  m.def("_ssd_cuda_backward_side_stream", [](const std::string& name) {
-    return named_switch("_ssd_cuda_backward_side_stream", kOff, name, ssd_force_backward_side_stream);
-  }, py::arg("name"));
+  def_switch(m, "_ssd_cuda_backward_side_stream", kOff, ssd_force_backward_side_stream);
   // Tests and benchmarks only: whether the SSD's tensor-core chunk-state kernel runs its
   // products on wgmma (SsdChunkScanLaunch::state_wgmma), "auto" (the plan's choice: on
   // sm_90a with 128 state columns a block) or "off" (mma.sync everywhere); returns the
   // previous setting.
-  m.def("_ssd_cuda_state_wgmma", [](const std::string& name) {
-    return named_switch("_ssd_cuda_state_wgmma", kOff, name, ssd_force_state_wgmma);
-  }, py::arg("name"));
+  def_switch(m, "_ssd_cuda_state_wgmma", kOff, ssd_force_state_wgmma);
   // Tests and benchmarks only: whether the SSD's group dx kernel runs P·dy on wgmma
   // (SsdChunkScanLaunch::dx_wgmma), "auto" (the plan's choice: on sm_90a with D), "off"
   // (mma.sync everywhere) or "on" (wgmma wherever the kernel can, D or not); returns the
   // previous setting.
-  m.def("_ssd_cuda_dx_wgmma", [](const std::string& name) {
-    static const std::pair<const char*, bool> kNames[] = {{"off", false}, {"on", true}};
-    return named_switch("_ssd_cuda_dx_wgmma", kNames, name, ssd_force_dx_wgmma);
-  }, py::arg("name"));
+  static const std::pair<const char*, bool> kSsdCudaDxWgmma[] = {{"off", false}, {"on", true}};
+  def_switch(m, "_ssd_cuda_dx_wgmma", kSsdCudaDxWgmma, ssd_force_dx_wgmma);
   // Tests and benchmarks only: whether the SSD backward's gate kernel runs by positions'
   // rows (SsdChunkScanLaunch::gate_rows), "auto" (the plan's choice: with z and dD's
   // partials from dx) or "off" (the segment kernel); returns the previous setting.
-  m.def("_ssd_cuda_gate_rows", [](const std::string& name) {
-    return named_switch("_ssd_cuda_gate_rows", kOff, name, ssd_force_gate_rows);
-  }, py::arg("name"));
+  def_switch(m, "_ssd_cuda_gate_rows", kOff, ssd_force_gate_rows);
   // Tests and benchmarks only: whether Mamba-2's decode step takes the state update's
   // whole-tiles kernel (StateUpdateLaunch::whole_tiles), "auto" (the plan's choice:
   // wherever it can), "on" (the same) or "off" (the generic lean kernel); returns the
   // previous setting.
-  m.def("_state_update_whole_tiles", [](const std::string& name) {
-    static const std::pair<const char*, bool> kNames[] = {{"off", false}, {"on", true}};
-    return named_switch("_state_update_whole_tiles", kNames, name, state_update_force_whole_tiles);
-  }, py::arg("name"));
+  static const std::pair<const char*, bool> kStateUpdateWholeTiles[] = {{"off", false}, {"on", true}};
+  def_switch(m, "_state_update_whole_tiles", kStateUpdateWholeTiles, state_update_force_whole_tiles);
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
   // "never"; returns the previous setting.
-  m.def("_rope_cos_sin_table_vectors", [](const std::string& name) {
-    static const std::pair<const char*, bool> kNames[] = {{"any", true}, {"never", false}};
-    return named_switch("_rope_cos_sin_table_vectors", kNames, name, rope_cos_sin_force_table_vectors);
-  }, py::arg("name"));
+  static const std::pair<const char*, bool> kRopeCosSinTableVectors[] = {{"any", true}, {"never", false}};
+  def_switch(m, "_rope_cos_sin_table_vectors", kRopeCosSinTableVectors, rope_cos_sin_force_table_vectors);
   // Tests only: whether the plain RMSNorm backward may be staged on CUDA (the plan's choice
   // where it fits; False: never); returns the previous setting.
   m.def("_rms_norm_allow_stage", &rms_norm_allow_stage, py::arg("allow"));
