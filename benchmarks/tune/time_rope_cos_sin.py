@@ -3,8 +3,10 @@ device copy of the same tensor: flash-attention's layout (x [8, 4096, 32, 128] b
 [B, H, S, D], float32 [S, 64] tables) and the Hugging Face q/k path (q [8, 32, 4096, 128], k with 8
 heads, bf16 [1, S, 128] tables; q and k together and q alone). ``--table-vectors`` times the
 kernel under each setting of ``_rope_cos_sin_table_vectors`` (auto, any, never) in the same run, a
-line each. Run on the GPU from the repo root:
-  PYTHONPATH=$PWD python benchmarks/tune/time_rope_cos_sin.py LABEL [--table-vectors auto,any,never]"""
+line each. ``--positions`` adds a line for ``rope`` from positions on the same tensors (its own
+table kernel and streaming kernel), the in-run reference for the cos/sin kernel. Run on the GPU
+from the repo root:
+  PYTHONPATH=$PWD python benchmarks/tune/time_rope_cos_sin.py LABEL [--table-vectors auto,any,never] [--positions]"""
 import sys
 
 import torch
@@ -38,4 +40,10 @@ for mode in modes:
     bt._C._rope_cos_sin_table_vectors(previous)
     print(label + (f" [{mode}]" if len(modes) > 1 else ""), " | ".join(f"{k} {v:.1f}" for k, v in res.items()),
           f"| flash x copy {res['flash copy'] / res['flash fwd']:.3f} | hf qk x copy {res['hf qk copy'] / res['hf qk fwd']:.3f}",
+          flush=True)
+if "--positions" in args:
+    res = {"flash fwd": time_us(lambda: bt.rope(x))[0], "hf q fwd": time_us(lambda: bt.rope(q))[0],
+           "hf k fwd": time_us(lambda: bt.rope(k))[0]}
+    print(label + " [rope from positions]", " | ".join(f"{k} {v:.1f}" for k, v in res.items()),
+          f"| flash x copy {copies['flash copy'] / res['flash fwd']:.3f} | hf q x copy {copies['hf q copy'] / res['hf q fwd']:.3f}",
           flush=True)
