@@ -124,15 +124,26 @@ def table_vectors(request):
     bt._C._rope_cos_sin_table_vectors(previous)
 
 
+@pytest.fixture(params=["auto", "on"])
+def walk32(request):
+    """The CUDA plans' kernel on the vector path: the plan's (the 64-bit kernel) or the walk
+    on 32-bit offsets wherever the offsets fit (explain's `_walk32` variants)."""
+    previous = bt._C._rope_cos_sin_walk32(request.param)
+    yield request.param
+    bt._C._rope_cos_sin_walk32(previous)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel variants")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("layout", ["full", "half"])
-def test_cuda_table_vectors_and_their_fallbacks(dtype, interleaved, layout, table_vectors):
+def test_cuda_table_vectors_and_their_fallbacks(dtype, interleaved, layout, table_vectors, walk32):
     """The CUDA kernel reads the table in 16-byte vectors (vec16_table16) where every run of
     a thread's entries is whole vectors at aligned addresses and the setting allows it (the
     plan's rule: float32 tables of 16-bit data), else entry by entry: a table one entry off
-    16 bytes and rows padded off 16 bytes fall back; each against float64."""
+    16 bytes and rows padded off 16 bytes fall back; each against float64, in both kernels
+    (the 64-bit one and the walk on 32-bit offsets). A table whose entries are not adjacent
+    takes the 64-bit kernel whatever the setting."""
     B, Hq, Hk, S = 2, 4, 2, 9
     for D, R in ((128, 128), (128, 64), (64, 48)):
         theta = angles(B, S, R, layout == "full", "cuda")
@@ -152,11 +163,25 @@ def test_cuda_table_vectors_and_their_fallbacks(dtype, interleaved, layout, tabl
             pad = torch.zeros(*cos.shape[:-1], cos.shape[-1] + 1, dtype=tdtype, device="cuda")
             pad = pad[..., :cos.shape[-1]].copy_(cos)  # rows one entry longer
             cases["padded rows"] = (pad, sin, False)
+            # the same values at every other entry of a buffer twice as long
+            spread = torch.stack((cos, cos), -1).flatten(-2)[..., ::2]
+            cases["entry stride 2"] = (spread, torch.stack((sin, sin), -1).flatten(-2)[..., ::2], False)
             for name, (c, s, vec) in cases.items():
-                what = f"{dtype} table={tdtype} {layout} il={interleaved} D={D} R={R} {name} ({table_vectors})"
+                what = f"{dtype} table={tdtype} {layout} il={interleaved} D={D} R={R} {name} ({table_vectors}, {walk32})"
                 want = "vec16_table16" if vec else "vec16"
+                if walk32 == "on" and name != "entry stride 2":
+                    want += "_walk32"
                 assert bt.explain("rope_qk_cos_sin", q, k, c, s, interleaved).variant == want, what
                 check_qk(q, k, c, s, interleaved, what)
+
+
+def test_walk32_switch_names_its_settings():
+    assert bt._C._rope_cos_sin_walk32("auto") == "auto"
+    assert bt._C._rope_cos_sin_walk32("on") == "auto"
+    assert bt._C._rope_cos_sin_walk32("off") == "on"
+    with pytest.raises(ValueError, match="auto, off or on"):
+        bt._C._rope_cos_sin_walk32("any")
+    assert bt._C._rope_cos_sin_walk32("auto") == "off"
 
 
 def test_table_vectors_switch_names_its_settings():

@@ -3,10 +3,13 @@ device copy of the same tensor: flash-attention's layout (x [8, 4096, 32, 128] b
 [B, H, S, D], float32 [S, 64] tables) and the Hugging Face q/k path (q [8, 32, 4096, 128], k with 8
 heads, bf16 [1, S, 128] tables; q and k together and q alone). ``--table-vectors`` times the
 kernel under each setting of ``_rope_cos_sin_table_vectors`` (auto, any, never) in the same run, a
-line each. ``--positions`` adds a line for ``rope`` from positions on the same tensors (its own
+line each; ``--walk auto,on`` likewise for ``_rope_cos_sin_walk32`` (the plan's 64-bit kernel or the walk
+on 32-bit offsets), each line also timing the flash layout's interleaved pairs and its backward (the same
+kernel, the transposed coefficients). ``--positions`` adds a line for ``rope`` from positions on the same tensors (its own
 table kernel and streaming kernel), the in-run reference for the cos/sin kernel. Run on the GPU
 from the repo root:
-  PYTHONPATH=$PWD python benchmarks/tune/time_rope_cos_sin.py LABEL [--table-vectors auto,any,never] [--positions]"""
+  PYTHONPATH=$PWD python benchmarks/tune/time_rope_cos_sin.py LABEL [--table-vectors auto,any,never] [--walk auto,on]
+      [--positions]"""
 import sys
 
 import torch
@@ -22,9 +25,11 @@ cf, sf = pos.cos(), pos.sin()
 x = xf.transpose(1, 2)
 args = sys.argv[1:]
 label = args[0] if args and not args[0].startswith("--") else ""
-modes = ["auto"]
+modes = [("_rope_cos_sin_table_vectors", "auto")]
 if "--table-vectors" in args:
-    modes = args[args.index("--table-vectors") + 1].split(",")
+    modes = [("_rope_cos_sin_table_vectors", m) for m in args[args.index("--table-vectors") + 1].split(",")]
+if "--walk" in args:
+    modes = [("_rope_cos_sin_walk32", m) for m in args[args.index("--walk") + 1].split(",")]
 q = torch.randn(B, H, S, D, dtype=bf, device="cuda")
 k = torch.randn(B, Hk, S, D, dtype=bf, device="cuda")
 emb = torch.cat([pos, pos], -1)[None]
@@ -32,12 +37,15 @@ c, s = emb.cos().to(bf), emb.sin().to(bf)
 copies = {"flash copy": time_us(lambda: xf.clone())[0],
           "hf qk copy": time_us(lambda: (q.clone(), k.clone()))[0],
           "hf q copy": time_us(lambda: q.clone())[0]}
-for mode in modes:
-    previous = bt._C._rope_cos_sin_table_vectors(mode)
+for switch, mode in modes:
+    previous = getattr(bt._C, switch)(mode)
     res = {"flash fwd": time_us(lambda: bt.rope_cos_sin(x, cf, sf))[0], "flash copy": copies["flash copy"],
            "hf qk fwd": time_us(lambda: bt.rope_qk_cos_sin(q, k, c, s))[0], "hf qk copy": copies["hf qk copy"],
            "hf q fwd": time_us(lambda: bt.rope_cos_sin(q, c, s))[0], "hf q copy": copies["hf q copy"]}
-    bt._C._rope_cos_sin_table_vectors(previous)
+    if switch == "_rope_cos_sin_walk32":
+        res["flash il fwd"] = time_us(lambda: bt.rope_cos_sin(x, cf, sf, True))[0]
+        res["flash bwd"] = time_us(lambda: torch.ops.baracuda.rope_cos_sin_backward(x, cf, sf, False))[0]
+    getattr(bt._C, switch)(previous)
     print(label + (f" [{mode}]" if len(modes) > 1 else ""), " | ".join(f"{k} {v:.1f}" for k, v in res.items()),
           f"| flash x copy {res['flash copy'] / res['flash fwd']:.3f} | hf qk x copy {res['hf qk copy'] / res['hf qk fwd']:.3f}",
           flush=True)

@@ -66,6 +66,20 @@ bool table_vec16(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
   return fits(d.cos, l.cos_strides) && fits(d.sin, l.sin_strides);
 }
 
+// Whether the Vec16 path takes the walk on 32-bit offsets (RopeCosSinLaunch::walk32): only
+// where a test or benchmark asks for it (rope_cos_sin_force_walk32) until it has been
+// measured against the 64-bit kernel on a GPU (written in the sixty-fourth session, when
+// no device could be started); then wherever it can, if it wins.
+std::atomic<int> g_walk32{-1};  // -1: the plan's rule (never, for now); 0: never; 1: wherever it can
+bool walk32(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l, const TensorLayout& oq,
+            const TensorLayout& ok) {
+  if (g_walk32.load(std::memory_order_relaxed) != 1) return false;
+  const auto fits = [](const TensorLayout& t) { return t.max_offset() < INT32_MAX - 16; };
+  return l.access == RopeCosSinAccess::Vec16 && element_size(d.q.dtype) <= 4 && l.cos_strides[2] == 1 &&
+         l.sin_strides[2] == 1 && l.n_cols < INT32_MAX && fits(d.q) && fits(oq) && fits(d.cos) &&
+         fits(d.sin) && (!d.has_k || d.k.numel() == 0 || (fits(d.k) && fits(ok)));
+}
+
 RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& oq,
                              const TensorLayout& ok) {
   RopeCosSinLaunch l;
@@ -116,6 +130,7 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
   l.n_cols = l.B * l.S * (l.n_rot + l.n_pass);
   if (d.device.backend != Backend::Cuda || l.n_cols == 0) return l;
   l.table_vec16 = table_vec16(d, l);
+  l.walk32 = walk32(d, l, oq, ok);
 
   const int64_t rows = l.Hq + l.Hk;
   const int64_t grid_x = ceil_div(l.n_cols, int64_t{kRopeCosSinThreads});
@@ -132,7 +147,8 @@ RopeCosSinLaunch plan_launch(const RopeCosSinDescriptor& d, const TensorLayout& 
 }
 
 KernelSku make_sku(const RopeCosSinDescriptor& d, const RopeCosSinLaunch& l) {
-  const char* variant = l.access == RopeCosSinAccess::Vec16 ? (l.table_vec16 ? "vec16_table16" : "vec16") : "scalar";
+  std::string variant = l.access == RopeCosSinAccess::Vec16 ? (l.table_vec16 ? "vec16_table16" : "vec16") : "scalar";
+  if (l.walk32) variant += "_walk32";
   if (d.device.backend == Backend::Cpu)
     variant = d.q.strides[3] == 1 && d.q.dtype != ElementKind::F64 ? "rows_simd" : "rows";
   // Elementwise, no reduction: deterministic and bit-stable.
@@ -183,6 +199,10 @@ void RopeCosSinPlan::run(void* stream, Workspace, const RopeCosSinArgs& args) co
 
 std::optional<bool> rope_cos_sin_force_table_vectors(std::optional<bool> force) {
   return exchange_forced(g_table_vectors, force);
+}
+
+std::optional<bool> rope_cos_sin_force_walk32(std::optional<bool> force) {
+  return exchange_forced(g_walk32, force);
 }
 
 const char* rope_cos_sin_op_name(bool has_k, bool backward) {

@@ -225,6 +225,178 @@ __global__ void __launch_bounds__(kRopeCosSinThreads) rope_cos_sin_kernel(const 
   }
 }
 
+// The walk on 32-bit offsets (RopeCosSinLaunch::walk32): the Vec16 path where every offset
+// of q, k, their outputs and the tables fits in 32 bits. The same columns, rows and math
+// as rope_cos_sin_kernel, shaped as rope's streaming kernel (rope.cuh): a step's loads of
+// x go out first and the table's loads only after the first step's (its latency then
+// overlaps theirs), kUnroll rows a step as rope's (4 16-byte loads in flight a step for
+// 16-bit data, 2 for float32), a half table's pairs held as (c, s) and a full table's as
+// the four coefficients, offsets and row walks in 32-bit arithmetic, the output pointer
+// recomputed at the store instead of held across the step.
+struct RopeCsWalkParams {
+  uint32_t Hq, rows, S, half, R, n_items, n_rot, n_cols, rows_per_thread;
+  uint32_t q_s[4], k_s[4], yq_s[4], yk_s[4];
+  uint32_t cos_s[2], sin_s[2];  // batch, position (the entry stride is 1 on this path)
+  bool backward, table_vec16;
+  const void* q;
+  const void* k;
+  const void* cos;
+  const void* sin;
+  void* yq;
+  void* yk;
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void walk_store(T* p, const Pack<T, V>& v) {
+  static_assert(sizeof(T) * V == 16, "16-byte items");
+  uint4 raw;
+  memcpy(&raw, &v, 16);
+  __stwb(reinterpret_cast<uint4*>(p), raw);
+}
+
+template <typename T, typename C, bool Interleaved, bool kFull>
+__global__ void __launch_bounds__(kRopeCosSinThreads) rope_cos_sin_walk_kernel(const RopeCsWalkParams p) {
+  using Acc = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  constexpr bool kOnePack = Interleaved;               // V > 1: a pack holds both features of V/2 pairs
+  constexpr int P = Interleaved ? V / 2 : V;            // pairs an item
+  constexpr int kUnroll = (sizeof(T) == 2 ? 4 : 2) / (Interleaved ? 1 : 2);
+  constexpr int kRun = (Interleaved && kFull ? 2 : 1) * P;  // table entries a run
+  const uint32_t col = blockIdx.x * kRopeCosSinThreads + threadIdx.x;
+  if (col >= p.n_cols) return;
+  const uint32_t r0 = blockIdx.y * p.rows_per_thread;
+  if (r0 >= p.rows) return;
+  const uint32_t n = min(p.rows - r0, p.rows_per_thread);
+  const uint32_t bs = col / p.n_items;
+  const uint32_t item = col - bs * p.n_items;
+  const uint32_t b = bs / p.S;
+  const uint32_t s = bs - b * p.S;
+  const bool pass = item >= p.n_rot;
+  uint32_t fa, fb;
+  if (pass) {
+    fa = p.R + (item - p.n_rot) * V;
+    fb = fa;
+  } else if constexpr (kOnePack) {
+    fa = item * V;
+    fb = fa;
+  } else {
+    fa = item * V;
+    fb = p.half + fa;
+  }
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  T* yq = static_cast<T*>(p.yq);
+  T* yk = static_cast<T*>(p.yk);
+  const uint32_t qo = b * p.q_s[0] + s * p.q_s[2], ko = b * p.k_s[0] + s * p.k_s[2];
+  const uint32_t yqo = b * p.yq_s[0] + s * p.yq_s[2], yko = b * p.yk_s[0] + s * p.yk_s[2];
+  const auto x_row = [&](uint32_t row) -> const T* {
+    return row < p.Hq ? q + (qo + row * p.q_s[1]) : k + (ko + (row - p.Hq) * p.k_s[1]);
+  };
+  const auto y_row = [&](uint32_t row) -> T* {
+    return row < p.Hq ? yq + (yqo + row * p.yq_s[1]) : yk + (yko + (row - p.Hq) * p.yk_s[1]);
+  };
+
+  // Coefficients: y_u = c0·u − s0·v, y_v = s1·u + c1·v (c1, s1 only with a full table);
+  // the backward's transpose is folded in at the load (a half table: s negated; a full
+  // one: s0 ← −s_v, s1 ← −s_u).
+  Acc c0[P], s0[P];
+  [[maybe_unused]] Acc c1[kFull ? P : 1], s1[kFull ? P : 1];
+  const auto load_table = [&] {
+    const C* cosr = static_cast<const C*>(p.cos) + (b * p.cos_s[0] + s * p.cos_s[1]);
+    const C* sinr = static_cast<const C*>(p.sin) + (b * p.sin_s[0] + s * p.sin_s[1]);
+    Acc cu[kRun], su[kRun];
+    [[maybe_unused]] Acc cv[kFull && !Interleaved ? P : 1], sv[kFull && !Interleaved ? P : 1];
+    const uint32_t e = item * kRun;
+    constexpr bool kVec = kRun * sizeof(C) % 16 == 0;
+    if (kVec && p.table_vec16) {
+      if constexpr (kVec) {
+        load_run<T, C, kRun>(cosr + e, cu);
+        load_run<T, C, kRun>(sinr + e, su);
+        if constexpr (kFull && !Interleaved) {
+          load_run<T, C, P>(cosr + p.half + e, cv);
+          load_run<T, C, P>(sinr + p.half + e, sv);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kRun; ++j) {
+        cu[j] = load_entry<T>(cosr + e + j);
+        su[j] = load_entry<T>(sinr + e + j);
+      }
+      if constexpr (kFull && !Interleaved) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          cv[j] = load_entry<T>(cosr + p.half + e + j);
+          sv[j] = load_entry<T>(sinr + p.half + e + j);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      if constexpr (!kFull) {
+        c0[j] = cu[j];
+        s0[j] = p.backward ? -su[j] : su[j];
+      } else {
+        const Acc cuj = Interleaved ? cu[2 * j] : cu[j], suj = Interleaved ? su[2 * j] : su[j];
+        const Acc cvj = Interleaved ? cu[2 * j + 1] : cv[j], svj = Interleaved ? su[2 * j + 1] : sv[j];
+        c0[j] = cuj;
+        c1[j] = cvj;
+        s0[j] = p.backward ? -svj : suj;
+        s1[j] = p.backward ? -suj : svj;
+      }
+    }
+  };
+
+  const auto step = [&](uint32_t r, auto count, bool first) {
+    constexpr int kN = decltype(count)::value;
+    Pack<T, V> a[kN];
+    [[maybe_unused]] Pack<T, V> bv[kOnePack ? 1 : kN];
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      const T* x = x_row(r + i);
+      a[i] = load_pack<T, V>(x + fa);
+      if constexpr (!kOnePack) {
+        if (!pass) bv[i] = load_pack<T, V>(x + fb);
+      }
+    }
+    if (first) load_table();  // the step's loads of x are in flight
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      T* y = y_row(r + i);
+      if (pass) {
+        walk_store<T, V>(y + fa, a[i]);
+        continue;
+      }
+      if constexpr (kOnePack) {
+        Pack<T, V> o;
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          const Acc u = to_acc(a[i].v[2 * j]), v = to_acc(a[i].v[2 * j + 1]);
+          o.v[2 * j] = from_acc<T>(c0[j] * u - s0[j] * v);
+          o.v[2 * j + 1] = from_acc<T>((kFull ? s1[j] : s0[j]) * u + (kFull ? c1[j] : c0[j]) * v);
+        }
+        walk_store<T, V>(y + fa, o);
+      } else {
+        Pack<T, V> ou, ov;
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          const Acc u = to_acc(a[i].v[j]), v = to_acc(bv[i].v[j]);
+          ou.v[j] = from_acc<T>(c0[j] * u - s0[j] * v);
+          ov.v[j] = from_acc<T>((kFull ? s1[j] : s0[j]) * u + (kFull ? c1[j] : c0[j]) * v);
+        }
+        walk_store<T, V>(y + fa, ou);
+        walk_store<T, V>(y + fb, ov);
+      }
+    }
+  };
+  using Full = std::integral_constant<int, kUnroll>;
+  using One = std::integral_constant<int, 1>;
+  uint32_t i = 0;
+  bool first = !pass;
+  for (; i + kUnroll <= n; i += kUnroll, first = false) step(r0 + i, Full{}, first);
+  for (; i < n; ++i, first = false) step(r0 + i, One{}, first);
+}
+
 // The plan's description must match the kernel.
 template <int V, bool Interleaved>
 void check_rope_cos_sin_launch(const RopeCosSinLaunch& l, const char* op) {
@@ -288,9 +460,60 @@ void launch(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
 }
 
 template <typename T, typename C>
+void launch_walk(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (l.interleaved)
+    check_rope_cos_sin_launch<kVec, true>(l, op);
+  else
+    check_rope_cos_sin_launch<kVec, false>(l, op);
+  if (l.cos_strides[2] != 1 || l.sin_strides[2] != 1)
+    fail(PlanErrorKind::Internal, op, "the 32-bit walk needs unit table entry strides");
+  const auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
+  RopeCsWalkParams p;
+  p.Hq = u32(l.Hq);
+  p.rows = u32(l.Hq + l.Hk);
+  p.S = u32(l.S);
+  p.half = u32(l.R / 2);
+  p.R = u32(l.R);
+  p.n_items = u32(l.n_rot + l.n_pass);
+  p.n_rot = u32(l.n_rot);
+  p.n_cols = u32(l.n_cols);
+  p.rows_per_thread = u32(l.rows_per_thread);
+  for (int i = 0; i < 4; ++i) {
+    p.q_s[i] = u32(l.q_strides[i]);
+    p.k_s[i] = u32(l.k_strides[i]);
+    p.yq_s[i] = u32(l.yq_strides[i]);
+    p.yk_s[i] = u32(l.yk_strides[i]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    p.cos_s[i] = u32(l.cos_strides[i]);
+    p.sin_s[i] = u32(l.sin_strides[i]);
+  }
+  p.backward = l.backward;
+  p.table_vec16 = l.table_vec16;
+  p.q = l.q;
+  p.k = l.k;
+  p.cos = l.cos;
+  p.sin = l.sin;
+  p.yq = l.yq;
+  p.yk = l.yk;
+  const dim3 grid(blocks_for(l.n_cols, kRopeCosSinThreads),
+                  static_cast<unsigned int>((l.Hq + l.Hk + l.rows_per_thread - 1) / l.rows_per_thread));
+  const auto go = [&](auto kernel) { kernel<<<grid, kRopeCosSinThreads, 0, stream>>>(p); };
+  if (l.interleaved)
+    l.full_table ? go(rope_cos_sin_walk_kernel<T, C, true, true>) : go(rope_cos_sin_walk_kernel<T, C, true, false>);
+  else
+    l.full_table ? go(rope_cos_sin_walk_kernel<T, C, false, true>) : go(rope_cos_sin_walk_kernel<T, C, false, false>);
+  check_launch(op);
+}
+
+template <typename T, typename C>
 void dispatch_layout(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vec = l.access == RopeCosSinAccess::Vec16;
+  if constexpr (!std::is_same_v<T, double>) {
+    if (l.walk32) return launch_walk<T, C>(l, stream, op);
+  }
   if (l.interleaved) {
     if (vec) launch<T, C, kVec, true>(l, stream, op);
     else launch<T, C, 1, true>(l, stream, op);
