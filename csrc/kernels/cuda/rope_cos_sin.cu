@@ -27,11 +27,14 @@ namespace cuda {
 // µs, the Hugging Face q + k 212.2 → 209.0 (H200, benchmarks/tune/time_rope_cos_sin.py).
 constexpr int kRopeCsUnroll = 4;
 
-struct RopeCsParams {
-  int64_t B, Hq, Hk, S, D, R, half;
-  int64_t n_items, n_rot, n_cols, rows_per_thread;
-  int64_t q_s[4], k_s[4], yq_s[4], yk_s[4];
-  int64_t cos_s[3], sin_s[3];
+// The launch description as the kernels read it: offsets and counts in Idx (int64_t for
+// rope_cos_sin_kernel, uint32_t for the walk on 32-bit offsets).
+template <typename Idx>
+struct RopeCsParamsOf {
+  Idx Hq, rows, S, R, half;  // rows: Hq + Hk
+  Idx n_items, n_rot, n_cols, rows_per_thread;
+  Idx q_s[4], k_s[4], yq_s[4], yk_s[4];
+  Idx cos_s[3], sin_s[3];
   bool full_table, backward, table_vec16;
   const void* q;
   const void* k;
@@ -40,6 +43,7 @@ struct RopeCsParams {
   void* yq;
   void* yk;
 };
+using RopeCsParams = RopeCsParamsOf<int64_t>;
 
 __device__ __forceinline__ double table_to_double(double v) { return v; }
 __device__ __forceinline__ double table_to_double(float v) { return v; }
@@ -81,7 +85,7 @@ __global__ void __launch_bounds__(kRopeCosSinThreads) rope_cos_sin_kernel(const 
   constexpr int P = Interleaved ? (V > 1 ? V / 2 : 1) : V;  // pairs per item
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kRopeCosSinThreads + threadIdx.x;
   if (col >= p.n_cols) return;
-  const int64_t rows = p.Hq + p.Hk;
+  const int64_t rows = p.rows;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * p.rows_per_thread;
   if (r0 >= rows) return;
   const int64_t r1 = r0 + p.rows_per_thread < rows ? r0 + p.rows_per_thread : rows;
@@ -233,18 +237,8 @@ __global__ void __launch_bounds__(kRopeCosSinThreads) rope_cos_sin_kernel(const 
 // 16-bit data, 2 for float32), a half table's pairs held as (c, s) and a full table's as
 // the four coefficients, offsets and row walks in 32-bit arithmetic, the output pointer
 // recomputed at the store instead of held across the step.
-struct RopeCsWalkParams {
-  uint32_t Hq, rows, S, half, R, n_items, n_rot, n_cols, rows_per_thread;
-  uint32_t q_s[4], k_s[4], yq_s[4], yk_s[4];
-  uint32_t cos_s[2], sin_s[2];  // batch, position (the entry stride is 1 on this path)
-  bool backward, table_vec16;
-  const void* q;
-  const void* k;
-  const void* cos;
-  const void* sin;
-  void* yq;
-  void* yk;
-};
+// (The table's entry stride is 1 on this path.)
+using RopeCsWalkParams = RopeCsParamsOf<uint32_t>;
 
 template <typename T, int V>
 __device__ __forceinline__ void walk_store(T* p, const Pack<T, V>& v) {
@@ -265,8 +259,9 @@ __global__ void __launch_bounds__(kRopeCosSinThreads) rope_cos_sin_walk_kernel(c
   const uint32_t col = blockIdx.x * kRopeCosSinThreads + threadIdx.x;
   if (col >= p.n_cols) return;
   const uint32_t r0 = blockIdx.y * p.rows_per_thread;
-  if (r0 >= p.rows) return;
-  const uint32_t n = min(p.rows - r0, p.rows_per_thread);
+  const uint32_t rows = p.rows;
+  if (r0 >= rows) return;
+  const uint32_t n = min(rows - r0, p.rows_per_thread);
   const uint32_t bs = col / p.n_items;
   const uint32_t item = col - bs * p.n_items;
   const uint32_t b = bs / p.S;
@@ -414,34 +409,28 @@ void check_rope_cos_sin_launch(const RopeCosSinLaunch& l, const char* op) {
     fail(PlanErrorKind::Internal, op, "the vector path needs unit feature strides");
 }
 
-template <typename T, typename C, int V, bool Interleaved>
-void launch(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
-  check_rope_cos_sin_launch<V, Interleaved>(l, op);
-  constexpr int64_t P = Interleaved ? (V > 1 ? V / 2 : 1) : V;
-  const int64_t run = (Interleaved && l.full_table ? 2 : 1) * P;
-  if (l.table_vec16 && (V == 1 || run * static_cast<int64_t>(sizeof(C)) % 16 != 0))
-    fail(PlanErrorKind::Internal, op, "table_vec16 planned for table runs that are not whole 16-byte vectors");
-  RopeCsParams p;
-  p.B = l.B;
-  p.Hq = l.Hq;
-  p.Hk = l.Hk;
-  p.S = l.S;
-  p.D = l.D;
-  p.R = l.R;
-  p.half = l.R / 2;
-  p.n_items = l.n_rot + l.n_pass;
-  p.n_rot = l.n_rot;
-  p.n_cols = l.n_cols;
-  p.rows_per_thread = l.rows_per_thread;
+template <typename Idx>
+RopeCsParamsOf<Idx> params_of(const RopeCosSinLaunch& l) {
+  const auto idx = [](int64_t v) { return static_cast<Idx>(v); };
+  RopeCsParamsOf<Idx> p;
+  p.Hq = idx(l.Hq);
+  p.rows = idx(l.Hq + l.Hk);
+  p.S = idx(l.S);
+  p.R = idx(l.R);
+  p.half = idx(l.R / 2);
+  p.n_items = idx(l.n_rot + l.n_pass);
+  p.n_rot = idx(l.n_rot);
+  p.n_cols = idx(l.n_cols);
+  p.rows_per_thread = idx(l.rows_per_thread);
   for (int i = 0; i < 4; ++i) {
-    p.q_s[i] = l.q_strides[i];
-    p.k_s[i] = l.k_strides[i];
-    p.yq_s[i] = l.yq_strides[i];
-    p.yk_s[i] = l.yk_strides[i];
+    p.q_s[i] = idx(l.q_strides[i]);
+    p.k_s[i] = idx(l.k_strides[i]);
+    p.yq_s[i] = idx(l.yq_strides[i]);
+    p.yk_s[i] = idx(l.yk_strides[i]);
   }
   for (int i = 0; i < 3; ++i) {
-    p.cos_s[i] = l.cos_strides[i];
-    p.sin_s[i] = l.sin_strides[i];
+    p.cos_s[i] = idx(l.cos_strides[i]);
+    p.sin_s[i] = idx(l.sin_strides[i]);
   }
   p.full_table = l.full_table;
   p.backward = l.backward;
@@ -452,10 +441,23 @@ void launch(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
   p.sin = l.sin;
   p.yq = l.yq;
   p.yk = l.yk;
-  const int64_t rows = l.Hq + l.Hk;
-  const dim3 grid(blocks_for(l.n_cols, kRopeCosSinThreads),
-                  static_cast<unsigned int>((rows + l.rows_per_thread - 1) / l.rows_per_thread));
-  rope_cos_sin_kernel<T, C, V, Interleaved><<<grid, kRopeCosSinThreads, 0, stream>>>(p);
+  return p;
+}
+
+// Columns by blocks of kRopeCosSinThreads, rows by chunks of rows_per_thread.
+dim3 grid_of(const RopeCosSinLaunch& l) {
+  return dim3(blocks_for(l.n_cols, kRopeCosSinThreads),
+              static_cast<unsigned int>((l.Hq + l.Hk + l.rows_per_thread - 1) / l.rows_per_thread));
+}
+
+template <typename T, typename C, int V, bool Interleaved>
+void launch(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op) {
+  check_rope_cos_sin_launch<V, Interleaved>(l, op);
+  constexpr int64_t P = Interleaved ? (V > 1 ? V / 2 : 1) : V;
+  const int64_t run = (Interleaved && l.full_table ? 2 : 1) * P;
+  if (l.table_vec16 && (V == 1 || run * static_cast<int64_t>(sizeof(C)) % 16 != 0))
+    fail(PlanErrorKind::Internal, op, "table_vec16 planned for table runs that are not whole 16-byte vectors");
+  rope_cos_sin_kernel<T, C, V, Interleaved><<<grid_of(l), kRopeCosSinThreads, 0, stream>>>(params_of<int64_t>(l));
   check_launch(op);
 }
 
@@ -468,37 +470,8 @@ void launch_walk(const RopeCosSinLaunch& l, cudaStream_t stream, const char* op)
     check_rope_cos_sin_launch<kVec, false>(l, op);
   if (l.cos_strides[2] != 1 || l.sin_strides[2] != 1)
     fail(PlanErrorKind::Internal, op, "the 32-bit walk needs unit table entry strides");
-  const auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
-  RopeCsWalkParams p;
-  p.Hq = u32(l.Hq);
-  p.rows = u32(l.Hq + l.Hk);
-  p.S = u32(l.S);
-  p.half = u32(l.R / 2);
-  p.R = u32(l.R);
-  p.n_items = u32(l.n_rot + l.n_pass);
-  p.n_rot = u32(l.n_rot);
-  p.n_cols = u32(l.n_cols);
-  p.rows_per_thread = u32(l.rows_per_thread);
-  for (int i = 0; i < 4; ++i) {
-    p.q_s[i] = u32(l.q_strides[i]);
-    p.k_s[i] = u32(l.k_strides[i]);
-    p.yq_s[i] = u32(l.yq_strides[i]);
-    p.yk_s[i] = u32(l.yk_strides[i]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    p.cos_s[i] = u32(l.cos_strides[i]);
-    p.sin_s[i] = u32(l.sin_strides[i]);
-  }
-  p.backward = l.backward;
-  p.table_vec16 = l.table_vec16;
-  p.q = l.q;
-  p.k = l.k;
-  p.cos = l.cos;
-  p.sin = l.sin;
-  p.yq = l.yq;
-  p.yk = l.yk;
-  const dim3 grid(blocks_for(l.n_cols, kRopeCosSinThreads),
-                  static_cast<unsigned int>((l.Hq + l.Hk + l.rows_per_thread - 1) / l.rows_per_thread));
+  const RopeCsWalkParams p = params_of<uint32_t>(l);
+  const dim3 grid = grid_of(l);
   const auto go = [&](auto kernel) { kernel<<<grid, kRopeCosSinThreads, 0, stream>>>(p); };
   if (l.interleaved)
     l.full_table ? go(rope_cos_sin_walk_kernel<T, C, true, true>) : go(rope_cos_sin_walk_kernel<T, C, true, false>);
