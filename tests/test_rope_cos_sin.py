@@ -90,10 +90,21 @@ def test_single_tensor_op_and_hf_formula(device, dtype):
     assert torch.equal(yq, y) and torch.equal(yk, y[:, :1])
 
 
+@pytest.fixture(params=["auto", "on"])
+def walk32(request):
+    """The CUDA plans' kernel on the vector path: the plan's (the 64-bit kernel) or the walk
+    on 32-bit offsets wherever the offsets fit (explain's `_walk32` variants)."""
+    previous = bt._C._rope_cos_sin_walk32(request.param)
+    yield request.param
+    bt._C._rope_cos_sin_walk32(previous)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_strided_and_bshd(device, dtype, interleaved):
+def test_strided_and_bshd(device, dtype, interleaved, walk32):
+    if device == "cpu" and walk32 != "auto":
+        pytest.skip("a CUDA kernel's switch")
     B, S, Hq, Hk, D, R = 2, 11, 4, 2, 48, 32
     theta = angles(B, S, R, True, device)
     cos, sin = table(theta, "full", interleaved, torch.float32)
@@ -122,15 +133,6 @@ def table_vectors(request):
     previous = bt._C._rope_cos_sin_table_vectors(request.param)
     yield request.param
     bt._C._rope_cos_sin_table_vectors(previous)
-
-
-@pytest.fixture(params=["auto", "on"])
-def walk32(request):
-    """The CUDA plans' kernel on the vector path: the plan's (the 64-bit kernel) or the walk
-    on 32-bit offsets wherever the offsets fit (explain's `_walk32` variants)."""
-    previous = bt._C._rope_cos_sin_walk32(request.param)
-    yield request.param
-    bt._C._rope_cos_sin_walk32(previous)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel variants")
