@@ -177,24 +177,6 @@ def test_cuda_table_vectors_and_their_fallbacks(dtype, interleaved, layout, tabl
                 check_qk(q, k, c, s, interleaved, what)
 
 
-def test_walk32_switch_names_its_settings():
-    assert bt._C._rope_cos_sin_walk32("auto") == "auto"
-    assert bt._C._rope_cos_sin_walk32("on") == "auto"
-    assert bt._C._rope_cos_sin_walk32("off") == "on"
-    with pytest.raises(ValueError, match="auto, off or on"):
-        bt._C._rope_cos_sin_walk32("any")
-    assert bt._C._rope_cos_sin_walk32("auto") == "off"
-
-
-def test_table_vectors_switch_names_its_settings():
-    assert bt._C._rope_cos_sin_table_vectors("auto") == "auto"
-    assert bt._C._rope_cos_sin_table_vectors("any") == "auto"
-    assert bt._C._rope_cos_sin_table_vectors("never") == "any"
-    with pytest.raises(ValueError, match="auto, any or never"):
-        bt._C._rope_cos_sin_table_vectors("some")
-    assert bt._C._rope_cos_sin_table_vectors("auto") == "never"
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_every_output_element_written(device, dtype):
