@@ -90,10 +90,10 @@ def test_single_tensor_op_and_hf_formula(device, dtype):
     assert torch.equal(yq, y) and torch.equal(yk, y[:, :1])
 
 
-@pytest.fixture(params=["auto", "on"])
+@pytest.fixture(params=["auto", "off"])
 def walk32(request):
-    """The CUDA plans' kernel on the vector path: the plan's (the 64-bit kernel) or the walk
-    on 32-bit offsets wherever the offsets fit (explain's `_walk32` variants)."""
+    """The CUDA plans' kernel on the vector path: the plan's (the walk on 32-bit offsets
+    wherever the offsets fit) or the 64-bit kernel (explain's `_i64` variants)."""
     previous = bt._C._rope_cos_sin_walk32(request.param)
     yield request.param
     bt._C._rope_cos_sin_walk32(previous)
@@ -171,8 +171,8 @@ def test_cuda_table_vectors_and_their_fallbacks(dtype, interleaved, layout, tabl
             for name, (c, s, vec) in cases.items():
                 what = f"{dtype} table={tdtype} {layout} il={interleaved} D={D} R={R} {name} ({table_vectors}, {walk32})"
                 want = "vec16_table16" if vec else "vec16"
-                if walk32 == "on" and name != "entry stride 2":
-                    want += "_walk32"
+                if walk32 == "off" or name == "entry stride 2":
+                    want += "_i64"
                 assert bt.explain("rope_qk_cos_sin", q, k, c, s, interleaved).variant == want, what
                 check_qk(q, k, c, s, interleaved, what)
 

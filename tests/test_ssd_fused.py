@@ -669,7 +669,7 @@ def test_side_streams_of_several_host_threads_stay_apart():
     ("_ssd_cuda_gate_rows", ["off"], "auto or off"),
     ("_state_update_whole_tiles", ["on", "off"], "auto, off or on"),
     ("_rope_cos_sin_table_vectors", ["any", "never"], "auto, any or never"),
-    ("_rope_cos_sin_walk32", ["on", "off"], "auto, off or on"),
+    ("_rope_cos_sin_walk32", ["off"], "auto or off"),
     ("_ssd_cuda_backward", ["group_mma", "group_wgmma", "staged"], "auto, staged, group_mma or group_wgmma"),
 ])
 def test_switch_names_its_choices(switch, choices, expected):

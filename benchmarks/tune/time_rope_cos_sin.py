@@ -3,12 +3,12 @@ device copy of the same tensor: flash-attention's layout (x [8, 4096, 32, 128] b
 [B, H, S, D], float32 [S, 64] tables) and the Hugging Face q/k path (q [8, 32, 4096, 128], k with 8
 heads, bf16 [1, S, 128] tables; q and k together and q alone). ``--table-vectors`` times the
 kernel under each setting of ``_rope_cos_sin_table_vectors`` (auto, any, never) in the same run, a
-line each; ``--walk auto,on`` likewise for ``_rope_cos_sin_walk32`` (the plan's 64-bit kernel or the walk
-on 32-bit offsets), each line also timing the flash layout's interleaved pairs and its backward (the same
+line each; ``--walk auto,off`` likewise for ``_rope_cos_sin_walk32`` (the plan's walk on 32-bit offsets or
+the 64-bit kernel), each line also timing the flash layout's interleaved pairs and its backward (the same
 kernel, the transposed coefficients). ``--positions`` adds a line for ``rope`` from positions on the same tensors (its own
 table kernel and streaming kernel), the in-run reference for the cos/sin kernel. Run on the GPU
 from the repo root:
-  PYTHONPATH=$PWD python benchmarks/tune/time_rope_cos_sin.py LABEL [--table-vectors auto,any,never] [--walk auto,on]
+  PYTHONPATH=$PWD python benchmarks/tune/time_rope_cos_sin.py LABEL [--table-vectors auto,any,never] [--walk auto,off]
       [--positions]"""
 import sys
 

@@ -69,9 +69,9 @@ struct RopeCosSinLaunch {
   // otherwise.
   bool table_vec16 = false;
   // CUDA, Vec16 with 16-bit or float32 data, unit table entry strides, and every offset
-  // of q, k, their outputs and the tables (and the columns' count) below 2^31, where the
-  // test switch asks for it (rope_cos_sin_force_walk32): the walk on 32-bit offsets
-  // (rope_cos_sin_walk_kernel); rope_cos_sin_kernel otherwise.
+  // of q, k, their outputs and the tables (and the columns' count) below 2^31, unless the
+  // test switch says never (rope_cos_sin_force_walk32): the walk on 32-bit offsets
+  // (rope_cos_sin_walk_kernel); rope_cos_sin_kernel otherwise (explain's `_i64` variants).
   bool walk32 = false;
 
   const void* q = nullptr;
@@ -173,9 +173,8 @@ struct RopeCosSinArgs {
 std::optional<bool> rope_cos_sin_force_table_vectors(std::optional<bool> force);
 
 // Tests and benchmarks only: whether the CUDA plans take the walk on 32-bit offsets
-// (RopeCosSinLaunch::walk32, explain's `_walk32` variants): true wherever it can; nullopt
-// the plan's rule (never, until measured on a GPU) and false never. Returns the previous
-// setting.
+// (RopeCosSinLaunch::walk32): nullopt the plan's rule (wherever it can), false never (the
+// 64-bit kernel, explain's `_i64` variants). Returns the previous setting.
 std::optional<bool> rope_cos_sin_force_walk32(std::optional<bool> force);
 
 class RopeCosSinPlan : public PlanOf<RopeCosSinDescriptor, RopeCosSinLaunch> {

@@ -179,10 +179,9 @@ PYBIND11_MODULE(_C, m) {
   static const std::pair<const char*, bool> kRopeCosSinTableVectors[] = {{"any", true}, {"never", false}};
   def_switch(m, "_rope_cos_sin_table_vectors", kRopeCosSinTableVectors, rope_cos_sin_force_table_vectors);
   // Tests and benchmarks only: whether the cos/sin RoPE's CUDA kernel walks its rows on
-  // 32-bit offsets (RopeCosSinLaunch::walk32), "on" (wherever the offsets fit), "auto" (the
-  // plan's choice: not yet) or "off" (the 64-bit kernel); returns the previous setting.
-  static const std::pair<const char*, bool> kRopeCosSinWalk32[] = {{"off", false}, {"on", true}};
-  def_switch(m, "_rope_cos_sin_walk32", kRopeCosSinWalk32, rope_cos_sin_force_walk32);
+  // 32-bit offsets (RopeCosSinLaunch::walk32), "auto" (the plan's choice: wherever the
+  // offsets fit) or "off" (the 64-bit kernel); returns the previous setting.
+  def_switch(m, "_rope_cos_sin_walk32", kOff, rope_cos_sin_force_walk32);
   // Tests only: whether the plain RMSNorm backward may be staged on CUDA (the plan's choice
   // where it fits; False: never); returns the previous setting.
   m.def("_rms_norm_allow_stage", &rms_norm_allow_stage, py::arg("allow"));
