@@ -328,20 +328,31 @@ def ssd_group_cases() -> Iterator[Case]:
                 ("ssd_chunk_scan_combined",)
 
 
+def _switched_cases(cases, switch, value: str, tag: str) -> Iterator[Case]:
+    """`cases`' cases with the test switch `switch` set to `value`, each name tagged. The
+    switch holds while the cases run (each case's plans are made inside run_case)."""
+    previous = switch(value)
+    try:
+        for case, make, fn, ops in cases():
+            yield f"{case} ({tag})", make, fn, ops
+    finally:
+        switch(previous)
+
+
 def _wgmma_cases(cases, switch, name: str) -> Iterator[Case]:
     """`cases`' cases with the SSD test switch `switch` (bt._C._ssd_cuda_forward or
     _ssd_cuda_backward) set to the wgmma kernel `name`: an sm_90 device with the build's
-    sm_90a code (no cases elsewhere). The switch holds while the cases run (each case's
-    plans are made inside run_case)."""
+    sm_90a code (no cases elsewhere)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0) \
             or not bt._C._arch_specific_kernels(90):
-        return
-    previous = switch(name)
-    try:
-        for case, make, fn, ops in cases():
-            yield case + " (wgmma)", make, fn, ops
-    finally:
-        switch(previous)
+        return iter(())
+    return _switched_cases(cases, switch, name, "wgmma")
+
+
+def rope_cos_sin_i64_cases() -> Iterator[Case]:
+    """rope_cos_sin's cases on the 64-bit kernel (the plan walks 32-bit offsets wherever
+    they fit)."""
+    return _switched_cases(rope_cos_sin_cases, bt._C._rope_cos_sin_walk32, "off", "64-bit kernel")
 
 
 def ssd_group_wgmma_cases() -> Iterator[Case]:
@@ -532,7 +543,8 @@ def state_update_cases() -> Iterator[Case]:
 
 
 FAMILIES = {"gated": gated_cases, "gated_pair": gated_pair_cases, "rope": rope_cases,
-            "rope_cos_sin": rope_cos_sin_cases, "lerp": lerp_cases,
+            "rope_cos_sin": rope_cos_sin_cases,
+            "rope_cos_sin_i64": rope_cos_sin_i64_cases, "lerp": lerp_cases,
             "gather": gather_cases, "conv": conv_cases, "rmsnorm": rmsnorm_cases, "gated_rmsnorm": gated_rmsnorm_cases,
             "ssd": ssd_cases,
             "ssd_options": ssd_option_cases, "ssd_group": ssd_group_cases, "ssd_group_wgmma": ssd_group_wgmma_cases,
