@@ -4,7 +4,8 @@ forward-mode AD and double backward raise NotImplementedError naming the op.
 
 The gradient comes from the op's declaration (csrc/torch/ssd_chunk_scan_ops.cpp): it is
 ssd_chunk_scan_combined_backward (out and final_states both carry gradients; y_pre, the
-pre-gate output kept for the backward when z is given, is not differentiable).
+pre-gate output kept for the backward when z is given, and states, the chunk states kept
+with keep_states, are not differentiable).
 
 vmap folds the vmapped dim into an existing dim of every operand and calls the op once:
 
@@ -28,16 +29,19 @@ _OP = "baracuda::ssd_chunk_scan_combined"
 _NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
 _RANKS = {"x": (4,), "dt": (3,), "A": (1,), "B": (4,), "C": (4,), "D": (1, 2), "z": (4,),
           "dt_bias": (1,), "initial_states": (4,), "seq_idx": (2,), "dout": (4,),
-          "dfinal_states": (4,), "y_pre": (4,)}
+          "dfinal_states": (4,), "y_pre": (4,), "states": (5,)}
 # Position of the batch dim / the head (or group) dim in each operand (None: has none).
 _BATCH_POS = {"x": 0, "dt": 0, "A": None, "B": 0, "C": 0, "D": None, "z": 0, "dt_bias": None,
-              "initial_states": 0, "seq_idx": 0, "dout": 0, "dfinal_states": 0, "y_pre": 0}
+              "initial_states": 0, "seq_idx": 0, "dout": 0, "dfinal_states": 0, "y_pre": 0,
+              "states": 0}
 _HEAD_POS = {"x": 2, "dt": 2, "A": 0, "B": 2, "C": 2, "D": 0, "z": 2, "dt_bias": 0,
-             "initial_states": 1, "seq_idx": None, "dout": 2, "dfinal_states": 1, "y_pre": 2}
+             "initial_states": 1, "seq_idx": None, "dout": 2, "dfinal_states": 1, "y_pre": 2,
+             "states": 1}
 _PER_HEAD = ("A", "D", "dt_bias")
-# Outputs: forward (out, final_states, y_pre); backward (dx, ddt, dA, dB, dC, dD, dz,
-# ddt_bias, dinitial_states), named by their input's entry.
-_FWD_OUTS = ("x", "initial_states", "x")
+# Outputs: forward (out, final_states, y_pre, states [B, H, nc, D, N]); backward (dx, ddt,
+# dA, dB, dC, dD, dz, ddt_bias, dinitial_states), named by the entry whose batch and head
+# dims they share.
+_FWD_OUTS = ("x", "initial_states", "x", "states")
 _BWD_OUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
 
 
@@ -110,14 +114,14 @@ def _jvp(ctx, *tangents):
 
 
 def _vmap(info, in_dims, x, dt, A, B, C, chunk_size, D, z, dt_bias, init, seq_idx, dt_softplus,
-          dt_min, dt_max, state_dtype):
+          dt_min, dt_max, state_dtype, keep_states):
     named = dict(zip(_NAMES, (x, dt, A, B, C, D, z, dt_bias, init, seq_idx)))
     dims = dict(zip(_NAMES, in_dims[:5] + in_dims[6:11]))
 
     def call(t):
         return ops.ssd_chunk_scan_combined(
             t["x"], t["dt"], t["A"], t["B"], t["C"], chunk_size, t["D"], t["z"], t["dt_bias"],
-            t["initial_states"], t["seq_idx"], dt_softplus, dt_min, dt_max, state_dtype)
+            t["initial_states"], t["seq_idx"], dt_softplus, dt_min, dt_max, state_dtype, keep_states)
 
     return _batched_call(call, named, dims, info.batch_size, _FWD_OUTS, batch_fold_ok=True)
 
@@ -127,20 +131,20 @@ declared("ssd_chunk_scan_combined", jvp=_jvp, vmap=_vmap)
 
 # ---- ssd_chunk_scan_combined_backward ---------------------------------------------------
 
-_BWD_NAMES = ("dout", "dfinal_states") + _NAMES + ("y_pre",)
+_BWD_NAMES = ("dout", "dfinal_states") + _NAMES + ("y_pre", "states")
 
 
 def _backward_vmap(info, in_dims, dout, dfinal, x, dt, A, B, C, chunk_size, D, z, dt_bias,
-                   init, seq_idx, y_pre, dt_softplus, dt_min, dt_max):
+                   init, seq_idx, y_pre, dt_softplus, dt_min, dt_max, states=None):
     named = dict(zip(_BWD_NAMES, (dout, dfinal, x, dt, A, B, C, D, z, dt_bias, init, seq_idx,
-                                  y_pre)))
-    dims = dict(zip(_BWD_NAMES, in_dims[:7] + in_dims[8:14]))
+                                  y_pre, states)))
+    dims = dict(zip(_BWD_NAMES, in_dims[:7] + in_dims[8:14] + in_dims[17:18]))
 
     def call(t):
         return ops.ssd_chunk_scan_combined_backward(
             t["dout"], t["dfinal_states"], t["x"], t["dt"], t["A"], t["B"], t["C"], chunk_size,
             t["D"], t["z"], t["dt_bias"], t["initial_states"], t["seq_idx"], t["y_pre"],
-            dt_softplus, dt_min, dt_max)
+            dt_softplus, dt_min, dt_max, t["states"])
 
     # Never folded into B: dA, dD and ddt_bias are sums over B.
     return _batched_call(call, named, dims, info.batch_size, _BWD_OUTS, batch_fold_ok=False)

@@ -41,9 +41,37 @@ from .functional import selective_state_update
 from .layernorm_gated import RMSNorm
 
 __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "RMSNormGated",
-           "Mamba2", "selective_state_update", "InferenceParams"]
+           "Mamba2", "selective_state_update", "InferenceParams", "set_keep_chunk_states"]
 
 _INF = float("inf")
+_KEEP_CHUNK_STATES = True
+
+
+def set_keep_chunk_states(enabled: bool) -> bool:
+    """Whether the SSD scan's forward keeps its chunk states for the backward (default
+    ``True``); returns the previous setting.
+
+    On CUDA with float16 or bfloat16 inputs, where a gradient will be needed, the forward
+    of :func:`mamba_chunk_scan_combined` and :func:`mamba_split_conv1d_scan_combined`
+    (and of :class:`Mamba2`) then keeps the state entering each chunk, B·H·⌈L/chunk_size⌉
+    ·P·N values of x's dtype (half of x's size at N = 128, chunk_size 256), until the
+    backward, which then does not recompute them: about 12 % of the backward's time at the
+    Mamba-2 2.7B shape (BENCHMARKS.md). ``False`` recomputes them in the backward, as
+    mamba_ssm does, for the memory. Elsewhere (CPU, float32, float64, no gradient) the
+    setting changes nothing.
+    """
+    global _KEEP_CHUNK_STATES
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_keep_chunk_states: enabled must be a bool, got {type(enabled).__name__}")
+    previous, _KEEP_CHUNK_STATES = _KEEP_CHUNK_STATES, enabled
+    return previous
+
+
+def _keep_chunk_states(*tensors: Optional[Tensor]) -> bool:
+    """Whether a scan's forward keeps its chunk states (set_keep_chunk_states): where a
+    gradient will be needed (the op itself keeps them only on CUDA with 16-bit inputs)."""
+    return _KEEP_CHUNK_STATES and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in tensors)
 
 
 def _check_chunk_size(fn: str, chunk_size) -> int:
@@ -93,9 +121,9 @@ def _scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: in
           fn: str = "mamba_chunk_scan_combined") -> Tuple[Tensor, Tensor]:
     chunk_size = _check_chunk_size(fn, chunk_size)
     low, high = _check_dt_limit(fn, dt_limit)
-    out, final_states, _ = torch.ops.baracuda.ssd_chunk_scan_combined(
+    out, final_states, _, _ = torch.ops.baracuda.ssd_chunk_scan_combined(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
-        low, high, state_dtype)
+        low, high, state_dtype, _keep_chunk_states(x, dt, A, B, C, D, z, dt_bias, initial_states))
     return out, final_states
 
 
@@ -216,6 +244,7 @@ class _SplitConfig(NamedTuple):
     norm_before_gate: bool
     state_dtype: Optional[torch.dtype]
     linear_dtype: Optional[torch.dtype]  # autocast's dtype for out_proj, or None
+    keep_states: bool = False  # the scan keeps its chunk states for the backward
 
 
 
@@ -286,7 +315,8 @@ class _SplitConv1dScan(torch.autograd.Function):
     it saves and recomputes is the point: it saves what mamba_ssm saves (zxbcdt, the
     scan's output before the norm or gate, the norm's rstd and the small parameters), so
     the conv's output ([B, L, dim + 2GN]) is not kept between the passes but recomputed
-    in the backward. The backward writes every gradient of zxbcdt into one dzxbcdt
+    in the backward; the scan's chunk states are kept too where set_keep_chunk_states
+    says so (``cfg.keep_states``), so that its backward does not recompute them. The backward writes every gradient of zxbcdt into one dzxbcdt
     buffer, each part through its view (no large tensor is concatenated): the conv's
     backward runs once over x's channels and once over B's and C's (whose small gradients
     are joined), writing its dx straight into those ranges (causal_conv1d_backward_into),
@@ -299,8 +329,9 @@ class _SplitConv1dScan(torch.autograd.Function):
 
     The forward is context-free (setup_context saves), so that torch.func's grad and vjp
     apply (not vmap: the backward writes into its one buffer); what the backward needs
-    beyond the inputs (the scan's output and rstd) is returned as two more,
-    non-differentiable outputs that the caller drops."""
+    beyond the inputs (the scan's output, rstd and the kept chunk states, empty where
+    none are kept) is returned as three more, non-differentiable outputs that the caller
+    drops."""
 
     @staticmethod
     def forward(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
@@ -308,9 +339,10 @@ class _SplitConv1dScan(torch.autograd.Function):
         zx0, z, xBC, dt = _split_zxbcdt(cfg, zxbcdt)
         x, B, C = _split_xBC(cfg, _causal_conv1d(xBC, conv1d_weight, conv1d_bias, seq_idx, cfg.silu))
         rms = rmsnorm_weight is not None
-        y, final_states, y_pre = torch.ops.baracuda.ssd_chunk_scan_combined(
+        y, final_states, y_pre, states = torch.ops.baracuda.ssd_chunk_scan_combined(
             x, dt, A, B, C, cfg.chunk_size, D, None if rms else z.unflatten(-1, (cfg.nheads, cfg.headdim)),
-            dt_bias, initial_states, seq_idx, True, cfg.dt_limit[0], cfg.dt_limit[1], cfg.state_dtype)
+            dt_bias, initial_states, seq_idx, True, cfg.dt_limit[0], cfg.dt_limit[1], cfg.state_dtype,
+            cfg.keep_states)
         rstd = y.new_empty(0, dtype=torch.float32)  # (none without the norm)
         if rms:
             saved = y  # the scan's output, the norm's input
@@ -321,25 +353,25 @@ class _SplitConv1dScan(torch.autograd.Function):
             y = y.flatten(-2)
         out = _out_proj(_swiglu(zx0) if cfg.d_mlp else None, y, outproj_weight, outproj_bias,
                         cfg.linear_dtype)
-        return out, final_states, saved, rstd
+        return out, final_states, saved, rstd, states
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx, rmsnorm_weight,
          outproj_weight, outproj_bias, cfg) = inputs
-        out, _, saved, rstd = output
+        out, _, saved, rstd, states = output
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(saved, rstd)
+        ctx.mark_non_differentiable(saved, rstd, states)
         ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, saved, A, D, dt_bias, initial_states,
-                              seq_idx, rmsnorm_weight, rstd, outproj_weight, outproj_bias)
+                              seq_idx, rmsnorm_weight, rstd, outproj_weight, outproj_bias, states)
         ctx.cfg = cfg
         ctx.out_meta = (out.shape, out.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the ops have no second derivative
-    def backward(ctx, dout, dfinal_states, _dsaved, _drstd):
+    def backward(ctx, dout, dfinal_states, _dsaved, _drstd, _dstates):
         (zxbcdt, conv1d_weight, conv1d_bias, saved, A, D, dt_bias, initial_states, seq_idx,
-         rmsnorm_weight, rstd, outproj_weight, outproj_bias) = ctx.saved_tensors
+         rmsnorm_weight, rstd, outproj_weight, outproj_bias, states) = ctx.saved_tensors
         cfg = ctx.cfg
         proj_dtype = outproj_weight.dtype if outproj_weight is not None else None
         if outproj_weight is not None and cfg.linear_dtype is not None:  # as the forward used it
@@ -386,7 +418,7 @@ class _SplitConv1dScan(torch.autograd.Function):
             torch.ops.baracuda.ssd_chunk_scan_combined_backward(
                 dy.unflatten(-1, (cfg.nheads, cfg.headdim)), dfinal_states, x, dt, A, B, C, cfg.chunk_size, D,
                 None if rms else z4, dt_bias, initial_states, seq_idx, None if rms else saved, True,
-                cfg.dt_limit[0], cfg.dt_limit[1])
+                cfg.dt_limit[0], cfg.dt_limit[1], states if states.dim() == 5 else None)
         if not rms:
             dz.copy_(dz_scan.flatten(-2))
         ddt.copy_(dscan_dt)
@@ -541,9 +573,11 @@ def mamba_split_conv1d_scan_combined(
         linear_dtype = torch.get_autocast_dtype(zxbcdt.device.type)
     cfg = _SplitConfig(d_mlp, dim, nheads, headdim, ngroups, dstate, chunk_size, dt_limit,
                        activation is not None, rmsnorm_eps if rmsnorm_weight is not None else 0.0,
-                       norm_before_gate, state_dtype, linear_dtype)
+                       norm_before_gate, state_dtype, linear_dtype,
+                       _keep_chunk_states(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states,
+                                          rmsnorm_weight, outproj_weight, outproj_bias))
     if cp_group is None:
-        out, final_states, _, _ = _SplitConv1dScan.apply(
+        out, final_states, _, _, _ = _SplitConv1dScan.apply(
             zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, seq_idx,
             rmsnorm_weight, outproj_weight, outproj_bias, cfg)
         return (out, final_states) if return_final_states else out

@@ -1047,7 +1047,10 @@ def combined_samples(device, dtype, requires_grad):
                                                  o["seq_idx"].int(), False)),
             SampleInput("z, dt_bias, softplus", (x, dt, A, B, C, 5, None, o["z"], o["dt_bias"], None, None, True)),
             SampleInput("no options", (x, dt, A, B, C, 4)),
-            SampleInput("dt_limit", (x1, dt1, A1, B1, C1, 3), dict(dt_min=0.05, dt_max=0.5))]
+            SampleInput("dt_limit", (x1, dt1, A1, B1, C1, 3), dict(dt_min=0.05, dt_max=0.5)),
+            # (the chunk states kept for the backward: on CUDA with 16-bit inputs, else empty)
+            SampleInput("keep_states", (x, dt, A, B, C, 4, o["D"], o["z"], o["dt_bias"], o["initial_states"],
+                                        o["seq_idx"], True), dict(keep_states=True))]
 
 
 def combined_backward_samples(device, dtype, requires_grad):
@@ -1065,7 +1068,7 @@ def combined_backward_samples(device, dtype, requires_grad):
 
 
 def combined_ref(x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
-                 dt_softplus=False, dt_min=0.0, dt_max=None, state_dtype=None):
+                 dt_softplus=False, dt_min=0.0, dt_max=None, state_dtype=None, keep_states=False):
     """(out, final_states) of the step-by-step reference (y_pre is an implementation detail)."""
     return ref.ssd_chunk_scan_combined(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                        dt_softplus, (dt_min, float("inf") if dt_max is None else dt_max),
@@ -1192,6 +1195,11 @@ def combined_bad(device):
                      bop + r"dfinal_states must have shape \[B, H, D, N\] = \[2, 4, 8, 5\], got \[1, 4, 8, 5\]"),
             BadInput("backward dfinal_states integer", lambda: bwd(dfinal=init.int()), TypeError,
                      bop + r"dfinal_states must be float32, float16, bfloat16 or float64, got int32"),
+            BadInput("backward states shape", lambda: bwd(states=x.new_zeros(2, 4, 2, 8, 5)), ValueError,
+                     bop + r"states must have shape \[B, H, nc, D, N\] = \[2, 4, 3, 8, 5\], got \[2, 4, 2, 8, 5\]"),
+            BadInput("backward states dtype", lambda: bwd(states=x.new_zeros(2, 4, 3, 8, 5, dtype=torch.float64)),
+                     TypeError, bop + r"states \(the forward's kept chunk states\) must have x's dtype float32, "
+                                      r"got float64"),
         ],
     }
 
@@ -1470,7 +1478,7 @@ def _ssd_backward_ref(dy, x, dt, A, B, C, chunk_size=256):
 
 def _combined_backward_ref(dout, dfinal_states, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
                            initial_states=None, seq_idx=None, y_pre=None, dt_softplus=False, dt_min=0.0,
-                           dt_max=None):
+                           dt_max=None, states=None):
     """(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states) of the step-by-step
     reference; an empty tensor for an option that is None, as the op returns."""
     options = (D, z, dt_bias, initial_states)

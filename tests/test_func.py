@@ -117,7 +117,7 @@ def _ssd_combined_cases(device):
             dt_softplus=True, return_final_states=True))
 
     def ours_op(x, dt, A, B, C, D, dt_bias):  # the op itself: D [H], no z / states / seq_idx
-        out, final, _ = ops.ssd_chunk_scan_combined(x, dt, A, B, C, 4, D, None, dt_bias, None,
+        out, final, _, _ = ops.ssd_chunk_scan_combined(x, dt, A, B, C, 4, D, None, dt_bias, None,
                                                     None, False, 0.02, 0.9)
         return _flat(out, final)
 
@@ -452,7 +452,7 @@ def _ssd_per_sample(fn, batched, in_dims, n):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_ssd_combined_vmap_every_folding(device):
-    """vmap of the op's three outputs (final_states and y_pre included) and of its
+    """vmap of the op's four outputs (final_states, y_pre and the kept states included) and of its
     backward op's nine: the vmapped dim folded into the batch (per-head parameters not
     batched), into the heads (per-head parameters batched), and one call per sample (a
     batched seq_idx with batched per-head parameters)."""
@@ -480,7 +480,7 @@ def test_ssd_combined_vmap_every_folding(device):
         _close(got, expected)
         assert got[2].shape == (n, 2, 5, 4, 2), what
         # The backward op, every operand batched as the forward's, plus dout/dfinal.
-        out, final, y_pre = got
+        out, final, y_pre, _ = got
         dout, dfinal = torch.randn_like(out), torch.randn_like(final)
 
         def bwd(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, init, seq_idx, y_pre):
@@ -492,7 +492,7 @@ def test_ssd_combined_vmap_every_folding(device):
         _close(vmap(bwd, in_dims=bdims)(*bargs), _ssd_per_sample(bwd, bargs, bdims, n))
     # Without the options: y_pre and the absent gradients are empty in every sample.
     plain = lambda x: ops.ssd_chunk_scan_combined(x, *single[1:5], 2)  # noqa: E731
-    out, final, y_pre = vmap(plain)(batched[0])
+    out, final, y_pre, _ = vmap(plain)(batched[0])
     _close((out, final), _ssd_per_sample(lambda x: plain(x)[:2], [batched[0]], [0], n))
     assert y_pre.numel() == 0
     plain_bwd = lambda d: ops.ssd_chunk_scan_combined_backward(d, None, *single[:5], 2)  # noqa: E731

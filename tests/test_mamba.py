@@ -479,7 +479,7 @@ def test_outputs_fully_written(device, dtype):
         args = [t[k] for k in ("x", "dt", "A", "B", "C")]
         opt = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
                    seq_idx=t["seq_idx"], dt_softplus=True, dt_min=0.02, dt_max=0.8)
-        out, final, y_pre = ops.ssd_chunk_scan_combined(*args, 8, **opt)
+        out, final, y_pre, _ = ops.ssd_chunk_scan_combined(*args, 8, **opt)
         for o in (out, final, y_pre):
             assert torch.isfinite(o).all()
         opt.pop("D"), opt.pop("z"), opt.pop("dt_bias"), opt.pop("initial_states"), opt.pop("seq_idx")
@@ -516,9 +516,9 @@ def test_plain_op_is_the_combined_op_without_options(device):
                          init=False, seq_idx=False, softplus=False, limit=False, mixed=False)
         args = [t[k] for k in ("x", "dt", "A", "B", "C")]
         plain = ops.ssd_chunk_scan(*[a.clamp(min=0) if i == 1 else a for i, a in enumerate(args)], 8)
-        comb, final, y_pre = ops.ssd_chunk_scan_combined(*args, 8)
+        comb, final, y_pre, states = ops.ssd_chunk_scan_combined(*args, 8)
         assert torch.equal(plain, comb)
-        assert y_pre.numel() == 0
+        assert y_pre.numel() == 0 and states.numel() == 0  # (keep_states is off by default)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -549,7 +549,7 @@ def test_explain(device):
                       seq_idx=t["seq_idx"], dt_softplus=True)
     assert info.op == "ssd_chunk_scan" and info.deterministic
     assert info.variant == ("chunked" if device == "cpu" else info.variant)
-    out, final, y_pre = ops.ssd_chunk_scan_combined(*args, 4, t["D"], t["z"], t["dt_bias"],
+    out, final, y_pre, _ = ops.ssd_chunk_scan_combined(*args, 4, t["D"], t["z"], t["dt_bias"],
                                                     t["initial_states"], t["seq_idx"], True)
     binfo = bt.explain(ops.ssd_chunk_scan_combined_backward, out, final, *args, 4, D=t["D"],
                        z=t["z"], dt_bias=t["dt_bias"], initial_states=t["initial_states"],
@@ -564,6 +564,47 @@ def test_device_mismatch_names_the_argument():
     with pytest.raises(RuntimeError, match="x is on cpu and D is on meta"):
         ops.ssd_chunk_scan_combined(t["x"], t["dt"], t["A"], t["B"], t["C"], 4,
                                     t["D"].to("meta"))
+
+
+def test_kept_states_are_empty_on_the_cpu_and_checked_by_the_backward():
+    """keep_states keeps the chunk states only on CUDA with 16-bit inputs (an empty tensor
+    elsewhere, and the backward recomputes them: None); the backward checks what it is
+    given against the problem's [B, H, nc, D, N] and x's dtype."""
+    rng = random.Random(3)
+    t, _ = make_case(rng, 2, 11, 4, 3, 5, 2, torch.float32, "cpu", D=False, z=False, dt_bias=False,
+                     init=False, seq_idx=False, softplus=False, limit=False, mixed=False)
+    args = [t[k] for k in ("x", "dt", "A", "B", "C")]
+    out, final, _, states = ops.ssd_chunk_scan_combined(*args, 4, keep_states=True)
+    assert states.numel() == 0
+    assert torch.equal(out, ops.ssd_chunk_scan_combined(*args, 4)[0])
+    dy = torch.randn_like(out)
+    plain = ops.ssd_chunk_scan_combined_backward(dy, None, *args, 4)
+    with pytest.raises(ValueError, match=r"states must have shape \[B, H, nc, D, N\] = \[2, 4, 3, 3, 5\]"):
+        ops.ssd_chunk_scan_combined_backward(dy, None, *args, 4, states=torch.zeros(2, 4, 2, 3, 5))
+    with pytest.raises(TypeError, match="must have x's dtype float32, got bfloat16"):
+        ops.ssd_chunk_scan_combined_backward(dy, None, *args, 4,
+                                             states=torch.zeros(2, 4, 3, 3, 5, dtype=torch.bfloat16))
+    # well-formed states on the CPU: read by no kernel (the CPU recomputes), the same gradients
+    given = ops.ssd_chunk_scan_combined_backward(dy, None, *args, 4, states=torch.full((2, 4, 3, 3, 5), float("nan")))
+    for g, e in zip(given, plain):
+        assert torch.equal(g, e)
+
+
+def test_set_keep_chunk_states():
+    previous = mamba.set_keep_chunk_states(False)
+    try:
+        assert mamba.set_keep_chunk_states(True) is False
+        x = torch.randn(2, 3, requires_grad=True)
+        assert mamba._keep_chunk_states(x, None)
+        assert not mamba._keep_chunk_states(x.detach(), None)
+        with torch.no_grad():
+            assert not mamba._keep_chunk_states(x)
+        mamba.set_keep_chunk_states(False)
+        assert not mamba._keep_chunk_states(x)
+        with pytest.raises(TypeError, match="enabled must be a bool"):
+            mamba.set_keep_chunk_states(1)
+    finally:
+        mamba.set_keep_chunk_states(previous)
 
 
 # ---- the Python wrapper ----------------------------------------------------------------

@@ -882,3 +882,129 @@ def test_explain_names_the_kernels_that_run(case):
         ran = _ssd_kernels_run(fn)
         assert want <= ran, (mode, variant, sorted(want - ran))
         assert not (ran & _MARKS) - want, (mode, variant, sorted((ran & _MARKS) - want))
+
+
+# ---- the chunk states kept for the backward (keep_states) --------------------------------
+
+def _kept_case(shape, dtype, packed):
+    b, L, H, P, N, G, Q = shape
+    torch.manual_seed(21)
+    x, dt, A, B, C = ssd_inputs(b, L, H, P, N, G, dtype, "cuda")
+    init = torch.randn(b, H, P, N, dtype=torch.float64).to("cuda", torch.float32)
+    seq_idx = _sequence_ids(b, L, Q, "dense", torch.int32).cuda() if packed else None
+    return (x, dt, A, B, C), init, seq_idx
+
+
+@requires_cuda
+@pytest.mark.parametrize("forward", ["plan", "staged", "fused_mma", "fused_mma_cb", "fused_wgmma", "simt"])
+@pytest.mark.parametrize("case", [
+    (torch.bfloat16, (2, 700, 4, 64, 128, 1, 256), False),
+    (torch.float16, (1, 530, 2, 64, 100, 1, 256), True),   # N not a multiple of 8
+    (torch.bfloat16, (1, 300, 4, 64, 256, 2, 128), False),  # N = 256: two halves on the fused kernels
+    (torch.bfloat16, (1, 77, 2, 64, 36, 2, 64), True),      # N not a multiple of 8 (of 4 on wgmma)
+], ids=["bf16-N128", "f16-N100-seq", "bf16-N256", "bf16-N36-seq"])
+def test_kept_states_are_the_chunk_states(forward, case):
+    """keep_states: the forward returns H_c, the state entering each chunk, rounded to x's
+    dtype, against the float64 recurrence's state after the chunks before it, from every
+    CUDA forward (the fused kernels store it from shared memory or registers, the staged
+    one from its state pass, the SIMT one rounds its float32 states); and the backward
+    that reads them in place of recomputing them against the one that recomputes: the same
+    bits where the forward was the staged one (the same kernels computed them), close to it
+    otherwise."""
+    dtype, shape, packed = case
+    b, L, H, P, N, G, Q = shape
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the fused and tensor-core kernels need sm_80+")
+    if forward in fused_kernels() or forward in ("plan", "staged"):
+        previous = bt._C._ssd_cuda_forward("auto" if forward == "plan" else forward)
+        cap = None
+    elif forward == "simt":
+        previous = bt._C._ssd_cuda_forward("auto")
+        cap = bt._C._cuda_smem_optin_cap(16 * 1024)  # too small for the tensor-core kernels
+    else:
+        pytest.skip(f"{forward} does not run on this device or build")
+    inputs, init, seq_idx = _kept_case(shape, dtype, packed)
+    if forward == "fused_wgmma" and packed:
+        pytest.skip("fused_wgmma takes no seq_idx")
+    try:
+        variant = bt.explain(ops.ssd_chunk_scan_combined, *inputs, Q, initial_states=init, seq_idx=seq_idx,
+                             keep_states=True).variant
+        if forward == "simt":
+            assert variant == "chunked"
+        elif forward == "staged":
+            assert variant == "chunked_mma"
+        elif forward != "plan" and variant != forward:
+            pytest.skip(f"{forward} does not take {shape}")
+        poison_fresh_outputs()
+        out, final, _, states = ops.ssd_chunk_scan_combined(*inputs, Q, initial_states=init, seq_idx=seq_idx,
+                                                            keep_states=True)
+        nc = (L + Q - 1) // Q
+        assert states.shape == (b, H, nc, P, N) and states.dtype == dtype and states.is_contiguous()
+        x64, dt64, A64, B64, C64 = [t.double().cpu() for t in inputs]
+        seq = seq_idx.cpu() if packed else None
+        want = [init.double().cpu()]
+        for c in range(1, nc):
+            e = c * Q
+            want.append(mamba_ref_final(x64[:, :e], dt64[:, :e], A64, B64[:, :e], C64[:, :e], Q,
+                                        init.double().cpu(), None if seq is None else seq[:, :e]))
+        check(states, torch.stack(want, 2), rtol_for(dtype, "cuda"), f"kept states ({forward}, {shape})")
+        # the backward with them and without
+        dy, dfinal = torch.randn_like(out), torch.randn_like(final)
+        args = (dy, dfinal, *inputs, Q, None, None, None, init, seq_idx, None, False, 0.0, None)
+        poison_fresh_outputs()
+        kept = ops.ssd_chunk_scan_combined_backward(*args, states)
+        again = ops.ssd_chunk_scan_combined_backward(*args, None)
+        for name, g, e in zip(("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinit"), kept, again):
+            if g.numel() == 0:  # (absent: no D, z or dt_bias)
+                assert e.numel() == 0, name
+            elif forward == "staged" or forward == "simt":  # (the SIMT backward reads no kept states)
+                assert torch.equal(g, e), name
+            else:
+                check(g, e.double(), rtol_for(dtype, "cuda"), f"{name} with the kept states ({forward})")
+    finally:
+        bt._C._ssd_cuda_forward(previous)
+        if cap is not None:
+            bt._C._cuda_smem_optin_cap(cap)
+
+
+def mamba_ref_final(x, dt, A, B, C, Q, init, seq_idx):
+    """The float64 recurrence's final state (the state entering the next chunk)."""
+    from baracuda_torch import reference as ref
+    return ref.ssd_chunk_scan_combined(x, dt, A, B, C, Q, initial_states=init, seq_idx=seq_idx,
+                                       dt_limit=(-float("inf"), float("inf")), return_final_states=True)[1]
+
+
+@requires_cuda
+def test_kept_states_follow_the_setting_and_the_gradients():
+    """mamba_chunk_scan_combined keeps the chunk states where a gradient will be needed and
+    set_keep_chunk_states allows it (the backward then runs no chunk-state kernel), and
+    gives the same gradients either way (close: the fused forward and the recomputing
+    backward round the same states from differently ordered sums)."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80+")
+    inputs = ssd_inputs(2, 600, 8, 64, 128, 1, torch.bfloat16, "cuda")
+    dy = torch.randn_like(inputs[0])
+
+    def grads():
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        out = mamba.mamba_chunk_scan_combined(*leaves, 256)
+        return torch.autograd.grad(out, leaves, dy)
+
+    def chunk_state_kernels(fn):
+        return [n for n in cuda_kernel_names(fn) if "chunk_state_kernel" in n]
+
+    previous = mamba.set_keep_chunk_states(True)
+    try:
+        assert previous is True  # the default
+        kept = grads()
+        assert len(chunk_state_kernels(grads)) == 1  # the backward's local dstates only
+        assert mamba.set_keep_chunk_states(False) is True
+        again = grads()
+        assert len(chunk_state_kernels(grads)) == 2  # and the recomputed S_c
+    finally:
+        mamba.set_keep_chunk_states(previous)
+    for name, g, e in zip(("dx", "ddt", "dA", "dB", "dC"), kept, again):
+        check(g, e.double(), rtol_for(torch.bfloat16, "cuda"), name)
+    with torch.no_grad():  # no gradient: nothing kept
+        out = ops.ssd_chunk_scan_combined(*inputs, 256, keep_states=mamba._keep_chunk_states(*inputs))
+    assert out[3].numel() == 0

@@ -61,6 +61,11 @@ SsdSizes<int64_t> validate(const SsdChunkScanDescriptor& desc, const std::string
   if (o.has_dt_bias) check_compute(op, "dt_bias", o.dt_bias, ck);
   if (o.has_initial_states) check_compute(op, "initial_states", o.initial_states, ck);
   if (bwd && bwd->has_dfinal_states) check_compute(op, "dfinal_states", bwd->dfinal_states, ck);
+  if (bwd && bwd->has_states) {
+    check_ssd_kept_states(op, x, s, desc.chunk_size, operand("states", bwd->states));
+    if (!bwd->states.is_contiguous())
+      fail(PlanErrorKind::InvalidProblem, op, "states (the forward's kept chunk states) must be contiguous");
+  }
   return s;
 }
 
@@ -518,6 +523,9 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
   p.launch_.tensor_cores = uses_tensor_cores(desc, p.variant_);
   p.launch_.state_tile_n = state_tile_n(desc, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(desc, p.launch_);
+  p.launch_.keep_states = desc.options.keep_states && p.variant_ == SsdVariant::Chunked &&
+                          ssd_keeps_states(desc.device.backend, desc.x.dtype);
+  p.states_ = dense_of(desc.x.dtype, {s.batch, s.heads, p.launch_.nchunks(), s.head_dim, s.state_dim});
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, false, kOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
   p.sku_ = make_sku(desc, p.variant_, false, p.launch_.cuda_forward);
@@ -540,6 +548,7 @@ void SsdChunkScanPlan::can_implement(const SsdChunkScanArgs& args) const {
   if (o.has_seq_idx) check_same_layout(kOp, "seq_idx", o.seq_idx, args.seq_idx.layout);
   if (o.final_states) check_output(kOp, "final_states", final_, args.final_states);
   if (o.has_z) check_output(kOp, "y_pre", out_, args.y_pre);
+  if (launch_.keep_states) check_output(kOp, "states", states_, args.states);
 }
 
 void SsdChunkScanPlan::run(void* stream, Workspace workspace, const SsdChunkScanArgs& args) const {
@@ -563,6 +572,7 @@ void SsdChunkScanPlan::run(void* stream, Workspace workspace, const SsdChunkScan
   if (o.has_initial_states) l.initial_states = args.initial_states.data;
   if (o.has_seq_idx) l.seq_idx = args.seq_idx.data;
   if (o.final_states) l.final_states = args.final_states.data;
+  if (l.keep_states) l.states = args.states.data;
   attach_workspace(l, workspace, kernel_workspace_);
   launch_forward(variant_, l, stream);
 }
@@ -602,6 +612,11 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(f, p.launch_);
   p.launch_.dx_wgmma = dx_wgmma(f, p.launch_);
+  // The forward's kept chunk states replace the recomputed ones on the tensor-core path,
+  // which reads H_c in 16 bits (the SIMT kernels read them in float32 and recompute):
+  // H100, the 2.7B shape's backward 1874-1881 -> 1651-1652 us without the recompute
+  // (BENCHMARKS.md, "The SSD's chunk states kept from the forward").
+  p.launch_.keep_states = desc.has_states && p.launch_.tensor_cores;
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
   p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma);
@@ -643,6 +658,7 @@ void SsdChunkScanBackwardPlan::can_implement(const SsdChunkScanBackwardArgs& arg
   if (o.has_seq_idx) check_same_layout(op, "seq_idx", o.seq_idx, args.seq_idx.layout);
   if (desc_.has_dfinal_states)
     check_same_layout(op, "dfinal_states", desc_.dfinal_states, args.dfinal_states.layout);
+  if (desc_.has_states) check_same_layout(op, "states", desc_.states, args.states.layout);
 }
 
 void SsdChunkScanBackwardPlan::run(void* stream, Workspace workspace,
@@ -682,6 +698,7 @@ void SsdChunkScanBackwardPlan::run(void* stream, Workspace workspace,
   }
   if (o.has_seq_idx) l.seq_idx = args.seq_idx.data;
   if (desc_.has_dfinal_states) l.dfinal_states = args.dfinal_states.data;
+  if (l.keep_states) l.states = const_cast<void*>(args.states.data);
   attach_workspace(l, workspace, kernel_workspace_);
   launch_backward(variant_, l, stream);
 }

@@ -368,6 +368,13 @@ struct SsdChunkScanLaunch {
   //             dz [B, L, H, D] (element). Each is non-null exactly when its input is.
   void* final_states = nullptr;
   void* y_pre_out = nullptr;
+  // The chunk states kept for the backward: H_c, the state entering chunk c, rounded to
+  // the element type, dense [B, H, nc, D, N] (element). Forward (CUDA, 16-bit inputs,
+  // SsdChunkScanOptions::keep_states): written in full. Backward (the tensor-core path,
+  // SsdChunkScanBackwardDescriptor::has_states): read in place of recomputing them, so the
+  // backward runs no chunk-state kernel and no forward state pass.
+  bool keep_states = false;
+  void* states = nullptr;
   void* dD = nullptr;
   void* ddt_bias = nullptr;
   void* dinitial_states = nullptr;
@@ -410,6 +417,13 @@ void check_floating(const std::string& op, const SsdOperand<Int>& t) {
              element_name(t.dtype));
 }
 }  // namespace ssd_detail
+
+// Whether a forward asked to keep its chunk states writes them (SsdChunkScanLaunch::states):
+// on CUDA with float16 or bfloat16 inputs, whatever kernel runs (the op's meta kernel gives
+// the kept tensor's shape by this rule). Elsewhere the backward recomputes them.
+inline bool ssd_keeps_states(Backend backend, ElementKind element) {
+  return backend == Backend::Cuda && (element == ElementKind::F16 || element == ElementKind::BF16);
+}
 
 // The compute type of an activation dtype: float64 for float64, else float32.
 inline ElementKind ssd_compute_type(ElementKind element) {
@@ -531,6 +545,19 @@ void check_ssd_dy(const std::string& op, const SsdOperand<Int>& x, const SsdOper
              element_name(dy.dtype));
 }
 
+// The backward's kept chunk states (the forward's, SsdChunkScanLaunch::states): x's dtype
+// and [B, H, nc, D, N], nc = ceil(L / chunk_size).
+template <class Int>
+void check_ssd_kept_states(const std::string& op, const SsdOperand<Int>& x, const SsdSizes<Int>& s,
+                           int64_t chunk_size, const SsdOperand<Int>& states) {
+  const Int nc = (s.seqlen + (chunk_size - 1)) / chunk_size;
+  ssd_detail::check_shape(op, states, "[B, H, nc, D, N]", {s.batch, s.heads, nc, s.head_dim, s.state_dim});
+  if (states.dtype != x.dtype)
+    fail(PlanErrorKind::UnsupportedDtype, op,
+         std::string("states (the forward's kept chunk states) must have x's dtype ") +
+             element_name(x.dtype) + ", got " + element_name(states.dtype));
+}
+
 // The optional operands of ssd_chunk_scan_combined (null: absent), checked against the
 // problem's sizes: D [H] or [H, D], z [B, L, H, D] in x's dtype, dt_bias [H],
 // initial_states [B, H, D, N] (D, dt_bias and initial_states float32 or x's dtype; in
@@ -618,6 +645,9 @@ struct SsdChunkScanOptions {
   bool dt_softplus = false;
   double dt_min = 0.0, dt_max = __builtin_inf();
   bool final_states = false;  // write final_states
+  // Forward: keep the chunk states for the backward (SsdChunkScanLaunch::states) where the
+  // plan can (ssd_keeps_states); the op returns them, an empty tensor elsewhere.
+  bool keep_states = false;
 };
 
 // The plans take A, D, dt_bias and initial_states in the compute type
@@ -636,6 +666,10 @@ struct SsdChunkScanBackwardDescriptor {
   // dfinal_states in the compute type; y_pre exactly when the forward has z.
   TensorLayout dfinal_states, y_pre;
   bool has_dfinal_states = false;
+  // The forward's kept chunk states (x's dtype, [B, H, nc, D, N], dense), or absent: the
+  // tensor-core backward reads them, any other recomputes them.
+  TensorLayout states;
+  bool has_states = false;
 };
 
 // Optional operands have a null data pointer when absent.
@@ -644,12 +678,14 @@ struct SsdChunkScanArgs {
   MutTensorRef y;
   TensorRef D, z, dt_bias, initial_states, seq_idx;
   MutTensorRef final_states, y_pre;  // final_states with options.final_states; y_pre with z
+  MutTensorRef states;               // with keeps_states()
 };
 
 struct SsdChunkScanBackwardArgs {
   TensorRef dy, x, dt, A, B, C;
   MutTensorRef dx, ddt, dA, dB, dC;
   TensorRef D, z, dt_bias, initial_states, seq_idx, dfinal_states, y_pre;
+  TensorRef states;                                 // with has_states
   MutTensorRef dD, dz, ddt_bias, dinitial_states;  // each exactly with its input
 };
 
@@ -663,6 +699,10 @@ class SsdChunkScanPlan : public OneOutputPlanOf<SsdChunkScanDescriptor, SsdChunk
   // output_layout() (y): x's sizes, contiguous.
   // final_states [B, H, D, N] in the compute type, contiguous.
   const TensorLayout& final_states_layout() const { return final_; }
+  // Whether run() writes the kept chunk states (options.keep_states on CUDA with 16-bit
+  // inputs: ssd_keeps_states), and their layout: [B, H, nc, D, N] in x's dtype, contiguous.
+  bool keeps_states() const { return launch_.keep_states; }
+  const TensorLayout& states_layout() const { return states_; }
   // True for the "zeros" variant: run() launches nothing and y must be zero-filled by
   // the caller (y is empty, or N == 0 and y is a sum over an empty state).
   bool zero_fill_outputs() const { return variant_ == SsdVariant::Zeros; }
@@ -671,7 +711,7 @@ class SsdChunkScanPlan : public OneOutputPlanOf<SsdChunkScanDescriptor, SsdChunk
 
  private:
   SsdVariant variant_ = SsdVariant::Sequential;
-  TensorLayout final_;
+  TensorLayout final_, states_;
   size_t kernel_workspace_ = 0;  // what the kernel needs; workspace_ adds slack to align it
 };
 

@@ -29,7 +29,7 @@ constexpr const char* kCombinedOp = "ssd_chunk_scan_combined";
 constexpr const char* kCombinedBackwardOp = "ssd_chunk_scan_combined_backward";
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-using Outs3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Outs4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using Grads9 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                           at::Tensor, at::Tensor, at::Tensor>;
 using OptT = std::optional<at::Tensor>;
@@ -40,6 +40,7 @@ struct Options {
   bool dt_softplus = false;
   double dt_min = 0.0, dt_max = std::numeric_limits<double>::infinity();
   std::optional<at::ScalarType> state_dtype;
+  bool keep_states = false;  // the combined forward's keep_states
 };
 
 at::Tensor value_or_undefined(const OptT& t) { return t.has_value() ? *t : at::Tensor(); }
@@ -68,7 +69,7 @@ SsdOperand<Int> operand(const at::Tensor& t, const std::string& op, const char* 
 
 // The backward's extra operands (undefined: absent).
 struct BackwardExtras {
-  at::Tensor dy, dfinal_states, y_pre;
+  at::Tensor dy, dfinal_states, y_pre, states;
 };
 
 // The problem checks on the tensors' sizes, before anything else looks at them, so that
@@ -87,7 +88,8 @@ void check_problem(const std::string& op, const at::Tensor& x, const at::Tensor&
                          {"initial_states", &o.initial_states}, {"seq_idx", &o.seq_idx},
                          {"dy", bwd ? &bwd->dy : &none},
                          {"dfinal_states", bwd ? &bwd->dfinal_states : &none},
-                         {"y_pre", bwd ? &bwd->y_pre : &none}});
+                         {"y_pre", bwd ? &bwd->y_pre : &none},
+                         {"states", bwd ? &bwd->states : &none}});
   const std::vector<Int> xs = sizes_of(x), dts = sizes_of(dt), As = sizes_of(A),
                          Bs = sizes_of(B), Cs = sizes_of(C);
   const SsdOperand<Int> xo = operand(x, op, "x", xs);
@@ -121,6 +123,10 @@ void check_problem(const std::string& op, const at::Tensor& x, const at::Tensor&
   if (bwd) {
     const std::vector<Int> dys = sizes_of(bwd->dy);
     check_ssd_dy(op, xo, operand(bwd->dy, op, "dy", dys));
+    if (bwd->states.defined()) {
+      const std::vector<Int> sts = sizes_of(bwd->states);
+      check_ssd_kept_states(op, xo, s, chunk_size, operand(bwd->states, op, "states", sts));
+    }
   }
 }
 
@@ -181,6 +187,7 @@ Prepared prepare(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
   so.dt_min = o.dt_min;
   so.dt_max = o.dt_max;
   so.final_states = want_final;
+  so.keep_states = o.keep_states;
   return p;
 }
 
@@ -192,6 +199,8 @@ SsdChunkScanBackwardDescriptor backward_descriptor(const Prepared& p, const Back
   desc.has_dfinal_states = p.dfinal_states.defined();
   if (desc.has_dfinal_states) desc.dfinal_states = layout_of(p.dfinal_states, op, "dfinal_states");
   if (e.y_pre.defined()) desc.y_pre = layout_of(e.y_pre, op, "y_pre");
+  desc.has_states = e.states.defined();
+  if (desc.has_states) desc.states = layout_of(e.states, op, "states");
   return desc;
 }
 
@@ -205,14 +214,23 @@ MutTensorRef opt_mut_ref(at::Tensor& t, const std::string& op, const char* name)
 // D broadcast against [B, L, H, D].
 at::Tensor D_view(const at::Tensor& D) { return D.dim() == 1 ? D.view({D.size(0), 1}) : D; }
 
-// Forward: (out, final_states in the compute type or undefined, y_pre or undefined).
-Outs3 run_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+// Whether the forward returns kept chunk states (o.keep_states where the plan writes
+// them: ssd_keeps_states; the meta kernel's rule too).
+bool returns_states(const at::Tensor& x, const Options& o) {
+  return o.keep_states && x.is_cuda() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+}
+
+// Forward: (out, final_states in the compute type or undefined, y_pre or undefined, the
+// kept chunk states or undefined).
+Outs4 run_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                   const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const Options& o,
                   bool strict, bool want_final, const std::string& op) {
   c10::DeviceGuard guard(x.device());
   const Prepared p = prepare(x, dt, A, B, C, chunk_size, o, strict, want_final, op, nullptr);
   const auto plan = SsdChunkScanPlan::select(p.desc, current_preference());
-  at::Tensor final_states, y_pre;
+  at::Tensor final_states, y_pre, states;
+  // (empty in the zeros variant, where the plan writes none: its shape has a zero)
+  if (returns_states(x, o)) states = allocate(plan.states_layout(), x);
   if (plan.zero_fill_outputs()) {
     // An empty extent: no state contributes to y (N = 0 or L = 0), y = D·x gated by z,
     // and the final state is the initial one (L = 0) or empty/zero.
@@ -230,7 +248,7 @@ Outs3 run_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A
                          ? p.o.initial_states.contiguous().clone()
                          : at::zeros({b, h, d, n}, x.options().dtype(ck));
     }
-    return Outs3{out, final_states, y_pre};
+    return Outs4{out, final_states, y_pre, states};
   }
   at::Tensor y = allocate(plan.output_layout(), x);
   if (want_final) final_states = allocate(plan.final_states_layout(), x);
@@ -245,8 +263,9 @@ Outs3 run_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A
   args.seq_idx = opt_ref(p.o.seq_idx, op, "seq_idx");
   args.final_states = opt_mut_ref(final_states, op, "final_states");
   args.y_pre = opt_mut_ref(y_pre, op, "y_pre");
+  if (plan.keeps_states()) args.states = mut_ref_of(states, op, "states");
   plan.run(current_stream(x), workspace_of(ws), args);
-  return Outs3{y, final_states, y_pre};
+  return Outs4{y, final_states, y_pre, states};
 }
 
 // Backward: (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states) in the caller's
@@ -311,6 +330,7 @@ Grads9 run_backward(const BackwardExtras& e, const at::Tensor& x, const at::Tens
     args.seq_idx = opt_ref(p.o.seq_idx, op, "seq_idx");
     args.dfinal_states = opt_ref(p.dfinal_states, op, "dfinal_states");
     args.y_pre = opt_ref(e.y_pre, op, "y_pre");
+    args.states = opt_ref(e.states, op, "states");
     args.dD = opt_mut_ref(dD, op, "dD");
     args.dz = opt_mut_ref(dz, op, "dz");
     args.ddt_bias = opt_mut_ref(dbias, op, "ddt_bias");
@@ -388,20 +408,21 @@ at::ScalarType final_dtype(const at::Tensor& x, const Options& o) {
   return o.state_dtype ? *o.state_dtype : compute_type_of(x);
 }
 
-Outs3 ssd_chunk_scan_combined_kernel(const at::Tensor& x, const at::Tensor& dt,
+Outs4 ssd_chunk_scan_combined_kernel(const at::Tensor& x, const at::Tensor& dt,
                                      const at::Tensor& A, const at::Tensor& B,
                                      const at::Tensor& C, int64_t chunk_size, const OptT& D,
                                      const OptT& z, const OptT& dt_bias, const OptT& init,
                                      const OptT& seq_idx, bool dt_softplus, double dt_min,
                                      std::optional<double> dt_max,
-                                     std::optional<at::ScalarType> state_dtype) {
+                                     std::optional<at::ScalarType> state_dtype, bool keep_states) {
   return translate_errors([&] {
-    const Options o =
-        make_options(D, z, dt_bias, init, seq_idx, dt_softplus, dt_min, dt_max, state_dtype);
-    auto [out, final_states, y_pre] =
+    Options o = make_options(D, z, dt_bias, init, seq_idx, dt_softplus, dt_min, dt_max, state_dtype);
+    o.keep_states = keep_states;
+    auto [out, final_states, y_pre, states] =
         run_forward(x, dt, A, B, C, chunk_size, o, false, true, kCombinedOp);
     final_states = final_states.to(final_dtype(x, o));
-    return Outs3{out, final_states, y_pre.defined() ? y_pre : absent(x)};
+    return Outs4{out, final_states, y_pre.defined() ? y_pre : absent(x),
+                 states.defined() ? states : absent(x)};
   });
 }
 
@@ -409,11 +430,13 @@ Grads9 ssd_chunk_scan_combined_backward_kernel(
     const at::Tensor& dout, const OptT& dfinal_states, const at::Tensor& x, const at::Tensor& dt,
     const at::Tensor& A, const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
     const OptT& D, const OptT& z, const OptT& dt_bias, const OptT& init, const OptT& seq_idx,
-    const OptT& y_pre, bool dt_softplus, double dt_min, std::optional<double> dt_max) {
+    const OptT& y_pre, bool dt_softplus, double dt_min, std::optional<double> dt_max,
+    const OptT& states) {
   return translate_errors([&] {
     const Options o =
         make_options(D, z, dt_bias, init, seq_idx, dt_softplus, dt_min, dt_max, std::nullopt);
-    BackwardExtras e{dout, value_or_undefined(dfinal_states), value_or_undefined(y_pre)};
+    BackwardExtras e{dout, value_or_undefined(dfinal_states), value_or_undefined(y_pre),
+                     value_or_undefined(states)};
     auto g = run_backward(e, x, dt, A, B, C, chunk_size, o, false, kCombinedBackwardOp);
     auto fill = [&](at::Tensor& t) {
       if (!t.defined()) t = absent(x);
@@ -431,21 +454,26 @@ at::Tensor meta_absent(const at::Tensor& x) {
   return at::empty_symint({c10::SymInt(0)}, x.options());
 }
 
-Outs3 ssd_chunk_scan_combined_meta(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+Outs4 ssd_chunk_scan_combined_meta(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
                                    const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
                                    const OptT& D, const OptT& z, const OptT& dt_bias,
                                    const OptT& init, const OptT& seq_idx, bool dt_softplus,
                                    double dt_min, std::optional<double> dt_max,
-                                   std::optional<at::ScalarType> state_dtype) {
+                                   std::optional<at::ScalarType> state_dtype, bool keep_states) {
   return translate_errors([&] {
-    const Options o =
-        make_options(D, z, dt_bias, init, seq_idx, dt_softplus, dt_min, dt_max, state_dtype);
+    Options o = make_options(D, z, dt_bias, init, seq_idx, dt_softplus, dt_min, dt_max, state_dtype);
+    o.keep_states = keep_states;
     check_problem<c10::SymInt>(kCombinedOp, x, dt, A, B, C, chunk_size, false, false, o, nullptr,
                                sym_sizes_of);
     const auto xs = x.sym_sizes();
-    at::Tensor final_states = at::empty_symint({xs[0], xs[2], xs[3], B.sym_sizes()[3]},
-                                               x.options().dtype(final_dtype(x, o)));
-    return Outs3{meta_like(x), final_states, o.z.defined() ? meta_like(x) : meta_absent(x)};
+    const c10::SymInt N = B.sym_sizes()[3];
+    at::Tensor final_states =
+        at::empty_symint({xs[0], xs[2], xs[3], N}, x.options().dtype(final_dtype(x, o)));
+    at::Tensor states = returns_states(x, o)
+                            ? at::empty_symint({xs[0], xs[2], (xs[1] + (chunk_size - 1)) / chunk_size, xs[3], N},
+                                               x.options())
+                            : meta_absent(x);
+    return Outs4{meta_like(x), final_states, o.z.defined() ? meta_like(x) : meta_absent(x), states};
   });
 }
 
@@ -453,11 +481,13 @@ Grads9 ssd_chunk_scan_combined_backward_meta(
     const at::Tensor& dout, const OptT& dfinal_states, const at::Tensor& x, const at::Tensor& dt,
     const at::Tensor& A, const at::Tensor& B, const at::Tensor& C, int64_t chunk_size,
     const OptT& D, const OptT& z, const OptT& dt_bias, const OptT& init, const OptT& seq_idx,
-    const OptT& y_pre, bool dt_softplus, double dt_min, std::optional<double> dt_max) {
+    const OptT& y_pre, bool dt_softplus, double dt_min, std::optional<double> dt_max,
+    const OptT& states) {
   return translate_errors([&] {
     const Options o =
         make_options(D, z, dt_bias, init, seq_idx, dt_softplus, dt_min, dt_max, std::nullopt);
-    BackwardExtras e{dout, value_or_undefined(dfinal_states), value_or_undefined(y_pre)};
+    BackwardExtras e{dout, value_or_undefined(dfinal_states), value_or_undefined(y_pre),
+                     value_or_undefined(states)};
     check_problem<c10::SymInt>(kCombinedBackwardOp, x, dt, A, B, C, chunk_size, false, false, o,
                                &e, sym_sizes_of);
     auto like_or_absent = [&](const at::Tensor& t) {
@@ -492,9 +522,9 @@ SsdChunkScanPlan combined_plan(const at::Tensor& x, const at::Tensor& dt, const 
                                const OptT& z, const OptT& dt_bias, const OptT& initial_states,
                                const OptT& seq_idx, bool dt_softplus, double dt_min,
                                std::optional<double> dt_max, std::optional<at::ScalarType> state_dtype,
-                               PlanPreference pref) {
-  const Options o =
-      make_options(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_min, dt_max, state_dtype);
+                               bool keep_states, PlanPreference pref) {
+  Options o = make_options(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_min, dt_max, state_dtype);
+  o.keep_states = keep_states;
   const Prepared p = prepare(x, dt, A, B, C, chunk_size, o, false, true, kCombinedOp, nullptr);
   return SsdChunkScanPlan::select(p.desc, pref);
 }
@@ -504,10 +534,11 @@ SsdChunkScanBackwardPlan combined_backward_plan(
     const at::Tensor& A, const at::Tensor& B, const at::Tensor& C, int64_t chunk_size, const OptT& D,
     const OptT& z, const OptT& dt_bias, const OptT& initial_states, const OptT& seq_idx,
     const OptT& y_pre, bool dt_softplus, double dt_min, std::optional<double> dt_max,
-    PlanPreference pref) {
+    const OptT& states, PlanPreference pref) {
   const Options o =
       make_options(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_min, dt_max, std::nullopt);
-  BackwardExtras e{dout, value_or_undefined(dfinal_states), value_or_undefined(y_pre)};
+  BackwardExtras e{dout, value_or_undefined(dfinal_states), value_or_undefined(y_pre),
+                   value_or_undefined(states)};
   const Prepared p = prepare(x, dt, A, B, C, chunk_size, o, false, false, kCombinedBackwardOp, &e);
   return SsdChunkScanBackwardPlan::select(backward_descriptor(p, e, kCombinedBackwardOp), pref);
 }
@@ -530,22 +561,23 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .meta(&ssd_chunk_scan_backward_meta)
       .explain(&backward_plan)
       .not_differentiable("baracuda::ssd_chunk_scan: double backward is not implemented");
-  // mamba_ssm's mamba_chunk_scan_combined contract: returns (out, final_states, y_pre);
-  // y_pre is the pre-gate output saved for the backward when z is given (an empty
-  // tensor otherwise, which the derivative receives as None); dt_max=None is +inf.
+  // mamba_ssm's mamba_chunk_scan_combined contract: returns (out, final_states, y_pre,
+  // states); y_pre is the pre-gate output saved for the backward when z is given, states
+  // the chunk states kept for the backward with keep_states on CUDA with 16-bit inputs (an
+  // empty tensor otherwise, which the derivative receives as None); dt_max=None is +inf.
   OpDef(m,
         "ssd_chunk_scan_combined(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
         "int chunk_size=256, Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, "
         "Tensor? initial_states=None, Tensor? seq_idx=None, bool dt_softplus=False, "
-        "float dt_min=0., float? dt_max=None, ScalarType? state_dtype=None) "
-        "-> (Tensor, Tensor, Tensor)")
+        "float dt_min=0., float? dt_max=None, ScalarType? state_dtype=None, "
+        "bool keep_states=False) -> (Tensor, Tensor, Tensor, Tensor)")
       .kernel(&ssd_chunk_scan_combined_kernel)
       .meta(&ssd_chunk_scan_combined_meta)
       .explain(&combined_plan)
       .derivative("ssd_chunk_scan_combined_backward",
                   {grad(0), grad(1), arg("x"), arg("dt"), arg("A"), arg("B"), arg("C"), arg("chunk_size"),
                    arg("D"), arg("z"), arg("dt_bias"), arg("initial_states"), arg("seq_idx"), output(2),
-                   arg("dt_softplus"), arg("dt_min"), arg("dt_max")},
+                   arg("dt_softplus"), arg("dt_min"), arg("dt_max"), output(3)},
                   {{"x", 0}, {"dt", 1}, {"A", 2}, {"B", 3}, {"C", 4}, {"D", 5}, {"z", 6}, {"dt_bias", 7},
                    {"initial_states", 8}});
   // -> (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states); the last four are
@@ -555,8 +587,8 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
         "Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D=None, "
         "Tensor? z=None, Tensor? dt_bias=None, Tensor? initial_states=None, "
         "Tensor? seq_idx=None, Tensor? y_pre=None, bool dt_softplus=False, float dt_min=0., "
-        "float? dt_max=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-        "Tensor, Tensor)")
+        "float? dt_max=None, Tensor? states=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+        "Tensor, Tensor, Tensor, Tensor)")
       .kernel(&ssd_chunk_scan_combined_backward_kernel)
       .meta(&ssd_chunk_scan_combined_backward_meta)
       .explain(&combined_backward_plan)

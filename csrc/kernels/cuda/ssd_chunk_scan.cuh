@@ -194,6 +194,9 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  reader takes it: the tensor-core products read
 //                                  it (they round the state to T anyway) with 16-byte
 //                                  copies straight into their operand tiles
+//                                  (with keep_states it is SsdChunkScanLaunch::states,
+//                                  not in the workspace: the forward writes it there,
+//                                  and the backward, reading it, has no `states` either)
 // backward only:
 //   gstates   [B, H, nc, D, N]     local dstate, then (in place) Gn_c = G_{c+1} (with
 //                                  group_products it keeps the local dstate: Gn_c goes
@@ -291,8 +294,9 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   w.dtf = take(bh * l.seqlen);
   const bool copies = ssd_state_copies(l);
   w.seg = take(l.batch * l.seqlen, sizeof(int32_t));  // (sized before seq_idx is known)
-  w.states = take(bh * nc * dn);
-  if (copies) w.states_t = take(bh * nc * dn, 2);
+  // (the backward that reads the forward's kept H_c, rounded, recomputes none of them)
+  w.states = take(backward && l.keep_states ? 0 : bh * nc * dn);
+  if (copies && !l.keep_states) w.states_t = take(bh * nc * dn, 2);
   if (backward) {
     w.gstates = take(bh * nc * dn);
     if (copies) w.gstates_t = take(bh * nc * dn, 2);
@@ -323,6 +327,13 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
 template <typename Acc>
 Acc* ssd_ws(const SsdChunkScanLaunch& l, size_t offset) {
   return reinterpret_cast<Acc*>(static_cast<char*>(l.workspace) + offset);
+}
+
+// H_c rounded to T (the 16-bit copies the tensor-core kernels read): the kept states
+// (SsdChunkScanLaunch::states) where the launch has them, else the workspace's states_t.
+template <typename T>
+T* ssd_h_copy(const SsdChunkScanLaunch& l, const SsdWorkspace& w) {
+  return l.keep_states ? static_cast<T*>(l.states) : ssd_ws<T>(l, w.states_t);
 }
 
 // The starts counts (workspace `seg`) where the run keeps sequences apart, else null.
@@ -1659,6 +1670,10 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "gated must say whether z is given (the workspace's dy_pre)");
   if (l.state_tile_n != 0 && l.state_tile_n != kSsdTile && l.state_tile_n != 2 * kSsdTile)
     fail(PlanErrorKind::Internal, op, "state_tile_n must be 0, 64 or 128");
+  if (l.keep_states && (l.states == nullptr || (l.element != ElementKind::F16 && l.element != ElementKind::BF16) ||
+                        (backward && !ssd_state_copies(l))))
+    fail(PlanErrorKind::Internal, op,
+         "keep_states needs the states pointer and 16-bit inputs (and the tensor-core path in the backward)");
   const SsdWorkspace w = ssd_workspace_layout(l, backward);
   if (w.total > 0 && (l.workspace == nullptr || l.workspace_bytes < w.total))
     fail(PlanErrorKind::Internal, op, "workspace too small");
@@ -1747,8 +1762,8 @@ void ssd_launch_state_pass(const SsdChunkScanLaunch& l, const SsdWorkspace& w, v
   };
   if constexpr (!std::is_same_v<T, Acc>) {  // 16-bit inputs
     if (ssd_state_copies(l)) {
-      p.copy = ssd_ws<T>(l, BW ? w.gstates_t : w.states_t);
-      if (BW) p.hcopy = ssd_ws<T>(l, w.states_t);
+      p.copy = BW ? ssd_ws<T>(l, w.gstates_t) : ssd_h_copy<T>(l, w);
+      if (BW) p.hcopy = ssd_h_copy<T>(l, w);
       run(T{});
       return;
     }

@@ -1,5 +1,6 @@
 // Mamba-2 SSD chunk scan, CUDA backward: dy_pre, dz and the dD partials (with z or D), then
-// recompute the chunk states H_c (ssd_chunk_scan_states.cu, shared with the forward), the
+// recompute the chunk states H_c (ssd_chunk_scan_states.cu, shared with the forward; not
+// where the forward kept them, SsdChunkScanLaunch::states), the
 // reverse state pass for Gn_c = G_{c+1} (seeded by dfinal_states, ending in
 // dinitial_states), the per-chunk products for dx, dC and dB and the crossing sums X_s (each
 // in its own translation unit so they compile in parallel), then the finalize kernels for
@@ -14,6 +15,7 @@ namespace baracuda::kernels {
 namespace cuda {
 // ssd_chunk_scan_states.cu
 void ssd_run_forward_states(const SsdChunkScanLaunch& l, const SsdWorkspace& w, void* last, cudaStream_t s);
+void ssd_run_cumsum(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 // ssd_chunk_scan_backward_{dx,dc,db,dacs}.cu
 void ssd_backward_scan_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 void ssd_backward_scan_dc(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
@@ -49,7 +51,10 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   // launch below but theirs has no work and is skipped; they are written as zeros (and
   // dinitial_states = dfinal_states).
   dispatch_floating(l.element, [&](auto tag) { ssd_launch_gate<decltype(tag)>(l, w, s); });  // dy_pre, dz, dD partials
-  ssd_run_forward_states(lb, w, nullptr, s);  // Acs, dt; S_c → H_c (recomputed)
+  if (l.keep_states)
+    ssd_run_cumsum(lb, w, s);  // Acs, dt; H_c is the forward's (SsdChunkScanLaunch::states)
+  else
+    ssd_run_forward_states(lb, w, nullptr, s);  // Acs, dt; S_c → H_c (recomputed)
   // dCB = Σ_heads of the intra-chunk weights; X_s; B·Cᵀ tiles. It reads only the cumsum's
   // Acs and dt (and seq_idx's counts): with side_stream it runs beside the state kernels,
   // whose chunk states and passes (about 450 µs at the 2.7B shape) leave most of the GPU

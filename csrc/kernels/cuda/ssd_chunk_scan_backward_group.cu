@@ -1375,7 +1375,7 @@ void launch_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_
   p.lft = DB ? ssd_operand<T>(l.x, l.x_stride, true) : ssd_operand<T>(l.dy, l.dy_stride, true);
   p.v = DB ? ssd_operand<T>(l.C, l.C_stride, false) : ssd_operand<T>(l.B, l.B_stride, false);
   p.dot = ssd_operand<T>(l.C, l.C_stride, false);
-  p.state = ssd_ws<T>(l, DB ? w.gstates_t : w.states_t);
+  p.state = DB ? ssd_ws<T>(l, w.gstates_t) : ssd_h_copy<T>(l, w);
   p.acs = ssd_ws<double>(l, w.acs);
   p.dtf = ssd_ws<float>(l, w.dtf);
   p.seg = ssd_seg(l, w);

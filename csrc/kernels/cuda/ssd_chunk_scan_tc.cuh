@@ -1277,7 +1277,7 @@ void ssd_launch_tc_scan(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cuda
   int smem = layout(want);
   if (want > 0 && smem > room) smem = layout(0);  // (layout sets p's offsets too)
   p.out_split = kMulti ? ssd_ws<float>(l, w.split) : nullptr;
-  p.state = ssd_ws<T>(l, MODE == kSsdY || MODE == kSsdDC ? w.states_t : w.gstates_t);
+  p.state = MODE == kSsdY || MODE == kSsdDC ? ssd_h_copy<T>(l, w) : ssd_ws<T>(l, w.gstates_t);
   p.state_ld = l.state_dim;
   ssd_scan_roles<T, float, MODE>(p, l, w);
   p.seg = ssd_seg(l, w);

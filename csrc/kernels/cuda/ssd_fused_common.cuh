@@ -59,6 +59,7 @@ struct FusedParams {
   int* half_ready;      // two halves: [pairs][nchunks], 1 once the second half's H_c is stored
   float* ring;          // [chains][2][kFusedP][split_cols]: the last two states handed over
   void* half_states;    // two halves: [pairs][nchunks][kFusedP][split_cols], H_c of half 1 rounded to T
+  void* states;         // kept H_c (SsdChunkScanLaunch::states): dense [B, H, nc, head_dim, N] of T, or null
   float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][2][32 lanes][4] (ssd_fused_cb_tiles)
   int cb_tiles;
   const void* seq;      // seq_idx [B, L] (int32, or int64 with seq_i64), or null
@@ -351,6 +352,51 @@ __device__ __forceinline__ float4 fused_state_in4(const FusedParams& p, const Fu
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
+// Row pr of the block's kept H_c (FusedParams::states, 16-bit values): head_dim row
+// tile.p0 + pr of chunk c's state.
+__device__ __forceinline__ unsigned short* fused_kept_row(const FusedParams& p, const FusedTile& tile, int pr) {
+  return static_cast<unsigned short*>(p.states) +
+         (((static_cast<int64_t>(tile.b) * p.heads + tile.h) * p.nchunks + tile.c) * p.head_dim + tile.p0 + pr) *
+             p.state_dim;
+}
+
+// The block's kept H_c from shared memory, 64 rows of 16-bit values `ld` apart that hold
+// all N columns (both halves' with SPLIT): 16 bytes a thread and store where N is a
+// multiple of 8 (each row's 16-byte groups then aligned), else a value at a time.
+// Streamed (evict-first): the backward reads them much later.
+__device__ __forceinline__ void fused_keep_states(const FusedParams& p, const FusedTile& tile,
+                                                  const void* rows, int ld, int tid) {
+  const int N = p.state_dim;
+  unsigned short* dst = fused_kept_row(p, tile, 0);
+  const auto* src = static_cast<const unsigned short*>(rows);
+  if (N % 8 == 0) {
+    const int W = N / 8;
+    for (int i = tid; i < kFusedP * W; i += kFusedThreads)
+      __stcs(reinterpret_cast<uint4*>(dst + (i / W) * N) + i % W,
+             *reinterpret_cast<const uint4*>(src + (i / W) * ld + (i % W) * 8));
+  } else {
+    for (int i = tid; i < kFusedP * N; i += kFusedThreads) dst[(i / N) * N + i % N] = src[(i / N) * ld + i % N];
+  }
+}
+
+// The kept H_c[pr][n .. n + 3] (n a multiple of 4; columns past N dropped) from a thread's
+// four rounded values v (two packed pairs).
+__device__ __forceinline__ void fused_keep_states4(const FusedParams& p, const FusedTile& tile, int pr, int n,
+                                                   uint2 v) {
+  const int N = p.state_dim;
+  if (n >= N) return;
+  unsigned short* row = fused_kept_row(p, tile, pr);
+  if (N % 4 == 0) {
+    __stcs(reinterpret_cast<uint2*>(row + n), v);
+  } else {
+    const unsigned short e[4] = {static_cast<unsigned short>(v.x), static_cast<unsigned short>(v.x >> 16),
+                                 static_cast<unsigned short>(v.y), static_cast<unsigned short>(v.y >> 16)};
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (n + k < N) row[n + k] = e[k];
+  }
+}
+
 // Stores H_{c+1}[p][n], [n + 1] (n from tile.n0): into the ring for chunk c + 1, or as
 // final_states after the last chunk.
 template <int NS>
@@ -548,6 +594,7 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   p.y = l.y;
   p.y_pre = l.y_pre_out;
   p.final_states = static_cast<float*>(l.final_states);
+  p.states = l.keep_states ? l.states : nullptr;
   p.seq = l.seq_idx;
   p.seq_s[0] = l.seq_idx_stride[0];
   p.seq_s[1] = l.seq_idx_stride[1];

@@ -536,6 +536,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
   }
   ssd_cp_async_wait<0>();
   __syncthreads();  // C and H_c visible
+  if (p.states != nullptr) fused_keep_states(p, tile, sH, kLdH, tid);
 
   // ---- 4. the output: warp w owns 16-row tiles w and 15 − w (equal causal work)
   const float* cb_chunk =

@@ -91,8 +91,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) ssd_fused_forward_sm90_kerne
       const int e = tid + i * kFusedThreads, pr = e / (NS / 4), n = (e % (NS / 4)) * 4;
       *reinterpret_cast<float4*>(sS + pr * NS + n) =
           make_float4(decay * h[i].x, decay * h[i].y, decay * h[i].z, decay * h[i].w);
-      *reinterpret_cast<uint2*>(sH + gmma_sw128_elem(kFusedP, pr, n)) =
-          make_uint2(ssd_pack2<T>(h[i].x, h[i].y), ssd_pack2<T>(h[i].z, h[i].w));
+      const uint2 hr = make_uint2(ssd_pack2<T>(h[i].x, h[i].y), ssd_pack2<T>(h[i].z, h[i].w));
+      *reinterpret_cast<uint2*>(sH + gmma_sw128_elem(kFusedP, pr, n)) = hr;
+      if (p.states != nullptr) fused_keep_states4(p, tile, pr, n, hr);
     }
   }
   ssd_cp_async_wait<0>();
