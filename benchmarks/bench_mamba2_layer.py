@@ -34,7 +34,7 @@ step's kernel time into the SSD scan (ours: names with ``ssd``; mamba_ssm:
 ``_chunk_scan``, ``_chunk_state``, ``_state_passing``, ``_bmm_chunk``,
 ``_chunk_cumsum``), the causal conv1d (names with ``conv``), GEMMs and the rest.
 
-  PYTHONPATH=$PWD python benchmarks/bench_mamba2_layer.py [--shapes 2.7b,small] [--csv out.csv]
+  PYTHONPATH=$PWD python benchmarks/bench_mamba2_layer.py [--shapes 2.7b,small] [--keep-states off] [--csv out.csv]
   PYTHONPATH=$PWD python benchmarks/bench_mamba2_layer.py --device cpu --tiny   # smoke test
 """
 from __future__ import annotations
@@ -201,7 +201,12 @@ def main(argv=None) -> int:
     p.add_argument("--rtol", type=float, default=RTOL)
     p.add_argument("--no-profile", action="store_true", help="leave out the per-kernel breakdown")
     p.add_argument("--csv", help="append the rows to this CSV (harness.write_csv)")
+    p.add_argument("--keep-states", choices=("on", "off"), default="on",
+                   help="ours: the SSD's forward keeps its chunk states for the backward "
+                        "(baracuda_torch.mamba.set_keep_chunk_states; off: recomputed, as mamba_ssm does)")
     a = p.parse_args(argv)
+    from baracuda_torch import mamba as bt_mamba
+    bt_mamba.set_keep_chunk_states(a.keep_states == "on")
     shapes = ["tiny"] if a.tiny else a.shapes.split(",")
     overrides = {k: getattr(a, k) for k in ("d_model", "d_state", "headdim", "ngroups", "chunk_size", "expand")
                  if getattr(a, k) is not None}

@@ -4,11 +4,13 @@ file's shapes, optionally with seq_idx and a forced CUDA forward — for A/B run
 kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py take too
 long. Run on the GPU from the repo root:
   PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options [--no-z]] [--shape 0]
-      [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream] [--settings S --rounds R]
+      [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream] [--keep off] [--settings S --rounds R]
 ``--no-z``: the options without z (what the Mamba-2 layer passes: its gated norm takes z).
 ``--one-stream``: every backward kernel on the caller's stream (the plan overlaps some of
 the group products' kernels on side streams, where each overlapped kernel takes longer than
 alone and the total counts them in full: for one kernel's A/B, run both sides with it).
+``--keep off``: the forward keeps no chunk states (mamba.set_keep_chunk_states(False)): the
+backward recomputes them, as before the plan kept them.
 ``--settings "base;NAME=1;NAME=2" --rounds 3``: an A/B in one process, for a build whose
 code reads environment switches (an experiment's getenv, not in the package) or through the
 package's test switches (a NAME starting with ``_``: ``bt._C.NAME(value)``, e.g.
@@ -53,6 +55,7 @@ def main():
     ap.add_argument("--seq", type=int, default=0, help="seq_idx: K packed sequences a row, random lengths")
     ap.add_argument("--kernel", default="auto", help="the CUDA forward, through the test switch")
     ap.add_argument("--one-stream", action="store_true", help="the backward's kernels all on one stream")
+    ap.add_argument("--keep", choices=("on", "off"), default="on", help="the forward keeps its chunk states")
     ap.add_argument("--settings", default="base", help='switches to alternate: "base;NAME=1;_switch=off;..."')
     ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
@@ -61,6 +64,7 @@ def main():
     bt._C._ssd_cuda_forward(a.kernel)
     if a.one_stream:
         bt._C._ssd_cuda_backward_side_stream("off")
+    bt.mamba.set_keep_chunk_states(a.keep == "on")
     torch.manual_seed(0)
     args, kw, leaves = ps.make_inputs(*ps.SHAPES[a.shape], a.options, z=not a.no_z)
     if a.seq > 1:
@@ -93,7 +97,7 @@ def main():
             print(a.label, text if len(settings) > 1 else "", "forward" if a.forward else "backward",
                   ("options without z" if a.no_z else "options") if a.options else "plain", f"shape {a.shape}",
                   f"seq {a.seq}" if a.seq else "", a.kernel if a.kernel != "auto" else "",
-                  "one stream" if a.one_stream else "",
+                  "one stream" if a.one_stream else "", "states recomputed" if a.keep == "off" else "",
                   f"wall {wall:.0f} µs, kernels {sum(r[1] for r in rows):.0f} µs:",
                   " | ".join(f"{short(n)} {us:.1f}" for n, us, _ in rows if us > 5), f"| digest {digest}", flush=True)
 
