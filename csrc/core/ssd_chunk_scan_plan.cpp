@@ -614,7 +614,7 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.dx_wgmma = dx_wgmma(f, p.launch_);
   // The forward's kept chunk states replace the recomputed ones on the tensor-core path,
   // which reads H_c in 16 bits (the SIMT kernels read them in float32 and recompute):
-  // H100, the 2.7B shape's backward 1874-1881 -> 1651-1652 us without the recompute
+  // H100, the 2.7B shape's backward 1882-1888 -> 1645-1655 us, its forward 540 -> 559
   // (BENCHMARKS.md, "The SSD's chunk states kept from the forward").
   p.launch_.keep_states = desc.has_states && p.launch_.tensor_cores;
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
