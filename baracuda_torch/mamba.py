@@ -67,11 +67,12 @@ def set_keep_chunk_states(enabled: bool) -> bool:
     return previous
 
 
-def _keep_chunk_states(*tensors: Optional[Tensor]) -> bool:
-    """Whether a scan's forward keeps its chunk states (set_keep_chunk_states): where a
-    gradient will be needed (the op itself keeps them only on CUDA with 16-bit inputs)."""
-    return _KEEP_CHUNK_STATES and torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in tensors)
+def _keep_chunk_states(x: Tensor, *others: Optional[Tensor]) -> bool:
+    """Whether a scan's forward keeps its chunk states (set_keep_chunk_states): on CUDA with
+    16-bit activations x (the op keeps them for any 16-bit input, but only the CUDA backward
+    reads them), where a gradient will be needed."""
+    return (_KEEP_CHUNK_STATES and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+            and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x,) + others))
 
 
 def _check_chunk_size(fn: str, chunk_size) -> int:

@@ -1048,7 +1048,7 @@ def combined_samples(device, dtype, requires_grad):
             SampleInput("z, dt_bias, softplus", (x, dt, A, B, C, 5, None, o["z"], o["dt_bias"], None, None, True)),
             SampleInput("no options", (x, dt, A, B, C, 4)),
             SampleInput("dt_limit", (x1, dt1, A1, B1, C1, 3), dict(dt_min=0.05, dt_max=0.5)),
-            # (the chunk states kept for the backward: on CUDA with 16-bit inputs, else empty)
+            # (the chunk states kept for the backward: with 16-bit inputs, else empty)
             SampleInput("keep_states", (x, dt, A, B, C, 4, o["D"], o["z"], o["dt_bias"], o["initial_states"],
                                         o["seq_idx"], True), dict(keep_states=True))]
 

@@ -566,41 +566,68 @@ def test_device_mismatch_names_the_argument():
                                     t["D"].to("meta"))
 
 
-def test_kept_states_are_empty_on_the_cpu_and_checked_by_the_backward():
-    """keep_states keeps the chunk states only on CUDA with 16-bit inputs (an empty tensor
-    elsewhere, and the backward recomputes them: None); the backward checks what it is
-    given against the problem's [B, H, nc, D, N] and x's dtype."""
-    rng = random.Random(3)
-    t, _ = make_case(rng, 2, 11, 4, 3, 5, 2, torch.float32, "cpu", D=False, z=False, dt_bias=False,
-                     init=False, seq_idx=False, softplus=False, limit=False, mixed=False)
+@pytest.mark.parametrize("precise", [False, True], ids=["chunked", "sequential"])
+def test_kept_states_on_the_cpu(precise):
+    """keep_states with 16-bit inputs: the CPU forward (both variants) returns H_c, the state
+    entering each chunk (the float64 recurrence's state after the chunks before it, rounded),
+    as the CUDA kernels do, so that a meta kernel, which sees no device, gives the same
+    shapes (FakeTensorMode); the CPU backward recomputes them (given ones are not read).
+    With float32 inputs nothing is kept."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    rng = random.Random(5)
+    b, L, H, P, N, G, Q = 2, 23, 4, 3, 5, 2, 8
+    t, _ = make_case(rng, b, L, H, P, N, G, torch.bfloat16, "cpu", D=False, z=False, dt_bias=False,
+                     init=True, seq_idx=True, softplus=False, limit=False, mixed=True)
     args = [t[k] for k in ("x", "dt", "A", "B", "C")]
-    out, final, _, states = ops.ssd_chunk_scan_combined(*args, 4, keep_states=True)
-    assert states.numel() == 0
-    assert torch.equal(out, ops.ssd_chunk_scan_combined(*args, 4)[0])
+    kw = dict(initial_states=t["initial_states"], seq_idx=t["seq_idx"], keep_states=True)
+    with bt.preference("precise" if precise else "fastest"):
+        out, final, _, states = ops.ssd_chunk_scan_combined(*args, Q, **kw)
+    nc = (L + Q - 1) // Q
+    assert states.shape == (b, H, nc, P, N) and states.dtype == torch.bfloat16
+    x64, dt64, A64, B64, C64 = [a.double() for a in args]
+    init = t["initial_states"].double()
+    want = [init] + [ref.ssd_chunk_scan_combined(x64[:, :e], dt64[:, :e], A64, B64[:, :e], C64[:, :e], Q,
+                                                 initial_states=init, seq_idx=t["seq_idx"][:, :e],
+                                                 return_final_states=True)[1] for e in range(Q, L, Q)]
+    check(states, torch.stack(want, 2), rtol_for(torch.bfloat16, "cpu"), "kept states")
+    with FakeTensorMode() as mode:
+        fake = ops.ssd_chunk_scan_combined(*[mode.from_tensor(a) for a in args], Q,
+                                           initial_states=mode.from_tensor(t["initial_states"]),
+                                           seq_idx=mode.from_tensor(t["seq_idx"]), keep_states=True)
+    assert [tuple(f.shape) for f in fake] == [tuple(r.shape) for r in (out, final, _, states)]
+    # the backward: given states are not read on the CPU (the same gradients), but checked
     dy = torch.randn_like(out)
-    plain = ops.ssd_chunk_scan_combined_backward(dy, None, *args, 4)
-    with pytest.raises(ValueError, match=r"states must have shape \[B, H, nc, D, N\] = \[2, 4, 3, 3, 5\]"):
-        ops.ssd_chunk_scan_combined_backward(dy, None, *args, 4, states=torch.zeros(2, 4, 2, 3, 5))
-    with pytest.raises(TypeError, match="must have x's dtype float32, got bfloat16"):
-        ops.ssd_chunk_scan_combined_backward(dy, None, *args, 4,
-                                             states=torch.zeros(2, 4, 3, 3, 5, dtype=torch.bfloat16))
-    # well-formed states on the CPU: read by no kernel (the CPU recomputes), the same gradients
-    given = ops.ssd_chunk_scan_combined_backward(dy, None, *args, 4, states=torch.full((2, 4, 3, 3, 5), float("nan")))
+    bargs = (dy, None, *args, Q, None, None, None, t["initial_states"], t["seq_idx"])
+    plain = ops.ssd_chunk_scan_combined_backward(*bargs)
+    given = ops.ssd_chunk_scan_combined_backward(*bargs, states=torch.full_like(states, float("nan")))
     for g, e in zip(given, plain):
         assert torch.equal(g, e)
+    with pytest.raises(ValueError, match=r"states must have shape \[B, H, nc, D, N\] = \[2, 4, 3, 3, 5\]"):
+        ops.ssd_chunk_scan_combined_backward(*bargs, states=states[:, :, :2])
+    with pytest.raises(TypeError, match="must have x's dtype bfloat16, got float32"):
+        ops.ssd_chunk_scan_combined_backward(*bargs, states=states.float())
+    # float32: nothing kept
+    f32 = [a.float() for a in args]
+    assert ops.ssd_chunk_scan_combined(*f32, Q, keep_states=True)[3].numel() == 0
 
 
 def test_set_keep_chunk_states():
+    from torch._subclasses.fake_tensor import FakeTensorMode
     previous = mamba.set_keep_chunk_states(False)
     try:
         assert mamba.set_keep_chunk_states(True) is False
-        x = torch.randn(2, 3, requires_grad=True)
-        assert mamba._keep_chunk_states(x, None)
-        assert not mamba._keep_chunk_states(x.detach(), None)
-        with torch.no_grad():
+        with FakeTensorMode():  # (a CUDA tensor without a GPU)
+            x = torch.empty(2, 3, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            assert mamba._keep_chunk_states(x, None)
+            assert not mamba._keep_chunk_states(x.detach(), None)
+            assert not mamba._keep_chunk_states(x.float())  # 32-bit: nothing to keep
+            with torch.no_grad():
+                assert not mamba._keep_chunk_states(x)
+            mamba.set_keep_chunk_states(False)
             assert not mamba._keep_chunk_states(x)
-        mamba.set_keep_chunk_states(False)
-        assert not mamba._keep_chunk_states(x)
+        cpu = torch.ones(2, dtype=torch.bfloat16, requires_grad=True)
+        mamba.set_keep_chunk_states(True)
+        assert not mamba._keep_chunk_states(cpu)  # the CPU backward recomputes them
         with pytest.raises(TypeError, match="enabled must be a bool"):
             mamba.set_keep_chunk_states(1)
     finally:

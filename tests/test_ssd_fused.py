@@ -1008,3 +1008,28 @@ def test_kept_states_follow_the_setting_and_the_gradients():
     with torch.no_grad():  # no gradient: nothing kept
         out = ops.ssd_chunk_scan_combined(*inputs, 256, keep_states=mamba._keep_chunk_states(*inputs))
     assert out[3].numel() == 0
+
+
+@requires_cuda
+def test_kept_states_under_torch_compile():
+    """torch.compile(fullgraph=True) of mamba_chunk_scan_combined in bfloat16 with a gradient,
+    the chunk states kept: the fake kernel gives the kept states the real ones' shape (its
+    rule is the dtype's: under FakeTensorMode a CUDA tensor reaches a meta kernel as a meta
+    tensor), and the compiled forward and backward give eager's bits."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernels need sm_80+")
+    inputs = ssd_inputs(1, 300, 4, 64, 64, 1, torch.bfloat16, "cuda")
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    dy = torch.randn_like(inputs[0])
+
+    def f(*ts):
+        return mamba.mamba_chunk_scan_combined(*ts, 128)
+
+    eager = f(*leaves)
+    want = torch.autograd.grad(eager, leaves, dy)
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True)(*leaves)
+    got = torch.autograd.grad(out, leaves, dy)
+    assert torch.equal(out, eager)
+    for name, g, e in zip(("dx", "ddt", "dA", "dB", "dC"), got, want):
+        assert torch.equal(g, e), name

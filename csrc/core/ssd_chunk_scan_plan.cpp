@@ -523,8 +523,8 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
   p.launch_.tensor_cores = uses_tensor_cores(desc, p.variant_);
   p.launch_.state_tile_n = state_tile_n(desc, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(desc, p.launch_);
-  p.launch_.keep_states = desc.options.keep_states && p.variant_ == SsdVariant::Chunked &&
-                          ssd_keeps_states(desc.device.backend, desc.x.dtype);
+  p.launch_.keep_states =
+      desc.options.keep_states && p.variant_ != SsdVariant::Zeros && ssd_keeps_states(desc.x.dtype);
   p.states_ = dense_of(desc.x.dtype, {s.batch, s.heads, p.launch_.nchunks(), s.head_dim, s.state_dim});
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, false, kOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);

@@ -369,8 +369,9 @@ struct SsdChunkScanLaunch {
   void* final_states = nullptr;
   void* y_pre_out = nullptr;
   // The chunk states kept for the backward: H_c, the state entering chunk c, rounded to
-  // the element type, dense [B, H, nc, D, N] (element). Forward (CUDA, 16-bit inputs,
-  // SsdChunkScanOptions::keep_states): written in full. Backward (the tensor-core path,
+  // the element type, dense [B, H, nc, D, N] (element). Forward (16-bit inputs,
+  // SsdChunkScanOptions::keep_states, ssd_keeps_states): written in full, by every kernel
+  // of either backend. Backward (the CUDA tensor-core path,
   // SsdChunkScanBackwardDescriptor::has_states): read in place of recomputing them, so the
   // backward runs no chunk-state kernel and no forward state pass.
   bool keep_states = false;
@@ -419,10 +420,11 @@ void check_floating(const std::string& op, const SsdOperand<Int>& t) {
 }  // namespace ssd_detail
 
 // Whether a forward asked to keep its chunk states writes them (SsdChunkScanLaunch::states):
-// on CUDA with float16 or bfloat16 inputs, whatever kernel runs (the op's meta kernel gives
-// the kept tensor's shape by this rule). Elsewhere the backward recomputes them.
-inline bool ssd_keeps_states(Backend backend, ElementKind element) {
-  return backend == Backend::Cuda && (element == ElementKind::F16 || element == ElementKind::BF16);
+// with float16 or bfloat16 inputs, whatever kernel runs, on either backend (the op's meta
+// kernel gives the kept tensor's shape by this rule, and it sees no device). Only the CUDA
+// tensor-core backward reads them; every other backward recomputes them.
+inline bool ssd_keeps_states(ElementKind element) {
+  return element == ElementKind::F16 || element == ElementKind::BF16;
 }
 
 // The compute type of an activation dtype: float64 for float64, else float32.
@@ -699,8 +701,8 @@ class SsdChunkScanPlan : public OneOutputPlanOf<SsdChunkScanDescriptor, SsdChunk
   // output_layout() (y): x's sizes, contiguous.
   // final_states [B, H, D, N] in the compute type, contiguous.
   const TensorLayout& final_states_layout() const { return final_; }
-  // Whether run() writes the kept chunk states (options.keep_states on CUDA with 16-bit
-  // inputs: ssd_keeps_states), and their layout: [B, H, nc, D, N] in x's dtype, contiguous.
+  // Whether run() writes the kept chunk states (options.keep_states with 16-bit inputs:
+  // ssd_keeps_states), and their layout: [B, H, nc, D, N] in x's dtype, contiguous.
   bool keeps_states() const { return launch_.keep_states; }
   const TensorLayout& states_layout() const { return states_; }
   // True for the "zeros" variant: run() launches nothing and y must be zero-filled by

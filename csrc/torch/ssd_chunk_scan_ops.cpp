@@ -215,9 +215,10 @@ MutTensorRef opt_mut_ref(at::Tensor& t, const std::string& op, const char* name)
 at::Tensor D_view(const at::Tensor& D) { return D.dim() == 1 ? D.view({D.size(0), 1}) : D; }
 
 // Whether the forward returns kept chunk states (o.keep_states where the plan writes
-// them: ssd_keeps_states; the meta kernel's rule too).
+// them: ssd_keeps_states, by the dtype alone, so that the meta kernel, which sees no
+// device, gives the same shapes).
 bool returns_states(const at::Tensor& x, const Options& o) {
-  return o.keep_states && x.is_cuda() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+  return o.keep_states && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
 }
 
 // Forward: (out, final_states in the compute type or undefined, y_pre or undefined, the
@@ -563,8 +564,8 @@ TORCH_LIBRARY_FRAGMENT(baracuda, m) {
       .not_differentiable("baracuda::ssd_chunk_scan: double backward is not implemented");
   // mamba_ssm's mamba_chunk_scan_combined contract: returns (out, final_states, y_pre,
   // states); y_pre is the pre-gate output saved for the backward when z is given, states
-  // the chunk states kept for the backward with keep_states on CUDA with 16-bit inputs (an
-  // empty tensor otherwise, which the derivative receives as None); dt_max=None is +inf.
+  // the chunk states kept for the backward with keep_states and 16-bit inputs (an empty
+  // tensor otherwise, which the derivative receives as None); dt_max=None is +inf.
   OpDef(m,
         "ssd_chunk_scan_combined(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
         "int chunk_size=256, Tensor? D=None, Tensor? z=None, Tensor? dt_bias=None, "

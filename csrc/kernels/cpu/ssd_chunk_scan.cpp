@@ -62,6 +62,8 @@ void forward(const SsdChunkScanLaunch& l) {
   T* y = static_cast<T*>(l.y);
   T* y_pre = static_cast<T*>(l.y_pre_out);
   CT* final_states = static_cast<CT*>(l.final_states);
+  T* kept = static_cast<T*>(l.states);  // (keep_states: H_c, the state entering chunk c)
+  const int64_t Q = l.chunk_size, nc = l.nchunks();
   at::parallel_for(0, l.batch * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> state(D * N), xt(D), bt(N), ct(N), zt(D), Dh(D);
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -70,6 +72,8 @@ void forward(const SsdChunkScanLaunch& l) {
       in.load_D(h, Dh.data());
       in.load_state(l.initial_states, l.init_stride, b, h, state.data());
       for (int64_t t = 0; t < L; ++t) {
+        if (kept && t % Q == 0)  // (before step t's reset)
+          for (int64_t i = 0; i < D * N; ++i) kept[(bh * nc + t / Q) * D * N + i] = static_cast<T>(state[i]);
         const double dtv = in.step(b, t, h);
         in.load_row(l.x, l.x_stride, b, t, h, xt.data());
         in.load_bc(l.B, l.B_stride, b, t, g, bt.data());

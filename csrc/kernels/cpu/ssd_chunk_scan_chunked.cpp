@@ -285,6 +285,7 @@ struct Chunked {
     T* y = static_cast<T*>(l.y);
     T* y_pre = static_cast<T*>(l.y_pre_out);
     CT* final_states = static_cast<CT*>(l.final_states);
+    T* kept = static_cast<T*>(l.states);  // (keep_states: H_c, the state entering grid chunk c)
     at::parallel_for(0, l.batch * H, 1, [&](int64_t begin, int64_t end) {
       const OneBlasThread one_blas_thread;
       Scratch<S> s(q_max(), D, N, false);
@@ -295,6 +296,8 @@ struct Chunked {
         in.load_state(l.initial_states, l.init_stride, b, h, s.h.data());
         chunks(b, 0, L, row);
         for (const auto& [t0, q] : row) {
+          if (kept && t0 % Q == 0)  // (every grid chunk starts a piece; before its reset)
+            for (int64_t i = 0; i < DN; ++i) kept[(bh * nc + t0 / Q) * DN + i] = static_cast<T>(s.h[i]);
           if (in.reset(b, t0)) std::fill(s.h.begin(), s.h.end(), S(0));
           load(s, b, h, t0, q, true);
           intra_weights(s, q);
