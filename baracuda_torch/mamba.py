@@ -71,8 +71,9 @@ def _keep_chunk_states(x: Tensor, *others: Optional[Tensor]) -> bool:
     """Whether a scan's forward keeps its chunk states (set_keep_chunk_states): on CUDA with
     16-bit activations x (the op keeps them for any 16-bit input, but only the CUDA backward
     reads them), where a gradient will be needed."""
-    return (_KEEP_CHUNK_STATES and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
-            and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x,) + others))
+    return (_KEEP_CHUNK_STATES and isinstance(x, Tensor) and x.is_cuda
+            and x.dtype in (torch.float16, torch.bfloat16) and torch.is_grad_enabled()
+            and any(isinstance(t, Tensor) and t.requires_grad for t in (x,) + others))
 
 
 def _check_chunk_size(fn: str, chunk_size) -> int:
