@@ -214,11 +214,11 @@ MutTensorRef opt_mut_ref(at::Tensor& t, const std::string& op, const char* name)
 // D broadcast against [B, L, H, D].
 at::Tensor D_view(const at::Tensor& D) { return D.dim() == 1 ? D.view({D.size(0), 1}) : D; }
 
-// Whether the forward returns kept chunk states (o.keep_states where the plan writes
-// them: ssd_keeps_states, by the dtype alone, so that the meta kernel, which sees no
-// device, gives the same shapes).
-bool returns_states(const at::Tensor& x, const Options& o) {
-  return o.keep_states && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+// Whether the forward returns kept chunk states: o.keep_states where the plan writes them
+// (ssd_keeps_states, by the dtype alone, so that the meta kernel, which sees no device,
+// gives the same shapes). x's dtype is checked before.
+bool returns_states(const at::Tensor& x, const Options& o, const std::string& op) {
+  return o.keep_states && ssd_keeps_states(element_of(x, op, "x"));
 }
 
 // Forward: (out, final_states in the compute type or undefined, y_pre or undefined, the
@@ -231,7 +231,7 @@ Outs4 run_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A
   const auto plan = SsdChunkScanPlan::select(p.desc, current_preference());
   at::Tensor final_states, y_pre, states;
   // (empty in the zeros variant, where the plan writes none: its shape has a zero)
-  if (returns_states(x, o)) states = allocate(plan.states_layout(), x);
+  if (returns_states(x, o, op)) states = allocate(plan.states_layout(), x);
   if (plan.zero_fill_outputs()) {
     // An empty extent: no state contributes to y (N = 0 or L = 0), y = D·x gated by z,
     // and the final state is the initial one (L = 0) or empty/zero.
@@ -470,7 +470,7 @@ Outs4 ssd_chunk_scan_combined_meta(const at::Tensor& x, const at::Tensor& dt, co
     const c10::SymInt N = B.sym_sizes()[3];
     at::Tensor final_states =
         at::empty_symint({xs[0], xs[2], xs[3], N}, x.options().dtype(final_dtype(x, o)));
-    at::Tensor states = returns_states(x, o)
+    at::Tensor states = returns_states(x, o, kCombinedOp)
                             ? at::empty_symint({xs[0], xs[2], (xs[1] + (chunk_size - 1)) / chunk_size, xs[3], N},
                                                x.options())
                             : meta_absent(x);
