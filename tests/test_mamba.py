@@ -566,6 +566,20 @@ def test_device_mismatch_names_the_argument():
                                     t["D"].to("meta"))
 
 
+def kept_states_reference(x, dt, A, B, C, Q, init, seq_idx):
+    """What keep_states returns, [B, H, nc, P, N] in float64 on the CPU: H_c, the state
+    entering chunk c, as the float64 recurrence's state after the first c·Q steps (the
+    op's default dt limits), from `init`."""
+    x, dt, A, B, C, init = [t.double().cpu() for t in (x, dt, A, B, C, init)]
+    seq_idx = None if seq_idx is None else seq_idx.cpu()
+    want = [init] + [ref.ssd_chunk_scan_combined(x[:, :e], dt[:, :e], A, B[:, :e], C[:, :e], Q,
+                                                 initial_states=init,
+                                                 seq_idx=None if seq_idx is None else seq_idx[:, :e],
+                                                 return_final_states=True)[1]
+                     for e in range(Q, x.size(1), Q)]
+    return torch.stack(want, 2)
+
+
 @pytest.mark.parametrize("precise", [False, True], ids=["chunked", "sequential"])
 def test_kept_states_on_the_cpu(precise):
     """keep_states with 16-bit inputs: the CPU forward (both variants) returns H_c, the state
@@ -584,12 +598,8 @@ def test_kept_states_on_the_cpu(precise):
         out, final, _, states = ops.ssd_chunk_scan_combined(*args, Q, **kw)
     nc = (L + Q - 1) // Q
     assert states.shape == (b, H, nc, P, N) and states.dtype == torch.bfloat16
-    x64, dt64, A64, B64, C64 = [a.double() for a in args]
-    init = t["initial_states"].double()
-    want = [init] + [ref.ssd_chunk_scan_combined(x64[:, :e], dt64[:, :e], A64, B64[:, :e], C64[:, :e], Q,
-                                                 initial_states=init, seq_idx=t["seq_idx"][:, :e],
-                                                 return_final_states=True)[1] for e in range(Q, L, Q)]
-    check(states, torch.stack(want, 2), rtol_for(torch.bfloat16, "cpu"), "kept states")
+    want = kept_states_reference(*args, Q, t["initial_states"], t["seq_idx"])
+    check(states, want, rtol_for(torch.bfloat16, "cpu"), "kept states")
     with FakeTensorMode() as mode:
         fake = ops.ssd_chunk_scan_combined(*[mode.from_tensor(a) for a in args], Q,
                                            initial_states=mode.from_tensor(t["initial_states"]),

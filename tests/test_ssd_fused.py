@@ -23,7 +23,7 @@ import torch
 import baracuda_torch as bt
 from baracuda_torch import mamba
 from helpers import capture_graph, cuda_kernel_names, poison_fresh_outputs, requires_cuda
-from test_mamba import check_case, make_case, negative_dt, run_ours
+from test_mamba import check_case, kept_states_reference, make_case, negative_dt, run_ours
 from test_ssd_chunk_scan import check, reference_grads, rtol_for, ssd_inputs
 
 ops = torch.ops.baracuda
@@ -940,14 +940,8 @@ def test_kept_states_are_the_chunk_states(forward, case):
                                                             keep_states=True)
         nc = (L + Q - 1) // Q
         assert states.shape == (b, H, nc, P, N) and states.dtype == dtype and states.is_contiguous()
-        x64, dt64, A64, B64, C64 = [t.double().cpu() for t in inputs]
-        seq = seq_idx.cpu() if packed else None
-        want = [init.double().cpu()]
-        for c in range(1, nc):
-            e = c * Q
-            want.append(mamba_ref_final(x64[:, :e], dt64[:, :e], A64, B64[:, :e], C64[:, :e], Q,
-                                        init.double().cpu(), None if seq is None else seq[:, :e]))
-        check(states, torch.stack(want, 2), rtol_for(dtype, "cuda"), f"kept states ({forward}, {shape})")
+        want = kept_states_reference(*inputs, Q, init, seq_idx)
+        check(states, want, rtol_for(dtype, "cuda"), f"kept states ({forward}, {shape})")
         # the backward with them and without
         dy, dfinal = torch.randn_like(out), torch.randn_like(final)
         args = (dy, dfinal, *inputs, Q, None, None, None, init, seq_idx, None, False, 0.0, None)
@@ -965,13 +959,6 @@ def test_kept_states_are_the_chunk_states(forward, case):
         bt._C._ssd_cuda_forward(previous)
         if cap is not None:
             bt._C._cuda_smem_optin_cap(cap)
-
-
-def mamba_ref_final(x, dt, A, B, C, Q, init, seq_idx):
-    """The float64 recurrence's final state (the state entering the next chunk)."""
-    from baracuda_torch import reference as ref
-    return ref.ssd_chunk_scan_combined(x, dt, A, B, C, Q, initial_states=init, seq_idx=seq_idx,
-                                       dt_limit=(-float("inf"), float("inf")), return_final_states=True)[1]
 
 
 @requires_cuda
