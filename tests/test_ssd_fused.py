@@ -89,7 +89,7 @@ def test_plan_picks_the_fused_forward_where_it_applies():
         assert info.variant == fused_variant(H, G), (b, L, H, P, N, G, Q)
         # the backward has no fused form (staged, or the group products: their own test)
         binfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q)
-        assert binfo.variant in (staged, "group_mma", "group_wgmma")
+        assert binfo.variant == staged or binfo.variant.startswith("group_"), binfo.variant
     # not for: float32, head_dim 32, a chunk over 256 (N = 256:
     # test_n256_is_fused_mma_cb_where_its_tiles_fit; seq_idx: test_seq_idx)
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.float32, "cuda")
@@ -417,6 +417,13 @@ def _backward_variant(inputs, Q):
     return bt.explain(ops.ssd_chunk_scan_backward, x, *inputs, Q).variant
 
 
+def _chained(name, N=128):
+    """The variant the plan names for the group products `name` without seq_idx: with the
+    chunk-state kernel on wgmma (an sm_90 device with the build's sm_90a code, N > 64) its
+    local dstates and state pass run as one chained launch (dstate_chain)."""
+    return name + "_chain" if _wgmma_device() and N > 64 else name
+
+
 @requires_cuda
 def test_plan_picks_the_group_products_where_dcb_is_at_most_8x_x():
     if torch.cuda.get_device_capability()[0] < 8:
@@ -424,18 +431,18 @@ def test_plan_picks_the_group_products_where_dcb_is_at_most_8x_x():
     # the 2.7B layer's heads per group: dCB is 10 % of x (its dC/dB products on wgmma on
     # Hopper with the build's sm_90a code)
     inputs = ssd_inputs(1, 1024, 80, 64, 128, 1, torch.bfloat16, "cuda")
-    assert _backward_variant(inputs, 256) == ("group_wgmma" if _wgmma_device() else "group_mma")
+    assert _backward_variant(inputs, 256) == _chained("group_wgmma" if _wgmma_device() else "group_mma")
     # one head per group: dCB 4 x the size of x at P = 128 and 8 x at P = 64, a ragged last
     # chunk or not (the group products); 16 x at P = 32 (the per-head products)
     for L, H, P, N in [(1024, 4, 128, 256), (1000, 8, 64, 128)]:
         inputs = ssd_inputs(1, L, H, P, N, H, torch.bfloat16, "cuda")
-        assert _backward_variant(inputs, 256) == ("group_wgmma" if _wgmma_device() else "group_mma"), P
+        assert _backward_variant(inputs, 256) == _chained("group_wgmma" if _wgmma_device() else "group_mma"), P
     inputs = ssd_inputs(1, 1024, 8, 32, 128, 8, torch.bfloat16, "cuda")
     assert _backward_variant(inputs, 256) == "chunked_mma"
     # not for float32 (SIMT) or head_dim > 128
     for dtype, P, N in [(torch.float32, 64, 64), (torch.bfloat16, 256, 64)]:
         inputs = ssd_inputs(1, 1024, 64, P, N, 1, dtype, "cuda")
-        assert _backward_variant(inputs, 256) not in ("group_mma", "group_wgmma"), (dtype, P, N)
+        assert not _backward_variant(inputs, 256).startswith("group_"), (dtype, P, N)
 
 
 @requires_cuda
@@ -549,7 +556,7 @@ def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph()
         previous = bt._C._ssd_cuda_backward(name)
         try:
             assert bt.explain(ops.ssd_chunk_scan_backward, dy, x, dt, A, B, C, Q).variant == \
-                (name if name != "staged" else "chunked_mma")
+                (_chained(name, N) if name != "staged" else "chunked_mma")
             results[name] = run()
             again = run()
             assert all(torch.equal(u, v) for u, v in zip(results[name], again)), name
@@ -665,6 +672,7 @@ def test_side_streams_of_several_host_threads_stay_apart():
 @pytest.mark.parametrize("switch, choices, expected", [
     ("_ssd_cuda_backward_side_stream", ["off"], "auto or off"),
     ("_ssd_cuda_state_wgmma", ["off"], "auto or off"),
+    ("_ssd_cuda_dstate_chain", ["off"], "auto or off"),
     ("_ssd_cuda_dx_wgmma", ["on", "off"], "auto, off or on"),
     ("_ssd_cuda_gate_rows", ["off"], "auto or off"),
     ("_state_update_whole_tiles", ["on", "off"], "auto, off or on"),
@@ -725,18 +733,22 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape, packed):
                 for m in [re.search(r"ssd_tc_chunk_state_kernel<[^>]*,\s*(true|false),\s*(true|false)>", name)]
                 if m}
 
-    previous = bt._C._ssd_cuda_state_wgmma("off")
+    chain = bt._C._ssd_cuda_dstate_chain("off")  # (its own test: test_dstate_chain_keeps_the_bits)
     try:
-        expected = run()
-        assert kernels_of(run) == {(str(packed).lower(), "false")}
+        previous = bt._C._ssd_cuda_state_wgmma("off")
+        try:
+            expected = run()
+            assert kernels_of(run) == {(str(packed).lower(), "false")}
+        finally:
+            bt._C._ssd_cuda_state_wgmma(previous)
+        assert all(torch.isfinite(t).all() for t in expected)
+        poison_fresh_outputs()
+        got = run()
+        for k, (u, v) in enumerate(zip(got, expected)):
+            assert torch.equal(u, v), k
+        assert kernels_of(run) == {(str(packed).lower(), str(has_wgmma()).lower())}
     finally:
-        bt._C._ssd_cuda_state_wgmma(previous)
-    assert all(torch.isfinite(t).all() for t in expected)
-    poison_fresh_outputs()
-    got = run()
-    for k, (u, v) in enumerate(zip(got, expected)):
-        assert torch.equal(u, v), k
-    assert kernels_of(run) == {(str(packed).lower(), str(has_wgmma()).lower())}
+        bt._C._ssd_cuda_dstate_chain(chain)
 
 
 @requires_cuda
@@ -843,13 +855,18 @@ _VARIANT_KERNELS = {
     ("backward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
                               "ssd_scan_kernel", "ssd_dacs_kernel"},
 }
-# group_wgmma runs group_mma's kernels (the dC/dB kernel's products on wgmma)
+# group_wgmma runs group_mma's kernels (the dC/dB kernel's products on wgmma); their _chain
+# forms run the local dstates and the reverse state pass as one chained kernel (the
+# recomputed forward states keep their two kernels)
 _VARIANT_KERNELS[("backward", "group_wgmma")] = _VARIANT_KERNELS[("backward", "group_mma")]
+for _name in ("group_mma", "group_wgmma"):
+    _VARIANT_KERNELS[("backward", _name + "_chain")] = \
+        _VARIANT_KERNELS[("backward", _name)] - {"ssd_state_pass_bwd_kernel"} | {"ssd_dstate_chain_kernel"}
 # Kernels no variant shares: each is the mark of the variants that list it.
 _MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel",
           "ssd_tc_chunk_state_kernel", "ssd_chunk_state_kernel", "ssd_tc_scan_kernel", "ssd_scan_kernel",
           "ssd_tc_dacs_kernel", "ssd_dacs_kernel",
-          "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"}
+          "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel", "ssd_dstate_chain_kernel"}
 
 
 def _ssd_kernels_run(fn):
@@ -882,6 +899,77 @@ def test_explain_names_the_kernels_that_run(case):
         ran = _ssd_kernels_run(fn)
         assert want <= ran, (mode, variant, sorted(want - ran))
         assert not (ran & _MARKS) - want, (mode, variant, sorted((ran & _MARKS) - want))
+
+
+# ---- the backward's local dstates and reverse state pass chained (dstate_chain) ----------
+
+@requires_cuda
+@pytest.mark.parametrize("case", [
+    (torch.bfloat16, (2, 700, 8, 64, 128, 1, 256), True),   # 3 chunks, the last one short
+    (torch.bfloat16, (1, 300, 4, 64, 256, 2, 128), False),  # two 128-column blocks of N
+    (torch.float16, (1, 530, 2, 64, 100, 1, 256), True),    # N not a multiple of 8: a short block
+    (torch.bfloat16, (1, 333, 2, 96, 192, 1, 128), False),  # a 32-row head_dim tile, a 64-column block
+    (torch.float16, (1, 200, 2, 64, 65, 1, 64), True),      # N odd: no pairs of state columns
+    (torch.bfloat16, (1, 100, 4, 64, 128, 1, 256), True),   # one chunk: no hand-over
+], ids=["bf16-N128", "bf16-N256", "f16-N100", "bf16-P96-N192", "f16-N65", "bf16-one-chunk"])
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
+def test_dstate_chain_keeps_the_bits(case, keep):
+    """The local dstates and the reverse state pass in one chained launch (the plan's choice
+    with the group products and the chunk-state kernel on wgmma, without seq_idx) give the
+    two kernels' Gn_c: dx, dB, dC, dz and dinitial_states the same bits, NaN-poisoned
+    outputs; ddt, dA, ddt_bias and dD from ⟨Gn_c, H_c⟩ partials summed in another order,
+    within float32 rounding of them and against the float64 reference; with the forward's
+    states kept or recomputed, replayed from a CUDA graph; and explain names it."""
+    if not has_wgmma():
+        pytest.skip("the dstate chain runs the chunk-state kernel's wgmma products (sm_90a)")
+    dtype, (b, L, H, P, N, G, Q), options = case
+    rng = random.Random(hash((L, N, keep)) & 0xFFFF)
+    t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D=options and "h", z=options, dt_bias=options,
+                      init=True, seq_idx=False, softplus=options, limit=False, mixed=False)
+    torch.manual_seed(L + N)
+    dout = torch.randn_like(t["x"])
+    dfinal = torch.randn(b, H, N, P, device="cuda").transpose(-1, -2)  # strided
+    args = [t[k] for k in ("x", "dt", "A", "B", "C")]
+    assert _backward_variant(args, Q).endswith("_chain")
+
+    def run():
+        return run_ours(t, kw, Q, dout, dfinal)[2]
+
+    def names(fn):
+        return " ".join(cuda_kernel_names(fn))
+
+    keep_before = mamba.set_keep_chunk_states(keep)
+    try:
+        previous = bt._C._ssd_cuda_dstate_chain("off")
+        try:
+            assert not _backward_variant(args, Q).endswith("_chain")
+            expected = run()
+            assert "ssd_dstate_chain_kernel" not in names(run)
+        finally:
+            bt._C._ssd_cuda_dstate_chain(previous)
+        poison_fresh_outputs()
+        got = run()
+        ran = names(run)
+        assert "ssd_dstate_chain_kernel" in ran and "ssd_state_pass_bwd_kernel" not in ran, ran
+        graph, out_g = capture_graph(lambda: list(run().values()))
+        for u in out_g:
+            u.fill_(float("nan"))
+        graph.replay()
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        mamba.set_keep_chunk_states(keep_before)
+    assert got.keys() == expected.keys()
+    for (k, g), u in zip(got.items(), out_g):
+        assert torch.equal(g, u), k  # the graph's replays
+        e = expected[k]
+        assert torch.isfinite(g).all(), k
+        if k in ("x", "B", "C", "z", "initial_states"):
+            assert torch.equal(g, e), k
+        else:  # dt, A, dt_bias, D: the partials' order
+            rel = ((g.double() - e.double()).norm() / e.double().norm()).item()
+            assert rel < 1e-5, (k, rel)
+    check_case(t, kw, Q, "the dstate chain")  # (the plan's choice) against float64
 
 
 # ---- the chunk states kept for the backward (keep_states) --------------------------------
@@ -984,10 +1072,12 @@ def test_kept_states_follow_the_setting_and_the_gradients():
     try:
         assert previous is True  # the default
         kept = grads()
-        assert len(chunk_state_kernels(grads)) == 1  # the backward's local dstates only
+        # the backward's local dstates only (on sm_90a in the dstate chain's kernel)
+        local = 0 if _chained("group") != "group" else 1
+        assert len(chunk_state_kernels(grads)) == local
         assert mamba.set_keep_chunk_states(False) is True
         again = grads()
-        assert len(chunk_state_kernels(grads)) == 2  # and the recomputed S_c
+        assert len(chunk_state_kernels(grads)) == local + 1  # and the recomputed S_c
     finally:
         mamba.set_keep_chunk_states(previous)
     for name, g, e in zip(("dx", "ddt", "dA", "dB", "dC"), kept, again):

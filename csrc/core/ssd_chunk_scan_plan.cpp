@@ -421,9 +421,22 @@ bool backward_side_stream(const SsdChunkScanLaunch& l) {
   return l.group_products && g_forced_side_stream.load(std::memory_order_relaxed) != 0;
 }
 
+// ssd_force_dstate_chain's setting: -1 for the plan's own choice, 0 never, 1 where the plan
+// would take it.
+std::atomic<int> g_forced_dstate_chain{-1};
+
+// Whether the backward's local dstates and reverse state pass run as one chained launch
+// (SsdChunkScanLaunch::dstate_chain): with the group products and the chunk-state kernel's
+// products on wgmma (16-bit inputs, 128 state columns a block, an sm_90 device with the
+// build's sm_90a code), without seq_idx, and with positions, heads and state elements.
+bool dstate_chain(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
+  return g_forced_dstate_chain.load(std::memory_order_relaxed) != 0 && l.group_products && l.state_wgmma &&
+         !desc.options.has_seq_idx && l.batch * l.seqlen * l.heads * l.head_dim * l.state_dim > 0;
+}
+
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
                          SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                         bool group_wgmma = false) {
+                         bool group_wgmma = false, bool chain = false) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
     case SsdVariant::CpuChunked: return "chunked";
@@ -431,6 +444,7 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
       if (forward == SsdCudaForward::FusedMma) return "fused_mma";
       if (forward == SsdCudaForward::FusedMmaCb) return "fused_mma_cb";
       if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
+      if (group && chain) return group_wgmma ? "group_wgmma_chain" : "group_mma_chain";
       if (group) return group_wgmma ? "group_wgmma" : "group_mma";
       return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
@@ -440,12 +454,12 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
 
 KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward,
                    SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                   bool group_wgmma = false) {
+                   bool group_wgmma = false, bool chain = false) {
   KernelSku sku;
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(desc, v, forward, group, group_wgmma);
+  sku.variant = variant_name(desc, v, forward, group, group_wgmma, chain);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
@@ -500,6 +514,10 @@ std::optional<bool> ssd_force_state_wgmma(std::optional<bool> force) {
 
 std::optional<bool> ssd_force_dx_wgmma(std::optional<bool> force) {
   return exchange_forced(g_forced_dx_wgmma, force);
+}
+
+std::optional<bool> ssd_force_dstate_chain(std::optional<bool> force) {
+  return exchange_forced(g_forced_dstate_chain, force);
 }
 
 std::optional<bool> ssd_force_gate_rows(std::optional<bool> force) {
@@ -612,6 +630,7 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(f, p.launch_);
   p.launch_.dx_wgmma = dx_wgmma(f, p.launch_);
+  p.launch_.dstate_chain = dstate_chain(f, p.launch_);
   // The forward's kept chunk states replace the recomputed ones on the tensor-core path,
   // which reads H_c in 16 bits (the SIMT kernels read them in float32 and recompute):
   // H100, the 2.7B shape's backward 1882-1888 -> 1645-1655 us, its forward 540 -> 559
@@ -619,7 +638,8 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.keep_states = desc.has_states && p.launch_.tensor_cores;
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
-  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma);
+  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma,
+                    p.launch_.dstate_chain);
   return p;
 }
 
