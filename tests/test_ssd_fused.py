@@ -417,11 +417,14 @@ def _backward_variant(inputs, Q):
     return bt.explain(ops.ssd_chunk_scan_backward, x, *inputs, Q).variant
 
 
-def _chained(name, N=128):
-    """The variant the plan names for the group products `name` without seq_idx: with the
-    chunk-state kernel on wgmma (an sm_90 device with the build's sm_90a code, N > 64) its
-    local dstates and state pass run as one chained launch (dstate_chain)."""
-    return name + "_chain" if _wgmma_device() and N > 64 else name
+def _chained(name, b, H, P, N):
+    """The variant the plan names for the group products `name` without seq_idx: its local
+    dstates and state pass run as one chained launch (dstate_chain) where the chunk-state
+    kernel runs on wgmma (an sm_90 device with the build's sm_90a code, N > 64) and a
+    chunk's blocks, one a chain (b·H·⌈P/64⌉·⌈N/128⌉), fill the multiprocessors."""
+    chains = b * H * -(-P // 64) * -(-N // 128)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return name + "_chain" if _wgmma_device() and N > 64 and chains >= sms else name
 
 
 @requires_cuda
@@ -431,12 +434,14 @@ def test_plan_picks_the_group_products_where_dcb_is_at_most_8x_x():
     # the 2.7B layer's heads per group: dCB is 10 % of x (its dC/dB products on wgmma on
     # Hopper with the build's sm_90a code)
     inputs = ssd_inputs(1, 1024, 80, 64, 128, 1, torch.bfloat16, "cuda")
-    assert _backward_variant(inputs, 256) == _chained("group_wgmma" if _wgmma_device() else "group_mma")
+    assert _backward_variant(inputs, 256) == _chained("group_wgmma" if _wgmma_device() else "group_mma",
+                                                      1, 80, 64, 128)
     # one head per group: dCB 4 x the size of x at P = 128 and 8 x at P = 64, a ragged last
     # chunk or not (the group products); 16 x at P = 32 (the per-head products)
     for L, H, P, N in [(1024, 4, 128, 256), (1000, 8, 64, 128)]:
         inputs = ssd_inputs(1, L, H, P, N, H, torch.bfloat16, "cuda")
-        assert _backward_variant(inputs, 256) == _chained("group_wgmma" if _wgmma_device() else "group_mma"), P
+        assert _backward_variant(inputs, 256) == _chained("group_wgmma" if _wgmma_device() else "group_mma",
+                                                          1, H, P, N), P
     inputs = ssd_inputs(1, 1024, 8, 32, 128, 8, torch.bfloat16, "cuda")
     assert _backward_variant(inputs, 256) == "chunked_mma"
     # not for float32 (SIMT) or head_dim > 128
@@ -556,7 +561,7 @@ def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph()
         previous = bt._C._ssd_cuda_backward(name)
         try:
             assert bt.explain(ops.ssd_chunk_scan_backward, dy, x, dt, A, B, C, Q).variant == \
-                (_chained(name, N) if name != "staged" else "chunked_mma")
+                (_chained(name, b, H, P, N) if name != "staged" else "chunked_mma")
             results[name] = run()
             again = run()
             assert all(torch.equal(u, v) for u, v in zip(results[name], again)), name
@@ -672,7 +677,7 @@ def test_side_streams_of_several_host_threads_stay_apart():
 @pytest.mark.parametrize("switch, choices, expected", [
     ("_ssd_cuda_backward_side_stream", ["off"], "auto or off"),
     ("_ssd_cuda_state_wgmma", ["off"], "auto or off"),
-    ("_ssd_cuda_dstate_chain", ["off"], "auto or off"),
+    ("_ssd_cuda_dstate_chain", ["on", "off"], "auto, off or on"),
     ("_ssd_cuda_dx_wgmma", ["on", "off"], "auto, off or on"),
     ("_ssd_cuda_gate_rows", ["off"], "auto or off"),
     ("_state_update_whole_tiles", ["on", "off"], "auto, off or on"),
@@ -878,10 +883,11 @@ def _ssd_kernels_run(fn):
 @requires_cuda
 @pytest.mark.parametrize("case", [
     (torch.bfloat16, (2, 700, 16, 64, 128, 1, 256)),  # fused forward, group products
+    (torch.bfloat16, (1, 300, 160, 64, 128, 1, 256)),  # and a chain a multiprocessor: the dstate chain on sm_90a
     (torch.bfloat16, (1, 600, 4, 32, 128, 4, 256)),   # staged forward (P = 32), per-head products
     (torch.bfloat16, (1, 600, 4, 64, 256, 2, 256)),   # N = 256: fused_mma_cb on Hopper, else staged
     (torch.float32, (1, 300, 4, 64, 64, 1, 128)),     # the SIMT kernels
-], ids=["bf16-group", "bf16-perhead", "bf16-N256", "f32"])
+], ids=["bf16-group", "bf16-chain", "bf16-perhead", "bf16-N256", "f32"])
 def test_explain_names_the_kernels_that_run(case):
     """What `explain` reports for the forward and the backward is what the profiler sees run:
     every kernel of that variant, and no kernel that marks another (issue: the plan owns
@@ -914,9 +920,9 @@ def test_explain_names_the_kernels_that_run(case):
 ], ids=["bf16-N128", "bf16-N256", "f16-N100", "bf16-P96-N192", "f16-N65", "bf16-one-chunk"])
 @pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
 def test_dstate_chain_keeps_the_bits(case, keep):
-    """The local dstates and the reverse state pass in one chained launch (the plan's choice
-    with the group products and the chunk-state kernel on wgmma, without seq_idx) give the
-    two kernels' Gn_c: dx, dB, dC, dz and dinitial_states the same bits, NaN-poisoned
+    """The local dstates and the reverse state pass in one chained launch (with the group
+    products and the chunk-state kernel on wgmma, without seq_idx; the plan's choice where a
+    chunk's chains fill the GPU, forced here) give the two kernels' Gn_c: dx, dB, dC, dz and dinitial_states the same bits, NaN-poisoned
     outputs; ddt, dA, ddt_bias and dD from ⟨Gn_c, H_c⟩ partials summed in another order,
     within float32 rounding of them and against the float64 reference; with the forward's
     states kept or recomputed, replayed from a CUDA graph; and explain names it."""
@@ -930,7 +936,6 @@ def test_dstate_chain_keeps_the_bits(case, keep):
     dout = torch.randn_like(t["x"])
     dfinal = torch.randn(b, H, N, P, device="cuda").transpose(-1, -2)  # strided
     args = [t[k] for k in ("x", "dt", "A", "B", "C")]
-    assert _backward_variant(args, Q).endswith("_chain")
 
     def run():
         return run_ours(t, kw, Q, dout, dfinal)[2]
@@ -947,16 +952,22 @@ def test_dstate_chain_keeps_the_bits(case, keep):
             assert "ssd_dstate_chain_kernel" not in names(run)
         finally:
             bt._C._ssd_cuda_dstate_chain(previous)
-        poison_fresh_outputs()
-        got = run()
-        ran = names(run)
-        assert "ssd_dstate_chain_kernel" in ran and "ssd_state_pass_bwd_kernel" not in ran, ran
-        graph, out_g = capture_graph(lambda: list(run().values()))
-        for u in out_g:
-            u.fill_(float("nan"))
-        graph.replay()
-        graph.replay()
-        torch.cuda.synchronize()
+        previous = bt._C._ssd_cuda_dstate_chain("on")  # (these problems' chains fill no GPU)
+        try:
+            assert _backward_variant(args, Q).endswith("_chain")
+            poison_fresh_outputs()
+            got = run()
+            ran = names(run)
+            assert "ssd_dstate_chain_kernel" in ran and "ssd_state_pass_bwd_kernel" not in ran, ran
+            graph, out_g = capture_graph(lambda: list(run().values()))
+            for u in out_g:
+                u.fill_(float("nan"))
+            graph.replay()
+            graph.replay()
+            torch.cuda.synchronize()
+            check_case(t, kw, Q, "the dstate chain")  # against float64
+        finally:
+            bt._C._ssd_cuda_dstate_chain(previous)
     finally:
         mamba.set_keep_chunk_states(keep_before)
     assert got.keys() == expected.keys()
@@ -969,7 +980,6 @@ def test_dstate_chain_keeps_the_bits(case, keep):
         else:  # dt, A, dt_bias, D: the partials' order
             rel = ((g.double() - e.double()).norm() / e.double().norm()).item()
             assert rel < 1e-5, (k, rel)
-    check_case(t, kw, Q, "the dstate chain")  # (the plan's choice) against float64
 
 
 # ---- the chunk states kept for the backward (keep_states) --------------------------------
@@ -1073,7 +1083,7 @@ def test_kept_states_follow_the_setting_and_the_gradients():
         assert previous is True  # the default
         kept = grads()
         # the backward's local dstates only (on sm_90a in the dstate chain's kernel)
-        local = 0 if _chained("group") != "group" else 1
+        local = 0 if _chained("group", 2, 8, 64, 128) != "group" else 1
         assert len(chunk_state_kernels(grads)) == local
         assert mamba.set_keep_chunk_states(False) is True
         again = grads()

@@ -3,7 +3,7 @@ call (torch.profiler over profile_ssd_chunk_scan.REPS calls after three), at one
 file's shapes, optionally with seq_idx and a forced CUDA forward — for A/B runs of one
 kernel's variants, where the side-by-side tables of profile_ssd_chunk_scan.py take too
 long. Run on the GPU from the repo root:
-  PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options [--no-z]] [--shape 0]
+  PYTHONPATH=$PWD python benchmarks/tune/time_ssd_backward.py LABEL [--options [--no-z]] [--shape 0 | --dims B,L,H,P,N,G]
       [--forward] [--seq K] [--kernel fused_mma_cb] [--one-stream] [--keep off] [--settings S --rounds R]
 ``--no-z``: the options without z (what the Mamba-2 layer passes: its gated norm takes z).
 ``--one-stream``: every backward kernel on the caller's stream (the plan overlaps some of
@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--options", action="store_true")
     ap.add_argument("--no-z", action="store_true", help="with --options: no z (the layer's options)")
     ap.add_argument("--shape", type=int, default=0)
+    ap.add_argument("--dims", help="B,L,H,P,N,G in place of --shape's")
     ap.add_argument("--forward", action="store_true", help="time the forward (inputs requiring grad)")
     ap.add_argument("--seq", type=int, default=0, help="seq_idx: K packed sequences a row, random lengths")
     ap.add_argument("--kernel", default="auto", help="the CUDA forward, through the test switch")
@@ -66,7 +67,8 @@ def main():
         bt._C._ssd_cuda_backward_side_stream("off")
     bt.mamba.set_keep_chunk_states(a.keep == "on")
     torch.manual_seed(0)
-    args, kw, leaves = ps.make_inputs(*ps.SHAPES[a.shape], a.options, z=not a.no_z)
+    dims = tuple(int(v) for v in a.dims.split(",")) if a.dims else ps.SHAPES[a.shape]
+    args, kw, leaves = ps.make_inputs(*dims, a.options, z=not a.no_z)
     if a.seq > 1:
         b, L = args[0].shape[:2]
         g = torch.Generator().manual_seed(0)
@@ -95,7 +97,8 @@ def main():
             rows = ps.kernels(run)
             wall = ps.time_us(run)[0]
             print(a.label, text if len(settings) > 1 else "", "forward" if a.forward else "backward",
-                  ("options without z" if a.no_z else "options") if a.options else "plain", f"shape {a.shape}",
+                  ("options without z" if a.no_z else "options") if a.options else "plain",
+                  f"dims {a.dims}" if a.dims else f"shape {a.shape}",
                   f"seq {a.seq}" if a.seq else "", a.kernel if a.kernel != "auto" else "",
                   "one stream" if a.one_stream else "", "states recomputed" if a.keep == "off" else "",
                   f"wall {wall:.0f} µs, kernels {sum(r[1] for r in rows):.0f} µs:",

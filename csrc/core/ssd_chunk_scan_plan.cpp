@@ -421,17 +421,22 @@ bool backward_side_stream(const SsdChunkScanLaunch& l) {
   return l.group_products && g_forced_side_stream.load(std::memory_order_relaxed) != 0;
 }
 
-// ssd_force_dstate_chain's setting: -1 for the plan's own choice, 0 never, 1 where the plan
-// would take it.
+// ssd_force_dstate_chain's setting: -1 for the plan's own choice, 0 never, 1 wherever the
+// kernel can run.
 std::atomic<int> g_forced_dstate_chain{-1};
 
 // Whether the backward's local dstates and reverse state pass run as one chained launch
-// (SsdChunkScanLaunch::dstate_chain): with the group products and the chunk-state kernel's
-// products on wgmma (16-bit inputs, 128 state columns a block, an sm_90 device with the
-// build's sm_90a code), without seq_idx, and with positions, heads and state elements.
+// (SsdChunkScanLaunch::dstate_chain): where the kernel can (the group products and the
+// chunk-state kernel's products on wgmma: 16-bit inputs, 128 state columns a block, an
+// sm_90 device with the build's sm_90a code; no seq_idx; positions, heads and state
+// elements), and, the plan's choice, where a chunk's blocks, one a chain (B·H·⌈D/64⌉·⌈N/128⌉),
+// fill the multiprocessors: with fewer, the chains' hand-overs from chunk to chunk leave
+// the GPU waiting.
 bool dstate_chain(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
-  return g_forced_dstate_chain.load(std::memory_order_relaxed) != 0 && l.group_products && l.state_wgmma &&
-         !desc.options.has_seq_idx && l.batch * l.seqlen * l.heads * l.head_dim * l.state_dim > 0;
+  const int forced = g_forced_dstate_chain.load(std::memory_order_relaxed);
+  const int64_t chains = l.batch * l.heads * ((l.head_dim + 63) / 64) * ((l.state_dim + 127) / 128);
+  return forced != 0 && l.group_products && l.state_wgmma && !desc.options.has_seq_idx &&
+         l.batch * l.seqlen * l.heads * l.head_dim * l.state_dim > 0 && (forced == 1 || chains >= l.sm_count);
 }
 
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
