@@ -202,9 +202,10 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  group_products it keeps the local dstate: Gn_c goes
 //                                  to gstates_t alone)
 //   gstates_t [B, H, nc, D, N] T   as states_t, for Gn_c
-//   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks = ⌈D·N/(256·V)⌉
-//                                  (V = ssd_pass_vec: 4 float32 or 2 float64 elements),
-//                                  or with dstate_chain one a chain's tile: ⌈D/64⌉·⌈N/128⌉
+//   kpart     [B, H, nc, kparts]   partials of ⟨Gn_c, H_c⟩ (→ W): one per block of the state
+//                                  pass, kparts = kblocks = ⌈D·N/(256·V)⌉ (V = ssd_pass_vec: 4
+//                                  float32 or 2 float64 elements), or with dstate_chain one a
+//                                  chain's tile, kparts = ⌈D/64⌉·⌈N/128⌉
 //   (dstate_chain: no gstates; in its place the chain's ticket and counters, 1 + C ints,
 //   and its ring [C][2][64][128] of float32 G_c tiles, C = B·H·⌈D/64⌉·⌈N/128⌉ chains;
 //   kernels/cuda/ssd_chunk_scan_backward_chain.cu)
@@ -235,7 +236,7 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
 //   workspace before it knows the pointers; both are small next to the states.)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
-// + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N (S'·B·G·nc·Q'² + 2·B·H·nc·P'·64
+// + 2·B·H·nc·D·N + B·H·nc·(kparts + 1) + [S > 1]·S·B·L·G·N (S'·B·G·nc·Q'² + 2·B·H·nc·P'·64
 // + B·G·nc·P'·4096 in place of the splits with group_products), each buffer rounded up
 // to 256 bytes, plus 2·2·B·H·nc·D·N bytes with the state copies and B·L·H·D elements of
 // the input type with z (dyp), or 4·B·L bytes (seg) without them; the forward needs acs,
@@ -257,6 +258,7 @@ struct SsdWorkspace {
   size_t chain_ctr = 0, chain_ring = 0;  // (dstate_chain only)
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
+  int64_t kparts = 0;  // ⟨Gn_c, H_c⟩ partials a (b, h, c): kblocks, or the chain's tiles
   int64_t chains = 0;  // dstate_chain: B·H·d_tiles·⌈N/128⌉
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
   int64_t dcb_ld = 0;           // Q' (group_products)
@@ -286,9 +288,10 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   // ⟨Gn_c, H_c⟩ partials: one per block of ssd_state_pass_bwd_kernel (256·V elements)
   const int64_t per_block = kSsdThreads * ssd_pass_vec(l.compute);
   w.kblocks = (dn + per_block - 1) / per_block;
+  w.kparts = w.kblocks;
   if (backward && l.dstate_chain) {  // one a chain's tile (ssd_chunk_scan_backward_chain.cu)
-    w.kblocks = w.d_tiles * ((l.state_dim + 2 * kSsdTile - 1) / (2 * kSsdTile));
-    w.chains = bh * w.kblocks;
+    w.kparts = w.d_tiles * ((l.state_dim + 2 * kSsdTile - 1) / (2 * kSsdTile));
+    w.chains = bh * w.kparts;
   }
   const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 0;
   w.nsplit = hpg > kSsdHeadsPerBlock ? (hpg + kSsdHeadsPerBlock - 1) / kSsdHeadsPerBlock : 1;
@@ -315,7 +318,7 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
       w.chain_ctr = take(1 + w.chains, sizeof(int));
       w.chain_ring = take(w.chains * 2 * kSsdTile * 2 * kSsdTile, sizeof(float));
     }
-    w.kpart = take(bh * nc * w.kblocks);
+    w.kpart = take(bh * nc * w.kparts);
     w.ddtp = take(bh * l.seqlen * w.d_tiles);
     w.vp = take(bh * l.seqlen * w.d_tiles);
     w.up = take(bh * l.seqlen * w.n_tiles);
@@ -1912,7 +1915,7 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.chunk = l.chunk_size;
   p.nchunks = l.nchunks();
   p.total = l.batch * l.heads * p.nchunks;
-  p.kblocks = w.kblocks, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
+  p.kblocks = w.kparts, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
   p.A = static_cast<const Acc*>(l.A);
   p.A_s = l.A_stride;
   p.dt = ssd_dt_in<T>(l);

@@ -48,10 +48,10 @@ struct SsdChainParams {
   SsdStateParams<T> st;  // the products' operands (dy, C), acs (st.out unused)
   int n_blocks;          // 128-column blocks of N
   int64_t chains;        // B·H·d_tiles·n_blocks
-  int64_t kblocks;       // d_tiles·n_blocks (SsdWorkspace::kblocks)
+  int64_t kparts;        // d_tiles·n_blocks (SsdWorkspace::kparts)
   const T* hcopy;        // [B, H, nc, D, N]: H_c rounded to T
   T* gcopy;              // [B, H, nc, D, N]: Gn_c rounded to T (gstates_t)
-  float* kpart;          // [B, H, nc, kblocks]
+  float* kpart;          // [B, H, nc, kparts]
   int* ticket;           // then one counter a chain: chunks published, from the last down
   float* ring;           // [chains][2][64][128]: G_c for chunk c − 1, slot c % 2
   const float* seed;     // dfinal_states [B, H, D, N] at seed_s strides, or null (zeros)
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kTcThreads) ssd_dstate_chain_kernel(const SsdC
     float t = 0.0f;
 #pragma unroll
     for (int w = 0; w < kTcThreads / 32; ++w) t += sRed[w];
-    p.kpart[(bh * s.nchunks + c) * p.kblocks + dtl * p.n_blocks + nb] = t;
+    p.kpart[(bh * s.nchunks + c) * p.kparts + dtl * p.n_blocks + nb] = t;
     if (c > 0) st_release(p.ticket + 1 + chain, static_cast<int>(s.nchunks - c));
   }
 }
@@ -204,8 +204,8 @@ void launch_chain(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream
   s.total_blocks = 0;
   p.n_blocks = static_cast<int>((l.state_dim + kChainN - 1) / kChainN);
   p.chains = w.chains;
-  p.kblocks = w.kblocks;
-  if (p.kblocks != w.d_tiles * p.n_blocks || p.chains != l.batch * l.heads * p.kblocks)
+  p.kparts = w.kparts;
+  if (p.kparts != w.d_tiles * p.n_blocks || p.chains != l.batch * l.heads * p.kparts)
     fail(PlanErrorKind::Internal, op, "the workspace's chains do not match the launch");
   p.hcopy = ssd_h_copy<T>(l, w);
   p.gcopy = ssd_ws<T>(l, w.gstates_t);
