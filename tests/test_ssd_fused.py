@@ -89,7 +89,7 @@ def test_plan_picks_the_fused_forward_where_it_applies():
         assert info.variant == fused_variant(H, G), (b, L, H, P, N, G, Q)
         # the backward has no fused form (staged, or the group products: their own test)
         binfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q)
-        assert binfo.variant == staged or binfo.variant.startswith("group_"), binfo.variant
+        assert binfo.variant in (staged, "group_mma", "group_wgmma")
     # not for: float32, head_dim 32, a chunk over 256 (N = 256:
     # test_n256_is_fused_mma_cb_where_its_tiles_fit; seq_idx: test_seq_idx)
     x, dt, A, B, C = ssd_inputs(1, 300, 2, 64, 64, 1, torch.float32, "cuda")
@@ -417,16 +417,6 @@ def _backward_variant(inputs, Q):
     return bt.explain(ops.ssd_chunk_scan_backward, x, *inputs, Q).variant
 
 
-def _chained(name, b, H, P, N):
-    """The variant the plan names for the group products `name` without seq_idx: its local
-    dstates and state pass run as one chained launch (dstate_chain) where the chunk-state
-    kernel runs on wgmma (an sm_90 device with the build's sm_90a code, N > 64) and a
-    chunk's blocks, one a chain (b·H·⌈P/64⌉·⌈N/128⌉), fill the multiprocessors."""
-    chains = b * H * -(-P // 64) * -(-N // 128)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return name + "_chain" if _wgmma_device() and N > 64 and chains >= sms else name
-
-
 @requires_cuda
 def test_plan_picks_the_group_products_where_dcb_is_at_most_8x_x():
     if torch.cuda.get_device_capability()[0] < 8:
@@ -434,20 +424,18 @@ def test_plan_picks_the_group_products_where_dcb_is_at_most_8x_x():
     # the 2.7B layer's heads per group: dCB is 10 % of x (its dC/dB products on wgmma on
     # Hopper with the build's sm_90a code)
     inputs = ssd_inputs(1, 1024, 80, 64, 128, 1, torch.bfloat16, "cuda")
-    assert _backward_variant(inputs, 256) == _chained("group_wgmma" if _wgmma_device() else "group_mma",
-                                                      1, 80, 64, 128)
+    assert _backward_variant(inputs, 256) == ("group_wgmma" if _wgmma_device() else "group_mma")
     # one head per group: dCB 4 x the size of x at P = 128 and 8 x at P = 64, a ragged last
     # chunk or not (the group products); 16 x at P = 32 (the per-head products)
     for L, H, P, N in [(1024, 4, 128, 256), (1000, 8, 64, 128)]:
         inputs = ssd_inputs(1, L, H, P, N, H, torch.bfloat16, "cuda")
-        assert _backward_variant(inputs, 256) == _chained("group_wgmma" if _wgmma_device() else "group_mma",
-                                                          1, H, P, N), P
+        assert _backward_variant(inputs, 256) == ("group_wgmma" if _wgmma_device() else "group_mma"), P
     inputs = ssd_inputs(1, 1024, 8, 32, 128, 8, torch.bfloat16, "cuda")
     assert _backward_variant(inputs, 256) == "chunked_mma"
     # not for float32 (SIMT) or head_dim > 128
     for dtype, P, N in [(torch.float32, 64, 64), (torch.bfloat16, 256, 64)]:
         inputs = ssd_inputs(1, 1024, 64, P, N, 1, dtype, "cuda")
-        assert not _backward_variant(inputs, 256).startswith("group_"), (dtype, P, N)
+        assert _backward_variant(inputs, 256) not in ("group_mma", "group_wgmma"), (dtype, P, N)
 
 
 @requires_cuda
@@ -561,7 +549,7 @@ def test_group_products_agree_with_the_per_head_products_and_replay_in_a_graph()
         previous = bt._C._ssd_cuda_backward(name)
         try:
             assert bt.explain(ops.ssd_chunk_scan_backward, dy, x, dt, A, B, C, Q).variant == \
-                (_chained(name, b, H, P, N) if name != "staged" else "chunked_mma")
+                (name if name != "staged" else "chunked_mma")
             results[name] = run()
             again = run()
             assert all(torch.equal(u, v) for u, v in zip(results[name], again)), name
@@ -738,22 +726,18 @@ def test_chunk_states_on_wgmma_keep_the_bits(shape, packed):
                 for m in [re.search(r"ssd_tc_chunk_state_kernel<[^>]*,\s*(true|false),\s*(true|false)>", name)]
                 if m}
 
-    chain = bt._C._ssd_cuda_dstate_chain("off")  # (its own test: test_dstate_chain_keeps_the_bits)
+    previous = bt._C._ssd_cuda_state_wgmma("off")
     try:
-        previous = bt._C._ssd_cuda_state_wgmma("off")
-        try:
-            expected = run()
-            assert kernels_of(run) == {(str(packed).lower(), "false")}
-        finally:
-            bt._C._ssd_cuda_state_wgmma(previous)
-        assert all(torch.isfinite(t).all() for t in expected)
-        poison_fresh_outputs()
-        got = run()
-        for k, (u, v) in enumerate(zip(got, expected)):
-            assert torch.equal(u, v), k
-        assert kernels_of(run) == {(str(packed).lower(), str(has_wgmma()).lower())}
+        expected = run()
+        assert kernels_of(run) == {(str(packed).lower(), "false")}
     finally:
-        bt._C._ssd_cuda_dstate_chain(chain)
+        bt._C._ssd_cuda_state_wgmma(previous)
+    assert all(torch.isfinite(t).all() for t in expected)
+    poison_fresh_outputs()
+    got = run()
+    for k, (u, v) in enumerate(zip(got, expected)):
+        assert torch.equal(u, v), k
+    assert kernels_of(run) == {(str(packed).lower(), str(has_wgmma()).lower())}
 
 
 @requires_cuda
@@ -861,8 +845,8 @@ _VARIANT_KERNELS = {
                               "ssd_scan_kernel", "ssd_dacs_kernel"},
 }
 # group_wgmma runs group_mma's kernels (the dC/dB kernel's products on wgmma); their _chain
-# forms run the local dstates and the reverse state pass as one chained kernel (the
-# recomputed forward states keep their two kernels)
+# forms (forced: test_dstate_chain_keeps_the_bits) run the local dstates and the reverse
+# state pass as one chained kernel (the recomputed forward states keep their two kernels)
 _VARIANT_KERNELS[("backward", "group_wgmma")] = _VARIANT_KERNELS[("backward", "group_mma")]
 for _name in ("group_mma", "group_wgmma"):
     _VARIANT_KERNELS[("backward", _name + "_chain")] = \
@@ -883,11 +867,10 @@ def _ssd_kernels_run(fn):
 @requires_cuda
 @pytest.mark.parametrize("case", [
     (torch.bfloat16, (2, 700, 16, 64, 128, 1, 256)),  # fused forward, group products
-    (torch.bfloat16, (1, 300, 160, 64, 128, 1, 256)),  # and a chain a multiprocessor: the dstate chain on sm_90a
     (torch.bfloat16, (1, 600, 4, 32, 128, 4, 256)),   # staged forward (P = 32), per-head products
     (torch.bfloat16, (1, 600, 4, 64, 256, 2, 256)),   # N = 256: fused_mma_cb on Hopper, else staged
     (torch.float32, (1, 300, 4, 64, 64, 1, 128)),     # the SIMT kernels
-], ids=["bf16-group", "bf16-chain", "bf16-perhead", "bf16-N256", "f32"])
+], ids=["bf16-group", "bf16-perhead", "bf16-N256", "f32"])
 def test_explain_names_the_kernels_that_run(case):
     """What `explain` reports for the forward and the backward is what the profiler sees run:
     every kernel of that variant, and no kernel that marks another (issue: the plan owns
@@ -921,9 +904,9 @@ def test_explain_names_the_kernels_that_run(case):
 @pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
 def test_dstate_chain_keeps_the_bits(case, keep):
     """The local dstates and the reverse state pass in one chained launch (with the group
-    products and the chunk-state kernel on wgmma, without seq_idx; the plan's choice where a
-    chunk's chains fill the GPU, forced here) give the two kernels' Gn_c: dx, dB, dC, dz and dinitial_states the same bits, NaN-poisoned
-    outputs; ddt, dA, ddt_bias and dD from ⟨Gn_c, H_c⟩ partials summed in another order,
+    products and the chunk-state kernel on wgmma, without seq_idx; forced: the plan keeps
+    the two kernels) give the two kernels' Gn_c: dx, dB, dC, dz and dinitial_states the
+    same bits, NaN-poisoned outputs; ddt, dA, ddt_bias and dD from ⟨Gn_c, H_c⟩ partials summed in another order,
     within float32 rounding of them and against the float64 reference; with the forward's
     states kept or recomputed, replayed from a CUDA graph; and explain names it."""
     if not has_wgmma():
@@ -952,7 +935,7 @@ def test_dstate_chain_keeps_the_bits(case, keep):
             assert "ssd_dstate_chain_kernel" not in names(run)
         finally:
             bt._C._ssd_cuda_dstate_chain(previous)
-        previous = bt._C._ssd_cuda_dstate_chain("on")  # (these problems' chains fill no GPU)
+        previous = bt._C._ssd_cuda_dstate_chain("on")
         try:
             assert _backward_variant(args, Q).endswith("_chain")
             poison_fresh_outputs()
@@ -1082,12 +1065,10 @@ def test_kept_states_follow_the_setting_and_the_gradients():
     try:
         assert previous is True  # the default
         kept = grads()
-        # the backward's local dstates only (on sm_90a in the dstate chain's kernel)
-        local = 0 if _chained("group", 2, 8, 64, 128) != "group" else 1
-        assert len(chunk_state_kernels(grads)) == local
+        assert len(chunk_state_kernels(grads)) == 1  # the backward's local dstates only
         assert mamba.set_keep_chunk_states(False) is True
         again = grads()
-        assert len(chunk_state_kernels(grads)) == local + 1  # and the recomputed S_c
+        assert len(chunk_state_kernels(grads)) == 2  # and the recomputed S_c
     finally:
         mamba.set_keep_chunk_states(previous)
     for name, g, e in zip(("dx", "ddt", "dA", "dB", "dC"), kept, again):

@@ -421,22 +421,23 @@ bool backward_side_stream(const SsdChunkScanLaunch& l) {
   return l.group_products && g_forced_side_stream.load(std::memory_order_relaxed) != 0;
 }
 
-// ssd_force_dstate_chain's setting: -1 for the plan's own choice, 0 never, 1 wherever the
+// ssd_force_dstate_chain's setting: -1 or 0 never (the plan's choice), 1 wherever the
 // kernel can run.
 std::atomic<int> g_forced_dstate_chain{-1};
 
 // Whether the backward's local dstates and reverse state pass run as one chained launch
-// (SsdChunkScanLaunch::dstate_chain): where the kernel can (the group products and the
-// chunk-state kernel's products on wgmma: 16-bit inputs, 128 state columns a block, an
-// sm_90 device with the build's sm_90a code; no seq_idx; positions, heads and state
-// elements), and, the plan's choice, where a chunk's blocks, one a chain (B·H·⌈D/64⌉·⌈N/128⌉),
-// fill the multiprocessors: with fewer, the chains' hand-overs from chunk to chunk leave
-// the GPU waiting.
+// (SsdChunkScanLaunch::dstate_chain): only where forced (ssd_force_dstate_chain), and there
+// where the kernel can run (the group products and the chunk-state kernel's products on
+// wgmma: 16-bit inputs, 128 state columns a block, an sm_90 device with the build's sm_90a
+// code; no seq_idx; positions, heads and state elements). Measured on an H100 (bf16;
+// BENCHMARKS.md, "The SSD backward's dstate chain"): at the Mamba-2 2.7B shape its kernels
+// sum to 1730-1747 us against 1805-1817 for the two kernels' backward, but the pass takes
+// 1718-1725 against 1650-1655 (the chain, about 290 us beside the dCB kernel, holds its
+// multiprocessors while each block waits for the chunk after it), and it is slower at
+// every smaller shape measured: the plan keeps the two kernels.
 bool dstate_chain(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
-  const int forced = g_forced_dstate_chain.load(std::memory_order_relaxed);
-  const int64_t chains = l.batch * l.heads * ((l.head_dim + 63) / 64) * ((l.state_dim + 127) / 128);
-  return forced != 0 && l.group_products && l.state_wgmma && !desc.options.has_seq_idx &&
-         l.batch * l.seqlen * l.heads * l.head_dim * l.state_dim > 0 && (forced == 1 || chains >= l.sm_count);
+  return g_forced_dstate_chain.load(std::memory_order_relaxed) == 1 && l.group_products && l.state_wgmma &&
+         !desc.options.has_seq_idx && l.batch * l.seqlen * l.heads * l.head_dim * l.state_dim > 0;
 }
 
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
