@@ -378,7 +378,7 @@ def ssd_state_wgmma_cases() -> Iterator[Case]:
     multiply zeros) with N = 192 (a 64-column last block) through the staged forward, and
     the fused forward's N = 128 with D, z and initial states, then with seq_idx too (the
     packed-sequence instantiation); forward and backward (the recomputed states and the
-    local dstates; without seq_idx on sm_90a, the dstate chain: its two chunks' hand-over)."""
+    local dstates)."""
     for P, N, options, seq in ((96, 192, False, False), (64, 128, True, False), (64, 128, True, True)):
         yield (f"ssd chunk states P={P} N={N} options={options} seq_idx={seq}",
                lambda P=P, N=N, options=options, seq=seq: _ssd_fused_inputs(2, P, 1, N, options, seq),

@@ -665,7 +665,6 @@ def test_side_streams_of_several_host_threads_stay_apart():
 @pytest.mark.parametrize("switch, choices, expected", [
     ("_ssd_cuda_backward_side_stream", ["off"], "auto or off"),
     ("_ssd_cuda_state_wgmma", ["off"], "auto or off"),
-    ("_ssd_cuda_dstate_chain", ["on", "off"], "auto, off or on"),
     ("_ssd_cuda_dx_wgmma", ["on", "off"], "auto, off or on"),
     ("_ssd_cuda_gate_rows", ["off"], "auto or off"),
     ("_state_update_whole_tiles", ["on", "off"], "auto, off or on"),
@@ -844,18 +843,13 @@ _VARIANT_KERNELS = {
     ("backward", "chunked"): {"ssd_chunk_state_kernel", "ssd_state_pass_kernel", "ssd_state_pass_bwd_kernel",
                               "ssd_scan_kernel", "ssd_dacs_kernel"},
 }
-# group_wgmma runs group_mma's kernels (the dC/dB kernel's products on wgmma); their _chain
-# forms (forced: test_dstate_chain_keeps_the_bits) run the local dstates and the reverse
-# state pass as one chained kernel (the recomputed forward states keep their two kernels)
+# group_wgmma runs group_mma's kernels (the dC/dB kernel's products on wgmma)
 _VARIANT_KERNELS[("backward", "group_wgmma")] = _VARIANT_KERNELS[("backward", "group_mma")]
-for _name in ("group_mma", "group_wgmma"):
-    _VARIANT_KERNELS[("backward", _name + "_chain")] = \
-        _VARIANT_KERNELS[("backward", _name)] - {"ssd_state_pass_bwd_kernel"} | {"ssd_dstate_chain_kernel"}
 # Kernels no variant shares: each is the mark of the variants that list it.
 _MARKS = {"ssd_fused_cb_kernel", "ssd_fused_forward_kernel", "ssd_fused_forward_sm90_kernel",
           "ssd_tc_chunk_state_kernel", "ssd_chunk_state_kernel", "ssd_tc_scan_kernel", "ssd_scan_kernel",
           "ssd_tc_dacs_kernel", "ssd_dacs_kernel",
-          "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel", "ssd_dstate_chain_kernel"}
+          "ssd_group_dcb_kernel", "ssd_group_dx_kernel", "ssd_group_grad_kernel"}
 
 
 def _ssd_kernels_run(fn):
@@ -888,81 +882,6 @@ def test_explain_names_the_kernels_that_run(case):
         ran = _ssd_kernels_run(fn)
         assert want <= ran, (mode, variant, sorted(want - ran))
         assert not (ran & _MARKS) - want, (mode, variant, sorted((ran & _MARKS) - want))
-
-
-# ---- the backward's local dstates and reverse state pass chained (dstate_chain) ----------
-
-@requires_cuda
-@pytest.mark.parametrize("case", [
-    (torch.bfloat16, (2, 700, 8, 64, 128, 1, 256), True),   # 3 chunks, the last one short
-    (torch.bfloat16, (1, 300, 4, 64, 256, 2, 128), False),  # two 128-column blocks of N
-    (torch.float16, (1, 530, 2, 64, 100, 1, 256), True),    # N not a multiple of 8: a short block
-    (torch.bfloat16, (1, 333, 2, 96, 192, 1, 128), False),  # a 32-row head_dim tile, a 64-column block
-    (torch.float16, (1, 200, 2, 64, 65, 1, 64), True),      # N odd: no pairs of state columns
-    (torch.bfloat16, (1, 100, 4, 64, 128, 1, 256), True),   # one chunk: no hand-over
-], ids=["bf16-N128", "bf16-N256", "f16-N100", "bf16-P96-N192", "f16-N65", "bf16-one-chunk"])
-@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
-def test_dstate_chain_keeps_the_bits(case, keep):
-    """The local dstates and the reverse state pass in one chained launch (with the group
-    products and the chunk-state kernel on wgmma, without seq_idx; forced: the plan keeps
-    the two kernels) give the two kernels' Gn_c: dx, dB, dC, dz and dinitial_states the
-    same bits, NaN-poisoned outputs; ddt, dA, ddt_bias and dD from ⟨Gn_c, H_c⟩ partials summed in another order,
-    within float32 rounding of them and against the float64 reference; with the forward's
-    states kept or recomputed, replayed from a CUDA graph; and explain names it."""
-    if not has_wgmma():
-        pytest.skip("the dstate chain runs the chunk-state kernel's wgmma products (sm_90a)")
-    dtype, (b, L, H, P, N, G, Q), options = case
-    rng = random.Random(hash((L, N, keep)) & 0xFFFF)
-    t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", D=options and "h", z=options, dt_bias=options,
-                      init=True, seq_idx=False, softplus=options, limit=False, mixed=False)
-    torch.manual_seed(L + N)
-    dout = torch.randn_like(t["x"])
-    dfinal = torch.randn(b, H, N, P, device="cuda").transpose(-1, -2)  # strided
-    args = [t[k] for k in ("x", "dt", "A", "B", "C")]
-
-    def run():
-        return run_ours(t, kw, Q, dout, dfinal)[2]
-
-    def names(fn):
-        return " ".join(cuda_kernel_names(fn))
-
-    keep_before = mamba.set_keep_chunk_states(keep)
-    try:
-        previous = bt._C._ssd_cuda_dstate_chain("off")
-        try:
-            assert not _backward_variant(args, Q).endswith("_chain")
-            expected = run()
-            assert "ssd_dstate_chain_kernel" not in names(run)
-        finally:
-            bt._C._ssd_cuda_dstate_chain(previous)
-        previous = bt._C._ssd_cuda_dstate_chain("on")
-        try:
-            assert _backward_variant(args, Q).endswith("_chain")
-            poison_fresh_outputs()
-            got = run()
-            ran = names(run)
-            assert "ssd_dstate_chain_kernel" in ran and "ssd_state_pass_bwd_kernel" not in ran, ran
-            graph, out_g = capture_graph(lambda: list(run().values()))
-            for u in out_g:
-                u.fill_(float("nan"))
-            graph.replay()
-            graph.replay()
-            torch.cuda.synchronize()
-            check_case(t, kw, Q, "the dstate chain")  # against float64
-        finally:
-            bt._C._ssd_cuda_dstate_chain(previous)
-    finally:
-        mamba.set_keep_chunk_states(keep_before)
-    assert got.keys() == expected.keys()
-    for (k, g), u in zip(got.items(), out_g):
-        assert torch.equal(g, u), k  # the graph's replays
-        e = expected[k]
-        assert torch.isfinite(g).all(), k
-        if k in ("x", "B", "C", "z", "initial_states"):
-            assert torch.equal(g, e), k
-        else:  # dt, A, dt_bias, D: the partials' order
-            rel = ((g.double() - e.double()).norm() / e.double().norm()).item()
-            assert rel < 1e-5, (k, rel)
 
 
 # ---- the chunk states kept for the backward (keep_states) --------------------------------

@@ -421,28 +421,9 @@ bool backward_side_stream(const SsdChunkScanLaunch& l) {
   return l.group_products && g_forced_side_stream.load(std::memory_order_relaxed) != 0;
 }
 
-// ssd_force_dstate_chain's setting: -1 or 0 never (the plan's choice), 1 wherever the
-// kernel can run.
-std::atomic<int> g_forced_dstate_chain{-1};
-
-// Whether the backward's local dstates and reverse state pass run as one chained launch
-// (SsdChunkScanLaunch::dstate_chain): only where forced (ssd_force_dstate_chain), and there
-// where the kernel can run (the group products and the chunk-state kernel's products on
-// wgmma: 16-bit inputs, 128 state columns a block, an sm_90 device with the build's sm_90a
-// code; no seq_idx; positions, heads and state elements). Measured on an H100 (bf16;
-// BENCHMARKS.md, "The SSD backward's dstate chain"): at the Mamba-2 2.7B shape its kernels
-// sum to 1730-1747 us against 1805-1817 for the two kernels' backward, but the pass takes
-// 1718-1725 against 1650-1655 (the chain, about 290 us beside the dCB kernel, holds its
-// multiprocessors while each block waits for the chunk after it), and it is slower at
-// every smaller shape measured: the plan keeps the two kernels.
-bool dstate_chain(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
-  return g_forced_dstate_chain.load(std::memory_order_relaxed) == 1 && l.group_products && l.state_wgmma &&
-         !desc.options.has_seq_idx && l.batch * l.seqlen * l.heads * l.head_dim * l.state_dim > 0;
-}
-
 const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
                          SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                         bool group_wgmma = false, bool chain = false) {
+                         bool group_wgmma = false) {
   switch (v) {
     case SsdVariant::Sequential: return "sequential";
     case SsdVariant::CpuChunked: return "chunked";
@@ -450,7 +431,6 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
       if (forward == SsdCudaForward::FusedMma) return "fused_mma";
       if (forward == SsdCudaForward::FusedMmaCb) return "fused_mma_cb";
       if (forward == SsdCudaForward::FusedWgmma) return "fused_wgmma";
-      if (group && chain) return group_wgmma ? "group_wgmma_chain" : "group_mma_chain";
       if (group) return group_wgmma ? "group_wgmma" : "group_mma";
       return uses_tensor_cores(desc, v) ? "chunked_mma" : "chunked";
     case SsdVariant::Zeros: return "zeros";
@@ -460,12 +440,12 @@ const char* variant_name(const SsdChunkScanDescriptor& desc, SsdVariant v,
 
 KernelSku make_sku(const SsdChunkScanDescriptor& desc, SsdVariant v, bool backward,
                    SsdCudaForward forward = SsdCudaForward::Staged, bool group = false,
-                   bool group_wgmma = false, bool chain = false) {
+                   bool group_wgmma = false) {
   KernelSku sku;
   sku.family = kFamily;
   sku.op = backward ? kBackwardOp : kOp;
   sku.element = desc.x.dtype;
-  sku.variant = variant_name(desc, v, forward, group, group_wgmma, chain);
+  sku.variant = variant_name(desc, v, forward, group, group_wgmma);
   sku.backend = desc.device.backend;
   sku.arch = desc.device.arch;
   // The CPU's "sequential" runs the recurrence in float64 for every dtype; the chunked
@@ -520,10 +500,6 @@ std::optional<bool> ssd_force_state_wgmma(std::optional<bool> force) {
 
 std::optional<bool> ssd_force_dx_wgmma(std::optional<bool> force) {
   return exchange_forced(g_forced_dx_wgmma, force);
-}
-
-std::optional<bool> ssd_force_dstate_chain(std::optional<bool> force) {
-  return exchange_forced(g_forced_dstate_chain, force);
 }
 
 std::optional<bool> ssd_force_gate_rows(std::optional<bool> force) {
@@ -636,7 +612,6 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.state_tile_n = state_tile_n(f, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(f, p.launch_);
   p.launch_.dx_wgmma = dx_wgmma(f, p.launch_);
-  p.launch_.dstate_chain = dstate_chain(f, p.launch_);
   // The forward's kept chunk states replace the recomputed ones on the tensor-core path,
   // which reads H_c in 16 bits (the SIMT kernels read them in float32 and recompute):
   // H100, the 2.7B shape's backward 1882-1888 -> 1645-1655 us, its forward 540 -> 559
@@ -644,8 +619,7 @@ SsdChunkScanBackwardPlan SsdChunkScanBackwardPlan::select(
   p.launch_.keep_states = desc.has_states && p.launch_.tensor_cores;
   p.kernel_workspace_ = kernel_workspace(p.variant_, p.launch_, true, kBackwardOp);
   p.workspace_ = with_alignment_slack(p.kernel_workspace_);
-  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma,
-                    p.launch_.dstate_chain);
+  p.sku_ = make_sku(f, p.variant_, true, SsdCudaForward::Staged, p.launch_.group_products, p.launch_.group_wgmma);
   return p;
 }
 

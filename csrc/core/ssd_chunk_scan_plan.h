@@ -92,14 +92,6 @@ std::optional<bool> ssd_force_state_wgmma(std::optional<bool> force);
 // wgmma wherever the kernel can (D or not), std::nullopt restores the plan's choice.
 // Returns the previous setting.
 std::optional<bool> ssd_force_dx_wgmma(std::optional<bool> force);
-// With the group products and the chunk-state kernel on wgmma, and no seq_idx, the
-// backward's local dstates and reverse state pass can run as one chained launch
-// (SsdChunkScanLaunch::dstate_chain): the same Gn_c, dx, dB, dC and dinitial_states bits,
-// ddt, dA and ddt_bias from ⟨Gn_c, H_c⟩ partials summed in another order. The plan never
-// takes it (slower on an H100 than the two kernels, see dstate_chain in the .cpp). Tests
-// and benchmarks only: `force` true takes the chain wherever it can run; false or
-// std::nullopt keeps the two kernels. Returns the previous setting.
-std::optional<bool> ssd_force_dstate_chain(std::optional<bool> force);
 // With z given and dD's partials from the dx kernel the plan runs the gate kernel by
 // positions' rows (SsdChunkScanLaunch::gate_rows): the same bits as the segment kernel.
 // Tests and benchmarks only: `force` false keeps the segment kernel; true or std::nullopt
@@ -270,13 +262,6 @@ struct SsdChunkScanLaunch {
   // launch of the dCB and dx kernels beside its plain one (kernels/cuda/side_stream.cuh;
   // see ssd_force_backward_side_stream).
   bool side_stream = false;
-  // With group_products and state_wgmma (16-bit inputs, no seq_idx; forced only, see
-  // ssd_force_dstate_chain): the backward's local dstates and its reverse state pass in
-  // one launch (ssd_dstate_chain_kernel, kernels/cuda/
-  // ssd_chunk_scan_backward_chain.cu): each block of a chunk hands G_c to the block of the
-  // chunk before it through L2, so the local dstates make no float32 round trip through
-  // memory (the workspace holds no `gstates`; see ssd_force_dstate_chain).
-  bool dstate_chain = false;
   // With group_products: the dCB pass splits each group's heads over this many blocks
   // per tile pair, each writing its own partial dCB (summed in split order where dC and
   // dB read it), so that its blocks fill whole rounds of the GPU (see ssd_dcb_splits).

@@ -157,13 +157,6 @@ PYBIND11_MODULE(_C, m) {
   // sm_90a with 128 state columns a block) or "off" (mma.sync everywhere); returns the
   // previous setting.
   def_switch(m, "_ssd_cuda_state_wgmma", kOff, ssd_force_state_wgmma);
-  // Tests and benchmarks only: whether the SSD's CUDA backward runs its local dstates and
-  // reverse state pass as one chained launch (SsdChunkScanLaunch::dstate_chain), "auto"
-  // (the plan's choice: never, the two kernels), "on" (wherever the kernel can run: the
-  // group products and the chunk-state kernel on wgmma, no seq_idx) or "off" (the two
-  // kernels); returns the previous setting.
-  static const std::pair<const char*, bool> kOnOff[] = {{"off", false}, {"on", true}};
-  def_switch(m, "_ssd_cuda_dstate_chain", kOnOff, ssd_force_dstate_chain);
   // Tests and benchmarks only: whether the SSD's group dx kernel runs P·dy on wgmma
   // (SsdChunkScanLaunch::dx_wgmma), "auto" (the plan's choice: on sm_90a with D), "off"
   // (mma.sync everywhere) or "on" (wgmma wherever the kernel can, D or not); returns the

@@ -151,19 +151,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// A counter read with acquire and written with release semantics at GPU scope (sm_70+):
-// the hand-overs between blocks of one launch (the SSD's chained chunk states), where a
-// block publishes a count after its stores and another waits for it before its loads.
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
 // Throws PlanError(Internal) naming the op if the last launch failed.
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();

@@ -202,13 +202,8 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //                                  group_products it keeps the local dstate: Gn_c goes
 //                                  to gstates_t alone)
 //   gstates_t [B, H, nc, D, N] T   as states_t, for Gn_c
-//   kpart     [B, H, nc, kparts]   partials of ⟨Gn_c, H_c⟩ (→ W): one per block of the state
-//                                  pass, kparts = kblocks = ⌈D·N/(256·V)⌉ (V = ssd_pass_vec: 4
-//                                  float32 or 2 float64 elements), or with dstate_chain one a
-//                                  chain's tile, kparts = ⌈D/64⌉·⌈N/128⌉
-//   (dstate_chain: no gstates; in its place the chain's ticket and counters, 1 + C ints,
-//   and its ring [C][2][64][128] of float32 G_c tiles, C = B·H·⌈D/64⌉·⌈N/128⌉ chains;
-//   kernels/cuda/ssd_chunk_scan_backward_chain.cu)
+//   kpart     [B, H, nc, kblocks]  partials of ⟨Gn_c, H_c⟩ (→ W), kblocks = ⌈D·N/(256·V)⌉
+//                                  (V = ssd_pass_vec: 4 float32 or 2 float64 elements)
 //   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
 //   vp        [B, H, L, ⌈D/64⌉]     partials of x·dxpre(inter-chunk part) (→ V)
 //   up        [B, H, L, ⌈N/64⌉]     partials of U per 64-column tile
@@ -236,13 +231,12 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   (dbp and dDp are reserved whether or not dt_bias and D are given: the plan sizes the
 //   workspace before it knows the pointers; both are small next to the states.)
 // Size: 8·B·H·L bytes (acs) plus, in Acc elements, (2 + 2·⌈D/64⌉ + ⌈N/64⌉)·B·H·L
-// + 2·B·H·nc·D·N + B·H·nc·(kparts + 1) + [S > 1]·S·B·L·G·N (S'·B·G·nc·Q'² + 2·B·H·nc·P'·64
+// + 2·B·H·nc·D·N + B·H·nc·(kblocks + 1) + [S > 1]·S·B·L·G·N (S'·B·G·nc·Q'² + 2·B·H·nc·P'·64
 // + B·G·nc·P'·4096 in place of the splits with group_products), each buffer rounded up
 // to 256 bytes, plus 2·2·B·H·nc·D·N bytes with the state copies and B·L·H·D elements of
 // the input type with z (dyp), or 4·B·L bytes (seg) without them; the forward needs acs,
 // dtf, seg and states (and states_t) only (8·B·H·L bytes + B·H·L + B·H·nc·D·N Acc, plus
-// 4·B·L or 2·B·H·nc·D·N bytes). With dstate_chain the backward holds no gstates (B·H·nc·D·N
-// Acc fewer) and 4·(1 + C) + 2·4·64·128·C bytes for the chain (C its chains).
+// 4·B·L or 2·B·H·nc·D·N bytes).
 // dD's partial sums a (h, d): one per kSsdDSeg positions of the flattened b·L + t (the gate
 // kernel), or, with dD_in_dx, one per (b, chunk, 64-row tile of Q') in that order (the
 // group dx kernel; a tile past a short last chunk writes zeros).
@@ -255,11 +249,8 @@ struct SsdWorkspace {
   size_t acs = 0, dtf = 0, seg = 0, states = 0, gstates = 0, kpart = 0, ddtp = 0, vp = 0, up = 0,
          xs = 0, dap = 0, split = 0, dbp = 0, dDp = 0, dyp = 0, dcb = 0, dcb_t = 0, xin = 0, xsuf = 0, cbt = 0;
   size_t states_t = 0, gstates_t = 0;  // (ssd_state_copies only)
-  size_t chain_ctr = 0, chain_ring = 0;  // (dstate_chain only)
   size_t total = 0;
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
-  int64_t kparts = 0;  // ⟨Gn_c, H_c⟩ partials a (b, h, c): kblocks, or the chain's tiles
-  int64_t chains = 0;  // dstate_chain: B·H·d_tiles·⌈N/128⌉
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
   int64_t dcb_ld = 0;           // Q' (group_products)
 };
@@ -288,11 +279,6 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   // ⟨Gn_c, H_c⟩ partials: one per block of ssd_state_pass_bwd_kernel (256·V elements)
   const int64_t per_block = kSsdThreads * ssd_pass_vec(l.compute);
   w.kblocks = (dn + per_block - 1) / per_block;
-  w.kparts = w.kblocks;
-  if (backward && l.dstate_chain) {  // one a chain's tile (ssd_chunk_scan_backward_chain.cu)
-    w.kparts = w.d_tiles * ((l.state_dim + 2 * kSsdTile - 1) / (2 * kSsdTile));
-    w.chains = bh * w.kparts;
-  }
   const int64_t hpg = l.groups > 0 ? l.heads / l.groups : 0;
   w.nsplit = hpg > kSsdHeadsPerBlock ? (hpg + kSsdHeadsPerBlock - 1) / kSsdHeadsPerBlock : 1;
   // Splits of hps ≤ 8 heads, the last possibly fewer but never empty:
@@ -312,13 +298,9 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
   w.states = take(backward && l.keep_states ? 0 : bh * nc * dn);
   if (copies && !l.keep_states) w.states_t = take(bh * nc * dn, 2);
   if (backward) {
-    w.gstates = take(l.dstate_chain ? 0 : bh * nc * dn);
+    w.gstates = take(bh * nc * dn);
     if (copies) w.gstates_t = take(bh * nc * dn, 2);
-    if (l.dstate_chain) {
-      w.chain_ctr = take(1 + w.chains, sizeof(int));
-      w.chain_ring = take(w.chains * 2 * kSsdTile * 2 * kSsdTile, sizeof(float));
-    }
-    w.kpart = take(bh * nc * w.kparts);
+    w.kpart = take(bh * nc * w.kblocks);
     w.ddtp = take(bh * l.seqlen * w.d_tiles);
     w.vp = take(bh * l.seqlen * w.d_tiles);
     w.up = take(bh * l.seqlen * w.n_tiles);
@@ -1684,11 +1666,6 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "dD_in_dx needs the group products' dx kernel");
   if (l.side_stream && !(backward && l.group_products))
     fail(PlanErrorKind::Internal, op, "side_stream is the group products' backward's");
-  if (l.dstate_chain && !(backward && l.group_products && l.state_wgmma && ssd_state_copies(l) &&
-                          l.seq_idx == nullptr && l.batch * l.seqlen * l.heads * l.head_dim * l.state_dim > 0))
-    fail(PlanErrorKind::Internal, op,
-         "dstate_chain needs the group products' backward with the chunk-state kernel on wgmma, 16-bit inputs, "
-         "no seq_idx and a non-empty problem");
   if (backward && l.gated != (l.z != nullptr))
     fail(PlanErrorKind::Internal, op, "gated must say whether z is given (the workspace's dy_pre)");
   if (l.state_tile_n != 0 && l.state_tile_n != kSsdTile && l.state_tile_n != 2 * kSsdTile)
@@ -1915,7 +1892,7 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.batch = l.batch, p.seqlen = l.seqlen, p.heads = l.heads, p.chunk = l.chunk_size;
   p.nchunks = l.nchunks();
   p.total = l.batch * l.heads * p.nchunks;
-  p.kblocks = w.kparts, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
+  p.kblocks = w.kblocks, p.d_tiles = w.d_tiles, p.n_tiles = w.n_tiles;
   p.A = static_cast<const Acc*>(l.A);
   p.A_s = l.A_stride;
   p.dt = ssd_dt_in<T>(l);

@@ -1,10 +1,9 @@
 // Mamba-2 SSD chunk scan, CUDA backward: dy_pre, dz and the dD partials (with z or D), then
 // recompute the chunk states H_c (ssd_chunk_scan_states.cu, shared with the forward; not
-// where the forward kept them, SsdChunkScanLaunch::states), the local dstates and the
+// where the forward kept them, SsdChunkScanLaunch::states), the
 // reverse state pass for Gn_c = G_{c+1} (seeded by dfinal_states, ending in
-// dinitial_states; with dstate_chain one launch, ssd_chunk_scan_backward_chain.cu), the
-// per-chunk products for dx, dC and dB and the crossing sums X_s (each in its own
-// translation unit so they compile in parallel), then the finalize kernels for
+// dinitial_states), the per-chunk products for dx, dC and dB and the crossing sums X_s (each
+// in its own translation unit so they compile in parallel), then the finalize kernels for
 // ddt, dA, ddt_bias, and last dD (see ssd_chunk_scan.cuh for the formulas and the workspace
 // layout; float16 and bfloat16 run the tensor-core kernels of ssd_chunk_scan_tc.cuh on
 // sm_80+).
@@ -26,8 +25,6 @@ void ssd_backward_dacs(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaS
 void ssd_backward_group_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 void ssd_backward_group_grad(const SsdChunkScanLaunch& l, const SsdWorkspace& w, bool db, cudaStream_t s);
 void ssd_backward_group_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
-// ssd_chunk_scan_backward_chain.cu (dstate_chain)
-void ssd_backward_dstate_chain(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t s);
 }  // namespace cuda
 
 size_t ssd_chunk_scan_cuda_backward_workspace(const SsdChunkScanLaunch& l) {
@@ -64,12 +61,9 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream) {
   // idle at times (the passes walk the chunks in order).
   const cudaStream_t sd = l.side_stream ? side_stream_fork(s, 0) : s;
   if (l.group_products) ssd_backward_group_dcb(lb, w, sd);
-  if (l.dstate_chain)
-    ssd_backward_dstate_chain(lb, w, s);  // the same, in one chained launch
-  else
-    dispatch_floating(l.element, [&](auto tag) {
-      ssd_run_states<decltype(tag), /*BW=*/true>(lb, w, l.dinitial_states, s);  // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
-    });
+  dispatch_floating(l.element, [&](auto tag) {
+    ssd_run_states<decltype(tag), /*BW=*/true>(lb, w, l.dinitial_states, s);  // local dstate → Gn_c, ⟨Gn_c, H_c⟩ partials
+  });
   if (l.side_stream) side_stream_join(s, 0);
   if (l.group_products) {
     ssd_backward_group_dx(lb, w, s);           // dx (+ D·dy_pre) from those tiles; partials of ddt(direct) and V

@@ -583,126 +583,17 @@ __host__ __device__ constexpr int ssd_cs_smem() {  // the ring of swizzled tiles
 // are refilled), so they run while step k + 1's copies land. H100, the 2.7B shape: 131-135
 // µs a launch against 144-150 (the plan's state_wgmma); with 7 sequences a row (SEG) the
 // backward's dstates 122.7 against 136.3 µs, its S_c level (142.2 against 140.9).
-// The products of one (b, h, c, d tile, state block) of the kernel below into acc (the
-// block's ring and step weights as the kernel declares them; d0, n0 the tile's first row
-// and column, dv, nv how many exist). Ends with every product waited for and the ring's
-// copies landed; the caller's barrier comes before the ring is used again.
-// (ssd_dstate_chain_kernel runs the backward's local dstate through it too.)
-template <typename T, bool DSTATE, int NT, bool SEG, bool WG>
-__device__ __forceinline__ void tc_chunk_state_tile(const SsdStateParams<T>& p, int64_t b, int64_t h, int64_t c,
-                                                    int d0, int n0, int dv, int nv, unsigned char* ring,
-                                                    float (&sW)[kSsdCsStages][kSsdTile], int& sCut,
-                                                    float (&acc)[NT][8][4]) {
-  constexpr int STAGES = kSsdCsStages;
-  constexpr int kStage = (1 + NT) * kSsdTileBytes;  // X [64][64], Y [64][64·NT]
-  auto sX = [&](int k) { return ring + (k % STAGES) * kStage; };
-  auto sY = [&](int k) { return ring + (k % STAGES) * kStage + kSsdTileBytes; };
-  const int warp = threadIdx.x / 32;
-  const int64_t g = h / p.hpg, bh = b * p.heads + h;
-  const int64_t t0 = c * p.chunk;
-  const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
-  const double* acs = p.acs + bh * p.seqlen + t0;
-  const float* dtf = p.dtf + bh * p.seqlen + t0;
-  const double acs_last = acs[len - 1];
-  const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2] + d0 * p.xo.s[3];
-  const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2] + n0 * p.yo.s[3];
-  const bool live = 16 * warp < dv;
-  // The positions that enter, [lo, hi): the whole chunk, or with a start in it (seg, a
-  // count that grows with the position) those of its last (forward) or first (backward)
-  // sequence.
-  int lo = 0, hi = len;
-  if (SEG && p.seg[b * p.seqlen + t0 + len - 1] != 0) {  // (block-uniform)
-    const int32_t* seg = p.seg + b * p.seqlen + t0;
-    if (threadIdx.x == 0) sCut = DSTATE ? len : 0;
-    __syncthreads();
-    int cut = DSTATE ? len : 0;
-    for (int s = threadIdx.x; s < len; s += kTcThreads)  // (a start at the chunk's first position counts)
-      if (seg[s] != (s > 0 ? seg[s - 1] : 0)) cut = DSTATE ? min(cut, s) : max(cut, s);
-    if (DSTATE)
-      atomicMin(&sCut, cut);
-    else
-      atomicMax(&sCut, cut);
-    __syncthreads();
-    (DSTATE ? hi : lo) = sCut;
-  }
-  const int k_begin = lo / kSsdTile, steps = (hi + kSsdTile - 1) / kSsdTile;
-  auto issue = [&](int k) {  // step k's copies (none past hi); always a commit group
-    if (k < steps) {
-      const int s0 = k * kSsdTile, rows = min(kSsdTile, hi - s0);
-      sw128_fill<T>(sX(k), kSsdTile, kSsdTile, X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], rows, dv);
-      sw128_fill<T>(sY(k), kSsdTile, NT * kSsdTile, Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], rows, nv);
-    }
-    ssd_cp_async_commit();
-  };
-  // Threads 0..63 load step k's Acs_s and dt_s one step ahead, into registers (the index
-  // clamped into the chunk, so the load is unconditional and nothing waits for it before
-  // the step that uses it).
-  double a_s = 0.0;
-  float dt_s = 0.0f;
-  // (forward: a position before lo weighs 0, its Acs and dt not read: they may not be finite)
-  auto load_w = [&](int k) {
-    if (threadIdx.x < kSsdTile && k < steps) {
-      const int s = min(k * kSsdTile + static_cast<int>(threadIdx.x), hi - 1);
-      const bool in = !SEG || DSTATE || s >= lo;
-      a_s = in ? acs[s] : acs_last;
-      if constexpr (!DSTATE) dt_s = in ? dtf[s] : 0.0f;
-    }
-  };
-#pragma unroll
-  for (int j = 0; j < NT; ++j) tc_zero(acc[j]);
-  float(&accf)[NT * 32] = reinterpret_cast<float(&)[NT * 32]>(acc);
-  uint32_t af[4][4];
-#pragma unroll
-  for (int k = 0; k < STAGES - 1; ++k) issue(k_begin + k);
-  load_w(k_begin);
-  if (SEG && lo % kSsdTile != 0) {  // (block-uniform) the first step's rows before lo, both operands, to 0
-    ssd_cp_async_wait<0>();
-    __syncthreads();  // its copies have landed
-    const int skip = lo % kSsdTile;
-    for (int e = threadIdx.x; e < skip * (1 + NT) * 16; e += kTcThreads) {
-      const int r = e / ((1 + NT) * 16), q = e % ((1 + NT) * 16);  // q: 8 bytes of the row's X, then Y's panels
-      unsigned char* at = q < 16 ? sX(k_begin) + r * 128 + q * 8
-                                 : sY(k_begin) + ((q - 16) / 16) * kSsdTileBytes + r * 128 + (q % 16) * 8;
-      *reinterpret_cast<uint2*>(at) = make_uint2(0u, 0u);
-    }
-  }
-  for (int k = k_begin; k < steps; ++k) {
-    ssd_cp_async_wait<STAGES - 2>();  // step k's copies (this thread's) have landed
-    if constexpr (WG) fence_proxy_async();
-    const int s0 = k * kSsdTile, rows = min(kSsdTile, hi - s0);
-    float* w = sW[k % STAGES];
-    if (threadIdx.x < kSsdTile) {  // (0 past hi: those X rows are zeros, w may not be finite)
-      const int r = threadIdx.x;
-      w[r] = r >= rows ? 0.0f : DSTATE ? ssd_decay<float>(a_s) : ssd_decay<float>(acs_last - a_s) * dt_s;
-    }
-    if constexpr (WG) {  // step k − 1's products are done with its buffers and af
-      wgmma_wait<0>();
-      wgmma_keep(af);
-      wgmma_fence_regs(accf);
-    }
-    __syncthreads();  // step k, its weights (and zeroed rows) are visible; step k − 1's buffers are free
-    issue(k + STAGES - 1);
-    load_w(k + 1);
-    if constexpr (WG)
-      tc_wgmma_wk<T, NT>(accf, af, sX(k), 2 * warp, sY(k), w);
-    else if (live)
-      tc_warp_gemm_wk<T, NT>(acc, sX(k), 2 * warp, sY(k), (rows + 15) / 16, w, nv);
-  }
-  if constexpr (WG) {
-    wgmma_wait<0>();
-    wgmma_keep(af);
-    wgmma_fence_regs(accf);
-  }
-  ssd_cp_async_wait<0>();  // (only empty groups are left)
-}
-
 template <typename T, bool DSTATE, int NT, bool SEG = false, bool WG = false>
 __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const SsdStateParams<T> p) {
+  constexpr int STAGES = kSsdCsStages;
+  constexpr int kStage = (1 + NT) * kSsdTileBytes;  // X [64][64], Y [64][64·NT]
   extern __shared__ __align__(16) unsigned char ssd_dyn_smem[];
   unsigned char* ring = gmma_align1024(ssd_dyn_smem);
-  __shared__ __align__(16) float sW[kSsdCsStages][kSsdTile];  // the step's w_s
+  __shared__ __align__(16) float sW[STAGES][kSsdTile];  // the step's w_s
   __shared__ int sCut;  // seg: the chunk's last (forward) or first (backward) sequence start
-  const int warp = threadIdx.x / 32, g8 = threadIdx.x % 32 / 4;
+  auto sX = [&](int k) { return ring + (k % STAGES) * kStage; };
+  auto sY = [&](int k) { return ring + (k % STAGES) * kStage + kSsdTileBytes; };
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4;
   const int n_blocks = (p.n_tiles + NT - 1) / NT;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
     const bool narrow = ssd_narrow(p.total_blocks);
@@ -711,14 +602,109 @@ __global__ void __launch_bounds__(kTcThreads) ssd_tc_chunk_state_kernel(const Ss
     const int dtl = static_cast<int>(ssd_peel(rest, p.d_tiles, narrow));
     const int64_t c = ssd_peel(rest, p.nchunks, narrow);
     const int64_t h = ssd_peel(rest, p.heads, narrow), b = rest;
+    const int64_t g = h / p.hpg, bh = b * p.heads + h;
+    const int64_t t0 = c * p.chunk;
+    const int len = static_cast<int>(min(p.chunk, p.seqlen - t0));
     const int d0 = dtl * kSsdTile, n0 = nb * NT * kSsdTile;
     const int dv = static_cast<int>(min(static_cast<int64_t>(kSsdTile), p.D - d0));
     const int nv = static_cast<int>(min(static_cast<int64_t>(NT * kSsdTile), p.N - n0));
+    const double* acs = p.acs + bh * p.seqlen + t0;
+    const float* dtf = p.dtf + bh * p.seqlen + t0;
+    const double acs_last = acs[len - 1];
+    const T* X = p.xo.p + b * p.xo.s[0] + t0 * p.xo.s[1] + h * p.xo.s[2] + d0 * p.xo.s[3];
+    const T* Y = p.yo.p + b * p.yo.s[0] + t0 * p.yo.s[1] + g * p.yo.s[2] + n0 * p.yo.s[3];
+    const bool live = 16 * warp < dv;
     __syncthreads();  // the previous virtual block is done with the ring (and sCut)
+    // The positions that enter, [lo, hi): the whole chunk, or with a start in it (seg, a
+    // count that grows with the position) those of its last (forward) or first (backward)
+    // sequence.
+    int lo = 0, hi = len;
+    if (SEG && p.seg[b * p.seqlen + t0 + len - 1] != 0) {  // (block-uniform)
+      const int32_t* seg = p.seg + b * p.seqlen + t0;
+      if (threadIdx.x == 0) sCut = DSTATE ? len : 0;
+      __syncthreads();
+      int cut = DSTATE ? len : 0;
+      for (int s = threadIdx.x; s < len; s += kTcThreads)  // (a start at the chunk's first position counts)
+        if (seg[s] != (s > 0 ? seg[s - 1] : 0)) cut = DSTATE ? min(cut, s) : max(cut, s);
+      if (DSTATE)
+        atomicMin(&sCut, cut);
+      else
+        atomicMax(&sCut, cut);
+      __syncthreads();
+      (DSTATE ? hi : lo) = sCut;
+    }
+    const int k_begin = lo / kSsdTile, steps = (hi + kSsdTile - 1) / kSsdTile;
+    auto issue = [&](int k) {  // step k's copies (none past hi); always a commit group
+      if (k < steps) {
+        const int s0 = k * kSsdTile, rows = min(kSsdTile, hi - s0);
+        sw128_fill<T>(sX(k), kSsdTile, kSsdTile, X + s0 * p.xo.s[1], p.xo.s[1], p.xo.s[3], rows, dv);
+        sw128_fill<T>(sY(k), kSsdTile, NT * kSsdTile, Y + s0 * p.yo.s[1], p.yo.s[1], p.yo.s[3], rows, nv);
+      }
+      ssd_cp_async_commit();
+    };
+    // Threads 0..63 load step k's Acs_s and dt_s one step ahead, into registers (the index
+    // clamped into the chunk, so the load is unconditional and nothing waits for it before
+    // the step that uses it).
+    double a_s = 0.0;
+    float dt_s = 0.0f;
+    // (forward: a position before lo weighs 0, its Acs and dt not read: they may not be finite)
+    auto load_w = [&](int k) {
+      if (threadIdx.x < kSsdTile && k < steps) {
+        const int s = min(k * kSsdTile + static_cast<int>(threadIdx.x), hi - 1);
+        const bool in = !SEG || DSTATE || s >= lo;
+        a_s = in ? acs[s] : acs_last;
+        if constexpr (!DSTATE) dt_s = in ? dtf[s] : 0.0f;
+      }
+    };
     float acc[NT][8][4];
-    tc_chunk_state_tile<T, DSTATE, NT, SEG, WG>(p, b, h, c, d0, n0, dv, nv, ring, sW, sCut, acc);
-    if (16 * warp >= dv) continue;
-    float* out = p.out + ((b * p.heads + h) * p.nchunks + c) * p.D * p.N + n0;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) tc_zero(acc[j]);
+    float(&accf)[NT * 32] = reinterpret_cast<float(&)[NT * 32]>(acc);
+    uint32_t af[4][4];
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; ++k) issue(k_begin + k);
+    load_w(k_begin);
+    if (SEG && lo % kSsdTile != 0) {  // (block-uniform) the first step's rows before lo, both operands, to 0
+      ssd_cp_async_wait<0>();
+      __syncthreads();  // its copies have landed
+      const int skip = lo % kSsdTile;
+      for (int e = threadIdx.x; e < skip * (1 + NT) * 16; e += kTcThreads) {
+        const int r = e / ((1 + NT) * 16), q = e % ((1 + NT) * 16);  // q: 8 bytes of the row's X, then Y's panels
+        unsigned char* at = q < 16 ? sX(k_begin) + r * 128 + q * 8
+                                   : sY(k_begin) + ((q - 16) / 16) * kSsdTileBytes + r * 128 + (q % 16) * 8;
+        *reinterpret_cast<uint2*>(at) = make_uint2(0u, 0u);
+      }
+    }
+    for (int k = k_begin; k < steps; ++k) {
+      ssd_cp_async_wait<STAGES - 2>();  // step k's copies (this thread's) have landed
+      if constexpr (WG) fence_proxy_async();
+      const int s0 = k * kSsdTile, rows = min(kSsdTile, hi - s0);
+      float* w = sW[k % STAGES];
+      if (threadIdx.x < kSsdTile) {  // (0 past hi: those X rows are zeros, w may not be finite)
+        const int r = threadIdx.x;
+        w[r] = r >= rows ? 0.0f : DSTATE ? ssd_decay<float>(a_s) : ssd_decay<float>(acs_last - a_s) * dt_s;
+      }
+      if constexpr (WG) {  // step k − 1's products are done with its buffers and af
+        wgmma_wait<0>();
+        wgmma_keep(af);
+        wgmma_fence_regs(accf);
+      }
+      __syncthreads();  // step k, its weights (and zeroed rows) are visible; step k − 1's buffers are free
+      issue(k + STAGES - 1);
+      load_w(k + 1);
+      if constexpr (WG)
+        tc_wgmma_wk<T, NT>(accf, af, sX(k), 2 * warp, sY(k), w);
+      else if (live)
+        tc_warp_gemm_wk<T, NT>(acc, sX(k), 2 * warp, sY(k), (rows + 15) / 16, w, nv);
+    }
+    if constexpr (WG) {
+      wgmma_wait<0>();
+      wgmma_keep(af);
+      wgmma_fence_regs(accf);
+    }
+    ssd_cp_async_wait<0>();  // (only empty groups are left)
+    if (!live) continue;
+    float* out = p.out + (bh * p.nchunks + c) * p.D * p.N + n0;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       if (j * kSsdTile >= nv) continue;

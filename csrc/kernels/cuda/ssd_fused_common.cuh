@@ -108,6 +108,16 @@ __device__ __forceinline__ FusedTile fused_tile(const FusedParams& p, int ticket
   return t;
 }
 
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 // 2^x (MUFU.EX2; denormal results flush to 0).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
