@@ -3,7 +3,7 @@ by kernel, on the same tensors (bf16). Run on the GPU from the repo root, after
 ``scripts/peers.sh install`` (without peers/ only our side is shown):
   PYTHONPATH=$PWD python benchmarks/tune/profile_ssd_chunk_scan.py [--options [--no-z]] [--shapes 0,1]
       [--forwards auto,fused_mma] [--backwards auto,staged,group_mma] [--dtype float32] [--seqs 8]
-      [--one-stream] [--no-peer]
+      [--one-stream] [--graph] [--no-peer]
 For each shape and pass (forward; backward = the backward pass alone, autograd with a
 retained graph): the median time of the whole pass (CUDA events, benchmarks/harness.py's
 time_us) for both, then each side's kernels (torch.profiler, µs per call over REPS
@@ -22,6 +22,10 @@ CUDA forward kernels to compare ("auto": the plan's choice; "staged", "fused_mma
 (``_ssd_cuda_backward_side_stream("off")``); by default the plan runs some of the group
 products' kernels on side streams, where the kernels' sum counts the overlapped kernels in
 full and only the pass's time says what the overlap gains.
+``--graph``: each side also replayed from a CUDA graph of 5 calls (harness.time_us_graph:
+no host launch cost, as a training step captured whole runs): the forward, and the forward
+with its backward (the backward is their difference), so that the two sides' passes compare
+without mamba_ssm's Python and Triton launches, which the eager times include.
 ``--no-peer``: ours only (mamba_ssm's first calls autotune its Triton kernels, most of a
 run's minutes at the four shapes).
 ``--once``: our forward and backward (first of each list), three times each and nothing
@@ -41,7 +45,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import peers  # noqa: E402
-from harness import time_us  # noqa: E402
+from harness import time_us, time_us_graph  # noqa: E402
 
 import baracuda_torch as bt  # noqa: E402
 from baracuda_torch.mamba import mamba_chunk_scan_combined  # noqa: E402
@@ -110,13 +114,14 @@ def main():
     ap.add_argument("--one-stream", action="store_true", help="our backward's kernels all on one stream")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--seqs", type=int, default=0, help="packed sequences a row (seq_idx; 0: none)")
+    ap.add_argument("--graph", action="store_true", help="also time the passes replayed from CUDA graphs")
     ap.add_argument("--no-peer", action="store_true",
                     help="ours only: mamba_ssm's Triton autotuning takes most of a run's minutes")
     a = ap.parse_args()
     theirs = None if a.once or a.no_peer else peers.mamba_chunk_scan_combined()
     if a.one_stream:
         bt._C._ssd_cuda_backward_side_stream("off")
-    summary = []
+    summary, graphed = [], []
     for i in [int(s) for s in a.shapes.split(",")]:
         b, L, H, P, N, G = SHAPES[i]
         case = f"B{b} L{L} H{H} P{P} N{N} G{G} Q{CHUNK}" + (" +options" if a.options else "") + \
@@ -163,6 +168,15 @@ def main():
                 tf = time_us(fwd)[0]
             tb = time_us(bwd)[0]
             print(f" {name}: forward {tf:.0f} µs, backward {tb:.0f} µs")
+            if a.graph:
+                def fwd_nograd(f=f):
+                    with torch.no_grad():
+                        return f(*args, CHUNK, **kw)
+                step = lambda f=f: torch.autograd.grad(f(*args, CHUNK, **kw), leaves, dy)  # noqa: E731
+                gf, gs = time_us_graph(fwd_nograd, calls=5)[0], time_us_graph(step, calls=5)[0]
+                print(f" {name} from a CUDA graph: forward {gf:.0f} µs, forward + backward {gs:.0f} µs "
+                      f"(backward {gs - gf:.0f})")
+                graphed.append((case, name, gf, gs - gf))
             with torch.no_grad():
                 show(f"{name} forward", kernels(fwd))
             show(f"{name} backward", kernels(bwd))
@@ -176,11 +190,15 @@ def main():
             for name, o in outs.items():
                 rel = ((o.double() - b_).norm() / b_.norm()).item()
                 print(f" {name} vs mamba_ssm output: rel L2 {rel:.2e}")
-        del args, kw, leaves, outs, dy
+        args = kw = leaves = outs = dy = None  # (freed before the next shape)
         torch.cuda.empty_cache()
     print("\ncase | provider | forward µs | backward µs")
     for case, name, tf, tb in summary:
         print(f"{case} | {name} | {tf:.0f} | {tb:.0f}")
+    if graphed:
+        print("\nfrom CUDA graphs: case | provider | forward µs | backward µs")
+        for case, name, gf, gb in graphed:
+            print(f"{case} | {name} | {gf:.0f} | {gb:.0f}")
     return 0
 
 
