@@ -1670,8 +1670,7 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "gated must say whether z is given (the workspace's dy_pre)");
   if (l.state_tile_n != 0 && l.state_tile_n != kSsdTile && l.state_tile_n != 2 * kSsdTile)
     fail(PlanErrorKind::Internal, op, "state_tile_n must be 0, 64 or 128");
-  if (l.keep_states && (l.states == nullptr || (l.element != ElementKind::F16 && l.element != ElementKind::BF16) ||
-                        (backward && !ssd_state_copies(l))))
+  if (l.keep_states && (l.states == nullptr || !ssd_keeps_states(l.element) || (backward && !ssd_state_copies(l))))
     fail(PlanErrorKind::Internal, op,
          "keep_states needs the states pointer and 16-bit inputs (and the tensor-core path in the backward)");
   const SsdWorkspace w = ssd_workspace_layout(l, backward);
