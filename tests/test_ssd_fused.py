@@ -381,7 +381,8 @@ def test_forward_switch_names_its_choices():
 
 # (B, L, H, P, N, G, chunk): many heads per group (the 2.7B layer's G = 1), 4 heads per
 # group, P = 128 with N = 256 (four state tiles), N not a multiple of 8 with an odd chunk,
-# a ragged last chunk and L shorter than the chunk.
+# a ragged last chunk and L shorter than the chunk, a chunk of 384 (the finalize kernel's
+# chunks of more than one round of 256 positions).
 GROUP_SHAPES = [
     (1, 513, 16, 64, 128, 1, 256),
     (2, 300, 12, 64, 64, 3, 128),
@@ -391,6 +392,7 @@ GROUP_SHAPES = [
     # head_dim not a multiple of 64 (group_wgmma's swizzled panels of 64 columns, one partial)
     (1, 260, 6, 80, 64, 2, 128),
     (1, 150, 4, 40, 96, 1, 64),
+    (1, 700, 4, 64, 64, 1, 384),
 ]
 
 

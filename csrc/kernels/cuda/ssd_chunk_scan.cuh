@@ -207,7 +207,8 @@ SsdOperand<T> ssd_operand(const void* p, const int64_t (&s)[4], bool per_head) {
 //   ddtp      [B, H, L, ⌈D/64⌉]     partials of ddt(direct) = x·dxpre per 64-column tile
 //   vp        [B, H, L, ⌈D/64⌉]     partials of x·dxpre(inter-chunk part) (→ V)
 //   up        [B, H, L, ⌈N/64⌉]     partials of U per 64-column tile
-//   xs        [B, H, L]            X_s
+//   xs        [B, H, L]            X_s (the dacs kernels'; with group_products the finalize
+//                                  kernel's pass 1 results past its first round alone)
 //   dap       [H, B·nc]            dA partials per (b, c)
 //   split     [S, B, L, G, N]      dC, then dB, partials of S = ⌈(H/G)/8⌉ head splits
 //                                  (only when S > 1; not with group_products)
@@ -602,6 +603,12 @@ struct SsdCumsumParams {
 // earlier sequence can exceed the offset, so a restarted Acs can rise at a start: every
 // kernel that reads it selects across a start), and the warps of head 0 store each
 // position's count of starts there.
+// A lane loads its dt (and start flag) of kSsdCumsumAhead segments at once, before their
+// scans: a chunk of 256 positions is one round trip to memory instead of one a segment
+// (dt is [B, L, H]: each of a warp's loads touches 32 sectors, and the segments' stores
+// in between kept the compiler from hoisting the next segment's loads).
+constexpr int kSsdCumsumAhead = 8;
+
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsumParams<T> p) {
   using Acc = acc_t<T>;
@@ -621,39 +628,49 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
     double carry = 0;
     int seg_carry = 0;
     const bool restart = p.seg != nullptr;
-    for (int64_t base = 0; base < len; base += 32) {
-      const int64_t i = base + lane;
-      Acc d = 0;
-      int start = 0;  // 1 where a new sequence starts at t0 + i
-      if (i < len) {
-        Acc grad;
-        d = ssd_dt_process<Acc>(p.dt.raw(b, t0 + i, h), bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
-        const int64_t t = t0 + i;
-        if (p.seq_idx != nullptr && t > 0) start = seq_starts_at(p.seq_idx, p.seq_i64, p.seq_s, b, t);
-      }
-      double v = static_cast<double>(d) * a_h;
-      int sg = start;
-      bool cut = restart && start;  // (restart) a start in [base, i]: v then sums from the last one
+    for (int64_t base0 = 0; base0 < len; base0 += 32 * kSsdCumsumAhead) {
+      Acc dk[kSsdCumsumAhead];
+      int startk[kSsdCumsumAhead];  // 1 where a new sequence starts at t0 + i
 #pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const double u = __shfl_up_sync(0xffffffffu, v, o);
-        const int us = __shfl_up_sync(0xffffffffu, sg, o);
-        const bool uc = __shfl_up_sync(0xffffffffu, cut, o);
-        if (lane >= o) {
-          if (!cut) v += u;
-          sg += us;
-          cut = cut || uc;
+      for (int k = 0; k < kSsdCumsumAhead; ++k) {
+        const int64_t i = base0 + 32 * k + lane;
+        dk[k] = 0, startk[k] = 0;
+        if (i < len) {
+          Acc grad;
+          dk[k] = ssd_dt_process<Acc>(p.dt.raw(b, t0 + i, h), bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
+          const int64_t t = t0 + i;
+          if (p.seq_idx != nullptr && t > 0) startk[k] = seq_starts_at(p.seq_idx, p.seq_i64, p.seq_s, b, t);
         }
       }
-      const double a = cut ? v : carry + v;
-      const int starts = seg_carry + sg;
-      if (i < len) {
-        acs[i] = starts == 0 ? a : a - kSsdSeqOffset * starts;
-        dtf[i] = d;
-        if (restart && h == 0) p.seg[b * p.seqlen + t0 + i] = starts;
+#pragma unroll
+      for (int k = 0; k < kSsdCumsumAhead; ++k) {
+        const int64_t base = base0 + 32 * k, i = base + lane;
+        if (base >= len) break;  // (warp-uniform)
+        const Acc d = dk[k];
+        double v = static_cast<double>(d) * a_h;
+        int sg = startk[k];
+        bool cut = restart && sg;  // (restart) a start in [base, i]: v then sums from the last one
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const double u = __shfl_up_sync(0xffffffffu, v, o);
+          const int us = __shfl_up_sync(0xffffffffu, sg, o);
+          const bool uc = __shfl_up_sync(0xffffffffu, cut, o);
+          if (lane >= o) {
+            if (!cut) v += u;
+            sg += us;
+            cut = cut || uc;
+          }
+        }
+        const double a = cut ? v : carry + v;
+        const int starts = seg_carry + sg;
+        if (i < len) {
+          acs[i] = starts == 0 ? a : a - kSsdSeqOffset * starts;
+          dtf[i] = d;
+          if (restart && h == 0) p.seg[b * p.seqlen + t0 + i] = starts;
+        }
+        carry = __shfl_sync(0xffffffffu, a, 31);
+        seg_carry += __shfl_sync(0xffffffffu, sg, 31);
       }
-      carry = __shfl_sync(0xffffffffu, a, 31);
-      seg_carry += __shfl_sync(0xffffffffu, sg, 31);
     }
   }
 }
@@ -1488,32 +1505,45 @@ struct SsdFinalizeParams {
   const acc_t<T>* ddtp;
   const acc_t<T>* vp;
   const acc_t<T>* up;
-  acc_t<T>* xs;   // X_s in; overwritten with X_s + Σ_{q ≥ s} U_q + W
+  // X_s: from the group dCB pass's partials (xin, xsuf over `pairs` tile pairs a chunk,
+  // float32; ssd_chunk_scan_backward_group.cu) when xin is given, else from xs (the dacs
+  // kernels'); xs also holds pass 1's results of the positions past a chunk's first
+  // kFinalizeRound (chunks longer than that only)
+  const float* xin = nullptr;
+  const float* xsuf = nullptr;
+  int pairs = 0;
+  acc_t<T>* xs;
   acc_t<T>* dap;  // [H, B·nc]
   acc_t<T>* dbp;  // [H, B·nc] ddt_bias partials, or null
   void* ddt;      // dense [B, L, H], in Acc when dt.dt_acc, else in T
 };
 
-// Block of kSsdThreads per (b, h, c), two passes over the chunk in 32-position segments,
-// warp w taking segment w of each round of 8:
-//   backward: xs_s += Σ_{q ≥ s} U_q + W      (suffix scan, W = exp(Acs_last)·Σ kpart)
-//   forward:  da_s = xs_s + Σ_{s' < s} V_s'   (exclusive prefix scan, V = dt·Σ vp)
+// Block of kSsdThreads per (b, h, c), two passes over the chunk in rounds of 8 segments of
+// 32 positions, warp w taking segment w of each round (position 256·r + 32·w + lane):
+//   backward: X_s += Σ_{q ≥ s} U_q + W      (suffix scan, W = exp(Acs_last)·Σ kpart;
+//             rounds last first)
+//   forward:  da_s = X_s + Σ_{s' < s} V_s'   (exclusive prefix scan, V = dt·Σ vp)
 //             ddt_s = (ddt_s(direct) + A_h·da_s)·d(processed dt_s)/d(raw dt_s),
 //             dap[h, b·nc + c] = Σ_s dt_s·da_s,  dbp[h, b·nc + c] = Σ_s ddt_s
 // A segment's scan is a warp's shuffles; the carry into it, the running carry plus the
-// round's earlier segment totals (shared memory), is added by each warp in segment order,
-// and the two chunk sums are a lane's values summed over the segments in order (warp 0),
-// then a fixed tree: the order is fixed by the shapes. (A warp a chunk walked its 8
-// segments twice, 16 dependent steps, with under a wave of warps at small shapes: 21.2 µs
-// against 8.7 at B2 L4096 H16 P128 N256 G16 with the options; at the Mamba-2 2.7B shape
-// 56-57 against 42 in separate runs, 52.5-54.4 for an experiment build of it in the old
-// one's run; H100s, BENCHMARKS.md, fifty-fifth session.)
+// round's segment totals on its side (shared memory; pass 1 adds them last first), is
+// added by each warp in segment order, and the two chunk sums are a lane's values summed
+// over the segments in order (warp 0), then a fixed tree: the order is fixed by the
+// shapes. Every input of a chunk of at most one round (chunk <= 256, the usual case) is
+// loaded at the block's start, one round trip to memory, and X_s stays in the thread's
+// registers from pass 1 to pass 2 (the same position in both). (A warp a chunk walked its
+// 8 segments twice, 16 dependent steps, with under a wave of warps at small shapes: 21.2
+// µs against 8.7 at B2 L4096 H16 P128 N256 G16 with the options; at the Mamba-2 2.7B
+// shape 56-57 against 42 in separate runs, 52.5-54.4 for an experiment build of it in
+// the old one's run; H100s, BENCHMARKS.md, fifty-fifth session.)
+constexpr int kFinalizeRound = kSsdThreads;
+
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFinalizeParams<T> p) {
   using Acc = acc_t<T>;
   constexpr int kWarps = kSsdThreads / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __shared__ Acc sTot[kWarps];                      // a round's segment totals
+  __shared__ Acc sTot[2][kWarps];                   // a round's segment totals, pass 1 and 2
   __shared__ Acc sG[kWarps][32], sDa[kWarps][32];  // a round's ddt_s and dt_s·da_s
   for (int64_t blk = blockIdx.x; blk < p.total; blk += gridDim.x) {
     const int64_t c = blk % p.nchunks;
@@ -1522,9 +1552,46 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
     const int64_t t0 = c * p.chunk;
     const int64_t len = min(p.chunk, p.seqlen - t0);
     const int64_t row0 = bh * p.seqlen + t0;
-    const int64_t nseg = (len + 31) / 32;
+    const int64_t nseg = (len + 31) / 32, rounds = (len + kFinalizeRound - 1) / kFinalizeRound;
     const Acc a_h = p.A[h * p.A_s];
     const Acc bias = p.dt.bias_of(h);
+    // Pass 2's inputs of position i (chunk-local)
+    struct In2 {
+      Acc dti = 0, vsum = 0, direct = 0, raw = 0;
+    };
+    auto load2 = [&](int64_t i) {
+      In2 v;
+      if (i < len) {
+        v.dti = p.dtf[row0 + i];
+        for (int64_t k = 0; k < p.d_tiles; ++k) {
+          v.vsum += p.vp[(row0 + i) * p.d_tiles + k];
+          v.direct += p.ddtp[(row0 + i) * p.d_tiles + k];
+        }
+        v.raw = p.dt.raw(b, t0 + i, h);
+      }
+      return v;
+    };
+    const In2 first = load2(32 * warp + lane);  // (round 0's, in flight with pass 1's loads)
+    // X_s of position i < len: the dCB pass's partials in a fixed order (over the row tiles
+    // ti >= t of s's tile t, the pair (ti, t)'s xin, then for every earlier column tile tj
+    // the pair (ti, tj)'s row suffix sums: all of them when ti > t), or xs
+    auto x_of = [&](int64_t i) -> Acc {
+      if constexpr (std::is_same_v<Acc, float>) {
+        if (p.xin != nullptr) {
+          const int tt = static_cast<int>(i / kSsdTile), sl = static_cast<int>(i % kSsdTile);
+          const int n_t = static_cast<int>((len + kSsdTile - 1) / kSsdTile);
+          const int64_t base = (bh * p.nchunks + c) * p.pairs * kSsdTile;
+          float x = 0.0f;
+          for (int ti = tt; ti < n_t; ++ti) {
+            const int row_pairs = ti * (ti + 1) / 2;  // pair index of (ti, 0)
+            x += p.xin[base + (row_pairs + tt) * kSsdTile + sl];
+            for (int tj = 0; tj < tt; ++tj) x += p.xsuf[base + (row_pairs + tj) * kSsdTile + (ti > tt ? 0 : sl)];
+          }
+          return x;
+        }
+      }
+      return p.xs[row0 + i];
+    };
     Acc wsum = 0;  // (every warp sums it alike)
     for (int64_t i = lane; i < p.kblocks; i += 32) wsum += p.kpart[(bh * p.nchunks + c) * p.kblocks + i];
     // With seg: W only without a start in the chunk, and V only of its last sequence
@@ -1533,52 +1600,52 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
     const int32_t last_seq = seg != nullptr ? seg[len - 1] : 0;
     Acc w_c = ssd_decay<Acc>(p.acs[row0 + len - 1]) * ssd_sum32(wsum);
     if (last_seq != 0) w_c = 0;
-    // Publishes this warp's segment total `tot` to the round's `n` segments, then adds the
-    // totals of the segments before this warp's to `carry` (the carry into its segment,
-    // returned) and then the rest (the running carry, kept)
-    auto carries = [&](Acc& carry, Acc tot, int n) {
+    // Publishes this warp's segment total `tot` among the round's `n` segments (in sTot[k]),
+    // then returns the carry into this warp's segment: `carry` plus the totals of the
+    // segments before it (pass 2: k < warp, in order) or after it (pass 1: k > warp, last
+    // first); `carry` goes on with all n of them added in that order.
+    auto carries = [&](Acc* tot_of, Acc& carry, Acc tot, int n, bool last_first) {
       __syncthreads();  // (the previous round's totals, and in pass 2 its sums, are read)
-      if (lane == 0) sTot[warp] = tot;
+      if (lane == 0) tot_of[warp] = tot;
       __syncthreads();
       Acc mine = carry;
-      for (int k = 0; k < n; ++k) {
+      for (int j = 0; j < n; ++j) {
+        const int k = last_first ? n - 1 - j : j;
         if (k == warp) mine = carry;
-        carry += sTot[k];
+        carry += tot_of[k];
       }
       return warp < n ? mine : carry;
     };
 
-    Acc carry = 0;
-    for (int64_t top = nseg; top > 0; top -= kWarps) {  // segments top − 1, top − 2, … (last first)
-      const int64_t sg = top - 1 - warp, i = sg * 32 + lane;
-      Acc v = 0;
-      if (sg >= 0 && i < len)
+    Acc carry = 0, x0 = 0;  // x0: X_s of the thread's position in round 0
+    for (int64_t r = rounds - 1; r >= 0; --r) {
+      const int64_t i = r * kFinalizeRound + 32 * warp + lane;
+      Acc x = 0, v = 0;
+      if (i < len) {
+        x = x_of(i);
         for (int64_t k = 0; k < p.n_tiles; ++k) v += p.up[(row0 + i) * p.n_tiles + k];
+      }
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {  // inclusive suffix sum inside the segment
         const Acc u = __shfl_down_sync(0xffffffffu, v, o);
         if (lane + o < 32) v += u;
       }
-      const int n = static_cast<int>(min(top, static_cast<int64_t>(kWarps)));
-      const Acc in = carries(carry, __shfl_sync(0xffffffffu, v, 0), n);
-      if (sg >= 0 && i < len) p.xs[row0 + i] += in + v + w_c;
+      const int n = static_cast<int>(min(nseg - r * kWarps, static_cast<int64_t>(kWarps)));
+      const Acc in = carries(sTot[0], carry, __shfl_sync(0xffffffffu, v, 0), n, true);
+      x += in + v + w_c;
+      if (r == 0)
+        x0 = x;
+      else if (i < len)
+        p.xs[row0 + i] = x;  // (read back by this thread in pass 2)
     }
-    __syncthreads();  // (pass 1's xs, read back by other warps)
 
     carry = 0;
     Acc da_dt = 0, ddt_sum = 0;  // warp 0: each lane's sums over the segments
-    for (int64_t base = 0; base < len; base += 32 * kWarps) {
-      const int64_t i = base + 32 * warp + lane;
-      Acc vi = 0, direct = 0, dti = 0;
-      if (i < len) {
-        dti = p.dtf[row0 + i];
-        Acc vsum = 0;
-        for (int64_t k = 0; k < p.d_tiles; ++k) {
-          vsum += p.vp[(row0 + i) * p.d_tiles + k];
-          direct += p.ddtp[(row0 + i) * p.d_tiles + k];
-        }
-        vi = seg != nullptr && seg[i] != last_seq ? Acc(0) : dti * vsum;
-      }
+    for (int64_t r = 0; r < rounds; ++r) {
+      const int64_t i = r * kFinalizeRound + 32 * warp + lane;
+      const In2 in2 = r == 0 ? first : load2(i);
+      Acc vi = 0;
+      if (i < len) vi = seg != nullptr && seg[i] != last_seq ? Acc(0) : in2.dti * in2.vsum;
       Acc incl = vi;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {  // inclusive prefix sum inside the segment
@@ -1587,21 +1654,21 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
       }
       Acc excl = __shfl_up_sync(0xffffffffu, incl, 1);
       if (lane == 0) excl = 0;
-      const int n = static_cast<int>(min((len - base + 31) / 32, static_cast<int64_t>(kWarps)));
-      const Acc in = carries(carry, __shfl_sync(0xffffffffu, incl, 31), n);
+      const int n = static_cast<int>(min(nseg - r * kWarps, static_cast<int64_t>(kWarps)));
+      const Acc in = carries(sTot[1], carry, __shfl_sync(0xffffffffu, incl, 31), n, false);
       Acc g = 0, dad = 0;
       if (i < len) {
-        const Acc da = p.xs[row0 + i] + (in + excl);
+        const Acc da = (r == 0 ? x0 : p.xs[row0 + i]) + (in + excl);
         Acc grad;
-        (void)ssd_dt_process<Acc>(p.dt.raw(b, t0 + i, h), bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
+        (void)ssd_dt_process<Acc>(in2.raw, bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
         // (0 · an Inf or NaN gradient would be NaN; outside [dt_min, dt_max] it is 0)
-        g = grad == Acc(0) ? Acc(0) : (direct + a_h * da) * grad;
+        g = grad == Acc(0) ? Acc(0) : (in2.direct + a_h * da) * grad;
         const int64_t at = (b * p.seqlen + t0 + i) * p.heads + h;
         if (p.dt.dt_acc)
           static_cast<Acc*>(p.ddt)[at] = g;
         else
           static_cast<T*>(p.ddt)[at] = from_acc<T>(g);
-        dad = dti * da;
+        dad = in2.dti * da;
       }
       sG[warp][lane] = g;
       sDa[warp][lane] = dad;
@@ -1662,6 +1729,8 @@ inline void ssd_check_launch_struct(const SsdChunkScanLaunch& l, bool backward) 
     fail(PlanErrorKind::Internal, op, "dt_element must be the element or the compute type");
   if (backward && l.z != nullptr && (l.dz == nullptr || l.y_pre == nullptr))
     fail(PlanErrorKind::Internal, op, "z needs dz and y_pre in the backward");
+  if (backward && l.group_products && l.compute != ElementKind::F32)
+    fail(PlanErrorKind::Internal, op, "group_products needs float32 compute (its partials are float32)");
   if (backward && l.dD_in_dx && !l.group_products)
     fail(PlanErrorKind::Internal, op, "dD_in_dx needs the group products' dx kernel");
   if (l.side_stream && !(backward && l.group_products))
@@ -1902,6 +1971,12 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   p.ddtp = ssd_ws<Acc>(l, w.ddtp);
   p.vp = ssd_ws<Acc>(l, w.vp);
   p.up = ssd_ws<Acc>(l, w.up);
+  if (l.group_products) {  // X_s from the group dCB pass's partials
+    p.xin = ssd_ws<float>(l, w.xin);
+    p.xsuf = ssd_ws<float>(l, w.xsuf);
+    const int64_t tiles = w.dcb_ld / kSsdTile;
+    p.pairs = static_cast<int>(tiles * (tiles + 1) / 2);
+  }
   p.xs = ssd_ws<Acc>(l, w.xs);
   p.dap = ssd_ws<Acc>(l, w.dap);
   p.dbp = l.ddt_bias != nullptr ? ssd_ws<Acc>(l, w.dbp) : nullptr;

@@ -20,7 +20,7 @@
 //                           the workspace (zeros where s > q or outside the chunk; rounded
 //                           to the input type there when the group's heads are one split);
 //                           and each head's partials of the crossing sums X_s (see the
-//                           kernel), which ssd_group_xs_kernel adds up
+//                           kernel), which the finalize kernel adds up
 //                           (the per-head ssd_tc_dacs_kernel does not run)
 //                           It also stores the pair's C·Bᵀ tile (float32, transposed) for
 //                           the dx kernel.
@@ -130,8 +130,8 @@ struct SsdGroupDcbParams {
 //                        prefix sums of T, masked to q >= s and summed down the columns,
 //                        as mamba_ssm's _chunk_scan_bwd_ddAcs_stable does per row block)
 //   xsuf[pair][q − r0] = Σ_{q' >= q} Σ_{s' in tj} T[q'][s']     (for s in tiles after tj)
-// which ssd_group_xs_kernel adds up per position in a fixed order. Every T is added
-// once per X_s it belongs to: no cancelling subtraction.
+// which the finalize kernel (ssd_chunk_scan.cuh) adds up per position in a fixed order.
+// Every T is added once per X_s it belongs to: no cancelling subtraction.
 // 3 blocks per multiprocessor (up to 168 registers): at 4 (128 registers) the loop counter
 // and loaded values spilled, and at the 2.7B shape (2560 blocks: 4 head splits) dCB took
 // 582-583 µs against 535 at 3 (H200, same build).
@@ -536,31 +536,6 @@ __global__ void __launch_bounds__(kTcThreads, 3) ssd_group_dcb_kernel(const SsdG
   }
 }
 
-// X_s per (b, h, position) from the dCB pass's partials, in a fixed order: over the row
-// tiles ti >= t of s's tile t, the pair (ti, t)'s xin, then for every earlier column tile
-// tj the pair (ti, tj)'s row sums at rows >= s (all of them when ti > t).
-__global__ void __launch_bounds__(256) ssd_group_xs_kernel(const float* xin, const float* xsuf, float* xs,
-                                                          int64_t total, int64_t seqlen, int64_t chunk,
-                                                          int64_t nchunks, int pairs) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t bh = i / seqlen, t = i % seqlen;
-    const int64_t c = t / chunk;
-    const int sc = static_cast<int>(t - c * chunk);  // position in the chunk
-    const int len = static_cast<int>(min(chunk, seqlen - c * chunk));
-    const int tt = sc / kSsdTile, sl = sc % kSsdTile;
-    const int n_t = (len + kSsdTile - 1) / kSsdTile;
-    const int64_t base = (bh * nchunks + c) * pairs * kSsdTile;
-    float x = 0.0f;
-    for (int ti = tt; ti < n_t; ++ti) {
-      const int row_pairs = ti * (ti + 1) / 2;  // pair index of (ti, 0)
-      x += xin[base + (row_pairs + tt) * kSsdTile + sl];
-      for (int tj = 0; tj < tt; ++tj) x += xsuf[base + (row_pairs + tj) * kSsdTile + (ti > tt ? 0 : sl)];
-    }
-    xs[i] = x;
-  }
-}
-
 // Two adjacent 16-bit values at a 4-byte aligned address of shared memory, one 32-bit
 // load (a memcpy from the T pointer compiled to four byte loads).
 template <typename T>
@@ -572,22 +547,32 @@ __device__ __forceinline__ void ssd_smem_pair(T (&out)[2], const T* at) {
 // dCB for the dC and dB products: the dCB pass's head-split partials summed in split order
 // and rounded to T (as mamba_ssm rounds its dCB), once, so that those kernels copy 16-bit
 // tiles by cp.async instead of each summing the float32 partials through registers.
+// Only the causal tile pairs (row tile ti >= column tile tj, `pairs` a chunk, pair index
+// ti·(ti + 1)/2 + tj): the dCB kernel writes no other tile and the dC and dB kernels read
+// none.
 // Four elements a thread and step.
 template <typename T>
 __global__ void __launch_bounds__(256) ssd_group_dcb_round_kernel(const float* dcb, T* out, int64_t n4,
-                                                                  int64_t parts, int64_t stride) {
+                                                                  int64_t parts, int64_t stride, int qp,
+                                                                  int pairs) {
+  constexpr int kQuads = kSsdTile / 4;  // a tile row's groups of four
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float* at = dcb + 4 * i;
-    float4 v = *reinterpret_cast<const float4*>(at);
+    const int q4 = static_cast<int>(i % kQuads), r = static_cast<int>(i / kQuads % kSsdTile);
+    const int64_t tile = i / (kQuads * kSsdTile);
+    const int64_t unit = tile / pairs;  // (b, g, c)
+    int tj = static_cast<int>(tile - unit * pairs), ti = 0;
+    while (tj > ti) tj -= ++ti;  // pair index ti·(ti + 1)/2 + tj
+    const int64_t at = unit * qp * qp + static_cast<int64_t>(ti * kSsdTile + r) * qp + tj * kSsdTile + 4 * q4;
+    float4 v = *reinterpret_cast<const float4*>(dcb + at);
     for (int64_t s = 1; s < parts; ++s) {
-      const float4 u = *reinterpret_cast<const float4*>(at + s * stride);
+      const float4 u = *reinterpret_cast<const float4*>(dcb + at + s * stride);
       v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
     }
     uint2 o;
     o.x = ssd_pack2<T>(v.x, v.y);
     o.y = ssd_pack2<T>(v.z, v.w);
-    *reinterpret_cast<uint2*>(out + 4 * i) = o;
+    *reinterpret_cast<uint2*>(out + at) = o;
   }
 }
 
@@ -1337,15 +1322,12 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
                    [&](cudaStream_t on) { run(seg, on); });
   check_launch("ssd_chunk_scan_backward(group_dcb)");
   if (p.nsplit > 1) {
-    const int64_t per_split = l.batch * l.groups * p.nchunks * static_cast<int64_t>(p.qp) * p.qp;
-    ssd_group_dcb_round_kernel<T><<<ssd_grid((per_split / 4 + 255) / 256), 256, 0, stream>>>(
-        p.dcb, p.dcb_t, per_split / 4, p.nsplit, per_split);
+    const int64_t units = l.batch * l.groups * p.nchunks;
+    const int64_t n4 = units * p.pairs * kSsdTile * kSsdTile / 4;
+    ssd_group_dcb_round_kernel<T><<<ssd_grid((n4 + 255) / 256), 256, 0, stream>>>(
+        p.dcb, p.dcb_t, n4, p.nsplit, units * p.qp * p.qp, p.qp, p.pairs);
     check_launch("ssd_chunk_scan_backward(group_dcb_round)");
   }
-  const int64_t total = l.batch * l.heads * l.seqlen;
-  ssd_group_xs_kernel<<<ssd_grid((total + 255) / 256), 256, 0, stream>>>(
-      p.xin, p.xsuf, ssd_ws<float>(l, w.xs), total, l.seqlen, l.chunk_size, p.nchunks, p.pairs);
-  check_launch("ssd_chunk_scan_backward(group_xs)");
 }
 
 template <typename T, bool DB, bool WG>
