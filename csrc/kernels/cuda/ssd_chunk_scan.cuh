@@ -1537,9 +1537,10 @@ struct SsdFinalizeParams {
 // shape 56-57 against 42 in separate runs, 52.5-54.4 for an experiment build of it in
 // the old one's run; H100s, BENCHMARKS.md, fifty-fifth session.)
 constexpr int kFinalizeRound = kSsdThreads;
+constexpr int kFinalizeXTiles = 4;  // X_s's loads all at once up to 4 tiles (a chunk of 256)
 
 template <typename T>
-__global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFinalizeParams<T> p) {
+__global__ void __launch_bounds__(kSsdThreads, 6) ssd_finalize_kernel(const SsdFinalizeParams<T> p) {
   using Acc = acc_t<T>;
   constexpr int kWarps = kSsdThreads / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -1563,6 +1564,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
       In2 v;
       if (i < len) {
         v.dti = p.dtf[row0 + i];
+#pragma unroll 2
         for (int64_t k = 0; k < p.d_tiles; ++k) {
           v.vsum += p.vp[(row0 + i) * p.d_tiles + k];
           v.direct += p.ddtp[(row0 + i) * p.d_tiles + k];
@@ -1581,6 +1583,30 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
           const int tt = static_cast<int>(i / kSsdTile), sl = static_cast<int>(i % kSsdTile);
           const int n_t = static_cast<int>((len + kSsdTile - 1) / kSsdTile);
           const int64_t base = (bh * p.nchunks + c) * p.pairs * kSsdTile;
+          if (n_t <= kFinalizeXTiles) {
+            // Every load issued before the first sum (in a loop of run-time length each
+            // waited for the one before it); the sums in the loop's order below
+            float xv[kFinalizeXTiles][kFinalizeXTiles];  // [ti][0]: xin of (ti, tt); [ti][1 + tj]: xsuf of (ti, tj)
+#pragma unroll
+            for (int ti = 0; ti < kFinalizeXTiles; ++ti) {
+              const bool row = ti >= tt && ti < n_t;
+              const int64_t at = base + (ti * (ti + 1) / 2) * kSsdTile;
+              xv[ti][0] = row ? p.xin[at + tt * kSsdTile + sl] : 0.0f;
+#pragma unroll
+              for (int tj = 0; tj + 1 < kFinalizeXTiles; ++tj)
+                xv[ti][1 + tj] = row && tj < tt ? p.xsuf[at + tj * kSsdTile + (ti > tt ? 0 : sl)] : 0.0f;
+            }
+            float x = 0.0f;
+#pragma unroll
+            for (int ti = 0; ti < kFinalizeXTiles; ++ti) {
+              if (ti < tt || ti >= n_t) continue;
+              x += xv[ti][0];
+#pragma unroll
+              for (int tj = 0; tj + 1 < kFinalizeXTiles; ++tj)
+                if (tj < tt) x += xv[ti][1 + tj];
+            }
+            return x;
+          }
           float x = 0.0f;
           for (int ti = tt; ti < n_t; ++ti) {
             const int row_pairs = ti * (ti + 1) / 2;  // pair index of (ti, 0)
@@ -1623,6 +1649,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_finalize_kernel(const SsdFina
       Acc x = 0, v = 0;
       if (i < len) {
         x = x_of(i);
+#pragma unroll 4
         for (int64_t k = 0; k < p.n_tiles; ++k) v += p.up[(row0 + i) * p.n_tiles + k];
       }
 #pragma unroll
