@@ -168,7 +168,13 @@ def main():
                 tf = time_us(fwd)[0]
             tb = time_us(bwd)[0]
             print(f" {name}: forward {tf:.0f} µs, backward {tb:.0f} µs")
-            if a.graph:
+            with torch.no_grad():
+                show(f"{name} forward", kernels(fwd))
+            show(f"{name} backward", kernels(bwd))
+            summary.append((case, name, tf, tb))
+            del y, bwd
+            if a.graph:  # (after y's gone: torch 2.11 fails to capture an autograd pass while an
+                # eager output is alive, cudaErrorStreamCaptureImplicit, plain torch ops too)
                 def fwd_nograd(f=f):
                     with torch.no_grad():
                         return f(*args, CHUNK, **kw)
@@ -177,13 +183,8 @@ def main():
                 print(f" {name} from a CUDA graph: forward {gf:.0f} µs, forward + backward {gs:.0f} µs "
                       f"(backward {gs - gf:.0f})")
                 graphed.append((case, name, gf, gs - gf))
-            with torch.no_grad():
-                show(f"{name} forward", kernels(fwd))
-            show(f"{name} backward", kernels(bwd))
-            summary.append((case, name, tf, tb))
             bt._C._ssd_cuda_forward("auto")
             bt._C._ssd_cuda_backward("auto")
-            del y
             torch.cuda.empty_cache()
         if "mamba_ssm" in outs:
             b_ = outs.pop("mamba_ssm").double()
