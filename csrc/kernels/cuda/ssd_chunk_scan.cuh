@@ -1535,7 +1535,10 @@ struct SsdFinalizeParams {
 // 8 segments twice, 16 dependent steps, with under a wave of warps at small shapes: 21.2
 // µs against 8.7 at B2 L4096 H16 P128 N256 G16 with the options; at the Mamba-2 2.7B
 // shape 56-57 against 42 in separate runs, 52.5-54.4 for an experiment build of it in
-// the old one's run; H100s, BENCHMARKS.md, fifty-fifth session.)
+// the old one's run; H100s, BENCHMARKS.md, fifty-fifth session.) Held to 40 registers (6
+// blocks an SM; it is latency-bound): at the 2.7B shape, X_s from the dCB partials included,
+// 51.5 µs against 62.1 at its own 64 registers and 41.7 + 20.0 for the old finalize and
+// the xs kernel it replaces (H100, sixty-ninth session).
 constexpr int kFinalizeRound = kSsdThreads;
 constexpr int kFinalizeXTiles = 4;  // X_s's loads all at once up to 4 tiles (a chunk of 256)
 
