@@ -603,12 +603,6 @@ struct SsdCumsumParams {
 // earlier sequence can exceed the offset, so a restarted Acs can rise at a start: every
 // kernel that reads it selects across a start), and the warps of head 0 store each
 // position's count of starts there.
-// A lane loads its dt (and start flag) of kSsdCumsumAhead segments at once, before their
-// scans: a chunk of 256 positions is one round trip to memory instead of one a segment
-// (dt is [B, L, H]: each of a warp's loads touches 32 sectors, and the segments' stores
-// in between kept the compiler from hoisting the next segment's loads).
-constexpr int kSsdCumsumAhead = 8;
-
 template <typename T>
 __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsumParams<T> p) {
   using Acc = acc_t<T>;
@@ -628,49 +622,39 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_cumsum_kernel(const SsdCumsum
     double carry = 0;
     int seg_carry = 0;
     const bool restart = p.seg != nullptr;
-    for (int64_t base0 = 0; base0 < len; base0 += 32 * kSsdCumsumAhead) {
-      Acc dk[kSsdCumsumAhead];
-      int startk[kSsdCumsumAhead];  // 1 where a new sequence starts at t0 + i
+    for (int64_t base = 0; base < len; base += 32) {
+      const int64_t i = base + lane;
+      Acc d = 0;
+      int start = 0;  // 1 where a new sequence starts at t0 + i
+      if (i < len) {
+        Acc grad;
+        d = ssd_dt_process<Acc>(p.dt.raw(b, t0 + i, h), bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
+        const int64_t t = t0 + i;
+        if (p.seq_idx != nullptr && t > 0) start = seq_starts_at(p.seq_idx, p.seq_i64, p.seq_s, b, t);
+      }
+      double v = static_cast<double>(d) * a_h;
+      int sg = start;
+      bool cut = restart && start;  // (restart) a start in [base, i]: v then sums from the last one
 #pragma unroll
-      for (int k = 0; k < kSsdCumsumAhead; ++k) {
-        const int64_t i = base0 + 32 * k + lane;
-        dk[k] = 0, startk[k] = 0;
-        if (i < len) {
-          Acc grad;
-          dk[k] = ssd_dt_process<Acc>(p.dt.raw(b, t0 + i, h), bias, p.dt.softplus, p.dt.lo, p.dt.hi, &grad);
-          const int64_t t = t0 + i;
-          if (p.seq_idx != nullptr && t > 0) startk[k] = seq_starts_at(p.seq_idx, p.seq_i64, p.seq_s, b, t);
+      for (int o = 1; o < 32; o <<= 1) {
+        const double u = __shfl_up_sync(0xffffffffu, v, o);
+        const int us = __shfl_up_sync(0xffffffffu, sg, o);
+        const bool uc = __shfl_up_sync(0xffffffffu, cut, o);
+        if (lane >= o) {
+          if (!cut) v += u;
+          sg += us;
+          cut = cut || uc;
         }
       }
-#pragma unroll
-      for (int k = 0; k < kSsdCumsumAhead; ++k) {
-        const int64_t base = base0 + 32 * k, i = base + lane;
-        if (base >= len) break;  // (warp-uniform)
-        const Acc d = dk[k];
-        double v = static_cast<double>(d) * a_h;
-        int sg = startk[k];
-        bool cut = restart && sg;  // (restart) a start in [base, i]: v then sums from the last one
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const double u = __shfl_up_sync(0xffffffffu, v, o);
-          const int us = __shfl_up_sync(0xffffffffu, sg, o);
-          const bool uc = __shfl_up_sync(0xffffffffu, cut, o);
-          if (lane >= o) {
-            if (!cut) v += u;
-            sg += us;
-            cut = cut || uc;
-          }
-        }
-        const double a = cut ? v : carry + v;
-        const int starts = seg_carry + sg;
-        if (i < len) {
-          acs[i] = starts == 0 ? a : a - kSsdSeqOffset * starts;
-          dtf[i] = d;
-          if (restart && h == 0) p.seg[b * p.seqlen + t0 + i] = starts;
-        }
-        carry = __shfl_sync(0xffffffffu, a, 31);
-        seg_carry += __shfl_sync(0xffffffffu, sg, 31);
+      const double a = cut ? v : carry + v;
+      const int starts = seg_carry + sg;
+      if (i < len) {
+        acs[i] = starts == 0 ? a : a - kSsdSeqOffset * starts;
+        dtf[i] = d;
+        if (restart && h == 0) p.seg[b * p.seqlen + t0 + i] = starts;
       }
+      carry = __shfl_sync(0xffffffffu, a, 31);
+      seg_carry += __shfl_sync(0xffffffffu, sg, 31);
     }
   }
 }
