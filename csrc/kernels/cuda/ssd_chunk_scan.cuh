@@ -254,6 +254,7 @@ struct SsdWorkspace {
   int64_t kblocks = 0, d_tiles = 0, n_tiles = 0;
   int64_t nsplit = 1, hps = 0;  // head splits per group for DC/DB, heads per split
   int64_t dcb_ld = 0;           // Q' (group_products)
+  int64_t pairs = 0;            // (group_products) causal 64 × 64 tile pairs a chunk, t'(t' + 1)/2, t' = Q'/64
 };
 
 // Whether the state passes write H_c (only) and Gn_c (also) rounded to the input type
@@ -315,10 +316,11 @@ inline SsdWorkspace ssd_workspace_layout(const SsdChunkScanLaunch& l, bool backw
       w.dcb_ld = l.dcb_ld();  // (a multiple of kSsdTile)
       w.dcb = take(l.dcb_splits > 1 ? l.dcb_splits * l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld : 0);
       w.dcb_t = take(l.batch * l.groups * nc * w.dcb_ld * w.dcb_ld, 2);  // the splits' sum, rounded to T
-      const int64_t tiles = w.dcb_ld / kSsdTile, pairs = tiles * (tiles + 1) / 2;
-      w.xin = take(bh * nc * pairs * kSsdTile);
-      w.xsuf = take(bh * nc * pairs * kSsdTile);
-      w.cbt = take(l.batch * l.groups * nc * pairs * kSsdTile * kSsdTile);
+      const int64_t tiles = w.dcb_ld / kSsdTile;
+      w.pairs = tiles * (tiles + 1) / 2;
+      w.xin = take(bh * nc * w.pairs * kSsdTile);
+      w.xsuf = take(bh * nc * w.pairs * kSsdTile);
+      w.cbt = take(l.batch * l.groups * nc * w.pairs * kSsdTile * kSsdTile);
     }
   }
   w.total = off;
@@ -1988,8 +1990,7 @@ void ssd_launch_finalize(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cud
   if (l.group_products) {  // X_s from the group dCB pass's partials
     p.xin = ssd_ws<float>(l, w.xin);
     p.xsuf = ssd_ws<float>(l, w.xsuf);
-    const int64_t tiles = w.dcb_ld / kSsdTile;
-    p.pairs = static_cast<int>(tiles * (tiles + 1) / 2);
+    p.pairs = static_cast<int>(w.pairs);
   }
   p.xs = ssd_ws<Acc>(l, w.xs);
   p.dap = ssd_ws<Acc>(l, w.dap);

@@ -1291,8 +1291,7 @@ void launch_dcb(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t
   p.NP = ssd_k16(p.N);
   p.ldn = p.NP + 8;
   p.qp = static_cast<int>(w.dcb_ld);
-  const int tiles = p.qp / kSsdTile;
-  p.pairs = tiles * (tiles + 1) / 2;
+  p.pairs = static_cast<int>(w.pairs);
   p.total_blocks = l.batch * l.groups * p.nchunks * p.pairs * p.nsplit;
   p.x = ssd_operand<T>(l.x, l.x_stride, true);
   p.dy = ssd_operand<T>(l.dy, l.dy_stride, true);
@@ -1413,7 +1412,7 @@ void launch_dx(const SsdChunkScanLaunch& l, const SsdWorkspace& w, cudaStream_t 
   p.NP = ssd_k16(p.N);
   p.ld = p.NP + 8;
   p.r_tiles = static_cast<int>(w.dcb_ld / kSsdTile);
-  p.pairs = p.r_tiles * (p.r_tiles + 1) / 2;
+  p.pairs = static_cast<int>(w.pairs);
   p.j_tiles = static_cast<int>((l.head_dim + kSsdTile - 1) / kSsdTile);
   // up to kSsdGroupDxHeads heads per block, spread evenly over the splits (none empty)
   const int64_t most = std::min<int64_t>(p.hpg, kSsdGroupDxHeads);
