@@ -897,11 +897,18 @@ __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pa
 // O as in the forward pass: each Gn_c is also written, rounded, to p.copy, and H_c comes
 // from the forward pass's copy (p.hcopy; the kpart products then round H_c as mamba_ssm's
 // _state_passing_bwd does with its 16-bit states).
+// Each warp's sums of kSsdPassDeferWindows windows wait in shared memory and are reduced
+// over the warps once for all of them (two barriers per that many windows instead of two
+// a window), so that the warps of a block run their windows' loads without waiting for
+// each other; the same sums in the same order (alone 132.6 -> 126.1 us under ncu at the
+// 2.7B shape, H100; level in the pass, where it runs beside dCB: BENCHMARKS.md).
+constexpr int kSsdPassDeferWindows = 8;
+
 template <typename Acc, typename O = Acc>
 __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pass_bwd_kernel(const SsdPassParams<Acc> p) {
   constexpr int V = ssd_pass_vec(std::is_same_v<Acc, double> ? ElementKind::F64 : ElementKind::F32);
   constexpr bool kCopy = !std::is_same_v<O, Acc>;
-  __shared__ Acc red[kSsdPassWindow][kSsdThreads / 32];
+  __shared__ Acc red[kSsdPassDeferWindows * kSsdPassWindow][kSsdThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const bool vec = p.dn % V == 0;
   for (int64_t vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
@@ -920,6 +927,7 @@ __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pa
 #pragma unroll
     for (int i = 0; i < V; ++i) run[i] = i < n ? p.seed_of(bh, e + i) : Acc(0);
     // windows of kSsdPassWindow chunks from the last one down (see ssd_state_pass_kernel)
+    int64_t top = p.nchunks - 1;  // the last chunk of the windows whose sums wait in red[]
     for (int64_t c0 = p.nchunks - 1; c0 >= 0; c0 -= kSsdPassWindow) {
       Acc local[kSsdPassWindow][V], dec[kSsdPassWindow], kd[kSsdPassWindow];
       Hv h[kSsdPassWindow][V];
@@ -951,18 +959,23 @@ __global__ void __launch_bounds__(kSsdThreads, kSsdPassBlocks<Acc>) ssd_state_pa
           run[k] = cut[i] ? local[i][k] : local[i][k] + dec[i] * run[k];
         }
       }
-      __syncthreads();  // the previous window's reads of red[] are done
+      const int slot = static_cast<int>(top - c0);  // this window's first row of red[]
 #pragma unroll
       for (int i = 0; i < kSsdPassWindow; ++i) {
         const Acc t = ssd_sum32(kd[i]);
-        if (lane == 0) red[i][warp] = t;
+        if (lane == 0) red[slot + i][warp] = t;
       }
-      __syncthreads();
-      if (threadIdx.x < kSsdPassWindow && c0 - threadIdx.x >= 0) {
-        Acc t = 0;
+      if (slot + kSsdPassWindow == kSsdPassDeferWindows * kSsdPassWindow || c0 - kSsdPassWindow < 0) {
+        __syncthreads();
+        const int64_t c = top - threadIdx.x;
+        if (threadIdx.x < slot + kSsdPassWindow && c >= 0) {
+          Acc t = 0;
 #pragma unroll
-        for (int w = 0; w < kSsdThreads / 32; ++w) t += red[threadIdx.x][w];
-        p.kpart[(bh * p.nchunks + c0 - threadIdx.x) * p.kblocks + kb] = t;
+          for (int w = 0; w < kSsdThreads / 32; ++w) t += red[threadIdx.x][w];
+          p.kpart[(bh * p.nchunks + c) * p.kblocks + kb] = t;
+        }
+        __syncthreads();  // (red[] is read before the next windows write it)
+        top = c0 - kSsdPassWindow;
       }
     }
     if (ok && p.last != nullptr) ssd_store_vec(p.last + bh * p.dn + e, run, vec, n);  // G_0 = dL/dH_0
