@@ -187,30 +187,38 @@ __device__ __forceinline__ void cb_table_rows(const FusedParams& p) {
   }
 }
 
-// Above N = 128, one block per (batch, chunk, group, pair of 64-row tiles ti >= tj of the
-// chunk: 10 at chunk 256); warp w computes the tiles (i, j) of row tile i = 4·ti + w with j
-// in 4·tj .. 4·tj + 3, j <= i. C's and B's 64 rows come in 64-column steps of N through a
-// ring of three steps (55 KB, four blocks a multiprocessor), each tile's k-steps over N in
-// order (the same bits). At the shape above 100.4–101.2 µs (two steps, 37 KB, six blocks:
-// 104.0–105.2; 128-column steps or N whole in one step lost; 90.2 since the table's tiles
-// are stored as whole sectors; 74.8 since the usual case's loads take addresses computed
-// once, where the generic row loop's had been most of a step's instructions); at N = 128
-// (one step) 12.2 against the rows' 10.1: more blocks, each loading its C and B rows. Persistent blocks (as many as are resident, each
-// taking every grid-th unit with its ring running on across units) took 120.7 µs; a likely
-// reason is the pairs' uneven work (a diagonal pair has 10 tiles of 16), which blocks
-// scheduled as they finish balance and a fixed share does not (not profiled).
-constexpr int kCbPairs = (kFusedQ / 64) * (kFusedQ / 64 + 1) / 2;
+// Above N = 128, one block per (batch, chunk, group, pair of kCbR-row tiles ti >= tj of
+// the chunk: 3 at chunk 256); warp w of kCbR / 16 computes the tiles (i, j) of row tile
+// i = (kCbR / 16)·ti + w with j in the pair's column tiles, j <= i. C's and B's rows come
+// in 64-column steps of N through a ring of three steps (110.6 KB, two blocks of 8 warps a
+// multiprocessor at 120 registers), each tile's k-steps over N in order (the same bits).
+// History at B2 L4096 H16 P128 N256 G16, with 64-row pairs (10 blocks of 4 warps a chunk,
+// 55 KB): 100.4–101.2 µs on an H200 (two steps, 37 KB, six blocks: 104.0–105.2; 128-column
+// steps or N whole in one step lost; 90.2 since the table's tiles are stored as whole
+// sectors; 74.8 since the usual case's loads take addresses computed once, where the
+// generic row loop's had been most of a step's instructions); persistent blocks (each
+// taking every grid-th unit, its ring running on across units) 120.7, likely the pairs'
+// uneven work, which blocks scheduled as they finish balance and a fixed share does not.
+// 128-row pairs read 384 KB of C and B rows a chunk and group from L2 where the 10 blocks
+// read 640 (256 distinct): 75.0 -> 72.3 µs (H200, session 70; under ncu 96.4 -> 91.0 µs,
+// L2 throughput 71.8 -> 64.6 %).
+constexpr int kCbR = 128;
+constexpr int kCbPairs = (kFusedQ / kCbR) * (kFusedQ / kCbR + 1) / 2;
+constexpr int kCbPairThreads = 2 * kCbR;
 constexpr int kCbK = 64;           // N's columns a step
 constexpr int kCbStages = 3;       // steps in the ring
 constexpr int kCbLd = kCbK + 8;    // 16-bit row stride: an odd multiple of 16 bytes (ldmatrix)
-constexpr int kCbPairSmem = 2 * kCbStages * 64 * kCbLd * 2;  // C's and B's rows, 16-bit
+constexpr int kCbPairSmem = 2 * kCbStages * kCbR * kCbLd * 2;  // C's and B's rows, 16-bit
+static_assert(kCbPairSmem <= ssd_fused_smem_bytes(SsdCudaForward::FusedMmaCb, 128),
+              "the plan's check of the fused blocks' shared memory (a half tile of 128) covers the table's");
 template <typename T, int NS>
 __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   static_assert(NS % kCbK == 0, "the state tile is whole steps");
   constexpr int kSteps = NS / kCbK;
+  constexpr int R = kCbR, kThreads = kCbPairThreads, kW = R / 16;  // warps = a warp's column tiles
   extern __shared__ __align__(16) unsigned char smem[];
-  T* const sC0 = reinterpret_cast<T*>(smem);        // [kCbStages][64 * kCbLd]
-  T* const sB0 = sC0 + kCbStages * 64 * kCbLd;      // [kCbStages][64 * kCbLd]
+  T* const sC0 = reinterpret_cast<T*>(smem);        // [kCbStages][R * kCbLd]
+  T* const sB0 = sC0 + kCbStages * R * kCbLd;       // [kCbStages][R * kCbLd]
   const int groups = p.heads / p.hpg;
   int rest = blockIdx.x;
   int ti, tj;
@@ -220,39 +228,40 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   rest /= groups;
   const int c = rest % p.nchunks, b = rest / p.nchunks;
   const int t0 = c * p.chunk, len = min(p.chunk, p.seqlen - t0);
-  if (ti * 64 >= len) return;  // (the whole block)
+  if (ti * R >= len) return;  // (the whole block)
   const T* Cg = static_cast<const T*>(p.C) + b * p.Cs[0] + t0 * p.Cs[1] + grp * p.Cs[2];
   const T* Bg = static_cast<const T*>(p.B) + b * p.Bs[0] + t0 * p.Bs[1] + grp * p.Bs[2];
-  // The usual case (16-byte rows, the block's 64 rows of C and of B inside the chunk, N the
+  // The usual case (16-byte rows, the block's R rows of C and of B inside the chunk, N the
   // whole tile): a thread's four 8-column pieces of each step are those load_rows would
   // give it, at addresses computed once and moved by a step's columns.
-  static_assert(64 * kCbK / 8 == 4 * kCbThreads, "four 16-byte pieces a thread and operand a step");
-  const bool fast = p.bc_vec && (ti + 1) * 64 <= len && p.state_dim == NS;
+  static_assert(R * kCbK / 8 == 4 * kThreads, "four 16-byte pieces a thread and operand a step");
+  constexpr int kFr = kThreads / 8;  // rows between a thread's pieces
+  const bool fast = p.bc_vec && (ti + 1) * R <= len && p.state_dim == NS;
   const int fr = threadIdx.x >> 3, fc = (threadIdx.x & 7) * 8;
-  const T* const fC = Cg + (ti * 64 + fr) * p.Cs[1] + fc;
-  const T* const fB = Bg + (tj * 64 + fr) * p.Bs[1] + fc;
-  const int64_t fCs = 16 * p.Cs[1], fBs = 16 * p.Bs[1];
+  const T* const fC = Cg + (ti * R + fr) * p.Cs[1] + fc;
+  const T* const fB = Bg + (tj * R + fr) * p.Bs[1] + fc;
+  const int64_t fCs = kFr * p.Cs[1], fBs = kFr * p.Bs[1];
   auto load = [&](int step, int buf) {
     const int k0 = step * kCbK;
     if (fast) {
-      T* const dC = sC0 + (buf * 64 + fr) * kCbLd + fc;
-      T* const dB = sB0 + (buf * 64 + fr) * kCbLd + fc;
+      T* const dC = sC0 + (buf * R + fr) * kCbLd + fc;
+      T* const dB = sB0 + (buf * R + fr) * kCbLd + fc;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        ssd_cp_async16(dC + k * 16 * kCbLd, fC + k * fCs + k0);
-        ssd_cp_async16(dB + k * 16 * kCbLd, fB + k * fBs + k0);
+        ssd_cp_async16(dC + k * kFr * kCbLd, fC + k * fCs + k0);
+        ssd_cp_async16(dB + k * kFr * kCbLd, fB + k * fBs + k0);
       }
       return;
     }
-    load_rows<T, kCbLd, kCbK>(sC0 + buf * 64 * kCbLd, Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * 64, 64,
-                              len, p.state_dim - k0, threadIdx.x, kCbThreads);
-    load_rows<T, kCbLd, kCbK>(sB0 + buf * 64 * kCbLd, Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * 64, 64,
-                              len, p.state_dim - k0, threadIdx.x, kCbThreads);
+    load_rows<T, kCbLd, kCbK>(sC0 + buf * R * kCbLd, Cg + k0 * p.Cs[3], p.Cs[1], p.Cs[3], p.bc_vec, ti * R, R,
+                              len, p.state_dim - k0, threadIdx.x, kThreads);
+    load_rows<T, kCbLd, kCbK>(sB0 + buf * R * kCbLd, Bg + k0 * p.Bs[3], p.Bs[1], p.Bs[3], p.bc_vec, tj * R, R,
+                              len, p.state_dim - k0, threadIdx.x, kThreads);
   };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int mtile = ti * 4 + warp;
+  const int mtile = ti * kW + warp;
   const bool live = mtile * 16 < len;  // (warp-uniform)
-  float cb[4][2][4] = {};
+  float cb[kW][2][4] = {};
 #pragma unroll
   for (int s = 0; s < kCbStages - 1; ++s) {
     if (s < kSteps) load(s, s);
@@ -265,16 +274,16 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
     ssd_cp_async_commit();
     ssd_cp_async_wait<kCbStages - 1>();  // step `step`'s rows are here
     __syncthreads();
-    const T* sC = sC0 + buf * 64 * kCbLd;
-    const T* sB = sB0 + buf * 64 * kCbLd;
+    const T* sC = sC0 + buf * R * kCbLd;
+    const T* sB = sB0 + buf * R * kCbLd;
     if (live) {
 #pragma unroll
       for (int kk = 0; kk < kCbK / 16; ++kk) {
         uint32_t cf[4];
         ssd_ldsm_x4(cf, sC + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kCbLd + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (tj * 4 + j > mtile) continue;  // (warp-uniform: the diagonal pair's upper tiles)
+        for (int j = 0; j < kW; ++j) {
+          if (tj * kW + j > mtile) continue;  // (warp-uniform: the diagonal pair's upper tiles)
           uint32_t bf[4];
           ssd_ldsm_x4(bf, sB + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * kCbLd + kk * 16 + ((lane >> 3) & 1) * 8);
           ssd_mma16816<T>(cb[j][0], cf, bf[0], bf[1]);
@@ -286,17 +295,17 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   }
   if (!live) return;
   float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * groups + grp) * p.cb_tiles * 256 +
-               (mtile * (mtile + 1) / 2 + tj * 4) * 256 + lane * 4;
+               (mtile * (mtile + 1) / 2 + tj * kW) * 256 + lane * 4;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (tj * 4 + j > mtile) continue;
+  for (int j = 0; j < kW; ++j) {
+    if (tj * kW + j > mtile) continue;
     *reinterpret_cast<float4*>(out + j * 256) = make_float4(cb[j][0][0], cb[j][0][1], cb[j][0][2], cb[j][0][3]);
     *reinterpret_cast<float4*>(out + j * 256 + 128) = make_float4(cb[j][1][0], cb[j][1][1], cb[j][1][2], cb[j][1][3]);
   }
 }
 
 template <typename T, int NS>
-__global__ void __launch_bounds__(kCbThreads) ssd_fused_cb_kernel(const FusedParams p) {
+__global__ void __launch_bounds__(NS <= 128 ? kCbThreads : kCbPairThreads) ssd_fused_cb_kernel(const FusedParams p) {
   if constexpr (NS <= 128)
     cb_table_rows<T, NS>(p);
   else
@@ -820,7 +829,8 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
     const int64_t smem = rows ? (64 + kFusedQ) * (NS + 8) * 2 : kCbPairSmem;
     fused_allow_smem(ssd_fused_cb_kernel<T, NS>, smem);
     const int64_t blocks = l.batch * l.nchunks() * l.groups * (rows ? kFusedQ / 64 : kCbPairs);
-    ssd_fused_cb_kernel<T, NS><<<static_cast<unsigned int>(blocks), kCbThreads, smem, stream>>>(p);
+    ssd_fused_cb_kernel<T, NS>
+        <<<static_cast<unsigned int>(blocks), rows ? kCbThreads : kCbPairThreads, smem, stream>>>(p);
     check_launch("ssd_chunk_scan");
   }
   const bool seq = l.seq_idx != nullptr;
