@@ -131,6 +131,17 @@ __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t s_row, i
   }
 }
 
+// A table block's chunk and batch, from its index past the group: chunk-major from the
+// last chunk down, so that the tables the fused kernel's first tickets read (chunk 0 of
+// each batch) are the last written, still in L2 where the table outgrows it (71 MB at B2
+// L4096 H16 N256 G16). On an H100 (seventy-first session, BENCHMARKS.md) the table kernel
+// took 78.9–79.0 µs against 79.5–80.4 with each batch's chunks in order, and the fused
+// kernel 237.4–238.0 against 237.6–239.8, the same bits.
+__device__ __forceinline__ void cb_chunk_batch(const FusedParams& p, int rest, int& c, int& b) {
+  c = p.nchunks - 1 - rest / p.batch;
+  b = rest % p.batch;
+}
+
 // FusedMmaCb's table (see the header), computed by blocks of 4 warps in one of two ways.
 // Up to N = 128, one block per (batch, chunk, group, 64-row block of the chunk); warp w
 // computes the tiles (i, j <= i) of row tile i = 4·block + w: C's 16 rows as A fragments
@@ -152,7 +163,8 @@ __device__ __forceinline__ void cb_table_rows(const FusedParams& p) {
   rest /= kFusedQ / 64;
   const int grp = rest % groups;
   rest /= groups;
-  const int c = rest % p.nchunks, b = rest / p.nchunks;
+  int c, b;
+  cb_chunk_batch(p, rest, c, b);
   const int t0 = c * p.chunk, len = min(p.chunk, p.seqlen - t0);
   if (rb * 64 >= len) return;
   const T* Cg = static_cast<const T*>(p.C) + b * p.Cs[0] + t0 * p.Cs[1] + grp * p.Cs[2];
@@ -226,7 +238,8 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
   rest /= kCbPairs;
   const int grp = rest % groups;
   rest /= groups;
-  const int c = rest % p.nchunks, b = rest / p.nchunks;
+  int c, b;
+  cb_chunk_batch(p, rest, c, b);
   const int t0 = c * p.chunk, len = min(p.chunk, p.seqlen - t0);
   if (ti * R >= len) return;  // (the whole block)
   const T* Cg = static_cast<const T*>(p.C) + b * p.Cs[0] + t0 * p.Cs[1] + grp * p.Cs[2];
