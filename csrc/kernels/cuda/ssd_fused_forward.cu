@@ -729,7 +729,9 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     };
     if constexpr (CB) {
       // the table's tiles (mtile, 0..mtile), the next tile's loads in flight while this one
-      // is consumed
+      // is consumed (two tiles ahead spilled; four ahead by cp.async into the warp's C tile
+      // made the kernel 12 % slower at N = 256 and 40 % at N = 128: BENCHMARKS.md, the
+      // seventy-first session)
       const float* row = cb_chunk + (mtile * (mtile + 1) / 2) * 256;
       auto fetch = [&](float (&v)[2][4], int st) {
 #pragma unroll
