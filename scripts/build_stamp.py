@@ -7,7 +7,10 @@ The inputs: every file under ROOT/csrc and ROOT/setup.py (path and content), the
 this interpreter would build against (its location and version file, which holds the
 version and CUDA version), this interpreter (path and version), the C++ compiler and
 nvcc that would be used (resolved path and ``--version`` output), and the build
-settings in the environment: ``BARACUDA_*`` (but ``BARACUDA_REBUILD``),
+settings in the environment. With ``BARACUDA_FORCE_CPU=1`` (setup.py's CPU-only
+extension) neither csrc/kernels/cuda nor nvcc counts: that build compiles none of those
+files and no CPU source includes them (tests/test_install.py checks it), so a change to a
+CUDA kernel does not rebuild it. The settings: ``BARACUDA_*`` (but ``BARACUDA_REBUILD``),
 ``TORCH_CUDA_ARCH_LIST``, ``CUDA_HOME``, ``CUDA_PATH``, ``CC``, ``CXX`` and the compiler
 and linker flags. ``MAX_JOBS`` only changes how fast the build runs, so it is not one.
 Standard library only; it imports neither torch nor baracuda_torch.
@@ -44,7 +47,10 @@ def inputs(root: str) -> str:
         for p in parts:
             h.update(repr(p).encode() + b"\0")
 
-    files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "csrc")) for f in fs]
+    cpu_only = os.environ.get("BARACUDA_FORCE_CPU") == "1"
+    cuda_dir = os.path.join(root, "csrc", "kernels", "cuda")
+    files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "csrc")) for f in fs
+             if not (cpu_only and (d == cuda_dir or d.startswith(cuda_dir + os.sep)))]
     for path in sorted(files) + [os.path.join(root, "setup.py")]:
         with open(path, "rb") as f:
             add(os.path.relpath(path, root), hashlib.sha256(f.read()).hexdigest())
@@ -58,7 +64,7 @@ def inputs(root: str) -> str:
     env = {k: v for k, v in os.environ.items()
            if (k.startswith("BARACUDA_") and k != "BARACUDA_REBUILD") or k in ENV_KEYS}
     add(sorted(env.items()))
-    for name in ("nvcc", os.environ.get("CXX", "c++")):
+    for name in ([] if cpu_only else ["nvcc"]) + [os.environ.get("CXX", "c++")]:
         exe = _tool(name)
         add(name, exe and os.path.realpath(exe), exe and _version(exe))
     return h.hexdigest()

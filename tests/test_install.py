@@ -74,6 +74,26 @@ def test_stamp_follows_the_build_inputs(tree, stamp):
     assert stamp(tree) == base
 
 
+def test_cpu_only_stamp_leaves_out_the_cuda_kernels(tree, stamp):
+    """BARACUDA_FORCE_CPU=1 builds no file of csrc/kernels/cuda: a change there does not
+    change that build's stamp, and does change the CUDA build's."""
+    cu = next(p for p in sorted((tree / "csrc" / "kernels" / "cuda").glob("*.cu")))
+    text = cu.read_text()
+    cpu, cuda = stamp(tree, BARACUDA_FORCE_CPU="1"), stamp(tree)
+    cu.write_text(text + "\n// changed\n")
+    try:
+        assert stamp(tree, BARACUDA_FORCE_CPU="1") == cpu
+        assert stamp(tree) != cuda
+    finally:
+        cu.write_text(text)
+    # ... which holds only while no source outside it includes one of its files
+    outside = [p for p in (ROOT / "csrc").rglob("*")
+               if p.is_file() and (ROOT / "csrc" / "kernels" / "cuda") not in p.parents]
+    assert outside
+    for p in outside:
+        assert '#include "kernels/cuda/' not in p.read_text(errors="replace"), p
+
+
 def test_installed_checks_this_tree(tree):
     run = lambda root: subprocess.run([sys.executable, str(SCRIPT), "installed", str(root)],  # noqa: E731
                                       cwd="/", capture_output=True).returncode
