@@ -321,15 +321,16 @@ def test_explain(device):
     assert info.dtype == "bfloat16" and info.backend == device
     assert info.deterministic and info.bit_stable and binfo.deterministic and binfo.bit_stable
     if device == "cpu":
-        # The chunked algorithm in float32; the backward's workspace holds per-head dB
-        # and dC (two heads per group here) and per-(b, h) partial sums of dA, ddt_bias
-        # and dD [D] (and 255 bytes of alignment slack); each task keeps its own chunk
-        # states and packed x and dy.
+        # The chunked algorithm in float32; the backward's workspace holds per-(b, h)
+        # partial sums of dA, ddt_bias and dD [D], dB and dC summed over each group's heads
+        # and, for a wave of (b, h) tasks (all 8 here: far below 256 MiB), per-head dB and
+        # dC (two heads per group here), and 255 bytes of alignment slack; each task keeps
+        # its own chunk states and packed x and dy.
         assert info.variant == binfo.variant == "chunked"
         assert info.math_precision == "float32" and info.accumulator == "float32"
         assert info.workspace_bytes == 0
         nc = math.ceil(L / Q)
-        assert binfo.workspace_bytes == 4 * (2 * b * H * L * N + b * H * (2 + D)) + 255
+        assert binfo.workspace_bytes == 4 * (b * H * (2 + D) + 2 * b * G * L * N + 2 * b * H * L * N) + 255
         # "precise": the float64 recurrence, with float64 chunk states and partials.
         pinfo = bt.explain(ops.ssd_chunk_scan_backward, x, x, dt, A, B, C, Q, preference="precise")
         assert pinfo.variant == "sequential" and pinfo.math_precision == "float64"

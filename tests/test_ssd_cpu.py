@@ -101,6 +101,39 @@ def test_plain_loops_without_blas(dtype):
             torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_backward_waves_keep_the_bits(dtype):
+    """The chunked backward runs its (b, h) tasks in waves and adds each wave's per-head
+    dB and dC to the group's sums in head order (bt._C._ssd_cpu_wave_bytes: a budget of
+    one byte gives waves of 4 tasks a thread, which split the groups of 3 and 5 heads
+    below): every gradient the same bits as in one wave, at 1, 2 and 3 threads, with
+    packed sequences and every option; and the workspace follows the wave."""
+    rng = random.Random(17)
+    threads = torch.get_num_threads()
+    for b, L, H, G in [(2, 37, 6, 2), (3, 21, 10, 2)]:
+        t, kw = make_case(rng, b, L, H, 4, 5, G, dtype, "cpu", D="h", z=True, dt_bias=True,
+                          init=True, seq_idx=True, softplus=True, limit=False, mixed=False)
+        t = untie(t, kw)
+        dout = torch.randn_like(t["x"])
+        dfinal = torch.randn(b, H, 4, 5).to(dtype)
+        whole = run_ours(t, kw, 8, dout, dfinal)
+        x, dt, A, B, C = combined_args(t)
+        ws_whole = bt.explain("ssd_chunk_scan_backward", x, x, dt, A, B, C, chunk_size=8).workspace_bytes
+        previous = bt._C._ssd_cpu_wave_bytes(1)
+        try:
+            for n in (1, 2, 3):
+                torch.set_num_threads(n)
+                ws = bt.explain("ssd_chunk_scan_backward", x, x, dt, A, B, C, chunk_size=8).workspace_bytes
+                assert (ws < ws_whole) == (4 * n < b * H), (n, ws, ws_whole)  # waves of 4·n tasks
+                waves = run_ours(t, kw, 8, dout, dfinal)
+                assert set(waves[2]) == set(whole[2])
+                for k in whole[2]:
+                    assert torch.equal(waves[2][k], whole[2][k]), (b, L, H, G, n, k)
+        finally:
+            bt._C._ssd_cpu_wave_bytes(previous)
+            torch.set_num_threads(threads)
+
+
 def test_plain_op_every_dtype_and_layout():
     """The plain op's CASES (L not a multiple of the chunk, L < chunk, chunk 1, every
     group layout) and strided inputs, in every dtype, through the default variant."""

@@ -23,12 +23,16 @@ void ssd_chunk_scan_cpu_backward(const SsdChunkScanLaunch& l);
 // parallel over (b, h), deterministic and the same bits for any thread count (every
 // reduction across tasks goes through per-task partials summed in a fixed order).
 // Chunks end at every seq_idx reset. Forward workspace 0; backward per-(b, h) partials
-// (B·H·(2 + D)) plus per-head dB/dC partials (2·B·H·L·N) when a group has several heads
-// (each task keeps one (b, h)'s chunk states and packed x and dy in its own memory). Any
-// chunk_size >= 1 and L. Where libtorch exports no BLAS, or after
+// (B·H·(2 + D)) plus, when a group has several heads, dB/dC summed over the group's heads
+// (2·B·G·L·N) and the per-head dB/dC of a wave of (b, h) tasks (2·wave·L·N: at least 4
+// tasks a thread, else what ssd_chunk_scan_cpu_chunked_wave_bytes holds, 256 MiB by
+// default; each task keeps one (b, h)'s chunk states and packed x and dy in its own
+// memory). Any chunk_size >= 1 and L. Where libtorch exports no BLAS, or after
 // ssd_chunk_scan_cpu_chunked_use_blas(false) (tests), the products run on plain loops;
-// it returns the previous setting.
+// it returns the previous setting. ssd_chunk_scan_cpu_chunked_wave_bytes (tests: smaller
+// waves, the same bits) sets that budget (<= 0: the default) and returns the previous one.
 bool ssd_chunk_scan_cpu_chunked_use_blas(bool enabled);
+int64_t ssd_chunk_scan_cpu_chunked_wave_bytes(int64_t bytes);
 size_t ssd_chunk_scan_cpu_chunked_forward_workspace(const SsdChunkScanLaunch& l);
 size_t ssd_chunk_scan_cpu_chunked_backward_workspace(const SsdChunkScanLaunch& l);
 void ssd_chunk_scan_cpu_chunked_forward(const SsdChunkScanLaunch& l);

@@ -112,6 +112,9 @@ PYBIND11_MODULE(_C, m) {
   // torch.get_num_threads().
   // Tests only: the CPU chunked SSD's products on its plain loops (false) or the BLAS.
   m.def("_ssd_cpu_blas", &kernels::ssd_chunk_scan_cpu_chunked_use_blas, py::arg("enabled"));
+  // Tests only: the CPU chunked SSD backward's wave budget in bytes (<= 0: the default, 256
+  // MiB), so that small problems run in several waves; returns the previous budget.
+  m.def("_ssd_cpu_wave_bytes", &kernels::ssd_chunk_scan_cpu_chunked_wave_bytes, py::arg("bytes"));
   // Tests only: caps the shared memory a CUDA block may opt into as every plan sees it (to
   // plan for a 99 KB device on a larger one), 0 for the device's own; returns the previous cap.
   m.def("_cuda_smem_optin_cap", &set_smem_optin_cap, py::arg("bytes"));

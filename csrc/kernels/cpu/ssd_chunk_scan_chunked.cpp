@@ -33,8 +33,9 @@
 //   that close pairs add small terms instead of two large sums cancelling)
 // Tasks are (b, h) pairs. For each, the backward first packs x and dy and recomputes
 // the state entering each grid chunk (in the task's scratch: ⌈L/Q⌉·D·N + 2·L·D). dB and
-// dC, which sum over a group's heads, go through per-head partials in the workspace
-// summed in head order afterwards (written directly when a group has one head), and dA,
+// dC, which sum over a group's heads, go through per-head partials in the workspace, the
+// tasks run in waves and each wave's partials are added to the group's sums in head order
+// (written directly when a group has one head), and dA,
 // ddt_bias, dD through per-(b, h) partials summed in order of b: the same bits for any
 // number of threads.
 #include <algorithm>
@@ -90,6 +91,9 @@ void blas_gemm(const char* ta, const char* tb, const int* m, const int* n, const
 
 // Cleared by tests (ssd_chunk_scan_cpu_chunked_use_blas) to run the plain loops here too.
 std::atomic<bool> g_use_blas{true};
+// The budget of a backward wave's per-head dB/dC (Chunked::workspace_elems).
+constexpr int64_t kDefaultWaveBytes = int64_t{256} << 20;
+std::atomic<int64_t> g_wave_bytes{kDefaultWaveBytes};
 
 template <typename S>
 bool have_blas() {
@@ -327,23 +331,45 @@ struct Chunked {
     });
   }
 
-  // Workspace (in S): with more than one head per group, per-head dB and dC [B, H, L, N]
-  // each; partials dA, ddt_bias [B, H] and dD [B, H, D]. What one (b, h) needs alone (its
-  // entry states, x and dy packed) lives in the task's scratch, reused for its next (b, h).
-  int64_t head_partial_elems() const { return hpg > 1 ? l.batch * H * L * N : 0; }
-  int64_t workspace_elems() const { return 2 * head_partial_elems() + l.batch * H * (2 + D); }
+  // Workspace (in S): partials dA, ddt_bias [B, H] and dD [B, H, D]; with more than one
+  // head per group, dB and dC summed over each group's heads ([B, G, L, N] each) and the
+  // per-head dB and dC of a wave of (b, h) tasks ([wave, L, N] each), added to those sums
+  // in head order after each wave (the same order, hence the same bits, for any wave).
+  // The wave is at least 4 tasks a thread and otherwise what g_wave_bytes holds (256 MiB:
+  // at the Mamba-2 2.7B shape, B4 H80 G1 L4096 N128 in float32, 64 heads' 268 MB where all
+  // 320 took 1.34 GB). What one (b, h) needs alone (its entry states, x and dy packed)
+  // lives in the task's scratch, reused for its next (b, h).
+  int64_t tasks() const { return l.batch * H; }
+  int64_t fixed_elems() const { return tasks() * (2 + D) + (hpg > 1 ? 2 * l.batch * G * L * N : 0); }
+  bool head_partials() const { return hpg > 1 && L * N > 0; }
+  int64_t workspace_elems() const {
+    if (!head_partials()) return fixed_elems();
+    const int64_t per_task = 2 * L * N;
+    const int64_t budget = g_wave_bytes.load(std::memory_order_relaxed);
+    const int64_t wave = std::min(tasks(), std::max<int64_t>(4 * at::get_num_threads(),
+                                                             budget / (per_task * static_cast<int64_t>(sizeof(S)))));
+    return fixed_elems() + wave * per_task;
+  }
 
   void backward() const {
-    S* dB_heads = static_cast<S*>(l.workspace);
-    S* dC_heads = dB_heads + head_partial_elems();
-    S* dA_partial = dC_heads + head_partial_elems();
-    S* dbias_partial = dA_partial + l.batch * H;
-    S* dD_partial = dbias_partial + l.batch * H;
+    S* dA_partial = static_cast<S*>(l.workspace);
+    S* dbias_partial = dA_partial + tasks();
+    S* dD_partial = dbias_partial + tasks();
+    S* dB_sum = dD_partial + tasks() * D;
+    S* dC_sum = dB_sum + (hpg > 1 ? l.batch * G * L * N : 0);
+    S* dB_heads = dC_sum + (hpg > 1 ? l.batch * G * L * N : 0);
+    // the wave the workspace was sized for (workspace_elems), read back from its size
+    const int64_t wave =
+        head_partials()
+            ? std::max<int64_t>(1, (static_cast<int64_t>(l.workspace_bytes / sizeof(S)) - fixed_elems()) / (2 * L * N))
+            : tasks();
+    S* dC_heads = dB_heads + wave * L * N;
     T* dx = static_cast<T*>(l.dx);
     DT* ddt = static_cast<DT*>(l.ddt);
     T* dz = static_cast<T*>(l.dz);
     CT* dinit = static_cast<CT*>(l.dinitial_states);
-    at::parallel_for(0, l.batch * H, 1, [&](int64_t begin, int64_t end) {
+    int64_t wave0 = 0;  // the wave's first task
+    const auto task = [&](int64_t begin, int64_t end) {
       const OneBlasThread one_blas_thread;
       Scratch<S> s(q_max(), D, N, true);
       std::vector<S> dh(DN);
@@ -518,9 +544,9 @@ struct Chunked {
                 }
               } else {
                 std::copy(s.dB.begin() + j * N, s.dB.begin() + (j + 1) * N,
-                          dB_heads + (bh * L + t) * N);
+                          dB_heads + ((bh - wave0) * L + t) * N);
                 std::copy(s.dC.begin() + j * N, s.dC.begin() + (j + 1) * N,
-                          dC_heads + (bh * L + t) * N);
+                          dC_heads + ((bh - wave0) * L + t) * N);
               }
             }
             if (fresh) std::fill(dh.begin(), dh.end(), S(0));
@@ -537,33 +563,39 @@ struct Chunked {
           for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(src[d]);
         }
       }
-    });
-    if (hpg > 1) {
-      // dB[b, t, g] = Σ_{heads of g, in order} partial: parallel over (b, t).
-      at::parallel_for(0, l.batch * L, 64, [&](int64_t begin, int64_t end) {
-        std::vector<S> accb(N), accc(N);
+    };
+    for (; wave0 < tasks(); wave0 += wave) {
+      const int64_t wave1 = std::min(tasks(), wave0 + wave);
+      at::parallel_for(wave0, wave1, 1, task);
+      if (!head_partials()) continue;
+      // dB[b, t, g] = Σ_{heads of g, in order} partial: this wave's heads added to the
+      // sums (from 0 at a group's first head), parallel over the wave's rows (b, t).
+      at::parallel_for(wave0 / H * L, ((wave1 - 1) / H + 1) * L, 64, [&](int64_t begin, int64_t end) {
         for (int64_t bt = begin; bt < end; ++bt) {
           const int64_t b = bt / L, t = bt % L;
           for (int64_t g = 0; g < G; ++g) {
-            std::fill(accb.begin(), accb.end(), S(0));
-            std::fill(accc.begin(), accc.end(), S(0));
-            for (int64_t hl = 0; hl < hpg; ++hl) {
-              const int64_t off = ((b * H + g * hpg + hl) * L + t) * N;
+            S* accb = dB_sum + (bt * G + g) * N;
+            S* accc = dC_sum + (bt * G + g) * N;
+            const int64_t first = b * H + g * hpg;
+            for (int64_t bh = std::max(first, wave0); bh < std::min(first + hpg, wave1); ++bh) {
+              const int64_t off = ((bh - wave0) * L + t) * N;
+              const bool start = bh == first;
               for (int64_t n = 0; n < N; ++n) {
-                accb[n] += dB_heads[off + n];
-                accc[n] += dC_heads[off + n];
+                accb[n] = (start ? S(0) : accb[n]) + dB_heads[off + n];
+                accc[n] = (start ? S(0) : accc[n]) + dC_heads[off + n];
               }
-            }
-            T* dbt = static_cast<T*>(l.dB) + (bt * G + g) * N;
-            T* dct = static_cast<T*>(l.dC) + (bt * G + g) * N;
-            for (int64_t n = 0; n < N; ++n) {
-              dbt[n] = static_cast<T>(accb[n]);
-              dct[n] = static_cast<T>(accc[n]);
             }
           }
         }
       });
     }
+    if (head_partials())
+      at::parallel_for(0, l.batch * L * G * N, 4096, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          static_cast<T*>(l.dB)[i] = static_cast<T>(dB_sum[i]);
+          static_cast<T*>(l.dC)[i] = static_cast<T>(dC_sum[i]);
+        }
+      });
     ssd_cpu::reduce_partials<CT>(l, dA_partial, dbias_partial, dD_partial);
   }
 };
@@ -571,6 +603,10 @@ struct Chunked {
 }  // namespace
 
 bool ssd_chunk_scan_cpu_chunked_use_blas(bool enabled) { return g_use_blas.exchange(enabled); }
+
+int64_t ssd_chunk_scan_cpu_chunked_wave_bytes(int64_t bytes) {
+  return g_wave_bytes.exchange(bytes > 0 ? bytes : kDefaultWaveBytes);
+}
 
 size_t ssd_chunk_scan_cpu_chunked_forward_workspace(const SsdChunkScanLaunch&) { return 0; }
 
