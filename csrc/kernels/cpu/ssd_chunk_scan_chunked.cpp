@@ -340,8 +340,9 @@ struct Chunked {
   // 320 took 1.34 GB). What one (b, h) needs alone (its entry states, x and dy packed)
   // lives in the task's scratch, reused for its next (b, h).
   int64_t tasks() const { return l.batch * H; }
-  int64_t fixed_elems() const { return tasks() * (2 + D) + (hpg > 1 ? 2 * l.batch * G * L * N : 0); }
   bool head_partials() const { return hpg > 1 && L * N > 0; }
+  int64_t group_sum_elems() const { return head_partials() ? l.batch * G * L * N : 0; }  // each of dB, dC
+  int64_t fixed_elems() const { return tasks() * (2 + D) + 2 * group_sum_elems(); }
   int64_t workspace_elems() const {
     if (!head_partials()) return fixed_elems();
     const int64_t per_task = 2 * L * N;
@@ -356,8 +357,8 @@ struct Chunked {
     S* dbias_partial = dA_partial + tasks();
     S* dD_partial = dbias_partial + tasks();
     S* dB_sum = dD_partial + tasks() * D;
-    S* dC_sum = dB_sum + (hpg > 1 ? l.batch * G * L * N : 0);
-    S* dB_heads = dC_sum + (hpg > 1 ? l.batch * G * L * N : 0);
+    S* dC_sum = dB_sum + group_sum_elems();
+    S* dB_heads = dC_sum + group_sum_elems();
     // the wave the workspace was sized for (workspace_elems), read back from its size
     const int64_t wave =
         head_partials()
