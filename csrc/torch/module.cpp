@@ -154,6 +154,7 @@ PYBIND11_MODULE(_C, m) {
   // wherever the group products run) or "off" (every kernel on the caller's stream);
   // returns the previous setting.
   static const std::pair<const char*, bool> kOff[] = {{"off", false}};
+  static const std::pair<const char*, bool> kOffOn[] = {{"off", false}, {"on", true}};
   def_switch(m, "_ssd_cuda_backward_side_stream", kOff, ssd_force_backward_side_stream);
   // Tests and benchmarks only: whether the SSD's tensor-core chunk-state kernel runs its
   // products on wgmma (SsdChunkScanLaunch::state_wgmma), "auto" (the plan's choice: on
@@ -164,8 +165,7 @@ PYBIND11_MODULE(_C, m) {
   // (SsdChunkScanLaunch::dx_wgmma), "auto" (the plan's choice: on sm_90a with D), "off"
   // (mma.sync everywhere) or "on" (wgmma wherever the kernel can, D or not); returns the
   // previous setting.
-  static const std::pair<const char*, bool> kSsdCudaDxWgmma[] = {{"off", false}, {"on", true}};
-  def_switch(m, "_ssd_cuda_dx_wgmma", kSsdCudaDxWgmma, ssd_force_dx_wgmma);
+  def_switch(m, "_ssd_cuda_dx_wgmma", kOffOn, ssd_force_dx_wgmma);
   // Tests and benchmarks only: whether the SSD backward's gate kernel runs by positions'
   // rows (SsdChunkScanLaunch::gate_rows), "auto" (the plan's choice: with z and dD's
   // partials from dx) or "off" (the segment kernel); returns the previous setting.
@@ -174,8 +174,7 @@ PYBIND11_MODULE(_C, m) {
   // whole-tiles kernel (StateUpdateLaunch::whole_tiles), "auto" (the plan's choice:
   // wherever it can), "on" (the same) or "off" (the generic lean kernel); returns the
   // previous setting.
-  static const std::pair<const char*, bool> kStateUpdateWholeTiles[] = {{"off", false}, {"on", true}};
-  def_switch(m, "_state_update_whole_tiles", kStateUpdateWholeTiles, state_update_force_whole_tiles);
+  def_switch(m, "_state_update_whole_tiles", kOffOn, state_update_force_whole_tiles);
   // Tests and benchmarks only: the cos/sin RoPE's table reads on CUDA, "auto" (the plan's
   // rule), "any" (16-byte vectors wherever the table's runs are whole aligned vectors) or
   // "never"; returns the previous setting.
