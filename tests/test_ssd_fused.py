@@ -368,6 +368,50 @@ def test_n256_seq_idx(dtype, cb_256):
         check_case(t, kw, Q, f"N256 seq {dtype} {(b, L, H, P, N, G, Q)} {kw}")
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_n256_split_share_keeps_the_bits(dtype, cb_256):
+    """The N = 256 halves sharing the output rows (the plan's choice with z; forced on
+    without) give the bits of the first half's block taking them all: outputs, final
+    states and gradients, NaN-poisoned, with a ragged last chunk, two heads a group,
+    seq_idx and the kept chunk states the backward reads."""
+    rng = random.Random(2561 + HALF.index(dtype))
+    torch.manual_seed(2561)
+    cases = [((1, 530, 2, 128, 256, 2, 256), {"z": True, "D": True, "init": True}),
+             ((1, 777, 4, 64, 256, 2, 128), {"z": True, "seq_idx": True}),
+             ((1, 333, 2, 64, 200, 1, 100), {"z": True, "D": "hdim"}),
+             ((2, 300, 4, 64, 256, 1, 256), {"z": False, "D": True, "init": True})]
+    for (b, L, H, P, N, G, Q), opts in cases:
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", **opts)
+        dout = torch.randn_like(t["x"])
+        dfinal = torch.randn(b, H, P, N, device="cuda")
+        name = f"{(b, L, H, P, N, G, Q)} {opts}"
+
+        def shared():  # the fused forward's last template argument, SHARE (a run's names)
+            names = cuda_kernel_names(lambda: run_ours(t, kw, Q, dout, dfinal))
+            last = {m.group(1) for n in names for m in [re.search(r"ssd_fused_forward_kernel<.*, (\w+)>", n)] if m}
+            assert len(last) == 1, (name, names)
+            return last == {"true"}
+
+        previous = bt._C._ssd_cuda_split_share("off")
+        try:
+            expected = run_ours(t, kw, Q, dout, dfinal)
+            assert not shared(), name
+            bt._C._ssd_cuda_split_share("auto")
+            assert shared() == opts["z"], name
+            bt._C._ssd_cuda_split_share("on")
+            assert shared(), name
+            poison_fresh_outputs()
+            got = run_ours(t, kw, Q, dout, dfinal)
+        finally:
+            bt._C._ssd_cuda_split_share(previous)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), name
+        assert got[2].keys() == expected[2].keys(), name
+        for k in expected[2]:
+            assert torch.equal(got[2][k], expected[2][k]), (name, k)
+        assert torch.isfinite(expected[0]).all(), name
+
+
 def test_forward_switch_names_its_choices():
     assert bt._C._ssd_cuda_forward("auto") == "auto"
     with pytest.raises(ValueError, match="auto, staged, fused_mma, fused_mma_cb or fused_wgmma"):
@@ -669,6 +713,7 @@ def test_side_streams_of_several_host_threads_stay_apart():
     ("_ssd_cuda_state_wgmma", ["off"], "auto or off"),
     ("_ssd_cuda_dx_wgmma", ["on", "off"], "auto, off or on"),
     ("_ssd_cuda_gate_rows", ["off"], "auto or off"),
+    ("_ssd_cuda_split_share", ["on", "off"], "auto, off or on"),
     ("_state_update_whole_tiles", ["on", "off"], "auto, off or on"),
     ("_rope_cos_sin_table_vectors", ["any", "never"], "auto, any or never"),
     ("_rope_cos_sin_walk32", ["off"], "auto or off"),

@@ -242,6 +242,23 @@ bool dx_wgmma(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   return forced == 1 || desc.options.has_D;
 }
 
+// ssd_force_split_share's setting: -1 for the plan's own choice, 0 never, 1 wherever the
+// kernel can.
+std::atomic<int> g_forced_split_share{-1};
+
+// Whether the fused forward's two halves of a state tile of 256 share the output rows
+// (SsdChunkScanLaunch::fused_split_share): with z, whose loads and y_pre's stores then
+// split over both blocks. H100, B2 L4096 H16 P128 N256 G16, bf16 (the same bits): with D,
+// z, dt_bias, softplus and initial states the fused kernel 274.1–274.4 µs against
+// 303.1–304.0; the same without z 241.9–243.5 against 243.1–243.4; plain 244.3–245.8
+// against 238.8–239.3, kept on the first half's block (seventy-second session,
+// BENCHMARKS.md).
+bool split_share(const SsdChunkScanLaunch& l) {
+  const int forced = g_forced_split_share.load(std::memory_order_relaxed);
+  if (forced == 0 || l.fused_state_split != 2) return false;
+  return forced == 1 || l.gated;
+}
+
 // ssd_force_gate_rows's setting: -1 for the plan's own choice, 0 never.
 std::atomic<int> g_forced_gate_rows{-1};
 
@@ -502,6 +519,10 @@ std::optional<bool> ssd_force_dx_wgmma(std::optional<bool> force) {
   return exchange_forced(g_forced_dx_wgmma, force);
 }
 
+std::optional<bool> ssd_force_split_share(std::optional<bool> force) {
+  return exchange_forced(g_forced_split_share, force);
+}
+
 std::optional<bool> ssd_force_gate_rows(std::optional<bool> force) {
   return exchange_forced(g_forced_gate_rows, force);
 }
@@ -520,6 +541,7 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
   p.launch_.cuda_forward = forward.kernel;
   p.launch_.fused_state_tile = forward.state_tile;
   p.launch_.fused_state_split = forward.state_tile > 128 ? 2 : 1;
+  p.launch_.fused_split_share = split_share(p.launch_);
   p.launch_.tensor_cores = uses_tensor_cores(desc, p.variant_);
   p.launch_.state_tile_n = state_tile_n(desc, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(desc, p.launch_);

@@ -97,6 +97,12 @@ std::optional<bool> ssd_force_dx_wgmma(std::optional<bool> force);
 // Tests and benchmarks only: `force` false keeps the segment kernel; true or std::nullopt
 // takes the rows kernel wherever the plan would. Returns the previous setting.
 std::optional<bool> ssd_force_gate_rows(std::optional<bool> force);
+// With z given, the fused forward's two halves of a state tile of 256 both take output
+// tiles (SsdChunkScanLaunch::fused_split_share): the same bits as the first half's block
+// taking them all. Tests and benchmarks only: `force` false keeps them on the first half's
+// block, true shares them wherever there are two halves (z or not), std::nullopt restores
+// the plan's choice. Returns the previous setting.
+std::optional<bool> ssd_force_split_share(std::optional<bool> force);
 
 // Shared memory of the staged tensor-core scan kernel (kernels/cuda/ssd_chunk_scan_tc.cuh's
 // ssd_launch_tc_scan) without its cache of Lft·Rgtᵀ tiles, for a contraction over k1 (N for
@@ -250,6 +256,11 @@ struct SsdChunkScanLaunch {
   SsdCudaForward cuda_forward = SsdCudaForward::Staged;
   int64_t fused_state_tile = 0;
   int64_t fused_state_split = 1;
+  // With fused_state_split 2: each half's block hands its rounded H_c to the other's, and
+  // both take output rows (the second half's 128 .. 255), where otherwise the second half's
+  // block stops after its hand-over and the first's takes every row (split_share in
+  // ssd_chunk_scan_plan.cpp; ssd_force_split_share).
+  bool fused_split_share = false;
   // CUDA backward: the intra-chunk dB/dC products once per group and dx from the
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.

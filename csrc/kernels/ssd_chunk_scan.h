@@ -52,7 +52,8 @@ void ssd_chunk_scan_cuda_backward(const SsdChunkScanLaunch& l, void* stream);
 // ticket and one counter per chain ((b, h, head_dim tile), and the half of the state
 // columns with fused_state_split 2), and two float32 state tiles per chain; FusedMmaCb's
 // also holds its C·Bᵀ table (ssd_fused_cb_tiles), and with two halves the second half's
-// H_c in the input dtype and a flag per (b, h, head_dim tile, chunk).
+// H_c (with fused_split_share each half's) in the input dtype and a flag per (b, h,
+// head_dim tile, chunk) and H_c.
 size_t ssd_chunk_scan_cuda_fused_forward_workspace(const SsdChunkScanLaunch& l);
 void ssd_chunk_scan_cuda_fused_forward(const SsdChunkScanLaunch& l, void* stream);
 void ssd_chunk_scan_cuda_fused_forward_sm90(const SsdChunkScanLaunch& l, void* stream);

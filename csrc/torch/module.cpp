@@ -170,6 +170,11 @@ PYBIND11_MODULE(_C, m) {
   // rows (SsdChunkScanLaunch::gate_rows), "auto" (the plan's choice: with z and dD's
   // partials from dx) or "off" (the segment kernel); returns the previous setting.
   def_switch(m, "_ssd_cuda_gate_rows", kOff, ssd_force_gate_rows);
+  // Tests and benchmarks only: whether the SSD fused forward's two halves of a state tile
+  // of 256 both take output rows (SsdChunkScanLaunch::fused_split_share), "auto" (the
+  // plan's choice: with z), "off" (the first half's block takes them all) or "on" (shared,
+  // z or not); returns the previous setting.
+  def_switch(m, "_ssd_cuda_split_share", kOffOn, ssd_force_split_share);
   // Tests and benchmarks only: whether Mamba-2's decode step takes the state update's
   // whole-tiles kernel (StateUpdateLaunch::whole_tiles), "auto" (the plan's choice:
   // wherever it can), "on" (the same) or "off" (the generic lean kernel); returns the

@@ -56,9 +56,9 @@ struct FusedParams {
   void* y_pre;          // dense [B, L, H, head_dim] or null
   float* final_states;  // dense [B, H, head_dim, N] or null
   int* ticket;          // then one counter per chain: chunks published
-  int* half_ready;      // two halves: [pairs][nchunks], 1 once the second half's H_c is stored
+  int* half_ready;      // two halves: [pairs][nchunks][1 or 2], 1 once that H_c is stored
   float* ring;          // [chains][2][kFusedP][split_cols]: the last two states handed over
-  void* half_states;    // two halves: [pairs][nchunks][kFusedP][split_cols], H_c of half 1 rounded to T
+  void* half_states;    // two halves: [pairs][nchunks][1 or 2][kFusedP][split_cols], H_c rounded to T
   void* states;         // kept H_c (SsdChunkScanLaunch::states): dense [B, H, nc, head_dim, N] of T, or null
   float* cb;            // FusedMmaCb: [B][nchunks][G][cb_tiles][2][32 lanes][4] (ssd_fused_cb_tiles)
   int cb_tiles;
@@ -505,9 +505,10 @@ inline int64_t fused_ring_bytes(const SsdChunkScanLaunch& l) {
   return fused_chains(l) * 2 * kSsdFusedHeadTile * (l.fused_state_tile / l.fused_state_split) * 4;
 }
 
-// With two halves: one H_c of the second half per (pair, chunk), 16-bit, and a flag each.
+// With two halves: the second half's H_c per (pair, chunk) (with fused_split_share, each
+// half's), 16-bit, and a flag each.
 inline int64_t fused_half_states(const SsdChunkScanLaunch& l) {
-  return l.fused_state_split > 1 ? fused_pairs(l) * l.nchunks() : 0;
+  return l.fused_state_split > 1 ? fused_pairs(l) * l.nchunks() * (l.fused_split_share ? 2 : 1) : 0;
 }
 
 // The workspace: the ticket, the chains' counters and the half states' flags (zeroed on
@@ -528,7 +529,7 @@ inline void fused_check_launch(const SsdChunkScanLaunch& l, SsdCudaForward kerne
       l.head_dim % kSsdFusedHeadTile != 0 || l.state_dim < 1 || l.state_dim > l.fused_state_tile ||
       (l.fused_state_tile != 64 && l.fused_state_tile != 128 &&
        (l.fused_state_tile != 256 || kernel != SsdCudaForward::FusedMmaCb)) ||
-      l.fused_state_split != (l.fused_state_tile > 128 ? 2 : 1) ||
+      l.fused_state_split != (l.fused_state_tile > 128 ? 2 : 1) || (l.fused_split_share && l.fused_state_split != 2) ||
       (l.seq_idx != nullptr && kernel == SsdCudaForward::FusedWgmma) ||
       l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
       fused_chains(l) * l.nchunks() >= (int64_t{1} << 31))

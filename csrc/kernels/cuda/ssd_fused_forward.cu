@@ -59,7 +59,13 @@
 // own C·H_cᵀ and handed over 64 KB of float32 partial sums per block pair, and read its C
 // half for that: 13 % more L2 traffic at B2 L4096 H16 P128 N256 G16, counted; the kernel's
 // time was level, BENCHMARKS.md, "SSD at N = 256: the halves hand over H_c", and the
-// hand-over's workspace is a quarter of what it was.)
+// hand-over's workspace is a quarter of what it was.) With z (the plan's
+// fused_split_share) the two blocks share the output instead: each stores its rounded H_c
+// half in the workspace and takes the other's, and each takes 8 of the 16 row tiles, one a
+// warp, so that z's loads and y_pre's stores, which made the first half's block the longer
+// by far, split over both (H100, B2 L4096 H16 P128 N256 G16 with the options: 274 µs
+// against 303; without z it lost, 244–246 against 239, one warp's 16 steps holding each
+// block where two passes of 17 held one).
 //
 // Ordering and progress: blocks take a ticket (atomicAdd) when they start and work on the
 // ticket's problem, chunk-major, so the block a block waits for has a smaller ticket: it
@@ -414,10 +420,14 @@ __device__ __forceinline__ void fused_hand_over(const FusedParams& p, const Fuse
 // block's B, state and hand-over are those of its half's columns; the second half's block
 // stores its rounded H_c and a flag in the workspace and stops there, and the first half's
 // block takes it into sH's columns NS .. 2·NS (waiting for the flag) for C·H_cᵀ over both.
-template <typename T, int NS, bool CB, bool SEQ, bool SPLIT = false>
+// SHARE (the plan's fused_split_share): each half's block stores its rounded H_c and takes
+// the other's, and both take output tiles, one a warp: the second half's block (the
+// smaller ticket) rows 128 .. 255, the first's 0 .. 127.
+template <typename T, int NS, bool CB, bool SEQ, bool SPLIT = false, bool SHARE = false>
 __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     ssd_fused_forward_kernel(const FusedParams p) {
   static_assert(NS <= 128 && (!SPLIT || (CB && NS == 128)), "a tile of 256 runs as two halves of 128 (SPLIT)");
+  static_assert(!SHARE || SPLIT, "the halves share the output tiles (SHARE) only with SPLIT");
   constexpr int kLdN = NS + 8;
   constexpr int kNT = NS / 16;  // k-steps over N; 8-column tiles per warp in the state product
   extern __shared__ __align__(16) unsigned char smem[];
@@ -523,50 +533,63 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     }
     ssd_cp_async_commit();  // (empty without: the groups' count is the same either way)
   };
+  // SPLIT: the (pair, chunk)'s slots in the workspace (half_states, half_ready): one
+  // (the second half's), SHARE: one a half
+  const int64_t at = (tile.pair * p.nchunks + tile.c) * (SHARE ? 2 : 1);
+  const int own = SHARE ? tile.nh : 0, other = SHARE ? 1 - tile.nh : 0;
   fused_hand_over<NS>(p, tile, hin, sacc, last2, seg_last, lane, mt, nh, [&](int pr, int n, float2 h) {
     const uint32_t hr = ssd_pack2<T>(h.x, h.y);
-    if (SPLIT && tile.nh == 1)  // the first half's block takes it from the workspace
-      __stcg(static_cast<unsigned int*>(p.half_states) + ((tile.pair * p.nchunks + tile.c) * kFusedP + pr) * (NS / 2) +
-                 n / 2,
-             hr);
-    else
-      *reinterpret_cast<uint32_t*>(sH + pr * kLdH + n) = hr;
+    if (SPLIT && (SHARE || tile.nh == 1))  // the other half's block takes it from the workspace
+      __stcg(static_cast<unsigned int*>(p.half_states) + ((at + own) * kFusedP + pr) * (NS / 2) + n / 2, hr);
+    if (!SPLIT || SHARE || tile.nh == 0)
+      *reinterpret_cast<uint32_t*>(sH + pr * kLdH + (SHARE ? tile.n0 : 0) + n) = hr;
   });
   if constexpr (SPLIT) {
-    const int64_t at = tile.pair * p.nchunks + tile.c;
-    if (tile.nh == 1) {  // (block-uniform) H_c's half handed to the first half's block: done
-      __syncthreads();   // (as fused_publish_state: one cumulative release after a barrier)
-      if (tid == 0) st_release(p.half_ready + at, 1);
-      return;
+    if (SHARE || tile.nh == 1) {  // (block-uniform) H_c's half handed to the other half's block
+      __syncthreads();            // (as fused_publish_state: one cumulative release after a barrier)
+      if (tid == 0) st_release(p.half_ready + at + own, 1);
+      if (!SHARE) return;  // (without SHARE the second half's block is done)
     }
-    // the second half's H_c, rounded by its block, into sH's columns NS .. 2·NS; its block
-    // has the smaller ticket: it runs
+    // the other half's H_c, rounded by its block, into sH's columns of that half. Without
+    // SHARE the second half's block has the smaller ticket: it runs. With SHARE the second
+    // half's block (the even ticket) waits for ticket + 1 too, which may not have started:
+    // tickets go in order to resident blocks, so only the highest ticket can wait on a block
+    // not started, and that block is the next to start; and each block publishes its half
+    // before it waits.
     if (tid == 0)
-      for (int64_t spins = 0; ld_acquire(p.half_ready + at) == 0; ++spins) {
+      for (int64_t spins = 0; ld_acquire(p.half_ready + at + other) == 0; ++spins) {
         if (spins > (int64_t{1} << 26)) __trap();
         __nanosleep(32);
       }
     __syncthreads();
-    const T* h1 = static_cast<const T*>(p.half_states) + at * (kFusedP * NS);
+    const T* h1 = static_cast<const T*>(p.half_states) + (at + other) * (kFusedP * NS);
 #pragma unroll
     for (int i = tid; i < kFusedP * NS / 8; i += kFusedThreads)
-      ssd_cp_async16(sH + (i / (NS / 8)) * kLdH + NS + (i % (NS / 8)) * 8, h1 + i * 8);
+      ssd_cp_async16(sH + (i / (NS / 8)) * kLdH + (1 - tile.nh) * NS + (i % (NS / 8)) * 8, h1 + i * 8);
     ssd_cp_async_commit();
   }
-  if constexpr (CB) {
+  // SHARE: the warp's one output tile (16 rows). The halves by rows, 0–127 and 128–255,
+  // not by equal causal work ({0–3, 12–15} and {4–11}): a block holds its place on the
+  // multiprocessor until its longest warp is done, 16 steps and 8 that way against 16 and
+  // 12 (H100, B2 L4096 H16 P128 N256 G16 with z: 274.1–274.4 µs against 277.2–277.9)
+  const int share_tile = tile.nh == 1 ? warp + kFusedWarps : warp;
+  if constexpr (SHARE) {
+    if (share_tile < mtiles) load_c_rows(share_tile * 16, 0);
+  } else if constexpr (CB) {
     if (warp < mtiles) load_c_rows(warp * 16, tile.n0);
   }
   ssd_cp_async_wait<0>();
   __syncthreads();  // C and H_c visible
-  if (p.states != nullptr) fused_keep_states(p, tile, sH, kLdH, tid);
+  if (p.states != nullptr && (!SHARE || tile.nh == 0)) fused_keep_states(p, tile, sH, kLdH, tid);
 
-  // ---- 4. the output: warp w owns 16-row tiles w and 15 − w (equal causal work)
+  // ---- 4. the output: warp w owns 16-row tiles w and 15 − w (equal causal work; SHARE:
+  // share_tile alone)
   const float* cb_chunk =
       CB ? p.cb + ((static_cast<int64_t>(tile.b) * p.nchunks + tile.c) * (p.heads / p.hpg) + tile.grp) *
                       p.cb_tiles * 256 + lane * 4
          : nullptr;
-  for (int pass = 0; pass < 2; ++pass) {
-    const int mtile = pass == 0 ? warp : 2 * kFusedWarps - 1 - warp;
+  for (int pass = 0; pass < (SHARE ? 1 : 2); ++pass) {
+    const int mtile = SHARE ? share_tile : pass == 0 ? warp : 2 * kFusedWarps - 1 - warp;
     if (mtile >= mtiles) continue;
     const int r0 = mtile * 16;
     const int ta = r0 + g8, tb = ta + 8;
@@ -629,7 +652,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     if constexpr (CB) {  // the warp's C rows of its next pass, copied during this one
       __syncwarp();
       // (SPLIT with a staged epilogue: after it, the C tile being the warp's staging tile)
-      if (pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles && !(SPLIT && p.y_stage))
+      if (!SHARE && pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles && !(SPLIT && p.y_stage))
         load_c_rows((2 * kFusedWarps - 1 - warp) * 16, tile.n0);
       else if (ZS && pass == 0)
         ssd_cp_async_commit();  // (an empty group: the epilogue's wait counts one)
@@ -827,7 +850,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
         }
       }
     }
-    if (SPLIT && p.y_stage && pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles)
+    if (!SHARE && SPLIT && p.y_stage && pass == 0 && 2 * kFusedWarps - 1 - warp < mtiles)
       load_c_rows((2 * kFusedWarps - 1 - warp) * 16, tile.n0);
   }
 }
@@ -855,10 +878,16 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
     fused_allow_smem(kernel, smem);
     kernel<<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
   };
-  if (seq)
+  if (kSplit && l.fused_split_share) {
+    if (seq)
+      launch(ssd_fused_forward_kernel<T, kNs, CB, true, kSplit, kSplit>);
+    else
+      launch(ssd_fused_forward_kernel<T, kNs, CB, false, kSplit, kSplit>);
+  } else if (seq) {
     launch(ssd_fused_forward_kernel<T, kNs, CB, true, kSplit>);
-  else
+  } else {
     launch(ssd_fused_forward_kernel<T, kNs, CB, false, kSplit>);
+  }
   check_launch("ssd_chunk_scan");
 }
 
