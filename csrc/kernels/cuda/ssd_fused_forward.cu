@@ -64,8 +64,8 @@
 // half in the workspace and takes the other's, and each takes 8 of the 16 row tiles, one a
 // warp, so that z's loads and y_pre's stores, which made the first half's block the longer
 // by far, split over both (H100, B2 L4096 H16 P128 N256 G16 with the options: 274 µs
-// against 303; without z it lost, 244–246 against 239, one warp's 16 steps holding each
-// block where two passes of 17 held one).
+// against 303; with them but z, level; plain it lost, 244–246 against 239, one warp's 16
+// steps holding each block where two passes of 17 held one).
 //
 // Ordering and progress: blocks take a ticket (atomicAdd) when they start and work on the
 // ticket's problem, chunk-major, so the block a block waits for has a smaller ticket: it
