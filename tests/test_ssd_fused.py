@@ -389,7 +389,7 @@ def test_n256_split_share_keeps_the_bits(dtype, cb_256):
 
         def shared():  # the fused forward's last template argument, SHARE (a run's names)
             names = cuda_kernel_names(lambda: run_ours(t, kw, Q, dout, dfinal))
-            last = {m.group(1) for n in names for m in [re.search(r"ssd_fused_forward_kernel<.*, (\w+)>", n)] if m}
+            last = {m.group(1) for n in names for m in [re.search(r"ssd_fused_forward_kernel<[^>(]*, (\w+)>", n)] if m}
             assert len(last) == 1, (name, names)
             return last == {"true"}
 
