@@ -309,17 +309,22 @@ __device__ __forceinline__ bool fused_state_ready(const FusedParams& p, const Fu
   return tile.c == 0 || ld_acquire(p.ticket + 1 + tile.chain) >= tile.c;
 }
 
-// Blocks until chunk c − 1 of the block's chain has published H_c (c > 0). The ticket
+// Blocks until *flag >= value (thread 0 acquires it, then the block's barrier). The ticket
 // order guarantees progress; a wait of seconds can only be a bug, and a trap (an error
 // the caller sees) is better than a hang. Ends with __syncthreads().
-__device__ __forceinline__ void fused_wait_for_state(const FusedParams& p, const FusedTile& tile) {
-  if (tile.c == 0) return;
+__device__ __forceinline__ void fused_block_wait(const int* flag, int value) {
   if (threadIdx.x == 0)
-    for (int64_t spins = 0; !fused_state_ready(p, tile); ++spins) {
+    for (int64_t spins = 0; ld_acquire(flag) < value; ++spins) {
       if (spins > (int64_t{1} << 26)) __trap();
       __nanosleep(32);
     }
   __syncthreads();
+}
+
+// Blocks until chunk c − 1 of the block's chain has published H_c (c > 0; fused_state_ready's
+// counter). Ends with __syncthreads().
+__device__ __forceinline__ void fused_wait_for_state(const FusedParams& p, const FusedTile& tile) {
+  if (tile.c > 0) fused_block_wait(p.ticket + 1 + tile.chain, tile.c);
 }
 
 // H_c[p][n] and H_c[p][n + 1] (float32; n counted from the block's first state column

@@ -556,12 +556,7 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
     // tickets go in order to resident blocks, so only the highest ticket can wait on a block
     // not started, and that block is the next to start; and each block publishes its half
     // before it waits.
-    if (tid == 0)
-      for (int64_t spins = 0; ld_acquire(p.half_ready + at + other) == 0; ++spins) {
-        if (spins > (int64_t{1} << 26)) __trap();
-        __nanosleep(32);
-      }
-    __syncthreads();
+    fused_block_wait(p.half_ready + at + other, 1);
     const T* h1 = static_cast<const T*>(p.half_states) + (at + other) * (kFusedP * NS);
 #pragma unroll
     for (int i = tid; i < kFusedP * NS / 8; i += kFusedThreads)
