@@ -455,8 +455,8 @@ def ssd_fused_n256_cases() -> Iterator[Case]:
     128; the plan's forward there): N = 256 (whole 16-byte rows, one head a group and
     head_dim 128; the second half's H_c handed to the first, which writes every row),
     N = 200 (padded tile, scalar loads) with D, z and initial states, and N = 256 with
-    those and seq_idx (with z both halves hand over H_c and write half the rows each: the
-    plan's fused_split_share); forward and backward. Sm_90 only."""
+    those and seq_idx (the two option cases, with z: both halves hand over H_c and write
+    half the rows each, the plan's fused_split_share); forward and backward. Sm_90 only."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         return
     for N, P, G, options, seq in ((256, 128, 2, False, False), (200, 64, 1, True, False), (256, 64, 1, True, True)):
