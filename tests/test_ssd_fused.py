@@ -412,6 +412,42 @@ def test_n256_split_share_keeps_the_bits(dtype, cb_256):
         assert torch.isfinite(expected[0]).all(), name
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", HALF)
+def test_fused_pdl_keeps_the_bits(dtype, cb_256):
+    """The fused forward launched as a programmatic dependent of its C·Bᵀ table kernel (the
+    plan's choice on sm_90a; elsewhere both settings launch it as any kernel) gives the bits
+    of the launch after the table: outputs, final states and gradients, NaN-poisoned (a
+    warp that read the table before the table kernel wrote it would read NaN), with the
+    table by rows (N <= 128) and by pairs (N = 256, the halves sharing the rows with z or
+    not), a ragged last chunk, seq_idx and a chunk of 100."""
+    rng = random.Random(2562 + HALF.index(dtype))
+    torch.manual_seed(2562)
+    cases = [((2, 4096, 16, 64, 128, 4, 256), {"z": False}),
+             ((2, 700, 8, 64, 128, 2, 256), {"z": True, "D": True, "init": True}),
+             ((1, 530, 2, 128, 256, 2, 256), {"z": True, "seq_idx": True}),
+             ((2, 300, 4, 64, 256, 1, 256), {"z": False, "D": True, "init": True}),
+             ((1, 333, 2, 64, 200, 1, 100), {"z": False})]
+    for (b, L, H, P, N, G, Q), opts in cases:
+        t, kw = make_case(rng, b, L, H, P, N, G, dtype, "cuda", **opts)
+        dout = torch.randn_like(t["x"])
+        dfinal = torch.randn(b, H, P, N, device="cuda")
+        name = f"{(b, L, H, P, N, G, Q)} {opts}"
+        previous = bt._C._ssd_cuda_fused_pdl("off")
+        try:
+            expected = run_ours(t, kw, Q, dout, dfinal)
+            bt._C._ssd_cuda_fused_pdl("auto")
+            poison_fresh_outputs()
+            got = run_ours(t, kw, Q, dout, dfinal)
+        finally:
+            bt._C._ssd_cuda_fused_pdl(previous)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), name
+        assert got[2].keys() == expected[2].keys(), name
+        for k in expected[2]:
+            assert torch.equal(got[2][k], expected[2][k]), (name, k)
+        assert torch.isfinite(expected[0]).all(), name
+
+
 def test_forward_switch_names_its_choices():
     assert bt._C._ssd_cuda_forward("auto") == "auto"
     with pytest.raises(ValueError, match="auto, staged, fused_mma, fused_mma_cb or fused_wgmma"):
@@ -714,6 +750,7 @@ def test_side_streams_of_several_host_threads_stay_apart():
     ("_ssd_cuda_dx_wgmma", ["on", "off"], "auto, off or on"),
     ("_ssd_cuda_gate_rows", ["off"], "auto or off"),
     ("_ssd_cuda_split_share", ["on", "off"], "auto, off or on"),
+    ("_ssd_cuda_fused_pdl", ["off"], "auto or off"),
     ("_state_update_whole_tiles", ["on", "off"], "auto, off or on"),
     ("_rope_cos_sin_table_vectors", ["any", "never"], "auto, any or never"),
     ("_rope_cos_sin_walk32", ["off"], "auto or off"),

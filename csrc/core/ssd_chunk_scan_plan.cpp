@@ -259,6 +259,23 @@ bool split_share(const SsdChunkScanLaunch& l) {
   return forced == 1 || l.gated;
 }
 
+// ssd_force_fused_pdl's setting: -1 for the plan's own choice, 0 never.
+std::atomic<int> g_forced_fused_pdl{-1};
+
+// Whether the fused forward is launched as a programmatic dependent of the C·Bᵀ table
+// kernel (SsdChunkScanLaunch::fused_pdl): with FusedMmaCb on an sm_90 device running the
+// build's sm_90a code, whose kernels hold the grid-dependency instructions (the table
+// kernel's trigger and the fused kernel's wait; a build without sm_90a code may run
+// compute_80 code there, which has no wait). H100, bf16, the same bits, the forward pass's
+// time (the kernels' sum counts their overlap twice): B2 L4096 H16 P128 N256 G16 323–324
+// µs against 335–336, with D, z, dt_bias, softplus and initial states 351–352 against
+// 364–366, B4 L4096 H80 P64 N128 G1 548–550 against 553–558 (seventy-fourth session,
+// BENCHMARKS.md).
+bool fused_pdl(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
+  return g_forced_fused_pdl.load(std::memory_order_relaxed) != 0 &&
+         l.cuda_forward == SsdCudaForward::FusedMmaCb && wgmma_device(desc);
+}
+
 // ssd_force_gate_rows's setting: -1 for the plan's own choice, 0 never.
 std::atomic<int> g_forced_gate_rows{-1};
 
@@ -523,6 +540,10 @@ std::optional<bool> ssd_force_split_share(std::optional<bool> force) {
   return exchange_forced(g_forced_split_share, force);
 }
 
+std::optional<bool> ssd_force_fused_pdl(std::optional<bool> force) {
+  return exchange_forced(g_forced_fused_pdl, force);
+}
+
 std::optional<bool> ssd_force_gate_rows(std::optional<bool> force) {
   return exchange_forced(g_forced_gate_rows, force);
 }
@@ -542,6 +563,7 @@ SsdChunkScanPlan SsdChunkScanPlan::select(const SsdChunkScanDescriptor& desc,
   p.launch_.fused_state_tile = forward.state_tile;
   p.launch_.fused_state_split = forward.state_tile > 128 ? 2 : 1;
   p.launch_.fused_split_share = split_share(p.launch_);
+  p.launch_.fused_pdl = fused_pdl(desc, p.launch_);
   p.launch_.tensor_cores = uses_tensor_cores(desc, p.variant_);
   p.launch_.state_tile_n = state_tile_n(desc, p.variant_, p.launch_);
   p.launch_.state_wgmma = state_wgmma(desc, p.launch_);

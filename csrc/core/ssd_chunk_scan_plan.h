@@ -103,6 +103,12 @@ std::optional<bool> ssd_force_gate_rows(std::optional<bool> force);
 // block, true shares them wherever there are two halves (z or not), std::nullopt restores
 // the plan's choice. Returns the previous setting.
 std::optional<bool> ssd_force_split_share(std::optional<bool> force);
+// With FusedMmaCb on an sm_90 device with the build's sm_90a code, the fused forward is
+// launched as a programmatic dependent of the C·Bᵀ table kernel
+// (SsdChunkScanLaunch::fused_pdl): the same bits. Tests and benchmarks only: `force` false
+// launches it after the table as any kernel; true or std::nullopt restores the plan's
+// choice. Returns the previous setting.
+std::optional<bool> ssd_force_fused_pdl(std::optional<bool> force);
 
 // Shared memory of the staged tensor-core scan kernel (kernels/cuda/ssd_chunk_scan_tc.cuh's
 // ssd_launch_tc_scan) without its cache of Lft·Rgtᵀ tiles, for a contraction over k1 (N for
@@ -261,6 +267,12 @@ struct SsdChunkScanLaunch {
   // block stops after its hand-over and the first's takes every row (split_share in
   // ssd_chunk_scan_plan.cpp; ssd_force_split_share).
   bool fused_split_share = false;
+  // FusedMmaCb: the fused kernel is launched as a programmatic dependent of the C·Bᵀ table
+  // kernel (Hopper's programmatic dependent launch), its blocks' loads, chunk states and
+  // hand-overs running during the table's last wave and each warp waiting for the table
+  // only before its first read of it (fused_pdl in ssd_chunk_scan_plan.cpp;
+  // ssd_force_fused_pdl).
+  bool fused_pdl = false;
   // CUDA backward: the intra-chunk dB/dC products once per group and dx from the
   // group's B·Cᵀ tiles (see ssd_force_group_products); the workspace then holds dCB and
   // those tiles.

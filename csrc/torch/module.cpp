@@ -175,6 +175,11 @@ PYBIND11_MODULE(_C, m) {
   // plan's choice: with z), "off" (the first half's block takes them all) or "on" (shared,
   // z or not); returns the previous setting.
   def_switch(m, "_ssd_cuda_split_share", kOffOn, ssd_force_split_share);
+  // Tests and benchmarks only: whether the SSD fused forward is launched as a programmatic
+  // dependent of its C·Bᵀ table kernel (SsdChunkScanLaunch::fused_pdl), "auto" (the plan's
+  // choice: FusedMmaCb on sm_90a) or "off" (after the table as any kernel); returns the
+  // previous setting.
+  def_switch(m, "_ssd_cuda_fused_pdl", kOff, ssd_force_fused_pdl);
   // Tests and benchmarks only: whether Mamba-2's decode step takes the state update's
   // whole-tiles kernel (StateUpdateLaunch::whole_tiles), "auto" (the plan's choice:
   // wherever it can), "on" (the same) or "off" (the generic lean kernel); returns the

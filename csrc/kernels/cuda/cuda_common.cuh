@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "core/plan.h"
 
@@ -169,6 +170,46 @@ void allow_dynamic_smem(K kernel, int64_t bytes, const char* op) {
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(bytes)) != cudaSuccess)
     check_launch(op);
+}
+
+// Hopper's programmatic dependent launch (sm_90): grid_dependents_may_start in a kernel
+// lets the stream's next kernel, launched by launch_programmatic, start once every block
+// of this one has executed it (or exited); grid_dependency_wait in that next kernel waits
+// until the kernel before it has completed and its writes are visible. Both are no-ops in
+// a kernel launched as any other, and compile to nothing below sm_90: only a plan that
+// knows the device runs the build's sm_90 code may launch programmatically.
+__device__ __forceinline__ void grid_dependents_may_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<blocks, threads, smem, stream>>>(args...) as a programmatic dependent
+// of the stream's previous kernel (graph-capturable); raises naming `op` if that fails.
+template <typename... Params, typename... Args>
+void launch_programmatic(void (*kernel)(Params...), unsigned int blocks, unsigned int threads, int64_t smem,
+                         cudaStream_t stream, const char* op, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // (reported here, not by the next launch's check)
+    fail(PlanErrorKind::Internal, op, std::string("CUDA launch failed: ") + cudaGetErrorString(err));
+  }
 }
 
 inline unsigned int blocks_for(int64_t work, int64_t per_block) {

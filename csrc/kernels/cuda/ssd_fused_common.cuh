@@ -66,6 +66,7 @@ struct FusedParams {
   int64_t seq_s[2];
   bool seq_i64;
   bool factored;  // SsdChunkScanLaunch::factored_decays
+  bool pdl;       // SsdChunkScanLaunch::fused_pdl
   // fused_tile's divisors, by multiply-shift: batch·heads·psplit, heads·psplit, psplit, hpg
   FastDivmod tiles_div, bh_div, psplit_div, hpg_div;
 };
@@ -535,6 +536,7 @@ inline void fused_check_launch(const SsdChunkScanLaunch& l, SsdCudaForward kerne
       (l.fused_state_tile != 64 && l.fused_state_tile != 128 &&
        (l.fused_state_tile != 256 || kernel != SsdCudaForward::FusedMmaCb)) ||
       l.fused_state_split != (l.fused_state_tile > 128 ? 2 : 1) || (l.fused_split_share && l.fused_state_split != 2) ||
+      (l.fused_pdl && kernel != SsdCudaForward::FusedMmaCb) ||
       (l.seq_idx != nullptr && kernel == SsdCudaForward::FusedWgmma) ||
       l.seqlen >= (int64_t{1} << 31) - kSsdFusedMaxChunk ||
       fused_chains(l) * l.nchunks() >= (int64_t{1} << 31))
@@ -606,6 +608,7 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   p.seq_s[1] = l.seq_idx_stride[1];
   p.seq_i64 = l.seq_idx_int64;
   p.factored = l.factored_decays;
+  p.pdl = l.fused_pdl;
   const int64_t chains = fused_chains(l);
   auto* ws = static_cast<unsigned char*>(l.workspace);
   p.ticket = reinterpret_cast<int*>(ws);

@@ -46,6 +46,10 @@
 // multiprocessor (128 registers a thread), one's loads and waits overlapping the other's
 // products. Every value is computed by the same operations in the same order as in
 // FusedMma, so the outputs are the same bits (tests/test_ssd_fused.py checks that).
+// On Hopper (the plan's fused_pdl) the fused kernel is launched as a programmatic dependent
+// of the table kernel: its blocks' loads, dt cumsums, chunk states and hand-overs run
+// during the table's last wave, and a warp waits for the table (griddepcontrol.wait) just
+// before its first read of it (H100, B2 L4096 H16 P128 N256 G16: the pass 12 µs shorter).
 //
 // A state tile of 256 columns (N > 128: FusedMmaCb only) goes to two blocks of 128 columns
 // each (SPLIT), since one block of the whole tile (175 KB, 212 registers) had its
@@ -325,6 +329,7 @@ __device__ __forceinline__ void cb_table_pairs(const FusedParams& p) {
 
 template <typename T, int NS>
 __global__ void __launch_bounds__(NS <= 128 ? kCbThreads : kCbPairThreads) ssd_fused_cb_kernel(const FusedParams p) {
+  grid_dependents_may_start();  // (fused_pdl: the fused kernel's blocks start beside this one's last)
   if constexpr (NS <= 128)
     cb_table_rows<T, NS>(p);
   else
@@ -757,6 +762,10 @@ __global__ void __launch_bounds__(kFusedThreads, CB ? 2 : 1)
           *reinterpret_cast<float4*>(v[nt]) = __ldg(reinterpret_cast<const float4*>(row + st * 256 + nt * 128));
       };
       float cur[2][4], nxt[2][4];
+      // fused_pdl: the table's kernel has completed, its writes visible. Every launch has a
+      // warp here (warp 0's first tile is in every chunk), so this grid's completion, which
+      // the stream's next kernel waits for, also implies the table kernel's
+      grid_dependency_wait();
       fetch(cur, st0);
       for (int st = st0; st <= mtile; st += 2) {
         if (st + 1 <= mtile) fetch(nxt, st + 1);
@@ -871,7 +880,10 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   const int64_t blocks = fused_chains(l) * p.nchunks;
   const auto launch = [&](auto kernel) {
     fused_allow_smem(kernel, smem);
-    kernel<<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
+    if (CB && p.pdl)
+      launch_programmatic(kernel, static_cast<unsigned int>(blocks), kFusedThreads, smem, stream, "ssd_chunk_scan", p);
+    else
+      kernel<<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
   };
   if (kSplit && l.fused_split_share) {
     if (seq)
