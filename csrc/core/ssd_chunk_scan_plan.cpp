@@ -268,9 +268,9 @@ std::atomic<int> g_forced_fused_pdl{-1};
 // kernel's trigger and the fused kernel's wait; a build without sm_90a code may run
 // compute_80 code there, which has no wait). H100, bf16, the same bits, the forward pass's
 // time (the kernels' sum counts their overlap twice): B2 L4096 H16 P128 N256 G16 323–324
-// µs against 335–336, with D, z, dt_bias, softplus and initial states 351–352 against
-// 364–366, B4 L4096 H80 P64 N128 G1 548–550 against 553–558 (seventy-fourth session,
-// BENCHMARKS.md).
+// µs against 335–337, with D, z, dt_bias, softplus and initial states 351–353 against
+// 364–369, B4 L4096 H80 P64 N128 G1 547–550 against 553–560 (seventy-fourth session,
+// BENCHMARKS.md; the same kernels behind an experiment's switch).
 bool fused_pdl(const SsdChunkScanDescriptor& desc, const SsdChunkScanLaunch& l) {
   return g_forced_fused_pdl.load(std::memory_order_relaxed) != 0 &&
          l.cuda_forward == SsdCudaForward::FusedMmaCb && wgmma_device(desc);
