@@ -368,6 +368,15 @@ def test_n256_seq_idx(dtype, cb_256):
         check_case(t, kw, Q, f"N256 seq {dtype} {(b, L, H, P, N, G, Q)} {kw}")
 
 
+def assert_same_run(got, expected, name):
+    """run_ours's (out, final states, gradients) of two settings, bit for bit, and finite."""
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), name
+    assert got[2].keys() == expected[2].keys(), name
+    for k in expected[2]:
+        assert torch.equal(got[2][k], expected[2][k]), (name, k)
+    assert torch.isfinite(expected[0]).all(), name
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", HALF)
 def test_n256_split_share_keeps_the_bits(dtype, cb_256):
@@ -405,11 +414,7 @@ def test_n256_split_share_keeps_the_bits(dtype, cb_256):
             got = run_ours(t, kw, Q, dout, dfinal)
         finally:
             bt._C._ssd_cuda_split_share(previous)
-        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), name
-        assert got[2].keys() == expected[2].keys(), name
-        for k in expected[2]:
-            assert torch.equal(got[2][k], expected[2][k]), (name, k)
-        assert torch.isfinite(expected[0]).all(), name
+        assert_same_run(got, expected, name)
 
 
 @requires_cuda
@@ -441,11 +446,7 @@ def test_fused_pdl_keeps_the_bits(dtype, cb_256):
             got = run_ours(t, kw, Q, dout, dfinal)
         finally:
             bt._C._ssd_cuda_fused_pdl(previous)
-        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), name
-        assert got[2].keys() == expected[2].keys(), name
-        for k in expected[2]:
-            assert torch.equal(got[2][k], expected[2][k]), (name, k)
-        assert torch.isfinite(expected[0]).all(), name
+        assert_same_run(got, expected, name)
 
 
 def test_forward_switch_names_its_choices():
