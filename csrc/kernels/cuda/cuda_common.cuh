@@ -191,10 +191,11 @@ __device__ __forceinline__ void grid_dependency_wait() {
 }
 
 // Launches kernel<<<blocks, threads, smem, stream>>>(args...) as a programmatic dependent
-// of the stream's previous kernel (graph-capturable); raises naming `op` if that fails.
+// of the stream's previous kernel (graph-capturable). A failure is left for the caller's
+// check_launch, as a failed <<<>>> launch is.
 template <typename... Params, typename... Args>
 void launch_programmatic(void (*kernel)(Params...), unsigned int blocks, unsigned int threads, int64_t smem,
-                         cudaStream_t stream, const char* op, Args&&... args) {
+                         cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(threads);
@@ -205,11 +206,7 @@ void launch_programmatic(void (*kernel)(Params...), unsigned int blocks, unsigne
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // (reported here, not by the next launch's check)
-    fail(PlanErrorKind::Internal, op, std::string("CUDA launch failed: ") + cudaGetErrorString(err));
-  }
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 inline unsigned int blocks_for(int64_t work, int64_t per_block) {

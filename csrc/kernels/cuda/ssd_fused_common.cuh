@@ -66,7 +66,6 @@ struct FusedParams {
   int64_t seq_s[2];
   bool seq_i64;
   bool factored;  // SsdChunkScanLaunch::factored_decays
-  bool pdl;       // SsdChunkScanLaunch::fused_pdl
   // fused_tile's divisors, by multiply-shift: batch·heads·psplit, heads·psplit, psplit, hpg
   FastDivmod tiles_div, bh_div, psplit_div, hpg_div;
 };
@@ -608,7 +607,6 @@ inline FusedParams fused_params(const SsdChunkScanLaunch& l, cudaStream_t stream
   p.seq_s[1] = l.seq_idx_stride[1];
   p.seq_i64 = l.seq_idx_int64;
   p.factored = l.factored_decays;
-  p.pdl = l.fused_pdl;
   const int64_t chains = fused_chains(l);
   auto* ws = static_cast<unsigned char*>(l.workspace);
   p.ticket = reinterpret_cast<int*>(ws);

@@ -880,8 +880,8 @@ void launch_fused(const SsdChunkScanLaunch& l, cudaStream_t stream) {
   const int64_t blocks = fused_chains(l) * p.nchunks;
   const auto launch = [&](auto kernel) {
     fused_allow_smem(kernel, smem);
-    if (CB && p.pdl)
-      launch_programmatic(kernel, static_cast<unsigned int>(blocks), kFusedThreads, smem, stream, "ssd_chunk_scan", p);
+    if (l.fused_pdl)  // (FusedMmaCb only, fused_check_launch: after the table kernel)
+      launch_programmatic(kernel, static_cast<unsigned int>(blocks), kFusedThreads, smem, stream, p);
     else
       kernel<<<static_cast<unsigned int>(blocks), kFusedThreads, smem, stream>>>(p);
   };
